@@ -1,0 +1,55 @@
+"""The Python API: the same verbs as the CLI, returning objects instead of printing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from unideploy.package import Package
+
+
+def export(src: str | Path, output: str | Path, *, input_shapes: Sequence[str] = (),
+           example_inputs: Mapping[str, np.ndarray] | str | None = None, static_shapes: bool = False,
+           opset: int | None = None, **kwargs: Any) -> Package:
+    """Export a model file to a verified package and return it opened.
+
+    ``kwargs`` are those of :func:`unideploy.exporters.export.export` (name, version, exporter,
+    target, atol, rtol, overwrite).
+    """
+    from unideploy.exporters import ExportOptions
+    from unideploy.exporters.export import export as export_package
+    from unideploy.samples import load_npz_inputs
+    from unideploy.signature import parse_input_shape
+
+    if isinstance(example_inputs, (str, Path)):
+        example_inputs = load_npz_inputs(str(example_inputs))
+    options = ExportOptions(
+        input_shapes=[parse_input_shape(s) for s in input_shapes],
+        example_inputs=dict(example_inputs) if example_inputs is not None else None,
+        static_shapes=static_shapes,
+        opset=opset,
+    )
+    return Package.open(export_package(src, output, options=options, **kwargs))
+
+
+def open_package(path: str | Path) -> Package:
+    """Open and verify a package (directory or .zip)."""
+    return Package.open(path)
+
+
+def run(package: Package | str | Path, inputs: Mapping[str, Any], *, artifact: str | None = None,
+        runtime: str | None = None, device: str = "auto") -> dict[str, np.ndarray]:
+    """Run named inputs through a package on the best available runtime (or the named one)."""
+    from unideploy.runtimes import RuntimeOptions
+    from unideploy.runtimes.selection import open_runtime
+
+    pkg = package if isinstance(package, Package) else Package.open(package)
+    try:
+        _, engine = open_runtime(pkg, artifact, runtime, RuntimeOptions(device=device))
+        with engine:
+            return engine.run(inputs)
+    finally:
+        if pkg is not package:
+            pkg.close()

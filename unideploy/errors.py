@@ -1,0 +1,58 @@
+"""Errors that reach the user.
+
+Every failure a user can cause or fix derives from :class:`UnideployError`; the CLI prints it as
+one line (message plus hint) and exits non-zero, while anything else is a bug and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+
+class UnideployError(Exception):
+    """A failure the user can act on. ``hint`` says what to do about it."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class InputError(UnideployError):
+    """Bad user input: arguments, files, tensors that do not match a signature."""
+
+
+class PackageError(UnideployError):
+    """A package that is malformed, incomplete, tampered with or escapes its root."""
+
+
+class MissingDependencyError(UnideployError):
+    """A plug-in needs a package (or hardware) that is not present."""
+
+
+class ExportError(UnideployError):
+    """Conversion failed: unsupported operator, converter crash, invalid produced model."""
+
+    exit_code = 1
+
+
+class ValidationError(UnideployError):
+    """An artifact's outputs differ from the reference beyond tolerance."""
+
+    exit_code = 1
+
+
+class RuntimeFailure(UnideployError):
+    """The runtime itself failed on inputs that passed signature validation."""
+
+    exit_code = 1
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of a third-party exception, for one-line messages (converters are verbose)."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:limit] if text else type(exc).__name__

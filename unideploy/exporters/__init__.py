@@ -1,0 +1,16 @@
+"""Exporter plug-ins. Built-ins are listed here; others arrive through the ``unideploy.exporters``
+entry-point group."""
+
+from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
+from unideploy.registry import Registry
+
+EXPORTERS: Registry[Exporter] = Registry(
+    "exporter",
+    "unideploy.exporters",
+    builtin={
+        "torchscript": "unideploy.exporters.torchscript:TorchScriptExporter",
+        "onnx": "unideploy.exporters.onnx_file:OnnxFileExporter",
+    },
+)
+
+__all__ = ["EXPORTERS", "ConvertedModel", "ExportOptions", "Exporter"]

@@ -1,0 +1,60 @@
+"""The exporter plug-in contract: turn one source model into ONNX plus a way to run the source.
+
+An exporter only converts. Sampling, validation against the source framework and writing the
+package are the same for every framework and live in ``exporters/export.py``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ClassVar
+
+import numpy as np
+
+from unideploy.registry import Availability, modules_availability
+from unideploy.signature import InputShape, Signature
+
+SourceRunner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+@dataclass
+class ExportOptions:
+    input_shapes: list[InputShape] = field(default_factory=list)
+    example_inputs: dict[str, np.ndarray] | None = None
+    static_shapes: bool = False
+    opset: int | None = None
+
+
+@dataclass
+class ConvertedModel:
+    """What an exporter hands back: the ONNX file, its signature and the source model to compare."""
+
+    onnx_path: Path
+    signature: Signature
+    run_source: SourceRunner
+    conversion_path: str  # e.g. "torch.onnx legacy" or "TS2EP + torch.export"
+    library_versions: dict[str, str]
+    opset: int
+
+
+class Exporter(ABC):
+    name: ClassVar[str]
+    framework: ClassVar[str]
+    required_modules: ClassVar[tuple[str, ...]] = ()
+    extra: ClassVar[str | None] = None  # the pip extra that installs required_modules
+    keeps_source: ClassVar[bool] = True  # store the source file in the package (later targets convert from it)
+
+    @classmethod
+    def availability(cls) -> Availability:
+        return modules_availability(cls.required_modules, cls.extra)
+
+    @classmethod
+    @abstractmethod
+    def detect(cls, src: Path) -> bool:
+        """Whether ``src`` looks like this exporter's input (by name or content, never by import)."""
+
+    @abstractmethod
+    def convert(self, src: Path, workdir: Path, options: ExportOptions) -> ConvertedModel:
+        """Write ``workdir/model.onnx`` and describe it."""

@@ -1,0 +1,109 @@
+"""The export verb: source model -> validated package, the same for every framework.
+
+Like Optimum's ``export`` + ``validate_model_outputs``, proof is part of the verb: the package is
+written only if ONNX Runtime reproduces the source framework's outputs at two batch sizes.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import onnxruntime
+
+import unideploy
+from unideploy.errors import InputError, MissingDependencyError
+from unideploy.exporters import EXPORTERS, Exporter, ExportOptions
+from unideploy.package import Artifact, Manifest, PackageWriter
+from unideploy.package.files import digest_path
+from unideploy.runtimes import RUNTIMES, RuntimeOptions
+from unideploy.samples import batch_size_of, example_batches, synthetic_batches
+from unideploy.targets import require_target
+from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, require_passed, validate
+
+Progress = Callable[[str], None]
+
+
+def find_exporter(src: Path, name: str | None = None) -> type[Exporter]:
+    if name:
+        return EXPORTERS.get(name)
+    for _, cls in EXPORTERS:
+        if cls.detect(src):
+            return cls
+    raise InputError(
+        f"cannot tell what kind of model '{src}' is",
+        f"name the exporter with --exporter ({', '.join(EXPORTERS.names())})",
+    )
+
+
+def model_name_from(src: Path) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", src.stem if src.is_file() else src.name).strip("-._")
+    return name or "model"
+
+
+def export(src: str | Path, output: str | Path, *, name: str | None = None, version: str = "1",
+           exporter: str | None = None, target: str = "cpu", options: ExportOptions | None = None,
+           atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, overwrite: bool = False,
+           progress: Progress | None = None) -> Path:
+    """Export ``src`` to a verified package at ``output`` (a directory, or a ``.zip``)."""
+    src, options = Path(src), options or ExportOptions()
+    say = progress or (lambda _msg: None)
+    if not src.exists():
+        raise InputError(f"source model '{src}' does not exist")
+    require_target(target)
+    exporter_cls = find_exporter(src, exporter)
+    found = exporter_cls.availability()
+    if not found.ok:
+        raise MissingDependencyError(f"the {exporter_cls.name} exporter cannot run: {found.detail}", found.fix)
+
+    with PackageWriter(output, overwrite=overwrite) as writer, tempfile.TemporaryDirectory(prefix="unideploy-export-") as tmp:
+        say(f"converting {src.name} with the {exporter_cls.name} exporter")
+        converted = exporter_cls().convert(src, Path(tmp), options)
+        signature = converted.signature
+
+        say("running the source model on reference samples")
+        if options.example_inputs is not None:
+            batches = example_batches(signature.validate_inputs(options.example_inputs), signature.has_dynamic_batch)
+        else:
+            sizes = {dim: shape.shape[axis] for shape in options.input_shapes for axis, dim in shape.dim_names.items()}
+            batches = synthetic_batches(signature, sizes)
+        references = [(batch, converted.run_source(batch)) for batch in batches]
+
+        say("validating the ONNX artifact on ONNX Runtime")
+        with RUNTIMES.get("onnxruntime")(converted.onnx_path, signature, RuntimeOptions(device="cpu")) as runtime:
+            record = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
+        require_passed(record, f"the ONNX export of '{src.name}'")
+
+        say("writing the package")
+        artifact = writer.add_artifact(converted.onnx_path, Artifact(
+            id="onnx-fp32", path="artifacts/model.onnx", format="onnx", precision="fp32",
+            sha256="", size=0, runtimes=["onnxruntime"], opset=converted.opset))
+        source_sha, source_size = digest_path(src)
+        source = {
+            "framework": exporter_cls.framework,
+            "file_name": src.name,
+            "sha256": source_sha,
+            "size": source_size,
+            "path": None,
+            "exporter": exporter_cls.name,
+            "conversion_path": converted.conversion_path,
+            "library_versions": {
+                "unideploy": unideploy.__version__,
+                "onnxruntime": onnxruntime.__version__,
+                **converted.library_versions,
+            },
+        }
+        if exporter_cls.keeps_source:
+            source["path"] = f"source/{src.name}"
+            writer.add_file(src, source["path"])
+        samples = [
+            writer.add_samples(f"samples/batch{batch_size_of(inputs)}.npz", batch_size_of(inputs), inputs, outputs)
+            for inputs, outputs in references
+        ]
+        manifest = Manifest(
+            name=name or model_name_from(src), version=version, source=source, signature=signature,
+            artifacts=[artifact], samples=samples, validation={artifact.id: record},
+        )
+        return writer.commit(manifest)

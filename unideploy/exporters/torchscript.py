@@ -1,0 +1,261 @@
+"""TorchScript (.pt) -> ONNX.
+
+First the legacy TorchScript-based exporter (keeps If/Loop control flow, dynamic batch through
+``dynamic_axes``); where it fails, TS2EP + ``torch.export`` (the only path for a traced
+``nn.MultiheadAttention``). TorchScript files carry no input shapes, so the user gives them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+import sys
+import tempfile
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from unideploy.errors import ExportError, InputError, first_line
+from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
+from unideploy.samples import random_tensor
+from unideploy.signature import TensorSpec, signature_from_onnx
+
+DEFAULT_OPSET = 17
+BATCH_DIM = "batch"
+
+
+class TorchScriptExporter(Exporter):
+    name = "torchscript"
+    framework = "torchscript"
+    required_modules = ("torch", "onnxscript")
+    extra = "torch"
+
+    @classmethod
+    def detect(cls, src: Path) -> bool:
+        # TorchScript archives are zips holding a ``*/code/`` folder and ``constants.pkl``.
+        if not src.is_file() or not zipfile.is_zipfile(src):
+            return False
+        with zipfile.ZipFile(src) as zf:
+            return any(n.endswith("constants.pkl") or "/code/" in n for n in zf.namelist())
+
+    def convert(self, src: Path, workdir: Path, options: ExportOptions) -> ConvertedModel:
+        import onnx
+        import torch
+
+        module = _load(src)
+        arg_names = _tensor_arguments(module)
+        example = _example_inputs(arg_names, options)
+        dynamic = {} if options.static_shapes else _input_dynamic_axes(arg_names, options)
+        args = tuple(torch.from_numpy(example[n]) for n in arg_names)
+
+        with torch.no_grad():
+            outputs = _flatten_outputs(module(*args))
+        output_names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
+        batch = args[0].shape[0] if args[0].dim() else None
+        for name, out in zip(output_names, outputs):
+            if not options.static_shapes and out.dim() and out.shape[0] == batch:
+                dynamic[name] = {0: BATCH_DIM}
+
+        onnx_path = workdir / "model.onnx"
+        opset = options.opset or DEFAULT_OPSET
+        try:
+            _export_legacy(module, args, onnx_path, arg_names, output_names, dynamic, opset)
+            conversion_path = "torch.onnx legacy (TorchScript)"
+        except Exception as legacy_error:
+            try:
+                _export_via_torch_export(module, args, onnx_path, arg_names, output_names)
+            except Exception as fallback_error:
+                raise _export_failure(src, legacy_error, fallback_error) from fallback_error
+            conversion_path = "TS2EP + torch.export (dynamo)"
+            _pin_static_dims(onnx_path, example, outputs, output_names, dynamic)
+
+        try:
+            onnx.checker.check_model(str(onnx_path))
+        except Exception as exc:
+            raise ExportError(f"the exporter wrote an invalid ONNX model: {exc}") from exc
+        model = onnx.load(str(onnx_path))
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), opset)
+        signature = signature_from_onnx(model)
+
+        def run_source(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            with torch.no_grad():
+                result = _flatten_outputs(module(*(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in arg_names)))
+            return {n: t.detach().cpu().numpy() for n, t in zip(output_names, result)}
+
+        return ConvertedModel(
+            onnx_path=onnx_path,
+            signature=signature,
+            run_source=run_source,
+            conversion_path=conversion_path,
+            library_versions={"torch": torch.__version__, "onnx": onnx.__version__},
+            opset=opset,
+        )
+
+
+def _load(src: Path) -> Any:
+    import torch
+
+    try:
+        module = torch.jit.load(str(src), map_location="cpu")
+    except Exception as exc:
+        raise InputError(
+            f"'{src}' cannot be loaded as TorchScript: {first_line(exc)}",
+            "save the model with torch.jit.save(torch.jit.script(model) or torch.jit.trace(model, x), path)",
+        ) from exc
+    module.eval()
+    return module
+
+
+def _tensor_arguments(module: Any) -> list[str]:
+    """Names of the tensor arguments of ``forward``; other arguments must have defaults."""
+    names = []
+    for arg in module.forward.schema.arguments[1:]:  # [0] is self
+        if str(arg.type) == "Tensor":
+            names.append(arg.name)
+        elif not arg.has_default_value():
+            raise ExportError(
+                f"forward() argument '{arg.name}' has type {arg.type}; only Tensor arguments can be exported",
+                "wrap the model so forward() takes tensors only",
+            )
+    if not names:
+        raise ExportError("forward() takes no tensor arguments, so there is nothing to export")
+    return names
+
+
+def _example_inputs(arg_names: list[str], options: ExportOptions) -> dict[str, np.ndarray]:
+    expected = ", ".join(arg_names)
+    if options.example_inputs is not None:
+        given = options.example_inputs
+    elif options.input_shapes:
+        rng = np.random.default_rng(0)
+        given = {
+            s.name: random_tensor(TensorSpec(s.name, s.dtype, s.shape), s.shape, rng)
+            for s in options.input_shapes
+        }
+    else:
+        raise InputError(
+            "TorchScript files carry no input shapes",
+            f"pass --input-shape for each of forward()'s inputs ({expected}), e.g. "
+            f"{arg_names[0]}:1x3x224x224, or --example-input FILE.npz",
+        )
+    if set(given) != set(arg_names):
+        raise InputError(
+            f"inputs given for {', '.join(sorted(given))} but forward() takes {expected}",
+            "name each --input-shape / example array after forward()'s argument",
+        )
+    return {n: np.ascontiguousarray(given[n]) for n in arg_names}
+
+
+def _input_dynamic_axes(arg_names: list[str], options: ExportOptions) -> dict[str, dict[int, str]]:
+    named = {s.name: s.dim_names for s in options.input_shapes}
+    return {n: {0: BATCH_DIM, **named.get(n, {})} for n in arg_names}
+
+
+def _flatten_outputs(result: Any) -> list[Any]:
+    import torch
+
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (tuple, list)) and all(isinstance(r, torch.Tensor) for r in result):
+        return list(result)
+    raise ExportError(
+        f"forward() returns {type(result).__name__}; only a tensor or a tuple/list of tensors can be exported",
+        "wrap the model so forward() returns tensors",
+    )
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """torch prints whole IR graphs (from C++, straight to fds 1/2) and emoji progress; keep the
+    user's terminal for our own messages. ``UNIDEPLOY_DEBUG=1`` lets it through."""
+    if os.environ.get("UNIDEPLOY_DEBUG"):
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as sink, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        logging.disable(logging.WARNING)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                yield
+        finally:
+            logging.disable(logging.NOTSET)
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def _export_legacy(module: Any, args: tuple, path: Path, input_names: list[str], output_names: list[str],
+                   dynamic: dict[str, dict[int, str]], opset: int) -> None:
+    import torch
+
+    with _quiet():
+        torch.onnx.export(
+            module, args, str(path), dynamo=False, opset_version=opset, do_constant_folding=True,
+            input_names=input_names, output_names=output_names, dynamic_axes=dynamic or None,
+        )
+
+
+def _export_via_torch_export(module: Any, args: tuple, path: Path, input_names: list[str],
+                             output_names: list[str]) -> None:
+    import torch
+    from torch._export.converter import TS2EPConverter
+
+    with _quiet():
+        program = TS2EPConverter(module, args).convert()
+        torch.onnx.export(program, args, str(path), dynamo=True, external_data=False,
+                          input_names=input_names, output_names=output_names)
+
+
+def _pin_static_dims(path: Path, example: dict[str, np.ndarray], outputs: list[Any], output_names: list[str],
+                     dynamic: dict[str, dict[int, str]]) -> None:
+    """torch.export makes every dim symbolic; fix those the user did not declare dynamic."""
+    import onnx
+
+    model = onnx.load(str(path))
+    sizes = {**{n: a.shape for n, a in example.items()}, **{n: tuple(o.shape) for n, o in zip(output_names, outputs)}}
+    for value in list(model.graph.input) + list(model.graph.output):
+        if value.name not in sizes:
+            continue
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            name = dynamic.get(value.name, {}).get(axis)
+            if name:
+                dim.dim_param = name
+            else:
+                dim.dim_value = int(sizes[value.name][axis])
+    onnx.save(model, str(path))
+
+
+_OPERATOR = re.compile(r"(aten::\w+|aten\.\w+|prim::\w+)")
+
+
+def _export_failure(src: Path, legacy: Exception, fallback: Exception) -> ExportError:
+    operators = []
+    for exc in (legacy, fallback):
+        match = _OPERATOR.search(str(exc))
+        if match:
+            operators.append(match.group(1).replace("aten.", "aten::"))
+    if operators:
+        op = operators[0]
+        return ExportError(
+            f"'{src.name}' uses operator {op}, which has no ONNX conversion (legacy exporter: {first_line(legacy)}; "
+            f"torch.export path: {first_line(fallback)})",
+            f"replace {op} in the model with supported operations, or compute it outside the model",
+        )
+    return ExportError(
+        f"'{src.name}' could not be converted to ONNX (legacy exporter: {first_line(legacy)}; torch.export path: "
+        f"{first_line(fallback)})",
+        "re-run with --debug for the full converter output",
+    )
+

@@ -1,0 +1,163 @@
+"""The manifest of a package: typed access over the JSON document, checked against its schema.
+
+``manifest.schema.json`` (shipped beside this module) is the machine-checkable definition of
+format version 1; ``docs/package-format.md`` explains it for people.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from unideploy.errors import InputError, PackageError
+from unideploy.signature import Signature
+
+FORMAT = "unideploy-package"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+@lru_cache(maxsize=1)
+def manifest_schema() -> dict[str, Any]:
+    return json.loads(resources.files(__package__).joinpath("manifest.schema.json").read_text())
+
+
+def check_schema(data: Any) -> None:
+    """Raise PackageError naming the first schema violation of a manifest document."""
+    import jsonschema
+
+    if isinstance(data, dict) and data.get("format") == FORMAT and data.get("format_version") != FORMAT_VERSION:
+        raise PackageError(
+            f"{MANIFEST_NAME}: format version {data.get('format_version')!r} is not supported "
+            f"(this unideploy reads version {FORMAT_VERSION})",
+            "upgrade unideploy or re-export the model",
+        )
+    validator = jsonschema.Draft202012Validator(manifest_schema())
+    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise PackageError(f"{MANIFEST_NAME} does not match the package schema at {where}: {error.message}")
+
+
+@dataclass
+class Artifact:
+    """One runnable form of the model inside the package (ONNX, TFLite, a TensorRT plan, ...)."""
+
+    id: str
+    path: str
+    format: str
+    precision: str
+    sha256: str
+    size: int
+    runtimes: list[str]
+    opset: int | None = None
+    derived_from: str | None = None
+    signature: Signature | None = None  # only where it differs from the package's (e.g. NHWC)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id, "path": self.path, "format": self.format, "precision": self.precision,
+            "sha256": self.sha256, "size": self.size, "runtimes": list(self.runtimes),
+        }
+        if self.opset is not None:
+            out["opset"] = self.opset
+        if self.derived_from is not None:
+            out["derived_from"] = self.derived_from
+        if self.signature is not None:
+            out["signature"] = self.signature.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Artifact":
+        sig = data.get("signature")
+        return cls(
+            id=data["id"], path=data["path"], format=data["format"], precision=data["precision"],
+            sha256=data["sha256"], size=data["size"], runtimes=list(data["runtimes"]),
+            opset=data.get("opset"), derived_from=data.get("derived_from"),
+            signature=Signature.from_dict(sig) if sig else None,
+        )
+
+
+@dataclass
+class SampleSet:
+    """A stored batch of reference inputs with the source framework's outputs."""
+
+    path: str
+    batch_size: int
+    sha256: str
+    size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "batch_size": self.batch_size, "sha256": self.sha256, "size": self.size}
+
+
+@dataclass
+class Manifest:
+    name: str
+    version: str
+    source: dict[str, Any]
+    signature: Signature
+    artifacts: list[Artifact] = field(default_factory=list)
+    samples: list[SampleSet] = field(default_factory=list)
+    optimizations: list[dict[str, Any]] = field(default_factory=list)
+    validation: dict[str, dict[str, Any]] = field(default_factory=dict)
+    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    description: str | None = None
+
+    def artifact(self, artifact_id: str) -> Artifact:
+        for artifact in self.artifacts:
+            if artifact.id == artifact_id:
+                return artifact
+        raise InputError(
+            f"package has no artifact '{artifact_id}'",
+            f"artifacts: {', '.join(a.id for a in self.artifacts)}",
+        )
+
+    def signature_of(self, artifact: Artifact) -> Signature:
+        return artifact.signature or self.signature
+
+    def to_dict(self) -> dict[str, Any]:
+        model: dict[str, Any] = {"name": self.name, "version": self.version}
+        if self.description:
+            model["description"] = self.description
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "model": model,
+            "created_at": self.created_at,
+            "source": self.source,
+            "signature": self.signature.to_dict(),
+            "artifacts": [a.to_dict() for a in self.artifacts],
+            "optimizations": self.optimizations,
+            "validation": self.validation,
+            "samples": [s.to_dict() for s in self.samples],
+        }
+
+    def to_json(self) -> str:
+        data = self.to_dict()
+        check_schema(data)  # never write a manifest that the reader would refuse
+        return json.dumps(data, indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "Manifest":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PackageError(f"{MANIFEST_NAME} is not valid JSON: {exc}") from exc
+        check_schema(data)
+        return cls(
+            name=data["model"]["name"],
+            version=data["model"]["version"],
+            description=data["model"].get("description"),
+            created_at=data["created_at"],
+            source=data["source"],
+            signature=Signature.from_dict(data["signature"]),
+            artifacts=[Artifact.from_dict(a) for a in data["artifacts"]],
+            samples=[SampleSet(**s) for s in data["samples"]],
+            optimizations=data["optimizations"],
+            validation=data["validation"],
+        )

@@ -1,0 +1,189 @@
+"""Opening a package: the one object every stage after export receives.
+
+Opening *is* verifying: the schema, every checksum and size, and that no path leaves the package.
+A package that opens can be trusted to be what its exporter wrote.
+"""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from unideploy.errors import InputError, PackageError
+from unideploy.package.files import all_files, digest_path, listed_files, resolve_inside
+from unideploy.package.manifest import MANIFEST_NAME, Artifact, Manifest, SampleSet
+
+# A zip whose members claim more than this is refused before extraction (zip bombs).
+MAX_UNPACKED_BYTES = 16 * 1024**3
+
+
+@dataclass
+class ReferenceSample:
+    """Inputs and the source framework's outputs for one stored batch."""
+
+    batch_size: int
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+
+
+class Package:
+    def __init__(self, root: Path, manifest: Manifest, origin: Path, tempdir: Path | None = None) -> None:
+        self.root = root
+        self.manifest = manifest
+        self.origin = origin  # what the user named: a directory or a .zip
+        self._tempdir = tempdir
+
+    # -- opening -----------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | Path) -> "Package":
+        origin = Path(path)
+        if not origin.exists():
+            raise InputError(f"package '{origin}' does not exist")
+        if origin.is_dir():
+            return cls._open_root(origin, origin, None)
+        if zipfile.is_zipfile(origin):
+            tempdir = Path(tempfile.mkdtemp(prefix="unideploy-pkg-"))
+            try:
+                root = _extract_zip(origin, tempdir)
+                return cls._open_root(root, origin, tempdir)
+            except BaseException:
+                shutil.rmtree(tempdir, ignore_errors=True)
+                raise
+        raise PackageError(
+            f"'{origin}' is neither a package directory nor a zip archive",
+            "pass the directory or .zip that 'deploy export' wrote",
+        )
+
+    @classmethod
+    def _open_root(cls, root: Path, origin: Path, tempdir: Path | None) -> "Package":
+        manifest_path = root / MANIFEST_NAME
+        if not manifest_path.is_file():
+            raise PackageError(
+                f"'{origin}' has no {MANIFEST_NAME}, so it is not a unideploy package",
+                "create one with 'deploy export SRC -o PKG'",
+            )
+        try:
+            text = manifest_path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise PackageError(f"{MANIFEST_NAME} in '{origin}' is not UTF-8 text") from exc
+        package = cls(root, Manifest.from_json(text), origin, tempdir)
+        package.verify_integrity()
+        return package
+
+    def verify_integrity(self) -> None:
+        """Check every listed file's presence, size and sha256, and refuse unlisted files."""
+        m = self.manifest
+        entries: list[tuple[str, str, int | None]] = []
+        if m.source.get("path"):
+            entries.append((m.source["path"], m.source["sha256"], m.source.get("size")))
+        entries += [(a.path, a.sha256, a.size) for a in m.artifacts]
+        entries += [(s.path, s.sha256, s.size) for s in m.samples]
+        accounted = {MANIFEST_NAME}
+        for relpath, sha256, size in entries:
+            path = resolve_inside(self.root, relpath)
+            if not path.exists():
+                raise PackageError(f"package file '{relpath}' is missing", "the package is incomplete; export it again")
+            actual_sha, actual_size = digest_path(path)
+            if size is not None and actual_size != size:
+                raise PackageError(
+                    f"package file '{relpath}' has {actual_size} bytes, the manifest says {size} "
+                    "(truncated or modified)",
+                    "the package is corrupt; export it again",
+                )
+            if actual_sha != sha256:
+                raise PackageError(
+                    f"checksum mismatch for package file '{relpath}' (modified after export)",
+                    "the package is corrupt or tampered with; export it again",
+                )
+            accounted |= listed_files(self.root, relpath)
+        for name in sorted(all_files(self.root) - accounted):
+            raise PackageError(
+                f"package contains '{name}', which the manifest does not list",
+                "a package must hold only what its manifest checksums; remove the file or re-export",
+            )
+
+    # -- access ------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    def path_of(self, artifact: Artifact | str) -> Path:
+        if isinstance(artifact, str):
+            artifact = self.manifest.artifact(artifact)
+        return resolve_inside(self.root, artifact.path)
+
+    def reference_samples(self) -> list[ReferenceSample]:
+        return [self._load_samples(s) for s in self.manifest.samples]
+
+    def _load_samples(self, sample_set: SampleSet) -> ReferenceSample:
+        inputs: dict[str, np.ndarray] = {}
+        outputs: dict[str, np.ndarray] = {}
+        with np.load(resolve_inside(self.root, sample_set.path), allow_pickle=False) as data:
+            for key in data.files:
+                kind, _, name = key.partition("/")
+                (inputs if kind == "inputs" else outputs)[name] = data[key]
+        return ReferenceSample(sample_set.batch_size, inputs, outputs)
+
+    def close(self) -> None:
+        if self._tempdir is not None:
+            shutil.rmtree(self._tempdir, ignore_errors=True)
+            self._tempdir = None
+
+    def __enter__(self) -> "Package":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Package({self.manifest.name}:{self.manifest.version} at {self.origin})"
+
+
+def samples_to_npz_dict(inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {**{f"inputs/{k}": v for k, v in inputs.items()}, **{f"outputs/{k}": v for k, v in outputs.items()}}
+
+
+def _extract_zip(archive: Path, dest: Path) -> Path:
+    """Extract after checking every member: no absolute or ``..`` paths, no links, bounded size."""
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            members = zf.infolist()
+            total = 0
+            for info in members:
+                name = info.filename
+                parts = PurePosixPath(name.replace("\\", "/")).parts
+                if name.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
+                    raise PackageError(
+                        f"zip member '{name}' would be written outside the package (zip-slip)",
+                        "the archive is malicious or broken; do not use it",
+                    )
+                if stat.S_ISLNK(info.external_attr >> 16):
+                    raise PackageError(f"zip member '{name}' is a symbolic link", "packages may not contain links")
+                total += info.file_size
+            if total > MAX_UNPACKED_BYTES:
+                raise PackageError(f"zip '{archive}' would unpack to {total} bytes, over the limit")
+            bad = zf.testzip()
+            if bad is not None:
+                raise PackageError(f"zip member '{bad}' is corrupt (CRC mismatch)", "the archive is damaged; export it again")
+            zf.extractall(dest)
+    except zipfile.BadZipFile as exc:
+        raise PackageError(f"'{archive}' is a damaged zip archive: {exc}", "export the package again") from exc
+    except (EOFError, OSError) as exc:
+        raise PackageError(f"'{archive}' cannot be read as a zip archive: {exc}", "export the package again") from exc
+    if (dest / MANIFEST_NAME).is_file():
+        return dest
+    entries = list(dest.iterdir())
+    if len(entries) == 1 and (entries[0] / MANIFEST_NAME).is_file():  # zipped with its folder
+        return entries[0]
+    return dest
+

@@ -1,0 +1,98 @@
+"""Writing a package atomically.
+
+Everything is staged in a hidden directory beside the destination (same filesystem, so the final
+rename is atomic); an exception or Ctrl-C removes the staging area and leaves the destination as
+it was. A destination ending in ``.zip`` gets the archive form, also written then renamed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+
+from unideploy.errors import InputError
+from unideploy.package.files import digest_path
+from unideploy.package.manifest import MANIFEST_NAME, Artifact, Manifest, SampleSet
+from unideploy.package.package import samples_to_npz_dict
+
+
+class PackageWriter:
+    def __init__(self, dest: str | Path, overwrite: bool = False) -> None:
+        self.dest = Path(dest)
+        self.as_zip = self.dest.suffix.lower() == ".zip"
+        if self.dest.exists() and not overwrite:
+            raise InputError(f"'{self.dest}' already exists", "choose another -o path or pass --force")
+        if self.dest.exists() and self.as_zip == self.dest.is_dir():
+            raise InputError(f"'{self.dest}' exists and is a {'directory' if self.dest.is_dir() else 'file'}",
+                             "remove it or choose another -o path")
+        self.dest.parent.mkdir(parents=True, exist_ok=True)
+        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.dest.name}.", suffix=".partial", dir=self.dest.parent))
+
+    # -- staging -----------------------------------------------------------------------------
+    def _target(self, relpath: str) -> Path:
+        target = self.staging / relpath
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target
+
+    def add_file(self, src: str | Path, relpath: str) -> tuple[str, int]:
+        """Copy a file or directory into the package; return its sha256 and size."""
+        src, target = Path(src), self._target(relpath)
+        if src.is_dir():
+            shutil.copytree(src, target)
+        else:
+            shutil.copyfile(src, target)
+        return digest_path(target)
+
+    def add_artifact(self, src: str | Path, artifact: Artifact) -> Artifact:
+        artifact.sha256, artifact.size = self.add_file(src, artifact.path)
+        return artifact
+
+    def add_samples(self, relpath: str, batch_size: int, inputs: dict[str, np.ndarray],
+                    outputs: dict[str, np.ndarray]) -> SampleSet:
+        target = self._target(relpath)
+        with open(target, "wb") as fh:
+            np.savez_compressed(fh, **samples_to_npz_dict(inputs, outputs))
+        sha256, size = digest_path(target)
+        return SampleSet(relpath, batch_size, sha256, size)
+
+    # -- finishing ---------------------------------------------------------------------------
+    def commit(self, manifest: Manifest) -> Path:
+        (self.staging / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
+        if self.as_zip:
+            fd, tmp_zip = tempfile.mkstemp(prefix=f".{self.dest.name}.", suffix=".partial", dir=self.dest.parent)
+            os.close(fd)
+            try:
+                with zipfile.ZipFile(tmp_zip, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+                    for file in sorted(p for p in self.staging.rglob("*") if p.is_file()):
+                        zf.write(file, file.relative_to(self.staging).as_posix())
+                os.replace(tmp_zip, self.dest)
+            except BaseException:
+                Path(tmp_zip).unlink(missing_ok=True)
+                raise
+            shutil.rmtree(self.staging, ignore_errors=True)
+        else:
+            old = None
+            if self.dest.exists():
+                old = self.dest.with_name(f".{self.dest.name}.old-{os.getpid()}")
+                os.rename(self.dest, old)
+            os.rename(self.staging, self.dest)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        return self.dest
+
+    def abort(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def __enter__(self) -> "PackageWriter":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is not None:
+            self.abort()

@@ -1,0 +1,101 @@
+"""A lazy registry of plug-ins, shared by exporters, runtimes and (later) optimizer passes.
+
+Built-ins are listed as ``"module:Class"`` strings so that listing plug-ins (``deploy doctor``)
+never imports a framework; third parties add theirs through a Python entry-point group.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, entry_points, packages_distributions, version
+from typing import Generic, Iterator, TypeVar
+
+from unideploy.errors import InputError, UnideployError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str, group: str, builtin: dict[str, str]) -> None:
+        self.kind = kind
+        self.group = group
+        self._targets: dict[str, str] = dict(builtin)
+        self._loaded: dict[str, type[T]] = {}
+        self._scanned = False
+
+    def register(self, name: str, cls: type[T]) -> None:
+        """Register a class directly (tests, embedding applications)."""
+        self._targets[name] = f"{cls.__module__}:{cls.__qualname__}"
+        self._loaded[name] = cls
+
+    def _scan_entry_points(self) -> None:
+        if self._scanned:
+            return
+        self._scanned = True
+        for ep in entry_points(group=self.group):
+            self._targets.setdefault(ep.name, ep.value)
+
+    def names(self) -> list[str]:
+        self._scan_entry_points()
+        return list(self._targets)
+
+    def get(self, name: str) -> type[T]:
+        self._scan_entry_points()
+        if name not in self._targets:
+            raise InputError(
+                f"unknown {self.kind} '{name}'",
+                f"choose one of: {', '.join(sorted(self._targets))}",
+            )
+        if name not in self._loaded:
+            module_name, _, attr = self._targets[name].partition(":")
+            try:
+                obj = importlib.import_module(module_name)
+                for part in attr.split("."):
+                    obj = getattr(obj, part)
+            except (ImportError, AttributeError) as exc:
+                raise UnideployError(
+                    f"{self.kind} plug-in '{name}' ({self._targets[name]}) cannot be loaded: {exc}",
+                    "reinstall the package that provides it",
+                ) from exc
+            self._loaded[name] = obj  # type: ignore[assignment]
+        return self._loaded[name]
+
+    def __iter__(self) -> Iterator[tuple[str, type[T]]]:
+        for name in self.names():
+            yield name, self.get(name)
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a plug-in can work on this machine; if not, why and the command that fixes it."""
+
+    ok: bool
+    detail: str
+    fix: str | None = None
+
+
+def modules_availability(modules: tuple[str, ...], extra: str | None) -> Availability:
+    """Availability of a plug-in that only needs some Python modules importable (not imported)."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        fix = f"pip install 'unideploy[{extra}]'" if extra else f"pip install {' '.join(missing)}"
+        return Availability(False, f"missing Python module(s): {', '.join(missing)}", fix)
+    return Availability(True, ", ".join(module_version(m) for m in modules))
+
+
+@lru_cache(maxsize=1)
+def _distributions() -> dict[str, list[str]]:
+    return packages_distributions()
+
+
+def module_version(module: str) -> str:
+    """``"name version"`` for an importable module, read from its distribution (no import)."""
+    for dist in _distributions().get(module, [module]):
+        try:
+            return f"{module} {version(dist)}"
+        except PackageNotFoundError:
+            continue
+    return module

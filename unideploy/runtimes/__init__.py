@@ -1,0 +1,15 @@
+"""Runtime plug-ins. Built-ins are listed here; others arrive through the ``unideploy.runtimes``
+entry-point group."""
+
+from unideploy.registry import Registry
+from unideploy.runtimes.base import Runtime, RuntimeOptions
+
+RUNTIMES: Registry[Runtime] = Registry(
+    "runtime",
+    "unideploy.runtimes",
+    builtin={
+        "onnxruntime": "unideploy.runtimes.onnxruntime_runtime:OnnxRuntime",
+    },
+)
+
+__all__ = ["RUNTIMES", "Runtime", "RuntimeOptions"]

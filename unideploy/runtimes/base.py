@@ -1,0 +1,65 @@
+"""The runtime plug-in contract: load one artifact, describe its signature, run named numpy inputs.
+
+Runtimes know nothing of packages, the CLI or the wire; the server and the CLI reach every engine
+through this class, so adding an engine is one file plus one registry line
+(``unideploy/runtimes/__init__.py``) or an entry point in the ``unideploy.runtimes`` group.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+
+from unideploy.registry import Availability
+from unideploy.signature import Signature
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    device: str = "auto"  # "auto", "cpu" or "gpu"
+    threads: int | None = None  # intra-op threads; None lets the engine decide
+
+
+class Runtime(ABC):
+    name: ClassVar[str]
+    formats: ClassVar[tuple[str, ...]]  # artifact formats this runtime executes
+    targets: ClassVar[tuple[str, ...]]  # deployment targets it serves: cpu, gpu, edge, ascend
+
+    def __init__(self, path: Path, signature: Signature, options: RuntimeOptions | None = None) -> None:
+        self.path = Path(path)
+        self.signature = signature
+        self.options = options or RuntimeOptions()
+        self._load()
+
+    @classmethod
+    @abstractmethod
+    def availability(cls) -> Availability:
+        """Cheap check (no heavy import) of whether this runtime can work here."""
+
+    @abstractmethod
+    def _load(self) -> None:
+        """Load the artifact at ``self.path``; raise PackageError if it is unusable."""
+
+    @abstractmethod
+    def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run already-validated inputs; return outputs by name."""
+
+    def describe(self) -> dict[str, Any]:
+        """Engine details worth showing a user (device, providers, threads)."""
+        return {"runtime": self.name}
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        return self._run(self.signature.validate_inputs(inputs))
+
+    def close(self) -> None:
+        """Release engine resources; the default has none to release."""
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

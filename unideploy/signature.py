@@ -1,0 +1,229 @@
+"""Model signatures: named, typed tensors with named dynamic dimensions.
+
+The signature is the contract every stage checks against: exporters produce it, runtimes validate
+each request with it, the server (later) answers metadata from it. Dtypes are numpy names
+("float32", "int64", ...) so that they read the same in the manifest and in Python.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from unideploy.errors import InputError
+
+Dim = int | str  # a fixed size, or the name of a dynamic dimension
+
+SUPPORTED_DTYPES = (
+    "float16", "float32", "float64",
+    "int8", "int16", "int32", "int64",
+    "uint8", "uint16", "uint32", "uint64",
+    "bool",
+)
+
+
+def normalize_dtype(dtype: Any) -> str:
+    """Return the numpy name of ``dtype``, refusing types a package cannot describe."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError as exc:
+        raise InputError(f"unknown dtype '{dtype}'", f"use one of: {', '.join(SUPPORTED_DTYPES)}") from exc
+    if name not in SUPPORTED_DTYPES:
+        raise InputError(f"unsupported dtype '{name}'", f"use one of: {', '.join(SUPPORTED_DTYPES)}")
+    return name
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[Dim, ...]
+    layout: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
+        object.__setattr__(self, "shape", tuple(self.shape))
+
+    @property
+    def dynamic_dims(self) -> dict[int, str]:
+        return {i: d for i, d in enumerate(self.shape) if isinstance(d, str)}
+
+    def shape_text(self) -> str:
+        return "[" + ", ".join(str(d) for d in self.shape) + "]"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.layout:
+            out["layout"] = self.layout
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TensorSpec":
+        return cls(data["name"], data["dtype"], tuple(data["shape"]), data.get("layout"))
+
+
+@dataclass(frozen=True)
+class Signature:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    @property
+    def has_dynamic_batch(self) -> bool:
+        return bool(self.inputs) and all(t.shape and isinstance(t.shape[0], str) for t in self.inputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Signature":
+        return cls(
+            tuple(TensorSpec.from_dict(t) for t in data["inputs"]),
+            tuple(TensorSpec.from_dict(t) for t in data["outputs"]),
+        )
+
+    def validate_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Check named inputs against the signature and return them as numpy arrays.
+
+        Runtimes call this before touching their engine, so a bad request fails with a message
+        naming the tensor instead of crashing inside native code. A dynamic dimension named in
+        several inputs must have one size across them (e.g. ``batch``).
+        """
+        expected = {t.name: t for t in self.inputs}
+        unknown = sorted(set(inputs) - set(expected))
+        missing = [n for n in expected if n not in inputs]
+        if unknown:
+            raise InputError(
+                f"unknown input(s) {', '.join(repr(n) for n in unknown)}",
+                f"the model expects: {', '.join(self.input_names)}",
+            )
+        if missing:
+            raise InputError(
+                f"missing input(s) {', '.join(repr(n) for n in missing)}",
+                f"the model expects: {', '.join(self.input_names)}",
+            )
+        arrays: dict[str, np.ndarray] = {}
+        bound: dict[str, tuple[int, str]] = {}
+        for name, spec in expected.items():
+            value = inputs[name]
+            try:
+                array = np.asarray(value)
+            except (ValueError, TypeError) as exc:
+                raise InputError(f"input '{name}' is not a tensor: {exc}") from exc
+            if array.dtype.name != spec.dtype:
+                raise InputError(
+                    f"input '{name}' has dtype {array.dtype.name}, expected {spec.dtype}",
+                    f"cast it, e.g. array.astype('{spec.dtype}')",
+                )
+            if array.ndim != len(spec.shape):
+                raise InputError(
+                    f"input '{name}' has rank {array.ndim} (shape {list(array.shape)}), "
+                    f"expected rank {len(spec.shape)} {spec.shape_text()}"
+                )
+            for axis, (size, dim) in enumerate(zip(array.shape, spec.shape)):
+                if isinstance(dim, int) and size != dim:
+                    raise InputError(
+                        f"input '{name}' has size {size} on axis {axis}, expected {dim} "
+                        f"(shape {list(array.shape)} vs {spec.shape_text()})"
+                    )
+                if isinstance(dim, str):
+                    if dim in bound and bound[dim][0] != size:
+                        other_size, other = bound[dim]
+                        raise InputError(
+                            f"dimension '{dim}' is {size} in input '{name}' but {other_size} in "
+                            f"input '{other}'",
+                            "inputs sharing a dynamic dimension must agree on its size",
+                        )
+                    bound.setdefault(dim, (size, name))
+            if array.size == 0:
+                raise InputError(f"input '{name}' is empty (shape {list(array.shape)})")
+            arrays[name] = np.ascontiguousarray(array)
+        return arrays
+
+
+_SHAPE_ITEM = re.compile(r"^(?:(?P<name>[A-Za-z_][A-Za-z0-9_]*)=)?(?P<size>\d+)$")
+
+
+@dataclass(frozen=True)
+class InputShape:
+    """One ``--input-shape`` item: example sizes plus the dimensions the user named dynamic."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    dim_names: dict[int, str]
+
+
+def parse_input_shape(text: str) -> InputShape:
+    """Parse ``NAME:DIMS[:DTYPE]``.
+
+    DIMS are separated by ``x`` or ``,``; a dim written ``seq=128`` is dynamic, named ``seq``,
+    with 128 as the example size (use ``,`` as the separator when a name contains an ``x``).
+    Examples: ``x:1x3x224x224``, ``ids:1,seq=128:int64``.
+    """
+    hint = "write NAME:DIMS[:DTYPE], e.g. x:1x3x224x224 or input_ids:1,seq=128:int64"
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1]:
+        raise InputError(f"bad --input-shape '{text}'", hint)
+    name, dims_text = parts[0], parts[1]
+    dtype = normalize_dtype(parts[2]) if len(parts) == 3 else "float32"
+    items = dims_text.split(",") if "," in dims_text else dims_text.split("x")
+    shape: list[int] = []
+    dim_names: dict[int, str] = {}
+    for axis, item in enumerate(items):
+        match = _SHAPE_ITEM.match(item.strip())
+        if not match or int(match["size"]) <= 0:
+            raise InputError(f"bad dimension '{item}' in --input-shape '{text}'", hint)
+        shape.append(int(match["size"]))
+        if match["name"]:
+            dim_names[axis] = match["name"]
+    return InputShape(name, tuple(shape), dtype, dim_names)
+
+
+def signature_from_onnx(model: Any) -> Signature:
+    """Read the signature of an ONNX ModelProto (graph inputs minus initializers)."""
+    from onnx import helper
+
+    initializers = {init.name for init in model.graph.initializer}
+
+    def spec(value: Any) -> TensorSpec:
+        ttype = value.type.tensor_type
+        if not value.type.HasField("tensor_type") or ttype.elem_type == 0:
+            raise InputError(f"ONNX value '{value.name}' is not a typed tensor", "only tensor inputs/outputs are supported")
+        dtype = helper.tensor_dtype_to_np_dtype(ttype.elem_type)
+        dims: list[Dim] = []
+        if not ttype.HasField("shape"):
+            raise InputError(f"ONNX value '{value.name}' has no shape", "re-export the model with shape information")
+        for axis, d in enumerate(ttype.shape.dim):
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            elif d.dim_param.isdigit():  # torch.export writes constant dims as dim_param "3"
+                dims.append(int(d.dim_param))
+            else:
+                dims.append(_dim_name(d.dim_param) or _dim_name(f"{value.name}_dim{axis}"))
+        return TensorSpec(value.name, dtype, tuple(dims))
+
+    return Signature(
+        tuple(spec(v) for v in model.graph.input if v.name not in initializers),
+        tuple(spec(v) for v in model.graph.output),
+    )
+
+
+def _dim_name(text: str) -> str:
+    """Make a dynamic-dimension name an identifier, as the manifest schema requires."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", text)
+    return f"d_{name}" if name and name[0].isdigit() else name
+
+
+def describe(specs: Sequence[TensorSpec]) -> str:
+    return ", ".join(f"{t.name}:{t.dtype}{t.shape_text()}" for t in specs)

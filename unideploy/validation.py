@@ -1,0 +1,78 @@
+"""Comparing an artifact's outputs with the reference outputs of the source framework.
+
+One routine serves export (proof at conversion time), ``deploy verify`` (proof later, on this
+machine) and the optimizers (accuracy budgets), so every number in a manifest means the same.
+A value passes when ``|actual - expected| <= atol + rtol * |expected|`` (numpy's allclose);
+non-float outputs must match exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from unideploy.errors import ValidationError
+from unideploy.samples import batch_size_of
+
+DEFAULT_ATOL = 1e-4
+DEFAULT_RTOL = 1e-3
+
+Record = dict[str, Any]
+
+
+def compare_output(expected: np.ndarray, actual: np.ndarray, atol: float, rtol: float) -> dict[str, Any]:
+    expected, actual = np.asarray(expected), np.asarray(actual)
+    if expected.shape != actual.shape:
+        raise ValidationError(f"output shape {list(actual.shape)} differs from the reference {list(expected.shape)}")
+    if not np.issubdtype(expected.dtype, np.floating):
+        mismatched = int(np.count_nonzero(expected != actual))
+        return {"max_abs_error": float(mismatched > 0), "max_rel_error": float(mismatched > 0), "mismatched": mismatched}
+    e, a = expected.astype(np.float64), actual.astype(np.float64)
+    diff = np.abs(a - e)
+    nan_mismatch = np.isnan(e) != np.isnan(a)
+    finite = ~(np.isnan(e) | np.isnan(a))
+    abs_err = float(diff[finite].max()) if finite.any() else 0.0
+    significant = finite & (np.abs(e) > atol)
+    rel_err = float((diff[significant] / np.abs(e[significant])).max()) if significant.any() else 0.0
+    mismatched = int(np.count_nonzero((diff > atol + rtol * np.abs(e)) & finite) + np.count_nonzero(nan_mismatch))
+    return {"max_abs_error": abs_err, "max_rel_error": rel_err, "mismatched": mismatched}
+
+
+def validate(run: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
+             samples: Sequence[tuple[dict[str, np.ndarray], Mapping[str, np.ndarray]]],
+             atol: float, rtol: float, reference: str) -> Record:
+    """Run every (inputs, expected outputs) pair and merge the worst errors per output."""
+    outputs: dict[str, dict[str, Any]] = {}
+    batch_sizes = []
+    for inputs, expected in samples:
+        actual = run(inputs)
+        batch_sizes.append(batch_size_of(inputs))
+        for name, ref in expected.items():
+            if name not in actual:
+                raise ValidationError(f"the artifact produced no output '{name}'", f"it produced: {', '.join(actual)}")
+            result = compare_output(ref, actual[name], atol, rtol)
+            merged = outputs.setdefault(name, {"max_abs_error": 0.0, "max_rel_error": 0.0, "mismatched": 0})
+            merged["max_abs_error"] = max(merged["max_abs_error"], result["max_abs_error"])
+            merged["max_rel_error"] = max(merged["max_rel_error"], result["max_rel_error"])
+            merged["mismatched"] += result["mismatched"]
+    passed = all(o["mismatched"] == 0 for o in outputs.values())
+    return {"passed": passed, "reference": reference, "atol": atol, "rtol": rtol,
+            "batch_sizes": batch_sizes, "outputs": outputs}
+
+
+def failure_text(record: Record) -> str:
+    """Per-output errors of a record, for messages and tables."""
+    return "; ".join(
+        f"{name}: max abs {o['max_abs_error']:.3g}, max rel {o['max_rel_error']:.3g}, {o['mismatched']} values off"
+        for name, o in record["outputs"].items() if o["mismatched"]
+    )
+
+
+def require_passed(record: Record, what: str) -> None:
+    if not record["passed"]:
+        raise ValidationError(
+            f"{what} differs from {record['reference']} beyond tolerance "
+            f"(atol {record['atol']:g}, rtol {record['rtol']:g}): {failure_text(record)}",
+            "raise --atol/--rtol if this error is acceptable, or report the model",
+        )
