@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,21 @@ def choose_providers(device: str, available: list[str]) -> list[str]:
             "pip install onnxruntime-gpu on a machine with a CUDA GPU, or use --device cpu",
         )
     return gpu + ["CPUExecutionProvider"]
+
+
+_ORT_NOISE = (
+    re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : "),
+    re.compile(r"^Load model from .*? failed:"),
+    re.compile(r"^\S+\.(?:cc|h):\d+ (?:\S+ )?[\w:~<>]+\(.*?\) "),  # C++ file:line and signature
+)
+
+
+def ort_message(exc: BaseException) -> str:
+    """ORT's error text without its status prefix, model path and C++ source location."""
+    text = first_line(exc, limit=2000)
+    for pattern in _ORT_NOISE:
+        text = pattern.sub("", text).strip()
+    return text[:400]
 
 
 class OnnxRuntime(Runtime):
@@ -53,7 +69,7 @@ class OnnxRuntime(Runtime):
             self.session = ort.InferenceSession(str(self.path), session_options, providers=providers)
         except Exception as exc:  # ORT raises its own untyped pybind errors
             raise PackageError(
-                f"ONNX Runtime cannot load '{self.path.name}': {first_line(exc)}",
+                f"ONNX Runtime cannot load '{self.path.name}': {ort_message(exc)}",
                 "the artifact is invalid or needs a newer onnxruntime",
             ) from exc
         session_inputs = {i.name for i in self.session.get_inputs()}
@@ -73,7 +89,7 @@ class OnnxRuntime(Runtime):
         try:
             outputs = self.session.run(self._output_names, inputs)
         except Exception as exc:
-            raise RuntimeFailure(f"ONNX Runtime failed: {first_line(exc)}") from exc
+            raise RuntimeFailure(f"ONNX Runtime failed: {ort_message(exc)}") from exc
         return dict(zip(self._output_names, outputs))
 
     def close(self) -> None:

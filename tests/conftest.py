@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def torch_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[str]]]:
+    """Every test model saved as TorchScript: name -> (path, input shapes)."""
+    pytest.importorskip("torch", reason="the torch extra is not installed")
+    from models import save_models
+
+    return save_models(tmp_path_factory.mktemp("torchscript"))
+
+
+@pytest.fixture(scope="session")
+def cnn_package_session(torch_models, tmp_path_factory) -> Path:
+    import unideploy
+
+    path, shapes = torch_models["cnn_scripted"]
+    out = tmp_path_factory.mktemp("pkg") / "cnn.udp"
+    unideploy.export(path, out, input_shapes=shapes).close()
+    return out
+
+
+@pytest.fixture
+def cnn_package(cnn_package_session: Path, tmp_path: Path) -> Path:
+    """A fresh copy of a verified CNN package, free to tamper with."""
+    copy = tmp_path / "cnn.udp"
+    shutil.copytree(cnn_package_session, copy)
+    return copy

@@ -1,0 +1,34 @@
+"""Ctrl-C in the middle of an export leaves neither a package nor its staging area."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch", reason="the torch extra is not installed")
+
+
+def test_sigint_during_export_leaves_nothing(torch_models, tmp_path):
+    path, shapes = torch_models["mha_traced"]  # the slowest export: several seconds to interrupt
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "unideploy.cli.main", "export", str(path), "-o", str(out_dir / "pkg"),
+         "--input-shape", shapes[0]],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not any(out_dir.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "export finished before it could be interrupted"
+    assert [p.name.endswith(".partial") for p in out_dir.iterdir()] == [True]  # staging, hidden
+    time.sleep(0.5)  # let it get into the conversion itself
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted: nothing was written" in stderr
+    assert list(out_dir.iterdir()) == []

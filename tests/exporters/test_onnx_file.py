@@ -1,0 +1,91 @@
+"""Importing existing .onnx files: signature, checker, and clean failures on bad models."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import unideploy
+from unideploy.errors import ExportError, InputError
+
+IR_VERSION = 9  # what torch.onnx writes; onnx's own default can be newer than onnxruntime reads
+
+
+def _mlp(path, dim_param: str = "N") -> None:
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [dim_param, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [dim_param, 3])],
+        [w],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION), str(path))
+
+
+def test_import_reads_the_signature_and_validates(tmp_path):
+    _mlp(tmp_path / "mlp.onnx", "batch size")  # a dim name that is not an identifier
+    with unideploy.export(tmp_path / "mlp.onnx", tmp_path / "pkg.zip") as package:
+        sig = package.manifest.signature
+        assert sig.inputs[0].shape == ("batch_size", 4) and sig.outputs[0].shape == ("batch_size", 3)
+        assert package.manifest.source["framework"] == "onnx" and package.manifest.source["path"] is None
+        assert package.manifest.artifacts[0].opset == 17
+        assert package.manifest.validation["onnx-fp32"]["passed"]
+        x = np.ones((5, 4), np.float32)
+        assert unideploy.run(package, {"x": x})["y"].shape == (5, 3)
+
+
+def test_exported_torch_onnx_reimports(cnn_package, tmp_path):
+    with unideploy.export(cnn_package / "artifacts" / "model.onnx", tmp_path / "again") as package:
+        assert package.manifest.signature.inputs[0].shape == ("batch", 1, 8, 8)
+
+
+def test_garbage_file_is_refused(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage" * 10)
+    with pytest.raises(InputError, match="'.*bad.onnx' is not a readable ONNX model"):
+        unideploy.export(bad, tmp_path / "pkg")
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_checker_failure_is_reported(tmp_path):
+    graph = helper.make_graph([helper.make_node("Relu", ["missing"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    onnx.save(helper.make_model(graph), str(tmp_path / "broken.onnx"))
+    with pytest.raises(ExportError, match="fails the ONNX checker"):
+        unideploy.export(tmp_path / "broken.onnx", tmp_path / "pkg")
+
+
+def test_operator_onnxruntime_lacks_is_named(tmp_path):
+    node = helper.make_node("FancyOp", ["x"], ["y"], domain="com.example")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
+                              ir_version=IR_VERSION)
+    onnx.save(model, str(tmp_path / "custom.onnx"))
+    with pytest.raises(ExportError, match="FancyOp"):
+        unideploy.export(tmp_path / "custom.onnx", tmp_path / "pkg")
+
+
+def test_input_shape_for_an_unknown_input_is_refused(tmp_path):
+    _mlp(tmp_path / "mlp.onnx")
+    with pytest.raises(InputError, match="does not take"):
+        unideploy.export(tmp_path / "mlp.onnx", tmp_path / "pkg", input_shapes=["z:1x4"])
+
+
+def test_model_newer_than_onnxruntime_is_explained(tmp_path):
+    path = tmp_path / "new.onnx"
+    _mlp(path)
+    model = onnx.load(str(path))
+    model.ir_version = onnx.IR_VERSION  # the newest the checker knows; onnxruntime often lags behind
+    onnx.save(model, str(path))
+    try:
+        unideploy.export(path, tmp_path / "pkg").close()
+    except ExportError as exc:
+        assert re.search(r"Unsupported model IR version: \d+, max supported IR version: \d+$", exc.message)
+        assert "onnxruntime_src" not in exc.message

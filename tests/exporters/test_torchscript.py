@@ -1,0 +1,126 @@
+"""TorchScript export on real models: every path, dynamic batch, control flow, failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import unideploy
+from unideploy.errors import ExportError, InputError
+
+torch = pytest.importorskip("torch", reason="the torch extra is not installed")
+
+ROUND_TRIP = ["cnn_scripted", "cnn_traced", "attention_scripted", "attention_traced", "tokens_traced",
+              "control_flow_scripted"]
+
+
+def _inputs_like(package, batch: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for spec in package.manifest.signature.inputs:
+        shape = [batch if i == 0 else (d if isinstance(d, int) else 6) for i, d in enumerate(spec.shape)]
+        out[spec.name] = (rng.integers(0, 50, shape) if spec.dtype == "int64" else rng.standard_normal(shape)).astype(spec.dtype)
+    return out
+
+
+@pytest.mark.parametrize("name", ROUND_TRIP)
+def test_export_matches_torch_at_a_new_batch_size(name, torch_models, tmp_path):
+    path, shapes = torch_models[name]
+    with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes) as package:
+        record = package.manifest.validation["onnx-fp32"]
+        assert record["passed"] and record["batch_sizes"] == [1, 4]
+        assert package.manifest.source["conversion_path"].startswith("torch.onnx legacy")
+        assert all(spec.shape[0] == "batch" for spec in package.manifest.signature.inputs)
+        inputs = _inputs_like(package, batch=7, seed=1)
+        got = unideploy.run(package, inputs)
+    module = torch.jit.load(str(path))
+    with torch.no_grad():
+        expected = module(*(torch.from_numpy(inputs[s.split(":")[0]]) for s in shapes))
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for value, reference in zip(got.values(), expected):
+        np.testing.assert_allclose(value, reference.numpy(), atol=1e-4, rtol=1e-3)
+
+
+def test_named_dynamic_dimension_accepts_other_lengths(torch_models, tmp_path):
+    path, shapes = torch_models["tokens_traced"]
+    with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes) as package:
+        ids = package.manifest.signature.inputs[0]
+        assert ids.dtype == "int64" and ids.shape == ("batch", "seq")
+        logits = unideploy.run(package, {"input_ids": np.ones((3, 11), np.int64), "mask": np.ones((3, 11), np.float32)})
+    assert logits["output_0"].shape == (3, 3) and logits["output_1"].shape == (3, 16)
+
+
+def test_control_flow_is_kept_as_onnx_if_and_loop(torch_models, tmp_path):
+    path, shapes = torch_models["control_flow_scripted"]
+    with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes) as package:
+        ops = {n.op_type for n in onnx.load(str(package.path_of("onnx-fp32"))).graph.node}
+        assert {"If", "Loop"} <= ops
+        small, large = np.full((1, 3), 0.1, np.float32), np.full((1, 3), 9.0, np.float32)
+        # 0.1 -> *2 = 0.2, no halving; 9.0 -> *2 = 18 -> halved 5 times = 0.5625, +5 steps
+        np.testing.assert_allclose(unideploy.run(package, {"x": small})["output"], 0.2, rtol=1e-6)
+        np.testing.assert_allclose(unideploy.run(package, {"x": large})["output"], 5.5625, rtol=1e-6)
+
+
+def test_traced_multihead_attention_falls_back_to_torch_export(torch_models, tmp_path):
+    path, shapes = torch_models["mha_traced"]
+    with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes) as package:
+        assert package.manifest.source["conversion_path"] == "TS2EP + torch.export (dynamo)"
+        spec = package.manifest.signature.inputs[0]
+        assert spec.shape == ("batch", 5, 16)  # constant dims pinned, batch kept dynamic
+        assert package.manifest.validation["onnx-fp32"]["passed"]
+        assert unideploy.run(package, {"x": np.zeros((6, 5, 16), np.float32)})["output"].shape == (6, 5, 16)
+
+
+def test_static_shapes_fix_the_batch(torch_models, tmp_path):
+    path, shapes = torch_models["cnn_scripted"]
+    with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes, static_shapes=True) as package:
+        assert package.manifest.signature.inputs[0].shape == (2, 1, 8, 8)
+        assert package.manifest.validation["onnx-fp32"]["batch_sizes"] == [2]
+        with pytest.raises(InputError, match="size 3 on axis 0, expected 2"):
+            unideploy.run(package, {"x": np.zeros((3, 1, 8, 8), np.float32)})
+
+
+def test_example_inputs_become_the_reference_samples(torch_models, tmp_path):
+    path, _ = torch_models["cnn_scripted"]
+    example = {"x": np.random.default_rng(3).standard_normal((3, 1, 8, 8)).astype(np.float32)}
+    with unideploy.export(path, tmp_path / "pkg", example_inputs=example) as package:
+        samples = package.reference_samples()
+        assert [s.batch_size for s in samples] == [1, 3]
+        np.testing.assert_array_equal(samples[1].inputs["x"], example["x"])
+
+
+def test_unsupported_operator_is_named(torch_models, tmp_path):
+    path, shapes = torch_models["histc_traced"]
+    with pytest.raises(ExportError, match=r"operator aten::histc"):
+        unideploy.export(path, tmp_path / "pkg", input_shapes=shapes)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_shapes_and_wrong_names_are_explained(torch_models, tmp_path):
+    path, _ = torch_models["cnn_scripted"]
+    with pytest.raises(InputError, match="carry no input shapes"):
+        unideploy.export(path, tmp_path / "a")
+    with pytest.raises(InputError, match="forward\\(\\) takes x"):
+        unideploy.export(path, tmp_path / "b", input_shapes=["image:1x1x8x8"])
+    with pytest.raises(InputError, match="bad dimension"):
+        unideploy.export(path, tmp_path / "c", input_shapes=["x:1x1x8xq"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tolerance_failure_reports_per_output_error_and_writes_nothing(torch_models, tmp_path):
+    from unideploy.errors import ValidationError
+
+    path, shapes = torch_models["attention_traced"]
+    with pytest.raises(ValidationError, match=r"output: max abs [0-9.e-]+, max rel [0-9.e-]+, \d+ values off"):
+        unideploy.export(path, tmp_path / "pkg", input_shapes=shapes, atol=0.0, rtol=0.0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_not_torchscript_is_refused(tmp_path):
+    bogus = tmp_path / "model.pt"
+    bogus.write_bytes(b"not a model")
+    with pytest.raises(InputError, match="cannot tell what kind of model"):
+        unideploy.export(bogus, tmp_path / "pkg")
+    with pytest.raises(InputError, match="cannot be loaded as TorchScript"):
+        unideploy.export(bogus, tmp_path / "pkg", exporter="torchscript", input_shapes=["x:1x2"])

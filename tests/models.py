@@ -1,0 +1,112 @@
+"""Small real models the tests build, script or trace, and save as TorchScript files.
+
+Tests load the saved files without these classes (that is what a user's .pt is).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(torch.relu(self.bn(self.conv(x)))), 1))
+
+
+class AttentionBlock(nn.Module):
+    """Hand-written single-head attention with residual and LayerNorm."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.scale = dim ** -0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2) * self.scale, dim=-1)
+        return self.norm(x + weights @ self.v(x))
+
+
+class TokenClassifier(nn.Module):
+    """Two inputs, one of them int64 token ids: embedding + masked mean pooling + two heads."""
+
+    def __init__(self, vocab: int = 50, dim: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.block = AttentionBlock(dim)
+        self.head = nn.Linear(dim, 3)
+
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.block(self.embed(input_ids))
+        pooled = (hidden * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).clamp(min=1.0)
+        return self.head(pooled), pooled
+
+
+class DataDependentLoop(nn.Module):
+    """Branch on the data and loop a data-dependent number of times (needs torch.jit.script)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x
+        if bool(x.mean() > 0):
+            y = y * 2.0
+        else:
+            y = y - 1.0
+        steps = 0
+        while bool(y.abs().max() > 1.0) and steps < 20:  # iteration count depends on the values
+            y = y * 0.5
+            steps += 1
+        return y + float(steps)
+
+
+class MultiHeadAttentionModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x, x, x)[0]
+
+
+class Histogram(nn.Module):
+    """aten::histc has no ONNX conversion on either exporter path."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.histc(x, bins=4)
+
+
+def save_models(directory: Path) -> dict[str, tuple[Path, list[str]]]:
+    """Build every test model; return name -> (file, --input-shape specs)."""
+    torch.manual_seed(0)
+    cnn = SmallCNN().eval()
+    with torch.no_grad():  # non-trivial BatchNorm statistics, as after training
+        cnn.bn.running_mean.uniform_(-0.5, 0.5)
+        cnn.bn.running_var.uniform_(0.5, 2.0)
+    x_img, x_seq = torch.randn(2, 1, 8, 8), torch.randn(2, 5, 16)
+    ids, mask = torch.randint(0, 50, (2, 6)), torch.ones(2, 6)
+    built = {
+        "cnn_scripted": (torch.jit.script(cnn), ["x:2x1x8x8"]),
+        "cnn_traced": (torch.jit.trace(cnn, (x_img,)), ["x:2x1x8x8"]),
+        "attention_scripted": (torch.jit.script(AttentionBlock().eval()), ["x:2x5x16"]),
+        "attention_traced": (torch.jit.trace(AttentionBlock().eval(), (x_seq,)), ["x:2x5x16"]),
+        "tokens_traced": (torch.jit.trace(TokenClassifier().eval(), (ids, mask)),
+                          ["input_ids:2,seq=6:int64", "mask:2,seq=6:float32"]),
+        "control_flow_scripted": (torch.jit.script(DataDependentLoop()), ["x:2x3"]),
+        "mha_traced": (torch.jit.trace(MultiHeadAttentionModel().eval(), (x_seq,), check_trace=False), ["x:2x5x16"]),
+        "histc_traced": (torch.jit.trace(Histogram(), (torch.randn(2, 4),)), ["x:2x4"]),
+    }
+    out = {}
+    for name, (module, shapes) in built.items():
+        path = directory / f"{name}.pt"
+        torch.jit.save(module, str(path))
+        out[name] = (path, shapes)
+    return out

@@ -1,0 +1,68 @@
+"""Packages are written atomically: all or nothing, directory or zip."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from unideploy.errors import InputError
+from unideploy.package import Artifact, Manifest, Package, PackageWriter
+from unideploy.signature import Signature, TensorSpec
+
+
+def _manifest(artifact: Artifact, samples) -> Manifest:
+    sig = Signature((TensorSpec("x", "float32", ("batch", 2)),), (TensorSpec("y", "float32", ("batch", 2)),))
+    source = {"framework": "onnx", "file_name": "m.onnx", "sha256": artifact.sha256, "exporter": "onnx",
+              "library_versions": {}}
+    return Manifest(name="m", version="1", source=source, signature=sig, artifacts=[artifact], samples=samples)
+
+
+def _write(dest, tmp_path, fail: bool = False):
+    blob = tmp_path / "blob.onnx"
+    blob.write_bytes(b"fake model bytes")
+    with PackageWriter(dest) as writer:
+        artifact = writer.add_artifact(blob, Artifact("a", "artifacts/m.onnx", "onnx", "fp32", "", 0, ["onnxruntime"]))
+        x = np.ones((1, 2), np.float32)
+        samples = [writer.add_samples("samples/batch1.npz", 1, {"x": x}, {"y": x})]
+        if fail:
+            raise RuntimeError("simulated crash mid-export")
+        return writer.commit(_manifest(artifact, samples))
+
+
+@pytest.mark.parametrize("name", ["pkg", "pkg.zip"])
+def test_written_package_reopens_with_checksums(tmp_path, name):
+    dest = _write(tmp_path / name, tmp_path)
+    with Package.open(dest) as pkg:
+        assert pkg.manifest.artifacts[0].size == len(b"fake model bytes")
+        np.testing.assert_array_equal(pkg.reference_samples()[0].outputs["y"], np.ones((1, 2)))
+
+
+@pytest.mark.parametrize("name", ["pkg", "pkg.zip"])
+def test_a_crash_leaves_nothing_behind(tmp_path, name):
+    with pytest.raises(RuntimeError):
+        _write(tmp_path / "out" / name, tmp_path, fail=True)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_existing_destination_needs_overwrite(tmp_path):
+    dest = _write(tmp_path / "pkg", tmp_path)
+    with pytest.raises(InputError, match="already exists"):
+        PackageWriter(dest)
+    before = json.loads((dest / "manifest.json").read_text())
+    writer = PackageWriter(dest, overwrite=True)
+    writer.abort()
+    assert json.loads((dest / "manifest.json").read_text()) == before
+
+
+def test_manifest_that_breaks_the_schema_is_never_written(tmp_path):
+    from unideploy.errors import PackageError
+
+    blob = tmp_path / "blob.onnx"
+    blob.write_bytes(b"x")
+    with pytest.raises(PackageError, match="schema"):
+        with PackageWriter(tmp_path / "pkg") as writer:
+            artifact = writer.add_artifact(blob, Artifact("bad id!", "artifacts/m.onnx", "onnx", "fp32", "", 0, []))
+            writer.commit(_manifest(artifact, []))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blob.onnx"]

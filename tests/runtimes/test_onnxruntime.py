@@ -1,0 +1,78 @@
+"""The ONNX Runtime plug-in: input validation before the engine, provider choice, load failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from unideploy.errors import InputError, MissingDependencyError, PackageError
+from unideploy.package import Package
+from unideploy.runtimes import RUNTIMES, RuntimeOptions
+from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime, choose_providers
+from unideploy.runtimes.selection import open_runtime
+
+
+@pytest.fixture
+def engine(cnn_package):
+    with Package.open(cnn_package) as pkg:
+        _, runtime = open_runtime(pkg)
+        yield runtime
+        runtime.close()
+
+
+def test_runs_and_describes_itself(engine):
+    out = engine.run({"x": np.zeros((2, 1, 8, 8), np.float32)})
+    assert out["output"].shape == (2, 10)
+    assert engine.describe()["providers"] == ["CPUExecutionProvider"]
+
+
+@pytest.mark.parametrize("inputs, message", [
+    ({"y": np.zeros((1, 1, 8, 8), np.float32)}, "unknown input\\(s\\) 'y'.*expects: x"),
+    ({}, "missing input\\(s\\) 'x'"),
+    ({"x": np.zeros((1, 1, 8, 8), np.float64)}, "dtype float64, expected float32"),
+    ({"x": np.zeros((1, 8, 8), np.float32)}, "rank 3 .*expected rank 4"),
+    ({"x": np.zeros((1, 3, 8, 8), np.float32)}, "size 3 on axis 1, expected 1"),
+    ({"x": np.zeros((0, 1, 8, 8), np.float32)}, "is empty"),
+    ({"x": [[[["a"]]]]}, "dtype str32, expected float32"),
+])
+def test_bad_inputs_are_refused_before_the_engine(engine, inputs, message):
+    with pytest.raises(InputError, match=message):
+        engine.run(inputs)
+
+
+def test_shared_dynamic_dim_must_agree(torch_models, tmp_path):
+    import unideploy
+
+    path, shapes = torch_models["tokens_traced"]
+    with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes) as pkg:
+        with pytest.raises(InputError, match="dimension 'seq' is 4 in input 'mask' but 6 in input 'input_ids'"):
+            unideploy.run(pkg, {"input_ids": np.ones((1, 6), np.int64), "mask": np.ones((1, 4), np.float32)})
+
+
+def test_provider_choice():
+    assert choose_providers("cpu", ["CUDAExecutionProvider", "CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+    assert choose_providers("auto", ["CUDAExecutionProvider", "CPUExecutionProvider"]) == [
+        "CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert choose_providers("auto", ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+    with pytest.raises(MissingDependencyError, match="onnxruntime-gpu"):
+        choose_providers("gpu", ["CPUExecutionProvider"])
+
+
+def test_corrupt_model_bytes_fail_to_load_cleanly(tmp_path):
+    from unideploy.signature import Signature, TensorSpec
+
+    bad = tmp_path / "m.onnx"
+    bad.write_bytes(b"\x00\x01 not onnx")
+    sig = Signature((TensorSpec("x", "float32", (1,)),), (TensorSpec("y", "float32", (1,)),))
+    with pytest.raises(PackageError, match="ONNX Runtime cannot load 'm.onnx'"):
+        OnnxRuntime(bad, sig, RuntimeOptions())
+
+
+def test_unknown_runtime_name_lists_the_known_ones(cnn_package):
+    with Package.open(cnn_package) as pkg, pytest.raises(InputError, match="unknown runtime 'tvm'.*onnxruntime"):
+        open_runtime(pkg, runtime="tvm")
+
+
+def test_registry_lists_the_builtin():
+    assert "onnxruntime" in RUNTIMES.names()
+    assert RUNTIMES.get("onnxruntime") is OnnxRuntime

@@ -1,0 +1,135 @@
+"""One function per ``deploy`` verb: call the library, hand the result to the renderer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from unideploy.cli import render
+from unideploy.errors import InputError, ValidationError
+from unideploy.package import Package
+from unideploy.runtimes import RuntimeOptions
+
+
+def _print_json(data: object) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from unideploy.exporters import ExportOptions
+    from unideploy.exporters.export import export
+    from unideploy.samples import load_npz_inputs
+    from unideploy.signature import parse_input_shape
+
+    options = ExportOptions(
+        input_shapes=[parse_input_shape(s) for s in args.input_shape],
+        example_inputs=load_npz_inputs(args.example_input) if args.example_input else None,
+        static_shapes=args.static_shapes,
+        opset=args.opset,
+    )
+    with render.status("exporting") as status:
+        path = export(
+            args.source, args.output, name=args.name, version=args.model_version, exporter=args.exporter,
+            target=args.target, options=options, atol=args.atol, rtol=args.rtol, overwrite=args.force,
+            progress=lambda msg: status.update(msg),
+        )
+    with Package.open(path) as package:
+        if args.json:
+            _print_json(package.manifest.to_dict())
+        else:
+            render.export_summary(package)
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    with Package.open(args.package) as package:
+        if args.json:
+            _print_json(package.manifest.to_dict())
+        else:
+            render.inspect(package)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from unideploy.runtimes.selection import open_runtime
+    from unideploy.samples import load_npz_inputs
+
+    inputs = load_npz_inputs(args.input, "--input")
+    with Package.open(args.package) as package:
+        artifact, engine = open_runtime(package, args.artifact, args.runtime, RuntimeOptions(device=args.device))
+        with engine:
+            outputs = engine.run(inputs)
+    if args.output:
+        out = Path(args.output)
+        tmp = out.with_name(f".{out.name}.partial")
+        with open(tmp, "wb") as fh:  # write then rename: never a half-written result file
+            np.savez(fh, **outputs)
+        tmp.replace(out)
+    if args.json:
+        _print_json({"artifact": artifact.id, "runtime": engine.name,
+                     "outputs": {k: {"dtype": v.dtype.name, "shape": list(v.shape), "data": v.tolist()}
+                                 for k, v in outputs.items()}})
+    else:
+        render.run_outputs(artifact.id, engine.name, outputs, args.output)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from unideploy.verify import verify_package
+
+    with Package.open(args.package) as package:
+        checks = verify_package(package, args.runtime, args.device)
+        if args.json:
+            _print_json({"package": str(args.package), "integrity": "passed",
+                         "artifacts": [c.to_dict() for c in checks]})
+        else:
+            render.verify(package, checks)
+    failed = [c.artifact for c in checks if c.status == "failed"]
+    if failed:
+        print(f"error: artifact(s) {', '.join(failed)} no longer match the reference outputs", file=sys.stderr)
+        return ValidationError.exit_code
+    if all(c.status == "skipped" for c in checks):
+        print("error: no artifact could be run on this machine (see 'deploy doctor')", file=sys.stderr)
+        return ValidationError.exit_code
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from unideploy.bench import benchmark
+    from unideploy.runtimes.selection import open_runtime
+    from unideploy.samples import resize_batch
+
+    with Package.open(args.package) as package:
+        sample = package.reference_samples()[-1].inputs
+        signature = package.manifest.signature
+        if not signature.has_dynamic_batch and args.batch_size != package.manifest.samples[-1].batch_size:
+            raise InputError(
+                f"this package has a fixed batch size of {package.manifest.samples[-1].batch_size}",
+                "re-export without --static-shapes to benchmark other batch sizes",
+            )
+        inputs = resize_batch(sample, args.batch_size)
+        options = RuntimeOptions(device=args.device, threads=args.threads)
+        artifact, engine = open_runtime(package, args.artifact, args.runtime, options)
+        with engine, render.progress(f"bench {artifact.id} on {engine.name}", args.iterations) as tick:
+            result = benchmark(engine, inputs, args.iterations, args.warmup, tick=tick)
+            result.update({"package": str(args.package), "artifact": artifact.id, **engine.describe()})
+    if args.json:
+        _print_json(result)
+    else:
+        render.bench(result)
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from unideploy.doctor import diagnose, machine_summary
+
+    findings = diagnose()
+    if args.json:
+        _print_json({"machine": machine_summary(), "findings": [f.to_dict() for f in findings]})
+    else:
+        render.doctor(machine_summary(), findings)
+    return 0

@@ -1,0 +1,118 @@
+"""``deploy``: parse arguments, call the library, print. Nothing here converts or runs models."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from typing import Sequence
+
+import unideploy
+from unideploy.errors import UnideployError
+
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from unideploy.targets import TARGETS
+    from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL
+
+    parser = argparse.ArgumentParser(
+        prog="deploy",
+        description="Export, verify, run and benchmark ML models through unideploy packages.",
+    )
+    parser.add_argument("--version", action="version", version=f"unideploy {unideploy.__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and converter output")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("export", help="convert a model file into a verified package")
+    p.add_argument("source", help="TorchScript .pt or .onnx file")
+    p.add_argument("-o", "--output", required=True, help="package directory, or a path ending in .zip")
+    p.add_argument("--target", choices=sorted(TARGETS), default="cpu", help="where the package will run (default: cpu)")
+    p.add_argument("--name", help="model name (default: the source file name)")
+    p.add_argument("--model-version", default="1", help="model version (default: 1)")
+    p.add_argument("--exporter", help="exporter to use instead of detecting it from the file")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS[:DTYPE]",
+                   help="example input shape, repeatable: x:1x3x224x224, ids:1,seq=128:int64 (seq= marks a dynamic dim)")
+    p.add_argument("--example-input", metavar="FILE.npz", help="example inputs by name, used as reference samples")
+    p.add_argument("--static-shapes", action="store_true", help="keep every dimension fixed (no dynamic batch)")
+    p.add_argument("--opset", type=int, help="ONNX opset for TorchScript exports (default: 17)")
+    p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"absolute tolerance (default: {DEFAULT_ATOL})")
+    p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default: {DEFAULT_RTOL})")
+    p.add_argument("--force", action="store_true", help="replace an existing package at -o")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+    p = sub.add_parser("inspect", help="show a package's model, signature, artifacts and validation")
+    p.add_argument("package")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+    p = sub.add_parser("run", help="run inputs from an .npz file through a package")
+    p.add_argument("package")
+    p.add_argument("--input", required=True, metavar="IN.npz", help="inputs by name")
+    p.add_argument("-o", "--output", metavar="OUT.npz", help="write the outputs here")
+    _add_runtime_options(p)
+    p.add_argument("--json", action="store_true", help="print outputs as JSON")
+
+    p = sub.add_parser("verify", help="check integrity and re-run every artifact against the reference outputs")
+    p.add_argument("package")
+    p.add_argument("--runtime", help="runtime to use (default: the first available for each artifact)")
+    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("bench", help="measure latency percentiles and throughput")
+    p.add_argument("package")
+    p.add_argument("--batch-size", type=_positive_int, default=1)
+    p.add_argument("--iterations", type=_positive_int, default=100)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--threads", type=_positive_int, help="intra-op threads (default: the runtime decides)")
+    _add_runtime_options(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("doctor", help="which exporters, runtimes and targets work here, and how to fix the rest")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def _add_runtime_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runtime", help="runtime to use (default: the first available)")
+    p.add_argument("--artifact", help="artifact id to run (default: the first the runtime can run)")
+    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.debug:
+        os.environ["UNIDEPLOY_DEBUG"] = "1"  # lets converter output through
+    from unideploy.cli import commands
+
+    try:
+        return getattr(commands, f"cmd_{args.command}")(args)
+    except UnideployError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted: nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug: say so in one line, traceback only with --debug
+        if args.debug:
+            traceback.print_exc()
+        print(f"internal error: {type(exc).__name__}: {exc} (re-run with --debug and report it)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

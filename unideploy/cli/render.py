@@ -1,0 +1,148 @@
+"""Human-readable output: rich tables on stdout, progress on stderr (so --json stays clean)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.status import Status
+from rich.table import Table
+
+from unideploy.bench import Tick
+from unideploy.doctor import Finding
+from unideploy.package import Package
+from unideploy.verify import ArtifactCheck
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+@contextlib.contextmanager
+def status(message: str) -> Iterator[Status]:
+    with err.status(message) as spinner:
+        yield spinner
+
+
+@contextlib.contextmanager
+def progress(description: str, total: int) -> Iterator[Tick]:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda done, _total: bar.update(task, completed=done)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.2e}" if x and (abs(x) < 1e-3 or abs(x) >= 1e4) else f"{x:.4g}"
+
+
+def _signature_table(package: Package) -> Table:
+    table = Table(title="Signature", title_justify="left")
+    for col in ("", "name", "dtype", "shape", "layout"):
+        table.add_column(col)
+    sig = package.manifest.signature
+    for kind, specs in (("input", sig.inputs), ("output", sig.outputs)):
+        for spec in specs:
+            table.add_row(kind, escape(spec.name), spec.dtype, escape(spec.shape_text()), spec.layout or "")
+    return table
+
+
+def _artifact_table(package: Package) -> Table:
+    m = package.manifest
+    table = Table(title="Artifacts", title_justify="left")
+    for col in ("id", "format", "precision", "size", "runtimes", "validation", "max abs err", "tolerance"):
+        table.add_column(col)
+    for a in m.artifacts:
+        record = m.validation.get(a.id)
+        if record:
+            verdict = "[green]passed[/]" if record["passed"] else "[red]failed[/]"
+            worst = max((o["max_abs_error"] for o in record["outputs"].values()), default=0.0)
+            tol = f"atol {record['atol']:g}, rtol {record['rtol']:g}"
+            where = f" (batch {', '.join(map(str, record['batch_sizes']))})"
+        else:
+            verdict, worst, tol, where = "not validated", 0.0, "", ""
+        table.add_row(a.id, a.format, a.precision, _size(a.size), ", ".join(a.runtimes), verdict + where, _fmt(worst), tol)
+    return table
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def export_summary(package: Package) -> None:
+    m = package.manifest
+    out.print(f"[bold green]Exported[/] {m.name}:{m.version} -> {escape(str(package.origin))}  "
+              f"({m.source['exporter']} via {escape(m.source['conversion_path'])})")
+    out.print(_signature_table(package))
+    out.print(_artifact_table(package))
+
+
+def inspect(package: Package) -> None:
+    m = package.manifest
+    out.print(f"[bold]{m.name}[/] version {m.version}  (package format 1, created {m.created_at})")
+    src = m.source
+    libs = ", ".join(f"{k} {v}" for k, v in src["library_versions"].items())
+    out.print(f"source: {escape(src['file_name'])} ({src['framework']}, sha256 {src['sha256'][:12]}...), "
+              f"exported by {src['exporter']} via {escape(src.get('conversion_path', '?'))}")
+    out.print(f"libraries: {libs}")
+    out.print(_signature_table(package))
+    out.print(_artifact_table(package))
+    samples = ", ".join(f"batch {s.batch_size} ({s.path})" for s in m.samples)
+    out.print(f"reference samples: {escape(samples)}")
+    out.print(f"optimizations: {', '.join(o['name'] for o in m.optimizations) or 'none'}")
+
+
+def run_outputs(artifact: str, runtime: str, outputs: dict[str, np.ndarray], written: str | None) -> None:
+    table = Table(title=f"Outputs of {artifact} on {runtime}", title_justify="left")
+    for col in ("name", "dtype", "shape", "min", "max", "mean", "argmax (last axis)"):
+        table.add_column(col)
+    for name, value in outputs.items():
+        numeric = value.size and np.issubdtype(value.dtype, np.number)
+        arg = np.argmax(value, axis=-1).ravel()[:16].tolist() if numeric and value.ndim >= 1 else ""
+        stats = [_fmt(float(f(value))) for f in (np.min, np.max, np.mean)] if numeric else ["", "", ""]
+        table.add_row(escape(name), value.dtype.name, escape(str(list(value.shape))), *stats, escape(str(arg)))
+    out.print(table)
+    if written:
+        out.print(f"outputs written to {escape(written)}")
+
+
+def verify(package: Package, checks: list[ArtifactCheck]) -> None:
+    out.print(f"integrity of {escape(str(package.origin))}: [green]passed[/] (schema, checksums, paths)")
+    table = Table(title="Artifacts against the reference outputs", title_justify="left")
+    for col in ("artifact", "runtime", "result", "max abs err", "max rel err", "detail"):
+        table.add_column(col)
+    for c in checks:
+        colour = {"passed": "green", "failed": "red", "skipped": "yellow"}[c.status]
+        outputs = c.record.get("outputs", {}).values()
+        abs_err = _fmt(max((o["max_abs_error"] for o in outputs), default=0.0)) if c.record else ""
+        rel_err = _fmt(max((o["max_rel_error"] for o in outputs), default=0.0)) if c.record else ""
+        table.add_row(c.artifact, c.runtime or "", f"[{colour}]{c.status}[/]", abs_err, rel_err, escape(c.reason or ""))
+    out.print(table)
+
+
+def bench(result: dict[str, Any]) -> None:
+    lat = result["latency_ms"]
+    table = Table(title=f"{result['artifact']} on {result['runtime']} ({', '.join(result.get('providers', []))})",
+                  title_justify="left")
+    for col in ("batch", "runs", "p50 ms", "p90 ms", "p99 ms", "mean ms", "throughput /s"):
+        table.add_column(col, justify="right")
+    table.add_row(str(result["batch_size"]), str(result["iterations"]), f"{lat['p50']:.3f}", f"{lat['p90']:.3f}",
+                  f"{lat['p99']:.3f}", f"{lat['mean']:.3f}", f"{result['throughput_per_s']:.1f}")
+    out.print(table)
+
+
+def doctor(machine: str, findings: list[Finding]) -> None:
+    out.print(machine)
+    table = Table(title="What works here", title_justify="left")
+    for col in ("kind", "name", "status", "detail", "fix"):
+        table.add_column(col)
+    for f in findings:
+        table.add_row(f.kind, f.name, "[green]ok[/]" if f.ok else "[red]unavailable[/]", escape(f.detail), escape(f.fix or ""))
+    out.print(table)
