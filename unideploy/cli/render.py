@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from typing import Any, Iterator
 
 import numpy as np
@@ -17,7 +19,9 @@ from unideploy.doctor import Finding
 from unideploy.package import Package
 from unideploy.verify import ArtifactCheck
 
-out = Console(highlight=False)
+# Piped output (logs, CI) gets 120 columns instead of rich's 80 so tables are not truncated.
+_PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
+out = Console(highlight=False, width=_PIPE_WIDTH)
 err = Console(stderr=True, highlight=False)
 
 

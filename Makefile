@@ -1,0 +1,28 @@
+# The two commands of the README: `make demo` and `make test`. Each creates or updates .venv.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Outside this project's machines, PIP_EXTRA="--extra-index-url https://download.pytorch.org/whl/cpu"
+# fetches the small CPU build of torch instead of the CUDA one.
+PIP_EXTRA ?=
+
+.PHONY: demo test install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(BIN)/python examples/digits_demo.py
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) examples/out .pytest_cache

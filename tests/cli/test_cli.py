@@ -1,0 +1,138 @@
+"""The ``deploy`` console script as a user runs it: round trips, JSON output, exit codes, errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+DEPLOY = shutil.which("deploy", path=str(Path(sys.executable).parent)) or "deploy"
+
+
+def deploy(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([DEPLOY, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, code: int, pattern: str) -> None:
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    import re
+
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def test_export_inspect_run_verify_bench_round_trip(torch_models, tmp_path):
+    src, shapes = torch_models["cnn_traced"]
+    pkg = tmp_path / "cnn.zip"
+    result = deploy("export", src, "-o", pkg, "--input-shape", shapes[0], "--name", "digits", "--model-version", "3")
+    assert result.returncode == 0, result.stderr
+    assert "Exported digits:3" in result.stdout and "passed" in result.stdout
+
+    manifest = json.loads(deploy("inspect", pkg, "--json").stdout)
+    assert manifest["model"] == {"name": "digits", "version": "3"}
+    assert manifest["signature"]["inputs"][0]["shape"] == ["batch", 1, 8, 8]
+    assert "[batch, 1, 8, 8]" in deploy("inspect", pkg).stdout
+
+    np.savez(tmp_path / "in.npz", x=np.random.default_rng(0).standard_normal((5, 1, 8, 8)).astype(np.float32))
+    result = deploy("run", pkg, "--input", tmp_path / "in.npz", "-o", tmp_path / "out.npz", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["outputs"]["output"]["shape"] == [5, 10]
+    with np.load(tmp_path / "out.npz") as out:
+        assert out["output"].shape == (5, 10)
+
+    report = json.loads(deploy("verify", pkg, "--json").stdout)
+    assert [a["status"] for a in report["artifacts"]] == ["passed"]
+
+    result = deploy("bench", pkg, "--batch-size", "16", "--iterations", "20", "--json")
+    assert result.returncode == 0, result.stderr
+    bench = json.loads(result.stdout)
+    assert bench["batch_size"] == 16 and bench["iterations"] == 20
+    assert 0 < bench["latency_ms"]["p50"] <= bench["latency_ms"]["p99"]
+    assert bench["throughput_per_s"] > 0
+
+
+def test_human_tables(cnn_package, tmp_path):
+    verify = deploy("verify", cnn_package)
+    assert verify.returncode == 0 and "integrity" in verify.stdout and "passed" in verify.stdout
+    bench = deploy("bench", cnn_package, "--iterations", "5")
+    assert bench.returncode == 0 and "p99 ms" in bench.stdout
+
+
+def test_doctor_reports_each_plugin_with_a_fix(tmp_path):
+    result = deploy("doctor", "--json")
+    assert result.returncode == 0
+    findings = {(f["kind"], f["name"]): f for f in json.loads(result.stdout)["findings"]}
+    assert findings[("runtime", "onnxruntime")]["ok"]
+    assert findings[("exporter", "torchscript")]["ok"]
+    assert not findings[("target", "gpu")]["ok"] and findings[("target", "gpu")]["fix"]
+
+
+def test_verify_fails_on_a_tampered_package(cnn_package):
+    model = cnn_package / "artifacts" / "model.onnx"
+    model.write_bytes(model.read_bytes()[:-10])
+    assert_one_line_error(deploy("verify", cnn_package), 2, r"'artifacts/model.onnx' has \d+ bytes")
+
+
+def test_verify_fails_when_reference_outputs_no_longer_match(cnn_package):
+    """Re-sign a package whose stored outputs were altered: integrity passes, verification fails."""
+    from unideploy.package.files import digest_path
+
+    sample = cnn_package / "samples" / "batch4.npz"
+    with np.load(sample) as data:
+        arrays = {k: data[k] for k in data.files}
+    arrays["outputs/output"] = arrays["outputs/output"] + 0.5
+    np.savez_compressed(sample, **arrays)
+    manifest = json.loads((cnn_package / "manifest.json").read_text())
+    entry = next(s for s in manifest["samples"] if s["path"] == "samples/batch4.npz")
+    entry["sha256"], entry["size"] = digest_path(sample)
+    (cnn_package / "manifest.json").write_text(json.dumps(manifest))
+    result = deploy("verify", cnn_package)
+    assert result.returncode == 1
+    assert "failed" in result.stdout and "onnx-fp32" in result.stderr
+
+
+@pytest.mark.parametrize("args, code, pattern", [
+    (["export", "missing.pt", "-o", "x"], 2, "source model 'missing.pt' does not exist"),
+    (["inspect", "nowhere"], 2, "package 'nowhere' does not exist"),
+    (["export", "{cnn}", "-o", "x", "--input-shape", "x"], 2, "bad --input-shape 'x'"),
+    (["export", "{cnn}", "-o", "x", "--input-shape", "x:1x1x8x8:complex64"], 2, "dtype"),
+    (["export", "{cnn}", "-o", "x", "--target", "gpu"], 2, "target 'gpu'.*--target cpu"),
+    (["export", "{cnn}", "-o", "x", "--example-input", "nofile.npz"], 2, "'nofile.npz' does not exist"),
+    (["run", "{pkg}", "--input", "{bad_dtype}"], 2, "input 'x' has dtype float64, expected float32"),
+    (["run", "{pkg}", "--input", "{wrong_name}"], 2, "unknown input\\(s\\) 'image'"),
+    (["run", "{pkg}", "--input", "{not_npz}"], 2, "not a readable .npz"),
+    (["run", "{pkg}", "--input", "{bad_dtype}", "--runtime", "tvm"], 2, "unknown runtime 'tvm'"),
+    (["run", "{pkg}", "--input", "{bad_dtype}", "--artifact", "nope"], 2, "no artifact 'nope'"),
+    (["bench", "{static}", "--batch-size", "3"], 2, "fixed batch size of 2"),
+])
+def test_bad_input_gives_one_line_errors(args, code, pattern, torch_models, cnn_package, tmp_path):
+    np.savez(tmp_path / "bad_dtype.npz", x=np.zeros((1, 1, 8, 8)))
+    np.savez(tmp_path / "wrong_name.npz", image=np.zeros((1, 1, 8, 8), np.float32))
+    (tmp_path / "not.npz").write_text("hello")
+    static = tmp_path / "static.udp"
+    if "{static}" in args:
+        src, shapes = torch_models["cnn_scripted"]
+        assert deploy("export", src, "-o", static, "--input-shape", shapes[0], "--static-shapes").returncode == 0
+    names = {"cnn": torch_models["cnn_scripted"][0], "pkg": cnn_package, "bad_dtype": tmp_path / "bad_dtype.npz",
+             "wrong_name": tmp_path / "wrong_name.npz", "not_npz": tmp_path / "not.npz", "static": static}
+    result = deploy(*[a.format(**names) for a in args], cwd=tmp_path)
+    assert_one_line_error(result, code, pattern)
+    assert not (tmp_path / "x").exists()
+
+
+def test_argument_errors_use_usage_and_exit_2():
+    result = deploy("bench", "pkg", "--batch-size", "0")
+    assert result.returncode == 2 and "must be at least 1" in result.stderr
+    assert deploy("frobnicate").returncode == 2
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = deploy("--debug", "inspect", tmp_path)
+    assert result.returncode == 2 and "Traceback" in result.stderr and "has no manifest.json" in result.stderr
