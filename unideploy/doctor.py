@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import shutil
 from dataclasses import asdict, dataclass
 
 from unideploy.exporters import EXPORTERS
@@ -12,7 +13,7 @@ from unideploy.targets import TARGETS
 
 @dataclass
 class Finding:
-    kind: str  # exporter, runtime, target
+    kind: str  # exporter, runtime, device, target
     name: str
     ok: bool
     detail: str
@@ -30,6 +31,7 @@ def diagnose() -> list[Finding]:
     for name in RUNTIMES.names():
         found = RUNTIMES.get(name).availability()
         findings.append(Finding("runtime", name, found.ok, found.detail, found.fix))
+    findings.append(_gpu_finding())
     for target in TARGETS.values():
         if target.stage_available:
             findings.append(Finding("target", target.name, True, target.description))
@@ -38,6 +40,22 @@ def diagnose() -> list[Finding]:
                                     f"{target.description}: not included in this version of unideploy",
                                     "use --target cpu for now"))
     return findings
+
+
+def _gpu_finding() -> Finding:
+    """A GPU is usable when onnxruntime has a CUDA/TensorRT provider; say which piece is missing."""
+    import onnxruntime
+
+    from unideploy.runtimes.onnxruntime_runtime import GPU_PROVIDERS
+
+    providers = [p for p in GPU_PROVIDERS if p in onnxruntime.get_available_providers()]
+    if providers:
+        return Finding("device", "gpu", True, f"onnxruntime providers: {', '.join(providers)}")
+    has_driver = shutil.which("nvidia-smi") is not None
+    detail = ("NVIDIA driver present, but this onnxruntime build is CPU-only" if has_driver
+              else "no NVIDIA GPU driver (nvidia-smi) found and onnxruntime is CPU-only")
+    return Finding("device", "gpu", False, detail,
+                   "pip install onnxruntime-gpu" if has_driver else "run on a machine with an NVIDIA GPU")
 
 
 def machine_summary() -> str:

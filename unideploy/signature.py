@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -46,6 +47,10 @@ class TensorSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
         object.__setattr__(self, "shape", tuple(self.shape))
+
+    @cached_property
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype)
 
     @property
     def dynamic_dims(self) -> dict[int, str]:
@@ -99,7 +104,53 @@ class Signature:
         naming the tensor instead of crashing inside native code. A dynamic dimension named in
         several inputs must have one size across them (e.g. ``batch``).
         """
-        expected = {t.name: t for t in self.inputs}
+        expected = self._inputs_by_name
+        if len(inputs) != len(expected) or any(n not in expected for n in inputs):
+            self._refuse_names(inputs)
+        arrays: dict[str, np.ndarray] = {}
+        bound: dict[str, tuple[int, str]] = {}
+        for name, spec in expected.items():
+            value = inputs[name]
+            try:
+                array = np.asarray(value)
+            except (ValueError, TypeError) as exc:
+                raise InputError(f"input '{name}' is not a tensor: {exc}") from exc
+            if array.dtype != spec.np_dtype:
+                raise InputError(
+                    f"input '{name}' has dtype {array.dtype.name}, expected {spec.dtype}",
+                    f"cast it, e.g. array.astype('{spec.dtype}')",
+                )
+            if array.ndim != len(spec.shape):
+                raise InputError(
+                    f"input '{name}' has rank {array.ndim} (shape {list(array.shape)}), "
+                    f"expected rank {len(spec.shape)} {spec.shape_text()}"
+                )
+            for axis, (size, dim) in enumerate(zip(array.shape, spec.shape)):
+                if isinstance(dim, int):
+                    if size != dim:
+                        raise InputError(
+                            f"input '{name}' has size {size} on axis {axis}, expected {dim} "
+                            f"(shape {list(array.shape)} vs {spec.shape_text()})"
+                        )
+                elif dim in bound and bound[dim][0] != size:
+                    other_size, other = bound[dim]
+                    raise InputError(
+                        f"dimension '{dim}' is {size} in input '{name}' but {other_size} in input '{other}'",
+                        "inputs sharing a dynamic dimension must agree on its size",
+                    )
+                else:
+                    bound.setdefault(dim, (size, name))
+            if array.size == 0:
+                raise InputError(f"input '{name}' is empty (shape {list(array.shape)})")
+            arrays[name] = np.ascontiguousarray(array)
+        return arrays
+
+    @cached_property
+    def _inputs_by_name(self) -> dict[str, TensorSpec]:
+        return {t.name: t for t in self.inputs}
+
+    def _refuse_names(self, inputs: Mapping[str, Any]) -> None:
+        expected = self._inputs_by_name
         unknown = sorted(set(inputs) - set(expected))
         missing = [n for n in expected if n not in inputs]
         if unknown:
@@ -112,43 +163,6 @@ class Signature:
                 f"missing input(s) {', '.join(repr(n) for n in missing)}",
                 f"the model expects: {', '.join(self.input_names)}",
             )
-        arrays: dict[str, np.ndarray] = {}
-        bound: dict[str, tuple[int, str]] = {}
-        for name, spec in expected.items():
-            value = inputs[name]
-            try:
-                array = np.asarray(value)
-            except (ValueError, TypeError) as exc:
-                raise InputError(f"input '{name}' is not a tensor: {exc}") from exc
-            if array.dtype.name != spec.dtype:
-                raise InputError(
-                    f"input '{name}' has dtype {array.dtype.name}, expected {spec.dtype}",
-                    f"cast it, e.g. array.astype('{spec.dtype}')",
-                )
-            if array.ndim != len(spec.shape):
-                raise InputError(
-                    f"input '{name}' has rank {array.ndim} (shape {list(array.shape)}), "
-                    f"expected rank {len(spec.shape)} {spec.shape_text()}"
-                )
-            for axis, (size, dim) in enumerate(zip(array.shape, spec.shape)):
-                if isinstance(dim, int) and size != dim:
-                    raise InputError(
-                        f"input '{name}' has size {size} on axis {axis}, expected {dim} "
-                        f"(shape {list(array.shape)} vs {spec.shape_text()})"
-                    )
-                if isinstance(dim, str):
-                    if dim in bound and bound[dim][0] != size:
-                        other_size, other = bound[dim]
-                        raise InputError(
-                            f"dimension '{dim}' is {size} in input '{name}' but {other_size} in "
-                            f"input '{other}'",
-                            "inputs sharing a dynamic dimension must agree on its size",
-                        )
-                    bound.setdefault(dim, (size, name))
-            if array.size == 0:
-                raise InputError(f"input '{name}' is empty (shape {list(array.shape)})")
-            arrays[name] = np.ascontiguousarray(array)
-        return arrays
 
 
 _SHAPE_ITEM = re.compile(r"^(?:(?P<name>[A-Za-z_][A-Za-z0-9_]*)=)?(?P<size>\d+)$")

@@ -71,6 +71,7 @@ def test_doctor_reports_each_plugin_with_a_fix(tmp_path):
     findings = {(f["kind"], f["name"]): f for f in json.loads(result.stdout)["findings"]}
     assert findings[("runtime", "onnxruntime")]["ok"]
     assert findings[("exporter", "torchscript")]["ok"]
+    assert ("device", "gpu") in findings
     assert not findings[("target", "gpu")]["ok"] and findings[("target", "gpu")]["fix"]
 
 

@@ -76,3 +76,12 @@ def test_unknown_runtime_name_lists_the_known_ones(cnn_package):
 def test_registry_lists_the_builtin():
     assert "onnxruntime" in RUNTIMES.names()
     assert RUNTIMES.get("onnxruntime") is OnnxRuntime
+
+
+def test_selection_honours_the_target(cnn_package):
+    with Package.open(cnn_package) as pkg:
+        artifact, runtime = open_runtime(pkg, target="cpu")
+        runtime.close()
+        assert artifact.id == "onnx-fp32"
+        with pytest.raises(MissingDependencyError, match="onnxruntime does not serve the ascend target"):
+            open_runtime(pkg, target="ascend")

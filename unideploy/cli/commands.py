@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -37,20 +38,20 @@ def cmd_export(args: argparse.Namespace) -> int:
             target=args.target, options=options, atol=args.atol, rtol=args.rtol, overwrite=args.force,
             progress=lambda msg: status.update(msg),
         )
-    with Package.open(path) as package:
-        if args.json:
-            _print_json(package.manifest.to_dict())
-        else:
-            render.export_summary(package)
-    return 0
+    return _show_package(path, args.json, render.export_summary)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    with Package.open(args.package) as package:
-        if args.json:
+    return _show_package(args.package, args.json, render.inspect)
+
+
+def _show_package(path: str | Path, as_json: bool, show: Callable[[Package], None]) -> int:
+    """Open (and so re-verify) a package, then print its manifest as JSON or as tables."""
+    with Package.open(path) as package:
+        if as_json:
             _print_json(package.manifest.to_dict())
         else:
-            render.inspect(package)
+            show(package)
     return 0
 
 
@@ -60,7 +61,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     inputs = load_npz_inputs(args.input, "--input")
     with Package.open(args.package) as package:
-        artifact, engine = open_runtime(package, args.artifact, args.runtime, RuntimeOptions(device=args.device))
+        options = RuntimeOptions(device=args.device)
+        artifact, engine = open_runtime(package, args.artifact, args.runtime, options, args.target)
         with engine:
             outputs = engine.run(inputs)
     if args.output:
@@ -113,7 +115,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             )
         inputs = resize_batch(sample, args.batch_size)
         options = RuntimeOptions(device=args.device, threads=args.threads)
-        artifact, engine = open_runtime(package, args.artifact, args.runtime, options)
+        artifact, engine = open_runtime(package, args.artifact, args.runtime, options, args.target)
         with engine, render.progress(f"bench {artifact.id} on {engine.name}", args.iterations) as tick:
             result = benchmark(engine, inputs, args.iterations, args.warmup, tick=tick)
             result.update({"package": str(args.package), "artifact": artifact.id, **engine.describe()})

@@ -76,9 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_runtime_options(p: argparse.ArgumentParser) -> None:
+    from unideploy.targets import TARGETS
+
     p.add_argument("--runtime", help="runtime to use (default: the first available)")
     p.add_argument("--artifact", help="artifact id to run (default: the first the runtime can run)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    p.add_argument("--target", choices=sorted(TARGETS), help="only use runtimes that serve this target")
 
 
 def _positive_int(text: str) -> int:

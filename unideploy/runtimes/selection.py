@@ -7,14 +7,17 @@ from unideploy.package import Artifact, Package
 from unideploy.runtimes import RUNTIMES, Runtime, RuntimeOptions
 
 
-def runtime_for(artifact: Artifact, runtime: str | None = None) -> type[Runtime]:
-    """The first available runtime that can run ``artifact`` (or the named one), else why not."""
+def runtime_for(artifact: Artifact, runtime: str | None = None, target: str | None = None) -> type[Runtime]:
+    """The first available runtime that can run ``artifact`` (or the named one) for ``target``."""
     names = [runtime] if runtime else artifact.runtimes
     reasons = []
     for name in names:
         cls = RUNTIMES.get(name)
         if artifact.format not in cls.formats:
             reasons.append(f"{name} does not run {artifact.format} artifacts")
+            continue
+        if target and target not in cls.targets:
+            reasons.append(f"{name} does not serve the {target} target")
             continue
         found = cls.availability()
         if found.ok:
@@ -27,8 +30,8 @@ def runtime_for(artifact: Artifact, runtime: str | None = None) -> type[Runtime]
 
 
 def open_runtime(package: Package, artifact_id: str | None = None, runtime: str | None = None,
-                 options: RuntimeOptions | None = None) -> tuple[Artifact, Runtime]:
-    """Load the requested artifact (or the first one this machine can run) into a runtime."""
+                 options: RuntimeOptions | None = None, target: str | None = None) -> tuple[Artifact, Runtime]:
+    """Load the requested artifact (or the first one this machine can run for ``target``)."""
     if artifact_id:
         candidates = [package.manifest.artifact(artifact_id)]
     else:
@@ -36,7 +39,7 @@ def open_runtime(package: Package, artifact_id: str | None = None, runtime: str 
     errors: list[MissingDependencyError] = []
     for artifact in candidates:
         try:
-            cls = runtime_for(artifact, runtime)
+            cls = runtime_for(artifact, runtime, target)
         except MissingDependencyError as exc:
             errors.append(exc)
             continue
