@@ -209,6 +209,7 @@ def signature_from_onnx(model: Any) -> Signature:
     from onnx import helper
 
     initializers = {init.name for init in model.graph.initializer}
+    channels_first = {n.input[0] for n in model.graph.node if n.op_type in _CHANNELS_FIRST_OPS and n.input}
 
     def spec(value: Any) -> TensorSpec:
         ttype = value.type.tensor_type
@@ -225,12 +226,20 @@ def signature_from_onnx(model: Any) -> Signature:
                 dims.append(int(d.dim_param))
             else:
                 dims.append(_dim_name(d.dim_param) or _dim_name(f"{value.name}_dim{axis}"))
-        return TensorSpec(value.name, dtype, tuple(dims))
+        layout = _CHANNELS_FIRST_LAYOUTS.get(len(dims)) if value.name in channels_first else None
+        return TensorSpec(value.name, dtype, tuple(dims), layout)
 
     return Signature(
         tuple(spec(v) for v in model.graph.input if v.name not in initializers),
         tuple(spec(v) for v in model.graph.output),
     )
+
+
+# ONNX defines these operators on channels-first data, so an input feeding one directly has a
+# known layout (what the edge target needs to know before converting to NHWC).
+_CHANNELS_FIRST_OPS = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "BatchNormalization",
+                       "InstanceNormalization", "GlobalAveragePool", "GlobalMaxPool", "LpPool"}
+_CHANNELS_FIRST_LAYOUTS = {3: "NCW", 4: "NCHW", 5: "NCDHW"}
 
 
 def _dim_name(text: str) -> str:

@@ -42,6 +42,13 @@ def test_export_matches_torch_at_a_new_batch_size(name, torch_models, tmp_path):
         np.testing.assert_allclose(value, reference.numpy(), atol=1e-4, rtol=1e-3)
 
 
+def test_layout_is_recorded_where_onnx_defines_it(torch_models, tmp_path):
+    for name, layout in (("cnn_traced", "NCHW"), ("attention_traced", None)):
+        path, shapes = torch_models[name]
+        with unideploy.export(path, tmp_path / name, input_shapes=shapes) as package:
+            assert package.manifest.signature.inputs[0].layout == layout
+
+
 def test_named_dynamic_dimension_accepts_other_lengths(torch_models, tmp_path):
     path, shapes = torch_models["tokens_traced"]
     with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes) as package:
