@@ -34,3 +34,28 @@ def cnn_package(cnn_package_session: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "cnn.udp"
     shutil.copytree(cnn_package_session, copy)
     return copy
+
+
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory) -> dict[str, Path]:
+    """A CNN trained on real digits, exported with real example inputs, and labelled data."""
+    pytest.importorskip("torch", reason="the torch extra is not installed")
+    import numpy as np
+    import torch
+
+    import unideploy
+    from models import train_digits_cnn
+
+    root = tmp_path_factory.mktemp("digits")
+    model, images, labels = train_digits_cnn()
+    torch.jit.save(torch.jit.script(model), str(root / "digits.pt"))
+    np.savez(root / "data.npz", x=images, labels=labels)  # 697 held-out rows
+    unideploy.export(root / "digits.pt", root / "digits.udp", example_inputs={"x": images[:8]}).close()
+    return {"model": root / "digits.pt", "package": root / "digits.udp", "data": root / "data.npz"}
+
+
+@pytest.fixture
+def digits_package(digits, tmp_path) -> Path:
+    copy = tmp_path / "digits.udp"
+    shutil.copytree(digits["package"], copy)
+    return copy

@@ -110,3 +110,39 @@ def save_models(directory: Path) -> dict[str, tuple[Path, list[str]]]:
         torch.jit.save(module, str(path))
         out[name] = (path, shapes)
     return out
+
+
+class DigitsCNN(nn.Module):
+    """Wide enough to be over-parameterised, as real CNNs are (pruning has room to work)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(64 * 16, 64), nn.ReLU(), nn.Linear(64, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def train_digits_cnn(epochs: int = 6) -> tuple[nn.Module, "np.ndarray", "np.ndarray"]:
+    """Train on scikit-learn's digits (real 8x8 images); return the model and held-out data."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = (digits.images / 16.0).astype(np.float32)[:, None]
+    order = np.random.default_rng(0).permutation(len(images))
+    train, held_out = order[:1100], order[1100:]
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    x, y = torch.from_numpy(images[train]), torch.from_numpy(digits.target[train]).long()
+    for _ in range(epochs):
+        for idx in torch.randperm(len(x)).split(64):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            optimizer.step()
+    return model.eval(), images[held_out], digits.target[held_out]

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from unideploy.package import Package
 
+if TYPE_CHECKING:
+    from unideploy.optimizers.optimize import OptimizeRequest
+
 
 def export(src: str | Path, output: str | Path, *, input_shapes: Sequence[str] = (),
            example_inputs: Mapping[str, np.ndarray] | str | None = None, static_shapes: bool = False,
-           opset: int | None = None, **kwargs: Any) -> Package:
-    """Export a model file to a verified package and return it opened.
+           opset: int | None = None, optimization: "OptimizeRequest | None" = None, **kwargs: Any) -> Package:
+    """Export a model file to a verified package (optimized too, if asked) and return it opened.
 
     ``kwargs`` are those of :func:`unideploy.exporters.export.export` (name, version, exporter,
     target, atol, rtol, overwrite).
     """
     from unideploy.exporters import ExportOptions
-    from unideploy.exporters.export import export as export_package
+    from unideploy.pipeline import export_package
     from unideploy.samples import load_npz_inputs
     from unideploy.signature import parse_input_shape
 
@@ -31,7 +34,15 @@ def export(src: str | Path, output: str | Path, *, input_shapes: Sequence[str] =
         static_shapes=static_shapes,
         opset=opset,
     )
-    return Package.open(export_package(src, output, options=options, **kwargs))
+    return Package.open(export_package(src, output, options=options, optimization=optimization, **kwargs))
+
+
+def optimize(package: str | Path, output: str | Path | None = None, **request: Any) -> Package:
+    """Add an optimized artifact (``quantize="int8"``, ``prune=0.8``, ``calibration="data.npz"``, ...;
+    the fields of :class:`unideploy.optimizers.optimize.OptimizeRequest`) and return the package."""
+    from unideploy.optimizers.optimize import OptimizeRequest, optimize as optimize_package
+
+    return Package.open(optimize_package(package, OptimizeRequest(**request), output))
 
 
 def open_package(path: str | Path) -> Package:

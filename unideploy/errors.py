@@ -46,6 +46,12 @@ class ValidationError(UnideployError):
     exit_code = 1
 
 
+class AccuracyBudgetError(UnideployError):
+    """An optimized model lost more accuracy than the user allowed; nothing was written."""
+
+    exit_code = 1
+
+
 class RuntimeFailure(UnideployError):
     """The runtime itself failed on inputs that passed signature validation."""
 

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -15,14 +15,29 @@ from unideploy.errors import InputError, ValidationError
 from unideploy.package import Package
 from unideploy.runtimes import RuntimeOptions
 
+if TYPE_CHECKING:
+    from unideploy.optimizers.optimize import OptimizeRequest
+
 
 def _print_json(data: object) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
+def _optimize_request(args: argparse.Namespace) -> "OptimizeRequest":
+    from unideploy.optimizers.optimize import OptimizeRequest
+
+    return OptimizeRequest(
+        quantize=args.quantize, prune=args.prune, prune_method=args.prune_method, prune_scope=args.prune_scope,
+        refit=not args.no_refit, int8_variant=args.int8_variant, calibration_method=args.calibration_method,
+        quantize_sensitive=args.quantize_sensitive_ops, calibration=args.calibration, validation=args.validation,
+        synthetic=args.synthetic_calibration, max_accuracy_drop=args.max_accuracy_drop, metric=args.metric,
+        artifact=getattr(args, "artifact", None),
+    )
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from unideploy.exporters import ExportOptions
-    from unideploy.exporters.export import export
+    from unideploy.pipeline import export_package
     from unideploy.samples import load_npz_inputs
     from unideploy.signature import parse_input_shape
 
@@ -32,13 +47,29 @@ def cmd_export(args: argparse.Namespace) -> int:
         static_shapes=args.static_shapes,
         opset=args.opset,
     )
+    request = _optimize_request(args)
     with render.status("exporting") as status:
-        path = export(
+        path = export_package(
             args.source, args.output, name=args.name, version=args.model_version, exporter=args.exporter,
             target=args.target, options=options, atol=args.atol, rtol=args.rtol, overwrite=args.force,
-            progress=lambda msg: status.update(msg),
+            optimization=request if request.requested else None, progress=lambda msg: status.update(msg),
         )
     return _show_package(path, args.json, render.export_summary)
+
+
+def cmd_optimize(args: argparse.Namespace) -> int:
+    from unideploy.optimizers.optimize import optimize
+
+    with render.status("optimizing") as status:
+        path = optimize(args.package, _optimize_request(args), args.output, args.force,
+                        progress=lambda msg: status.update(msg))
+    with Package.open(path) as package:
+        record = package.manifest.optimizations[-1]
+        if args.json:
+            _print_json(record)
+        else:
+            render.optimization(package, record)
+    return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -43,6 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default: {DEFAULT_RTOL})")
     p.add_argument("--force", action="store_true", help="replace an existing package at -o")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    _add_optimize_options(p, required=False)
+
+    p = sub.add_parser("optimize", help="add a quantized and/or pruned artifact, guarded by an accuracy budget")
+    p.add_argument("package")
+    p.add_argument("-o", "--output", help="write the result here instead of updating PACKAGE in place")
+    p.add_argument("--force", action="store_true", help="replace an existing package at -o")
+    p.add_argument("--artifact", help="artifact to start from (default: the fp32 ONNX artifact)")
+    p.add_argument("--json", action="store_true", help="print the optimization record as JSON")
+    _add_optimize_options(p, required=True)
 
     p = sub.add_parser("inspect", help="show a package's model, signature, artifacts and validation")
     p.add_argument("package")
@@ -73,6 +82,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("doctor", help="which exporters, runtimes and targets work here, and how to fix the rest")
     p.add_argument("--json", action="store_true")
     return parser
+
+
+def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
+    from unideploy.optimizers.accuracy import METRICS
+    from unideploy.optimizers.optimize import DEFAULT_BUDGET_POINTS
+
+    g = p.add_argument_group("optimization" + ("" if required else " (optional, applied after export)"))
+    g.add_argument("--quantize", choices=["int8", "fp16"], help="INT8 (variant picked per model) or FP16")
+    g.add_argument("--prune", type=float, metavar="SPARSITY",
+                   help="magnitude: share of weights zeroed (0.8); channels: share of conv channels removed (0.5)")
+    g.add_argument("--prune-method", choices=["magnitude", "channels"], default="magnitude")
+    g.add_argument("--prune-scope", choices=["global", "tensor"], default="global",
+                   help="magnitude threshold over all layers or per tensor (default: global)")
+    g.add_argument("--no-refit", action="store_true", help="do not re-fit pruned layers on calibration data")
+    g.add_argument("--int8-variant", choices=["auto", "static", "dynamic"], default="auto")
+    g.add_argument("--calibration-method", choices=["minmax", "entropy", "percentile"], default="minmax")
+    g.add_argument("--quantize-sensitive-ops", action="store_true",
+                   help="also quantize LayerNorm/Softmax/GELU/... (kept in float by default)")
+    g.add_argument("--calibration", metavar="DATA", help=".npz of named inputs (+ optional 'labels') or a directory")
+    g.add_argument("--validation", metavar="DATA", help="separate validation data (default: half of --calibration)")
+    g.add_argument("--synthetic-calibration", action="store_true",
+                   help="accept random inputs when there is no data (accuracy cannot be judged)")
+    g.add_argument("--max-accuracy-drop", type=float, default=DEFAULT_BUDGET_POINTS, metavar="POINTS",
+                   help=f"budget in percentage points (default: {DEFAULT_BUDGET_POINTS})")
+    g.add_argument("--metric", choices=list(METRICS), default="auto",
+                   help="accuracy (needs labels), top1 agreement, or cosine; auto: accuracy if labelled, else top1")
 
 
 def _add_runtime_options(p: argparse.ArgumentParser) -> None:

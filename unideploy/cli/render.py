@@ -150,3 +150,30 @@ def doctor(machine: str, findings: list[Finding]) -> None:
     for f in findings:
         table.add_row(f.kind, f.name, "[green]ok[/]" if f.ok else "[red]unavailable[/]", escape(f.detail), escape(f.fix or ""))
     out.print(table)
+
+
+def optimization(package: Package, record: dict[str, Any]) -> None:
+    acc, eff = record["accuracy"], record["effects"]
+    out.print(f"[bold green]Added[/] {record['artifact']} to {escape(str(package.origin))} "
+              f"(from {record['derived_from']}: {escape(record['name'])})")
+    for step in record["passes"]:
+        params = step["params"]
+        if params.get("why"):
+            out.print(f"  {step['name']}: chose [bold]{params['variant']}[/], {escape(params['why'])}")
+    table = Table(title="Accuracy against fp32", title_justify="left")
+    for col in ("metric", "drop (points)", "budget", "top-1 agreement", "accuracy fp32 -> optimized", "rows"):
+        table.add_column(col)
+    labelled = f"{acc['accuracy_fp32']:.4f} -> {acc['accuracy']:.4f}" if "accuracy" in acc else "no labels"
+    table.add_row(acc["metric"], f"{acc['drop_points']:.2f}", f"{acc['budget_points']:g}",
+                  f"{acc['top1_agreement']:.4f}", labelled, str(acc["rows"]))
+    out.print(table)
+    table = Table(title="Effects", title_justify="left")
+    for col in ("size", "size vs fp32", "gzip vs fp32", "weight sparsity", "latency fp32 -> optimized (ms)"):
+        table.add_column(col)
+    lat = ", ".join(f"b{b}: {v['fp32']:.3f} -> {v['optimized']:.3f} ({v['speedup']:.2f}x)"
+                    for b, v in eff["latency_ms"].items())
+    table.add_row(_size(eff["size_bytes"]), f"{eff['size_ratio']:.0%}", f"{eff['gzip_ratio']:.0%}",
+                  f"{eff['weight_sparsity']:.0%}", lat)
+    out.print(table)
+    for note in record.get("notes", []):
+        out.print(f"[yellow]note:[/] {escape(note)}")

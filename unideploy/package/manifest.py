@@ -57,6 +57,7 @@ class Artifact:
     opset: int | None = None
     derived_from: str | None = None
     signature: Signature | None = None  # only where it differs from the package's (e.g. NHWC)
+    targets: list[str] | None = None  # where it is meant to run, when narrower than everywhere (fp16: gpu, edge)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -69,6 +70,8 @@ class Artifact:
             out["derived_from"] = self.derived_from
         if self.signature is not None:
             out["signature"] = self.signature.to_dict()
+        if self.targets is not None:
+            out["targets"] = list(self.targets)
         return out
 
     @classmethod
@@ -79,6 +82,7 @@ class Artifact:
             sha256=data["sha256"], size=data["size"], runtimes=list(data["runtimes"]),
             opset=data.get("opset"), derived_from=data.get("derived_from"),
             signature=Signature.from_dict(sig) if sig else None,
+            targets=data.get("targets"),
         )
 
 
@@ -136,6 +140,9 @@ class Manifest:
             "validation": self.validation,
             "samples": [s.to_dict() for s in self.samples],
         }
+
+    def copy(self) -> "Manifest":
+        return Manifest.from_json(self.to_json())
 
     def to_json(self) -> str:
         data = self.to_dict()

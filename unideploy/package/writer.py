@@ -19,18 +19,23 @@ import numpy as np
 from unideploy.errors import InputError
 from unideploy.package.files import digest_path
 from unideploy.package.manifest import MANIFEST_NAME, Artifact, Manifest, SampleSet
-from unideploy.package.package import samples_to_npz_dict
+from unideploy.package.package import Package, samples_to_npz_dict
+
+
+def check_destination(dest: Path, overwrite: bool) -> None:
+    """Refuse a destination before any work is spent on it."""
+    if dest.exists() and not overwrite:
+        raise InputError(f"'{dest}' already exists", "choose another -o path or pass --force")
+    if dest.exists() and (dest.suffix.lower() == ".zip") == dest.is_dir():
+        raise InputError(f"'{dest}' exists and is a {'directory' if dest.is_dir() else 'file'}",
+                         "remove it or choose another -o path")
 
 
 class PackageWriter:
     def __init__(self, dest: str | Path, overwrite: bool = False) -> None:
         self.dest = Path(dest)
         self.as_zip = self.dest.suffix.lower() == ".zip"
-        if self.dest.exists() and not overwrite:
-            raise InputError(f"'{self.dest}' already exists", "choose another -o path or pass --force")
-        if self.dest.exists() and self.as_zip == self.dest.is_dir():
-            raise InputError(f"'{self.dest}' exists and is a {'directory' if self.dest.is_dir() else 'file'}",
-                             "remove it or choose another -o path")
+        check_destination(self.dest, overwrite)
         self.dest.parent.mkdir(parents=True, exist_ok=True)
         self.staging = Path(tempfile.mkdtemp(prefix=f".{self.dest.name}.", suffix=".partial", dir=self.dest.parent))
 
@@ -48,6 +53,13 @@ class PackageWriter:
         else:
             shutil.copyfile(src, target)
         return digest_path(target)
+
+    def add_package(self, package: Package) -> Manifest:
+        """Start from everything an existing package holds; return its manifest to amend."""
+        for item in package.root.iterdir():
+            if item.name != MANIFEST_NAME:
+                self.add_file(item, item.name)
+        return package.manifest.copy()
 
     def add_artifact(self, src: str | Path, artifact: Artifact) -> Artifact:
         artifact.sha256, artifact.size = self.add_file(src, artifact.path)

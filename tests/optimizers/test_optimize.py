@@ -1,0 +1,152 @@
+"""Every optimizer pass on real models, the accuracy guard, and what lands in the package."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import onnx
+import pytest
+
+import unideploy
+from unideploy.errors import AccuracyBudgetError, InputError
+from unideploy.package import Package
+from unideploy.verify import verify_package
+
+pytest.importorskip("torch", reason="the torch extra is not installed")
+
+
+def tree_digest(root) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def accuracy_on(package, artifact, data) -> float:
+    with np.load(data) as d:
+        out = unideploy.run(package, {"x": d["x"]}, artifact=artifact)
+        return float((out["output"].argmax(1) == d["labels"]).mean())
+
+
+def ops(package, artifact) -> list[str]:
+    return [n.op_type for n in onnx.load(str(package.path_of(artifact))).graph.node]
+
+
+def test_int8_auto_measures_both_variants_and_explains_its_choice(digits_package, digits):
+    with unideploy.optimize(digits_package, quantize="int8", calibration=digits["data"]) as pkg:
+        record = pkg.manifest.optimizations[-1]
+        params = record["passes"][0]["params"]
+        assert {c["variant"] for c in params["candidates"]} == {"static", "dynamic"}
+        assert params["variant"] in ("static", "dynamic") and "within the accuracy budget" in params["why"]
+        artifact = pkg.manifest.artifact("onnx-int8")
+        assert artifact.precision == "int8" and artifact.derived_from == "onnx-fp32"
+        assert record["accuracy"]["metric"] == "accuracy" and record["accuracy"]["within_budget"]
+        assert record["effects"]["size_ratio"] < 0.75
+        assert set(record["effects"]["latency_ms"]) == {"1", "64"}
+        assert record["data"] == {"calibration": "data.npz", "calibration_rows": 348, "validation": "data.npz",
+                                  "validation_rows": 349, "synthetic": False, "labels": True}
+        assert [c.status for c in verify_package(pkg)] == ["passed", "passed"]
+        assert accuracy_on(pkg, "onnx-int8", digits["data"]) >= accuracy_on(pkg, "onnx-fp32", digits["data"]) - 0.02
+
+
+def test_int8_static_is_qdq_with_sensitive_ops_in_float(torch_models, tmp_path):
+    path, shapes = torch_models["attention_traced"]
+    unideploy.export(path, tmp_path / "attn.udp", input_shapes=shapes).close()
+    with unideploy.optimize(tmp_path / "attn.udp", quantize="int8", int8_variant="static", synthetic=True,
+                            metric="cosine", max_accuracy_drop=5.0) as pkg:
+        model = onnx.load(str(pkg.path_of("onnx-int8")))
+        producers = {o: n.op_type for n in model.graph.node for o in n.output}
+        assert "QuantizeLinear" in producers.values()
+        for node in model.graph.node:
+            if node.op_type in ("Softmax", "LayerNormalization"):
+                assert producers.get(node.input[0]) != "DequantizeLinear", f"{node.op_type} was quantized"
+        record = pkg.manifest.optimizations[-1]
+        assert record["data"]["synthetic"] and any("synthetic" in n for n in record["notes"])
+
+
+def test_int8_dynamic_quantizes_matmuls(torch_models, tmp_path):
+    path, shapes = torch_models["attention_traced"]
+    unideploy.export(path, tmp_path / "attn.udp", input_shapes=shapes).close()
+    with unideploy.optimize(tmp_path / "attn.udp", quantize="int8", int8_variant="dynamic", synthetic=True,
+                            metric="cosine", max_accuracy_drop=5.0) as pkg:
+        assert "MatMulInteger" in ops(pkg, "onnx-int8") or "DynamicQuantizeMatMul" in ops(pkg, "onnx-int8")
+
+
+def test_fp16_halves_weights_keeps_fp32_io_and_says_what_it_is_for(digits_package, digits):
+    with unideploy.optimize(digits_package, quantize="fp16", calibration=digits["data"]) as pkg:
+        artifact = pkg.manifest.artifact("onnx-fp16")
+        assert artifact.precision == "fp16" and artifact.targets == ["gpu", "edge"]
+        model = onnx.load(str(pkg.path_of(artifact)))
+        assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+        assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
+        record = pkg.manifest.optimizations[-1]
+        assert record["effects"]["size_ratio"] < 0.6
+        assert any("does not run faster" in n for n in record["notes"])
+
+
+def test_magnitude_pruning_reaches_the_sparsity_and_refit_recovers_accuracy(digits_package, digits, tmp_path):
+    refit = unideploy.optimize(digits_package, tmp_path / "refit.udp", prune=0.8, calibration=digits["data"],
+                               max_accuracy_drop=3.0)
+    plain = unideploy.optimize(digits_package, tmp_path / "plain.udp", prune=0.8, refit=False,
+                               calibration=digits["data"], max_accuracy_drop=100.0)
+    with refit, plain:
+        effects = refit.manifest.optimizations[-1]["effects"]
+        assert 0.8 <= effects["weight_sparsity"] < 0.85  # re-fitting zeroes weights that read dead channels
+        assert effects["gzip_ratio"] < 0.45
+        assert refit.manifest.optimizations[-1]["accuracy"]["drop_points"] <= 3.0
+        assert accuracy_on(refit, "onnx-sparse80", digits["data"]) > accuracy_on(plain, "onnx-sparse80", digits["data"])
+
+
+def test_channel_pruning_removes_whole_channels(digits_package, digits):
+    with unideploy.optimize(digits_package, prune=0.5, prune_method="channels", calibration=digits["data"],
+                            max_accuracy_drop=3.0) as pkg:
+        base = onnx.load(str(pkg.path_of("onnx-fp32")))
+        slim = onnx.load(str(pkg.path_of("onnx-slim50")))
+        shapes = lambda m: sorted(tuple(i.dims) for i in m.graph.initializer if len(i.dims) == 4)  # noqa: E731
+        assert shapes(base) == [(32, 1, 3, 3), (64, 32, 3, 3)]
+        assert shapes(slim) == [(16, 1, 3, 3), (32, 16, 3, 3)]
+        chains = pkg.manifest.optimizations[-1]["passes"][0]["params"]["chains"]
+        assert [(c["channels"], c["kept"]) for c in chains] == [(32, 16), (64, 32)]
+        x = np.zeros((3, 1, 8, 8), np.float32)
+        assert unideploy.run(pkg, {"x": x}, artifact="onnx-slim50")["output"].shape == (3, 10)
+
+
+def test_channel_pruning_without_a_chain_is_explained(torch_models, tmp_path):
+    path, shapes = torch_models["attention_traced"]
+    unideploy.export(path, tmp_path / "attn.udp", input_shapes=shapes).close()
+    with pytest.raises(InputError, match="no prunable convolution chain"):
+        unideploy.optimize(tmp_path / "attn.udp", prune=0.5, prune_method="channels", synthetic=True)
+
+
+def test_refusal_leaves_the_package_byte_identical(digits_package, digits):
+    before = tree_digest(digits_package)
+    with pytest.raises(AccuracyBudgetError, match=r"accuracy drop [\d.]+ points \(budget 0\.1\).*not changed"):
+        unideploy.optimize(digits_package, prune=0.97, refit=False, calibration=digits["data"], max_accuracy_drop=0.1)
+    assert tree_digest(digits_package) == before
+    assert [p.name for p in digits_package.parent.iterdir()] == ["digits.udp"]
+
+
+def test_zip_package_is_updated_in_place(digits_package, digits, tmp_path):
+    zipped = unideploy.optimize(digits_package, tmp_path / "d.zip", quantize="fp16", calibration=digits["data"])
+    zipped.close()
+    with unideploy.optimize(tmp_path / "d.zip", prune=0.5, calibration=digits["data"]) as pkg:
+        assert [a.id for a in pkg.manifest.artifacts] == ["onnx-fp32", "onnx-fp16", "onnx-sparse50"]
+        assert len(pkg.manifest.optimizations) == 2
+
+
+def test_export_can_optimize_in_the_same_step(digits, tmp_path):
+    with unideploy.export(digits["model"], tmp_path / "q.udp", input_shapes=["x:1x1x8x8"],
+                          optimization=_request(quantize="fp16", calibration=str(digits["data"]))) as pkg:
+        assert [a.id for a in pkg.manifest.artifacts] == ["onnx-fp32", "onnx-fp16"]
+    with pytest.raises(AccuracyBudgetError):
+        unideploy.export(digits["model"], tmp_path / "no.udp", input_shapes=["x:1x1x8x8"],
+                         optimization=_request(prune=0.97, refit=False, calibration=str(digits["data"]),
+                                               max_accuracy_drop=0.1))
+    assert not (tmp_path / "no.udp").exists()
+
+
+def _request(**kwargs):
+    from unideploy.optimizers.optimize import OptimizeRequest
+
+    return OptimizeRequest(**kwargs)

@@ -1,0 +1,65 @@
+"""The optimizer-pass contract: one ONNX file in, one ONNX file out, and what was done.
+
+Passes do not judge themselves: the pipeline (``optimize.py``) measures every result against the
+fp32 artifact on validation data and refuses it if it exceeds the accuracy budget. A pass that
+has choices to make (INT8 picks static or dynamic quantization) asks ``ctx.evaluate`` for the
+same measurements.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+
+from unideploy.signature import Signature
+
+Batch = dict[str, np.ndarray]
+
+
+@dataclass
+class Evaluation:
+    """A candidate model measured against the fp32 artifact."""
+
+    accuracy: dict[str, Any]  # metrics, "metric", "drop_points", "within_budget"
+    latency_ms: dict[int, dict[str, float]]  # batch size -> {"fp32", "optimized", "speedup"}
+
+    @property
+    def within_budget(self) -> bool:
+        return bool(self.accuracy["within_budget"])
+
+    @property
+    def mean_speedup(self) -> float:
+        """Geometric mean of the speedups over the measured batch sizes."""
+        speedups = [v["speedup"] for v in self.latency_ms.values()]
+        return float(np.exp(np.mean(np.log(speedups)))) if speedups else 1.0
+
+
+@dataclass
+class PassContext:
+    signature: Signature
+    calibration: list[Batch]  # batches of named inputs, no labels
+    workdir: Path
+    evaluate: Callable[[Path], Evaluation]
+    say: Callable[[str], None] = lambda _msg: None
+
+
+@dataclass
+class PassResult:
+    path: Path
+    params: dict[str, Any]  # what was done, including choices and their reasons
+    precision: str | None = None  # the precision the model now has; None: unchanged
+    targets: list[str] | None = None  # deployment targets the result is meant for, when narrower
+    notes: list[str] = field(default_factory=list)  # what a user must know (e.g. fp16 on CPU)
+
+
+class OptimizerPass(ABC):
+    name: ClassVar[str]
+    stage: ClassVar[str]  # "prune" runs before "quantize"
+
+    @abstractmethod
+    def apply(self, model: Path, ctx: PassContext) -> PassResult:
+        """Write the optimized model into ``ctx.workdir`` and describe it."""

@@ -1,0 +1,112 @@
+"""Calibration and validation data: loading, checking against the signature, splitting.
+
+Accepted forms: one ``.npz`` of named inputs (optionally ``labels``), or a directory of ``.npz``
+files (each a batch of named inputs) and/or ``<input name>.npy`` files; everything is
+concatenated along the batch axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from unideploy.errors import InputError
+from unideploy.samples import concrete_shape, load_npz_inputs, random_tensor
+from unideploy.signature import Signature
+
+LABELS = "labels"
+BATCH_ROWS = 32  # rows per calibration/validation batch handed to the runtime
+
+
+@dataclass
+class Dataset:
+    inputs: dict[str, np.ndarray]
+    labels: np.ndarray | None
+    origin: str  # file name, or "synthetic"
+
+    @property
+    def rows(self) -> int:
+        return int(next(iter(self.inputs.values())).shape[0])
+
+    def take(self, start: int, stop: int) -> "Dataset":
+        return Dataset({k: v[start:stop] for k, v in self.inputs.items()},
+                       None if self.labels is None else self.labels[start:stop], self.origin)
+
+    def batches(self, fixed: int | None = None) -> list[dict[str, np.ndarray]]:
+        """Batches of BATCH_ROWS rows, or exactly ``fixed`` rows for a model with a fixed batch size
+        (dropping the incomplete tail)."""
+        rows = fixed or BATCH_ROWS
+        stop = self.rows - self.rows % rows if fixed else self.rows
+        batches = [{k: np.ascontiguousarray(v[i:i + rows]) for k, v in self.inputs.items()}
+                   for i in range(0, stop, rows)]
+        if not batches:
+            raise InputError(f"{self.origin}: {self.rows} row(s) cannot fill one batch of {rows}",
+                             "the model has a fixed batch size; pass more data")
+        return batches
+
+
+def load_dataset(path: str | Path, signature: Signature, what: str = "--calibration") -> Dataset:
+    path = Path(path)
+    if path.is_dir():
+        arrays = _load_directory(path, what)
+    elif path.exists():
+        arrays = load_npz_inputs(str(path), what)
+    else:
+        raise InputError(f"{what} data '{path}' does not exist")
+    labels = arrays.pop(LABELS, None)
+    dataset = Dataset(arrays, labels, path.name)
+    _check(dataset, signature, what, path)
+    return dataset
+
+
+def synthetic_dataset(signature: Signature, rows: int = 128, seed: int = 0) -> Dataset:
+    """Random inputs, for users who explicitly accept that accuracy cannot be judged on them."""
+    rng = np.random.default_rng(seed)
+    inputs = {s.name: random_tensor(s, concrete_shape(s, rows, {}), rng) for s in signature.inputs}
+    return Dataset(inputs, None, "synthetic")
+
+
+def split(dataset: Dataset, max_calibration_rows: int = 512) -> tuple[Dataset, Dataset]:
+    """Calibrate on the first half (at most ``max_calibration_rows``), validate on the rest, so the
+    accuracy guard never grades a model on the data it was calibrated with."""
+    if dataset.rows < 2:
+        raise InputError(f"{dataset.origin} has {dataset.rows} row(s); at least 2 are needed "
+                         "(one to calibrate, one to validate)", "pass more data, or --validation DATA")
+    cut = min(dataset.rows // 2, max_calibration_rows)
+    return dataset.take(0, cut), dataset.take(cut, dataset.rows)
+
+
+def _load_directory(path: Path, what: str) -> dict[str, np.ndarray]:
+    parts: dict[str, list[np.ndarray]] = {}
+    files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
+    if not files:
+        raise InputError(f"{what} directory '{path}' holds no .npz or .npy files")
+    for file in files:
+        if file.suffix == ".npz":
+            for name, array in load_npz_inputs(str(file), what).items():
+                parts.setdefault(name, []).append(array)
+        else:
+            try:
+                parts.setdefault(file.stem, []).append(np.load(file, allow_pickle=False))
+            except (ValueError, OSError) as exc:
+                raise InputError(f"{what} file '{file}' is not a readable .npy array: {exc}") from exc
+    try:
+        return {name: np.concatenate(chunks, axis=0) for name, chunks in parts.items()}
+    except ValueError as exc:
+        raise InputError(f"{what} files in '{path}' do not stack along the batch axis: {exc}") from exc
+
+
+def _check(dataset: Dataset, signature: Signature, what: str, path: Path) -> None:
+    rows = {name: a.shape[0] if a.ndim else 0 for name, a in dataset.inputs.items()}
+    if any(r == 0 for r in rows.values()):
+        raise InputError(f"{what} data '{path}' is empty")
+    if len(set(rows.values())) > 1:
+        raise InputError(f"{what} inputs in '{path}' have different row counts: {rows}")
+    if dataset.labels is not None and len(dataset.labels) != dataset.rows:
+        raise InputError(f"{what} '{path}': {len(dataset.labels)} labels for {dataset.rows} rows")
+    try:
+        signature.validate_inputs(dataset.take(0, 1).inputs)
+    except InputError as exc:
+        raise InputError(f"{what} data '{path}': {exc.message}", exc.hint) from exc

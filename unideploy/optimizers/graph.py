@@ -1,0 +1,186 @@
+"""ONNX graph helpers for the pruning passes: linear layers as matrices, and their reconstruction.
+
+No maintained library prunes ONNX graphs (nncf and torch-pruning work on nn.Modules), so the
+passes edit initializers directly. Without retraining, accuracy is recovered the way OBC/SparseGPT
+do it: each pruned layer's remaining weights are re-fitted by least squares so that, on
+calibration data, the layer reproduces the *original* model's layer output from the *pruned*
+model's activations. Layers are re-fitted in graph order, so each one also absorbs the error of
+those before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from unideploy.optimizers.base import Batch
+
+RIDGE = 1e-3  # damping of the normal equations, relative to their mean diagonal
+REFIT_ROWS = 512  # calibration rows used for re-fitting (more costs time, rarely accuracy)
+
+
+def attributes(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def initializers(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    return {init.name: init for init in model.graph.initializer}
+
+
+def get_array(model: onnx.ModelProto, name: str) -> np.ndarray:
+    return numpy_helper.to_array(initializers(model)[name])
+
+
+def set_array(model: onnx.ModelProto, name: str, array: np.ndarray) -> None:
+    initializers(model)[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(array), name))
+
+
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Give every node a unique name: layers are tracked by name across model copies."""
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{i}"
+        seen.add(node.name)
+
+
+@dataclass
+class Layer:
+    """A Conv, Gemm or MatMul whose weight is an initializer, seen as a [out, K] matrix."""
+
+    node: onnx.NodeProto
+    kind: str  # "conv", "gemm" or "matmul"
+    weight: str
+    bias: str | None
+    trans_b: bool = False
+
+    def matrix(self, model: onnx.ModelProto) -> np.ndarray:
+        w = get_array(model, self.weight)
+        if self.kind == "conv":
+            return w.reshape(w.shape[0], -1)
+        return w if self.trans_b else w.T
+
+    def store(self, model: onnx.ModelProto, matrix: np.ndarray, bias: np.ndarray | None) -> None:
+        shape = get_array(model, self.weight).shape
+        if self.kind == "conv":
+            w = matrix.reshape(shape)
+        else:
+            w = matrix if self.trans_b else matrix.T
+        set_array(model, self.weight, w.astype(np.float32))
+        if bias is not None and self.bias:
+            set_array(model, self.bias, bias.astype(np.float32))
+
+    def columns(self, x: np.ndarray, model: onnx.ModelProto) -> np.ndarray:
+        """The layer's input as rows of K features (im2col for convolutions)."""
+        if self.kind != "conv":
+            return x.reshape(-1, x.shape[-1])
+        kh, kw = get_array(model, self.weight).shape[2:]
+        a = attributes(self.node)
+        top, left, bottom, right = a.get("pads", [0, 0, 0, 0])
+        sh, sw = a.get("strides", [1, 1])
+        padded = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+        windows = np.lib.stride_tricks.sliding_window_view(padded, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
+        n, c, ho, wo = windows.shape[:4]
+        return windows.transpose(0, 2, 3, 1, 4, 5).reshape(n * ho * wo, c * kh * kw)
+
+
+def linear_layers(model: onnx.ModelProto) -> list[Layer]:
+    """Layers the pruning passes can edit and re-fit, in graph order.
+
+    Skipped, left dense: grouped or dilated convolutions, 1-D/3-D convolutions, auto_pad, Gemm with
+    transA/alpha/beta, MatMul whose weight is not a 2-D initializer.
+    """
+    inits = initializers(model)
+    layers = []
+    for node in model.graph.node:
+        if len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        a = attributes(node)
+        bias = node.input[2] if len(node.input) > 2 and node.input[2] in inits else None
+        dims = len(inits[node.input[1]].dims)
+        if node.op_type == "Conv" and dims == 4 and a.get("group", 1) == 1 \
+                and set(a.get("dilations", [1, 1])) == {1} and a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET"):
+            layers.append(Layer(node, "conv", node.input[1], bias))
+        elif node.op_type == "Gemm" and dims == 2 and not a.get("transA", 0) \
+                and a.get("alpha", 1.0) == 1.0 and a.get("beta", 1.0) == 1.0:
+            layers.append(Layer(node, "gemm", node.input[1], bias, bool(a.get("transB", 0))))
+        elif node.op_type == "MatMul" and dims == 2:
+            layers.append(Layer(node, "matmul", node.input[1], None))
+    return layers
+
+
+def _session(model: onnx.ModelProto, tensor: str) -> ort.InferenceSession:
+    """A session on a copy of ``model`` that also outputs an intermediate tensor."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    if tensor not in {o.name for o in copy.graph.output}:
+        copy.graph.output.append(onnx.ValueInfoProto(name=tensor))
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(copy.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _activations(model: onnx.ModelProto, tensor: str, batches: list[Batch]) -> Iterator[np.ndarray]:
+    session = _session(model, tensor)
+    for batch in batches:
+        yield session.run([tensor], batch)[0].astype(np.float64)
+
+
+def refit(original: onnx.ModelProto, pruned: onnx.ModelProto, layer_name: str, mask: np.ndarray,
+          batches: list[Batch], out_rows: np.ndarray | None = None) -> None:
+    """Re-fit one layer of ``pruned`` (weights outside ``mask`` stay zero) to reproduce the
+    original layer's output on ``batches``; updates ``pruned`` in place. ``out_rows`` says which
+    original output channels the pruned layer still has (all, unless channels were removed)."""
+    layer_o = next(l for l in linear_layers(original) if l.node.name == layer_name)
+    layer_p = next(l for l in linear_layers(pruned) if l.node.name == layer_name)
+    w_orig = layer_o.matrix(original).astype(np.float64)
+    with_bias = layer_p.bias is not None
+    if with_bias:
+        w_orig = np.hstack([w_orig, get_array(original, layer_o.bias)[:, None]])
+    if out_rows is not None:
+        w_orig = w_orig[out_rows]
+    gram = cross = None
+    for x_o, x_p in zip(_activations(original, layer_o.node.input[0], batches),
+                        _activations(pruned, layer_p.node.input[0], batches)):
+        a_o, a_p = layer_o.columns(x_o, original), layer_p.columns(x_p, pruned)
+        if with_bias:
+            a_o, a_p = (np.hstack([a, np.ones((a.shape[0], 1))]) for a in (a_o, a_p))
+        gram = a_p.T @ a_p if gram is None else gram + a_p.T @ a_p
+        cross = a_p.T @ a_o if cross is None else cross + a_p.T @ a_o
+    assert gram is not None and cross is not None
+    gram += np.eye(len(gram)) * RIDGE * max(float(np.mean(np.diag(gram))), 1e-12)
+    target = cross @ w_orig.T  # A_p^T Y, for every output row at once
+    keep = np.hstack([mask, np.ones((mask.shape[0], 1), bool)]) if with_bias else mask
+    solved = np.zeros((keep.shape[0], keep.shape[1]))
+    patterns, rows_of = np.unique(keep, axis=0, return_inverse=True)  # structured masks: one solve
+    for p, pattern in enumerate(patterns):
+        rows = np.flatnonzero(rows_of.ravel() == p)
+        if pattern.any():
+            solved[np.ix_(rows, pattern)] = np.linalg.solve(gram[np.ix_(pattern, pattern)], target[np.ix_(pattern, rows)]).T
+    layer_p.store(pruned, solved[:, :-1] if with_bias else solved, solved[:, -1] if with_bias else None)
+
+
+def refit_all(original: onnx.ModelProto, pruned: onnx.ModelProto, masks: dict[str, np.ndarray],
+              batches: list[Batch], say: Callable[[str], None]) -> None:
+    """Re-fit every masked layer in graph order (see the module docstring)."""
+    order = [l.node.name for l in linear_layers(pruned) if l.node.name in masks]
+    batches = first_rows(batches, REFIT_ROWS)
+    for i, name in enumerate(order, 1):
+        say(f"re-fitting layer {i}/{len(order)} ({name})")
+        refit(original, pruned, name, masks[name], batches)
+
+
+def first_rows(batches: list[Batch], rows: int) -> list[Batch]:
+    """The leading batches that hold at least ``rows`` rows (all, if there are fewer)."""
+    taken, count = [], 0
+    for batch in batches:
+        if count >= rows:
+            break
+        taken.append(batch)
+        count += len(next(iter(batch.values())))
+    return taken

@@ -1,0 +1,215 @@
+"""The optimize verb: package -> package with one more artifact, or a refusal with numbers.
+
+The passes run in order (prune, then quantize) on the package's fp32 ONNX artifact. The result is
+measured against that artifact on validation data the calibration never saw; if its accuracy drop
+exceeds the budget, nothing is written and the error gives the numbers. Otherwise it goes into the
+package beside the fp32 artifact with what was done, why, and what it cost and gained.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import onnxruntime as ort
+
+from unideploy.errors import AccuracyBudgetError, InputError
+from unideploy.optimizers import PASSES, OptimizerPass, PassContext
+from unideploy.optimizers.accuracy import METRICS, choose_metric, compare, describe
+from unideploy.optimizers.base import Evaluation
+from unideploy.optimizers.data import Dataset, load_dataset, split, synthetic_dataset
+from unideploy.optimizers.measure import latency, size_effects
+from unideploy.package import Artifact, Package, PackageWriter
+from unideploy.runtimes import RUNTIMES, RuntimeOptions
+from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, validate
+
+Progress = Callable[[str], None]
+DEFAULT_BUDGET_POINTS = 1.0
+LARGE_BATCH = 64
+# An optimized artifact is re-verified against the source with twice the error it had when made.
+TOLERANCE_MARGIN = 2.0
+
+
+@dataclass
+class OptimizeRequest:
+    quantize: str | None = None  # "int8" or "fp16"
+    prune: float | None = None  # sparsity (magnitude) or share of channels removed (channels)
+    prune_method: str = "magnitude"
+    prune_scope: str = "global"
+    refit: bool = True
+    int8_variant: str = "auto"
+    calibration_method: str = "minmax"
+    quantize_sensitive: bool = False
+    calibration: str | None = None
+    validation: str | None = None
+    synthetic: bool = False
+    max_accuracy_drop: float = DEFAULT_BUDGET_POINTS  # percentage points
+    metric: str = "auto"
+    artifact: str | None = None  # the artifact to start from (default: the fp32 ONNX one)
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.quantize or self.prune)
+
+
+def build_passes(request: OptimizeRequest) -> list[OptimizerPass]:
+    passes: list[OptimizerPass] = []
+    if request.prune is not None:
+        if request.prune_method == "magnitude":
+            passes.append(PASSES.get("prune-magnitude")(request.prune, request.prune_scope, request.refit))
+        elif request.prune_method == "channels":
+            passes.append(PASSES.get("prune-channels")(request.prune, request.refit))
+        else:
+            raise InputError(f"unknown pruning method '{request.prune_method}'", "use magnitude or channels")
+    if request.quantize == "int8":
+        passes.append(PASSES.get("quantize-int8")(request.int8_variant, request.calibration_method,
+                                                  request.quantize_sensitive))
+    elif request.quantize == "fp16":
+        passes.append(PASSES.get("quantize-fp16")())
+    elif request.quantize is not None:
+        raise InputError(f"unknown quantization '{request.quantize}'", "use int8 or fp16")
+    if not passes:
+        raise InputError("nothing to optimize", "pass --quantize int8|fp16 and/or --prune SPARSITY")
+    if request.metric not in METRICS:
+        raise InputError(f"unknown metric '{request.metric}'", f"use one of: {', '.join(METRICS)}")
+    if request.max_accuracy_drop < 0:
+        raise InputError("--max-accuracy-drop cannot be negative")
+    return passes
+
+
+def _artifact_id(passes: list[OptimizerPass], request: OptimizeRequest) -> str:
+    tags = []
+    for p in passes:
+        if p.name == "prune-magnitude":
+            tags.append(f"sparse{round(request.prune * 100)}")
+        elif p.name == "prune-channels":
+            tags.append(f"slim{round(request.prune * 100)}")
+        else:
+            tags.append(p.name.removeprefix("quantize-"))
+    return "onnx-" + "-".join(tags)
+
+
+def _base_artifact(package: Package, artifact_id: str | None) -> Artifact:
+    if artifact_id:
+        artifact = package.manifest.artifact(artifact_id)
+        if artifact.format != "onnx":
+            raise InputError(f"artifact '{artifact_id}' is {artifact.format}; optimizers work on ONNX artifacts")
+        return artifact
+    for artifact in package.manifest.artifacts:
+        if artifact.format == "onnx" and artifact.precision == "fp32" and artifact.derived_from is None:
+            return artifact
+    raise InputError("the package has no fp32 ONNX artifact to optimize", "name one with --artifact")
+
+
+def _datasets(request: OptimizeRequest, package: Package) -> tuple[Dataset, Dataset]:
+    signature = package.manifest.signature
+    if request.calibration:
+        data = load_dataset(request.calibration, signature)
+    elif request.synthetic:
+        data = synthetic_dataset(signature)
+    else:
+        raise InputError(
+            "no calibration data: without it the accuracy of an optimized model cannot be judged",
+            "pass --calibration DATA (.npz of named inputs, optionally with 'labels', or a directory of "
+            ".npz/.npy files), or --synthetic-calibration to accept random inputs and an unjudged accuracy",
+        )
+    if request.validation:
+        return data, load_dataset(request.validation, signature, "--validation")
+    return split(data)
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def optimize(package_path: str | Path, request: OptimizeRequest, output: str | Path | None = None,
+             overwrite: bool = False, progress: Progress | None = None) -> Path:
+    """Add an optimized artifact to a package (in place, or into ``output``)."""
+    say = progress or (lambda _msg: None)
+    passes = build_passes(request)
+    with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-opt-") as tmp:
+        base = _base_artifact(package, request.artifact)
+        base_path = package.path_of(base)
+        calibration, validation = _datasets(request, package)
+        metric = choose_metric(request.metric, validation.labels is not None)
+        signature = package.manifest.signature
+        fixed_batch = None if signature.has_dynamic_batch else package.manifest.samples[0].batch_size
+        batch_sizes = (1, LARGE_BATCH) if fixed_batch is None else (fixed_batch,)
+
+        say("running the fp32 artifact on the validation data")
+        fp32 = _session(base_path)
+        val_batches = validation.batches(fixed_batch)
+        reference = [dict(zip([o.name for o in fp32.get_outputs()], fp32.run(None, b))) for b in val_batches]
+        cache: dict[Path, Evaluation] = {}
+
+        def evaluate(candidate: Path) -> Evaluation:
+            if candidate not in cache:
+                session = _session(candidate)
+                names = [o.name for o in session.get_outputs()]
+                outputs = [dict(zip(names, session.run(None, b))) for b in val_batches]
+                accuracy = compare(reference, outputs, validation.labels, metric, request.max_accuracy_drop)
+                cache[candidate] = Evaluation(accuracy, latency(fp32, session, val_batches[0], batch_sizes))
+            return cache[candidate]
+
+        context = PassContext(signature, calibration.batches(fixed_batch), Path(tmp), evaluate, say)
+        current, precision, targets, steps, notes = base_path, base.precision, base.targets, [], []
+        for optimizer_pass in passes:
+            result = optimizer_pass.apply(current, context)
+            current = result.path
+            precision = result.precision or precision
+            targets = result.targets or targets
+            steps.append({"name": optimizer_pass.name, "params": result.params})
+            notes += result.notes
+
+        say("measuring the optimized model against fp32")
+        final = evaluate(current)
+        if not final.within_budget:
+            raise AccuracyBudgetError(
+                f"the optimized model exceeds the accuracy budget on {validation.rows} validation rows: "
+                f"{describe(final.accuracy)}; the package was not changed",
+                "raise --max-accuracy-drop, give more or better calibration data, or choose a milder optimization",
+            )
+        artifact_id = _artifact_id(passes, request)
+        record = _source_tolerance(package, current, signature)
+        effects = {**size_effects(base_path, current), "latency_ms": {str(b): v for b, v in final.latency_ms.items()}}
+        data_info = {"calibration": calibration.origin, "calibration_rows": calibration.rows,
+                     "validation": validation.origin, "validation_rows": validation.rows,
+                     "synthetic": calibration.origin == "synthetic", "labels": validation.labels is not None}
+        if data_info["synthetic"]:
+            notes.append("accuracy was measured on synthetic inputs only: it says little about real data")
+
+        say("writing the package")
+        destination = Path(output) if output else Path(package_path)
+        same = destination.resolve() == Path(package_path).resolve()
+        with PackageWriter(destination, overwrite=overwrite or same) as writer:
+            manifest = writer.add_package(package)
+            artifact = writer.add_artifact(current, Artifact(
+                id=artifact_id, path=f"artifacts/model.{artifact_id.removeprefix('onnx-')}.onnx", format="onnx",
+                precision=precision, sha256="", size=0, runtimes=list(base.runtimes), opset=base.opset,
+                derived_from=base.id, targets=targets))
+            manifest.artifacts = [a for a in manifest.artifacts if a.id != artifact_id] + [artifact]
+            manifest.optimizations = [o for o in manifest.optimizations if o.get("artifact") != artifact_id] + [{
+                "name": "+".join(s["name"] for s in steps), "artifact": artifact_id, "derived_from": base.id,
+                "passes": steps, "data": data_info, "accuracy": final.accuracy, "effects": effects, "notes": notes,
+            }]
+            manifest.validation[artifact_id] = record
+            return writer.commit(manifest)
+
+
+def _source_tolerance(package: Package, model: Path, signature: Any) -> dict[str, Any]:
+    """Errors of the optimized model against the source framework's reference outputs, with the
+    tolerance ``deploy verify`` will hold it to from now on (twice what it measured here)."""
+    references = [(s.inputs, s.outputs) for s in package.reference_samples()]
+    runtime_cls = RUNTIMES.get("onnxruntime")
+    with runtime_cls(model, signature, RuntimeOptions(device="cpu")) as runtime:
+        measured = validate(runtime.run, references, np.inf, 0.0, reference=package.manifest.source["framework"])
+        worst = max(o["max_abs_error"] for o in measured["outputs"].values())
+        atol = max(DEFAULT_ATOL, worst * TOLERANCE_MARGIN)
+        record = validate(runtime.run, references, atol, DEFAULT_RTOL, reference=package.manifest.source["framework"])
+    record["tolerance_basis"] = f"{TOLERANCE_MARGIN:g}x the error measured when the artifact was made"
+    return record
