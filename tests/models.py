@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -127,9 +128,8 @@ class DigitsCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def train_digits_cnn(epochs: int = 6) -> tuple[nn.Module, "np.ndarray", "np.ndarray"]:
+def train_digits_cnn(epochs: int = 6) -> tuple[nn.Module, np.ndarray, np.ndarray]:
     """Train on scikit-learn's digits (real 8x8 images); return the model and held-out data."""
-    import numpy as np
     from sklearn.datasets import load_digits
 
     digits = load_digits()

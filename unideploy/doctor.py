@@ -7,13 +7,14 @@ import shutil
 from dataclasses import asdict, dataclass
 
 from unideploy.exporters import EXPORTERS
+from unideploy.optimizers import PASSES
 from unideploy.runtimes import RUNTIMES
 from unideploy.targets import TARGETS
 
 
 @dataclass
 class Finding:
-    kind: str  # exporter, runtime, device, target
+    kind: str  # exporter, optimizer, runtime, device, target
     name: str
     ok: bool
     detail: str
@@ -28,6 +29,9 @@ def diagnose() -> list[Finding]:
     for name in EXPORTERS.names():
         found = EXPORTERS.get(name).availability()
         findings.append(Finding("exporter", name, found.ok, found.detail, found.fix))
+    for name in PASSES.names():
+        found = PASSES.get(name).availability()
+        findings.append(Finding("optimizer", name, found.ok, found.detail, found.fix))
     for name in RUNTIMES.names():
         found = RUNTIMES.get(name).availability()
         findings.append(Finding("runtime", name, found.ok, found.detail, found.fix))

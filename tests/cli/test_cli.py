@@ -137,3 +137,39 @@ def test_argument_errors_use_usage_and_exit_2():
 def test_debug_shows_the_traceback(tmp_path):
     result = deploy("--debug", "inspect", tmp_path)
     assert result.returncode == 2 and "Traceback" in result.stderr and "has no manifest.json" in result.stderr
+
+
+def test_optimize_command_round_trip(digits, digits_package, tmp_path):
+    result = deploy("optimize", digits_package, "--quantize", "int8", "--calibration", digits["data"],
+                    "-o", tmp_path / "int8.zip", "--json")
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["artifact"] == "onnx-int8" and record["accuracy"]["within_budget"]
+    human = deploy("optimize", tmp_path / "int8.zip", "--quantize", "fp16", "--calibration", digits["data"])
+    assert human.returncode == 0 and "Accuracy against fp32" in human.stdout and "note:" in human.stdout
+    assert [a["status"] for a in json.loads(deploy("verify", tmp_path / "int8.zip", "--json").stdout)["artifacts"]] \
+        == ["passed", "passed", "passed"]
+    bench = deploy("bench", tmp_path / "int8.zip", "--artifact", "onnx-int8", "--iterations", "5", "--json")
+    assert json.loads(bench.stdout)["artifact"] == "onnx-int8"
+
+
+def test_export_with_quantize_in_one_step(digits, tmp_path):
+    result = deploy("export", digits["model"], "-o", tmp_path / "q.udp", "--input-shape", "x:1x1x8x8",
+                    "--quantize", "fp16", "--calibration", digits["data"], "--json")
+    assert result.returncode == 0, result.stderr
+    assert [a["id"] for a in json.loads(result.stdout)["artifacts"]] == ["onnx-fp32", "onnx-fp16"]
+
+
+@pytest.mark.parametrize("args, code, pattern", [
+    (["optimize", "{pkg}"], 2, "nothing to optimize"),
+    (["optimize", "{pkg}", "--quantize", "int8"], 2, "no calibration data: .*cannot be judged"),
+    (["optimize", "{pkg}", "--prune", "1.5", "--calibration", "{data}"], 2, "between 0 and 1"),
+    (["optimize", "{pkg}", "--quantize", "fp16", "--calibration", "{wrong}"], 2, "unknown input\\(s\\) 'pixels'"),
+    (["optimize", "{pkg}", "--prune", "0.97", "--no-refit", "--calibration", "{data}", "--max-accuracy-drop", "0.1"],
+     1, "exceeds the accuracy budget .* not changed"),
+    (["optimize", "{pkg}", "--quantize", "fp16", "--calibration", "{data}", "--artifact", "nope"], 2, "no artifact 'nope'"),
+])
+def test_optimize_bad_input_gives_one_line_errors(args, code, pattern, digits, digits_package, tmp_path):
+    np.savez(tmp_path / "wrong.npz", pixels=np.zeros((4, 1, 8, 8), np.float32))
+    names = {"pkg": digits_package, "data": digits["data"], "wrong": tmp_path / "wrong.npz"}
+    assert_one_line_error(deploy(*[a.format(**names) for a in args]), code, pattern)

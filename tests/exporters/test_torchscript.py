@@ -58,6 +58,13 @@ def test_named_dynamic_dimension_accepts_other_lengths(torch_models, tmp_path):
     assert logits["output_0"].shape == (3, 3) and logits["output_1"].shape == (3, 16)
 
 
+def test_single_input_takes_the_users_name(tmp_path):
+    module = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 2)))  # forward(self, input)
+    torch.jit.save(module, str(tmp_path / "seq.pt"))
+    with unideploy.export(tmp_path / "seq.pt", tmp_path / "pkg", input_shapes=["features:3x4"]) as package:
+        assert package.manifest.signature.input_names == ["features"]
+
+
 def test_control_flow_is_kept_as_onnx_if_and_loop(torch_models, tmp_path):
     path, shapes = torch_models["control_flow_scripted"]
     with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes) as package:
@@ -108,8 +115,9 @@ def test_missing_shapes_and_wrong_names_are_explained(torch_models, tmp_path):
     path, _ = torch_models["cnn_scripted"]
     with pytest.raises(InputError, match="carry no input shapes"):
         unideploy.export(path, tmp_path / "a")
-    with pytest.raises(InputError, match="forward\\(\\) takes x"):
-        unideploy.export(path, tmp_path / "b", input_shapes=["image:1x1x8x8"])
+    tokens, shapes = torch_models["tokens_traced"]
+    with pytest.raises(InputError, match="forward\\(\\) takes input_ids, mask"):
+        unideploy.export(tokens, tmp_path / "b", input_shapes=["ids:1x6:int64", "mask:1x6"])
     with pytest.raises(InputError, match="bad dimension"):
         unideploy.export(path, tmp_path / "c", input_shapes=["x:1x1x8xq"])
     assert list(tmp_path.iterdir()) == []

@@ -10,7 +10,6 @@ import pytest
 
 import unideploy
 from unideploy.errors import AccuracyBudgetError, InputError
-from unideploy.package import Package
 from unideploy.verify import verify_package
 
 pytest.importorskip("torch", reason="the torch extra is not installed")

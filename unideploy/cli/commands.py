@@ -166,3 +166,31 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         render.doctor(machine_summary(), findings)
     return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Bearer tokens come from UNIDEPLOY_INFERENCE_TOKEN / UNIDEPLOY_REPOSITORY_TOKEN (or the config
+    file), never from the command line, where every user of the machine can read them."""
+    import os
+
+    try:
+        from unideploy.server.app import serve
+        from unideploy.server.config import ServerConfig
+    except ImportError as exc:
+        from unideploy.errors import MissingDependencyError
+
+        raise MissingDependencyError(f"the server needs {exc.name}", "pip install 'unideploy[serve]'") from exc
+    overrides = {
+        "host": args.host, "http_port": args.http_port, "grpc_port": args.grpc_port,
+        "poll_interval_s": args.poll_interval, "max_request_bytes": args.max_request_bytes,
+        "tls_cert": Path(args.tls_cert) if args.tls_cert else None,
+        "tls_key": Path(args.tls_key) if args.tls_key else None, "workers": args.workers,
+        "inference_token": os.environ.get("UNIDEPLOY_INFERENCE_TOKEN"),
+        "repository_token": os.environ.get("UNIDEPLOY_REPOSITORY_TOKEN"),
+    }
+    if args.config:
+        config = ServerConfig.from_file(Path(args.config), repository=Path(args.repository), **overrides)
+    else:
+        config = ServerConfig(Path(args.repository), **{k: v for k, v in overrides.items() if v is not None})
+    serve(config)
+    return 0

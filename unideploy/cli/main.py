@@ -79,6 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime_options(p)
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("serve", help="serve a model repository over REST and gRPC (Open Inference Protocol v2)")
+    p.add_argument("repository", help="REPO/<model>/<version>/ holding packages (directories or .zip)")
+    p.add_argument("--host", default=None, help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--http-port", type=int, default=None, help="REST port (default: 8000)")
+    p.add_argument("--grpc-port", type=int, default=None, help="gRPC port (default: 8001)")
+    p.add_argument("--config", metavar="FILE", help="YAML server settings (command-line options win)")
+    p.add_argument("--poll-interval", type=float, default=None, metavar="S",
+                   help="seconds between repository scans for hot reload (default: 2; 0 turns watching off)")
+    p.add_argument("--max-request-bytes", type=_positive_int, default=None, help="largest request body accepted")
+    p.add_argument("--tls-cert", help="PEM certificate: serve both ports over TLS (with --tls-key)")
+    p.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    p.add_argument("--workers", type=_positive_int, default=None, help="threads running models (default: 4)")
+
     p = sub.add_parser("doctor", help="which exporters, runtimes and targets work here, and how to fix the rest")
     p.add_argument("--json", action="store_true")
     return parser

@@ -49,8 +49,8 @@ class TorchScriptExporter(Exporter):
         import torch
 
         module = _load(src)
-        arg_names = _tensor_arguments(module)
-        example = _example_inputs(arg_names, options)
+        example = _example_inputs(_tensor_arguments(module), options)
+        arg_names = list(example)  # the ONNX input names, in forward()'s order
         dynamic = {} if options.static_shapes else _input_dynamic_axes(arg_names, options)
         args = tuple(torch.from_numpy(example[n]) for n in arg_names)
 
@@ -129,6 +129,11 @@ def _tensor_arguments(module: Any) -> list[str]:
 
 
 def _example_inputs(arg_names: list[str], options: ExportOptions) -> dict[str, np.ndarray]:
+    """Example tensors in forward()'s argument order, keyed by the input names the package will use.
+
+    With a single argument, the user's name wins (``nn.Sequential`` calls its argument ``input``,
+    but users name it ``x``); with several, names must match forward()'s to say which is which.
+    """
     expected = ", ".join(arg_names)
     if options.example_inputs is not None:
         given = options.example_inputs
@@ -144,6 +149,8 @@ def _example_inputs(arg_names: list[str], options: ExportOptions) -> dict[str, n
             f"pass --input-shape for each of forward()'s inputs ({expected}), e.g. "
             f"{arg_names[0]}:1x3x224x224, or --example-input FILE.npz",
         )
+    if len(arg_names) == 1 and len(given) == 1:
+        return {name: np.ascontiguousarray(array) for name, array in given.items()}
     if set(given) != set(arg_names):
         raise InputError(
             f"inputs given for {', '.join(sorted(given))} but forward() takes {expected}",

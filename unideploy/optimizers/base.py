@@ -15,6 +15,7 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
+from unideploy.registry import Availability, modules_availability
 from unideploy.signature import Signature
 
 Batch = dict[str, np.ndarray]
@@ -59,6 +60,11 @@ class PassResult:
 class OptimizerPass(ABC):
     name: ClassVar[str]
     stage: ClassVar[str]  # "prune" runs before "quantize"
+    required_modules: ClassVar[tuple[str, ...]] = ("onnx", "onnxruntime")
+
+    @classmethod
+    def availability(cls) -> Availability:
+        return modules_availability(cls.required_modules, None)
 
     @abstractmethod
     def apply(self, model: Path, ctx: PassContext) -> PassResult:

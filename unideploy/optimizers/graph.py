@@ -11,14 +11,15 @@ those before it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from unideploy.optimizers.base import Batch
+from unideploy.optimizers.measure import timing_session
 
 RIDGE = 1e-3  # damping of the normal equations, relative to their mean diagonal
 REFIT_ROWS = 512  # calibration rows used for re-fitting (more costs time, rarely accuracy)
@@ -40,13 +41,23 @@ def set_array(model: onnx.ModelProto, name: str, array: np.ndarray) -> None:
     initializers(model)[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(array), name))
 
 
-def name_nodes(model: onnx.ModelProto) -> None:
-    """Give every node a unique name: layers are tracked by name across model copies."""
+def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Give every node a unique name, so nodes can be selected and matched across copies."""
     seen: set[str] = set()
     for i, node in enumerate(model.graph.node):
         if not node.name or node.name in seen:
             node.name = f"{node.op_type}_{i}"
         seen.add(node.name)
+    return model
+
+
+def load_for_pruning(path: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The model to edit and an untouched copy to re-fit against, with every node uniquely named
+    (layers are matched by name across the two)."""
+    model = name_nodes(onnx.load(str(path)))
+    original = onnx.ModelProto()
+    original.CopyFrom(model)
+    return model, original
 
 
 @dataclass
@@ -114,15 +125,13 @@ def linear_layers(model: onnx.ModelProto) -> list[Layer]:
     return layers
 
 
-def _session(model: onnx.ModelProto, tensor: str) -> ort.InferenceSession:
+def _session(model: onnx.ModelProto, tensor: str) -> Any:
     """A session on a copy of ``model`` that also outputs an intermediate tensor."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     if tensor not in {o.name for o in copy.graph.output}:
         copy.graph.output.append(onnx.ValueInfoProto(name=tensor))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(copy.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return timing_session(copy.SerializeToString())
 
 
 def _activations(model: onnx.ModelProto, tensor: str, batches: list[Batch]) -> Iterator[np.ndarray]:

@@ -39,29 +39,49 @@ def weight_sparsity(model_path: Path) -> float:
     return zeros / total if total else 0.0
 
 
-def latency(fp32_session: Any, candidate_session: Any, sample: dict[str, np.ndarray], batch_sizes: tuple[int, ...],
-            rounds: int = 5, max_seconds: float = 3.0) -> dict[int, dict[str, float]]:
-    """Median milliseconds per call at each batch size, the two sessions taking turns."""
+def timing_session(model: Path | bytes) -> Any:
+    """A CPU session fit for comparisons: its worker threads do not spin after a run. With spinning
+    (ORT's default), several sessions taking turns slow each other down, unevenly (measured 2x on
+    2 cores), which would make an unchanged model look faster or slower than it is."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    source = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def interleaved_latency(sessions: dict[str, Any], sample: dict[str, np.ndarray], batch_sizes: tuple[int, ...],
+                        rounds: int = 5, max_seconds: float = 3.0) -> dict[int, dict[str, float]]:
+    """Median milliseconds per call of each session at each batch size, the sessions taking turns
+    within every round so that machine noise hits them alike."""
     results: dict[int, dict[str, float]] = {}
     for batch in batch_sizes:
         inputs = resize_batch(sample, batch)
-        calls = _calls_for(fp32_session, inputs, max_seconds / (2 * rounds))
-        times: dict[str, list[float]] = {"fp32": [], "optimized": []}
+        slowest = max(_one_call(s, inputs) for s in sessions.values())
+        calls = int(min(max(max_seconds / (len(sessions) * rounds * slowest), 1), 200))
+        times: dict[str, list[float]] = {name: [] for name in sessions}
         for _ in range(rounds):
-            for key, session in (("fp32", fp32_session), ("optimized", candidate_session)):
+            for name, session in sessions.items():
                 start = time.perf_counter()
                 for _ in range(calls):
                     session.run(None, inputs)
-                times[key].append((time.perf_counter() - start) / calls * 1000.0)
-        fp32_ms, opt_ms = statistics.median(times["fp32"]), statistics.median(times["optimized"])
-        results[batch] = {"fp32": round(fp32_ms, 4), "optimized": round(opt_ms, 4),
-                          "speedup": round(fp32_ms / opt_ms, 3)}
+                times[name].append((time.perf_counter() - start) / calls * 1000.0)
+        results[batch] = {name: round(statistics.median(t), 4) for name, t in times.items()}
     return results
 
 
-def _calls_for(session: Any, inputs: dict[str, np.ndarray], budget_s: float) -> int:
+def latency(fp32_session: Any, candidate_session: Any, sample: dict[str, np.ndarray], batch_sizes: tuple[int, ...],
+            rounds: int = 5, max_seconds: float = 3.0) -> dict[int, dict[str, float]]:
+    """fp32 and optimized latency at each batch size, with the speedup."""
+    measured = interleaved_latency({"fp32": fp32_session, "optimized": candidate_session}, sample, batch_sizes,
+                                   rounds, max_seconds)
+    return {b: {**m, "speedup": round(m["fp32"] / m["optimized"], 3)} for b, m in measured.items()}
+
+
+def _one_call(session: Any, inputs: dict[str, np.ndarray]) -> float:
     session.run(None, inputs)  # warm-up
     start = time.perf_counter()
     session.run(None, inputs)
-    once = max(time.perf_counter() - start, 1e-6)
-    return int(min(max(budget_s / once, 3), 200))
+    return max(time.perf_counter() - start, 1e-6)

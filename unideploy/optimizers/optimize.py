@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-import onnxruntime as ort
 
 from unideploy.errors import AccuracyBudgetError, InputError
 from unideploy.optimizers import PASSES, OptimizerPass, PassContext
 from unideploy.optimizers.accuracy import METRICS, choose_metric, compare, describe
 from unideploy.optimizers.base import Evaluation
 from unideploy.optimizers.data import Dataset, load_dataset, split, synthetic_dataset
-from unideploy.optimizers.measure import latency, size_effects
+from unideploy.optimizers.measure import latency, size_effects, timing_session
 from unideploy.package import Artifact, Package, PackageWriter
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, validate
@@ -121,12 +120,6 @@ def _datasets(request: OptimizeRequest, package: Package) -> tuple[Dataset, Data
     return split(data)
 
 
-def _session(path: Path) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
 def optimize(package_path: str | Path, request: OptimizeRequest, output: str | Path | None = None,
              overwrite: bool = False, progress: Progress | None = None) -> Path:
     """Add an optimized artifact to a package (in place, or into ``output``)."""
@@ -142,14 +135,14 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
         batch_sizes = (1, LARGE_BATCH) if fixed_batch is None else (fixed_batch,)
 
         say("running the fp32 artifact on the validation data")
-        fp32 = _session(base_path)
+        fp32 = timing_session(base_path)
         val_batches = validation.batches(fixed_batch)
         reference = [dict(zip([o.name for o in fp32.get_outputs()], fp32.run(None, b))) for b in val_batches]
         cache: dict[Path, Evaluation] = {}
 
         def evaluate(candidate: Path) -> Evaluation:
             if candidate not in cache:
-                session = _session(candidate)
+                session = timing_session(candidate)
                 names = [o.name for o in session.get_outputs()]
                 outputs = [dict(zip(names, session.run(None, b))) for b in val_batches]
                 accuracy = compare(reference, outputs, validation.labels, metric, request.max_accuracy_drop)

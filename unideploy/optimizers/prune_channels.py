@@ -13,6 +13,7 @@ several consumers, graph outputs) are left whole.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -20,7 +21,7 @@ import onnx
 from unideploy.errors import InputError
 from unideploy.optimizers.base import OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import (
-    Layer, attributes, first_rows, get_array, initializers, linear_layers, name_nodes, refit, set_array, REFIT_ROWS,
+    Layer, attributes, first_rows, get_array, initializers, linear_layers, load_for_pruning, refit, set_array, REFIT_ROWS,
 )
 from unideploy.optimizers.prune_magnitude import check_fraction
 
@@ -94,11 +95,8 @@ class ChannelPruning(OptimizerPass):
         self.ratio = check_fraction(ratio, "--prune channel ratio")
         self.refit = refit
 
-    def apply(self, model_path, ctx: PassContext) -> PassResult:
-        model = onnx.load(str(model_path))
-        name_nodes(model)
-        original = onnx.ModelProto()
-        original.CopyFrom(model)
+    def apply(self, model_path: Path, ctx: PassContext) -> PassResult:
+        model, original = load_for_pruning(model_path)
         chains = find_chains(model)
         if not chains:
             raise InputError("no prunable convolution chain found (Conv -> BN/activation/pool -> Conv or Flatten -> Gemm)",

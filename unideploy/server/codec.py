@@ -1,0 +1,99 @@
+"""Tensors on the wire (Open Inference Protocol v2): datatypes, JSON data, binary data.
+
+Both frontends decode into numpy here and encode from numpy here, so a tensor means the same over
+REST JSON, REST binary (``Inference-Header-Content-Length``) and gRPC (``contents`` or
+``raw_input_contents``). Every malformed tensor raises :class:`BadRequest` naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from unideploy.errors import InputError
+
+
+class BadRequest(InputError):
+    """A request the server refuses with 400 / INVALID_ARGUMENT."""
+
+
+class NotFound(InputError):
+    """An unknown model or version: 404 / NOT_FOUND."""
+
+
+class Unavailable(InputError):
+    """A model that exists but cannot serve now: 503 / UNAVAILABLE."""
+
+
+V2_TO_NUMPY = {
+    "BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
+    "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
+    "FP16": "float16", "FP32": "float32", "FP64": "float64",
+}
+NUMPY_TO_V2 = {v: k for k, v in V2_TO_NUMPY.items()}
+
+# gRPC InferTensorContents field per datatype (FP16 travels only as raw bytes).
+GRPC_CONTENTS = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
+}
+
+
+def numpy_dtype(datatype: Any, tensor: str) -> np.dtype:
+    if not isinstance(datatype, str) or datatype not in V2_TO_NUMPY:
+        raise BadRequest(f"input '{tensor}' has unsupported datatype {datatype!r}",
+                         f"use one of: {', '.join(V2_TO_NUMPY)}")
+    return np.dtype(V2_TO_NUMPY[datatype])
+
+
+def check_shape(shape: Any, tensor: str) -> tuple[int, ...]:
+    if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise BadRequest(f"input '{tensor}' has an invalid shape {shape!r}", "shape is a list of non-negative integers")
+    if any(d < 0 for d in shape):
+        raise BadRequest(f"input '{tensor}' has a negative dimension in shape {list(shape)}")
+    return tuple(shape)
+
+
+def from_json_data(data: Any, datatype: str, shape: Sequence[int], tensor: str) -> np.ndarray:
+    """JSON ``data`` (flat or nested, row-major) to an array of ``shape``."""
+    dtype = numpy_dtype(datatype, tensor)
+    try:
+        flat = np.asarray(data, dtype=dtype if dtype.kind != "b" else None).reshape(-1)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BadRequest(f"input '{tensor}' data does not hold {datatype} values: {exc}") from exc
+    if dtype.kind == "b" and flat.dtype != np.bool_:
+        raise BadRequest(f"input '{tensor}' is BOOL but its data holds {flat.dtype.name} values")
+    if dtype.kind in "iu" and flat.dtype.kind == "f":
+        raise BadRequest(f"input '{tensor}' is {datatype} but its data holds fractional numbers")
+    expected = int(np.prod(shape)) if shape else 1
+    if flat.size != expected:
+        raise BadRequest(f"input '{tensor}' has {flat.size} values, but shape {list(shape)} needs {expected}")
+    return flat.astype(dtype, copy=False).reshape(shape)
+
+
+def from_bytes(raw: bytes, datatype: str, shape: Sequence[int], tensor: str) -> np.ndarray:
+    """Raw little-endian row-major bytes (binary extension, raw_input_contents) to an array."""
+    dtype = numpy_dtype(datatype, tensor).newbyteorder("<")
+    expected = (int(np.prod(shape)) if shape else 1) * dtype.itemsize
+    if len(raw) != expected:
+        raise BadRequest(f"input '{tensor}' has {len(raw)} bytes of data, but {datatype} {list(shape)} needs {expected}")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def from_contents(contents: Any, datatype: str, shape: Sequence[int], tensor: str) -> np.ndarray:
+    """gRPC ``InferTensorContents`` to an array."""
+    field = GRPC_CONTENTS.get(datatype)
+    if field is None:
+        numpy_dtype(datatype, tensor)  # raises for unknown types
+        raise BadRequest(f"input '{tensor}' is {datatype}, which travels only in raw_input_contents")
+    return from_json_data(list(getattr(contents, field)), datatype, shape, tensor)
+
+
+def to_bytes(array: np.ndarray) -> bytes:
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def v2_datatype(array: np.ndarray) -> str:
+    return NUMPY_TO_V2[array.dtype.name]

@@ -1,0 +1,101 @@
+"""Server settings: command line, optional config file, and per-model files in the repository.
+
+Per model, ``REPO/<model>/model.yaml`` may set::
+
+    version_policy: {latest: 2}        # or {all: true}, or {specific: [1, 3]}; default latest 1
+    max_batch_size: 32                 # dynamic batching: rows merged into one runtime call
+    max_queue_delay_ms: 2              # how long a request may wait for others to join it
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from unideploy.errors import InputError
+
+DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class ServerConfig:
+    repository: Path
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    poll_interval_s: float = 2.0  # 0 disables watching the repository
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    inference_token: str | None = None  # bearer token for inference and metadata
+    repository_token: str | None = None  # bearer token for the repository and routing APIs
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    workers: int = 4  # threads running models
+
+    @classmethod
+    def from_file(cls, path: Path, **overrides: Any) -> "ServerConfig":
+        data = load_yaml(path)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InputError(f"{path}: unknown setting(s) {', '.join(unknown)}", f"known: {', '.join(sorted(known))}")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**data)
+
+    def __post_init__(self) -> None:
+        self.repository = Path(self.repository)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InputError("TLS needs both --tls-cert and --tls-key")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    policy: str = "latest"  # latest, all, specific
+    latest: int = 1
+    specific: tuple[str, ...] = ()
+    max_batch_size: int = 32
+    max_queue_delay_ms: float = 2.0
+
+    def select(self, versions: list[str]) -> list[str]:
+        """The versions to serve, given those on disk (sorted oldest first)."""
+        if self.policy == "all":
+            return versions
+        if self.policy == "specific":
+            return [v for v in versions if v in self.specific]
+        return versions[-self.latest:]
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InputError(f"{path} must hold a mapping of settings")
+    return data
+
+
+def model_settings(model_dir: Path) -> ModelSettings:
+    path = model_dir / "model.yaml"
+    if not path.exists():
+        return ModelSettings()
+    data = load_yaml(path)
+    policy = data.get("version_policy", {"latest": 1})
+    try:
+        if not isinstance(policy, dict) or len(policy) != 1:
+            raise ValueError("version_policy takes one of latest, all, specific")
+        kind, value = next(iter(policy.items()))
+        settings = ModelSettings(
+            policy=kind,
+            latest=int(value) if kind == "latest" else 1,
+            specific=tuple(str(v) for v in value) if kind == "specific" else (),
+            max_batch_size=int(data.get("max_batch_size", 32)),
+            max_queue_delay_ms=float(data.get("max_queue_delay_ms", 2.0)),
+        )
+        if kind not in ("latest", "all", "specific") or settings.latest < 1 or settings.max_batch_size < 1:
+            raise ValueError(f"bad version_policy {policy!r} or max_batch_size")
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{path}: {exc}") from exc
+    return settings

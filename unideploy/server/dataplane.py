@@ -1,0 +1,211 @@
+"""The protocol-independent core: REST and gRPC both call this, so they behave identically.
+
+It never knows the wire format (tensors arrive as numpy) and never knows the framework (models
+are runtimes behind the registry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+import unideploy
+from unideploy.errors import InputError, UnideployError
+from unideploy.server.codec import BadRequest, NotFound, NUMPY_TO_V2
+from unideploy.server.metrics import ServerMetrics
+from unideploy.server.models import ModelRegistry, ServedVersion
+from unideploy.server.routing import parse_routing
+
+log = logging.getLogger("unideploy.server")
+EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics_metrics", "ab_routing"]
+
+
+@dataclass
+class InferResult:
+    model: str
+    version: str
+    variant: str | None
+    outputs: dict[str, np.ndarray]
+
+
+class DataPlane:
+    def __init__(self, registry: ModelRegistry, metrics: ServerMetrics) -> None:
+        self.registry = registry
+        self.metrics = metrics
+        self._shadow_tasks: set[asyncio.Task] = set()
+
+    # -- health and metadata -----------------------------------------------------------------
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return bool(self.registry.ready_models())
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "unideploy", "version": unideploy.__version__, "extensions": EXTENSIONS}
+
+    def model_ready(self, name: str, version: str | None) -> bool:
+        try:
+            self.registry.get(name, version)
+            return True
+        except InputError:
+            return False
+
+    def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        served = self.registry.get(name, version)
+        sig = served.signature
+        shape = lambda spec: [d if isinstance(d, int) else -1 for d in spec.shape]  # noqa: E731
+        return {
+            "name": name,
+            "versions": sorted(self.registry.models[name].versions, key=int),
+            "platform": f"unideploy_{served.runtime.name}",
+            "inputs": [{"name": t.name, "datatype": NUMPY_TO_V2[t.dtype], "shape": shape(t)} for t in sig.inputs],
+            "outputs": [{"name": t.name, "datatype": NUMPY_TO_V2[t.dtype], "shape": shape(t)} for t in sig.outputs],
+        }
+
+    def model_config(self, name: str, version: str | None) -> dict[str, Any]:
+        """Triton-style configuration (what perf_analyzer asks for first). With a dynamic batch
+        dimension, dims exclude it and max_batch_size is the batcher's limit, as in Triton."""
+        served = self.registry.get(name, version)
+        model = self.registry.models[name]
+        batched = served.signature.has_dynamic_batch
+        dims = lambda spec: [d if isinstance(d, int) else -1 for d in (spec.shape[1:] if batched else spec.shape)]  # noqa: E731
+        config: dict[str, Any] = {
+            "name": name, "platform": f"unideploy_{served.runtime.name}", "backend": served.runtime.name,
+            "max_batch_size": model.settings.max_batch_size if batched else 0,
+            "input": [{"name": t.name, "data_type": f"TYPE_{NUMPY_TO_V2[t.dtype]}", "dims": dims(t)}
+                      for t in served.signature.inputs],
+            "output": [{"name": t.name, "data_type": f"TYPE_{NUMPY_TO_V2[t.dtype]}", "dims": dims(t)}
+                       for t in served.signature.outputs],
+        }
+        if served.batcher:
+            config["dynamic_batching"] = {"max_queue_delay_microseconds": int(served.batcher.max_delay_s * 1e6)}
+        return config
+
+    # -- inference ---------------------------------------------------------------------------
+    async def infer(self, name: str, version: str | None, inputs: dict[str, np.ndarray],
+                    requested: list[str] | None, headers: Mapping[str, str], protocol: str) -> InferResult:
+        try:
+            result = await self._infer(name, version, inputs, requested, headers, protocol)
+        except InputError as exc:
+            self.metrics.failures.labels(name, protocol, type(exc).__name__).inc()
+            raise
+        except UnideployError:
+            self.metrics.failures.labels(name, protocol, "runtime").inc()
+            raise
+        return result
+
+    async def _infer(self, name: str, version: str | None, inputs: dict[str, np.ndarray],
+                     requested: list[str] | None, headers: Mapping[str, str], protocol: str) -> InferResult:
+        start = time.perf_counter()
+        variant = None
+        model = self.registry.models.get(name)
+        if not version and model is not None and model.routing is not None:
+            chosen = model.routing.choose(headers, self.registry.rng)
+            variant, version = chosen.name, chosen.version
+        served = self.registry.get(name, version)
+        arrays = served.signature.validate_inputs(inputs)
+        if requested:
+            unknown = [o for o in requested if o not in served.signature.output_names]
+            if unknown:
+                raise BadRequest(f"unknown output(s) {', '.join(map(repr, unknown))}",
+                                 f"model '{name}' has: {', '.join(served.signature.output_names)}")
+        outputs, queue_s, compute_s = await self._run(served, arrays)
+        if requested:
+            outputs = {k: outputs[k] for k in requested}
+        labels = (name, served.version, variant or "")
+        self.metrics.requests.labels(*labels, protocol).inc()
+        self.metrics.latency.labels(*labels, "queue").observe(queue_s)
+        self.metrics.latency.labels(*labels, "compute").observe(compute_s)
+        self.metrics.latency.labels(*labels, "total").observe(time.perf_counter() - start)
+        if model is not None and model.routing is not None and model.routing.shadow_version and not version_explicit(version, variant):
+            self._shadow(name, model.routing.shadow_version, arrays)
+        return InferResult(name, served.version, variant, outputs)
+
+    async def _run(self, served: ServedVersion, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, float]:
+        served.in_flight += 1
+        served.drained.clear()
+        try:
+            if served.batcher is not None:
+                result = await served.batcher.submit(arrays)
+                self.metrics.batch_rows.labels(served.model, served.version).observe(result.batch_rows)
+                return result.outputs, result.queue_s, result.compute_s
+            start = time.perf_counter()
+            outputs = await asyncio.get_running_loop().run_in_executor(self.registry.executor, served.runtime.run, arrays)
+            self.metrics.batch_rows.labels(served.model, served.version).observe(next(iter(arrays.values())).shape[0])
+            return outputs, 0.0, time.perf_counter() - start
+        finally:
+            served.in_flight -= 1
+            if served.in_flight == 0:
+                served.drained.set()
+
+    def _shadow(self, name: str, version: str, arrays: dict[str, np.ndarray]) -> None:
+        """Send a copy to the shadow version; its answer is measured and discarded."""
+        async def copy() -> None:
+            start = time.perf_counter()
+            try:
+                await self._run(self.registry.get(name, version), arrays)
+                self.metrics.shadow.labels(name, version).observe(time.perf_counter() - start)
+            except Exception as exc:  # a failing shadow must never touch the real response
+                self.metrics.shadow_failures.labels(name, version).inc()
+                log.warning("shadow copy to %s version %s failed: %s", name, version, exc)
+
+        task = asyncio.get_running_loop().create_task(copy())
+        self._shadow_tasks.add(task)
+        task.add_done_callback(self._shadow_tasks.discard)
+
+    # -- repository and routing --------------------------------------------------------------
+    def repository_index(self) -> list[dict[str, Any]]:
+        from unideploy.server.repository import scan
+
+        index = []
+        for name, source in scan(self.registry.repository).items():
+            model = self.registry.models.get(name)
+            for version in source.versions:
+                entry = {"name": name, "version": version, "state": "UNAVAILABLE", "reason": ""}
+                if model and version in model.versions:
+                    entry["state"] = "READY"
+                elif model and version in model.failures:
+                    entry["reason"] = model.failures[version][1]
+                elif name in self.registry.unloaded:
+                    entry["reason"] = "unloaded"
+                else:
+                    entry["reason"] = "not selected by the version policy"
+                index.append(entry)
+        return index
+
+    def routing(self, name: str) -> dict[str, Any] | None:
+        if name not in self.registry.models:
+            raise NotFound(f"unknown model '{name}'")
+        routing = self.registry.models[name].routing
+        return routing.to_dict() if routing else None
+
+    async def set_routing(self, name: str, document: Any) -> dict[str, Any]:
+        """Replace a model's routing (written to its routing.yaml, so it survives restarts)."""
+        import yaml
+
+        from unideploy.server.routing import ROUTING_FILE
+
+        if name not in self.registry.models:
+            raise NotFound(f"unknown model '{name}'")
+        routing = parse_routing(document, "routing")
+        model_dir = self.registry.repository / name
+        missing = [v for v in routing.versions if not any((model_dir / c).exists() for c in (v, f"{v}.zip"))]
+        if missing:
+            raise BadRequest(f"routing names version(s) {', '.join(missing)} of '{name}', which the repository lacks")
+        path = model_dir / ROUTING_FILE
+        tmp = path.with_name(f".{ROUTING_FILE}.partial")
+        tmp.write_text(yaml.safe_dump(routing.to_dict(), sort_keys=False))
+        tmp.replace(path)
+        await self.registry.sync(only=name)
+        return routing.to_dict()
+
+
+def version_explicit(version: str | None, variant: str | None) -> bool:
+    """A request that named its version itself (routing was bypassed)."""
+    return version is not None and variant is None

@@ -1,0 +1,151 @@
+"""gRPC frontend (``inference.GRPCInferenceService``) on grpc.aio: wire format only.
+
+Inputs come as typed ``contents`` or as ``raw_input_contents`` (one blob per input, in order);
+outputs always go back as ``raw_output_contents``, which is all ``tritonclient.grpc``'s
+``as_numpy`` reads (and the only way FP16 can travel).
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any, Awaitable, Callable
+
+import grpc
+
+from unideploy.errors import InputError, UnideployError
+from unideploy.server import codec
+from unideploy.server.codec import BadRequest, NotFound, Unavailable
+from unideploy.server.dataplane import DataPlane
+from unideploy.server.protocol import grpc_predict_v2_pb2 as pb
+from unideploy.server.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
+
+
+def _code(exc: UnideployError) -> grpc.StatusCode:
+    if isinstance(exc, NotFound):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, Unavailable):
+        return grpc.StatusCode.UNAVAILABLE
+    if isinstance(exc, InputError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.INTERNAL
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, dataplane: DataPlane, inference_token: str | None, repository_token: str | None) -> None:
+        self.dataplane = dataplane
+        self.inference_token = inference_token
+        self.repository_token = repository_token
+
+    async def _call(self, context: grpc.aio.ServicerContext, token: str | None, work: Callable[[], Awaitable[Any]]) -> Any:
+        if token is not None:
+            given = dict(context.invocation_metadata()).get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        try:
+            return await work()
+        except UnideployError as exc:
+            await context.abort(_code(exc), str(exc))
+
+    # -- health and metadata -----------------------------------------------------------------
+    async def ServerLive(self, request, context):  # noqa: N802 (gRPC method names)
+        return pb.ServerLiveResponse(live=self.dataplane.live())
+
+    async def ServerReady(self, request, context):  # noqa: N802
+        return pb.ServerReadyResponse(ready=self.dataplane.ready())
+
+    async def ModelReady(self, request, context):  # noqa: N802
+        async def work():
+            return pb.ModelReadyResponse(ready=self.dataplane.model_ready(request.name, request.version or None))
+        return await self._call(context, self.inference_token, work)
+
+    async def ServerMetadata(self, request, context):  # noqa: N802
+        async def work():
+            return pb.ServerMetadataResponse(**self.dataplane.server_metadata())
+        return await self._call(context, self.inference_token, work)
+
+    async def ModelMetadata(self, request, context):  # noqa: N802
+        async def work():
+            meta = self.dataplane.model_metadata(request.name, request.version or None)
+            tensors = lambda items: [pb.ModelMetadataResponse.TensorMetadata(**t) for t in items]  # noqa: E731
+            return pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+                                            inputs=tensors(meta["inputs"]), outputs=tensors(meta["outputs"]))
+        return await self._call(context, self.inference_token, work)
+
+    async def ModelConfig(self, request, context):  # noqa: N802
+        async def work():
+            config = self.dataplane.model_config(request.name, request.version or None)
+            message = pb.ModelConfig(
+                name=config["name"], platform=config["platform"], backend=config["backend"],
+                max_batch_size=config["max_batch_size"],
+                input=[pb.ModelInput(name=t["name"], data_type=t["data_type"], dims=t["dims"]) for t in config["input"]],
+                output=[pb.ModelOutput(name=t["name"], data_type=t["data_type"], dims=t["dims"]) for t in config["output"]],
+            )
+            if "dynamic_batching" in config:
+                message.dynamic_batching.max_queue_delay_microseconds = \
+                    config["dynamic_batching"]["max_queue_delay_microseconds"]
+            return pb.ModelConfigResponse(config=message)
+        return await self._call(context, self.inference_token, work)
+
+    # -- inference ---------------------------------------------------------------------------
+    async def ModelInfer(self, request, context):  # noqa: N802
+        async def work():
+            inputs = _decode_inputs(request)
+            requested = [o.name for o in request.outputs]
+            headers = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
+            result = await self.dataplane.infer(request.model_name, request.model_version or None, inputs,
+                                                requested or None, headers, "grpc")
+            response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request.id)
+            if result.variant:
+                response.parameters["variant"].string_param = result.variant
+            for name, array in result.outputs.items():
+                response.outputs.add(name=name, datatype=codec.v2_datatype(array), shape=list(array.shape))
+                response.raw_output_contents.append(codec.to_bytes(array))
+            return response
+        return await self._call(context, self.inference_token, work)
+
+    # -- repository --------------------------------------------------------------------------
+    async def RepositoryIndex(self, request, context):  # noqa: N802
+        async def work():
+            index = self.dataplane.repository_index()
+            if request.ready:
+                index = [e for e in index if e["state"] == "READY"]
+            return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in index])
+        return await self._call(context, self.repository_token, work)
+
+    async def RepositoryModelLoad(self, request, context):  # noqa: N802
+        async def work():
+            await self.dataplane.registry.load(request.model_name)
+            return pb.RepositoryModelLoadResponse()
+        return await self._call(context, self.repository_token, work)
+
+    async def RepositoryModelUnload(self, request, context):  # noqa: N802
+        async def work():
+            await self.dataplane.registry.unload(request.model_name)
+            return pb.RepositoryModelUnloadResponse()
+        return await self._call(context, self.repository_token, work)
+
+
+def _decode_inputs(request: Any) -> dict:
+    if not request.model_name:
+        raise BadRequest("model_name is empty")
+    if not request.inputs:
+        raise BadRequest("request has no inputs")
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise BadRequest(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; give one per input")
+    inputs = {}
+    for i, tensor in enumerate(request.inputs):
+        if tensor.name in inputs:
+            raise BadRequest(f"input '{tensor.name}' is given twice")
+        shape = codec.check_shape(list(tensor.shape), tensor.name)
+        if raw:
+            inputs[tensor.name] = codec.from_bytes(raw[i], tensor.datatype, shape, tensor.name)
+        else:
+            inputs[tensor.name] = codec.from_contents(tensor.contents, tensor.datatype, shape, tensor.name)
+    return inputs
+
+
+def add_servicer(server: grpc.aio.Server, dataplane: DataPlane, inference_token: str | None,
+                 repository_token: str | None) -> None:
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(
+        InferenceServicer(dataplane, inference_token, repository_token), server)

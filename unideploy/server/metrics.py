@@ -1,0 +1,30 @@
+"""Prometheus metrics of one server (its own registry, so several servers can share a process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ("model", "version", "variant")
+        self.requests = Counter("unideploy_requests", "Inference requests answered",
+                                labels + ("protocol",), registry=self.registry)
+        self.failures = Counter("unideploy_request_failures", "Inference requests refused or failed",
+                                ("model", "protocol", "reason"), registry=self.registry)
+        self.latency = Histogram("unideploy_request_duration_seconds", "Request latency by stage",
+                                 labels + ("stage",), buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.batch_rows = Histogram("unideploy_batch_rows", "Rows per runtime call after dynamic batching",
+                                    ("model", "version"), buckets=BATCH_BUCKETS, registry=self.registry)
+        self.shadow = Histogram("unideploy_shadow_duration_seconds", "Latency of shadow-variant copies",
+                                ("model", "version"), buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.shadow_failures = Counter("unideploy_shadow_failures", "Shadow copies that failed",
+                                       ("model", "version"), registry=self.registry)
+        self.load_failures = Counter("unideploy_model_load_failures", "Versions that failed to load",
+                                     ("model", "version"), registry=self.registry)
+        self.ready = Gauge("unideploy_model_ready", "1 while a model version serves", ("model", "version"),
+                           registry=self.registry)

@@ -1,0 +1,202 @@
+"""The model registry: which versions are loaded, and their lifecycle.
+
+A version is loaded and warmed (one inference on its reference samples) in a worker thread before
+it becomes visible; only then is the version it replaces removed, and that one is closed after
+its in-flight requests finish. A version that fails to load is recorded (logs, metrics, index)
+and the previous one keeps serving; it is retried when its files change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from unideploy.errors import UnideployError
+from unideploy.package import Package
+from unideploy.runtimes import RuntimeOptions
+from unideploy.runtimes.base import Runtime
+from unideploy.runtimes.selection import open_runtime
+from unideploy.server.batching import DynamicBatcher
+from unideploy.server.codec import NotFound, Unavailable
+from unideploy.server.config import ModelSettings
+from unideploy.server.metrics import ServerMetrics
+from unideploy.server.repository import ModelSource, VersionSource, scan
+from unideploy.server.routing import Routing, load_routing
+from unideploy.signature import Signature
+
+log = logging.getLogger("unideploy.server")
+
+
+@dataclass(eq=False)
+class ServedVersion:
+    model: str
+    version: str
+    source: VersionSource
+    package: Package
+    runtime: Runtime
+    batcher: DynamicBatcher | None
+    in_flight: int = 0
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def signature(self) -> Signature:
+        return self.runtime.signature
+
+    def close(self) -> None:
+        if self.batcher:
+            self.batcher.close()
+        self.runtime.close()
+        self.package.close()
+
+
+@dataclass
+class ServedModel:
+    name: str
+    settings: ModelSettings = field(default_factory=ModelSettings)
+    versions: dict[str, ServedVersion] = field(default_factory=dict)
+    failures: dict[str, tuple[tuple, str]] = field(default_factory=dict)  # version -> (fingerprint, reason)
+    routing: Routing | None = None
+    routing_error: str | None = None
+
+
+class ModelRegistry:
+    def __init__(self, repository: Path, executor: Executor, metrics: ServerMetrics) -> None:
+        self.repository = repository
+        self.executor = executor
+        self.metrics = metrics
+        self.models: dict[str, ServedModel] = {}
+        self.unloaded: set[str] = set()  # models unloaded through the API: the watcher leaves them
+        self.rng = random.Random()
+        self._lock = asyncio.Lock()
+
+    # -- lookups -----------------------------------------------------------------------------
+    def get(self, name: str, version: str | None = None) -> ServedVersion:
+        model = self.models.get(name)
+        if model is None or not model.versions:
+            if model is not None and model.failures:
+                raise Unavailable(f"model '{name}' has no version that loaded: "
+                                  + "; ".join(f"version {v}: {r}" for v, (_, r) in model.failures.items()))
+            raise NotFound(f"unknown model '{name}'", f"models: {', '.join(sorted(self.ready_models())) or 'none'}")
+        if version:
+            if version not in model.versions:
+                raise NotFound(f"model '{name}' has no version '{version}' loaded",
+                               f"loaded versions: {', '.join(model.versions)}")
+            return model.versions[version]
+        return model.versions[max(model.versions, key=int)]
+
+    def ready_models(self) -> list[str]:
+        return [n for n, m in self.models.items() if m.versions]
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def sync(self, only: str | None = None) -> None:
+        """Make the loaded versions match the repository (and routing files)."""
+        async with self._lock:
+            sources = await asyncio.get_running_loop().run_in_executor(self.executor, scan, self.repository)
+            for name, source in sources.items():
+                if (only and name != only) or name in self.unloaded:
+                    continue
+                await self._sync_model(source)
+            for name in list(self.models):
+                if name not in sources and (only is None or name == only):
+                    await self._unload_model(name)
+
+    async def _sync_model(self, source: ModelSource) -> None:
+        model = self.models.setdefault(source.name, ServedModel(source.name))
+        model.settings = source.settings
+        try:
+            model.routing, model.routing_error = load_routing(source.directory), None
+        except UnideployError as exc:  # keep the last good routing
+            if model.routing_error != str(exc):
+                log.error("model %s: routing not changed: %s", source.name, exc)
+            model.routing_error = str(exc)
+        wanted = set(source.selected) | {v for v in (model.routing.versions if model.routing else ()) if v in source.versions}
+        for version in sorted(wanted, key=int):
+            src = source.versions[version]
+            current = model.versions.get(version)
+            if current is not None and current.source.fingerprint == src.fingerprint:
+                continue
+            failed = model.failures.get(version)
+            if failed is not None and failed[0] == src.fingerprint:
+                continue  # already failed on these very files
+            await self._load(model, src)
+        for version in [v for v in model.versions if v not in wanted]:
+            await self._retire(model, model.versions.pop(version))
+        for version in [v for v in model.failures if v not in wanted]:
+            del model.failures[version]
+
+    async def _load(self, model: ServedModel, src: VersionSource) -> None:
+        start = time.perf_counter()
+        try:
+            served = await asyncio.get_running_loop().run_in_executor(self.executor, self._open, src, model.settings)
+        except Exception as exc:  # any failure to load must leave the old version serving
+            reason = str(exc) if isinstance(exc, UnideployError) else f"{type(exc).__name__}: {exc}"
+            model.failures[src.version] = (src.fingerprint, reason)
+            self.metrics.load_failures.labels(model.name, src.version).inc()
+            log.error("model %s version %s failed to load, previous version keeps serving: %s",
+                      model.name, src.version, reason)
+            return
+        if served.batcher is None and model.settings.max_batch_size > 1 and served.signature.has_dynamic_batch:
+            served.batcher = DynamicBatcher(served.runtime.run, self.executor, model.settings.max_batch_size,
+                                            model.settings.max_queue_delay_ms / 1000.0)
+        old = model.versions.get(src.version)
+        model.versions[src.version] = served  # visible only now, warmed
+        model.failures.pop(src.version, None)
+        self.metrics.ready.labels(model.name, src.version).set(1)
+        log.info("model %s version %s ready in %.2fs (%s)", model.name, src.version, time.perf_counter() - start,
+                 "replaced" if old else "new")
+        if old is not None:
+            await self._retire(model, old)
+
+    @staticmethod
+    def _open(src: VersionSource, settings: ModelSettings) -> ServedVersion:
+        package = Package.open(src.path)
+        try:
+            _, runtime = open_runtime(package, options=RuntimeOptions(device="auto"), target="cpu")
+            sample = package.reference_samples()[0].inputs
+            runtime.run(sample)  # warm-up: first inference pays for allocations
+        except BaseException:
+            package.close()
+            raise
+        return ServedVersion(src.model, src.version, src, package, runtime, None)
+
+    async def _retire(self, model: ServedModel, served: ServedVersion) -> None:
+        """Stop routing to a version, let its in-flight requests finish, then close it."""
+        if model.versions.get(served.version) is served:
+            del model.versions[served.version]
+        if not any(v is served for v in model.versions.values()):
+            self.metrics.ready.labels(model.name, served.version).set(0)
+        if served.in_flight:
+            await served.drained.wait()
+        served.close()
+        log.info("model %s version %s unloaded", model.name, served.version)
+
+    async def _unload_model(self, name: str) -> None:
+        model = self.models.pop(name, None)
+        if model:
+            for served in list(model.versions.values()):
+                await self._retire(model, served)
+
+    async def load(self, name: str) -> None:
+        self.unloaded.discard(name)
+        await self.sync(only=name)
+        if name not in self.models:
+            raise NotFound(f"model '{name}' is not in the repository")
+        if not self.models[name].versions:
+            raise Unavailable(f"model '{name}' could not be loaded: "
+                              + "; ".join(r for _, r in self.models[name].failures.values()))
+
+    async def unload(self, name: str) -> None:
+        if name not in self.models:
+            raise NotFound(f"model '{name}' is not loaded")
+        self.unloaded.add(name)
+        async with self._lock:
+            await self._unload_model(name)
+
+    async def close(self) -> None:
+        for name in list(self.models):
+            await self._unload_model(name)

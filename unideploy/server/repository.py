@@ -1,0 +1,73 @@
+"""What the repository on disk asks to be served: ``REPO/<model>/<version>/`` (a package
+directory) or ``REPO/<model>/<version>.zip``; versions are whole numbers, as in Triton and TF
+Serving. A fingerprint per version (sizes and times of its files) tells the watcher what changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from unideploy.errors import InputError
+from unideploy.server.config import ModelSettings, model_settings
+
+log = logging.getLogger("unideploy.server")
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class VersionSource:
+    model: str
+    version: str
+    path: Path
+    fingerprint: tuple
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str
+    directory: Path
+    settings: ModelSettings
+    versions: dict[str, VersionSource]  # every version on disk, oldest first
+    selected: tuple[str, ...]  # those its version policy serves
+    error: str | None = None  # a model.yaml that could not be read
+
+
+def _fingerprint(path: Path) -> tuple:
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+
+
+def _versions_on_disk(directory: Path) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for entry in directory.iterdir():
+        name = entry.stem if entry.is_file() and entry.suffix == ".zip" else entry.name
+        if entry.name.startswith(".") or not name.isdigit():
+            continue  # model.yaml, routing.yaml, staging directories
+        if entry.is_dir() or entry.suffix == ".zip":
+            found[str(int(name))] = entry
+    return dict(sorted(found.items(), key=lambda kv: int(kv[0])))
+
+
+def scan(repository: Path) -> dict[str, ModelSource]:
+    if not repository.is_dir():
+        raise InputError(f"model repository '{repository}' is not a directory",
+                         "create REPO/<model>/<version>/ holding packages from 'deploy export'")
+    models = {}
+    for directory in sorted(p for p in repository.iterdir() if p.is_dir() and MODEL_NAME.match(p.name)):
+        try:
+            settings, error = model_settings(directory), None
+        except InputError as exc:
+            settings, error = ModelSettings(), str(exc)
+            log.error("model %s: %s", directory.name, exc)
+        versions = {}
+        for version, path in _versions_on_disk(directory).items():
+            try:
+                versions[version] = VersionSource(directory.name, version, path, _fingerprint(path))
+            except OSError:  # removed while we looked; the next scan sees the final state
+                continue
+        selected = tuple(settings.select(list(versions)))
+        models[directory.name] = ModelSource(directory.name, directory, settings, versions, selected, error)
+    return models

@@ -1,0 +1,233 @@
+"""REST frontend (Open Inference Protocol v2 over HTTP) on Starlette: wire format only.
+
+JSON tensors and the binary tensor extension: a body whose first ``Inference-Header-Content-Length``
+bytes are the JSON header, followed by each binary input's bytes in order (``binary_data_size``).
+Outputs come back binary when the request asks (per output ``binary_data``, or
+``binary_data_output`` for all), which is what ``tritonclient.http`` does by default.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from unideploy.errors import InputError, UnideployError
+from unideploy.server import codec
+from unideploy.server.codec import BadRequest, NotFound, Unavailable
+from unideploy.server.dataplane import DataPlane
+
+HEADER_LENGTH = "inference-header-content-length"
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _status(exc: UnideployError) -> int:
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, Unavailable):
+        return 503
+    if isinstance(exc, InputError):
+        return 400
+    return 500
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: str | None,
+               repository_token: str | None) -> Starlette:
+    def guarded(handler: Handler, token: str | None) -> Handler:
+        async def endpoint(request: Request) -> Response:
+            if token is not None:
+                given = request.headers.get("authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                    return _error(401, "missing or wrong bearer token")
+            try:
+                return await handler(request)
+            except UnideployError as exc:
+                return _error(_status(exc), str(exc))
+        return endpoint
+
+    async def read_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > max_request_bytes):
+            raise BadRequest(f"request body of {declared} bytes exceeds the limit of {max_request_bytes}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_request_bytes:
+                raise BadRequest(f"request body exceeds the limit of {max_request_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def version_of(request: Request) -> str | None:
+        return request.path_params.get("version")
+
+    # -- health and metadata -----------------------------------------------------------------
+    async def live(request: Request) -> Response:
+        return JSONResponse({"live": dataplane.live()})
+
+    async def ready(request: Request) -> Response:
+        is_ready = dataplane.ready()
+        return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
+
+    async def server_metadata(request: Request) -> Response:
+        return JSONResponse(dataplane.server_metadata())
+
+    async def model_metadata(request: Request) -> Response:
+        return JSONResponse(dataplane.model_metadata(request.path_params["model"], version_of(request)))
+
+    async def model_ready(request: Request) -> Response:
+        is_ready = dataplane.model_ready(request.path_params["model"], version_of(request))
+        return JSONResponse({"name": request.path_params["model"], "ready": is_ready},
+                            status_code=200 if is_ready else 503)
+
+    async def model_config(request: Request) -> Response:
+        return JSONResponse(dataplane.model_config(request.path_params["model"], version_of(request)))
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(dataplane.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    # -- inference ---------------------------------------------------------------------------
+    async def infer(request: Request) -> Response:
+        body = await read_body(request)
+        header, binary = _split_body(body, request.headers.get(HEADER_LENGTH))
+        inputs, requested, binary_outputs, request_id = _decode_request(header, binary)
+        result = await dataplane.infer(request.path_params["model"], version_of(request), inputs,
+                                       requested or None, request.headers, "rest")
+        response: dict[str, Any] = {"model_name": result.model, "model_version": result.version, "outputs": []}
+        if request_id is not None:
+            response["id"] = request_id
+        if result.variant:
+            response["parameters"] = {"variant": result.variant}
+        blobs = []
+        for name, array in result.outputs.items():
+            entry: dict[str, Any] = {"name": name, "datatype": codec.v2_datatype(array), "shape": list(array.shape)}
+            if binary_outputs(name):
+                blob = codec.to_bytes(array)
+                entry["parameters"] = {"binary_data_size": len(blob)}
+                blobs.append(blob)
+            else:
+                entry["data"] = array.reshape(-1).tolist()
+            response["outputs"].append(entry)
+        headers = {"x-unideploy-model-version": result.version}
+        if result.variant:
+            headers["x-unideploy-variant"] = result.variant
+        text = json.dumps(response).encode()
+        if not blobs:
+            return Response(text, media_type="application/json", headers=headers)
+        headers["Inference-Header-Content-Length"] = str(len(text))
+        return Response(text + b"".join(blobs), media_type="application/octet-stream", headers=headers)
+
+    # -- repository and routing --------------------------------------------------------------
+    async def repository_index(request: Request) -> Response:
+        body = await read_body(request)
+        ready_only = bool(_json(body).get("ready", False)) if body.strip() else False
+        index = dataplane.repository_index()
+        return JSONResponse([e for e in index if e["state"] == "READY"] if ready_only else index)
+
+    async def load(request: Request) -> Response:
+        await dataplane.registry.load(request.path_params["model"])
+        return JSONResponse({})
+
+    async def unload(request: Request) -> Response:
+        await dataplane.registry.unload(request.path_params["model"])
+        return JSONResponse({})
+
+    async def routing(request: Request) -> Response:
+        name = request.path_params["model"]
+        if request.method == "GET":
+            return JSONResponse(dataplane.routing(name) or {})
+        return JSONResponse(await dataplane.set_routing(name, _json(await read_body(request))))
+
+    inference = lambda h: guarded(h, inference_token)  # noqa: E731
+    repository = lambda h: guarded(h, repository_token)  # noqa: E731
+    open_ = lambda h: guarded(h, None)  # noqa: E731
+    routes = [
+        Route("/v2/health/live", open_(live)),
+        Route("/v2/health/ready", open_(ready)),
+        Route("/metrics", open_(metrics)),
+        Route("/v2", inference(server_metadata)),
+        Route("/v2/models/{model}", inference(model_metadata)),
+        Route("/v2/models/{model}/versions/{version}", inference(model_metadata)),
+        Route("/v2/models/{model}/ready", inference(model_ready)),
+        Route("/v2/models/{model}/versions/{version}/ready", inference(model_ready)),
+        Route("/v2/models/{model}/config", inference(model_config)),
+        Route("/v2/models/{model}/versions/{version}/config", inference(model_config)),
+        Route("/v2/models/{model}/infer", inference(infer), methods=["POST"]),
+        Route("/v2/models/{model}/versions/{version}/infer", inference(infer), methods=["POST"]),
+        Route("/v2/repository/index", repository(repository_index), methods=["POST"]),
+        Route("/v2/repository/models/{model}/load", repository(load), methods=["POST"]),
+        Route("/v2/repository/models/{model}/unload", repository(unload), methods=["POST"]),
+        Route("/v2/models/{model}/routing", repository(routing), methods=["GET", "PUT"]),
+    ]
+    return Starlette(routes=routes)
+
+
+def _json(raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    return data
+
+
+def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
+    if header_length is None:
+        return _json(body), b""
+    if not header_length.isdigit() or int(header_length) > len(body):
+        raise BadRequest(f"Inference-Header-Content-Length {header_length!r} does not fit a {len(body)}-byte body")
+    cut = int(header_length)
+    return _json(body[:cut]), body[cut:]
+
+
+def _decode_request(header: dict[str, Any], binary: bytes) -> tuple[dict[str, np.ndarray], list[str], Callable[[str], bool], Any]:
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise BadRequest("request has no 'inputs' list")
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0
+    for item in raw_inputs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise BadRequest(f"each input needs a 'name', got {str(item)[:100]}")
+        name = item["name"]
+        if name in inputs:
+            raise BadRequest(f"input '{name}' is given twice")
+        shape = codec.check_shape(item.get("shape"), name)
+        datatype = item.get("datatype")
+        params = item.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise BadRequest(f"input '{name}' parameters must be an object")
+        size = params.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
+                raise BadRequest(f"input '{name}' binary_data_size {size!r} does not fit the {len(binary)} binary bytes")
+            inputs[name] = codec.from_bytes(binary[offset:offset + size], datatype, shape, name)
+            offset += size
+        elif "data" in item:
+            inputs[name] = codec.from_json_data(item["data"], datatype, shape, name)
+        else:
+            raise BadRequest(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+    if offset != len(binary):
+        raise BadRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
+    outputs = header.get("outputs") or []
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs):
+        raise BadRequest("'outputs' must be a list of objects with a 'name'")
+    params = header.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("request parameters must be an object")
+    all_binary = bool(params.get("binary_data_output", False))
+    per_output = {o["name"]: bool((o.get("parameters") or {}).get("binary_data", all_binary)) for o in outputs}
+    return inputs, [o["name"] for o in outputs], lambda n: per_output.get(n, all_binary), header.get("id")
