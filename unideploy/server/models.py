@@ -114,20 +114,28 @@ class ModelRegistry:
             if model.routing_error != str(exc):
                 log.error("model %s: routing not changed: %s", source.name, exc)
             model.routing_error = str(exc)
-        wanted = set(source.selected) | {v for v in (model.routing.versions if model.routing else ()) if v in source.versions}
-        for version in sorted(wanted, key=int):
-            src = source.versions[version]
-            current = model.versions.get(version)
-            if current is not None and current.source.fingerprint == src.fingerprint:
-                continue
-            failed = model.failures.get(version)
-            if failed is not None and failed[0] == src.fingerprint:
-                continue  # already failed on these very files
-            await self._load(model, src)
+        # Versions that failed on their current files do not count for the policy (unless their
+        # previous files still serve), so a broken new version leaves the previous one serving.
+        # Selection is redone after each round of loads.
+        routed = set(model.routing.versions) & set(source.versions) if model.routing else set()
+        while True:
+            usable = [v for v in source.versions if v in model.versions or not self._failed(model, source.versions[v])]
+            wanted = set(source.settings.select(usable)) | {v for v in routed if v in usable}
+            pending = [v for v in sorted(wanted, key=int) if not self._failed(model, source.versions[v]) and (
+                v not in model.versions or model.versions[v].source.fingerprint != source.versions[v].fingerprint)]
+            if not pending:
+                break
+            for version in pending:
+                await self._load(model, source.versions[version])
         for version in [v for v in model.versions if v not in wanted]:
             await self._retire(model, model.versions.pop(version))
-        for version in [v for v in model.failures if v not in wanted]:
+        for version in [v for v in model.failures if v not in source.versions]:
             del model.failures[version]
+
+    @staticmethod
+    def _failed(model: ServedModel, src: VersionSource) -> bool:
+        failed = model.failures.get(src.version)
+        return failed is not None and failed[0] == src.fingerprint
 
     async def _load(self, model: ServedModel, src: VersionSource) -> None:
         start = time.perf_counter()

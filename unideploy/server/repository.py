@@ -31,8 +31,6 @@ class ModelSource:
     directory: Path
     settings: ModelSettings
     versions: dict[str, VersionSource]  # every version on disk, oldest first
-    selected: tuple[str, ...]  # those its version policy serves
-    error: str | None = None  # a model.yaml that could not be read
 
 
 def _fingerprint(path: Path) -> tuple:
@@ -58,16 +56,15 @@ def scan(repository: Path) -> dict[str, ModelSource]:
     models = {}
     for directory in sorted(p for p in repository.iterdir() if p.is_dir() and MODEL_NAME.match(p.name)):
         try:
-            settings, error = model_settings(directory), None
+            settings = model_settings(directory)
         except InputError as exc:
-            settings, error = ModelSettings(), str(exc)
-            log.error("model %s: %s", directory.name, exc)
+            settings = ModelSettings()
+            log.error("model %s: %s; using the default settings", directory.name, exc)
         versions = {}
         for version, path in _versions_on_disk(directory).items():
             try:
                 versions[version] = VersionSource(directory.name, version, path, _fingerprint(path))
             except OSError:  # removed while we looked; the next scan sees the final state
                 continue
-        selected = tuple(settings.select(list(versions)))
-        models[directory.name] = ModelSource(directory.name, directory, settings, versions, selected, error)
+        models[directory.name] = ModelSource(directory.name, directory, settings, versions)
     return models

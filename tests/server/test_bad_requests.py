@@ -1,0 +1,164 @@
+"""Every malformed request is answered 4xx / INVALID_ARGUMENT / NOT_FOUND with a message naming
+the problem, and the server stays healthy. gRPC requests are built with tritonclient's own stubs."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import numpy as np
+import pytest
+
+service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2", reason="tritonclient is in the dev extra")
+from tritonclient.grpc import service_pb2_grpc  # noqa: E402
+
+GOOD_X = np.zeros((2, 1, 8, 8), np.float32)
+
+
+def good_input(**changes) -> dict:
+    return {"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8], "data": GOOD_X.ravel().tolist(), **changes}
+
+
+def body(*inputs, **extra) -> bytes:
+    return json.dumps({"inputs": list(inputs), **extra}).encode()
+
+
+def binary_body(header: dict, blob: bytes) -> tuple[bytes, dict]:
+    text = json.dumps(header).encode()
+    return text + blob, {"Inference-Header-Content-Length": str(len(text))}
+
+
+BLOB = GOOD_X.tobytes()
+REST_CASES = [
+    # (id, path, body bytes, extra headers, expected status, message fragment)
+    ("unknown model", "/v2/models/nope/infer", body(good_input()), {}, 404, "unknown model 'nope'"),
+    ("unknown version", "/v2/models/digits/versions/9/infer", body(good_input()), {}, 404, "no version '9'"),
+    ("not json", "/v2/models/digits/infer", b"{not json", {}, 400, "not valid JSON"),
+    ("json array", "/v2/models/digits/infer", b"[1, 2]", {}, 400, "must be a JSON object"),
+    ("empty body", "/v2/models/digits/infer", b"", {}, 400, "not valid JSON"),
+    ("binary garbage", "/v2/models/digits/infer", b"\xff\xfe\x00garbage", {}, 400, "not valid JSON"),
+    ("no inputs", "/v2/models/digits/infer", json.dumps({"outputs": []}).encode(), {}, 400, "no 'inputs'"),
+    ("inputs not a list", "/v2/models/digits/infer", json.dumps({"inputs": {"x": 1}}).encode(), {}, 400, "no 'inputs'"),
+    ("input without name", "/v2/models/digits/infer", body({"datatype": "FP32"}), {}, 400, "needs a 'name'"),
+    ("wrong input name", "/v2/models/digits/infer", body(good_input(name="image")), {}, 400, "unknown input"),
+    ("input twice", "/v2/models/digits/infer", body(good_input(), good_input()), {}, 400, "given twice"),
+    ("unknown datatype", "/v2/models/digits/infer", body(good_input(datatype="FP99")), {}, 400, "unsupported datatype"),
+    ("BYTES datatype", "/v2/models/digits/infer", body(good_input(datatype="BYTES")), {}, 400, "unsupported datatype"),
+    ("wrong dtype", "/v2/models/digits/infer", body(good_input(datatype="FP64")), {}, 400, "dtype float64, expected float32"),
+    ("wrong rank", "/v2/models/digits/infer", body(good_input(shape=[2, 64], data=[0.0] * 128)), {}, 400, "rank 2"),
+    ("wrong fixed dim", "/v2/models/digits/infer", body(good_input(shape=[2, 2, 8, 4])), {}, 400, "size 2 on axis 1"),
+    ("negative dim", "/v2/models/digits/infer", body(good_input(shape=[-2, 1, 8, 8])), {}, 400, "negative dimension"),
+    ("shape not ints", "/v2/models/digits/infer", body(good_input(shape=["2", 1, 8, 8])), {}, 400, "invalid shape"),
+    ("too few values", "/v2/models/digits/infer", body(good_input(data=[0.0] * 10)), {}, 400, "has 10 values"),
+    ("strings as data", "/v2/models/digits/infer", body(good_input(data=["a"] * 128)), {}, 400, "does not hold FP32"),
+    ("no data", "/v2/models/digits/infer", body({"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8]}), {}, 400,
+     "neither 'data' nor"),
+    ("empty batch", "/v2/models/digits/infer", body(good_input(shape=[0, 1, 8, 8], data=[])), {}, 400, "is empty"),
+    ("unknown output", "/v2/models/digits/infer", body(good_input(), outputs=[{"name": "logits"}]), {}, 400,
+     "unknown output"),
+    ("bad parameters", "/v2/models/digits/infer", body(good_input(), parameters=[1]), {}, 400, "parameters must be"),
+    ("header length not a number", "/v2/models/digits/infer", body(good_input()),
+     {"Inference-Header-Content-Length": "abc"}, 400, "does not fit"),
+    ("header length past the body", "/v2/models/digits/infer", body(good_input()),
+     {"Inference-Header-Content-Length": "999999"}, 400, "does not fit"),
+    ("binary size too big", "/v2/models/digits/infer",
+     *binary_body({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8],
+                               "parameters": {"binary_data_size": len(BLOB) + 4}}]}, BLOB), 400, "does not fit"),
+    ("binary bytes short", "/v2/models/digits/infer",
+     *binary_body({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8],
+                               "parameters": {"binary_data_size": 16}}]}, BLOB[:16]), 400, "needs 512"),
+    ("unclaimed binary bytes", "/v2/models/digits/infer",
+     *binary_body({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8],
+                               "parameters": {"binary_data_size": len(BLOB)}}]}, BLOB + b"extra"), 400,
+     "not claimed by any input"),
+    ("oversized body", "/v2/models/digits/infer", b"x" * (1024 * 1024 + 10), {}, 400, "exceeds the limit"),
+    ("metadata of unknown model", "GET /v2/models/nope", b"", {}, 404, "unknown model"),
+    ("ready of unknown version", "GET /v2/models/digits/versions/7/ready", b"", {}, 503, ""),
+    ("config of unknown model", "GET /v2/models/nope/config", b"", {}, 404, "unknown model"),
+    ("load unknown model", "/v2/repository/models/nope/load", b"", {}, 404, "not in the repository"),
+    ("unload unknown model", "/v2/repository/models/nope/unload", b"", {}, 404, "not loaded"),
+    ("bad routing", "PUT /v2/models/digits/routing", json.dumps({"variants": []}).encode(), {}, 400,
+     "non-empty 'variants'"),
+    ("routing to a missing version", "PUT /v2/models/digits/routing",
+     json.dumps({"variants": [{"name": "a", "version": "42", "weight": 1}]}).encode(), {}, 400, "lacks"),
+    ("wrong method", "GET /v2/models/digits/infer", b"", {}, 405, ""),
+    ("unknown path", "GET /v2/nothing/here", b"", {}, 404, ""),
+]
+
+
+@pytest.fixture(scope="module")
+def small_limit_server(repo, tmp_path_factory):
+    from conftest import start_server, stop_server
+
+    running = start_server(repo, tmp_path_factory.mktemp("limit"), "--max-request-bytes", str(1024 * 1024))
+    yield running
+    stop_server(running)
+
+
+@pytest.mark.parametrize("case", REST_CASES, ids=[c[0] for c in REST_CASES])
+def test_rest_bad_requests(small_limit_server, case):
+    _, target, payload, headers, status, fragment = case
+    method, _, path = target.rpartition(" ")
+    with small_limit_server.client() as http:
+        response = http.request(method or "POST", path, content=payload, headers=headers)
+        assert response.status_code == status, response.text
+        if fragment:
+            assert fragment in response.json()["error"]
+        assert http.get("/v2/health/ready").status_code == 200
+
+
+def _grpc_request(**changes) -> object:
+    request = service_pb2.ModelInferRequest(model_name="digits")
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[2, 1, 8, 8])
+    tensor.contents.fp32_contents.extend(GOOD_X.ravel().tolist())
+    for key, value in changes.items():
+        value(request) if callable(value) else setattr(request, key, value)
+    return request
+
+
+def _raw(request):
+    del request.inputs[0].contents.fp32_contents[:]
+    request.raw_input_contents.append(BLOB[:100])
+
+
+GRPC_CASES = [
+    ("unknown model", _grpc_request(model_name="nope"), grpc.StatusCode.NOT_FOUND, "unknown model"),
+    ("unknown version", _grpc_request(model_version="9"), grpc.StatusCode.NOT_FOUND, "no version '9'"),
+    ("empty model name", _grpc_request(model_name=""), grpc.StatusCode.INVALID_ARGUMENT, "model_name is empty"),
+    ("no inputs", _grpc_request(inputs=lambda r: r.ClearField("inputs")), grpc.StatusCode.INVALID_ARGUMENT, "no inputs"),
+    ("wrong name", _grpc_request(inputs=lambda r: setattr(r.inputs[0], "name", "image")),
+     grpc.StatusCode.INVALID_ARGUMENT, "unknown input"),
+    ("unknown datatype", _grpc_request(inputs=lambda r: setattr(r.inputs[0], "datatype", "FP99")),
+     grpc.StatusCode.INVALID_ARGUMENT, "unsupported datatype"),
+    ("FP16 in contents", _grpc_request(inputs=lambda r: setattr(r.inputs[0], "datatype", "FP16")),
+     grpc.StatusCode.INVALID_ARGUMENT, "raw_input_contents"),
+    ("wrong count", _grpc_request(inputs=lambda r: r.inputs[0].contents.fp32_contents.append(1.0)),
+     grpc.StatusCode.INVALID_ARGUMENT, "has 129 values"),
+    ("negative dim", _grpc_request(inputs=lambda r: r.inputs[0].shape.__setitem__(0, -2)),
+     grpc.StatusCode.INVALID_ARGUMENT, "negative dimension"),
+    ("raw bytes short", _grpc_request(inputs=_raw), grpc.StatusCode.INVALID_ARGUMENT, "100 bytes"),
+    ("raw count mismatch", _grpc_request(inputs=lambda r: r.raw_input_contents.extend([b"", b""])),
+     grpc.StatusCode.INVALID_ARGUMENT, "2 raw_input_contents for 1 inputs"),
+    ("unknown output", _grpc_request(outputs=lambda r: r.outputs.add(name="logits")),
+     grpc.StatusCode.INVALID_ARGUMENT, "unknown output"),
+]
+
+
+@pytest.mark.parametrize("case", GRPC_CASES, ids=[c[0] for c in GRPC_CASES])
+def test_grpc_bad_requests(server, case):
+    _, request, code, fragment = case
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request, timeout=30)
+        assert caught.value.code() == code
+        assert fragment in caught.value.details()
+        assert stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=30).ready
+
+
+def test_grpc_unknown_model_metadata(server):
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="nope"), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND

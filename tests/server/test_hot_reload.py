@@ -1,0 +1,126 @@
+"""Hot reload under a bounded load: add a version, replace it, drop in a corrupt one. Not one
+request may fail, and the right version must be serving after each step."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import unideploy
+
+MAX_REQUESTS, MAX_SECONDS = 20_000, 90
+
+
+def zipped(package: Path, dest: Path) -> Path:
+    """The package as a .zip written beside ``dest`` and renamed onto it (atomic, as deployers do)."""
+    tmp = dest.with_name(f".{dest.name}.partial")
+    with unideploy.open_package(package) as pkg:
+        shutil.make_archive(str(tmp), "zip", pkg.root)
+    os.replace(f"{tmp}.zip", dest)
+    return dest
+
+
+class Load(threading.Thread):
+    """Requests back to back over REST until stopped (bounded in count and time)."""
+
+    def __init__(self, server, x: np.ndarray) -> None:
+        super().__init__(daemon=True)
+        self.server, self.x = server, x
+        self.results: list[tuple[int, str, bytes]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(self.x.shape), "data": self.x.ravel().tolist()}]}
+        deadline = time.monotonic() + MAX_SECONDS
+        with self.server.client() as http:
+            while not self.stop.is_set() and len(self.results) < MAX_REQUESTS and time.monotonic() < deadline:
+                r = http.post("/v2/models/digits/infer", json=body)
+                version = r.json().get("model_version", "") if r.status_code == 200 else r.text
+                data = np.asarray(r.json()["outputs"][0]["data"], np.float32).tobytes() if r.status_code == 200 else b""
+                self.results.append((r.status_code, version, data))
+
+    def latest(self) -> tuple[int, str, bytes]:
+        return self.results[-1] if self.results else (0, "", b"")
+
+
+@pytest.fixture
+def reload_server(digits, tmp_path):
+    from conftest import start_server, stop_server
+
+    repo = tmp_path / "repo"
+    (repo / "digits").mkdir(parents=True)
+    zipped(digits["package"], repo / "digits" / "1.zip")
+    running = start_server(repo, tmp_path)
+    yield running
+    stop_server(running)
+
+
+def test_versions_come_and_go_without_a_failed_request(reload_server, digits, torch_models, tmp_path):
+    with np.load(digits["data"]) as d:
+        x = np.ascontiguousarray(d["x"][:2])
+    other_src, shapes = torch_models["cnn_scripted"]  # same signature, different weights
+    other = unideploy.export(other_src, tmp_path / "other.udp", input_shapes=shapes)
+    other.close()
+    expected_digits = unideploy.run(digits["package"], {"x": x})["output"].astype(np.float32).tobytes()
+    expected_other = unideploy.run(tmp_path / "other.udp", {"x": x})["output"].astype(np.float32).tobytes()
+    model_dir = reload_server.repo / "digits"
+    load = Load(reload_server, x)
+    load.start()
+    try:
+        reload_server.wait_for(lambda: len(load.results) > 20, what="traffic")
+        # 1. a new version appears: it takes over (policy: latest 1)
+        zipped(digits["package"], model_dir / "2.zip")
+        reload_server.wait_for(lambda: load.latest()[1] == "2", what="version 2 to serve")
+        # 2. version 2 is replaced in place by other weights
+        zipped(tmp_path / "other.udp", model_dir / "2.zip")
+        reload_server.wait_for(lambda: load.latest()[2] == expected_other, what="the replaced version 2")
+        # 3. a corrupt version 3 appears: it is refused, version 2 keeps serving
+        (model_dir / "3.zip").write_bytes(b"PK\x03\x04 this is not a package")
+        reload_server.wait_for(lambda: "version 3 failed to load" in reload_server.log.read_text(), what="the refusal")
+        served_before = len(load.results)
+        reload_server.wait_for(lambda: len(load.results) > served_before + 20, what="more traffic")
+    finally:
+        load.stop.set()
+        load.join(timeout=30)
+    statuses = [s for s, _, _ in load.results]
+    assert statuses.count(200) == len(statuses), f"failed requests: {[r for r in load.results if r[0] != 200][:3]}"
+    assert load.latest()[1] == "2" and load.latest()[2] == expected_other
+    assert any(v == "1" and d == expected_digits for _, v, d in load.results)
+    with reload_server.client() as http:
+        index = http.post("/v2/repository/index", json={}).json()
+        failed = next(e for e in index if e["version"] == "3")
+        assert failed["state"] == "UNAVAILABLE" and "not a package" in failed["reason"] or "zip" in failed["reason"]
+        metrics = http.get("/metrics").text
+        assert 'unideploy_model_load_failures_total{model="digits",version="3"} 1.0' in metrics
+    # 4. later changes are still picked up: the corrupt file is fixed
+    zipped(digits["package"], model_dir / "3.zip")
+    with reload_server.client() as http:
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8], "data": x.ravel().tolist()}]}
+        reload_server.wait_for(lambda: http.post("/v2/models/digits/infer", json=body).json()["model_version"] == "3",
+                               what="the fixed version 3")
+
+
+def test_explicit_unload_and_load(reload_server):
+    with reload_server.client() as http:
+        assert http.post("/v2/repository/models/digits/unload").status_code == 200
+        assert http.get("/v2/models/digits/ready").status_code in (404, 503)
+        time.sleep(0.6)  # the watcher must not bring an unloaded model back by itself
+        assert http.get("/v2/models/digits/ready").status_code in (404, 503)
+        assert http.post("/v2/repository/models/digits/load").status_code == 200
+        assert http.get("/v2/models/digits/ready").status_code == 200
+
+
+def test_corrupt_replacement_keeps_the_old_files_serving(reload_server, digits):
+    model_dir = reload_server.repo / "digits"
+    (model_dir / "1.zip").write_bytes(b"truncated")  # replaced in place by garbage
+    reload_server.wait_for(lambda: "version 1 failed to load" in reload_server.log.read_text(), what="the refusal")
+    with reload_server.client() as http:
+        assert http.get("/v2/models/digits/versions/1/ready").status_code == 200
+    zipped(digits["package"], model_dir / "1.zip")  # fixed again: reloaded
+    reload_server.wait_for(lambda: reload_server.log.read_text().count("version 1 ready") >= 2, what="the reload")
