@@ -45,19 +45,25 @@ class RunningServer:
         raise AssertionError(f"timed out waiting for {what}; server log: {self.log.read_text()[-2000:]}")
 
 
-def start_server(repo: Path, tmp: Path, *extra: str, env: dict | None = None) -> RunningServer:
+def start_server(repo: Path, tmp: Path, *extra: str, env: dict | None = None,
+                 tls: tuple[Path, Path] | None = None) -> RunningServer:
+    """Start ``deploy serve``; ``tls`` = (cert, key) serves both ports over TLS."""
     http_port, grpc_port = free_port(), free_port()
+    if tls:
+        extra = (*extra, "--tls-cert", str(tls[0]), "--tls-key", str(tls[1]))
     log = tmp / f"server-{http_port}.log"
     process = subprocess.Popen(
         [DEPLOY, "serve", str(repo), "--http-port", str(http_port), "--grpc-port", str(grpc_port),
          "--poll-interval", "0.2", *extra],
         stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
     )
-    server = RunningServer(repo, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process, log)
+    scheme = "https" if tls else "http"
+    server = RunningServer(repo, f"{scheme}://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process, log)
 
     def ready() -> bool:
         try:
-            return httpx.get(f"{server.http}/v2/health/ready", timeout=1).status_code == 200
+            verify = str(tls[0]) if tls else True
+            return httpx.get(f"{server.http}/v2/health/ready", timeout=1, verify=verify).status_code == 200
         except httpx.HTTPError:
             return False
 

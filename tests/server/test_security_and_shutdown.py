@@ -1,0 +1,89 @@
+"""Bearer tokens (inference and repository separately), TLS on both ports, graceful shutdown."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+
+import grpc
+import httpx
+import pytest
+
+service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2", reason="tritonclient is in the dev extra")
+from tritonclient.grpc import service_pb2_grpc  # noqa: E402
+
+BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1, 8, 8], "data": [0.0] * 64}]}
+
+
+@pytest.fixture(scope="module")
+def token_server(repo, tmp_path_factory):
+    from conftest import start_server, stop_server
+
+    running = start_server(repo, tmp_path_factory.mktemp("auth"),
+                           env={"UNIDEPLOY_INFERENCE_TOKEN": "infer-secret", "UNIDEPLOY_REPOSITORY_TOKEN": "repo-secret"})
+    yield running
+    stop_server(running)
+
+
+def test_tokens_guard_inference_and_repository_separately(token_server):
+    with token_server.client() as http:
+        assert http.get("/v2/health/ready").status_code == 200  # probes need no token
+        assert http.post("/v2/models/digits/infer", json=BODY).status_code == 401
+        assert http.post("/v2/models/digits/infer", json=BODY, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert http.post("/v2/models/digits/infer", json=BODY,
+                         headers={"Authorization": "Bearer infer-secret"}).status_code == 200
+        assert http.post("/v2/repository/index", headers={"Authorization": "Bearer infer-secret"}).status_code == 401
+        assert http.post("/v2/repository/index", headers={"Authorization": "Bearer repo-secret"}).status_code == 200
+    with grpc.insecure_channel(token_server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="digits"), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        meta = stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="digits"), timeout=30,
+                                  metadata=[("authorization", "Bearer infer-secret")])
+        assert meta.name == "digits"
+
+
+def test_tls_on_both_ports(repo, tmp_path):
+    from conftest import start_server, stop_server
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    running = start_server(repo, tmp_path, tls=(cert, key))
+    try:
+        assert running.http.startswith("https://")
+        assert httpx.post(f"{running.http}/v2/models/digits/infer", json=BODY, verify=str(cert)).status_code == 200
+        credentials = grpc.ssl_channel_credentials(cert.read_bytes())
+        with grpc.secure_channel(running.grpc, credentials) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            assert stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=30).live
+    finally:
+        stop_server(running)
+
+
+def test_sigterm_drains_in_flight_requests(repo, tmp_path):
+    from conftest import start_server
+
+    running = start_server(repo, tmp_path)
+    results: list[int] = []
+
+    def hammer() -> None:
+        with running.client() as http:
+            for _ in range(200):
+                try:
+                    results.append(http.post("/v2/models/digits/infer", json=BODY).status_code)
+                except httpx.HTTPError:
+                    return  # the listener closed: requests after shutdown are refused, not failed
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    running.wait_for(lambda: len(results) > 20, what="traffic")
+    running.process.send_signal(signal.SIGTERM)
+    assert running.process.wait(timeout=30) == 0
+    for t in threads:
+        t.join(timeout=30)
+    assert results and set(results) == {200}
+    assert "shutting down: draining in-flight requests" in running.log.read_text()
