@@ -59,3 +59,11 @@ def digits_package(digits, tmp_path) -> Path:
     copy = tmp_path / "digits.udp"
     shutil.copytree(digits["package"], copy)
     return copy
+
+
+@pytest.fixture(scope="module")
+def repo(digits, tmp_path_factory) -> Path:
+    """A model repository holding the digits package as version 1."""
+    root = tmp_path_factory.mktemp("repo")
+    shutil.copytree(digits["package"], root / "digits" / "1")
+    return root

@@ -1,4 +1,5 @@
-"""No Docker engine runs here, so run what the image runs: its ENTRYPOINT with its CMD."""
+"""No Docker engine runs here, so run what the images run: their ENTRYPOINT + CMD against a real
+repository, then their HEALTHCHECK command; and keep the files consistent with the project."""
 
 from __future__ import annotations
 
@@ -7,29 +8,63 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
-DOCKERFILE = Path(__file__).parents[1] / "docker" / "Dockerfile"
+import pytest
+import yaml
+
+ROOT = Path(__file__).parents[1]
+DOCKERFILES = [ROOT / "docker" / "Dockerfile", ROOT / "docker" / "Dockerfile.gpu"]
 
 
-def _instruction(name: str) -> list[str]:
-    match = re.search(rf"^{name}\s+(\[.*\])\s*$", DOCKERFILE.read_text(), re.MULTILINE)
-    assert match, f"{name} missing from {DOCKERFILE}"
+def instruction(dockerfile: Path, name: str) -> list[str]:
+    text = dockerfile.read_text().replace("\\\n", " ")
+    match = re.search(rf"^{name}\s+(?:--\S+\s+)*(?:CMD\s+)?(\[.*\])\s*$", text, re.MULTILINE)
+    assert match, f"{name} missing from {dockerfile}"
     return json.loads(match.group(1))
 
 
-def test_image_entrypoint_and_default_command_run():
-    entrypoint, cmd = _instruction("ENTRYPOINT"), _instruction("CMD")
-    executable = shutil.which(entrypoint[0], path=str(Path(sys.executable).parent))
-    assert executable, f"the image's entrypoint '{entrypoint[0]}' is not installed by the package"
-    result = subprocess.run([executable, *entrypoint[1:], *cmd], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "onnxruntime" in result.stdout
-
-
-def test_image_installs_only_files_the_repository_has():
-    root = DOCKERFILE.parents[1]
-    for line in DOCKERFILE.read_text().splitlines():
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfiles_are_consistent_with_the_project(dockerfile):
+    text = dockerfile.read_text()
+    for line in text.splitlines():
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
-                assert (root / source).exists(), f"Dockerfile copies missing '{source}'"
+                assert (ROOT / source).exists(), f"{dockerfile.name} copies missing '{source}'"
+    extras = re.search(r"^ARG EXTRAS=(\S+)", text, re.MULTILINE).group(1).split(",")
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras) <= set(declared), f"{dockerfile.name} installs undeclared extras {extras}"
+    assert "serve" in extras
+    assert re.search(r"^USER (?!root)\S+", text, re.MULTILINE), "the image must not run as root"
+    assert instruction(dockerfile, "ENTRYPOINT") == ["deploy"]
+    assert instruction(dockerfile, "CMD")[:2] == ["serve", "/models"]
+
+
+def test_compose_runs_the_image_command():
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    service = compose["services"]["unideploy"]
+    assert service["build"]["dockerfile"] == "docker/Dockerfile"
+    assert service["command"] == instruction(DOCKERFILES[0], "CMD")
+    assert any(v.endswith(":/models") or ":/models " in v for v in service["volumes"])
+
+
+def test_image_command_serves_and_passes_its_healthcheck(repo, tmp_path):
+    """ENTRYPOINT + CMD with /models -> a real repository, on 127.0.0.1 and free ports."""
+    from serving import RunningServer, free_port, stop_server
+
+    command = instruction(DOCKERFILES[0], "ENTRYPOINT") + instruction(DOCKERFILES[0], "CMD")
+    http_port, grpc_port = free_port(), free_port()
+    swap = {"/models": str(repo), "0.0.0.0": "127.0.0.1", "8000": str(http_port), "8001": str(grpc_port)}
+    command = [swap.get(part, part) for part in command]
+    command[0] = shutil.which(command[0], path=str(Path(sys.executable).parent))
+    log = tmp_path / "image.log"
+    process = subprocess.Popen(command, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    server = RunningServer(repo, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process, log)
+    healthcheck = [part.replace("8000", str(http_port)) for part in instruction(DOCKERFILES[0], "HEALTHCHECK")]
+    healthcheck[0] = sys.executable
+    try:
+        server.wait_for(lambda: subprocess.run(healthcheck, capture_output=True).returncode == 0,
+                        what="the image's HEALTHCHECK to pass")
+    finally:
+        stop_server(server)

@@ -88,7 +88,7 @@ REST_CASES = [
 
 @pytest.fixture(scope="module")
 def small_limit_server(repo, tmp_path_factory):
-    from conftest import start_server, stop_server
+    from serving import start_server, stop_server
 
     running = start_server(repo, tmp_path_factory.mktemp("limit"), "--max-request-bytes", str(1024 * 1024))
     yield running

@@ -51,7 +51,7 @@ class Load(threading.Thread):
 
 @pytest.fixture
 def reload_server(digits, tmp_path):
-    from conftest import start_server, stop_server
+    from serving import start_server, stop_server
 
     repo = tmp_path / "repo"
     (repo / "digits").mkdir(parents=True)

@@ -16,7 +16,7 @@ REQUESTS = 2000
 
 @pytest.fixture(scope="module")
 def ab_server(digits, tmp_path_factory):
-    from conftest import start_server, stop_server
+    from serving import start_server, stop_server
 
     tmp = tmp_path_factory.mktemp("ab")
     repo = tmp / "repo"

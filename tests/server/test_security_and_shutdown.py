@@ -18,7 +18,7 @@ BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1, 8, 8], "dat
 
 @pytest.fixture(scope="module")
 def token_server(repo, tmp_path_factory):
-    from conftest import start_server, stop_server
+    from serving import start_server, stop_server
 
     running = start_server(repo, tmp_path_factory.mktemp("auth"),
                            env={"UNIDEPLOY_INFERENCE_TOKEN": "infer-secret", "UNIDEPLOY_REPOSITORY_TOKEN": "repo-secret"})
@@ -46,7 +46,7 @@ def test_tokens_guard_inference_and_repository_separately(token_server):
 
 
 def test_tls_on_both_ports(repo, tmp_path):
-    from conftest import start_server, stop_server
+    from serving import start_server, stop_server
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
@@ -65,7 +65,7 @@ def test_tls_on_both_ports(repo, tmp_path):
 
 
 def test_sigterm_drains_in_flight_requests(repo, tmp_path):
-    from conftest import start_server
+    from serving import start_server
 
     running = start_server(repo, tmp_path)
     results: list[int] = []

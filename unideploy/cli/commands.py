@@ -185,8 +185,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "poll_interval_s": args.poll_interval, "max_request_bytes": args.max_request_bytes,
         "tls_cert": Path(args.tls_cert) if args.tls_cert else None,
         "tls_key": Path(args.tls_key) if args.tls_key else None, "workers": args.workers,
-        "inference_token": os.environ.get("UNIDEPLOY_INFERENCE_TOKEN"),
-        "repository_token": os.environ.get("UNIDEPLOY_REPOSITORY_TOKEN"),
+        "inference_token": os.environ.get("UNIDEPLOY_INFERENCE_TOKEN") or None,  # empty means unset
+        "repository_token": os.environ.get("UNIDEPLOY_REPOSITORY_TOKEN") or None,
     }
     if args.config:
         config = ServerConfig.from_file(Path(args.config), repository=Path(args.repository), **overrides)

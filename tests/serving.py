@@ -1,0 +1,79 @@
+"""Starting and stopping a real ``deploy serve`` process on 127.0.0.1 (tests and the Docker test)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+DEPLOY = shutil.which("deploy", path=str(Path(sys.executable).parent)) or "deploy"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    repo: Path
+    http: str
+    grpc: str
+    process: subprocess.Popen
+    log: Path
+
+    def client(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.http, timeout=30, **kwargs)
+
+    def wait_for(self, predicate, timeout: float = 60.0, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            assert self.process.poll() is None, f"server exited: {self.log.read_text()[-2000:]}"
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}; server log: {self.log.read_text()[-2000:]}")
+
+
+def start_server(repo: Path, tmp: Path, *extra: str, env: dict | None = None,
+                 tls: tuple[Path, Path] | None = None) -> RunningServer:
+    """Start ``deploy serve``; ``tls`` = (cert, key) serves both ports over TLS."""
+    http_port, grpc_port = free_port(), free_port()
+    if tls:
+        extra = (*extra, "--tls-cert", str(tls[0]), "--tls-key", str(tls[1]))
+    log = tmp / f"server-{http_port}.log"
+    process = subprocess.Popen(
+        [DEPLOY, "serve", str(repo), "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+         "--poll-interval", "0.2", *extra],
+        stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+    )
+    scheme = "https" if tls else "http"
+    server = RunningServer(repo, f"{scheme}://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process, log)
+
+    def ready() -> bool:
+        try:
+            verify = str(tls[0]) if tls else True
+            return httpx.get(f"{server.http}/v2/health/ready", timeout=1, verify=verify).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    server.wait_for(ready, what="the server to become ready")
+    return server
+
+
+def stop_server(server: RunningServer) -> None:
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        raise
