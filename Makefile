@@ -28,6 +28,7 @@ test: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,serve,dev,bench]' 'torch==2.13.0'
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/optimizers.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/server.py
 
 clean:
 	rm -rf $(VENV) examples/out .pytest_cache

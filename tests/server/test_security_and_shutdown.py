@@ -87,3 +87,12 @@ def test_sigterm_drains_in_flight_requests(repo, tmp_path):
         t.join(timeout=30)
     assert results and set(results) == {200}
     assert "shutting down: draining in-flight requests" in running.log.read_text()
+
+
+def test_logs_are_json_lines(server):
+    import json
+
+    lines = [line for line in server.log.read_text().splitlines() if line.strip()]
+    entries = [json.loads(line) for line in lines]
+    assert any("version 1 ready" in e["message"] for e in entries)
+    assert all({"time", "level", "logger", "message"} <= set(e) for e in entries)

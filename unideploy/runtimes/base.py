@@ -22,6 +22,9 @@ from unideploy.signature import Signature
 class RuntimeOptions:
     device: str = "auto"  # "auto", "cpu" or "gpu"
     threads: int | None = None  # intra-op threads; None lets the engine decide
+    # Worker threads busy-wait after a run for lower latency on the next one. Off where the CPU is
+    # shared with other work (a server's network threads, several models): there it costs more.
+    spin: bool = True
 
 
 class Runtime(ABC):

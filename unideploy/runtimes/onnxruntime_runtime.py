@@ -63,6 +63,8 @@ class OnnxRuntime(Runtime):
         session_options = ort.SessionOptions()
         if self.options.threads:
             session_options.intra_op_num_threads = self.options.threads
+        if not self.options.spin:
+            session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session_options.log_severity_level = 3  # errors only; our own messages say what went wrong
         providers = choose_providers(self.options.device, ort.get_available_providers())
         try:

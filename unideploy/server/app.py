@@ -4,6 +4,7 @@ dataplane and registry, plus the repository watcher. SIGINT/SIGTERM drain in-fli
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import time
@@ -52,6 +53,7 @@ class Server:
         app = create_app(self.dataplane, cfg.max_request_bytes, cfg.inference_token, cfg.repository_token)
         http = uvicorn.Server(uvicorn.Config(
             app, host=cfg.host, port=cfg.http_port, log_level="warning", access_log=False, lifespan="off",
+            log_config=None,  # uvicorn logs through our JSON handler
             ssl_certfile=str(cfg.tls_cert) if cfg.tls_cert else None,
             ssl_keyfile=str(cfg.tls_key) if cfg.tls_key else None))
         http.install_signal_handlers = lambda: None  # ours below stop both frontends together
@@ -86,7 +88,19 @@ class Server:
                 log.exception("repository scan failed; will try again")
 
 
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line, for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
+                 "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
 def serve(config: ServerConfig) -> None:
-    logging.basicConfig(level=logging.INFO, format='{"time": "%(asctime)s", "level": "%(levelname)s", '
-                                                  '"logger": "%(name)s", "message": "%(message)s"}')
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonLogFormatter())
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     asyncio.run(Server(config).run())

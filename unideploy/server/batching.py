@@ -1,8 +1,10 @@
 """Dynamic batching: requests that arrive close together share one runtime call.
 
-A request waits at most ``max_delay_s`` for others; up to ``max_batch_size`` rows are merged
-along the batch axis (only requests whose other dimensions agree) and the outputs are split back
-by rows. The runtime call runs in a worker thread, never on the event loop.
+Requests that queued while the previous batch ran are merged at once; a batch waits up to
+``max_delay_s`` for more only when there is concurrent traffic (others were already queued), so
+a lone request never pays the delay. Up to ``max_batch_size`` rows are merged along the batch
+axis (only requests whose other dimensions agree) and the outputs are split back by rows. The
+runtime call runs in a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
@@ -64,10 +66,11 @@ class DynamicBatcher:
             leftovers = []
             while rows < self.max_batch_size:
                 timeout = deadline - time.perf_counter()
-                if timeout <= 0:
-                    break
+                if self._queue.empty() and (len(group) + len(leftovers) == 1 or timeout <= 0):
+                    break  # alone (no concurrent traffic), or waited long enough
                 try:
-                    item = await asyncio.wait_for(self._queue.get(), timeout)
+                    item = self._queue.get_nowait() if not self._queue.empty() else \
+                        await asyncio.wait_for(self._queue.get(), timeout)
                 except asyncio.TimeoutError:
                     break
                 if item.key == first.key and rows + item.rows <= self.max_batch_size:

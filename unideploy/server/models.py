@@ -164,7 +164,8 @@ class ModelRegistry:
     def _open(src: VersionSource, settings: ModelSettings) -> ServedVersion:
         package = Package.open(src.path)
         try:
-            _, runtime = open_runtime(package, options=RuntimeOptions(device="auto"), target="cpu")
+            # no spinning: the event loop and network threads need the cores between requests
+            _, runtime = open_runtime(package, options=RuntimeOptions(device="auto", spin=False), target="cpu")
             sample = package.reference_samples()[0].inputs
             runtime.run(sample)  # warm-up: first inference pays for allocations
         except BaseException:

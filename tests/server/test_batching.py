@@ -1,0 +1,71 @@
+"""The dynamic batcher's rules, checked deterministically (no timing assertions)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from unideploy.server.batching import DynamicBatcher
+
+
+def test_lone_request_does_not_wait_for_the_delay():
+    async def scenario() -> int:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = DynamicBatcher(lambda x: {"y": x["x"] * 2}, pool, max_batch_size=8, max_delay_s=3600)
+            # a lone request must not sit out the (hour-long) delay
+            result = await asyncio.wait_for(batcher.submit({"x": np.ones((1, 2), np.float32)}), timeout=30)
+            batcher.close()
+            return result.batch_rows
+
+    assert asyncio.run(scenario()) == 1
+
+
+def test_requests_queued_during_a_run_are_merged_and_split_back():
+    release = threading.Event()
+    calls: list[int] = []
+
+    def run(inputs):
+        calls.append(inputs["x"].shape[0])
+        if len(calls) == 1:
+            release.wait(30)  # hold the first batch while the others queue up
+        return {"y": inputs["x"] * 10}
+
+    async def scenario():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = DynamicBatcher(run, pool, max_batch_size=8, max_delay_s=0.001)
+            first = asyncio.ensure_future(batcher.submit({"x": np.full((1, 1), 0.0, np.float32)}))
+            await asyncio.sleep(0.05)
+            others = [asyncio.ensure_future(batcher.submit({"x": np.full((2, 1), float(i), np.float32)}))
+                      for i in range(1, 4)]
+            await asyncio.sleep(0.05)
+            release.set()
+            results = await asyncio.gather(first, *others)
+            batcher.close()
+            return results
+
+    results = asyncio.run(scenario())
+    assert calls == [1, 6]  # the three queued requests (2 rows each) ran as one call
+    for i, result in enumerate(results[1:], 1):
+        np.testing.assert_array_equal(result.outputs["y"], np.full((2, 1), 10.0 * i))
+        assert result.batch_rows == 6
+
+
+def test_requests_with_other_shapes_are_not_merged():
+    calls: list[tuple] = []
+
+    def run(inputs):
+        calls.append(inputs["x"].shape)
+        return {"y": inputs["x"]}
+
+    async def scenario():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = DynamicBatcher(run, pool, max_batch_size=8, max_delay_s=0.05)
+            await asyncio.gather(batcher.submit({"x": np.zeros((1, 3), np.float32)}),
+                                 batcher.submit({"x": np.zeros((1, 4), np.float32)}))
+            batcher.close()
+
+    asyncio.run(scenario())
+    assert sorted(calls) == [(1, 3), (1, 4)]
