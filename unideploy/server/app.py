@@ -7,9 +7,11 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from unideploy.errors import InputError
 from unideploy.server.config import ServerConfig
 from unideploy.server.dataplane import DataPlane
 from unideploy.server.metrics import ServerMetrics
@@ -39,16 +41,23 @@ class Server:
 
         started = time.perf_counter()
         cfg = self.config
-        await self.registry.sync()
+        # Both ports are taken before any model loads: a busy port fails fast, with its name.
+        http_socket = _listen(cfg.host, cfg.http_port, "--http-port")
         grpc_server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_request_bytes),
                                                ("grpc.max_send_message_length", cfg.max_request_bytes)])
         add_servicer(grpc_server, self.dataplane, cfg.inference_token, cfg.repository_token)
         address = f"{cfg.host}:{cfg.grpc_port}"
-        if cfg.tls_cert:
-            credentials = grpc.ssl_server_credentials([(cfg.tls_key.read_bytes(), cfg.tls_cert.read_bytes())])
-            grpc_server.add_secure_port(address, credentials)
-        else:
-            grpc_server.add_insecure_port(address)
+        try:
+            if cfg.tls_cert:
+                credentials = grpc.ssl_server_credentials([(cfg.tls_key.read_bytes(), cfg.tls_cert.read_bytes())])
+                grpc_server.add_secure_port(address, credentials)
+            else:
+                grpc_server.add_insecure_port(address)
+        except RuntimeError as exc:
+            http_socket.close()
+            raise InputError(f"cannot listen on {address} for gRPC (port in use or address not available)",
+                             "choose another --grpc-port or stop what uses it") from exc
+        await self.registry.sync()
         await grpc_server.start()
         app = create_app(self.dataplane, cfg.max_request_bytes, cfg.inference_token, cfg.repository_token)
         http = uvicorn.Server(uvicorn.Config(
@@ -60,7 +69,7 @@ class Server:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stop.set)
-        http_task = loop.create_task(http.serve())
+        http_task = loop.create_task(http.serve(sockets=[http_socket]))
         watch_task = loop.create_task(self._watch()) if cfg.poll_interval_s > 0 else None
         while not http.started and not http_task.done():
             await asyncio.sleep(0.01)
@@ -86,6 +95,19 @@ class Server:
                 await self.registry.sync()
             except Exception:  # the watcher must outlive any one bad scan
                 log.exception("repository scan failed; will try again")
+
+
+def _listen(host: str, port: int, option: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise InputError(f"cannot listen on {host}:{port} for REST: {exc.strerror}",
+                         f"choose another {option} or stop what uses it") from exc
+    return sock
 
 
 class JsonLogFormatter(logging.Formatter):

@@ -1,0 +1,73 @@
+"""`deploy serve` refuses what it cannot serve with one line, and reads its settings files."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+import yaml
+
+from serving import DEPLOY, free_port
+from unideploy.errors import InputError
+from unideploy.server.config import ModelSettings, ServerConfig, model_settings
+
+
+def serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([DEPLOY, "serve", *args], capture_output=True, text=True, timeout=120)
+
+
+def one_line(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def test_missing_repository(tmp_path):
+    result = serve(str(tmp_path / "nope"))
+    assert result.returncode == 2 and "is not a directory" in one_line(result)
+
+
+@pytest.mark.parametrize("which", ["--http-port", "--grpc-port"])
+def test_busy_port_is_named(repo, which):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        ports = {"--http-port": str(free_port()), "--grpc-port": str(free_port()), which: str(taken)}
+        result = serve(str(repo), *[x for kv in ports.items() for x in kv])
+    assert result.returncode == 2
+    assert f"127.0.0.1:{taken}" in one_line(result) and which in one_line(result)
+
+
+def test_config_file_with_unknown_setting(repo, tmp_path):
+    (tmp_path / "server.yaml").write_text(yaml.safe_dump({"http_port": 9000, "colour": "blue"}))
+    result = serve(str(repo), "--config", str(tmp_path / "server.yaml"))
+    assert result.returncode == 2 and "unknown setting(s) colour" in one_line(result)
+
+
+def test_config_file_settings_and_overrides(tmp_path):
+    (tmp_path / "server.yaml").write_text(yaml.safe_dump({"http_port": 9000, "grpc_port": 9001, "workers": 2}))
+    config = ServerConfig.from_file(tmp_path / "server.yaml", repository=tmp_path, grpc_port=7001, host=None)
+    assert (config.http_port, config.grpc_port, config.workers, config.host) == (9000, 7001, 2, "127.0.0.1")
+
+
+@pytest.mark.parametrize("policy, expected", [
+    ({"latest": 2}, ["3", "4"]), ({"all": True}, ["1", "2", "3", "4"]), ({"specific": [1, 3]}, ["1", "3"]),
+])
+def test_version_policies(tmp_path, policy, expected):
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"version_policy": policy, "max_batch_size": 4}))
+    settings = model_settings(tmp_path)
+    assert settings.select(["1", "2", "3", "4"]) == expected and settings.max_batch_size == 4
+
+
+@pytest.mark.parametrize("document", [{"version_policy": {"newest": 1}}, {"version_policy": {"latest": 0}},
+                                      {"version_policy": "latest"}, {"max_batch_size": "many"}, ["not", "a", "map"]])
+def test_bad_model_yaml_is_explained(tmp_path, document):
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(document))
+    with pytest.raises(InputError, match="model.yaml"):
+        model_settings(tmp_path)
+
+
+def test_defaults_without_model_yaml(tmp_path):
+    assert model_settings(tmp_path) == ModelSettings()
