@@ -71,3 +71,30 @@ def test_bad_model_yaml_is_explained(tmp_path, document):
 
 def test_defaults_without_model_yaml(tmp_path):
     assert model_settings(tmp_path) == ModelSettings()
+
+
+
+def test_accepted_connections_get_tcp_nodelay():
+    """asyncio sets TCP_NODELAY only on sockets created as IPPROTO_TCP; without it every keep-alive
+    response waits out a 40 ms delayed ACK (Nagle). Check the option on a real accepted socket."""
+    import asyncio
+
+    from unideploy.server.app import _listen
+
+    async def scenario() -> int:
+        listener = _listen("127.0.0.1", 0, "--http-port")
+        accepted: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        def on_connect(reader, writer):
+            sock = writer.get_extra_info("socket")
+            accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_connect, sock=listener)
+        _, writer = await asyncio.open_connection(*listener.getsockname()[:2])
+        nodelay = await asyncio.wait_for(accepted, timeout=30)
+        writer.close()
+        server.close()
+        return nodelay
+
+    assert asyncio.run(scenario()) != 0
