@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 def export(src: str | Path, output: str | Path, *, input_shapes: Sequence[str] = (),
            example_inputs: Mapping[str, np.ndarray] | str | None = None, static_shapes: bool = False,
-           opset: int | None = None, optimization: "OptimizeRequest | None" = None, **kwargs: Any) -> Package:
+           opset: int | None = None, signature: str | None = None, optimization: "OptimizeRequest | None" = None,
+           **kwargs: Any) -> Package:
     """Export a model file to a verified package (optimized too, if asked) and return it opened.
 
     ``kwargs`` are those of :func:`unideploy.exporters.export.export` (name, version, exporter,
@@ -33,6 +34,7 @@ def export(src: str | Path, output: str | Path, *, input_shapes: Sequence[str] =
         example_inputs=dict(example_inputs) if example_inputs is not None else None,
         static_shapes=static_shapes,
         opset=opset,
+        signature=signature,
     )
     return Package.open(export_package(src, output, options=options, optimization=optimization, **kwargs))
 

@@ -46,6 +46,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         example_inputs=load_npz_inputs(args.example_input) if args.example_input else None,
         static_shapes=args.static_shapes,
         opset=args.opset,
+        signature=args.signature,
     )
     request = _optimize_request(args)
     with render.status("exporting") as status:

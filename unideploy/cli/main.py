@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("export", help="convert a model file into a verified package")
-    p.add_argument("source", help="TorchScript .pt or .onnx file")
+    p.add_argument("source", help="TorchScript .pt, .onnx file, or TensorFlow SavedModel directory")
     p.add_argument("-o", "--output", required=True, help="package directory, or a path ending in .zip")
     p.add_argument("--target", choices=sorted(TARGETS), default="cpu", help="where the package will run (default: cpu)")
     p.add_argument("--name", help="model name (default: the source file name)")
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="example input shape, repeatable: x:1x3x224x224, ids:1,seq=128:int64 (seq= marks a dynamic dim)")
     p.add_argument("--example-input", metavar="FILE.npz", help="example inputs by name, used as reference samples")
     p.add_argument("--static-shapes", action="store_true", help="keep every dimension fixed (no dynamic batch)")
+    p.add_argument("--signature", help="SavedModel signature to export (default: serving_default)")
     p.add_argument("--opset", type=int, help="ONNX opset for TorchScript exports (default: 17)")
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"absolute tolerance (default: {DEFAULT_ATOL})")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default: {DEFAULT_RTOL})")

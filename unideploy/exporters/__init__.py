@@ -10,6 +10,7 @@ EXPORTERS: Registry[Exporter] = Registry(
     builtin={
         "torchscript": "unideploy.exporters.torchscript:TorchScriptExporter",
         "onnx": "unideploy.exporters.onnx_file:OnnxFileExporter",
+        "savedmodel": "unideploy.exporters.savedmodel:SavedModelExporter",
     },
 )
 

@@ -25,6 +25,7 @@ class ExportOptions:
     example_inputs: dict[str, np.ndarray] | None = None
     static_shapes: bool = False
     opset: int | None = None
+    signature: str | None = None  # SavedModel signature to export (default: serving_default)
 
 
 @dataclass

@@ -23,6 +23,7 @@ import numpy as np
 
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
+from unideploy.exporters.onnx_io import set_io_dims
 from unideploy.samples import random_tensor
 from unideploy.signature import TensorSpec, signature_from_onnx
 
@@ -232,15 +233,8 @@ def _pin_static_dims(path: Path, example: dict[str, np.ndarray], outputs: list[A
 
     model = onnx.load(str(path))
     sizes = {**{n: a.shape for n, a in example.items()}, **{n: tuple(o.shape) for n, o in zip(output_names, outputs)}}
-    for value in list(model.graph.input) + list(model.graph.output):
-        if value.name not in sizes:
-            continue
-        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
-            name = dynamic.get(value.name, {}).get(axis)
-            if name:
-                dim.dim_param = name
-            else:
-                dim.dim_value = int(sizes[value.name][axis])
+    set_io_dims(model, {name: [dynamic.get(name, {}).get(axis, size) for axis, size in enumerate(shape)]
+                        for name, shape in sizes.items()})
     onnx.save(model, str(path))
 
 
