@@ -106,3 +106,21 @@ def test_corrupt_savedmodel_is_refused(saved_models, tmp_path):
     (broken / "saved_model.pb").write_bytes(b"\x00\x01garbage" * 10)
     with pytest.raises(InputError, match="not a readable SavedModel"):
         unideploy.export(broken, tmp_path / "pkg")
+
+
+def test_cli_export_of_a_savedmodel(saved_models, tmp_path):
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    deploy = shutil.which("deploy", path=str(Path(sys.executable).parent))
+    ok = subprocess.run([deploy, "export", str(saved_models / "scaler"), "-o", str(tmp_path / "s.zip"), "--json"],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["source"]["framework"] == "tensorflow"
+    bad = subprocess.run([deploy, "export", str(saved_models / "scaler"), "-o", str(tmp_path / "t"), "--signature", "nope"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: the SavedModel has no signature 'nope'")
+    assert "Traceback" not in bad.stderr
