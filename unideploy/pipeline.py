@@ -1,7 +1,7 @@
-"""The spine in one call: export, then (optionally) optimize, as one atomic step.
+"""The spine in one call: export, then optimize and/or build edge artifacts, as one atomic step.
 
-With an optimization, the exported package is staged in a temporary directory and only the
-optimized package reaches the destination: a refused optimization leaves nothing behind.
+Intermediate packages live in a temporary directory and only the last stage writes the
+destination: a refused optimization or a failed edge conversion leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -10,16 +10,27 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from unideploy.edge.build import build_edge
 from unideploy.exporters.export import export
 from unideploy.optimizers.optimize import OptimizeRequest, optimize
 from unideploy.package.writer import check_destination
 
+Stage = Callable[[Path, Path, bool], Path]  # (package, destination, overwrite) -> written package
+
 
 def export_package(src: str | Path, output: str | Path, *, optimization: OptimizeRequest | None = None,
                    overwrite: bool = False, progress: Callable[[str], None] | None = None, **export_kwargs: Any) -> Path:
-    if optimization is None:
+    stages: list[Stage] = []
+    if optimization is not None:
+        stages.append(lambda pkg, dest, force: optimize(pkg, optimization, dest, overwrite=force, progress=progress))
+    if export_kwargs.get("target") == "edge":
+        stages.append(lambda pkg, dest, force: build_edge(pkg, dest, overwrite=force, progress=progress))
+    if not stages:
         return export(src, output, overwrite=overwrite, progress=progress, **export_kwargs)
     check_destination(Path(output), overwrite)
     with tempfile.TemporaryDirectory(prefix="unideploy-export-") as tmp:
-        staged = export(src, Path(tmp) / "package", progress=progress, **export_kwargs)
-        return optimize(staged, optimization, output, overwrite=overwrite, progress=progress)
+        current = export(src, Path(tmp) / "stage0", progress=progress, **export_kwargs)
+        for i, stage in enumerate(stages, 1):
+            last = i == len(stages)
+            current = stage(current, Path(output) if last else Path(tmp) / f"stage{i}", overwrite if last else False)
+        return current

@@ -76,3 +76,21 @@ def require_passed(record: Record, what: str) -> None:
             f"(atol {record['atol']:g}, rtol {record['rtol']:g}): {failure_text(record)}",
             "raise --atol/--rtol if this error is acceptable, or report the model",
         )
+
+
+# An artifact that cannot match the source to the default tolerance (int8, fp16, pruned) is held
+# from then on to this multiple of the error it had when it was made.
+TOLERANCE_MARGIN = 2.0
+
+
+def measured_tolerance_record(run: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
+                              samples: Sequence[tuple[dict[str, np.ndarray], Mapping[str, np.ndarray]]],
+                              reference: str) -> Record:
+    """Validation record whose tolerance is what the artifact achieves now, times the margin, so
+    that ``deploy verify`` catches any later drift. Accuracy itself is judged elsewhere (the
+    optimizer's guard, or the default tolerance for conversions that should be exact)."""
+    measured = validate(run, samples, float("inf"), 0.0, reference=reference)
+    worst = max(o["max_abs_error"] for o in measured["outputs"].values())
+    record = validate(run, samples, max(DEFAULT_ATOL, worst * TOLERANCE_MARGIN), DEFAULT_RTOL, reference=reference)
+    record["tolerance_basis"] = f"{TOLERANCE_MARGIN:g}x the error measured when the artifact was made"
+    return record

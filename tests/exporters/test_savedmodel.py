@@ -17,43 +17,6 @@ tf = pytest.importorskip("tensorflow", reason="the tensorflow extra is not insta
 keras = pytest.importorskip("keras")
 
 
-@pytest.fixture(scope="module")
-def saved_models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("savedmodels")
-    keras.utils.set_random_seed(0)
-
-    image = keras.Input((8, 8, 1), name="image")
-    x = keras.layers.Conv2D(8, 3, padding="same")(image)
-    x = keras.layers.BatchNormalization()(x)
-    x = keras.layers.ReLU()(x)
-    x = keras.layers.MaxPooling2D()(x)
-    logits = keras.layers.Dense(10)(keras.layers.Flatten()(x))
-    keras.Model(image, logits).export(str(root / "cnn"), verbose=False)
-
-    tokens = keras.Input((6, 16), name="tokens")
-    h = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)(tokens, tokens)
-    h = keras.layers.LayerNormalization()(h + tokens)
-    h = keras.layers.Dense(16, activation=lambda t: keras.activations.gelu(t, approximate=False))(h)
-    keras.Model(tokens, h).export(str(root / "attention"), verbose=False)
-
-    a, b = keras.Input((4,), name="a"), keras.Input((3,), name="b")
-    joined = keras.layers.Concatenate()([keras.layers.Dense(5)(a), b])
-    keras.Model([a, b], [keras.layers.Dense(2, name="score")(joined)]).export(str(root / "two_inputs"), verbose=False)
-
-    class Scaler(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
-        def scale(self, x):
-            return {"y": x * 3.0}
-
-        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
-        def shift(self, x):
-            return {"y": x + 1.0}
-
-    module = Scaler()
-    tf.saved_model.save(module, str(root / "scaler"), signatures={"serving_default": module.scale, "shift": module.shift})
-    return root
-
-
 @pytest.mark.parametrize("name", ["cnn", "attention", "two_inputs"])
 def test_savedmodel_exports_and_matches_tensorflow(saved_models, name, tmp_path):
     src = saved_models / name

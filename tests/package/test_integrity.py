@@ -157,3 +157,18 @@ def test_tampered_zip_member_is_refused(cnn_package, tmp_path):
     archive = _zip_dir(cnn_package, tmp_path / "t.zip")
     with pytest.raises(PackageError, match="samples/batch1.npz"):
         Package.open(archive)
+
+
+def test_artifact_companion_files_are_checksummed_too(cnn_package):
+    from unideploy.package.files import digest_path
+
+    extra = cnn_package / "artifacts" / "required_operators.config"
+    extra.write_text("ai.onnx;17;Conv,Relu\n")
+    data = _manifest(cnn_package)
+    sha256, size = digest_path(extra)
+    data["artifacts"][0]["files"] = [{"path": "artifacts/required_operators.config", "sha256": sha256, "size": size}]
+    _write_manifest(cnn_package, data)
+    Package.open(cnn_package).close()
+    extra.write_text("ai.onnx;17;Conv,Relu,Evil\n")
+    with pytest.raises(PackageError, match="'artifacts/required_operators.config'"):
+        Package.open(cnn_package)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 
 from unideploy.errors import AccuracyBudgetError, InputError
 from unideploy.optimizers import PASSES, OptimizerPass, PassContext
@@ -23,13 +22,11 @@ from unideploy.optimizers.data import Dataset, load_dataset, split, synthetic_da
 from unideploy.optimizers.measure import latency, size_effects, timing_session
 from unideploy.package import Artifact, Package, PackageWriter
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
-from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, validate
+from unideploy.validation import measured_tolerance_record
 
 Progress = Callable[[str], None]
 DEFAULT_BUDGET_POINTS = 1.0
 LARGE_BATCH = 64
-# An optimized artifact is re-verified against the source with twice the error it had when made.
-TOLERANCE_MARGIN = 2.0
 
 
 @dataclass
@@ -196,13 +193,7 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
 
 def _source_tolerance(package: Package, model: Path, signature: Any) -> dict[str, Any]:
     """Errors of the optimized model against the source framework's reference outputs, with the
-    tolerance ``deploy verify`` will hold it to from now on (twice what it measured here)."""
+    tolerance ``deploy verify`` will hold it to from now on."""
     references = [(s.inputs, s.outputs) for s in package.reference_samples()]
-    runtime_cls = RUNTIMES.get("onnxruntime")
-    with runtime_cls(model, signature, RuntimeOptions(device="cpu")) as runtime:
-        measured = validate(runtime.run, references, np.inf, 0.0, reference=package.manifest.source["framework"])
-        worst = max(o["max_abs_error"] for o in measured["outputs"].values())
-        atol = max(DEFAULT_ATOL, worst * TOLERANCE_MARGIN)
-        record = validate(runtime.run, references, atol, DEFAULT_RTOL, reference=package.manifest.source["framework"])
-    record["tolerance_basis"] = f"{TOLERANCE_MARGIN:g}x the error measured when the artifact was made"
-    return record
+    with RUNTIMES.get("onnxruntime")(model, signature, RuntimeOptions(device="cpu")) as runtime:
+        return measured_tolerance_record(runtime.run, references, package.manifest.source["framework"])

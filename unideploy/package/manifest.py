@@ -58,6 +58,7 @@ class Artifact:
     derived_from: str | None = None
     signature: Signature | None = None  # only where it differs from the package's (e.g. NHWC)
     targets: list[str] | None = None  # where it is meant to run, when narrower than everywhere (fp16: gpu, edge)
+    files: list[dict[str, Any]] | None = None  # companion files shipped with it ({path, sha256, size})
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -72,6 +73,8 @@ class Artifact:
             out["signature"] = self.signature.to_dict()
         if self.targets is not None:
             out["targets"] = list(self.targets)
+        if self.files:
+            out["files"] = [dict(f) for f in self.files]
         return out
 
     @classmethod
@@ -83,6 +86,7 @@ class Artifact:
             opset=data.get("opset"), derived_from=data.get("derived_from"),
             signature=Signature.from_dict(sig) if sig else None,
             targets=data.get("targets"),
+            files=data.get("files"),
         )
 
 

@@ -84,6 +84,7 @@ class Package:
         if m.source.get("path"):
             entries.append((m.source["path"], m.source["sha256"], m.source.get("size")))
         entries += [(a.path, a.sha256, a.size) for a in m.artifacts]
+        entries += [(f["path"], f["sha256"], f["size"]) for a in m.artifacts for f in a.files or ()]
         entries += [(s.path, s.sha256, s.size) for s in m.samples]
         accounted = {MANIFEST_NAME}
         for relpath, sha256, size in entries:

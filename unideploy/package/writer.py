@@ -61,8 +61,14 @@ class PackageWriter:
                 self.add_file(item, item.name)
         return package.manifest.copy()
 
-    def add_artifact(self, src: str | Path, artifact: Artifact) -> Artifact:
+    def add_artifact(self, src: str | Path, artifact: Artifact, companions: dict[str, Path] | None = None) -> Artifact:
+        """Add an artifact, and files that ship with it (package path -> file), all checksummed."""
         artifact.sha256, artifact.size = self.add_file(src, artifact.path)
+        if companions:
+            artifact.files = []
+            for relpath, file in companions.items():
+                sha256, size = self.add_file(file, relpath)
+                artifact.files.append({"path": relpath, "sha256": sha256, "size": size})
         return artifact
 
     def add_samples(self, relpath: str, batch_size: int, inputs: dict[str, np.ndarray],

@@ -9,6 +9,7 @@ RUNTIMES: Registry[Runtime] = Registry(
     "unideploy.runtimes",
     builtin={
         "onnxruntime": "unideploy.runtimes.onnxruntime_runtime:OnnxRuntime",
+        "tflite": "unideploy.runtimes.tflite_runtime:TFLiteRuntime",
     },
 )
 
