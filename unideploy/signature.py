@@ -17,6 +17,7 @@ import numpy as np
 from unideploy.errors import InputError
 
 Dim = int | str  # a fixed size, or the name of a dynamic dimension
+BATCH_DIM = "batch"  # what exporters call a dynamic first dimension
 
 SUPPORTED_DTYPES = (
     "float16", "float32", "float64",

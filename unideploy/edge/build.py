@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from unideploy.errors import ExportError, MissingDependencyError, first_line
 from unideploy.package import Artifact, Package, PackageWriter
+from unideploy.quiet import quiet
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.validation import (
     DEFAULT_ATOL, DEFAULT_RTOL, measured_tolerance_record, require_passed, validate,
@@ -41,19 +42,17 @@ def _to_ort(onnx_path: Path, workdir: Path) -> tuple[Path, Path]:
 
 
 def _to_tflite(saved_model: Path, precision: str, workdir: Path) -> Path:
-    import os
+    with quiet():
+        import tensorflow as tf
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
-
-    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
-    if precision == "fp16":
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.target_spec.supported_types = [tf.float16]
-    try:
-        blob = converter.convert()
-    except Exception as exc:
-        raise ExportError(f"TFLite conversion ({precision}) failed: {first_line(exc)}") from exc
+        converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
+        if precision == "fp16":
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            converter.target_spec.supported_types = [tf.float16]
+        try:
+            blob = converter.convert()
+        except Exception as exc:
+            raise ExportError(f"TFLite conversion ({precision}) failed: {first_line(exc)}") from exc
     path = workdir / f"model.{precision}.tflite"
     path.write_bytes(blob)
     return path

@@ -10,35 +10,19 @@ against the SavedModel itself. The SavedModel directory is kept in the package a
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.onnx_io import rename_values, set_io_dims
-from unideploy.signature import Signature, TensorSpec
+from unideploy.quiet import quiet
+from unideploy.signature import BATCH_DIM, Signature, TensorSpec
 
 DEFAULT_SIGNATURE = "serving_default"
 MAX_OPSET = 18  # the highest tf2onnx 1.17 maps
-BATCH_DIM = "batch"
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """TensorFlow and tf2onnx log at length; unideploy reports what matters itself."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    logging.disable(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            yield
-    finally:
-        logging.disable(logging.NOTSET)
 
 
 def _register_missing_handlers() -> None:
@@ -115,7 +99,7 @@ class SavedModelExporter(Exporter):
         signature = Signature(inputs, outputs)
         opset = min(options.opset or MAX_OPSET, MAX_OPSET)
 
-        with _quiet():
+        with quiet():
             import tensorflow as tf
             import tf2onnx
             from tf2onnx import tf_loader

@@ -7,17 +7,10 @@ First the legacy TorchScript-based exporter (keeps If/Loop control flow, dynamic
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import os
 import re
-import sys
-import tempfile
-import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -25,10 +18,10 @@ from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.onnx_io import set_io_dims
 from unideploy.samples import random_tensor
-from unideploy.signature import TensorSpec, signature_from_onnx
+from unideploy.quiet import quiet
+from unideploy.signature import BATCH_DIM, TensorSpec, signature_from_onnx
 
 DEFAULT_OPSET = 17
-BATCH_DIM = "batch"
 
 
 class TorchScriptExporter(Exporter):
@@ -178,37 +171,11 @@ def _flatten_outputs(result: Any) -> list[Any]:
     )
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """torch prints whole IR graphs (from C++, straight to fds 1/2) and emoji progress; keep the
-    user's terminal for our own messages. ``UNIDEPLOY_DEBUG=1`` lets it through."""
-    if os.environ.get("UNIDEPLOY_DEBUG"):
-        yield
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with tempfile.TemporaryFile() as sink, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        os.dup2(sink.fileno(), 1)
-        os.dup2(sink.fileno(), 2)
-        logging.disable(logging.WARNING)
-        try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                yield
-        finally:
-            logging.disable(logging.NOTSET)
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
-
-
 def _export_legacy(module: Any, args: tuple, path: Path, input_names: list[str], output_names: list[str],
                    dynamic: dict[str, dict[int, str]], opset: int) -> None:
     import torch
 
-    with _quiet():
+    with quiet():
         torch.onnx.export(
             module, args, str(path), dynamo=False, opset_version=opset, do_constant_folding=True,
             input_names=input_names, output_names=output_names, dynamic_axes=dynamic or None,
@@ -220,7 +187,7 @@ def _export_via_torch_export(module: Any, args: tuple, path: Path, input_names: 
     import torch
     from torch._export.converter import TS2EPConverter
 
-    with _quiet():
+    with quiet():
         program = TS2EPConverter(module, args).convert()
         torch.onnx.export(program, args, str(path), dynamo=True, external_data=False,
                           input_names=input_names, output_names=output_names)

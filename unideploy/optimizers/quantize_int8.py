@@ -17,17 +17,15 @@ On CPUs without VNNI, u8 x s8 products can saturate; weights then use 7 bits (re
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import onnx
 
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.optimizers.base import Batch, Evaluation, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import name_nodes
+from unideploy.quiet import quiet
 
 VARIANTS = ("auto", "static", "dynamic")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
@@ -47,17 +45,6 @@ def cpu_has_vnni() -> bool:
     except OSError:
         return False
     return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """onnxruntime.quantization logs every node it skips; keep the terminal for our messages."""
-    logging.disable(logging.WARNING)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        logging.disable(logging.NOTSET)
 
 
 class _Reader:
@@ -94,7 +81,7 @@ class Int8Quantization(OptimizerPass):
 
         prepared = ctx.workdir / "int8-prepared.onnx"
         try:
-            with _quiet():
+            with quiet():
                 quant_pre_process(str(model_path), str(prepared))
         except Exception as exc:  # pre-processing is an optimisation; quantize the model as it is
             ctx.say(f"quantization pre-processing skipped: {first_line(exc)}")
@@ -142,7 +129,7 @@ class Int8Quantization(OptimizerPass):
 
         out = ctx.workdir / f"int8-{variant}.onnx"
         try:
-            with _quiet():
+            with quiet():
                 if variant == "static":
                     if not ctx.calibration:
                         raise InputError("static INT8 needs calibration data", "pass --calibration DATA")
