@@ -124,3 +124,40 @@ def test_corrupt_replacement_keeps_the_old_files_serving(reload_server, digits):
         assert http.get("/v2/models/digits/versions/1/ready").status_code == 200
     zipped(digits["package"], model_dir / "1.zip")  # fixed again: reloaded
     reload_server.wait_for(lambda: reload_server.log.read_text().count("version 1 ready") >= 2, what="the reload")
+
+
+def test_model_yaml_chooses_the_artifact_to_serve(digits, tmp_path):
+    """Serve the INT8 artifact of a package; a name the package lacks is refused, with the reason."""
+    import yaml
+
+    from serving import start_server, stop_server
+
+    repo = tmp_path / "repo"
+    unideploy.optimize(digits["package"], repo / "digits" / "1", quantize="int8", calibration=str(digits["data"])).close()
+    (repo / "digits" / "model.yaml").write_text(yaml.safe_dump({"artifact": "onnx-int8"}))
+    with np.load(digits["data"]) as d:
+        x = np.ascontiguousarray(d["x"][:3])
+    running = start_server(repo, tmp_path)
+    try:
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 1, 8, 8], "data": x.ravel().tolist()}]}
+        with running.client() as http:
+            served = np.asarray(http.post("/v2/models/digits/infer", json=body).json()["outputs"][0]["data"], np.float32)
+        expected = unideploy.run(repo / "digits" / "1", {"x": x}, artifact="onnx-int8")["output"]
+        np.testing.assert_allclose(served.reshape(expected.shape), expected, rtol=1e-5, atol=1e-5)
+        # a setting the package cannot satisfy: version 1 keeps serving under the old one
+        (repo / "digits" / "model.yaml").write_text(yaml.safe_dump({"artifact": "onnx-int4"}))
+        running.wait_for(lambda: "no artifact 'onnx-int4'" in running.log.read_text(), what="the refusal")
+        with running.client() as http:
+            assert http.post("/v2/models/digits/infer", json=body).status_code == 200
+        # back to fp32: the loaded version is reloaded under the new setting
+        (repo / "digits" / "model.yaml").write_text(yaml.safe_dump({"artifact": "onnx-fp32"}))
+        fp32 = unideploy.run(repo / "digits" / "1", {"x": x}, artifact="onnx-fp32")["output"]
+
+        def serves_fp32() -> bool:
+            with running.client() as http:
+                out = http.post("/v2/models/digits/infer", json=body).json()["outputs"][0]["data"]
+            return np.allclose(np.asarray(out, np.float32).reshape(fp32.shape), fp32, rtol=1e-6, atol=1e-6)
+
+        running.wait_for(serves_fp32, what="the fp32 artifact to serve")
+    finally:
+        stop_server(running)

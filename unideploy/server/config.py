@@ -5,6 +5,8 @@ Per model, ``REPO/<model>/model.yaml`` may set::
     version_policy: {latest: 2}        # or {all: true}, or {specific: [1, 3]}; default latest 1
     max_batch_size: 32                 # dynamic batching: rows merged into one runtime call
     max_queue_delay_ms: 2              # how long a request may wait for others to join it
+    artifact: onnx-int8                # which artifact of each package to serve (default: the
+                                       # first one this machine can run, i.e. the fp32 ONNX one)
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class ModelSettings:
     specific: tuple[str, ...] = ()
     max_batch_size: int = 32
     max_queue_delay_ms: float = 2.0
+    artifact: str | None = None
 
     def select(self, versions: list[str]) -> list[str]:
         """The versions to serve, given those on disk (sorted oldest first)."""
@@ -93,6 +96,7 @@ def model_settings(model_dir: Path) -> ModelSettings:
             specific=tuple(str(v) for v in value) if kind == "specific" else (),
             max_batch_size=int(data.get("max_batch_size", 32)),
             max_queue_delay_ms=float(data.get("max_queue_delay_ms", 2.0)),
+            artifact=str(data["artifact"]) if data.get("artifact") is not None else None,
         )
         if kind not in ("latest", "all", "specific") or settings.latest < 1 or settings.max_batch_size < 1:
             raise ValueError(f"bad version_policy {policy!r} or max_batch_size")

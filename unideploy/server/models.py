@@ -40,6 +40,7 @@ class ServedVersion:
     package: Package
     runtime: Runtime
     batcher: DynamicBatcher | None
+    settings: ModelSettings  # the model.yaml it was loaded under
     in_flight: int = 0
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -59,7 +60,8 @@ class ServedModel:
     name: str
     settings: ModelSettings = field(default_factory=ModelSettings)
     versions: dict[str, ServedVersion] = field(default_factory=dict)
-    failures: dict[str, tuple[tuple, str]] = field(default_factory=dict)  # version -> (fingerprint, reason)
+    # version -> ((fingerprint, settings) it failed on, reason)
+    failures: dict[str, tuple[tuple, str]] = field(default_factory=dict)
     routing: Routing | None = None
     routing_error: str | None = None
 
@@ -122,7 +124,8 @@ class ModelRegistry:
             usable = [v for v in source.versions if v in model.versions or not self._failed(model, source.versions[v])]
             wanted = set(source.settings.select(usable)) | {v for v in routed if v in usable}
             pending = [v for v in sorted(wanted, key=int) if not self._failed(model, source.versions[v]) and (
-                v not in model.versions or model.versions[v].source.fingerprint != source.versions[v].fingerprint)]
+                v not in model.versions or model.versions[v].source.fingerprint != source.versions[v].fingerprint
+                or model.versions[v].settings != model.settings)]
             if not pending:
                 break
             for version in pending:
@@ -134,8 +137,9 @@ class ModelRegistry:
 
     @staticmethod
     def _failed(model: ServedModel, src: VersionSource) -> bool:
+        """Failed already on these very files under these very settings (retried when either changes)."""
         failed = model.failures.get(src.version)
-        return failed is not None and failed[0] == src.fingerprint
+        return failed is not None and failed[0] == (src.fingerprint, model.settings)
 
     async def _load(self, model: ServedModel, src: VersionSource) -> None:
         start = time.perf_counter()
@@ -143,7 +147,7 @@ class ModelRegistry:
             served = await asyncio.get_running_loop().run_in_executor(self.executor, self._open, src, model.settings)
         except Exception as exc:  # any failure to load must leave the old version serving
             reason = str(exc) if isinstance(exc, UnideployError) else f"{type(exc).__name__}: {exc}"
-            model.failures[src.version] = (src.fingerprint, reason)
+            model.failures[src.version] = ((src.fingerprint, model.settings), reason)
             self.metrics.load_failures.labels(model.name, src.version).inc()
             log.error("model %s version %s failed to load, previous version keeps serving: %s",
                       model.name, src.version, reason)
@@ -165,13 +169,14 @@ class ModelRegistry:
         package = Package.open(src.path)
         try:
             # no spinning: the event loop and network threads need the cores between requests
-            _, runtime = open_runtime(package, options=RuntimeOptions(device="auto", spin=False), target="cpu")
+            _, runtime = open_runtime(package, settings.artifact, options=RuntimeOptions(device="auto", spin=False),
+                                      target="cpu")
             sample = package.reference_samples()[0].inputs
             runtime.run(sample)  # warm-up: first inference pays for allocations
         except BaseException:
             package.close()
             raise
-        return ServedVersion(src.model, src.version, src, package, runtime, None)
+        return ServedVersion(src.model, src.version, src, package, runtime, None, settings)
 
     async def _retire(self, model: ServedModel, served: ServedVersion) -> None:
         """Stop routing to a version, let its in-flight requests finish, then close it."""
