@@ -49,6 +49,13 @@ def test_int8_auto_measures_both_variants_and_explains_its_choice(digits_package
         assert accuracy_on(pkg, "onnx-int8", digits["data"]) >= accuracy_on(pkg, "onnx-fp32", digits["data"]) - 0.02
 
 
+def test_int8_dynamic_quantizes_a_cnn_classifier_head(digits_package, digits):
+    """nn.Linear exports as Gemm, which onnxruntime's dynamic quantizer skips: it must still be quantized."""
+    with unideploy.optimize(digits_package, quantize="int8", int8_variant="dynamic", calibration=digits["data"]) as pkg:
+        assert "MatMulInteger" in ops(pkg, "onnx-int8") or "DynamicQuantizeMatMul" in ops(pkg, "onnx-int8")
+        assert pkg.manifest.optimizations[-1]["effects"]["size_ratio"] < 0.5
+
+
 def test_int8_static_is_qdq_with_sensitive_ops_in_float(torch_models, tmp_path):
     path, shapes = torch_models["attention_traced"]
     unideploy.export(path, tmp_path / "attn.udp", input_shapes=shapes).close()

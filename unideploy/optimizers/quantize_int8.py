@@ -24,7 +24,7 @@ import onnx
 
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.optimizers.base import Batch, Evaluation, OptimizerPass, PassContext, PassResult
-from unideploy.optimizers.graph import name_nodes
+from unideploy.optimizers.graph import gemm_to_matmul, name_nodes
 from unideploy.quiet import quiet
 
 VARIANTS = ("auto", "static", "dynamic")
@@ -35,7 +35,9 @@ CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 STATIC_OPS = ["Conv", "ConvTranspose", "MatMul", "Gemm", "Relu", "Clip", "MaxPool", "AveragePool",
               "GlobalAveragePool", "Concat", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Resize",
               "Split", "Gather"]
-DYNAMIC_OPS = ["MatMul", "Gemm"]
+# Operators whose presence shows that quantization happened.
+INT8_OPS = {"QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul", "QLinearConv",
+            "QLinearMatMul", "ConvInteger"}
 
 
 def cpu_has_vnni() -> bool:
@@ -86,14 +88,16 @@ class Int8Quantization(OptimizerPass):
         except Exception as exc:  # pre-processing is an optimisation; quantize the model as it is
             ctx.say(f"quantization pre-processing skipped: {first_line(exc)}")
             prepared = Path(model_path)
-        model = name_nodes(onnx.load(str(prepared)))
+        model = onnx.load(str(prepared))
+        gemm_to_matmul(model)  # onnxruntime's dynamic quantizer skips Gemm
+        name_nodes(model)
         weights = {i.name for i in model.graph.initializer}
         weight_products = [n.name for n in model.graph.node
-                           if n.op_type in DYNAMIC_OPS and len(n.input) > 1 and n.input[1] in weights]
+                           if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in weights]
         has_matmul = bool(weight_products)
+        dynamic_source = ctx.workdir / "int8-dynamic-source.onnx"
         if has_matmul:
-            prepared = ctx.workdir / "int8-named.onnx"
-            onnx.save(model, str(prepared))
+            onnx.save(model, str(dynamic_source))
         wanted = ["static", "dynamic"] if self.variant == "auto" else [self.variant]
         if "dynamic" in wanted and not has_matmul:
             if self.variant == "dynamic":
@@ -102,9 +106,18 @@ class Int8Quantization(OptimizerPass):
             wanted.remove("dynamic")
         reduce_range = not cpu_has_vnni()
         built: dict[str, Path] = {}
+        skipped: dict[str, str] = {}
         for variant in wanted:
             ctx.say(f"quantizing to INT8 ({variant})")
-            built[variant] = self._build(variant, prepared, ctx, reduce_range, weight_products)
+            try:
+                built[variant] = self._build(variant, dynamic_source if variant == "dynamic" else prepared, ctx,
+                                             reduce_range, weight_products)
+            except ExportError as exc:
+                if self.variant != "auto":
+                    raise
+                skipped[variant] = exc.message  # auto: the other variant may still do
+        if not built:
+            raise ExportError("no INT8 variant could be built: " + "; ".join(f"{v}: {r}" for v, r in skipped.items()))
         if len(built) == 1:
             variant = next(iter(built))
             why = f"{variant} requested" if self.variant != "auto" else "the only variant that applies to this model"
@@ -113,7 +126,7 @@ class Int8Quantization(OptimizerPass):
             variant, why, candidates = self._choose(built, ctx)
         return PassResult(
             path=built[variant], precision="int8",
-            params={"variant": variant, "why": why, "candidates": candidates,
+            params={"variant": variant, "why": why, "candidates": candidates, "skipped": skipped,
                     "calibration_method": self.calibration_method if variant == "static" else None,
                     "activations": "uint8" if variant == "static" else "uint8 (dynamic)",
                     "weights": "int8 per-channel",
@@ -144,13 +157,16 @@ class Int8Quantization(OptimizerPass):
                     )
                 else:
                     quantize_dynamic(str(prepared), str(out), weight_type=QuantType.QInt8,
-                                     op_types_to_quantize=DYNAMIC_OPS, nodes_to_quantize=weight_products,
+                                     op_types_to_quantize=["MatMul"], nodes_to_quantize=weight_products,
                                      per_channel=True, reduce_range=reduce_range)
         except InputError:
             raise
         except Exception as exc:
             raise ExportError(f"INT8 {variant} quantization failed: {first_line(exc)}",
                               "try --int8-variant dynamic/static, or --quantize fp16") from exc
+        if not any(n.op_type in INT8_OPS for n in onnx.load(str(out)).graph.node):
+            raise ExportError(f"INT8 {variant} quantization changed nothing in this model",
+                              "try the other --int8-variant, or --quantize fp16")
         return out
 
     @staticmethod
