@@ -26,11 +26,6 @@ class Registry(Generic[T]):
         self._loaded: dict[str, type[T]] = {}
         self._scanned = False
 
-    def register(self, name: str, cls: type[T]) -> None:
-        """Register a class directly (tests, embedding applications)."""
-        self._targets[name] = f"{cls.__module__}:{cls.__qualname__}"
-        self._loaded[name] = cls
-
     def _scan_entry_points(self) -> None:
         if self._scanned:
             return

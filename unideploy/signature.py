@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -52,10 +52,6 @@ class TensorSpec:
     @cached_property
     def np_dtype(self) -> np.dtype:
         return np.dtype(self.dtype)
-
-    @property
-    def dynamic_dims(self) -> dict[int, str]:
-        return {i: d for i, d in enumerate(self.shape) if isinstance(d, str)}
 
     def shape_text(self) -> str:
         return "[" + ", ".join(str(d) for d in self.shape) + "]"
@@ -248,6 +244,3 @@ def _dim_name(text: str) -> str:
     name = re.sub(r"[^A-Za-z0-9_]", "_", text)
     return f"d_{name}" if name and name[0].isdigit() else name
 
-
-def describe(specs: Sequence[TensorSpec]) -> str:
-    return ", ".join(f"{t.name}:{t.dtype}{t.shape_text()}" for t in specs)

@@ -111,10 +111,6 @@ class Package:
             )
 
     # -- access ------------------------------------------------------------------------------
-    @property
-    def name(self) -> str:
-        return self.manifest.name
-
     def path_of(self, artifact: Artifact | str) -> Path:
         if isinstance(artifact, str):
             artifact = self.manifest.artifact(artifact)

@@ -123,7 +123,7 @@ class DataPlane:
         self.metrics.latency.labels(*labels, "queue").observe(queue_s)
         self.metrics.latency.labels(*labels, "compute").observe(compute_s)
         self.metrics.latency.labels(*labels, "total").observe(time.perf_counter() - start)
-        if model is not None and model.routing is not None and model.routing.shadow_version and not version_explicit(version, variant):
+        if variant is not None and model.routing.shadow_version:  # routed (not a named version): copy it
             self._shadow(name, model.routing.shadow_version, arrays)
         return InferResult(name, served.version, variant, outputs)
 
@@ -205,7 +205,3 @@ class DataPlane:
         await self.registry.sync(only=name)
         return routing.to_dict()
 
-
-def version_explicit(version: str | None, variant: str | None) -> bool:
-    """A request that named its version itself (routing was bypassed)."""
-    return version is not None and variant is None
