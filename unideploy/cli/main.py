@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--example-input", metavar="FILE.npz", help="example inputs by name, used as reference samples")
     p.add_argument("--static-shapes", action="store_true", help="keep every dimension fixed (no dynamic batch)")
     p.add_argument("--signature", help="SavedModel signature to export (default: serving_default)")
+    p.add_argument("--keep-native-only", action="store_true",
+                   help="package a MindIR model as its native artifact alone, without ONNX (for operators "
+                        "the translator does not cover; runs on MindSpore / MindSpore Lite)")
     p.add_argument("--opset", type=int, help="ONNX opset for TorchScript exports (default: 17)")
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"absolute tolerance (default: {DEFAULT_ATOL})")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default: {DEFAULT_RTOL})")

@@ -11,6 +11,7 @@ EXPORTERS: Registry[Exporter] = Registry(
         "torchscript": "unideploy.exporters.torchscript:TorchScriptExporter",
         "onnx": "unideploy.exporters.onnx_file:OnnxFileExporter",
         "savedmodel": "unideploy.exporters.savedmodel:SavedModelExporter",
+        "mindir": "unideploy.exporters.mindir.exporter:MindIRExporter",
     },
 )
 

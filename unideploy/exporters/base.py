@@ -26,13 +26,14 @@ class ExportOptions:
     static_shapes: bool = False
     opset: int | None = None
     signature: str | None = None  # SavedModel signature to export (default: serving_default)
+    native_only: bool = False  # package the source's native artifact alone, without ONNX (MindIR)
 
 
 @dataclass
 class ConvertedModel:
     """What an exporter hands back: the ONNX file, its signature and the source model to compare."""
 
-    onnx_path: Path
+    onnx_path: Path | None  # None when only the native artifact is packaged (ExportOptions.native_only)
     signature: Signature
     run_source: SourceRunner
     conversion_path: str  # e.g. "torch.onnx legacy" or "TS2EP + torch.export"
@@ -46,6 +47,9 @@ class Exporter(ABC):
     required_modules: ClassVar[tuple[str, ...]] = ()
     extra: ClassVar[str | None] = None  # the pip extra that installs required_modules
     keeps_source: ClassVar[bool] = True  # store the source file in the package (later targets convert from it)
+    # The artifact format of a source that runs as it is (MindIR on MindSpore): the packaged source
+    # is then also listed as an artifact, validated on the runtime registered under the same name.
+    native_format: ClassVar[str | None] = None
 
     @classmethod
     def availability(cls) -> Availability:
@@ -58,4 +62,4 @@ class Exporter(ABC):
 
     @abstractmethod
     def convert(self, src: Path, workdir: Path, options: ExportOptions) -> ConvertedModel:
-        """Write ``workdir/model.onnx`` and describe it."""
+        """Write ``workdir/model.onnx`` (unless ``options.native_only``) and describe it."""

@@ -58,6 +58,10 @@ def export(src: str | Path, output: str | Path, *, name: str | None = None, vers
     if not found.ok:
         raise MissingDependencyError(f"the {exporter_cls.name} exporter cannot run: {found.detail}", found.fix)
 
+    if options.native_only and not exporter_cls.native_format:
+        raise InputError(f"--keep-native-only needs a source that runs natively (MindIR); '{src.name}' "
+                         f"is a {exporter_cls.framework} model", "export it without --keep-native-only")
+
     with PackageWriter(output, overwrite=overwrite) as writer, tempfile.TemporaryDirectory(prefix="unideploy-export-") as tmp:
         say(f"converting {src.name} with the {exporter_cls.name} exporter")
         converted = exporter_cls().convert(src, Path(tmp), options)
@@ -71,15 +75,18 @@ def export(src: str | Path, output: str | Path, *, name: str | None = None, vers
             batches = synthetic_batches(signature, sizes)
         references = [(batch, converted.run_source(batch)) for batch in batches]
 
-        say("validating the ONNX artifact on ONNX Runtime")
-        with RUNTIMES.get("onnxruntime")(converted.onnx_path, signature, RuntimeOptions(device="cpu")) as runtime:
-            record = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
-        require_passed(record, f"the ONNX export of '{src.name}'")
+        artifacts, validation = [], {}
+        if converted.onnx_path is not None:
+            say("validating the ONNX artifact on ONNX Runtime")
+            with RUNTIMES.get("onnxruntime")(converted.onnx_path, signature, RuntimeOptions(device="cpu")) as runtime:
+                record = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
+            require_passed(record, f"the ONNX export of '{src.name}'")
+            artifacts.append(writer.add_artifact(converted.onnx_path, Artifact(
+                id="onnx-fp32", path="artifacts/model.onnx", format="onnx", precision="fp32",
+                sha256="", size=0, runtimes=["onnxruntime"], opset=converted.opset)))
+            validation["onnx-fp32"] = record
 
         say("writing the package")
-        artifact = writer.add_artifact(converted.onnx_path, Artifact(
-            id="onnx-fp32", path="artifacts/model.onnx", format="onnx", precision="fp32",
-            sha256="", size=0, runtimes=["onnxruntime"], opset=converted.opset))
         source_sha, source_size = digest_path(src)
         source = {
             "framework": exporter_cls.framework,
@@ -98,12 +105,27 @@ def export(src: str | Path, output: str | Path, *, name: str | None = None, vers
         if exporter_cls.keeps_source:
             source["path"] = f"source/{src.name}"
             writer.add_file(src, source["path"])
+        if exporter_cls.native_format:
+            native = _native_artifact(exporter_cls, src, source_sha, source_size)
+            say(f"validating the native {native.format} artifact on {native.runtimes[0]}")
+            with RUNTIMES.get(native.runtimes[0])(src, signature, RuntimeOptions(device="cpu")) as runtime:
+                validation[native.id] = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
+            require_passed(validation[native.id], f"the native {native.format} artifact")
+            artifacts.append(native)
         samples = [
             writer.add_samples(f"samples/batch{batch_size_of(inputs)}.npz", batch_size_of(inputs), inputs, outputs)
             for inputs, outputs in references
         ]
         manifest = Manifest(
             name=name or model_name_from(src), version=version, source=source, signature=signature,
-            artifacts=[artifact], samples=samples, validation={artifact.id: record},
+            artifacts=artifacts, samples=samples, validation=validation,
         )
         return writer.commit(manifest)
+
+
+def _native_artifact(exporter_cls: type[Exporter], src: Path, sha256: str, size: int) -> Artifact:
+    """The packaged source itself, listed as an artifact the runtime named after its framework runs."""
+    if not exporter_cls.keeps_source:
+        raise ValueError(f"exporter {exporter_cls.name} lists a native format but does not keep its source")
+    return Artifact(id=exporter_cls.native_format, path=f"source/{src.name}", format=exporter_cls.native_format,
+                    precision="fp32", sha256=sha256, size=size, runtimes=[exporter_cls.framework])

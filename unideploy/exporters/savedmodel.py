@@ -48,7 +48,8 @@ def _register_missing_handlers() -> None:
 
 
 def _signature_def(src: Path, name: str) -> Any:
-    from tensorflow.core.protobuf import saved_model_pb2
+    with quiet():  # importing TensorFlow logs to stderr
+        from tensorflow.core.protobuf import saved_model_pb2
 
     proto = saved_model_pb2.SavedModel()
     try:

@@ -10,6 +10,7 @@ RUNTIMES: Registry[Runtime] = Registry(
     builtin={
         "onnxruntime": "unideploy.runtimes.onnxruntime_runtime:OnnxRuntime",
         "tflite": "unideploy.runtimes.tflite_runtime:TFLiteRuntime",
+        "mindspore": "unideploy.runtimes.mindspore_runtime:MindSporeRuntime",
     },
 )
 

@@ -1,0 +1,111 @@
+"""MindIR files exported from MindSpore Cells, translated to ONNX and checked against GraphCell."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+import unideploy
+from unideploy.errors import ExportError, InputError
+
+pytestmark = pytest.mark.mindspore
+
+
+def graph_cell_outputs(path, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    import mindspore as ms
+
+    out = ms.nn.GraphCell(ms.load(str(path)))(*[ms.Tensor(a) for a in inputs])
+    return [t.asnumpy() for t in (out if isinstance(out, (tuple, list)) else [out])]
+
+
+@pytest.mark.parametrize("name", ["cnn", "encoder", "mix", "elementwise"])
+def test_mindir_translates_to_onnx_matching_graph_cell(mindir_models, name, tmp_path):
+    src = mindir_models[name]
+    with unideploy.export(src, tmp_path / "pkg") as package:
+        manifest = package.manifest
+        assert manifest.source["framework"] == "mindspore" and manifest.source["exporter"] == "mindir"
+        assert [a.id for a in manifest.artifacts] == ["onnx-fp32", "mindir"]
+        for artifact_id in ("onnx-fp32", "mindir"):
+            assert manifest.validation[artifact_id]["passed"]
+            assert manifest.validation[artifact_id]["batch_sizes"] == [1, 4]
+        assert all(spec.shape[0] == "batch" for spec in manifest.signature.inputs)  # -1 stays dynamic
+        assert package.path_of("mindir").read_bytes() == src.read_bytes()  # the .mindir is kept as it is
+        # a batch size neither validation used, on ONNX Runtime, against MindSpore itself
+        rng = np.random.default_rng(3)
+        inputs = {}
+        for spec in manifest.signature.inputs:
+            shape = (7, *spec.shape[1:])
+            inputs[spec.name] = (rng.integers(0, 10, shape) if spec.dtype.startswith("int")
+                                 else rng.standard_normal(shape)).astype(spec.dtype)
+        got = unideploy.run(package, inputs, artifact="onnx-fp32")
+    expected = graph_cell_outputs(src, list(inputs.values()))
+    assert len(got) == len(expected)
+    for out_name, value in zip(manifest.signature.output_names, expected):
+        np.testing.assert_allclose(got[out_name], value, atol=1e-4, rtol=1e-3)
+
+
+def test_onnx_is_standard_opset_17_with_exact_gelu(mindir_models, tmp_path):
+    with unideploy.export(mindir_models["encoder"], tmp_path / "pkg") as package:
+        model = onnx.load(str(package.path_of("onnx-fp32")))
+    onnx.checker.check_model(model, full_check=True)
+    ops = {n.op_type for n in model.graph.node}
+    assert model.opset_import[0].version == 17
+    assert {"Erf", "LayerNormalization", "Softmax", "MatMul", "Split"} <= ops
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+
+
+def test_unsupported_operator_is_named_with_the_supported_list_and_writes_nothing(mindir_models, tmp_path):
+    with pytest.raises(ExportError) as info:
+        unideploy.export(mindir_models["unsupported"], tmp_path / "pkg")
+    assert "CumSum" in info.value.message and "Conv2D" in info.value.hint and "--keep-native-only" in info.value.hint
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_keep_native_only_packages_the_mindir_alone_and_it_runs(mindir_models, tmp_path):
+    src = mindir_models["unsupported"]
+    with unideploy.export(src, tmp_path / "pkg", keep_native_only=True) as package:
+        assert [a.id for a in package.manifest.artifacts] == ["mindir"]
+        assert package.manifest.validation["mindir"]["passed"]
+        x = np.random.default_rng(0).standard_normal((3, 6)).astype(np.float32)
+        got = unideploy.run(package, {"x": x})
+    np.testing.assert_allclose(got["output"], graph_cell_outputs(src, [x])[0], atol=1e-6)
+
+
+def test_keep_native_only_is_refused_for_sources_without_a_native_runtime(tmp_path):
+    model = tmp_path / "m.onnx"
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    onnx.save(onnx.helper.make_model(onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "g", [x],
+              [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])), str(model))
+    with pytest.raises(InputError, match="--keep-native-only needs a source that runs natively"):
+        unideploy.export(model, tmp_path / "pkg", keep_native_only=True)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_corrupt_mindir_fails_cleanly_from_the_cli(mindir_models, damage, tmp_path):
+    bad = tmp_path / "bad.mindir"
+    data = mindir_models["cnn"].read_bytes()
+    bad.write_bytes(b"\x08\x96\x01not a model" * 50 if damage == "garbage" else data[: len(data) // 2])
+    from console import deploy
+
+    result = deploy("export", bad, "-o", tmp_path / "pkg")
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert "MindIR" in result.stderr and "export it again" in result.stderr
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_cli_keep_native_only_then_run_and_verify(mindir_models, tmp_path):
+    from console import deploy
+
+    pkg = tmp_path / "native.zip"
+    assert deploy("export", mindir_models["unsupported"], "-o", pkg).returncode != 0
+    result = deploy("export", mindir_models["unsupported"], "-o", pkg, "--keep-native-only")
+    assert result.returncode == 0, result.stderr
+    np.savez(tmp_path / "in.npz", x=np.ones((2, 6), np.float32))
+    run = deploy("run", pkg, "--input", tmp_path / "in.npz", "--json")
+    assert run.returncode == 0, run.stderr
+    assert np.asarray(json.loads(run.stdout)["outputs"]["output"]["data"]).shape == (2, 6)
+    verify = json.loads(deploy("verify", pkg, "--json").stdout)
+    assert [a["status"] for a in verify["artifacts"]] == ["passed"]

@@ -1,0 +1,127 @@
+"""MindSpore Cells the MindIR tests export: a CNN, a transformer block with exact GELU, a wide
+operator mix, and one with an operator outside the translator's table (CumSum)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def build_cells() -> dict[str, tuple[object, list[object]]]:
+    import mindspore as ms
+    from mindspore import Parameter, Tensor, mint, nn, ops
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_seed(0)
+    rng = np.random.default_rng(0)
+
+    class CNN(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 8, 3, pad_mode="same", has_bias=True)
+            self.bn = nn.BatchNorm2d(8)
+            self.pool = nn.MaxPool2d(2, 2)
+            self.conv2 = nn.Conv2d(8, 16, 3, stride=2, pad_mode="pad", padding=1, group=8, dilation=1)
+            self.conv3 = nn.Conv2d(16, 16, 3, pad_mode="valid", dilation=2, has_bias=True)
+            self.avg = nn.AvgPool2d(2, 1, pad_mode="same")
+            self.fc = nn.Dense(16, 10)
+            self.relu = nn.ReLU()
+
+        def construct(self, x):  # noqa: ANN001, ANN201
+            x = self.pool(self.relu(self.bn(self.conv1(x))))
+            x = ops.relu6(self.conv2(x))
+            x = self.avg(ops.pad(x, (2, 2, 2, 2)))
+            x = ops.sigmoid(self.conv3(x))
+            return self.fc(x.mean(axis=(2, 3)))
+
+    class Encoder(nn.Cell):
+        """A transformer encoder block: multi-head self-attention, LayerNorm, exact-GELU MLP."""
+
+        def __init__(self, d: int = 16, heads: int = 2) -> None:
+            super().__init__()
+            self.qkv = nn.Dense(d, 3 * d)
+            self.out = nn.Dense(d, d)
+            self.ln1, self.ln2 = nn.LayerNorm((d,)), nn.LayerNorm((d,))
+            self.ff1, self.ff2 = nn.Dense(d, 4 * d), nn.Dense(4 * d, d)
+            self.gelu = nn.GELU(approximate=False)
+            self.heads, self.d = heads, d
+
+        def construct(self, x):  # noqa: ANN001, ANN201
+            b, s, _ = x.shape
+            q, k, v = ops.split(self.qkv(x), self.d, axis=-1)
+            def heads(t):  # noqa: ANN001, ANN202
+                return t.reshape(b, s, self.heads, self.d // self.heads).transpose(0, 2, 1, 3)
+            scores = ops.matmul(heads(q), heads(k).transpose(0, 1, 3, 2)) / float(np.sqrt(self.d // self.heads))
+            attn = ops.matmul(ops.softmax(scores, axis=-1), heads(v)).transpose(0, 2, 1, 3).reshape(b, s, self.d)
+            x = self.ln1(x + self.out(attn))
+            return self.ln2(x + self.ff2(self.gelu(self.ff1(x))))
+
+    class Mix(nn.Cell):
+        """Operators the other two do not reach: Gather, Concat, StridedSlice, Squeeze/ExpandDims,
+        Tile, BatchMatMul, ReduceSum, Cast, Pow/Sqrt/Abs, SiLU/Tanh, tanh-GELU, Flatten, Muls."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = Parameter(Tensor(rng.standard_normal((10, 4)).astype(np.float32)), name="emb")
+            self.w = Parameter(Tensor(rng.standard_normal((2, 8, 8)).astype(np.float32)), name="w")
+            self.dense = nn.Dense(16, 8, activation="relu")
+            self.flat = nn.Flatten()
+            self.gelu = nn.GELU()
+
+        def construct(self, x, ids):  # noqa: ANN001, ANN201
+            a = (ops.tanh(x) - ops.sigmoid(x)) * ops.silu(x)
+            a = ops.pow(a, 2.0) + ops.sqrt(ops.abs(a)) * 3.0
+            g = self.gelu(self.dense(self.flat(a)))
+            c = ops.concat((ops.squeeze(ops.expand_dims(g, 1), 1), g), 1)[:, 2:10:2]
+            e = ops.ReduceSum(keep_dims=True)(ops.gather(self.emb, ids, 0), 1) + c
+            e = ops.cast(ops.cast(e, ms.float16), ms.float32)
+            t = ops.bmm(ops.tile(ops.expand_dims(g, 0), (2, 1, 1)), self.w)
+            return e, ops.reduce_mean(t, 0), ops.softmax(e, axis=1)
+
+    class Elementwise(nn.Cell):
+        """The mint/functional spellings: Dense, AddScalar (alpha), MeanExt, MatMulExt, and
+        Exp/Log/Neg/Reciprocal/Maximum/Minimum."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = Parameter(Tensor(rng.standard_normal((5, 6)).astype(np.float32)), name="w")
+            self.b = Parameter(Tensor(rng.standard_normal(5).astype(np.float32)), name="b")
+
+        def construct(self, x):  # noqa: ANN001, ANN201
+            y = ops.maximum(ops.exp(x * 0.1), ops.minimum(ops.neg(x), ops.reciprocal(ops.abs(x) + 1.0)))
+            y = ops.log(ops.abs(y) + 1.0) - x.mean(axis=1, keep_dims=True)
+            z = mint.add(ops.dense(y, self.w, self.b), 1.0, alpha=2.0)
+            z = mint.matmul(z.reshape(-1, 1, 5), z.reshape(-1, 5, 1))
+            return z, mint.mean(y, dim=1)
+
+    class Unsupported(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Dense(6, 6)
+
+        def construct(self, x):  # noqa: ANN001, ANN201
+            return ops.cumsum(self.fc(x), 1)
+
+    cnn = CNN()
+    for param in (cnn.bn.gamma, cnn.bn.beta, cnn.bn.moving_mean, cnn.bn.moving_variance):  # not the identity
+        param.set_data(Tensor(rng.uniform(0.5, 1.5, param.shape).astype(np.float32)))
+    f32 = ms.float32
+    return {
+        "cnn": (cnn, [Tensor(shape=[None, 1, 16, 16], dtype=f32)]),
+        "encoder": (Encoder(), [Tensor(shape=[None, 6, 16], dtype=f32)]),
+        "mix": (Mix(), [Tensor(shape=[None, 4, 4], dtype=f32), Tensor(shape=[None], dtype=ms.int32)]),
+        "elementwise": (Elementwise(), [Tensor(shape=[None, 6], dtype=f32)]),
+        "unsupported": (Unsupported(), [Tensor(shape=[None, 6], dtype=f32)]),
+    }
+
+
+def save_mindir_models(directory: Path) -> dict[str, Path]:
+    import mindspore as ms
+
+    paths = {}
+    for name, (cell, inputs) in build_cells().items():
+        cell.set_train(False)
+        ms.export(cell, *inputs, file_name=str(directory / name), file_format="MINDIR")
+        paths[name] = directory / f"{name}.mindir"
+    return paths

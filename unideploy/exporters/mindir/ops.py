@@ -1,0 +1,386 @@
+"""The MindIR -> ONNX operator table: one small function per MindSpore primitive.
+
+Each function reads the call's arguments (tensors and constants, in MindSpore's argument order)
+and the primitive's attributes, and emits ONNX nodes at opset 17. ``docs/mindir-operators.md`` is
+generated from this table (``python -m unideploy.exporters.mindir.docs``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from onnx import TensorProto
+
+from unideploy.errors import ExportError
+from unideploy.exporters.mindir.builder import OnnxBuilder, Tensor
+from unideploy.exporters.mindir.reader import Call, short_name
+
+OPSET = 17  # LayerNormalization needs 17; ReduceMean still takes axes as an attribute here
+
+# MindSpore TypeId (Cast's dtype argument) -> ONNX
+TYPE_IDS = {
+    30: TensorProto.BOOL, 32: TensorProto.INT8, 33: TensorProto.INT16, 34: TensorProto.INT32,
+    35: TensorProto.INT64, 37: TensorProto.UINT8, 38: TensorProto.UINT16, 39: TensorProto.UINT32,
+    40: TensorProto.UINT64, 42: TensorProto.FLOAT16, 43: TensorProto.FLOAT, 44: TensorProto.DOUBLE,
+    45: TensorProto.BFLOAT16,
+}
+PAD_MODES = {0: "pad", 1: "same", 2: "valid"}  # MindSpore's enum for pad_mode arguments
+FORMATS = {0: "NCHW", 1: "NHWC"}
+INT64_MAX = np.iinfo(np.int64).max
+
+
+class Ctx:
+    """One call being translated: its arguments, attributes and where its nodes go."""
+
+    def __init__(self, builder: OnnxBuilder, call: Call, args: list[Any]) -> None:
+        self.b, self.call, self.args = builder, call, args
+        self.hint = short_name(call.output)
+
+    @property
+    def dtype(self) -> str:
+        return self.call.out[0].dtype if self.call.out else "float32"
+
+    @property
+    def rank(self) -> int:
+        return len(self.call.out[0].shape)
+
+    def x(self, i: int) -> Tensor:
+        """Argument ``i`` as an ONNX value (constants take the output's dtype)."""
+        return self.b.tensor(self.args[i], self.dtype, f"{self.hint}_arg{i}")
+
+    def arg(self, i: int, attr: str | None = None, default: Any = None) -> Any:
+        """A constant argument: the i-th input (PRIMITIVE_FUNCTION) or the attribute (PRIMITIVE)."""
+        if i < len(self.args):
+            value = self.args[i]
+            if isinstance(value, Tensor):
+                self.fail(f"argument {i} must be a constant, not a computed tensor")
+            return value
+        if attr is not None and attr in self.call.attrs:
+            return self.call.attrs[attr]
+        return default
+
+    def emit(self, op_type: str, inputs: list[str], rank: int | None = None, **attrs: Any) -> Tensor:
+        return self.b.op(op_type, inputs, self.hint, self.rank if rank is None else rank, **attrs)
+
+    def fail(self, why: str) -> None:
+        raise ExportError(f"MindIR operator {self.call.op} ('{self.hint}'): {why}",
+                          "re-run with --keep-native-only to package the MindIR artifact alone")
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    onnx: str  # the ONNX operators it becomes, for the docs
+    translate: Callable[[Ctx], Any]
+    notes: str = ""
+
+
+OPS: dict[str, Op] = {}
+
+
+def op(*names: str, onnx: str, notes: str = "") -> Callable[[Callable[[Ctx], Any]], Callable[[Ctx], Any]]:
+    def register(fn: Callable[[Ctx], Any]) -> Callable[[Ctx], Any]:
+        for name in names:
+            OPS[name] = Op(name, onnx, fn, notes)
+        return fn
+    return register
+
+
+def _pair(values: Any) -> list[int]:
+    """MindSpore spatial tuples come as (h, w) or NCHW-ordered (1, 1, h, w)."""
+    values = [values, values] if isinstance(values, int) else list(values)
+    return [int(v) for v in values[-2:]]
+
+
+def _pad_mode(value: Any) -> str:
+    return PAD_MODES.get(value, "") if isinstance(value, int) else str(value).lower()
+
+
+def _require_nchw(ctx: Ctx, value: Any) -> None:
+    layout = FORMATS.get(value, "") if isinstance(value, int) else str(value or "NCHW")
+    if layout.upper() != "NCHW":
+        ctx.fail(f"data format {layout} is not supported (only NCHW)")
+
+
+# -- convolution and pooling -------------------------------------------------------------------
+@op("Conv2D", onnx="Conv", notes="pad modes same/valid/pad, groups, dilation; NCHW")
+def conv2d(ctx: Ctx) -> Tensor:
+    a = ctx.call.attrs
+    _require_nchw(ctx, a.get("format"))
+    mode = _pad_mode(a.get("pad_mode", "valid"))
+    top, bottom, left, right = (list(a.get("pad_list") or a.get("pad") or (0, 0, 0, 0)) * 4)[:4]
+    return ctx.emit("Conv", [ctx.x(0), ctx.x(1)], strides=_pair(a.get("stride", 1)),
+                    dilations=_pair(a.get("dilation", 1)), group=int(a.get("group", a.get("groups", 1))),
+                    auto_pad="SAME_UPPER" if mode == "same" else None,
+                    pads=[top, left, bottom, right] if mode == "pad" else None)
+
+
+def _pool(ctx: Ctx, onnx_op: str) -> Tensor:
+    kernel = _pair(ctx.arg(1, "kernel_size"))
+    strides = _pair(ctx.arg(2, "strides", kernel))
+    mode = _pad_mode(ctx.arg(3, "pad_mode", "valid"))
+    _require_nchw(ctx, ctx.arg(4, "format", "NCHW") if "format" in ctx.call.attrs else ctx.arg(4, None, 0))
+    if mode not in ("same", "valid"):
+        ctx.fail(f"pad mode '{mode}' is not supported for pooling")
+    return ctx.emit(onnx_op, [ctx.x(0)], kernel_shape=kernel, strides=strides,
+                    auto_pad="SAME_UPPER" if mode == "same" else "VALID")
+
+
+@op("MaxPool", onnx="MaxPool", notes="pad modes same/valid; NCHW")
+def max_pool(ctx: Ctx) -> Tensor:
+    return _pool(ctx, "MaxPool")
+
+
+@op("AvgPool", onnx="AveragePool", notes="pad modes same/valid (padding excluded from the average); NCHW")
+def avg_pool(ctx: Ctx) -> Tensor:
+    return _pool(ctx, "AveragePool")
+
+
+@op("BatchNorm", onnx="BatchNormalization", notes="inference only (is_training=False)")
+def batch_norm(ctx: Ctx) -> tuple[Any, ...]:
+    if ctx.arg(5, "is_training", False):
+        ctx.fail("training-mode BatchNorm cannot be exported; export the Cell after set_train(False)")
+    _require_nchw(ctx, ctx.arg(8, "format", 0))
+    y = ctx.emit("BatchNormalization", [ctx.x(i) for i in range(5)], epsilon=float(ctx.arg(6, "epsilon", 1e-5)))
+    return (y, None, None, None, None)
+
+
+@op("BiasAdd", onnx="Add (bias reshaped to the channel axis)")
+def bias_add(ctx: Ctx) -> Tensor:
+    x, bias = ctx.x(0), ctx.x(1)
+    layout = FORMATS.get(ctx.arg(2, "data_format", 0), "NCHW")
+    if ctx.rank > 2 and layout == "NCHW":
+        bias = ctx.b.op("Reshape", [bias, ctx.b.ints([-1] + [1] * (ctx.rank - 2))], ctx.hint, ctx.rank - 1)
+    return ctx.emit("Add", [x, bias])
+
+
+# -- activations -------------------------------------------------------------------------------
+def _unary(onnx_op: str) -> Callable[[Ctx], Tensor]:
+    return lambda ctx: ctx.emit(onnx_op, [ctx.x(0)])
+
+
+for _ms, _onnx in {"ReLU": "Relu", "Sigmoid": "Sigmoid", "Tanh": "Tanh", "Erf": "Erf", "Sqrt": "Sqrt",
+                   "Abs": "Abs", "Exp": "Exp", "Log": "Log", "Neg": "Neg", "Reciprocal": "Reciprocal"}.items():
+    op(_ms, onnx=_onnx)(_unary(_onnx))
+
+
+@op("ReLU6", onnx="Clip(0, 6)")
+def relu6(ctx: Ctx) -> Tensor:
+    return ctx.emit("Clip", [ctx.x(0), ctx.b.tensor(0.0, ctx.dtype, "zero"), ctx.b.tensor(6.0, ctx.dtype, "six")])
+
+
+@op("SiLU", onnx="Mul(x, Sigmoid(x))")
+def silu(ctx: Ctx) -> Tensor:
+    x = ctx.x(0)
+    return ctx.emit("Mul", [x, ctx.emit("Sigmoid", [x])])
+
+
+@op("GeLU", onnx="Tanh, Pow, Mul, Add", notes="the tanh approximation (exact GELU arrives as Erf arithmetic)")
+def gelu(ctx: Ctx) -> Tensor:
+    x, c = ctx.x(0), lambda v, n: ctx.b.tensor(v, ctx.dtype, n)
+    cube = ctx.emit("Mul", [ctx.emit("Pow", [x, c(3.0, "three")]), c(0.044715, "gelu_k")])
+    inner = ctx.emit("Tanh", [ctx.emit("Mul", [ctx.emit("Add", [x, cube]), c(math.sqrt(2 / math.pi), "gelu_s")])])
+    half = ctx.emit("Mul", [x, c(0.5, "half")])
+    return ctx.emit("Mul", [half, ctx.emit("Add", [inner, c(1.0, "one")])])
+
+
+@op("Softmax", onnx="Softmax")
+def softmax(ctx: Ctx) -> Tensor:
+    axis = ctx.arg(1, "axis", -1)
+    axes = list(axis) if isinstance(axis, (tuple, list)) else [axis]
+    if len(axes) != 1:
+        ctx.fail(f"softmax over several axes {axes} is not supported")
+    return ctx.emit("Softmax", [ctx.x(0)], axis=int(axes[0]))
+
+
+@op("LayerNorm", onnx="LayerNormalization")
+def layer_norm(ctx: Ctx) -> tuple[Any, ...]:
+    begin_norm, begin_params = int(ctx.arg(3, "begin_norm_axis", -1)), int(ctx.arg(4, "begin_params_axis", -1))
+    rank = ctx.rank
+    if begin_norm % rank != begin_params % rank:
+        ctx.fail(f"begin_norm_axis {begin_norm} differs from begin_params_axis {begin_params}")
+    y = ctx.emit("LayerNormalization", [ctx.x(0), ctx.x(1), ctx.x(2)], axis=begin_norm,
+                 epsilon=float(ctx.arg(5, "epsilon", 1e-7)))
+    return (y, None, None)
+
+
+# -- matrix products -------------------------------------------------------------------------------
+def _swap_last(ctx: Ctx, value: Tensor) -> Tensor:
+    rank = ctx.b.rank(value)
+    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+    return ctx.b.op("Transpose", [value], ctx.hint, rank, perm=perm)
+
+
+def _matmul(ctx: Ctx, transpose_a: bool, transpose_b: bool) -> Tensor:
+    a, b = ctx.x(0), ctx.x(1)
+    return ctx.emit("MatMul", [_swap_last(ctx, a) if transpose_a else a, _swap_last(ctx, b) if transpose_b else b])
+
+
+@op("MatMul", "BatchMatMul", onnx="MatMul (Transpose for transpose_a/transpose_b)")
+def matmul(ctx: Ctx) -> Tensor:
+    return _matmul(ctx, bool(ctx.arg(2, "transpose_a", False)), bool(ctx.arg(3, "transpose_b", False)))
+
+
+@op("MatMulExt", onnx="MatMul")
+def matmul_ext(ctx: Ctx) -> Tensor:
+    return _matmul(ctx, False, False)
+
+
+@op("Dense", onnx="MatMul, Add", notes="x @ w.T + b")
+def dense(ctx: Ctx) -> Tensor:
+    y = _matmul(ctx, False, True)
+    has_bias = len(ctx.args) > 2 and ctx.args[2] is not None
+    return ctx.emit("Add", [y, ctx.x(2)]) if has_bias else y
+
+
+# -- elementwise arithmetic -------------------------------------------------------------------------
+def _binary(onnx_op: str) -> Callable[[Ctx], Tensor]:
+    return lambda ctx: ctx.emit(onnx_op, [ctx.x(0), ctx.x(1)])
+
+
+for _ms, _onnx in {"Add": "Add", "Sub": "Sub", "Mul": "Mul", "Div": "Div", "Pow": "Pow", "Muls": "Mul",
+                   "Divs": "Div", "Maximum": "Max", "Minimum": "Min"}.items():
+    op(_ms, onnx=_onnx, notes="scalar second operand" if _ms in ("Muls", "Divs") else "")(_binary(_onnx))
+
+
+@op("AddExt", "AddScalar", onnx="Add (Mul for alpha != 1)", notes="x + alpha * y")
+def add_ext(ctx: Ctx) -> Tensor:
+    other = ctx.x(1)
+    alpha = ctx.arg(2, None, 1)
+    if alpha not in (1, 1.0, None):
+        other = ctx.emit("Mul", [other, ctx.b.tensor(alpha, ctx.dtype, "alpha")])
+    return ctx.emit("Add", [ctx.x(0), other])
+
+
+@op("Cast", onnx="Cast")
+def cast(ctx: Ctx) -> Tensor:
+    type_id = ctx.arg(1, "dst_type")
+    if type_id not in TYPE_IDS:
+        ctx.fail(f"cast to MindSpore type id {type_id} is not supported")
+    return ctx.emit("Cast", [ctx.x(0)], to=TYPE_IDS[type_id])
+
+
+# -- reductions ---------------------------------------------------------------------------------------
+def _axes(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, (tuple, list)) else [value])]
+
+
+@op("ReduceMean", "MeanExt", onnx="ReduceMean", notes="global pooling when over the spatial axes")
+def reduce_mean(ctx: Ctx) -> Tensor:
+    axes = _axes(ctx.arg(1, "axis"))
+    if ctx.call.op == "MeanExt" and ctx.arg(3) is not None:
+        ctx.fail("a mean with a dtype argument is not supported")
+    return ctx.emit("ReduceMean", [ctx.x(0)], axes=axes or None, keepdims=int(bool(ctx.arg(2, "keep_dims", False))))
+
+
+@op("ReduceSum", "SumExt", onnx="ReduceSum")
+def reduce_sum(ctx: Ctx) -> Tensor:
+    axes = _axes(ctx.arg(1, "axis"))
+    if ctx.call.op == "SumExt" and ctx.arg(3) is not None:
+        ctx.fail("a sum with a dtype argument is not supported")
+    inputs = [ctx.x(0)] + ([ctx.b.ints(axes, f"{ctx.hint}_axes")] if axes else [])
+    return ctx.emit("ReduceSum", inputs, keepdims=int(bool(ctx.arg(2, "keep_dims", False))))
+
+
+# -- shape and indexing ---------------------------------------------------------------------------------
+@op("Reshape", onnx="Reshape", notes="-1 (dynamic batch) stays dynamic")
+def reshape(ctx: Ctx) -> Tensor:
+    shape = ctx.args[1]
+    target = shape if isinstance(shape, Tensor) else ctx.b.ints(shape, f"{ctx.hint}_shape")
+    return ctx.emit("Reshape", [ctx.x(0), target])
+
+
+@op("Flatten", onnx="Flatten")
+def flatten(ctx: Ctx) -> Tensor:
+    return ctx.emit("Flatten", [ctx.x(0)], axis=1)
+
+
+@op("Transpose", onnx="Transpose")
+def transpose(ctx: Ctx) -> Tensor:
+    return ctx.emit("Transpose", [ctx.x(0)], perm=_axes(ctx.arg(1, "perm")))
+
+
+@op("Squeeze", onnx="Squeeze")
+def squeeze(ctx: Ctx) -> Tensor:
+    axes = _axes(ctx.arg(1, "axis"))
+    return ctx.emit("Squeeze", [ctx.x(0)] + ([ctx.b.ints(axes, f"{ctx.hint}_axes")] if axes else []))
+
+
+@op("ExpandDims", onnx="Unsqueeze")
+def expand_dims(ctx: Ctx) -> Tensor:
+    return ctx.emit("Unsqueeze", [ctx.x(0), ctx.b.ints(_axes(ctx.arg(1, "axis")), f"{ctx.hint}_axes")])
+
+
+@op("Concat", onnx="Concat")
+def concat(ctx: Ctx) -> Tensor:
+    parts = ctx.args[0]
+    if not isinstance(parts, tuple):
+        ctx.fail("expected a tuple of tensors")
+    return ctx.emit("Concat", [ctx.b.tensor(p, ctx.dtype, f"{ctx.hint}_part") for p in parts],
+                    axis=int(ctx.arg(1, "axis", 0)))
+
+
+@op("Tile", onnx="Tile")
+def tile(ctx: Ctx) -> Tensor:
+    reps = _axes(ctx.arg(1, "dims"))
+    if len(reps) < ctx.rank:
+        reps = [1] * (ctx.rank - len(reps)) + reps
+    if len(reps) != ctx.b.rank(ctx.x(0)):
+        ctx.fail("tiling that adds dimensions is not supported")
+    return ctx.emit("Tile", [ctx.x(0), ctx.b.ints(reps, f"{ctx.hint}_reps")])
+
+
+@op("Split", onnx="Split", notes="equal parts along an axis of known size")
+def split(ctx: Ctx) -> tuple[Tensor, ...]:
+    axis, parts = int(ctx.arg(1, "axis", 0)), int(ctx.arg(2, "output_num", 1))
+    size = ctx.call.out[0].shape[axis] if ctx.call.out else -1
+    if size < 0:
+        ctx.fail(f"splitting dynamic axis {axis} is not supported")
+    return tuple(ctx.b.multi_op("Split", [ctx.x(0), ctx.b.ints([size] * parts, f"{ctx.hint}_split")], ctx.hint,
+                                parts, ctx.rank, axis=axis))
+
+
+@op("PadV3", onnx="Pad", notes="constant, reflect and edge modes")
+def pad(ctx: Ctx) -> Tensor:
+    paddings, mode = [int(p) for p in ctx.arg(1)], str(ctx.call.attrs.get("mode", "constant"))
+    if mode not in ("constant", "reflect", "edge") or not ctx.call.attrs.get("paddings_contiguous", True):
+        ctx.fail(f"pad mode '{mode}' (or non-contiguous paddings) is not supported")
+    begin, end = [0] * ctx.rank, [0] * ctx.rank
+    for i in range(len(paddings) // 2):  # pairs run from the last axis backwards, as in torch's pad
+        begin[ctx.rank - 1 - i], end[ctx.rank - 1 - i] = paddings[2 * i], paddings[2 * i + 1]
+    inputs = [ctx.x(0), ctx.b.ints(begin + end, f"{ctx.hint}_pads")]
+    if mode == "constant" and len(ctx.args) > 2 and ctx.args[2] is not None:
+        inputs.append(ctx.b.tensor(np.asarray(ctx.args[2]).reshape(()), ctx.dtype, f"{ctx.hint}_value"))
+    return ctx.emit("Pad", inputs, mode=mode)
+
+
+@op("Gather", onnx="Gather", notes="batch_dims=0")
+def gather(ctx: Ctx) -> Tensor:
+    if int(ctx.arg(3, "batch_dims", 0) or 0):
+        ctx.fail("batch_dims other than 0 is not supported")
+    return ctx.emit("Gather", [ctx.x(0), ctx.x(1)], axis=int(ctx.arg(2, "axis", 0)))
+
+
+@op("StridedSlice", onnx="Slice (+ Squeeze for shrink_axis_mask)", notes="no ellipsis or new-axis masks")
+def strided_slice(ctx: Ctx) -> Tensor:
+    begin, end, strides = (list(_axes(ctx.arg(i))) for i in (1, 2, 3))
+    begin_mask, end_mask, ellipsis, new_axis, shrink = (int(ctx.arg(i, None, 0) or 0) for i in range(4, 9))
+    if ellipsis or new_axis:
+        ctx.fail("ellipsis and new-axis masks are not supported")
+    for axis, step in enumerate(strides):
+        if begin_mask >> axis & 1:
+            begin[axis] = 0 if step > 0 else -1
+        if end_mask >> axis & 1:
+            end[axis] = INT64_MAX if step > 0 else -INT64_MAX
+    x = ctx.x(0)
+    rank = ctx.b.rank(x)
+    axes = list(range(len(begin)))
+    out = ctx.emit("Slice", [x, ctx.b.ints(begin, "starts"), ctx.b.ints(end, "ends"), ctx.b.ints(axes, "axes"),
+                             ctx.b.ints(strides, "steps")], rank=rank)
+    squeezed = [axis for axis in axes if shrink >> axis & 1]
+    return ctx.emit("Squeeze", [out, ctx.b.ints(squeezed, "shrink")]) if squeezed else out

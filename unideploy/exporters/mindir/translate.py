@@ -1,0 +1,99 @@
+"""Walk a MindIR graph and build the equivalent ONNX model.
+
+Graph plumbing has no ONNX counterpart and is resolved here: ``Load`` reads a parameter,
+``MakeTuple``/``TupleGetItem`` build and index tuples, ``UpdateState``/``Depend`` only order side
+effects (their value is their first input). Every other call goes through the operator table;
+unknown operators are all listed before any translation starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from unideploy.errors import ExportError
+from unideploy.exporters.mindir.builder import OnnxBuilder, Tensor
+from unideploy.exporters.mindir.ops import OPS, OPSET, Ctx
+from unideploy.exporters.mindir.reader import MONAD, Call, MindIRGraph, short_name
+from unideploy.signature import Signature
+
+PLUMBING = {
+    "Load": "reads a parameter (weights become ONNX initializers)",
+    "TupleGetItem": "indexes a tuple (multi-output operators, tuple outputs)",
+    "MakeTuple": "builds a tuple (Concat inputs, several model outputs)",
+    "UpdateState": "orders side effects; no data",
+    "Depend": "orders side effects; its value is its first input",
+}
+
+
+def unsupported_operators(graph: MindIRGraph) -> list[str]:
+    found = {c.op for c in graph.calls if c.op not in OPS and c.op not in PLUMBING}
+    return sorted(found | {f"{name} (a nested graph call)" for name in graph.subgraph_calls})
+
+
+def _plumbing(call: Call, args: list[Any]) -> Any:
+    if call.op in ("Load", "UpdateState", "Depend"):
+        return args[0]
+    if call.op == "MakeTuple":
+        return tuple(args)
+    container, index = args
+    if not isinstance(container, tuple) or not isinstance(index, int):
+        raise ExportError(f"MindIR TupleGetItem '{short_name(call.output)}' indexes something that is not a tuple")
+    return container[index]
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, tuple):
+        return [leaf for item in value for leaf in _flatten(item)]
+    return [] if value is MONAD or value is None else [value]
+
+
+def translate(graph: MindIRGraph, signature: Signature) -> onnx.ModelProto:
+    """The ONNX model computing ``graph``, with the signature's input and output names."""
+    missing = unsupported_operators(graph)
+    if missing:
+        raise ExportError(
+            f"the MindIR model uses operators unideploy cannot translate to ONNX: {', '.join(missing)}",
+            f"supported: {', '.join(sorted(OPS))}. Re-run with --keep-native-only to package the MindIR "
+            "artifact alone (it runs on MindSpore / MindSpore Lite)")
+    b = OnnxBuilder()
+    values: dict[str, Any] = dict(graph.constants)
+    for info, spec in zip(graph.inputs, signature.inputs):
+        values[info.ref] = Tensor(spec.name)
+        b.fresh(spec.name)
+        b.ranks[spec.name] = len(spec.shape)
+    for name, array in graph.parameters.items():
+        values[name] = b.initializer(array, short_name(name))
+
+    for call in graph.calls:
+        try:
+            args = [values[name] for name in call.inputs]
+        except KeyError as exc:
+            raise ExportError(f"MindIR call '{short_name(call.output)}' reads '{exc.args[0]}', which nothing defines",
+                              "the file is corrupt; export it again") from exc
+        if call.op in PLUMBING:
+            values[call.output] = _plumbing(call, args)
+        else:
+            values[call.output] = OPS[call.op].translate(Ctx(b, call, args))
+
+    results = [leaf for name in graph.outputs for leaf in _flatten(values[name])]
+    if len(results) != len(signature.outputs):
+        raise ExportError(f"the MindIR graph returns {len(results)} tensors, its signature lists "
+                          f"{len(signature.outputs)}")
+    for value, spec in zip(results, signature.outputs):
+        source = b.tensor(value, spec.dtype, f"{spec.name}_const")
+        b.nodes.append(helper.make_node("Identity", [source], [spec.name], name=f"{spec.name}_out"))
+
+    def value_info(spec: Any) -> onnx.ValueInfoProto:
+        elem = helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype))
+        return helper.make_tensor_value_info(spec.name, elem, list(spec.shape))
+
+    onnx_graph = helper.make_graph(b.nodes, "mindir", [value_info(s) for s in signature.inputs],
+                                   [value_info(s) for s in signature.outputs], b.initializers)
+    model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="unideploy", doc_string=f"translated from MindIR ({graph.producer})")
+    model.ir_version = 8  # opset 17 needs IR 8; keeps the model loadable by older runtimes
+    return model

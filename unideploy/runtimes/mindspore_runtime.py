@@ -1,0 +1,112 @@
+"""MindSpore Lite for .ms and MindIR artifacts, or MindSpore itself for MindIR on CPU.
+
+``mindspore_lite`` is what Ascend and edge images ship; it is used whenever it is installed.
+Where only ``mindspore`` is (a training machine, this project's CI), MindIR artifacts run through
+``nn.GraphCell(mindspore.load(...))`` in GRAPH_MODE (PYNATIVE fails its first op under numpy 2).
+Both take inputs positionally, in the order of the package signature.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from typing import Any
+
+import numpy as np
+
+from unideploy.errors import PackageError, RuntimeFailure, first_line
+from unideploy.quiet import quiet
+from unideploy.registry import Availability
+from unideploy.runtimes.base import Runtime
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+class MindSporeRuntime(Runtime):
+    name = "mindspore"
+    formats = ("mindir", "ms")
+    targets = ("cpu", "edge", "ascend")
+
+    @classmethod
+    def availability(cls) -> Availability:
+        for module in ("mindspore_lite", "mindspore"):
+            if _installed(module):
+                return Availability(True, f"{module} is installed")
+        return Availability(False, "neither mindspore_lite nor mindspore is installed",
+                            "pip install 'unideploy[mindspore]' (or mindspore-lite on Ascend/edge images)")
+
+    def _load(self) -> None:
+        self._lock = threading.Lock()  # one call at a time per loaded model, as in both engines' docs
+        self.engine = "mindspore-lite" if _installed("mindspore_lite") else "mindspore"
+        if self.engine == "mindspore-lite":
+            self._load_lite()
+        elif self.path.suffix == ".ms":
+            raise PackageError(f"'{self.path.name}' is a MindSpore Lite model and mindspore_lite is not installed",
+                               "install mindspore-lite, or run the package's MindIR or ONNX artifact")
+        else:
+            self._load_graph_cell()
+
+    def _load_graph_cell(self) -> None:
+        with quiet():
+            import mindspore as ms
+
+            ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+            try:
+                self.cell = ms.nn.GraphCell(ms.load(str(self.path)))
+            except (RuntimeError, ValueError, TypeError) as exc:
+                raise PackageError(f"MindSpore cannot load '{self.path.name}': {first_line(exc)}",
+                                   "the MindIR file is corrupt or from an incompatible MindSpore") from exc
+        self._tensor = ms.Tensor
+
+    def _load_lite(self) -> None:
+        import mindspore_lite as mslite
+
+        context = mslite.Context()
+        context.target = ["ascend" if self.options.device == "gpu" else "cpu"]  # Ascend is the accelerator here
+        if self.options.threads:
+            context.cpu.thread_num = self.options.threads
+        model_type = mslite.ModelType.MINDIR_LITE if self.path.suffix == ".ms" else mslite.ModelType.MINDIR
+        self.model = mslite.Model()
+        try:
+            self.model.build_from_file(str(self.path), model_type, context)
+        except (RuntimeError, ValueError) as exc:
+            raise PackageError(f"MindSpore Lite cannot load '{self.path.name}': {first_line(exc)}") from exc
+
+    def describe(self) -> dict[str, Any]:
+        return {"runtime": self.name, "engine": self.engine, "device": "cpu", "threads": self.options.threads or "auto"}
+
+    def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ordered = [inputs[name] for name in self.signature.input_names]
+        try:
+            with self._lock:
+                results = self._run_lite(ordered) if self.engine == "mindspore-lite" else self._run_graph_cell(ordered)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise RuntimeFailure(f"{self.engine} failed: {first_line(exc)}") from exc
+        if len(results) != len(self.signature.outputs):
+            raise RuntimeFailure(f"the model returned {len(results)} outputs, the signature lists "
+                                 f"{len(self.signature.outputs)}")
+        return dict(zip(self.signature.output_names, results))
+
+    def _run_graph_cell(self, ordered: list[np.ndarray]) -> list[np.ndarray]:
+        out = self.cell(*[self._tensor(a) for a in ordered])
+        return [t.asnumpy() for t in _leaves(out)]
+
+    def _run_lite(self, ordered: list[np.ndarray]) -> list[np.ndarray]:
+        tensors = self.model.get_inputs()
+        if [list(t.shape) for t in tensors] != [list(a.shape) for a in ordered]:
+            self.model.resize(tensors, [list(a.shape) for a in ordered])
+        for tensor, array in zip(tensors, ordered):
+            tensor.set_data_from_numpy(np.ascontiguousarray(array))
+        return [t.get_data_to_numpy() for t in self.model.predict(tensors)]
+
+    def close(self) -> None:
+        self.__dict__.pop("cell", None)
+        self.__dict__.pop("model", None)
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, (tuple, list)):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
