@@ -1,0 +1,2 @@
+"""MindSpore MindIR -> ONNX: read (reader.py), translate call by call (translate.py, ops.py), package
+(exporter.py)."""
