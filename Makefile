@@ -8,8 +8,9 @@ MINDSPORE_TESTS := tests/exporters/mindir tests/runtimes/test_mindspore_runtime.
 # Outside this project's machines, PIP_EXTRA="--extra-index-url https://download.pytorch.org/whl/cpu"
 # fetches the small CPU build of torch instead of the CUDA one.
 PIP_EXTRA ?=
+ONNX2TF := 'onnx2tf==1.29.24'
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench install install-edge clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +18,13 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,serve,dev]'
+	$(BIN)/python -m pip install --quiet --no-deps $(ONNX2TF)
 	touch $@
+
+# What a user runs for the edge target outside this Makefile: the extra, then onnx2tf without its pins.
+install-edge: | $(BIN)/python
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[edge]'
+	$(BIN)/python -m pip install --quiet --no-deps $(ONNX2TF)
 
 $(MS_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(MS_VENV)

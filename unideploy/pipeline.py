@@ -19,12 +19,15 @@ Stage = Callable[[Path, Path, bool], Path]  # (package, destination, overwrite) 
 
 
 def export_package(src: str | Path, output: str | Path, *, optimization: OptimizeRequest | None = None,
-                   overwrite: bool = False, progress: Callable[[str], None] | None = None, **export_kwargs: Any) -> Path:
+                   overwrite: bool = False, progress: Callable[[str], None] | None = None,
+                   edge_calibration: str | Path | None = None, **export_kwargs: Any) -> Path:
+    """``edge_calibration``: data for the int8 TFLite artifact of ``target="edge"``."""
     stages: list[Stage] = []
     if optimization is not None:
         stages.append(lambda pkg, dest, force: optimize(pkg, optimization, dest, overwrite=force, progress=progress))
     if export_kwargs.get("target") == "edge":
-        stages.append(lambda pkg, dest, force: build_edge(pkg, dest, overwrite=force, progress=progress))
+        stages.append(lambda pkg, dest, force: build_edge(pkg, dest, overwrite=force, progress=progress,
+                                                          calibration=edge_calibration))
     if not stages:
         return export(src, output, overwrite=overwrite, progress=progress, **export_kwargs)
     check_destination(Path(output), overwrite)

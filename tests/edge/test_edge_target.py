@@ -33,14 +33,51 @@ def test_savedmodel_to_edge_gives_ort_and_tflite_that_match_tensorflow(saved_mod
             np.testing.assert_allclose(next(iter(got.values())), expected, atol=atol, rtol=1e-2)
 
 
-def test_torchscript_to_edge_gives_ort_and_says_why_no_tflite(torch_models, tmp_path):
+def test_torchscript_to_edge_gives_ort_and_nhwc_tflite_through_onnx2tf(torch_models, tmp_path):
     path, shapes = torch_models["cnn_scripted"]
+    rng = np.random.default_rng(4)
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((64, 1, 8, 8)).astype(np.float32))
+    package = unideploy.export(path, tmp_path / "edge", input_shapes=shapes, target="edge")
+    with package:
+        artifacts = {a.id: a for a in package.manifest.artifacts}
+        assert list(artifacts) == ["onnx-fp32", "ort-fp32", "tflite-fp32", "tflite-fp16"]  # int8 needs calibration
+        tflite = artifacts["tflite-fp32"]
+        assert [(t.shape, t.layout) for t in tflite.signature.inputs] == [(("batch", 8, 8, 1), "NHWC")]
+        assert package.manifest.validation["tflite-fp32"]["passed"]
+        x = rng.standard_normal((3, 1, 8, 8)).astype(np.float32)  # the source layout works on every artifact
+        expected = unideploy.run(package, {"x": x}, artifact="onnx-fp32")["output"]
+        for artifact, atol in (("ort-fp32", 1e-5), ("tflite-fp32", 1e-4), ("tflite-fp16", 2e-2)):
+            np.testing.assert_allclose(unideploy.run(package, {"x": x}, artifact=artifact)["output"], expected,
+                                       atol=atol, rtol=1e-2)
+        nhwc = unideploy.run(package, {"x": np.moveaxis(x, 1, -1)}, artifact="tflite-fp32")["output"]
+        np.testing.assert_allclose(nhwc, expected, atol=1e-4)  # and the artifact's own layout too
+        assert [c.status for c in verify_package(package)] == ["passed"] * 4
+
+
+def test_edge_with_calibration_adds_int8_tflite(torch_models, tmp_path):
+    from console import deploy
+
+    path, shapes = torch_models["cnn_scripted"]
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(5).standard_normal((64, 1, 8, 8)).astype(np.float32))
+    result = deploy("export", path, "-o", tmp_path / "edge.zip", "--input-shape", shapes[0], "--target", "edge",
+                    "--calibration", tmp_path / "calib.npz")
+    assert result.returncode == 0, result.stderr
+    with unideploy.open_package(tmp_path / "edge.zip") as package:
+        int8 = package.manifest.artifact("tflite-int8")
+        assert int8.size < 0.8 * package.manifest.artifact("tflite-fp32").size
+        x = np.random.default_rng(6).standard_normal((4, 1, 8, 8)).astype(np.float32)
+        expected = unideploy.run(package, {"x": x}, artifact="onnx-fp32")["output"]
+        got = unideploy.run(package, {"x": x}, artifact="tflite-int8")["output"]
+        assert np.abs(got - expected).max() < 0.1 * np.abs(expected).max()
+        assert (got.argmax(1) == expected.argmax(1)).mean() >= 0.75
+
+
+def test_model_tflite_cannot_take_keeps_its_other_artifacts_and_says_why(torch_models, tmp_path):
+    path, shapes = torch_models["control_flow_scripted"]  # data-dependent If/Loop: onnx2tf refuses it
     with unideploy.export(path, tmp_path / "edge", input_shapes=shapes, target="edge") as package:
         assert [a.id for a in package.manifest.artifacts] == ["onnx-fp32", "ort-fp32"]
-        assert "onnx2tf" in package.manifest.description
-        x = np.zeros((3, 1, 8, 8), np.float32)
-        np.testing.assert_allclose(unideploy.run(package, {"x": x}, artifact="ort-fp32")["output"],
-                                   unideploy.run(package, {"x": x}, artifact="onnx-fp32")["output"], atol=1e-5)
+        assert package.manifest.description.startswith("no TFLite artifact: onnx2tf cannot convert")
+        assert [c.status for c in verify_package(package)] == ["passed"] * 2
 
 
 def test_tflite_runtime_validates_inputs_before_the_interpreter(saved_models, tmp_path):

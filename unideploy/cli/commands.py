@@ -55,6 +55,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             args.source, args.output, name=args.name, version=args.model_version, exporter=args.exporter,
             target=args.target, options=options, atol=args.atol, rtol=args.rtol, overwrite=args.force,
             optimization=request if request.requested else None, progress=lambda msg: status.update(msg),
+            edge_calibration=args.calibration if args.target == "edge" else None,
         )
     return _show_package(path, args.json, render.export_summary)
 

@@ -1,10 +1,13 @@
 """``--target edge``: add ORT-mobile and TFLite artifacts to a package, validated, atomically.
 
 - ORT format (``.ort``, Runtime optimization style, portable to ARM) with its
-  ``required_operators.config`` for a reduced-size ONNX Runtime build, from any source.
-- TFLite fp32 and fp16 with TensorFlow's own converter, when the source is a SavedModel (kept in
-  the package). TFLite from other sources (onnx2tf) is not part of this version: the package says
-  so in its notes instead of pretending.
+  ``required_operators.config`` for a reduced-size ONNX Runtime build, from the ONNX artifact.
+- TFLite fp32, fp16 and (with calibration data) int8: from the SavedModel itself for TensorFlow
+  sources, through onnx2tf for every other source (``edge/tflite.py``).
+- MindIR sources keep their native artifact, which MindSpore Lite runs on edge devices.
+
+A model TFLite cannot take (an operator onnx2tf or the TFLite converter refuses) still gets its
+other artifacts; the package description says why it has no TFLite artifact.
 """
 
 from __future__ import annotations
@@ -15,15 +18,19 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
+from unideploy.edge.tflite import CHANNELS_LAST, onnx_to_saved_model, saved_model_to_tflite, tflite_signature
 from unideploy.errors import ExportError, MissingDependencyError, first_line
 from unideploy.package import Artifact, Package, PackageWriter
-from unideploy.quiet import quiet
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
+from unideploy.signature import Signature
 from unideploy.validation import (
     DEFAULT_ATOL, DEFAULT_RTOL, measured_tolerance_record, require_passed, validate,
 )
 
 Progress = Callable[[str], None]
+Added = tuple[Artifact, Path, dict[str, Path], dict[str, Any]]
 
 
 def _to_ort(onnx_path: Path, workdir: Path) -> tuple[Path, Path]:
@@ -41,65 +48,79 @@ def _to_ort(onnx_path: Path, workdir: Path) -> tuple[Path, Path]:
     return models[0], configs[0]
 
 
-def _to_tflite(saved_model: Path, precision: str, workdir: Path) -> Path:
-    with quiet():
-        import tensorflow as tf
+def _calibration_batches(path: str | Path, source: Signature, model: Signature) -> list[dict[str, np.ndarray]]:
+    """The user's calibration data, in the TFLite model's own layout."""
+    from unideploy.optimizers.data import load_dataset
 
-        converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
-        if precision == "fp16":
-            converter.optimizations = [tf.lite.Optimize.DEFAULT]
-            converter.target_spec.supported_types = [tf.float16]
-        try:
-            blob = converter.convert()
-        except Exception as exc:
-            raise ExportError(f"TFLite conversion ({precision}) failed: {first_line(exc)}") from exc
-    path = workdir / f"model.{precision}.tflite"
-    path.write_bytes(blob)
-    return path
+    layouts = {t.name: t.layout for t in model.inputs}
+    return [{k: np.moveaxis(v, 1, -1) if layouts.get(k) == CHANNELS_LAST else v for k, v in batch.items()}
+            for batch in load_dataset(path, source).batches()]
+
+
+def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calibration: str | Path | None,
+                      references: list, say: Progress) -> list[Added]:
+    manifest = package.manifest
+    framework = manifest.source["framework"]
+    tflite = RUNTIMES.get("tflite")
+    found = tflite.availability()
+    if not found.ok:
+        raise MissingDependencyError(f"the edge target needs LiteRT: {found.detail}", found.fix)
+    source_dir = package.root / manifest.source["path"] if manifest.source.get("path") else None
+    if framework == "tensorflow" and source_dir and source_dir.is_dir():
+        saved_model, route = source_dir, "TensorFlow's converter"
+    elif base is not None:
+        say("converting ONNX to TensorFlow with onnx2tf")
+        saved_model, route = onnx_to_saved_model(package.path_of(base), work), "onnx2tf + TensorFlow's converter"
+    else:
+        raise ExportError("the package has no ONNX artifact to convert from")
+    added: list[Added] = []
+    for precision in ("fp32", "fp16") + (("int8",) if calibration else ()):
+        say(f"converting to TFLite ({precision}, {route})")
+        data = None
+        if precision == "int8":
+            model_signature = tflite_signature(added[0][1], manifest.signature) or manifest.signature
+            data = _calibration_batches(calibration, manifest.signature, model_signature)
+        path = saved_model_to_tflite(saved_model, precision, work, data)
+        signature = tflite_signature(path, manifest.signature)
+        with tflite(path, signature or manifest.signature) as runtime:
+            if precision == "fp32":  # a conversion that should be exact is held to the default
+                record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
+                require_passed(record, "the TFLite fp32 artifact")
+            else:
+                record = measured_tolerance_record(runtime.run, references, framework)
+        added.append((Artifact(f"tflite-{precision}", f"artifacts/model.{precision}.tflite", "tflite", precision,
+                               "", 0, ["tflite"], derived_from=base.id if base else None, signature=signature,
+                               targets=["edge"]), path, {}, record))
+    return added
 
 
 def build_edge(package_path: str | Path, output: str | Path, overwrite: bool = False,
-               progress: Progress | None = None) -> Path:
-    """Write ``output``: the package plus its edge artifacts."""
+               progress: Progress | None = None, calibration: str | Path | None = None) -> Path:
+    """Write ``output``: the package plus its edge artifacts (int8 TFLite when ``calibration`` is given)."""
     say = progress or (lambda _msg: None)
     with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-edge-") as tmp:
         work = Path(tmp)
         manifest = package.manifest
-        base = next(a for a in manifest.artifacts if a.format == "onnx" and a.derived_from is None)
+        base = next((a for a in manifest.artifacts if a.format == "onnx" and a.derived_from is None), None)
         references = [(s.inputs, s.outputs) for s in package.reference_samples()]
         framework = manifest.source["framework"]
-        added: list[tuple[Artifact, Path, dict[str, Path], dict[str, Any]]] = []
-
-        say("converting to ONNX Runtime's mobile format (.ort)")
-        ort_model, ort_config = _to_ort(package.path_of(base), work)
-        with RUNTIMES.get("onnxruntime")(ort_model, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
-            record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
-        require_passed(record, "the ORT-format artifact")
-        added.append((Artifact("ort-fp32", "artifacts/model.ort", "ort", "fp32", "", 0, ["onnxruntime"],
-                               derived_from=base.id, targets=["edge"]),
-                      ort_model, {"artifacts/required_operators.config": ort_config}, record))
-
+        added: list[Added] = []
         notes = []
-        saved_model = package.root / manifest.source["path"] if manifest.source.get("path") else None
-        if framework == "tensorflow" and saved_model and saved_model.is_dir():
-            tflite = RUNTIMES.get("tflite")
-            found = tflite.availability()
-            if not found.ok:
-                raise MissingDependencyError(f"the edge target needs LiteRT: {found.detail}", found.fix)
-            for precision in ("fp32", "fp16"):
-                say(f"converting the SavedModel to TFLite ({precision})")
-                path = _to_tflite(saved_model, precision, work)
-                with tflite(path, manifest.signature) as runtime:
-                    if precision == "fp32":  # a conversion that should be exact is held to the default
-                        record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
-                        require_passed(record, "the TFLite fp32 artifact")
-                    else:
-                        record = measured_tolerance_record(runtime.run, references, framework)
-                added.append((Artifact(f"tflite-{precision}", f"artifacts/model.{precision}.tflite", "tflite", precision,
-                                       "", 0, ["tflite"], targets=["edge"]), path, {}, record))
-        else:
-            notes.append(f"no TFLite artifact: TFLite conversion from {framework} sources (onnx2tf) is not part of "
-                         "this version; the .ort artifact runs on ONNX Runtime Mobile")
+
+        if base is not None:
+            say("converting to ONNX Runtime's mobile format (.ort)")
+            ort_model, ort_config = _to_ort(package.path_of(base), work)
+            with RUNTIMES.get("onnxruntime")(ort_model, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
+                record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
+            require_passed(record, "the ORT-format artifact")
+            added.append((Artifact("ort-fp32", "artifacts/model.ort", "ort", "fp32", "", 0, ["onnxruntime"],
+                                   derived_from=base.id, targets=["edge"]),
+                          ort_model, {"artifacts/required_operators.config": ort_config}, record))
+        try:
+            added += _tflite_artifacts(package, base, work, calibration, references, say)
+        except ExportError as exc:  # the package stays usable without TFLite; it says why
+            notes.append(f"no TFLite artifact: {exc.message}")
+            say(notes[-1])
 
         say("writing the package")
         destination = Path(output)

@@ -2,19 +2,23 @@
 deprecated and its default int8 path differed on attention models).
 
 Models are run through their signature runner, so inputs and outputs keep the package's names,
-and inputs with a dynamic batch are resized per call.
+and inputs with a dynamic batch are resized per call. Converters that name outputs by position
+(``output_0``, ...) are mapped onto the signature's outputs in order. An input whose artifact
+signature says ``layout: "NHWC"`` (onnx2tf moved channels last) also accepts the source's
+channels-first layout, so callers keep using the package signature.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from unideploy.errors import PackageError, RuntimeFailure, first_line
 from unideploy.registry import Availability, modules_availability
 from unideploy.runtimes.base import Runtime
+from unideploy.signature import TensorSpec
 
 
 class TFLiteRuntime(Runtime):
@@ -41,19 +45,45 @@ class TFLiteRuntime(Runtime):
             raise PackageError(f"'{self.path.name}' takes inputs {sorted(names['inputs'])} but the signature lists "
                                f"{sorted(self.signature.input_names)}", "the package is inconsistent; export it again")
         self.runner = self.interpreter.get_signature_runner(key)
+        self._outputs = _output_names(names["outputs"], self.signature.output_names, self.path.name)
+        self._channels_last = {t.name: t for t in self.signature.inputs if t.layout == "NHWC"}
         self._lock = threading.Lock()  # an interpreter runs one call at a time
 
     def describe(self) -> dict[str, Any]:
         return {"runtime": self.name, "threads": self.options.threads or "auto"}
 
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if self._channels_last:
+            inputs = {k: _to_model_layout(v, self._channels_last[k]) if k in self._channels_last else v
+                      for k, v in inputs.items()}
+        return super().run(inputs)
+
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
             with self._lock:
                 outputs = self.runner(**inputs)
-                return {k: np.array(v) for k, v in outputs.items()}
+                return {self._outputs[k]: np.array(v) for k, v in outputs.items()}
         except (ValueError, RuntimeError) as exc:
             raise RuntimeFailure(f"LiteRT failed: {first_line(exc)}") from exc
 
     def close(self) -> None:
         self.__dict__.pop("runner", None)
         self.__dict__.pop("interpreter", None)
+
+
+def _output_names(model: list[str], signature: list[str], file_name: str) -> dict[str, str]:
+    if set(model) == set(signature):
+        return {name: name for name in model}
+    positional = [f"output_{i}" for i in range(len(signature))]
+    if sorted(model) == positional:
+        return dict(zip(positional, signature))
+    raise PackageError(f"'{file_name}' returns outputs {sorted(model)} but the signature lists {signature}",
+                       "the package is inconsistent; export it again")
+
+
+def _to_model_layout(value: Any, spec: TensorSpec) -> Any:
+    """Move channels last when ``value`` comes in the source's channels-first layout."""
+    array = np.asarray(value)
+    source = (spec.shape[0], spec.shape[-1], *spec.shape[1:-1])
+    fits = array.ndim == len(source) and all(isinstance(d, str) or d == n for d, n in zip(source, array.shape))
+    return np.ascontiguousarray(np.moveaxis(array, 1, -1)) if fits else value

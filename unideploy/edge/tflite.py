@@ -1,0 +1,108 @@
+"""TFLite artifacts: from a SavedModel with TensorFlow's own converter, from ONNX through onnx2tf.
+
+onnx2tf turns an ONNX model into a TensorFlow SavedModel with channels-last inputs (NCHW ->
+NHWC), the layout TFLite kernels and mobile camera pipelines use. From there every precision is
+made by TensorFlow's converter, as for SavedModel sources: fp32, fp16 weights, and int8
+(int8 kernels with float input/output) calibrated on the user's data, transposed to the
+model's layout. Where the layout differs from the source, the artifact's signature says so
+(``layout: "NHWC"``) and the TFLite runtime accepts the source layout too.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from unideploy.errors import ExportError, MissingDependencyError, first_line
+from unideploy.quiet import quiet
+from unideploy.signature import Signature, TensorSpec
+
+CHANNELS_LAST = "NHWC"  # the layout tag for any rank: channels moved from axis 1 to the end
+# onnx2tf pins an old stack (numpy 1.26, protobuf 4, tensorflow 2.19): its own dependencies come
+# from the edge extra at current versions, and onnx2tf itself without them.
+ONNX2TF_INSTALL = "pip install 'unideploy[edge]' && pip install --no-deps 'onnx2tf==1.29.24'"
+
+
+def channels_last(shape: tuple) -> tuple:
+    return (shape[0], *shape[2:], shape[1])
+
+
+def to_channels_last(array: np.ndarray) -> np.ndarray:
+    return np.moveaxis(array, 1, -1)
+
+
+def onnx_to_saved_model(onnx_path: Path, workdir: Path) -> Path:
+    """Convert with onnx2tf; ``erf`` becomes pseudo-ops LiteRT's builtins run (no FlexErf)."""
+    try:
+        with quiet():
+            import onnx2tf
+    except ImportError as exc:
+        raise MissingDependencyError(f"TFLite from ONNX needs onnx2tf: {first_line(exc)}",
+                                     ONNX2TF_INSTALL) from exc
+    out = workdir / "onnx2tf"
+    private = workdir / "onnx2tf-input.onnx"  # onnx2tf rewrites its input file (onnxsim), so never the package's
+    shutil.copyfile(onnx_path, private)
+    try:
+        with quiet():
+            onnx2tf.convert(input_onnx_file_path=str(private), output_folder_path=str(out), non_verbose=True,
+                            replace_to_pseudo_operators=["erf"], output_signaturedefs=True)
+    except BaseException as exc:  # onnx2tf exits (SystemExit) on some failures
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        raise ExportError(f"onnx2tf cannot convert this model to TensorFlow: {first_line(exc)}",
+                          "the .ort artifact still runs on ONNX Runtime Mobile") from exc
+    if not (out / "saved_model.pb").is_file():
+        raise ExportError("onnx2tf wrote no SavedModel", "re-run with --debug for onnx2tf's output")
+    return out
+
+
+def saved_model_to_tflite(saved_model: Path, precision: str, workdir: Path,
+                          calibration: list[dict[str, np.ndarray]] | None = None) -> Path:
+    """fp32, fp16 (weights) or int8 (needs ``calibration`` batches in the model's own layout)."""
+    with quiet():
+        import tensorflow as tf
+
+        converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
+        if precision == "fp16":
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            converter.target_spec.supported_types = [tf.float16]
+        elif precision == "int8":
+            def representative() -> Iterator[dict[str, np.ndarray]]:
+                for batch in calibration or []:
+                    for row in range(len(next(iter(batch.values())))):
+                        yield {k: v[row:row + 1] for k, v in batch.items()}
+
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            converter.representative_dataset = representative
+            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        try:
+            blob = converter.convert()
+        except Exception as exc:
+            raise ExportError(f"TFLite conversion ({precision}) failed: {first_line(exc)}") from exc
+    path = workdir / f"model.{precision}.tflite"
+    path.write_bytes(blob)
+    return path
+
+
+def tflite_signature(path: Path, source: Signature) -> Signature | None:
+    """The artifact's own signature when its input layout differs from the source's, else None."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_path=str(path)).get_signature_runner()
+    shapes = {name: tuple(int(d) for d in info["shape_signature"]) for name, info in runner.get_input_details().items()}
+    inputs, changed = [], False
+    for spec in source.inputs:
+        dims = shapes.get(spec.name)
+        fixed = tuple(-1 if isinstance(d, str) else d for d in spec.shape)
+        if dims is None or dims == fixed or len(fixed) < 3:
+            inputs.append(spec)
+        elif dims == channels_last(fixed):
+            inputs.append(TensorSpec(spec.name, spec.dtype, channels_last(spec.shape), CHANNELS_LAST))
+            changed = True
+        else:
+            raise ExportError(f"the TFLite model takes '{spec.name}' as {list(dims)}, which is neither the source "
+                              f"shape {list(fixed)} nor its channels-last form")
+    return Signature(tuple(inputs), source.outputs) if changed else None
