@@ -18,6 +18,15 @@ from unideploy.errors import InputError
 
 Dim = int | str  # a fixed size, or the name of a dynamic dimension
 BATCH_DIM = "batch"  # what exporters call a dynamic first dimension
+CHANNELS_LAST = "NHWC"  # layout tag of an artifact input whose channels moved from axis 1 to the end
+
+
+def channels_last(shape: tuple) -> tuple:
+    return (shape[0], *shape[2:], shape[1])
+
+
+def to_channels_last(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.moveaxis(array, 1, -1))
 
 SUPPORTED_DTYPES = (
     "float16", "float32", "float64",

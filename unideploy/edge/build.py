@@ -20,11 +20,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from unideploy.edge.tflite import CHANNELS_LAST, onnx_to_saved_model, saved_model_to_tflite, tflite_signature
+from unideploy.edge.tflite import onnx_to_saved_model, saved_model_to_tflite, tflite_signature
 from unideploy.errors import ExportError, MissingDependencyError, first_line
 from unideploy.package import Artifact, Package, PackageWriter
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
-from unideploy.signature import Signature
+from unideploy.signature import CHANNELS_LAST, Signature, to_channels_last
 from unideploy.validation import (
     DEFAULT_ATOL, DEFAULT_RTOL, measured_tolerance_record, require_passed, validate,
 )
@@ -53,7 +53,7 @@ def _calibration_batches(path: str | Path, source: Signature, model: Signature) 
     from unideploy.optimizers.data import load_dataset
 
     layouts = {t.name: t.layout for t in model.inputs}
-    return [{k: np.moveaxis(v, 1, -1) if layouts.get(k) == CHANNELS_LAST else v for k, v in batch.items()}
+    return [{k: to_channels_last(v) if layouts.get(k) == CHANNELS_LAST else v for k, v in batch.items()}
             for batch in load_dataset(path, source).batches()]
 
 

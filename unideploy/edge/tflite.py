@@ -18,20 +18,11 @@ import numpy as np
 
 from unideploy.errors import ExportError, MissingDependencyError, first_line
 from unideploy.quiet import quiet
-from unideploy.signature import Signature, TensorSpec
+from unideploy.signature import CHANNELS_LAST, Signature, TensorSpec, channels_last
 
-CHANNELS_LAST = "NHWC"  # the layout tag for any rank: channels moved from axis 1 to the end
 # onnx2tf pins an old stack (numpy 1.26, protobuf 4, tensorflow 2.19): its own dependencies come
 # from the edge extra at current versions, and onnx2tf itself without them.
 ONNX2TF_INSTALL = "pip install 'unideploy[edge]' && pip install --no-deps 'onnx2tf==1.29.24'"
-
-
-def channels_last(shape: tuple) -> tuple:
-    return (shape[0], *shape[2:], shape[1])
-
-
-def to_channels_last(array: np.ndarray) -> np.ndarray:
-    return np.moveaxis(array, 1, -1)
 
 
 def onnx_to_saved_model(onnx_path: Path, workdir: Path) -> Path:

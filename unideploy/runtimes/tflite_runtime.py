@@ -18,7 +18,7 @@ import numpy as np
 from unideploy.errors import PackageError, RuntimeFailure, first_line
 from unideploy.registry import Availability, modules_availability
 from unideploy.runtimes.base import Runtime
-from unideploy.signature import TensorSpec
+from unideploy.signature import CHANNELS_LAST, TensorSpec, to_channels_last
 
 
 class TFLiteRuntime(Runtime):
@@ -46,7 +46,7 @@ class TFLiteRuntime(Runtime):
                                f"{sorted(self.signature.input_names)}", "the package is inconsistent; export it again")
         self.runner = self.interpreter.get_signature_runner(key)
         self._outputs = _output_names(names["outputs"], self.signature.output_names, self.path.name)
-        self._channels_last = {t.name: t for t in self.signature.inputs if t.layout == "NHWC"}
+        self._channels_last = {t.name: t for t in self.signature.inputs if t.layout == CHANNELS_LAST}
         self._lock = threading.Lock()  # an interpreter runs one call at a time
 
     def describe(self) -> dict[str, Any]:
@@ -86,4 +86,4 @@ def _to_model_layout(value: Any, spec: TensorSpec) -> Any:
     array = np.asarray(value)
     source = (spec.shape[0], spec.shape[-1], *spec.shape[1:-1])
     fits = array.ndim == len(source) and all(isinstance(d, str) or d == n for d, n in zip(source, array.shape))
-    return np.ascontiguousarray(np.moveaxis(array, 1, -1)) if fits else value
+    return to_channels_last(array) if fits else value
