@@ -74,12 +74,12 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
     else:
         raise ExportError("the package has no ONNX artifact to convert from")
     added: list[Added] = []
+    signature = None  # the model's own signature (layout), known once fp32 is converted
     for precision in ("fp32", "fp16") + (("int8",) if calibration else ()):
         say(f"converting to TFLite ({precision}, {route})")
         data = None
         if precision == "int8":
-            model_signature = tflite_signature(added[0][1], manifest.signature) or manifest.signature
-            data = _calibration_batches(calibration, manifest.signature, model_signature)
+            data = _calibration_batches(calibration, manifest.signature, signature or manifest.signature)
         path = saved_model_to_tflite(saved_model, precision, work, data)
         signature = tflite_signature(path, manifest.signature)
         with tflite(path, signature or manifest.signature) as runtime:

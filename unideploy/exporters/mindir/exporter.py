@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
-import numpy as np
-
 from unideploy.errors import ExportError, first_line
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.mindir.ops import OPSET
@@ -69,12 +67,9 @@ class MindIRExporter(Exporter):
             onnx_path = workdir / "model.onnx"
             onnx.save(model, str(onnx_path))
 
-        def run_source(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            return runtime.run(batch)
-
         versions = {"mindspore": importlib.metadata.version("mindspore"), "onnx": onnx.__version__}
         return ConvertedModel(
-            onnx_path=onnx_path, signature=signature, run_source=run_source,
+            onnx_path=onnx_path, signature=signature, run_source=runtime.run,
             conversion_path="native MindIR only (--keep-native-only)" if options.native_only else
             f"unideploy MindIR translator (opset {OPSET}, {graph.producer})",
             library_versions=versions, opset=OPSET,
