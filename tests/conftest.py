@@ -108,3 +108,12 @@ def saved_models(tmp_path_factory):
     module = Scaler()
     tf.saved_model.save(module, str(root / "scaler"), signatures={"serving_default": module.scale, "shift": module.shift})
     return root
+
+
+@pytest.fixture(scope="session")
+def mindir_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The MindIR files exported from the Cells in tests/mindspore_models.py."""
+    pytest.importorskip("mindspore", reason="the mindspore extra is not installed in this venv")
+    from mindspore_models import save_mindir_models
+
+    return save_mindir_models(tmp_path_factory.mktemp("mindir"))

@@ -22,7 +22,7 @@ class Target:
 TARGETS = {
     "cpu": Target("cpu", "ONNX artifact for ONNX Runtime on CPU servers", ("onnxruntime",), True),
     "gpu": Target("gpu", "TensorRT plans and ONNX Runtime CUDA", ("tensorrt", "onnxruntime"), False),
-    "edge": Target("edge", "ORT-mobile (and, from SavedModels, TFLite) artifacts for phones and edge boxes",
+    "edge": Target("edge", "ORT-mobile and TFLite (fp32, fp16, int8) artifacts for phones and edge boxes",
                    ("tflite", "onnxruntime"), True),
     "ascend": Target("ascend", "MindIR / MindSpore Lite artifacts for Ascend NPUs", ("mindspore-lite",), False),
 }

@@ -115,8 +115,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from unideploy.edge.bundle import is_bundle
     from unideploy.verify import verify_package
 
+    if is_bundle(args.package):
+        return _verify_bundle(args)
     with Package.open(args.package) as package:
         checks = verify_package(package, args.runtime, args.device)
         if args.json:
@@ -131,6 +134,41 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if all(c.status == "skipped" for c in checks):
         print("error: no artifact could be run on this machine (see 'deploy doctor')", file=sys.stderr)
         return ValidationError.exit_code
+    return 0
+
+
+def _verify_bundle(args: argparse.Namespace) -> int:
+    from unideploy.edge.bundle import verify_bundle
+
+    with render.status("verifying the bundle"):
+        report = verify_bundle(args.package, args.runtime)
+    if args.json:
+        _print_json({"bundle": str(args.package), **report.to_dict()})
+    else:
+        render.bundle_verify(args.package, report)
+    if report.failed:
+        print(f"error: {', '.join(report.failed)} failed (see above)", file=sys.stderr)
+        return ValidationError.exit_code
+    if all(c.status == "skipped" for c in report.models):
+        print("error: no model in the bundle could be run on this machine (see 'deploy doctor')", file=sys.stderr)
+        return ValidationError.exit_code
+    return 0
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    from unideploy.edge.bundle import BUNDLE_MANIFEST, build_bundle
+
+    with render.status(f"bundling for {args.platform}"):
+        path = build_bundle(args.package, args.platform, args.output, args.force, args.artifact or None,
+                            args.labels, args.namespace)
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        document = json.loads(zf.read(BUNDLE_MANIFEST))
+    if args.json:
+        _print_json(document)
+    else:
+        render.bundle(path, document)
     return 0
 
 

@@ -69,10 +69,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print outputs as JSON")
 
     p = sub.add_parser("verify", help="check integrity and re-run every artifact against the reference outputs")
-    p.add_argument("package")
+    p.add_argument("package", help="a package (directory or .zip) or a mobile bundle from 'deploy bundle'")
     p.add_argument("--runtime", help="runtime to use (default: the first available for each artifact)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu")
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("bundle", help="Android or iOS runtime bundle: mobile models, wrapper source, dependency lines")
+    p.add_argument("package", help="a package exported with --target edge")
+    p.add_argument("--platform", required=True, choices=["android", "ios"])
+    p.add_argument("-o", "--output", required=True, metavar="BUNDLE.zip")
+    p.add_argument("--artifact", action="append", default=[], metavar="ID",
+                   help="mobile artifact to include, repeatable (default: every TFLite and .ort artifact)")
+    p.add_argument("--labels", metavar="FILE", help="class labels, one per line in class-index order")
+    p.add_argument("--namespace", help="Kotlin package of the Android wrappers (default: ai.unideploy.models.NAME)")
+    p.add_argument("--force", action="store_true", help="replace an existing bundle at -o")
+    p.add_argument("--json", action="store_true", help="print bundle.json")
 
     p = sub.add_parser("bench", help="measure latency percentiles and throughput")
     p.add_argument("package")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 from rich.console import Console
@@ -18,6 +19,9 @@ from unideploy.bench import Tick
 from unideploy.doctor import Finding
 from unideploy.package import Package
 from unideploy.verify import ArtifactCheck
+
+if TYPE_CHECKING:
+    from unideploy.edge.bundle import BundleReport
 
 # Piped output (logs, CI) gets 120 columns instead of rich's 80 so tables are not truncated.
 _PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
@@ -123,12 +127,44 @@ def verify(package: Package, checks: list[ArtifactCheck]) -> None:
     for col in ("artifact", "runtime", "result", "max abs err", "max rel err", "detail"):
         table.add_column(col)
     for c in checks:
-        colour = {"passed": "green", "failed": "red", "skipped": "yellow"}[c.status]
         outputs = c.record.get("outputs", {}).values()
         abs_err = _fmt(max((o["max_abs_error"] for o in outputs), default=0.0)) if c.record else ""
         rel_err = _fmt(max((o["max_rel_error"] for o in outputs), default=0.0)) if c.record else ""
-        table.add_row(c.artifact, c.runtime or "", f"[{colour}]{c.status}[/]", abs_err, rel_err, escape(c.reason or ""))
+        table.add_row(c.artifact, c.runtime or "", _status(c.status), abs_err, rel_err, escape(c.reason or ""))
     out.print(table)
+
+
+def bundle(path: Path, document: dict[str, Any]) -> None:
+    model = document["model"]
+    out.print(f"wrote [bold]{escape(str(path))}[/] ({document['platform']}) for {escape(model['name'])}:{model['version']}")
+    table = Table(title="Models", title_justify="left")
+    for col in ("artifact", "runtime", "precision", "bytes", "max abs err"):
+        table.add_column(col)
+    for m in document["models"]:
+        table.add_row(m["artifact"], m["runtime"], m["precision"], f"{m['size']:,}",
+                      "" if m["max_abs_error"] is None else _fmt(m["max_abs_error"]))
+    out.print(table)
+    out.print("sources: " + ", ".join(escape(c["path"]) for c in document["code"]))
+
+
+def bundle_verify(path: str, report: "BundleReport") -> None:
+    out.print(f"integrity of {escape(str(path))}: [green]passed[/] (bundle.json and package checksums)")
+    table = Table(title="Models against the reference outputs", title_justify="left")
+    for col in ("artifact", "runtime", "result", "detail"):
+        table.add_column(col)
+    for c in report.models:
+        table.add_row(c.artifact, c.runtime or "", _status(c.status), escape(c.reason or ""))
+    out.print(table)
+    table = Table(title="Generated source", title_justify="left")
+    for col in ("file", "language", "result", "detail"):
+        table.add_column(col)
+    for c in report.code:
+        table.add_row(escape(c.path), c.language, _status(c.status), escape(c.detail or ""))
+    out.print(table)
+
+
+def _status(status: str) -> str:
+    return f"[{ {'passed': 'green', 'failed': 'red', 'skipped': 'yellow'}[status] }]{status}[/]"
 
 
 def bench(result: dict[str, Any]) -> None:

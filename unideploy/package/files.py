@@ -1,14 +1,19 @@
-"""Checksums and safe paths for package contents."""
+"""Checksums, safe paths and zip archives for package (and bundle) contents."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
+import stat
+import tempfile
+import zipfile
+from pathlib import Path, PurePosixPath
 
 from unideploy.errors import PackageError
 
 _CHUNK = 1 << 20
+# A zip whose members claim more than this is refused before extraction (zip bombs).
+MAX_UNPACKED_BYTES = 16 * 1024**3
 
 
 def _hash_file(path: Path, digest: "hashlib._Hash") -> int:
@@ -59,3 +64,46 @@ def all_files(root: Path) -> set[str]:
         for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
             found.add((Path(dirpath) / name).relative_to(root).as_posix())
     return found
+
+
+def write_zip(directory: Path, dest: Path) -> None:
+    """Zip every file under ``directory`` into ``dest``: written beside it, then renamed."""
+    fd, tmp_zip = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
+    os.close(fd)
+    try:
+        with zipfile.ZipFile(tmp_zip, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+                zf.write(file, file.relative_to(directory).as_posix())
+        os.replace(tmp_zip, dest)
+    except BaseException:
+        Path(tmp_zip).unlink(missing_ok=True)
+        raise
+
+
+def extract_zip(archive: Path, dest: Path, remedy: str) -> None:
+    """Extract after checking every member: no absolute or ``..`` paths, no links, bounded size."""
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            members = zf.infolist()
+            total = 0
+            for info in members:
+                name = info.filename
+                parts = PurePosixPath(name.replace("\\", "/")).parts
+                if name.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
+                    raise PackageError(
+                        f"zip member '{name}' would be written outside the package (zip-slip)",
+                        "the archive is malicious or broken; do not use it",
+                    )
+                if stat.S_ISLNK(info.external_attr >> 16):
+                    raise PackageError(f"zip member '{name}' is a symbolic link", "packages may not contain links")
+                total += info.file_size
+            if total > MAX_UNPACKED_BYTES:
+                raise PackageError(f"zip '{archive}' would unpack to {total} bytes, over the limit")
+            bad = zf.testzip()
+            if bad is not None:
+                raise PackageError(f"zip member '{bad}' is corrupt (CRC mismatch)", f"the archive is damaged; {remedy}")
+            zf.extractall(dest)
+    except zipfile.BadZipFile as exc:
+        raise PackageError(f"'{archive}' is a damaged zip archive: {exc}", remedy) from exc
+    except (EOFError, OSError) as exc:
+        raise PackageError(f"'{archive}' cannot be read as a zip archive: {exc}", remedy) from exc

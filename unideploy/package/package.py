@@ -7,21 +7,17 @@ A package that opens can be trusted to be what its exporter wrote.
 from __future__ import annotations
 
 import shutil
-import stat
 import tempfile
 import zipfile
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from unideploy.errors import InputError, PackageError
-from unideploy.package.files import all_files, digest_path, listed_files, resolve_inside
+from unideploy.package.files import all_files, digest_path, extract_zip, listed_files, resolve_inside
 from unideploy.package.manifest import MANIFEST_NAME, Artifact, Manifest, SampleSet
-
-# A zip whose members claim more than this is refused before extraction (zip bombs).
-MAX_UNPACKED_BYTES = 16 * 1024**3
 
 
 @dataclass
@@ -151,36 +147,11 @@ def samples_to_npz_dict(inputs: dict[str, np.ndarray], outputs: dict[str, np.nda
 
 
 def _extract_zip(archive: Path, dest: Path) -> Path:
-    """Extract after checking every member: no absolute or ``..`` paths, no links, bounded size."""
-    try:
-        with zipfile.ZipFile(archive) as zf:
-            members = zf.infolist()
-            total = 0
-            for info in members:
-                name = info.filename
-                parts = PurePosixPath(name.replace("\\", "/")).parts
-                if name.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
-                    raise PackageError(
-                        f"zip member '{name}' would be written outside the package (zip-slip)",
-                        "the archive is malicious or broken; do not use it",
-                    )
-                if stat.S_ISLNK(info.external_attr >> 16):
-                    raise PackageError(f"zip member '{name}' is a symbolic link", "packages may not contain links")
-                total += info.file_size
-            if total > MAX_UNPACKED_BYTES:
-                raise PackageError(f"zip '{archive}' would unpack to {total} bytes, over the limit")
-            bad = zf.testzip()
-            if bad is not None:
-                raise PackageError(f"zip member '{bad}' is corrupt (CRC mismatch)", "the archive is damaged; export it again")
-            zf.extractall(dest)
-    except zipfile.BadZipFile as exc:
-        raise PackageError(f"'{archive}' is a damaged zip archive: {exc}", "export the package again") from exc
-    except (EOFError, OSError) as exc:
-        raise PackageError(f"'{archive}' cannot be read as a zip archive: {exc}", "export the package again") from exc
+    """Extract safely; the package root is the archive's top level or its single folder."""
+    extract_zip(archive, dest, "export the package again")
     if (dest / MANIFEST_NAME).is_file():
         return dest
     entries = list(dest.iterdir())
     if len(entries) == 1 and (entries[0] / MANIFEST_NAME).is_file():  # zipped with its folder
         return entries[0]
     return dest
-

@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import zipfile
 from pathlib import Path
 from types import TracebackType
 
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.package.files import digest_path
+from unideploy.package.files import digest_path, write_zip
 from unideploy.package.manifest import MANIFEST_NAME, Artifact, Manifest, SampleSet
 from unideploy.package.package import Package, samples_to_npz_dict
 
@@ -83,16 +82,7 @@ class PackageWriter:
     def commit(self, manifest: Manifest) -> Path:
         (self.staging / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
         if self.as_zip:
-            fd, tmp_zip = tempfile.mkstemp(prefix=f".{self.dest.name}.", suffix=".partial", dir=self.dest.parent)
-            os.close(fd)
-            try:
-                with zipfile.ZipFile(tmp_zip, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-                    for file in sorted(p for p in self.staging.rglob("*") if p.is_file()):
-                        zf.write(file, file.relative_to(self.staging).as_posix())
-                os.replace(tmp_zip, self.dest)
-            except BaseException:
-                Path(tmp_zip).unlink(missing_ok=True)
-                raise
+            write_zip(self.staging, self.dest)
             shutil.rmtree(self.staging, ignore_errors=True)
         else:
             old = None

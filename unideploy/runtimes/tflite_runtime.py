@@ -18,7 +18,7 @@ import numpy as np
 from unideploy.errors import PackageError, RuntimeFailure, first_line
 from unideploy.registry import Availability, modules_availability
 from unideploy.runtimes.base import Runtime
-from unideploy.signature import CHANNELS_LAST, TensorSpec, to_channels_last
+from unideploy.signature import CHANNELS_LAST, Signature, TensorSpec, to_channels_last
 
 
 class TFLiteRuntime(Runtime):
@@ -35,17 +35,10 @@ class TFLiteRuntime(Runtime):
 
         try:
             self.interpreter = Interpreter(model_path=str(self.path), num_threads=self.options.threads)
-            signatures = self.interpreter.get_signature_list()
         except (ValueError, RuntimeError) as exc:
             raise PackageError(f"LiteRT cannot load '{self.path.name}': {first_line(exc)}") from exc
-        if not signatures:
-            raise PackageError(f"'{self.path.name}' has no signature", "convert it with a signature (SavedModel)")
-        key, names = next(iter(signatures.items()))
-        if set(names["inputs"]) != set(self.signature.input_names):
-            raise PackageError(f"'{self.path.name}' takes inputs {sorted(names['inputs'])} but the signature lists "
-                               f"{sorted(self.signature.input_names)}", "the package is inconsistent; export it again")
+        key, self._outputs = signature_names(self.interpreter, self.signature, self.path.name)
         self.runner = self.interpreter.get_signature_runner(key)
-        self._outputs = _output_names(names["outputs"], self.signature.output_names, self.path.name)
         self._channels_last = {t.name: t for t in self.signature.inputs if t.layout == CHANNELS_LAST}
         self._lock = threading.Lock()  # an interpreter runs one call at a time
 
@@ -71,13 +64,29 @@ class TFLiteRuntime(Runtime):
         self.__dict__.pop("interpreter", None)
 
 
-def _output_names(model: list[str], signature: list[str], file_name: str) -> dict[str, str]:
-    if set(model) == set(signature):
-        return {name: name for name in model}
-    positional = [f"output_{i}" for i in range(len(signature))]
+def signature_names(interpreter: Any, signature: Signature, file_name: str) -> tuple[str, dict[str, str]]:
+    """The model's signature key, and its output names mapped onto the package signature's.
+
+    Generated mobile wrappers (``deploy bundle``) call the model by the same names, so this is the
+    one place that decides them.
+    """
+    try:
+        signatures = interpreter.get_signature_list()
+    except (ValueError, RuntimeError) as exc:
+        raise PackageError(f"LiteRT cannot read the signatures of '{file_name}': {first_line(exc)}") from exc
+    if not signatures:
+        raise PackageError(f"'{file_name}' has no signature", "convert it with a signature (SavedModel)")
+    key, names = next(iter(signatures.items()))
+    if set(names["inputs"]) != set(signature.input_names):
+        raise PackageError(f"'{file_name}' takes inputs {sorted(names['inputs'])} but the signature lists "
+                           f"{sorted(signature.input_names)}", "the package is inconsistent; export it again")
+    model, wanted = names["outputs"], signature.output_names
+    if set(model) == set(wanted):
+        return key, {name: name for name in model}
+    positional = [f"output_{i}" for i in range(len(wanted))]
     if sorted(model) == positional:
-        return dict(zip(positional, signature))
-    raise PackageError(f"'{file_name}' returns outputs {sorted(model)} but the signature lists {signature}",
+        return key, dict(zip(positional, wanted))
+    raise PackageError(f"'{file_name}' returns outputs {sorted(model)} but the signature lists {wanted}",
                        "the package is inconsistent; export it again")
 
 

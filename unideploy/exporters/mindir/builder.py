@@ -66,6 +66,22 @@ class OnnxBuilder:
             self.ranks.update(dict.fromkeys(names, rank))
         return [Tensor(n) for n in names]
 
+    def producer(self, value: str) -> onnx.NodeProto | None:
+        return next((n for n in reversed(self.nodes) if value in n.output), None)
+
+    def is_initializer(self, value: str) -> bool:
+        return any(i.name == value for i in self.initializers)
+
+    def prune(self, outputs: list[str]) -> None:
+        """Drop nodes and initializers nothing reads (a Conv superseded by its copy with a bias)."""
+        needed, kept = set(outputs), []
+        for node in reversed(self.nodes):
+            if needed.intersection(node.output):
+                kept.append(node)
+                needed.update(node.input)
+        self.nodes = kept[::-1]
+        self.initializers = [i for i in self.initializers if i.name in needed]
+
     def rank(self, value: str) -> int:
         if value not in self.ranks:
             raise ExportError(f"the rank of '{value}' is unknown")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from unideploy.errors import ExportError
 from unideploy.exporters.mindir.builder import OnnxBuilder, Tensor
@@ -148,10 +148,16 @@ def batch_norm(ctx: Ctx) -> tuple[Any, ...]:
     return (y, None, None, None, None)
 
 
-@op("BiasAdd", onnx="Add (bias reshaped to the channel axis)")
+@op("BiasAdd", onnx="Conv with bias (after a Conv) or Add (bias reshaped to the channel axis)")
 def bias_add(ctx: Ctx) -> Tensor:
     x, bias = ctx.x(0), ctx.x(1)
     layout = FORMATS.get(ctx.arg(2, "data_format", 0), "NCHW")
+    conv = ctx.b.producer(x)
+    if conv is not None and conv.op_type == "Conv" and len(conv.input) == 2 and ctx.b.is_initializer(bias):
+        # the Conv-with-bias every exporter writes, which converters (onnx2tf) expect; the bias-less
+        # Conv is pruned when nothing else reads it
+        attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+        return ctx.emit("Conv", [*conv.input, bias], **attrs)
     if ctx.rank > 2 and layout == "NCHW":
         bias = ctx.b.op("Reshape", [bias, ctx.b.ints([-1] + [1] * (ctx.rank - 2))], ctx.hint, ctx.rank - 1)
     return ctx.emit("Add", [x, bias])

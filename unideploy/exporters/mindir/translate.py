@@ -91,6 +91,7 @@ def translate(graph: MindIRGraph, signature: Signature) -> onnx.ModelProto:
         elem = helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype))
         return helper.make_tensor_value_info(spec.name, elem, list(spec.shape))
 
+    b.prune([spec.name for spec in signature.outputs])
     onnx_graph = helper.make_graph(b.nodes, "mindir", [value_info(s) for s in signature.inputs],
                                    [value_info(s) for s in signature.outputs], b.initializers)
     model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", OPSET)],
