@@ -57,6 +57,37 @@ def minilm_torchscript(work: Path, count: int = 600, seq: int = 128) -> tuple[Pa
     return path, arrays
 
 
+def digits_torchscript(work: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A CNN (3 conv + 2 linear, 193k params) trained on scikit-learn's real digits, scripted to
+    ``work/digits.pt``; returns the train and held-out images (N, 1, 8, 8) and labels."""
+    import torch
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from torch import nn
+
+    data = load_digits()
+    images = (data.images / 16.0).astype(np.float32)[:, None]
+    x_train, x_test, y_train, y_test = train_test_split(images, data.target, test_size=0.3, random_state=0)
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.Flatten(), nn.Linear(64 * 16, 128), nn.ReLU(), nn.Linear(128, 10),
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    xt, yt = torch.from_numpy(x_train), torch.from_numpy(y_train).long()
+    for _ in range(12):
+        model.train()
+        for idx in torch.randperm(len(xt)).split(64):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(xt[idx]), yt[idx]).backward()
+            optimizer.step()
+    model.eval()
+    torch.jit.save(torch.jit.script(model), str(work / "digits.pt"))
+    return x_train, y_train, x_test, y_test
+
+
 def imagenet_cnn_torchscript(work: Path) -> Path:
     """A ResNet-18-shaped CNN for 1x3x224x224 inputs (random weights: latency does not depend on
     their values; no pretrained ImageNet CNN ships in a package here)."""

@@ -13,21 +13,17 @@ against the issue's targets. Needs ``pip install -e '.[torch,bench]'`` (``make b
 
 from __future__ import annotations
 
-import argparse
 import gzip
-import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import onnxruntime as ort
 from rich.console import Console
-from rich.table import Table
 
+import report
 import unideploy
-from models import minilm_torchscript
+from models import digits_torchscript, minilm_torchscript
 from unideploy.optimizers.measure import interleaved_latency, timing_session
 
 console = Console(stderr=True)
@@ -69,32 +65,8 @@ def _rows(variants: dict[str, tuple[Path, dict]], sample: dict[str, np.ndarray],
 
 # -- (a) digits CNN ---------------------------------------------------------------------------------
 def digits(work: Path) -> dict[str, Any]:
-    import torch
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-    from torch import nn
-
-    data = load_digits()
-    images = (data.images / 16.0).astype(np.float32)[:, None]
-    x_train, x_test, y_train, y_test = train_test_split(images, data.target, test_size=0.3, random_state=0)
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-        nn.Flatten(), nn.Linear(64 * 16, 128), nn.ReLU(), nn.Linear(128, 10),
-    )
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    xt, yt = torch.from_numpy(x_train), torch.from_numpy(y_train).long()
     console.log("training the digits CNN")
-    for _ in range(12):
-        model.train()
-        for idx in torch.randperm(len(xt)).split(64):
-            optimizer.zero_grad()
-            nn.functional.cross_entropy(model(xt[idx]), yt[idx]).backward()
-            optimizer.step()
-    model.eval()
-    torch.jit.save(torch.jit.script(model), str(work / "digits.pt"))
+    x_train, y_train, x_test, y_test = digits_torchscript(work)
     np.savez(work / "calibration.npz", x=x_train, labels=y_train)
     np.savez(work / "validation.npz", x=x_test, labels=y_test)
     unideploy.export(work / "digits.pt", work / "digits.udp", example_inputs={"x": x_train[:8]}).close()
@@ -161,52 +133,5 @@ def minilm(work: Path) -> dict[str, Any]:
             "targets": targets}
 
 
-def _print(result: dict[str, Any], markdown: bool) -> None:
-    rows = result["rows"]
-    columns = [c for c in rows[0] if c != "variant"]
-    if markdown:
-        print(f"\n### {result['model']}\n")
-        print("| variant | " + " | ".join(columns).replace("quality", result["quality"]) + " |")
-        print("|---|" + "---:|" * len(columns))
-        for r in rows:
-            print(f"| {r['variant']} | " + " | ".join(str(r[c]) for c in columns) + " |")
-        print()
-        for name, ok, value in result["targets"]:
-            print(f"- {'met' if ok else 'MISSED'}: {name} (measured {value})")
-        return
-    table = Table(title=result["model"], title_justify="left")
-    table.add_column("variant")
-    for c in columns:
-        table.add_column(c.replace("quality", result["quality"]), justify="right")
-    for r in rows:
-        table.add_row(r["variant"], *(str(r[c]) for c in columns))
-    out = Console()
-    out.print(table)
-    for name, ok, value in result["targets"]:
-        out.print(f"  {'[green]met[/]' if ok else '[red]MISSED[/]'}: {name} (measured {value})")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["digits", "minilm"])
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--markdown", action="store_true", help="print tables for docs/optimizers.md")
-    args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="unideploy-bench-"))
-    try:
-        results = []
-        for name, fn in (("digits", digits), ("minilm", minilm)):
-            if args.only in (None, name):
-                (work / name).mkdir()
-                results.append(fn(work / name))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        for result in results:
-            _print(result, args.markdown)
-
-
 if __name__ == "__main__":
-    main()
+    report.main(__doc__.splitlines()[0], {"digits": digits, "minilm": minilm})
