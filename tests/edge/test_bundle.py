@@ -152,3 +152,15 @@ def test_bundle_refuses_bad_requests_and_writes_nothing(digits, digits_edge, tmp
     assert_one_line_error(deploy("bundle", digits_edge, "--platform", "ios", "-o", tmp_path / "exists.zip"), 2,
                           r"already exists")
     assert (tmp_path / "exists.zip").read_bytes() == b"keep"
+
+
+@pytest.mark.parametrize("change, pattern", [
+    (lambda d: {**d, "package": "../outside"}, r"path '../outside' escapes the package"),
+    (lambda d: {**d, "files": [{"path": "README.md"}]}, r"bundle.json is malformed \(KeyError"),
+    (lambda d: {**d, "format_version": 9}, r"bundle format version 9 is not supported"),
+])
+def test_malformed_bundle_manifest_is_refused(digits_edge, tmp_path, change, pattern):
+    _bundle(digits_edge, "android", tmp_path / "good.zip")
+    _rewrite(tmp_path / "good.zip", tmp_path / "bad.zip",
+             lambda n, d: json.dumps(change(json.loads(d))).encode() if n == "bundle.json" else d)
+    assert_one_line_error(deploy("verify", tmp_path / "bad.zip"), 2, pattern)

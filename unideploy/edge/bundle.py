@@ -316,24 +316,34 @@ def verify_bundle(path: str | Path, runtime: str | None = None) -> BundleReport:
         root = Path(tmp)
         extract_zip(Path(path), root, "build the bundle again with 'deploy bundle'")
         document = _read_document(root)
-        listed: set[str] = set()  # the model package accounts for its own files
-        for entry in document["files"]:
-            file = resolve_inside(root, entry["path"])
-            if not file.is_file() or digest_path(file) != (entry["sha256"], entry["size"]):
-                raise PackageError(f"bundle file '{entry['path']}' is missing or modified (checksum mismatch)",
-                                   "the bundle is corrupt or tampered with; build it again with 'deploy bundle'")
-            listed.add(entry["path"])
-        for rel in sorted(all_files(root) - listed - {BUNDLE_MANIFEST}):
-            if not rel.startswith(f"{MODEL_DIR}/"):
-                raise PackageError(f"bundle contains '{rel}', which bundle.json does not list",
-                                   "a bundle must hold only what bundle.json checksums; build it again")
-        report = BundleReport(document["platform"])
-        with Package.open(root / document["package"]) as package:
-            report.models = verify_package(package, runtime, "cpu")
-        report.models += [ArtifactCheck(m["artifact"], "skipped", m["runtime"], COREML_UNCHECKED)
-                          for m in document["models"] if m["runtime"] == "coreml"]
-        report.code = [_check_code(root, item) for item in document["code"]]
+        try:
+            package_root = resolve_inside(root, document["package"])
+            _check_files(root, document["files"], document["package"])
+            report = BundleReport(document["platform"])
+            with Package.open(package_root) as package:
+                report.models = verify_package(package, runtime, "cpu")
+            report.models += [ArtifactCheck(m["artifact"], "skipped", m["runtime"], COREML_UNCHECKED)
+                              for m in document["models"] if m["runtime"] == "coreml"]
+            report.code = [_check_code(root, item) for item in document["code"]]
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise PackageError(f"{BUNDLE_MANIFEST} is malformed ({type(exc).__name__}: {exc})",
+                               "build the bundle again with 'deploy bundle'") from exc
         return report
+
+
+def _check_files(root: Path, entries: list[dict[str, Any]], package_dir: str) -> None:
+    """Every listed file as checksummed, and nothing else outside the inner package."""
+    listed: set[str] = set()
+    for entry in entries:
+        file = resolve_inside(root, entry["path"])
+        if not file.is_file() or digest_path(file) != (entry["sha256"], entry["size"]):
+            raise PackageError(f"bundle file '{entry['path']}' is missing or modified (checksum mismatch)",
+                               "the bundle is corrupt or tampered with; build it again with 'deploy bundle'")
+        listed.add(entry["path"])
+    for rel in sorted(all_files(root) - listed - {BUNDLE_MANIFEST}):
+        if not rel.startswith(f"{package_dir}/"):
+            raise PackageError(f"bundle contains '{rel}', which bundle.json does not list",
+                               "a bundle must hold only what bundle.json checksums; build it again")
 
 
 def _read_document(root: Path) -> dict[str, Any]:
