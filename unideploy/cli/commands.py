@@ -156,19 +156,15 @@ def _verify_bundle(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
-    from unideploy.edge.bundle import BUNDLE_MANIFEST, build_bundle
+    from unideploy.edge.bundle import build_bundle
 
     with render.status(f"bundling for {args.platform}"):
-        path = build_bundle(args.package, args.platform, args.output, args.force, args.artifact or None,
-                            args.labels, args.namespace)
-    import zipfile
-
-    with zipfile.ZipFile(path) as zf:
-        document = json.loads(zf.read(BUNDLE_MANIFEST))
+        document = build_bundle(args.package, args.platform, args.output, args.force, args.artifact or None,
+                                args.labels, args.namespace)
     if args.json:
         _print_json(document)
     else:
-        render.bundle(path, document)
+        render.bundle(Path(args.output), document)
     return 0
 
 

@@ -24,11 +24,11 @@ from typing import Any
 
 import unideploy
 from unideploy.edge.codegen.check import checker_availability, syntax_errors
-from unideploy.edge.codegen.wrapped import Wrapped, type_name, wrapped
-from unideploy.edge.coreml import COREML_PRECISION, coreml_available, torchscript_to_mlpackage
+from unideploy.edge.codegen.wrapped import Wrapped, wrapped
+from unideploy.edge.coreml import COREML_PRECISION, coreml_availability, torchscript_to_mlpackage
 from unideploy.edge.platforms import PLATFORMS, CodeFile, namespace_for
 from unideploy.errors import ExportError, InputError, PackageError
-from unideploy.package import Package, PackageWriter
+from unideploy.package import Manifest, Package, PackageWriter
 from unideploy.package.files import all_files, digest_path, extract_zip, resolve_inside, write_zip
 from unideploy.package.writer import check_destination
 from unideploy.verify import ArtifactCheck, verify_package
@@ -43,8 +43,9 @@ COREML_UNCHECKED = "not run here: Core ML predicts only on Apple platforms"
 
 def build_bundle(package_path: str | Path, platform: str, output: str | Path, overwrite: bool = False,
                  artifacts: list[str] | None = None, labels: str | Path | None = None,
-                 namespace: str | None = None) -> Path:
-    """Write ``output`` (a .zip): the chosen (default: all) mobile artifacts, wrappers and a README."""
+                 namespace: str | None = None) -> dict[str, Any]:
+    """Write ``output`` (a .zip): the chosen (default: all) mobile artifacts, wrappers and a README.
+    Returns the bundle.json document it holds."""
     if platform not in PLATFORMS:
         raise InputError(f"unknown platform '{platform}'", f"use one of: {', '.join(PLATFORMS)}")
     dest = Path(output)
@@ -60,12 +61,10 @@ def build_bundle(package_path: str | Path, platform: str, output: str | Path, ov
         staging = Path(tmp) / "bundle"
         staging.mkdir()
         _write_model_package(package, chosen, staging / MODEL_DIR)
-        name = type_name(manifest.name)
         models = _wrapped_models(package, chosen)
         import onnxruntime
 
-        code = PLATFORMS[platform].generate(name, models, namespace or namespace_for(manifest.name),
-                                            onnxruntime.__version__)
+        code = PLATFORMS[platform].generate(models, namespace or namespace_for(manifest.name), onnxruntime.__version__)
         for file in code:
             target = staging / file.path
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -74,14 +73,14 @@ def build_bundle(package_path: str | Path, platform: str, output: str | Path, ov
             (staging / "labels.txt").write_text("\n".join(label_lines) + "\n", encoding="utf-8")
         document = _bundle_document(package, platform, chosen, code, label_lines is not None)
         if platform == "ios":
-            _add_coreml(package, staging, name, document)
+            _add_coreml(package, staging, models[0].type_name, document)
         (staging / "README.md").write_text(_readme(document, code), encoding="utf-8")
         document["files"] = [_entry(staging, rel) for rel in sorted(all_files(staging))
                              if not rel.startswith(f"{MODEL_DIR}/")]
         (staging / BUNDLE_MANIFEST).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         dest.parent.mkdir(parents=True, exist_ok=True)
         write_zip(staging, dest)
-    return dest
+    return document
 
 
 def _read_labels(path: str | Path) -> list[str]:
@@ -95,7 +94,7 @@ def _read_labels(path: str | Path) -> list[str]:
     return lines
 
 
-def _check_labels(labels: list[str], manifest: Any) -> None:
+def _check_labels(labels: list[str], manifest: Manifest) -> None:
     """A labels file must name every class of the first output, no more, no fewer."""
     classes = manifest.signature.outputs[0].shape[-1] if manifest.signature.outputs else None
     if isinstance(classes, int) and classes != len(labels):
@@ -163,8 +162,9 @@ def _add_coreml(package: Package, staging: Path, name: str, document: dict[str, 
     source = package.manifest.source
     if source["framework"] != "torchscript" or not source.get("path"):
         return
-    if not coreml_available():
-        document["notes"].append("no Core ML model: coremltools is not installed (pip install 'unideploy[bundle]')")
+    found = coreml_availability()
+    if not found.ok:
+        document["notes"].append(f"no Core ML model: {found.detail} ({found.fix})")
         return
     relpath = f"ios/{name}.mlpackage"
     try:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from unideploy.errors import ExportError, first_line
 from unideploy.quiet import quiet
+from unideploy.registry import Availability, modules_availability
 from unideploy.signature import Signature
 
 # Core ML's ML program default: fp16 compute, the precision the Neural Engine runs.
@@ -20,10 +21,8 @@ COREML_PRECISION = "fp16"
 MAX_DYNAMIC_DIM = 256
 
 
-def coreml_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("coremltools") is not None
+def coreml_availability() -> Availability:
+    return modules_availability(("coremltools",), "bundle")
 
 
 def torchscript_to_mlpackage(source: Path, signature: Signature, dest: Path) -> Path:

@@ -29,14 +29,15 @@ class Platform:
     name: str
     language: str
     runtimes: str  # for the README: what the wrappers run on
-    generate: Callable[[str, list[Wrapped], str, str], list[CodeFile]]  # (type name, models, namespace, ORT version)
+    generate: Callable[[list[Wrapped], str, str], list[CodeFile]]  # (models, namespace, ORT version)
 
 
 def _by_runtime(models: list[Wrapped]) -> dict[str, Wrapped]:
     return {m.runtime: m for m in models}
 
 
-def android(type_name: str, models: list[Wrapped], namespace: str, ort_version: str) -> list[CodeFile]:
+def android(models: list[Wrapped], namespace: str, ort_version: str) -> list[CodeFile]:
+    type_name = models[0].type_name
     root = "android/src/main/kotlin/" + namespace.replace(".", "/")
     runtimes = _by_runtime(models)
     files = [CodeFile(f"{root}/{type_name}Outputs.kt", kotlin.outputs_class(models[0], namespace), "kotlin")]
@@ -49,7 +50,8 @@ def android(type_name: str, models: list[Wrapped], namespace: str, ort_version: 
     return files
 
 
-def ios(type_name: str, models: list[Wrapped], namespace: str, ort_version: str) -> list[CodeFile]:
+def ios(models: list[Wrapped], namespace: str, ort_version: str) -> list[CodeFile]:
+    type_name = models[0].type_name
     root = f"ios/Sources/{type_name}"
     runtimes = _by_runtime(models)
     files = [CodeFile(f"{root}/{type_name}Outputs.swift", swift.outputs_struct(models[0]), "swift")]

@@ -41,15 +41,9 @@ def _header(namespace: str, imports: list[str]) -> str:
 def _doc(model: Wrapped, engine: str) -> str:
     lines = ["/**", f" * {model.type_name} on {engine}, from the bundled `{model.model_file}`.", " *",
              " * Inputs are row-major arrays in the shapes below; each dynamic dimension is a parameter of run()."]
-    for t in model.inputs:
-        note = " (channels last: move the channel axis of NCHW data to the end)" if t.layout == "NHWC" else ""
-        lines.append(f" * - {t.ident}: {t.dtype} {_shape_text(t)}{note}")
+    lines += [f" * - {t.describe()}" for t in model.inputs]
     lines.append(" */")
     return "\n".join(lines)
-
-
-def _shape_text(t: WrappedTensor) -> str:
-    return "[" + ", ".join(str(d) for d in t.shape) + "]"
 
 
 def _dims(t: WrappedTensor, as_long: bool) -> str:

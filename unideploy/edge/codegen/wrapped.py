@@ -55,6 +55,11 @@ class WrappedTensor:
     shape: tuple[Dim, ...]  # in the model file's layout
     layout: str | None = None
 
+    def describe(self) -> str:
+        """``ident: dtype [dims]`` and, for a channels-last input, what that asks of the caller."""
+        note = " (channels last: move the channel axis of NCHW data to the end)" if self.layout == "NHWC" else ""
+        return f"{self.ident}: {self.dtype} [{', '.join(str(d) for d in self.shape)}]{note}"
+
 
 @dataclass(frozen=True)
 class Wrapped:
