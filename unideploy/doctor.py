@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import platform
-import shutil
 from dataclasses import asdict, dataclass
 
 from unideploy.exporters import EXPORTERS
@@ -38,7 +37,7 @@ def diagnose() -> list[Finding]:
     findings.append(_gpu_finding())
     for target in TARGETS.values():
         if target.stage_available:
-            findings.append(Finding("target", target.name, True, target.description))
+            findings.append(Finding("target", target.name, True, target.description + _runs_elsewhere(target.name)))
         else:
             findings.append(Finding("target", target.name, False,
                                     f"{target.description}: not included in this version of unideploy",
@@ -47,19 +46,27 @@ def diagnose() -> list[Finding]:
 
 
 def _gpu_finding() -> Finding:
-    """A GPU is usable when onnxruntime has a CUDA/TensorRT provider; say which piece is missing."""
+    """A GPU is usable by ONNX Runtime when it has a CUDA/TensorRT provider; say which piece is missing."""
     import onnxruntime
 
+    from unideploy.runtimes.cuda_devices import find_gpus
     from unideploy.runtimes.onnxruntime_runtime import GPU_PROVIDERS
 
+    gpus, detail = find_gpus()
     providers = [p for p in GPU_PROVIDERS if p in onnxruntime.get_available_providers()]
     if providers:
-        return Finding("device", "gpu", True, f"onnxruntime providers: {', '.join(providers)}")
-    has_driver = shutil.which("nvidia-smi") is not None
-    detail = ("NVIDIA driver present, but this onnxruntime build is CPU-only" if has_driver
-              else "no NVIDIA GPU driver (nvidia-smi) found and onnxruntime is CPU-only")
-    return Finding("device", "gpu", False, detail,
-                   "pip install onnxruntime-gpu" if has_driver else "run on a machine with an NVIDIA GPU")
+        return Finding("device", "gpu", True, f"onnxruntime providers: {', '.join(providers)}; {detail}")
+    if gpus:
+        return Finding("device", "gpu", False, f"{detail}, but this onnxruntime build is CPU-only",
+                       "pip uninstall -y onnxruntime && pip install onnxruntime-gpu")
+    return Finding("device", "gpu", False, detail, "run on a machine with an NVIDIA GPU and its driver")
+
+
+def _runs_elsewhere(target: str) -> str:
+    """The GPU target's packages are made anywhere, but their engines need TensorRT and a GPU."""
+    if target != "gpu" or RUNTIMES.get("tensorrt").availability().ok:
+        return ""
+    return " (packages can be made here; TensorRT is not usable here, so engines are built and checked on the serving GPU)"
 
 
 def machine_summary() -> str:

@@ -21,7 +21,8 @@ class Target:
 
 TARGETS = {
     "cpu": Target("cpu", "ONNX artifact for ONNX Runtime on CPU servers", ("onnxruntime",), True),
-    "gpu": Target("gpu", "TensorRT plans and ONNX Runtime CUDA", ("tensorrt", "onnxruntime"), False),
+    "gpu": Target("gpu", "TensorRT engine recipes (fp16/int8/fp32), built and cached per GPU; ONNX Runtime "
+                  "TensorRT/CUDA providers where TensorRT is absent", ("tensorrt", "onnxruntime"), True),
     "edge": Target("edge", "ORT-mobile and TFLite (fp32, fp16, int8) artifacts for phones and edge boxes",
                    ("tflite", "onnxruntime"), True),
     "ascend": Target("ascend", "MindIR / MindSpore Lite artifacts for Ascend NPUs", ("mindspore-lite",), False),
@@ -33,6 +34,6 @@ def require_target(name: str) -> Target:
     if not target.stage_available:
         raise MissingDependencyError(
             f"target '{name}' ({target.description}) needs a stage this version of unideploy does not include yet",
-            "export with --target cpu: its ONNX artifact also runs on GPUs through onnxruntime-gpu",
+            "export with --target cpu or edge; a MindIR source's package keeps its .mindir, which MindSpore runs",
         )
     return target

@@ -36,13 +36,15 @@ def verify_package(package: Package, runtime: str | None = None, device: str = "
     checks = []
     for artifact in package.manifest.artifacts:
         try:
-            cls = runtime_for(artifact, runtime)
-        except MissingDependencyError as exc:
+            cls = runtime_for(artifact, runtime, device=device)
+            engine = cls(package.path_of(artifact), package.manifest.signature_of(artifact),
+                         RuntimeOptions(device=device))
+        except MissingDependencyError as exc:  # no runtime here, or (on load) no GPU for a GPU artifact
             checks.append(ArtifactCheck(artifact.id, "skipped", reason=exc.message))
             continue
         stored = package.manifest.validation.get(artifact.id, {})
         atol, rtol = stored.get("atol", DEFAULT_ATOL), stored.get("rtol", DEFAULT_RTOL)
-        with cls(package.path_of(artifact), package.manifest.signature_of(artifact), RuntimeOptions(device=device)) as engine:
+        with engine:
             record = validate(engine.run, samples, atol, rtol, reference=package.manifest.source["framework"])
         checks.append(ArtifactCheck(
             artifact.id, "passed" if record["passed"] else "failed", cls.name,

@@ -37,6 +37,7 @@ def _optimize_request(args: argparse.Namespace) -> "OptimizeRequest":
 
 def cmd_export(args: argparse.Namespace) -> int:
     from unideploy.exporters import ExportOptions
+    from unideploy.gpu.build import GpuRequest
     from unideploy.pipeline import export_package
     from unideploy.samples import load_npz_inputs
     from unideploy.signature import parse_input_shape
@@ -50,12 +51,17 @@ def cmd_export(args: argparse.Namespace) -> int:
         native_only=args.keep_native_only,
     )
     request = _optimize_request(args)
+    gpu_options = (args.trt_precision, args.trt_profile, args.trt_workspace)
+    if args.target != "gpu" and any(gpu_options):
+        raise InputError("--trt-precision, --trt-profile and --trt-workspace apply to --target gpu only")
+    gpu = GpuRequest(tuple(args.trt_precision or ("fp16",)), args.trt_profile, args.trt_workspace,
+                     args.calibration) if args.target == "gpu" else None
     with render.status("exporting") as status:
         path = export_package(
             args.source, args.output, name=args.name, version=args.model_version, exporter=args.exporter,
             target=args.target, options=options, atol=args.atol, rtol=args.rtol, overwrite=args.force,
             optimization=request if request.requested else None, progress=lambda msg: status.update(msg),
-            edge_calibration=args.calibration if args.target == "edge" else None,
+            edge_calibration=args.calibration if args.target == "edge" else None, gpu=gpu,
         )
     return _show_package(path, args.json, render.export_summary)
 
@@ -95,7 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     inputs = load_npz_inputs(args.input, "--input")
     with Package.open(args.package) as package:
-        options = RuntimeOptions(device=args.device)
+        options = RuntimeOptions(device=args.device, engine_cache=_engine_cache(args))
         artifact, engine = open_runtime(package, args.artifact, args.runtime, options, args.target)
         with engine:
             outputs = engine.run(inputs)
@@ -112,6 +118,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         render.run_outputs(artifact.id, engine.name, outputs, args.output)
     return 0
+
+
+def _engine_cache(args: argparse.Namespace) -> Path | None:
+    return Path(args.engine_cache) if args.engine_cache else None
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -182,7 +192,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 "re-export without --static-shapes to benchmark other batch sizes",
             )
         inputs = resize_batch(sample, args.batch_size)
-        options = RuntimeOptions(device=args.device, threads=args.threads)
+        options = RuntimeOptions(device=args.device, threads=args.threads, engine_cache=_engine_cache(args))
         artifact, engine = open_runtime(package, args.artifact, args.runtime, options, args.target)
         with engine, render.progress(f"bench {artifact.id} on {engine.name}", args.iterations) as tick:
             result = benchmark(engine, inputs, args.iterations, args.warmup, tick=tick)

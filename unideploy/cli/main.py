@@ -48,6 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace an existing package at -o")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     _add_optimize_options(p, required=False)
+    g = p.add_argument_group("GPU target (--target gpu)")
+    g.add_argument("--trt-precision", action="append", choices=["fp32", "fp16", "int8"], metavar="PRECISION",
+                   help="TensorRT engine precision, repeatable: fp32, fp16, int8 (default: fp16). int8 uses the "
+                        "symmetric QDQ artifact of --int8-variant symmetric, else calibrates on --calibration")
+    g.add_argument("--trt-profile", action="append", default=[], metavar="NAME:MIN,OPT,MAX",
+                   help="shape range of a dynamic input, repeatable: ids:1x16,8x128,32x512 (default for a dynamic "
+                        "batch alone: 1, 8, 32 rows)")
+    g.add_argument("--trt-workspace", type=_positive_int, metavar="MIB", help="TensorRT builder workspace limit")
 
     p = sub.add_parser("optimize", help="add a quantized and/or pruned artifact, guarded by an accuracy budget")
     p.add_argument("package")
@@ -124,7 +132,9 @@ def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
     g.add_argument("--prune-scope", choices=["global", "tensor"], default="global",
                    help="magnitude threshold over all layers or per tensor (default: global)")
     g.add_argument("--no-refit", action="store_true", help="do not re-fit pruned layers on calibration data")
-    g.add_argument("--int8-variant", choices=["auto", "static", "dynamic"], default="auto")
+    g.add_argument("--int8-variant", choices=["auto", "static", "dynamic", "symmetric"], default="auto",
+                   help="static (QDQ, uint8 activations), dynamic (MatMul weights), symmetric (QDQ for TensorRT); "
+                        "auto picks between static and dynamic")
     g.add_argument("--calibration-method", choices=["minmax", "entropy", "percentile"], default="minmax")
     g.add_argument("--quantize-sensitive-ops", action="store_true",
                    help="also quantize LayerNorm/Softmax/GELU/... (kept in float by default)")
@@ -145,6 +155,8 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--artifact", help="artifact id to run (default: the first the runtime can run)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
     p.add_argument("--target", choices=sorted(TARGETS), help="only use runtimes that serve this target")
+    p.add_argument("--engine-cache", metavar="DIR", help="where TensorRT engines built here are kept "
+                   "(default: $UNIDEPLOY_ENGINE_CACHE, else ~/.cache/unideploy/engines)")
 
 
 def _positive_int(text: str) -> int:

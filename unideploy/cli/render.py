@@ -65,14 +65,18 @@ def _artifact_table(package: Package) -> Table:
         table.add_column(col)
     for a in m.artifacts:
         record = m.validation.get(a.id)
-        if record:
+        if record and "deferred" in record:  # the reason is in --json; the table says where it happens
+            verdict, worst, where = "[yellow]deferred[/] to the GPU", None, ""
+            tol = f"atol {record['atol']:g}, rtol {record['rtol']:g}"
+        elif record:
             verdict = "[green]passed[/]" if record["passed"] else "[red]failed[/]"
             worst = max((o["max_abs_error"] for o in record["outputs"].values()), default=0.0)
             tol = f"atol {record['atol']:g}, rtol {record['rtol']:g}"
             where = f" (batch {', '.join(map(str, record['batch_sizes']))})"
         else:
             verdict, worst, tol, where = "not validated", 0.0, "", ""
-        table.add_row(a.id, a.format, a.precision, _size(a.size), ", ".join(a.runtimes), verdict + where, _fmt(worst), tol)
+        table.add_row(a.id, a.format, a.precision, _size(a.size), ", ".join(a.runtimes), verdict + where,
+                      "" if worst is None else _fmt(worst), tol)
     return table
 
 
@@ -167,15 +171,22 @@ def _status(status: str) -> str:
     return f"[{ {'passed': 'green', 'failed': 'red', 'skipped': 'yellow'}[status] }]{status}[/]"
 
 
+_BENCH_SHOWN = {"latency_ms", "artifact", "runtime", "providers", "batch_size", "iterations", "throughput_per_s",
+                "package", "threads", "warmup"}
+
+
 def bench(result: dict[str, Any]) -> None:
     lat = result["latency_ms"]
-    table = Table(title=f"{result['artifact']} on {result['runtime']} ({', '.join(result.get('providers', []))})",
-                  title_justify="left")
+    where = ", ".join(result.get("providers", [])) or result.get("device", "")
+    table = Table(title=f"{result['artifact']} on {result['runtime']} ({where})", title_justify="left")
     for col in ("batch", "runs", "p50 ms", "p90 ms", "p99 ms", "mean ms", "throughput /s"):
         table.add_column(col, justify="right")
     table.add_row(str(result["batch_size"]), str(result["iterations"]), f"{lat['p50']:.3f}", f"{lat['p90']:.3f}",
                   f"{lat['p99']:.3f}", f"{lat['mean']:.3f}", f"{result['throughput_per_s']:.1f}")
     out.print(table)
+    for key, value in result.items():  # engine details (TensorRT: precision, profiles, where the engine came from)
+        if key not in _BENCH_SHOWN:
+            out.print(f"  {key}: {escape(str(value))}")
 
 
 def doctor(machine: str, findings: list[Finding]) -> None:

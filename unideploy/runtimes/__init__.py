@@ -11,6 +11,7 @@ RUNTIMES: Registry[Runtime] = Registry(
         "onnxruntime": "unideploy.runtimes.onnxruntime_runtime:OnnxRuntime",
         "tflite": "unideploy.runtimes.tflite_runtime:TFLiteRuntime",
         "mindspore": "unideploy.runtimes.mindspore_runtime:MindSporeRuntime",
+        "tensorrt": "unideploy.runtimes.tensorrt.runtime:TensorRTRuntime",
     },
 )
 

@@ -25,6 +25,9 @@ class RuntimeOptions:
     # Worker threads busy-wait after a run for lower latency on the next one. Off where the CPU is
     # shared with other work (a server's network threads, several models): there it costs more.
     spin: bool = True
+    # Where engines built for this GPU are kept (TensorRT, and ONNX Runtime's TensorRT provider);
+    # None: $UNIDEPLOY_ENGINE_CACHE, else ~/.cache/unideploy/engines.
+    engine_cache: Path | None = None
 
 
 class Runtime(ABC):
@@ -50,6 +53,12 @@ class Runtime(ABC):
     @abstractmethod
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run already-validated inputs; return outputs by name."""
+
+    @property
+    def max_batch_size(self) -> int | None:
+        """Most rows one call may carry (an engine's profile), None when unbounded: the server's
+        batcher never merges past it."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         """Engine details worth showing a user (device, providers, threads)."""

@@ -1,8 +1,15 @@
-"""ONNX Runtime: the embedded default runtime (CPU), using CUDA/TensorRT providers when present."""
+"""ONNX Runtime: the embedded default runtime (CPU), using CUDA/TensorRT providers when present.
+
+It is also the second GPU path for a package's TensorRT recipe (``tensorrt`` artifacts): where
+the TensorRT runtime is absent but onnxruntime-gpu is installed, the recipe's ONNX runs on ORT's
+TensorRT execution provider with the recipe's precision, profiles and workspace (engines cached
+beside the TensorRT runtime's), else on the CUDA provider.
+"""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,6 +17,8 @@ import numpy as np
 from unideploy.errors import MissingDependencyError, PackageError, RuntimeFailure, first_line
 from unideploy.registry import Availability, modules_availability
 from unideploy.runtimes.base import Runtime
+from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
+from unideploy.runtimes.tensorrt.spec import EngineSpec, check_shapes, is_engine_spec
 
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 
@@ -26,6 +35,43 @@ def choose_providers(device: str, available: list[str]) -> list[str]:
             "pip install onnxruntime-gpu on a machine with a CUDA GPU, or use --device cpu",
         )
     return gpu + ["CPUExecutionProvider"]
+
+
+def tensorrt_provider_options(spec: EngineSpec, cache_dir: Path) -> dict[str, Any]:
+    """The recipe as options of ORT's TensorRT provider, whose engines are cached per GPU by ORT."""
+    def shapes(which: str) -> str:
+        return ",".join(f"{p.name}:{'x'.join(map(str, getattr(p, which)))}" for p in spec.profiles)
+
+    options: dict[str, Any] = {
+        "trt_fp16_enable": spec.precision in ("fp16", "int8"), "trt_int8_enable": spec.precision == "int8",
+        "trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache_dir),
+        "trt_timing_cache_enable": True, "trt_timing_cache_path": str(cache_dir),
+    }
+    if spec.profiles:
+        options.update(trt_profile_min_shapes=shapes("min"), trt_profile_opt_shapes=shapes("opt"),
+                       trt_profile_max_shapes=shapes("max"))
+    if spec.workspace_mib:
+        options["trt_max_workspace_size"] = spec.workspace_mib << 20
+    return options
+
+
+def recipe_providers(spec: EngineSpec, device: str, available: list[str], cache_dir: Path) -> list[Any]:
+    """Providers for a TensorRT recipe: a GPU one or none at all, since the recipe exists to run
+    on a GPU; the CPU provider stays last for the few nodes GPU providers leave to it."""
+    if device == "cpu":
+        raise MissingDependencyError("a TensorRT artifact runs on GPUs, and the CPU was asked for",
+                                     "run the onnx-fp32 artifact on the CPU (--artifact onnx-fp32)")
+    if spec.int8 == "calibrated":
+        raise MissingDependencyError("this int8 recipe is calibrated by TensorRT itself when its engine is built, "
+                                     "which ONNX Runtime cannot do",
+                                     "install TensorRT, or export with --int8-variant symmetric for explicit int8")
+    gpu = [p for p in GPU_PROVIDERS if p in available]
+    if not gpu:
+        raise MissingDependencyError("a TensorRT artifact needs the TensorRT runtime or onnxruntime-gpu on a CUDA GPU, "
+                                     f"and neither is usable here (onnxruntime providers: {', '.join(available)})",
+                                     "'deploy doctor' says what is missing; the onnx-fp32 artifact runs on the CPU")
+    return [(p, tensorrt_provider_options(spec, cache_dir)) if p == "TensorrtExecutionProvider" else p
+            for p in gpu] + ["CPUExecutionProvider"]
 
 
 _ORT_NOISE = (
@@ -45,7 +91,7 @@ def ort_message(exc: BaseException) -> str:
 
 class OnnxRuntime(Runtime):
     name = "onnxruntime"
-    formats = ("onnx", "ort")
+    formats = ("onnx", "ort", "tensorrt")
     targets = ("cpu", "gpu", "edge")
 
     @classmethod
@@ -66,9 +112,16 @@ class OnnxRuntime(Runtime):
         if not self.options.spin:
             session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         session_options.log_severity_level = 3  # errors only; our own messages say what went wrong
-        providers = choose_providers(self.options.device, ort.get_available_providers())
+        self.spec = EngineSpec.load(self.path) if is_engine_spec(self.path) else None
+        if self.spec is not None:
+            cache = (self.options.engine_cache or default_cache_dir()) / "onnxruntime"
+            providers = recipe_providers(self.spec, self.options.device, ort.get_available_providers(), cache)
+            cache.mkdir(parents=True, exist_ok=True)
+        else:
+            providers = choose_providers(self.options.device, ort.get_available_providers())
+        model = self.spec.onnx_path if self.spec else self.path
         try:
-            self.session = ort.InferenceSession(str(self.path), session_options, providers=providers)
+            self.session = ort.InferenceSession(str(model), session_options, providers=providers)
         except Exception as exc:  # ORT raises its own untyped pybind errors
             raise PackageError(
                 f"ONNX Runtime cannot load '{self.path.name}': {ort_message(exc)}",
@@ -83,11 +136,18 @@ class OnnxRuntime(Runtime):
             )
         self._output_names = [o.name for o in self.session.get_outputs()]
 
+    @property
+    def max_batch_size(self) -> int | None:
+        return self.spec.max_batch_size if self.spec else None
+
     def describe(self) -> dict[str, Any]:
+        recipe = {"precision": self.spec.precision, "profiles": self.spec.profile_text()} if self.spec else {}
         return {"runtime": self.name, "providers": self.session.get_providers(),
-                "threads": self.options.threads or "auto"}
+                "threads": self.options.threads or "auto", **recipe}
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.spec is not None:
+            check_shapes(self.spec.profiles, inputs)
         try:
             outputs = self.session.run(self._output_names, inputs)
         except Exception as exc:

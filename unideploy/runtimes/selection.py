@@ -1,13 +1,21 @@
-"""Choosing an artifact and a runtime for a package on this machine."""
+"""Choosing an artifact and a runtime for a package on this machine.
+
+Artifacts are tried in manifest order, and ``--target gpu`` puts its TensorRT artifacts first: a
+GPU machine runs them, and anywhere else they are passed over, with the reason kept for the
+message should nothing at all be runnable.
+"""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from unideploy.errors import MissingDependencyError
 from unideploy.package import Artifact, Package
 from unideploy.runtimes import RUNTIMES, Runtime, RuntimeOptions
 
 
-def runtime_for(artifact: Artifact, runtime: str | None = None, target: str | None = None) -> type[Runtime]:
+def runtime_for(artifact: Artifact, runtime: str | None = None, target: str | None = None,
+                device: str = "auto") -> type[Runtime]:
     """The first available runtime that can run ``artifact`` (or the named one) for ``target``."""
     names = [runtime] if runtime else artifact.runtimes
     reasons = []
@@ -18,6 +26,9 @@ def runtime_for(artifact: Artifact, runtime: str | None = None, target: str | No
             continue
         if target and target not in cls.targets:
             reasons.append(f"{name} does not serve the {target} target")
+            continue
+        if device == "cpu" and cls.targets == ("gpu",):
+            reasons.append(f"{name} runs on GPUs only, and the CPU was asked for")
             continue
         found = cls.availability()
         if found.ok:
@@ -32,6 +43,9 @@ def runtime_for(artifact: Artifact, runtime: str | None = None, target: str | No
 def open_runtime(package: Package, artifact_id: str | None = None, runtime: str | None = None,
                  options: RuntimeOptions | None = None, target: str | None = None) -> tuple[Artifact, Runtime]:
     """Load the requested artifact (or the first one this machine can run for ``target``)."""
+    options = options or RuntimeOptions()
+    if target == "gpu" and options.device == "auto":
+        options = replace(options, device="gpu")  # a GPU target never quietly runs on the CPU
     if artifact_id:
         candidates = [package.manifest.artifact(artifact_id)]
     else:
@@ -39,14 +53,13 @@ def open_runtime(package: Package, artifact_id: str | None = None, runtime: str 
     errors: list[MissingDependencyError] = []
     for artifact in candidates:
         try:
-            cls = runtime_for(artifact, runtime, target)
-        except MissingDependencyError as exc:
+            cls = runtime_for(artifact, runtime, target, options.device)
+            return artifact, cls(package.path_of(artifact), package.manifest.signature_of(artifact), options)
+        except MissingDependencyError as exc:  # also raised on load: a GPU artifact without a GPU
             errors.append(exc)
-            continue
-        return artifact, cls(package.path_of(artifact), package.manifest.signature_of(artifact), options)
     if len(errors) == 1:
         raise errors[0]
     raise MissingDependencyError(
-        "no artifact in this package can run here: " + "; ".join(e.message for e in errors),
+        "no artifact in this package can run here: " + "; ".join(dict.fromkeys(e.message for e in errors)),
         "run 'deploy doctor' to see what is missing",
     )

@@ -152,8 +152,10 @@ class ModelRegistry:
             log.error("model %s version %s failed to load, previous version keeps serving: %s",
                       model.name, src.version, reason)
             return
-        if served.batcher is None and model.settings.max_batch_size > 1 and served.signature.has_dynamic_batch:
-            served.batcher = DynamicBatcher(served.runtime.run, self.executor, model.settings.max_batch_size,
+        rows = min(model.settings.max_batch_size, served.runtime.max_batch_size or model.settings.max_batch_size)
+        if served.batcher is None and rows > 1 and served.signature.has_dynamic_batch:
+            # never merged past what the engine was built for (a TensorRT profile's max batch)
+            served.batcher = DynamicBatcher(served.runtime.run, self.executor, rows,
                                             model.settings.max_queue_delay_ms / 1000.0)
         old = model.versions.get(src.version)
         model.versions[src.version] = served  # visible only now, warmed
@@ -168,9 +170,9 @@ class ModelRegistry:
     def _open(src: VersionSource, settings: ModelSettings) -> ServedVersion:
         package = Package.open(src.path)
         try:
-            # no spinning: the event loop and network threads need the cores between requests
-            _, runtime = open_runtime(package, settings.artifact, options=RuntimeOptions(device="auto", spin=False),
-                                      target="cpu")
+            # no spinning: the event loop and network threads need the cores between requests. No
+            # target: a GPU machine serves a package's TensorRT artifact, any other its ONNX one.
+            _, runtime = open_runtime(package, settings.artifact, options=RuntimeOptions(device="auto", spin=False))
             sample = package.reference_samples()[0].inputs
             runtime.run(sample)  # warm-up: first inference pays for allocations
         except BaseException:

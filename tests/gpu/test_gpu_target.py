@@ -1,0 +1,211 @@
+"""``deploy export --target gpu`` on a machine without a GPU or TensorRT, as CI has it.
+
+Everything that does not need a GPU is real here: the recipes and their checks, the int8 route
+(explicit QDQ or calibrator), the tolerances written for the serving GPU, the selection that
+passes over GPU artifacts to the ONNX one, and the messages when a GPU artifact is asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from console import assert_one_line_error, deploy
+from unideploy.errors import MissingDependencyError, PackageError
+from unideploy.package import Package
+from unideploy.runtimes import RUNTIMES, RuntimeOptions
+from unideploy.runtimes.tensorrt.precision import tensorrt_qdq_problem
+from unideploy.runtimes.tensorrt.spec import EngineSpec
+
+pytestmark = pytest.mark.skipif(RUNTIMES.get("tensorrt").availability().ok,
+                                reason="these tests cover machines without TensorRT; this one has it")
+
+
+@pytest.fixture(scope="module")
+def gpu_package(torch_models, tmp_path_factory):
+    path, shapes = torch_models["cnn_scripted"]
+    out = tmp_path_factory.mktemp("gpu") / "cnn.udp"
+    args = ["export", path, "-o", out, "--target", "gpu", "--trt-precision", "fp16", "--trt-precision", "fp32",
+            "--trt-profile", "x:1x1x8x8,4x1x8x8,16x1x8x8", "--trt-workspace", "256"]
+    for shape in shapes:
+        args += ["--input-shape", shape]
+    result = deploy(*args)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_the_package_lists_its_tensorrt_recipes_first_with_deferred_checks(gpu_package):
+    with Package.open(gpu_package) as package:
+        m = package.manifest
+        assert [a.id for a in m.artifacts] == ["tensorrt-fp16", "tensorrt-fp32", "onnx-fp32"]
+        fp16 = m.artifact("tensorrt-fp16")
+        assert (fp16.format, fp16.runtimes, fp16.targets, fp16.derived_from) == (
+            "tensorrt", ["tensorrt", "onnxruntime"], ["gpu"], "onnx-fp32")
+        spec = EngineSpec.load(package.path_of(fp16))
+        assert spec.onnx_path == package.path_of("onnx-fp32")
+        assert spec.onnx_sha256 == m.artifact("onnx-fp32").sha256
+        assert spec.profile_text() == {"x": "1x1x8x8 / 4x1x8x8 / 16x1x8x8"}
+        assert (spec.workspace_mib, spec.max_batch_size, spec.int8) == (256, 16, None)
+        record = m.validation["tensorrt-fp16"]
+        assert "TensorRT cannot run where the package was made" in record["deferred"]
+        largest = max(float(np.abs(s.outputs["output"]).max()) for s in package.reference_samples())
+        assert record["atol"] == pytest.approx(0.01 * largest) and record["rtol"] == 0.01
+        assert m.validation["tensorrt-fp32"]["atol"] >= 1e-4 and m.validation["tensorrt-fp32"]["rtol"] == 1e-3
+
+
+def test_without_a_gpu_the_onnx_artifact_serves_and_gpu_artifacts_say_why_not(gpu_package, tmp_path):
+    np.savez(tmp_path / "in.npz", x=np.random.default_rng(0).random((3, 1, 8, 8), dtype=np.float32))
+    result = deploy("run", gpu_package, "--input", tmp_path / "in.npz", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["artifact"] == "onnx-fp32"
+
+    asked = deploy("run", gpu_package, "--input", tmp_path / "in.npz", "--artifact", "tensorrt-fp16")
+    assert_one_line_error(asked, 2, r"needs the TensorRT runtime or onnxruntime-gpu on a CUDA GPU.*deploy doctor")
+    on_cpu = deploy("run", gpu_package, "--input", tmp_path / "in.npz", "--artifact", "tensorrt-fp16",
+                    "--device", "cpu")
+    assert_one_line_error(on_cpu, 2, r"runs on GPUs, and the CPU was asked for.*--artifact onnx-fp32")
+    gpu_only = deploy("run", gpu_package, "--input", tmp_path / "in.npz", "--target", "gpu")
+    assert_one_line_error(gpu_only, 2, r"no artifact in this package can run here")
+
+
+def test_verify_skips_the_gpu_artifacts_with_the_reason_and_passes_the_rest(gpu_package):
+    result = deploy("verify", gpu_package, "--json")
+    assert result.returncode == 0, result.stderr
+    checks = {c["artifact"]: c for c in json.loads(result.stdout)["artifacts"]}
+    assert checks["onnx-fp32"]["status"] == "passed"
+    for precision in ("fp16", "fp32"):
+        assert checks[f"tensorrt-{precision}"]["status"] == "skipped"
+        assert "GPU" in checks[f"tensorrt-{precision}"]["reason"]
+
+
+def test_a_tampered_recipe_is_refused_by_the_package_and_by_the_runtime(gpu_package, tmp_path):
+    copy = tmp_path / "copy.udp"
+    shutil.copytree(gpu_package, copy)
+    recipe = copy / "artifacts" / "tensorrt-fp16.engine.json"
+    data = json.loads(recipe.read_text())
+    data["onnx"] = "../../elsewhere.onnx"
+    recipe.write_text(json.dumps(data))
+    assert_one_line_error(deploy("inspect", copy), 2, r"tensorrt-fp16.engine.json.*(truncated or modified|checksum)")
+    with pytest.raises(PackageError, match="outside its folder"):
+        EngineSpec.load(recipe)
+    data["onnx"] = "model.onnx"
+    data["onnx_sha256"] = "0" * 64
+    recipe.write_text(json.dumps(data))
+    with pytest.raises(PackageError, match="does not match its checksum"):
+        EngineSpec.load(recipe)
+    recipe.write_text("{")
+    with pytest.raises(PackageError, match="cannot be read"):
+        EngineSpec.load(recipe)
+
+
+def test_the_tensorrt_runtime_says_what_is_missing_here(gpu_package):
+    tensorrt = RUNTIMES.get("tensorrt")
+    found = tensorrt.availability()
+    assert not found.ok and "pypi.nvidia.com" in (found.fix or "") + found.detail or "GPU" in found.detail
+    with Package.open(gpu_package) as package:
+        artifact = package.manifest.artifact("tensorrt-fp16")
+        with pytest.raises(MissingDependencyError, match="TensorRT cannot run here"):
+            tensorrt(package.path_of(artifact), package.manifest.signature, RuntimeOptions(device="gpu"))
+        with pytest.raises(MissingDependencyError, match="GPUs only"):
+            tensorrt(package.path_of(artifact), package.manifest.signature, RuntimeOptions(device="cpu"))
+
+
+@pytest.mark.parametrize("extra, pattern", [
+    (["--trt-profile", "x:1x1x8x8,64x1x8x8,8x1x8x8"], r"min <= opt <= max"),
+    (["--trt-profile", "y:1x1"], r"unknown input"),
+    (["--trt-precision", "int8"], r"TensorRT int8 needs a symmetric QDQ int8 artifact.*--int8-variant symmetric"),
+    (["--trt-workspace", "0"], r"must be at least 1"),
+])
+def test_bad_gpu_options_fail_before_anything_is_written(torch_models, tmp_path, extra, pattern):
+    path, shapes = torch_models["cnn_scripted"]
+    out = tmp_path / "never.udp"
+    result = deploy("export", path, "-o", out, "--target", "gpu", *sum((["--input-shape", s] for s in shapes), []),
+                    *extra)
+    assert result.returncode == 2, result.stderr
+    assert re.search(pattern, result.stderr), result.stderr
+    assert not out.exists()
+
+
+def test_gpu_options_without_the_gpu_target_are_refused(torch_models, tmp_path):
+    path, _ = torch_models["cnn_scripted"]
+    result = deploy("export", path, "-o", tmp_path / "x.udp", "--trt-precision", "fp16")
+    assert_one_line_error(result, 2, "apply to --target gpu only")
+
+
+def test_int8_prefers_the_symmetric_qdq_artifact(digits, tmp_path):
+    """Explicit quantization: scales from the accuracy-checked symmetric QDQ artifact."""
+    out = tmp_path / "explicit.udp"
+    result = deploy("export", digits["model"], "-o", out, "--example-input", _examples(digits, tmp_path),
+                    "--target", "gpu", "--trt-precision", "int8", "--quantize", "int8", "--int8-variant", "symmetric",
+                    "--calibration", digits["data"])
+    assert result.returncode == 0, result.stderr
+    with Package.open(out) as package:
+        m = package.manifest
+        trt = m.artifact("tensorrt-int8")
+        assert trt.derived_from == "onnx-int8" and m.optimizations[-1]["accuracy"]["within_budget"]
+        spec = EngineSpec.load(package.path_of(trt))
+        assert (spec.int8, spec.onnx, spec.calibration) == ("explicit", "model.int8.onnx", None)
+        assert "twice the tolerance of 'onnx-int8'" in m.validation["tensorrt-int8"]["tolerance_basis"]
+
+
+def test_int8_without_a_usable_qdq_artifact_ships_calibration_data(digits, tmp_path):
+    """The CPU-tuned static variant (uint8 activations) cannot feed TensorRT: the engine is then
+    calibrated on the serving GPU, from data shipped in the package and covered by the key."""
+    out = tmp_path / "calibrated.udp"
+    result = deploy("export", digits["model"], "-o", out, "--example-input", _examples(digits, tmp_path),
+                    "--target", "gpu", "--trt-precision", "int8", "--quantize", "int8", "--int8-variant", "static",
+                    "--calibration", digits["data"])
+    assert result.returncode == 0, result.stderr
+    with Package.open(out) as package:
+        trt = package.manifest.artifact("tensorrt-int8")
+        assert trt.derived_from == "onnx-fp32"
+        why = tensorrt_qdq_problem(package.path_of("onnx-int8"))
+        assert "uint8" in why and "asymmetric" in why
+        assert [f["path"] for f in trt.files] == ["artifacts/tensorrt-calibration.npz"]
+        spec = EngineSpec.load(package.path_of(trt))
+        assert spec.int8 == "calibrated" and spec.calibration_sha256 == trt.files[0]["sha256"]
+        from unideploy.runtimes.tensorrt.build import calibration_batches
+
+        batches = calibration_batches(spec)
+        assert {b["x"].shape[0] for b in batches} == {8}  # the profile's opt batch
+        assert sum(b["x"].shape[0] for b in batches) <= 512
+        # ONNX Runtime cannot calibrate: the recipe is refused there with the reason, not run as fp32
+        with pytest.raises(MissingDependencyError, match="calibrated by TensorRT itself"):
+            RUNTIMES.get("onnxruntime")(package.path_of(trt), package.manifest.signature, RuntimeOptions())
+
+
+def _examples(digits, tmp_path):
+    examples = tmp_path / "examples.npz"
+    with np.load(digits["data"]) as data:
+        np.savez(examples, x=data["x"][:8])
+    return examples
+
+
+def test_the_server_serves_a_gpu_package_from_its_onnx_artifact_here(gpu_package, tmp_path):
+    """Same package on a GPU server runs on TensorRT; here, with no GPU, on ONNX Runtime's CPU."""
+    from serving import start_server, stop_server
+
+    repo = tmp_path / "repo"
+    shutil.copytree(gpu_package, repo / "cnn" / "1")
+    server = start_server(repo, tmp_path)
+    try:
+        x = np.random.default_rng(1).random((2, 1, 8, 8), dtype=np.float32)
+        with server.client() as client:
+            reply = client.post("/v2/models/cnn/infer", json={"inputs": [
+                {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]})
+        assert reply.status_code == 200, reply.text
+        (output,) = reply.json()["outputs"]
+        expected = RUNTIMES.get("onnxruntime")(gpu_package / "artifacts" / "model.onnx", _signature(gpu_package),
+                                               RuntimeOptions(device="cpu")).run({"x": x})["output"]
+        np.testing.assert_allclose(np.array(output["data"]).reshape(output["shape"]), expected, rtol=1e-5, atol=1e-6)
+    finally:
+        stop_server(server)
+
+
+def _signature(package_path):
+    with Package.open(package_path) as package:
+        return package.manifest.signature
