@@ -3,10 +3,10 @@
 Loading finds a plan whose key (GPU model, compute capability, TensorRT version, precision,
 profiles, workspace, ONNX and calibration checksums) equals this machine's: first among those
 shipped in the package, then in the engine cache; otherwise it builds one, caches it, and says
-why it had to. Running goes through Polygraphy's ``TrtRunner``: device buffers allocated once
-and grown on demand, inputs and outputs bound by name, ``execute_async_v3`` on the runner's
-stream. One execution context serves one call at a time, so calls are serialized; the server's
-dynamic batcher is what turns concurrent requests into full batches.
+why it had to. Running (``execution.py``): device buffers grown on demand, inputs and outputs
+bound by name, ``execute_async_v3`` on the context's own stream. One execution context serves one
+call at a time, so calls are serialized; the server's dynamic batcher is what turns concurrent
+requests into full batches.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from unideploy.registry import Availability, modules_availability
 from unideploy.runtimes.base import Runtime
 from unideploy.runtimes.cuda_devices import Gpu, find_gpus
 from unideploy.runtimes.tensorrt.engine_cache import EngineCache, EngineKey, cached_or_built
+from unideploy.runtimes.tensorrt.execution import EngineExecution
 from unideploy.runtimes.tensorrt.spec import EngineSpec, check_shapes
 
 log = logging.getLogger("unideploy.tensorrt")
@@ -61,7 +62,7 @@ class TensorRTRuntime(Runtime):
         if not found.ok:
             raise MissingDependencyError(f"TensorRT cannot run here: {found.detail}", found.fix)
         import tensorrt as trt
-        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+        from polygraphy.backend.trt import EngineFromBytes
 
         from unideploy.runtimes.tensorrt.build import build_engine, quiet_polygraphy
 
@@ -93,8 +94,8 @@ class TensorRTRuntime(Runtime):
             raise PackageError(f"the TensorRT engine's tensors {sorted(names)} do not match the signature "
                                f"({self.signature.input_names} -> {self.signature.output_names})",
                                "the package is inconsistent; export it again")
-        self._runner = TrtRunner(engine)
-        self._runner.activate()
+        self._engine = engine
+        self._execution = EngineExecution(engine, self.signature.output_names)
         self._lock = threading.Lock()
 
     @property
@@ -111,16 +112,16 @@ class TensorRTRuntime(Runtime):
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         check_shapes(self.spec.profiles, inputs)
-        feed = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
         with self._lock:
             try:
-                outputs = self._runner.infer(feed, check_inputs=False)
-            except Exception as exc:
+                return self._execution.run(inputs)
+            except RuntimeFailure:
+                raise
+            except Exception as exc:  # CUDA errors surface as Polygraphy exceptions
                 raise RuntimeFailure(f"TensorRT failed: {first_line(exc)}") from exc
-            # the runner reuses its output buffers on the next call: copy before releasing the lock
-            return {name: np.array(outputs[name], copy=True) for name in self.signature.output_names}
 
     def close(self) -> None:
-        runner = self.__dict__.pop("_runner", None)
-        if runner is not None and runner.is_active:
-            runner.deactivate()
+        execution = self.__dict__.pop("_execution", None)
+        if execution is not None:
+            execution.close()
+        self.__dict__.pop("_engine", None)
