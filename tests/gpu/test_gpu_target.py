@@ -138,12 +138,7 @@ def test_gpu_options_without_the_gpu_target_are_refused(torch_models, tmp_path):
 
 def test_int8_prefers_the_symmetric_qdq_artifact(digits, tmp_path):
     """Explicit quantization: scales from the accuracy-checked symmetric QDQ artifact."""
-    out = tmp_path / "explicit.udp"
-    result = deploy("export", digits["model"], "-o", out, "--example-input", _examples(digits, tmp_path),
-                    "--target", "gpu", "--trt-precision", "int8", "--quantize", "int8", "--int8-variant", "symmetric",
-                    "--calibration", digits["data"])
-    assert result.returncode == 0, result.stderr
-    with Package.open(out) as package:
+    with Package.open(_export_int8(digits, tmp_path, "symmetric")) as package:
         m = package.manifest
         trt = m.artifact("tensorrt-int8")
         assert trt.derived_from == "onnx-int8" and m.optimizations[-1]["accuracy"]["within_budget"]
@@ -155,12 +150,7 @@ def test_int8_prefers_the_symmetric_qdq_artifact(digits, tmp_path):
 def test_int8_without_a_usable_qdq_artifact_ships_calibration_data(digits, tmp_path):
     """The CPU-tuned static variant (uint8 activations) cannot feed TensorRT: the engine is then
     calibrated on the serving GPU, from data shipped in the package and covered by the key."""
-    out = tmp_path / "calibrated.udp"
-    result = deploy("export", digits["model"], "-o", out, "--example-input", _examples(digits, tmp_path),
-                    "--target", "gpu", "--trt-precision", "int8", "--quantize", "int8", "--int8-variant", "static",
-                    "--calibration", digits["data"])
-    assert result.returncode == 0, result.stderr
-    with Package.open(out) as package:
+    with Package.open(_export_int8(digits, tmp_path, "static")) as package:
         trt = package.manifest.artifact("tensorrt-int8")
         assert trt.derived_from == "onnx-fp32"
         why = tensorrt_qdq_problem(package.path_of("onnx-int8"))
@@ -178,11 +168,16 @@ def test_int8_without_a_usable_qdq_artifact_ships_calibration_data(digits, tmp_p
             RUNTIMES.get("onnxruntime")(package.path_of(trt), package.manifest.signature, RuntimeOptions())
 
 
-def _examples(digits, tmp_path):
-    examples = tmp_path / "examples.npz"
+def _export_int8(digits, tmp_path, variant):
+    """The digits model exported for a TensorRT int8 engine, with an ONNX int8 artifact of ``variant``."""
+    examples, out = tmp_path / "examples.npz", tmp_path / f"{variant}.udp"
     with np.load(digits["data"]) as data:
         np.savez(examples, x=data["x"][:8])
-    return examples
+    result = deploy("export", digits["model"], "-o", out, "--example-input", examples, "--target", "gpu",
+                    "--trt-precision", "int8", "--quantize", "int8", "--int8-variant", variant,
+                    "--calibration", digits["data"])
+    assert result.returncode == 0, result.stderr
+    return out
 
 
 def test_the_server_serves_a_gpu_package_from_its_onnx_artifact_here(gpu_package, tmp_path):

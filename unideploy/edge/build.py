@@ -16,13 +16,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from unideploy.edge.tflite import onnx_to_saved_model, saved_model_to_tflite, tflite_signature
 from unideploy.errors import ExportError, MissingDependencyError, first_line
-from unideploy.package import Artifact, Package, PackageWriter
+from unideploy.package import Artifact, Package
+from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.signature import CHANNELS_LAST, Signature, to_channels_last
 from unideploy.validation import (
@@ -30,7 +31,6 @@ from unideploy.validation import (
 )
 
 Progress = Callable[[str], None]
-Added = tuple[Artifact, Path, dict[str, Path], dict[str, Any]]
 
 
 def _to_ort(onnx_path: Path, workdir: Path) -> tuple[Path, Path]:
@@ -58,7 +58,7 @@ def _calibration_batches(path: str | Path, source: Signature, model: Signature) 
 
 
 def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calibration: str | Path | None,
-                      references: list, say: Progress) -> list[Added]:
+                      references: list, say: Progress) -> list[AddedArtifact]:
     manifest = package.manifest
     framework = manifest.source["framework"]
     tflite = RUNTIMES.get("tflite")
@@ -73,7 +73,7 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
         saved_model, route = onnx_to_saved_model(package.path_of(base), work), "onnx2tf + TensorFlow's converter"
     else:
         raise ExportError("the package has no ONNX artifact to convert from")
-    added: list[Added] = []
+    added: list[AddedArtifact] = []
     signature = None  # the model's own signature (layout), known once fp32 is converted
     for precision in ("fp32", "fp16") + (("int8",) if calibration else ()):
         say(f"converting to TFLite ({precision}, {route})")
@@ -104,7 +104,7 @@ def build_edge(package_path: str | Path, output: str | Path, overwrite: bool = F
         base = next((a for a in manifest.artifacts if a.format == "onnx" and a.derived_from is None), None)
         references = [(s.inputs, s.outputs) for s in package.reference_samples()]
         framework = manifest.source["framework"]
-        added: list[Added] = []
+        added: list[AddedArtifact] = []
         notes = []
 
         if base is not None:
@@ -123,15 +123,4 @@ def build_edge(package_path: str | Path, output: str | Path, overwrite: bool = F
             say(notes[-1])
 
         say("writing the package")
-        destination = Path(output)
-        same = destination.resolve() == Path(package_path).resolve()
-        with PackageWriter(destination, overwrite=overwrite or same) as writer:
-            updated = writer.add_package(package)
-            ids = {a.id for a, *_ in added}
-            updated.artifacts = [a for a in updated.artifacts if a.id not in ids]
-            for artifact, path, companions, record in added:
-                updated.artifacts.append(writer.add_artifact(path, artifact, companions))
-                updated.validation[artifact.id] = record
-            if notes:
-                updated.description = "; ".join(notes)
-            return writer.commit(updated)
+        return extend_package(package, package_path, output, added, overwrite, description="; ".join(notes))

@@ -21,8 +21,9 @@ from typing import Any, Callable
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.package import Artifact, Manifest, Package, PackageWriter
+from unideploy.package import Artifact, Manifest, Package
 from unideploy.package.files import digest_path
+from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.runtimes.tensorrt.precision import PRECISIONS, BuildPlan, plan_build
 from unideploy.runtimes.tensorrt.profiles import build_profiles
@@ -123,7 +124,7 @@ def build_gpu(package_path: str | Path, output: str | Path, request: GpuRequest 
         profiles = build_profiles(manifest.signature, request.profiles)
         references = [(s.inputs, s.outputs) for s in package.reference_samples()]
         calibration = None
-        added: list[tuple[Artifact, Path, dict[str, Path], dict[str, Any]]] = []
+        added: list[AddedArtifact] = []
         for precision in dict.fromkeys(request.precisions):
             plan = plan_build(manifest, precision, package.path_of, request.calibration is not None)
             say(f"TensorRT {precision}: {plan.reason}")
@@ -152,15 +153,4 @@ def build_gpu(package_path: str | Path, output: str | Path, request: GpuRequest 
                                    targets=["gpu"]), spec_path, companions, record))
 
         say("writing the package")
-        destination = Path(output)
-        same = destination.resolve() == Path(package_path).resolve()
-        with PackageWriter(destination, overwrite=overwrite or same) as writer:
-            updated = writer.add_package(package)
-            ids = {a.id for a, *_ in added}
-            kept = [a for a in updated.artifacts if a.id not in ids]
-            new = []
-            for artifact, path, companions, record in added:
-                new.append(writer.add_artifact(path, artifact, companions))
-                updated.validation[artifact.id] = record
-            updated.artifacts = new + kept
-            return writer.commit(updated)
+        return extend_package(package, package_path, output, added, overwrite, first=True)

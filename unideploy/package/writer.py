@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 
@@ -104,3 +105,28 @@ class PackageWriter:
                  tb: TracebackType | None) -> None:
         if exc_type is not None:
             self.abort()
+
+
+# (artifact, its file, companion files by package path, its validation record)
+AddedArtifact = tuple[Artifact, Path, dict[str, Path], dict[str, Any]]
+
+
+def extend_package(package: Package, package_path: str | Path, output: str | Path, added: list[AddedArtifact],
+                   overwrite: bool = False, first: bool = False, description: str | None = None) -> Path:
+    """Write ``output``: ``package`` with ``added`` replacing artifacts of the same ids (listed before
+    the others when ``first``: artifacts to be preferred where they can run). ``output`` may be the
+    package itself: the stages that add artifacts (edge, GPU) update in place too."""
+    destination = Path(output)
+    same = destination.resolve() == Path(package_path).resolve()
+    with PackageWriter(destination, overwrite=overwrite or same) as writer:
+        updated = writer.add_package(package)
+        ids = {artifact.id for artifact, *_ in added}
+        kept = [a for a in updated.artifacts if a.id not in ids]
+        new = []
+        for artifact, path, companions, record in added:
+            new.append(writer.add_artifact(path, artifact, companions))
+            updated.validation[artifact.id] = record
+        updated.artifacts = new + kept if first else kept + new
+        if description:
+            updated.description = description
+        return writer.commit(updated)
