@@ -79,9 +79,10 @@ def _calibration_file(path: str | Path, manifest: Manifest, work: Path) -> Path:
 
 
 def _stage_recipe(package: Package, plan: BuildPlan, request: GpuRequest, profiles: list, work: Path,
-                  calibration: Path | None) -> EngineSpec:
+                  calibration: Path | None) -> tuple[EngineSpec, Path]:
     """Write the recipe into ``work/artifacts`` beside a link to its ONNX, as it will lie in the
-    package, so the same files serve the checks here, the build here and the package."""
+    package, so the same files serve the checks here, the build here and the package; return it
+    and its path."""
     folder = work / ARTIFACTS
     folder.mkdir(exist_ok=True)
     onnx_name = PurePosixPath(plan.artifact.path).relative_to(ARTIFACTS).as_posix()
@@ -97,13 +98,13 @@ def _stage_recipe(package: Package, plan: BuildPlan, request: GpuRequest, profil
         calibration_sha256=digest_path(calibration)[0] if plan.calibrate and calibration else None,
         engines=f"engines/tensorrt-{plan.precision}", root=folder,
     )
-    spec.write(folder / f"tensorrt-{plan.precision}{SPEC_SUFFIX}")
+    path = spec.write(folder / f"tensorrt-{plan.precision}{SPEC_SUFFIX}")
     spec.check()
     if plan.calibrate:
         from unideploy.runtimes.tensorrt.build import calibration_batches
 
         calibration_batches(spec)  # enough rows for one batch of the profile, or a clear error now
-    return spec
+    return spec, path
 
 
 def build_gpu(package_path: str | Path, output: str | Path, request: GpuRequest | None = None,
@@ -130,8 +131,7 @@ def build_gpu(package_path: str | Path, output: str | Path, request: GpuRequest 
             say(f"TensorRT {precision}: {plan.reason}")
             if plan.calibrate and calibration is None:
                 calibration = _calibration_file(request.calibration, manifest, work)
-            spec = _stage_recipe(package, plan, request, profiles, work, calibration)
-            spec_path = work / ARTIFACTS / f"tensorrt-{precision}{SPEC_SUFFIX}"
+            spec, spec_path = _stage_recipe(package, plan, request, profiles, work, calibration)
             tolerance = engine_tolerance(plan, manifest, references)
             companions = {f"{ARTIFACTS}/{CALIBRATION_FILE}": calibration} if spec.calibration else {}
             if found.ok:

@@ -18,6 +18,7 @@ from unideploy.errors import MissingDependencyError, PackageError, RuntimeFailur
 from unideploy.registry import Availability, modules_availability
 from unideploy.runtimes.base import Runtime
 from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
+from unideploy.runtimes.tensorrt.profiles import shape_text
 from unideploy.runtimes.tensorrt.spec import EngineSpec, check_shapes, is_engine_spec
 
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
@@ -40,7 +41,7 @@ def choose_providers(device: str, available: list[str]) -> list[str]:
 def tensorrt_provider_options(spec: EngineSpec, cache_dir: Path) -> dict[str, Any]:
     """The recipe as options of ORT's TensorRT provider, whose engines are cached per GPU by ORT."""
     def shapes(which: str) -> str:
-        return ",".join(f"{p.name}:{'x'.join(map(str, getattr(p, which)))}" for p in spec.profiles)
+        return ",".join(f"{p.name}:{shape_text(getattr(p, which))}" for p in spec.profiles)
 
     options: dict[str, Any] = {
         "trt_fp16_enable": spec.precision in ("fp16", "int8"), "trt_int8_enable": spec.precision == "int8",

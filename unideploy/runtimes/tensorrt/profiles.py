@@ -30,6 +30,11 @@ class InputProfile:
         return len(shape) == len(self.min) and all(lo <= d <= hi for lo, d, hi in zip(self.min, shape, self.max))
 
 
+def shape_text(dims: tuple[int, ...]) -> str:
+    """A shape as ``--trt-profile`` and ONNX Runtime's TensorRT provider write it: ``1x3x32x32``."""
+    return "x".join(map(str, dims))
+
+
 def parse_profile(text: str) -> tuple[str, tuple[tuple[int, ...], ...]]:
     """``NAME:MIN,OPT,MAX`` with each shape as ``1x128`` (one shape alone means min = opt = max)."""
     name, sep, shapes = text.partition(":")

@@ -46,19 +46,24 @@ class TensorRTRuntime(Runtime):
 
     @classmethod
     def availability(cls) -> Availability:
+        return cls._probe()[0]
+
+    @staticmethod
+    def _probe() -> tuple[Availability, list[Gpu]]:
+        """Whether TensorRT can run here, and the GPUs NVML lists (asked once per load)."""
         found = modules_availability(("tensorrt", "polygraphy", "pynvml"), None)
         if not found.ok:
-            return Availability(False, found.detail, INSTALL_HINT)
+            return Availability(False, found.detail, INSTALL_HINT), []
         gpus, detail = find_gpus()
         if not gpus:
-            return Availability(False, detail, "run on a machine with an NVIDIA GPU and its driver")
-        return Availability(True, f"{found.detail}; {detail}")
+            return Availability(False, detail, "run on a machine with an NVIDIA GPU and its driver"), []
+        return Availability(True, f"{found.detail}; {detail}"), gpus
 
     def _load(self) -> None:
         if self.options.device == "cpu":
             raise MissingDependencyError("TensorRT runs on NVIDIA GPUs only, and the CPU was asked for",
                                          "use --device auto or gpu, or run another artifact on the CPU")
-        found = self.availability()
+        found, gpus = self._probe()
         if not found.ok:
             raise MissingDependencyError(f"TensorRT cannot run here: {found.detail}", found.fix)
         import tensorrt as trt
@@ -68,8 +73,8 @@ class TensorRTRuntime(Runtime):
 
         quiet_polygraphy()
         self.spec = EngineSpec.load(self.path)
-        self.gpu = cuda_device(find_gpus()[0])
-        key = EngineKey.make(self.spec.onnx_sha256, self.spec.precision, list(self.spec.profiles), self.gpu.name,
+        self.gpu = cuda_device(gpus)
+        self.key = key = EngineKey.make(self.spec.onnx_sha256, self.spec.precision, list(self.spec.profiles), self.gpu.name,
                              self.gpu.compute_capability, trt.__version__, self.spec.workspace_mib,
                              self.spec.calibration_sha256)
         cache = EngineCache(self.options.engine_cache)
@@ -103,10 +108,8 @@ class TensorRTRuntime(Runtime):
         return self.spec.max_batch_size
 
     def describe(self) -> dict[str, Any]:
-        import tensorrt as trt
-
         return {"runtime": self.name, "device": self.gpu.name, "compute_capability": self.gpu.compute_capability,
-                "tensorrt": trt.__version__, "precision": self.spec.precision,
+                "tensorrt": self.key.tensorrt, "precision": self.spec.precision,
                 **({"int8": self.spec.int8} if self.spec.int8 else {}),
                 "profiles": self.spec.profile_text(), "engine": self.engine_source}
 

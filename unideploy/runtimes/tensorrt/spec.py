@@ -19,7 +19,7 @@ from typing import Any
 
 from unideploy.errors import InputError, PackageError
 from unideploy.package.files import digest_path
-from unideploy.runtimes.tensorrt.profiles import InputProfile
+from unideploy.runtimes.tensorrt.profiles import InputProfile, shape_text
 
 SPEC_FORMAT = "unideploy-tensorrt-engine"
 SPEC_VERSION = 1
@@ -64,10 +64,7 @@ class EngineSpec:
 
     def profile_text(self) -> dict[str, str]:
         """Profiles as ``min / opt / max`` per input, each shape ``1x3x32x32``, for people."""
-        def shape(dims: tuple[int, ...]) -> str:
-            return "x".join(map(str, dims))
-
-        return {p.name: " / ".join(shape(s) for s in (p.min, p.opt, p.max)) for p in self.profiles}
+        return {p.name: " / ".join(shape_text(s) for s in (p.min, p.opt, p.max)) for p in self.profiles}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,7 +145,7 @@ def check_shapes(profiles: tuple[InputProfile, ...], inputs: dict[str, Any]) -> 
         shape = tuple(inputs[profile.name].shape) if profile.name in inputs else None
         if shape is None or profile.contains(shape):
             continue
-        grow = "x".join(str(max(a, b)) for a, b in zip(shape, profile.max)) if len(shape) == len(profile.max) else None
+        grow = shape_text(tuple(map(max, shape, profile.max))) if len(shape) == len(profile.max) else None
         raise InputError(
             f"input '{profile.name}' has shape {list(shape)}, outside the TensorRT engine's profile "
             f"(min {list(profile.min)}, max {list(profile.max)})",
