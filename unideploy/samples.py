@@ -11,7 +11,7 @@ from unideploy.signature import Signature, TensorSpec, normalize_dtype
 
 # Batch sizes at which every export is validated when the batch dimension is dynamic.
 VALIDATION_BATCH_SIZES = (1, 4)
-# Example size for a dynamic non-batch dimension nobody gave a size for.
+# Size of a dynamic non-batch dimension in synthetic calibration data, where no sample says better.
 DEFAULT_DYNAMIC_SIZE = 8
 
 
@@ -30,12 +30,29 @@ def random_tensor(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Gener
     return rng.integers(0, 2, shape).astype(spec.dtype)
 
 
-def concrete_shape(spec: TensorSpec, batch: int, sizes: Mapping[str, int]) -> tuple[int, ...]:
+def dynamic_dims(signature: Signature) -> list[tuple[TensorSpec, int, str]]:
+    """(input, axis, name) of every dynamic dim validation needs a size for (not the batch)."""
+    batch_axis = signature.has_dynamic_batch
+    return [(t, axis, d) for t in signature.inputs for axis, d in enumerate(t.shape)
+            if isinstance(d, str) and not (batch_axis and axis == 0)]
+
+
+def other_size(size: int) -> int:
+    """A second size to validate a dynamic dim at: smaller (position tables and crops stay valid),
+    and on the same stride as the first (detectors need multiples of 32, patch models of 8)."""
+    for step in (32, 8):
+        if size % step == 0 and size > step:
+            return size - step
+    return size - 1 if size > 1 else size
+
+
+def concrete_shape(spec: TensorSpec, batch: int | None, sizes: Mapping[str, int]) -> tuple[int, ...]:
+    """Sizes for ``spec``: ``batch`` on a dynamic axis 0 (unless None), ``sizes`` for named dims."""
     shape = []
     for axis, dim in enumerate(spec.shape):
         if isinstance(dim, int):
             shape.append(dim)
-        elif axis == 0:
+        elif axis == 0 and batch is not None:
             shape.append(batch)
         else:
             shape.append(sizes.get(dim, DEFAULT_DYNAMIC_SIZE))
@@ -43,15 +60,17 @@ def concrete_shape(spec: TensorSpec, batch: int, sizes: Mapping[str, int]) -> tu
 
 
 def synthetic_batches(signature: Signature, sizes: Mapping[str, int], seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """Random inputs at each validation batch size (one batch if the batch dim is fixed)."""
+    """Random inputs at each validation batch size (one batch if the batch dim is fixed); the second
+    batch also takes other sizes of the dynamic non-batch dims, so both values are proven."""
     rng = np.random.default_rng(seed)
-    batch_sizes = VALIDATION_BATCH_SIZES if signature.has_dynamic_batch else (None,)
+    batch_sizes: tuple[int | None, ...] = VALIDATION_BATCH_SIZES if signature.has_dynamic_batch else (None,)
+    varied = {d: other_size(sizes[d]) for _, _, d in dynamic_dims(signature)}
+    if len(batch_sizes) == 1 and any(sizes[d] != size for d, size in varied.items()):
+        batch_sizes = (None, None)
     batches = []
-    for batch in batch_sizes:
-        batches.append({
-            spec.name: random_tensor(spec, concrete_shape(spec, batch or 1, sizes), rng)
-            for spec in signature.inputs
-        })
+    for i, batch in enumerate(batch_sizes):
+        at = {**sizes, **varied} if i else sizes
+        batches.append({spec.name: random_tensor(spec, concrete_shape(spec, batch, at), rng) for spec in signature.inputs})
     return batches
 
 
@@ -66,14 +85,25 @@ def resize_batch(inputs: Mapping[str, np.ndarray], batch: int) -> dict[str, np.n
     return out
 
 
-def example_batches(example: Mapping[str, np.ndarray], dynamic_batch: bool) -> list[dict[str, np.ndarray]]:
-    """Two batch sizes from user-given example inputs (the example itself, and 1 or 4 rows)."""
+def example_batches(example: Mapping[str, np.ndarray], signature: Signature) -> list[dict[str, np.ndarray]]:
+    """Two batches from user-given example inputs: the example itself, and 1 or 4 rows of it cropped
+    to a smaller size of each dynamic non-batch dim (a crop of an image or a token sequence is
+    still one), so a second value of those dims is proven too."""
     example = dict(example)
-    if not dynamic_batch:
+    crops: dict[str, dict[int, int]] = {}
+    for spec, axis, _ in dynamic_dims(signature):
+        size = example[spec.name].shape[axis]
+        if other_size(size) < size:
+            crops.setdefault(spec.name, {})[axis] = other_size(size)
+    if not signature.has_dynamic_batch and not crops:
         return [example]
     batch = batch_size_of(example)
-    other = 1 if batch > 1 else VALIDATION_BATCH_SIZES[-1]
-    return sorted([example, resize_batch(example, other)], key=batch_size_of)
+    other = batch if not signature.has_dynamic_batch else 1 if batch > 1 else VALIDATION_BATCH_SIZES[-1]
+    second = resize_batch(example, other)
+    for name, axes in crops.items():
+        index = tuple(slice(0, axes[a]) if a in axes else slice(None) for a in range(second[name].ndim))
+        second[name] = np.ascontiguousarray(second[name][index])
+    return [example, second] if batch <= other else [second, example]
 
 
 def load_npz_inputs(path: str, what: str = "--example-input") -> dict[str, np.ndarray]:

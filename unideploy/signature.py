@@ -226,12 +226,13 @@ def signature_from_onnx(model: Any) -> Signature:
         if not ttype.HasField("shape"):
             raise InputError(f"ONNX value '{value.name}' has no shape", "re-export the model with shape information")
         for axis, d in enumerate(ttype.shape.dim):
-            if d.HasField("dim_value"):
+            if d.HasField("dim_value") and d.dim_value > 0:
                 dims.append(int(d.dim_value))
             elif d.dim_param.isdigit():  # torch.export writes constant dims as dim_param "3"
                 dims.append(int(d.dim_param))
-            else:
-                dims.append(_dim_name(d.dim_param) or _dim_name(f"{value.name}_dim{axis}"))
+            else:  # a name, an expression, -1 or 0, or nothing: dynamic (readable names: exporters/shapes.py)
+                named = d.dim_param if any(c.isalnum() for c in d.dim_param) else ""  # Paddle writes "?"
+                dims.append(_dim_name(named) or _dim_name(f"{value.name}_dim{axis}"))
         layout = _CHANNELS_FIRST_LAYOUTS.get(len(dims)) if value.name in channels_first else None
         return TensorSpec(value.name, dtype, tuple(dims), layout)
 

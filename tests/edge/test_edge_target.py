@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 import unideploy
+from console import deploy
 from unideploy.errors import InputError
 from unideploy.verify import verify_package
 
@@ -55,7 +58,6 @@ def test_torchscript_to_edge_gives_ort_and_nhwc_tflite_through_onnx2tf(torch_mod
 
 
 def test_edge_with_calibration_adds_int8_tflite(torch_models, tmp_path):
-    from console import deploy
 
     path, shapes = torch_models["cnn_scripted"]
     np.savez(tmp_path / "calib.npz", x=np.random.default_rng(5).standard_normal((64, 1, 8, 8)).astype(np.float32))
@@ -76,8 +78,14 @@ def test_model_tflite_cannot_take_keeps_its_other_artifacts_and_says_why(torch_m
     path, shapes = torch_models["control_flow_scripted"]  # data-dependent If/Loop: onnx2tf refuses it
     with unideploy.export(path, tmp_path / "edge", input_shapes=shapes, target="edge") as package:
         assert [a.id for a in package.manifest.artifacts] == ["onnx-fp32", "ort-fp32"]
-        assert package.manifest.description.startswith("no TFLite artifact: onnx2tf cannot convert")
+        [omitted] = package.manifest.omitted
+        assert omitted["artifact"] == "tflite-*" and omitted["stage"] == "edge"
+        assert omitted["reason"].startswith("onnx2tf cannot convert") and omitted["fix"]
         assert [c.status for c in verify_package(package)] == ["passed"] * 2
+    shown = deploy("inspect", tmp_path / "edge")  # on the terminal, not only inside manifest.json
+    assert shown.returncode == 0 and "left out tflite-* (edge): onnx2tf cannot convert" in shown.stdout
+    as_json = json.loads(deploy("inspect", tmp_path / "edge", "--json").stdout)
+    assert as_json["omitted"][0]["reason"].startswith("onnx2tf cannot convert")
 
 
 def test_tflite_runtime_validates_inputs_before_the_interpreter(saved_models, tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import unideploy
+from console import assert_one_line_error, deploy
 from unideploy.errors import ExportError, InputError
 
 IR_VERSION = 9  # what torch.onnx writes; onnx's own default can be newer than onnxruntime reads
@@ -89,3 +90,48 @@ def test_model_newer_than_onnxruntime_is_explained(tmp_path):
     except ExportError as exc:
         assert re.search(r"Unsupported model IR version: \d+, max supported IR version: \d+$", exc.message)
         assert "onnxruntime_src" not in exc.message
+
+
+def _external_mlp(folder, location: str = "weights.bin"):
+    folder.mkdir(parents=True, exist_ok=True)
+    _mlp(folder / "inline.onnx")
+    model = onnx.load(str(folder / "inline.onnx"))
+    onnx.save(model, str(folder / "mlp.onnx"), save_as_external_data=True, location=location, size_threshold=0)
+    return folder / "mlp.onnx"
+
+
+@pytest.mark.parametrize("output", ["pkg", "pkg.zip"])
+def test_external_data_model_is_packaged_with_its_weights(tmp_path, output):
+    src = _external_mlp(tmp_path / "model")
+    with unideploy.export(src, tmp_path / output) as package:
+        artifact = package.manifest.artifact("onnx-fp32")
+        assert [f["path"] for f in artifact.files] == ["artifacts/model.onnx.data"]
+        assert (package.root / "artifacts" / "model.onnx.data").stat().st_size >= 4 * 3 * 4
+        from unideploy.verify import verify_package
+
+        assert [c.status for c in verify_package(package)] == ["passed"]
+        x = np.ones((2, 4), np.float32)
+        expected = np.maximum(x @ numpy_helper.to_array(onnx.load(str(tmp_path / "model" / "inline.onnx")).graph.initializer[0]), 0)
+        np.testing.assert_allclose(unideploy.run(package, {"x": x})["y"], expected, rtol=1e-6)
+
+
+def test_external_data_outside_the_model_folder_is_refused(tmp_path):
+    src = _external_mlp(tmp_path / "model")
+    model = onnx.load(str(src), load_external_data=False)
+    (tmp_path / "stolen.bin").write_bytes((tmp_path / "model" / "weights.bin").read_bytes())
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = "../stolen.bin"
+    onnx.save(model, str(src))
+    result = deploy("export", src, "-o", tmp_path / "pkg")
+    assert_one_line_error(result, 2, r"reads tensor 'w' from '\.\./stolen\.bin', outside the model's folder")
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_missing_or_truncated_external_data_is_refused(tmp_path):
+    src = _external_mlp(tmp_path / "model")
+    data = tmp_path / "model" / "weights.bin"
+    data.write_bytes(data.read_bytes()[:10])
+    assert_one_line_error(deploy("export", src, "-o", tmp_path / "pkg"), 2, "is truncated|reads up to byte")
+    data.unlink()
+    assert_one_line_error(deploy("export", src, "-o", tmp_path / "pkg"), 2, "from 'weights.bin', which does not exist")

@@ -94,6 +94,13 @@ def export_summary(package: Package) -> None:
               f"({m.source['exporter']} via {escape(m.source['conversion_path'])})")
     out.print(_signature_table(package))
     out.print(_artifact_table(package))
+    _omitted(package)
+
+
+def _omitted(package: Package) -> None:
+    for o in package.manifest.omitted:
+        fix = f" [dim]Fix: {escape(o['fix'])}[/]" if o.get("fix") else ""
+        out.print(f"[yellow]left out[/] {escape(o['artifact'])} ({o['stage']}): {escape(o['reason'])}.{fix}")
 
 
 def inspect(package: Package) -> None:
@@ -109,6 +116,7 @@ def inspect(package: Package) -> None:
     samples = ", ".join(f"batch {s.batch_size} ({s.path})" for s in m.samples)
     out.print(f"reference samples: {escape(samples)}")
     out.print(f"optimizations: {', '.join(o['name'] for o in m.optimizations) or 'none'}")
+    _omitted(package)
 
 
 def run_outputs(artifact: str, runtime: str, outputs: dict[str, np.ndarray], written: str | None) -> None:

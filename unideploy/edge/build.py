@@ -7,7 +7,8 @@
 - MindIR sources keep their native artifact, which MindSpore Lite runs on edge devices.
 
 A model TFLite cannot take (an operator onnx2tf or the TFLite converter refuses) still gets its
-other artifacts; the package description says why it has no TFLite artifact.
+other artifacts; the manifest's ``omitted`` list says why it has no TFLite artifact, and the CLI
+prints it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from unideploy.edge.tflite import onnx_to_saved_model, saved_model_to_tflite, tflite_signature
 from unideploy.errors import ExportError, MissingDependencyError, first_line
+from unideploy.exporters.onnx_io import copy_model
 from unideploy.package import Artifact, Package
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
@@ -36,7 +38,7 @@ Progress = Callable[[str], None]
 def _to_ort(onnx_path: Path, workdir: Path) -> tuple[Path, Path]:
     source = workdir / "ort-src"
     source.mkdir()
-    (source / "model.onnx").write_bytes(onnx_path.read_bytes())
+    copy_model(onnx_path, source / "model.onnx")
     out = workdir / "ort"
     result = subprocess.run([sys.executable, "-m", "onnxruntime.tools.convert_onnx_models_to_ort", str(source),
                              "--output_dir", str(out), "--optimization_style", "Runtime"],
@@ -105,7 +107,7 @@ def build_edge(package_path: str | Path, output: str | Path, overwrite: bool = F
         references = [(s.inputs, s.outputs) for s in package.reference_samples()]
         framework = manifest.source["framework"]
         added: list[AddedArtifact] = []
-        notes = []
+        omitted = []
 
         if base is not None:
             say("converting to ONNX Runtime's mobile format (.ort)")
@@ -119,8 +121,9 @@ def build_edge(package_path: str | Path, output: str | Path, overwrite: bool = F
         try:
             added += _tflite_artifacts(package, base, work, calibration, references, say)
         except ExportError as exc:  # the package stays usable without TFLite; it says why
-            notes.append(f"no TFLite artifact: {exc.message}")
-            say(notes[-1])
+            omitted.append({"artifact": "tflite-*", "stage": "edge", "reason": exc.message,
+                            "fix": exc.hint or "the .ort artifact runs on ONNX Runtime Mobile meanwhile"})
+            say(f"no TFLite artifact: {exc.message}")
 
         say("writing the package")
-        return extend_package(package, package_path, output, added, overwrite, description="; ".join(notes))
+        return extend_package(package, package_path, output, added, overwrite, omitted=omitted)

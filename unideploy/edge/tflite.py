@@ -10,13 +10,13 @@ model's layout. Where the layout differs from the source, the artifact's signatu
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from unideploy.errors import ExportError, MissingDependencyError, first_line
+from unideploy.exporters.onnx_io import copy_model
 from unideploy.quiet import quiet
 from unideploy.signature import CHANNELS_LAST, Signature, TensorSpec, channels_last
 
@@ -35,7 +35,7 @@ def onnx_to_saved_model(onnx_path: Path, workdir: Path) -> Path:
                                      ONNX2TF_INSTALL) from exc
     out = workdir / "onnx2tf"
     private = workdir / "onnx2tf-input.onnx"  # onnx2tf rewrites its input file (onnxsim), so never the package's
-    shutil.copyfile(onnx_path, private)
+    copy_model(onnx_path, private)
     try:
         with quiet():
             onnx2tf.convert(input_onnx_file_path=str(private), output_folder_path=str(out), non_verbose=True,

@@ -9,6 +9,8 @@ EXPORTERS: Registry[Exporter] = Registry(
     "unideploy.exporters",
     builtin={
         "torchscript": "unideploy.exporters.torchscript:TorchScriptExporter",
+        "torch-export": "unideploy.exporters.torch_export:TorchExportExporter",
+        "keras": "unideploy.exporters.keras:KerasExporter",
         "onnx": "unideploy.exporters.onnx_file:OnnxFileExporter",
         "savedmodel": "unideploy.exporters.savedmodel:SavedModelExporter",
         "mindir": "unideploy.exporters.mindir.exporter:MindIRExporter",

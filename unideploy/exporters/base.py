@@ -39,6 +39,10 @@ class ConvertedModel:
     conversion_path: str  # e.g. "torch.onnx legacy" or "TS2EP + torch.export"
     library_versions: dict[str, str]
     opset: int
+    # Sizes of dynamic dims the model's own metadata gives (e.g. an image size), keyed by dim name.
+    size_hints: dict[str, int] = field(default_factory=dict)
+    # Files that ship beside the ONNX artifact (package path -> file), e.g. its external data.
+    companions: dict[str, Path] = field(default_factory=dict)
 
 
 class Exporter(ABC):

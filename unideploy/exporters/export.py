@@ -16,6 +16,8 @@ import onnxruntime
 import unideploy
 from unideploy.errors import InputError, MissingDependencyError
 from unideploy.exporters import EXPORTERS, Exporter, ExportOptions
+from unideploy.exporters.onnx_io import declare_signature
+from unideploy.exporters.shapes import resolve_signature, settle_outputs
 from unideploy.package import Artifact, Manifest, PackageWriter
 from unideploy.package.files import digest_path
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
@@ -65,15 +67,17 @@ def export(src: str | Path, output: str | Path, *, name: str | None = None, vers
     with PackageWriter(output, overwrite=overwrite) as writer, tempfile.TemporaryDirectory(prefix="unideploy-export-") as tmp:
         say(f"converting {src.name} with the {exporter_cls.name} exporter")
         converted = exporter_cls().convert(src, Path(tmp), options)
-        signature = converted.signature
+        signature, sizes = resolve_signature(converted.signature, options, converted.size_hints)
 
         say("running the source model on reference samples")
         if options.example_inputs is not None:
-            batches = example_batches(signature.validate_inputs(options.example_inputs), signature.has_dynamic_batch)
+            batches = example_batches(signature.validate_inputs(options.example_inputs), signature)
         else:
-            sizes = {dim: shape.shape[axis] for shape in options.input_shapes for axis, dim in shape.dim_names.items()}
             batches = synthetic_batches(signature, sizes)
         references = [(batch, converted.run_source(batch)) for batch in batches]
+        signature = settle_outputs(signature, references)
+        if converted.onnx_path is not None:
+            declare_signature(converted.onnx_path, signature)
 
         artifacts, validation = [], {}
         if converted.onnx_path is not None:
@@ -83,7 +87,7 @@ def export(src: str | Path, output: str | Path, *, name: str | None = None, vers
             require_passed(record, f"the ONNX export of '{src.name}'")
             artifacts.append(writer.add_artifact(converted.onnx_path, Artifact(
                 id="onnx-fp32", path="artifacts/model.onnx", format="onnx", precision="fp32",
-                sha256="", size=0, runtimes=["onnxruntime"], opset=converted.opset)))
+                sha256="", size=0, runtimes=["onnxruntime"], opset=converted.opset), converted.companions))
             validation["onnx-fp32"] = record
 
         say("writing the package")
@@ -112,9 +116,11 @@ def export(src: str | Path, output: str | Path, *, name: str | None = None, vers
                 validation[native.id] = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
             require_passed(validation[native.id], f"the native {native.format} artifact")
             artifacts.append(native)
+        names = [f"samples/batch{batch_size_of(inputs)}" for inputs, _ in references]
         samples = [
-            writer.add_samples(f"samples/batch{batch_size_of(inputs)}.npz", batch_size_of(inputs), inputs, outputs)
-            for inputs, outputs in references
+            writer.add_samples(f"{name}{'' if names.count(name) == 1 else f'-{i}'}.npz", batch_size_of(inputs),
+                               inputs, outputs)
+            for i, (name, (inputs, outputs)) in enumerate(zip(names, references))
         ]
         manifest = Manifest(
             name=name or model_name_from(src), version=version, source=source, signature=signature,

@@ -1,20 +1,23 @@
 """Importing an existing .onnx file: check it, infer shapes, read its signature.
 
 The "source framework" of an ONNX file is ONNX Runtime on the file as given, so later artifacts
-(optimized, converted for edge) are validated against what the user brought.
+(optimized, converted for edge) are validated against what the user brought. Models that keep
+their weights in external data files (how large models ship) are accepted when every file lies
+inside the model's folder; the package keeps them as one ``model.onnx.data`` beside the graph.
 """
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
+from typing import Any, Iterator
 
 from unideploy.errors import ExportError, InputError, PackageError, first_line
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
+from unideploy.exporters.onnx_io import EXTERNAL_DATA_NAME, MAX_INLINE_BYTES, declare_signature, save_model, set_io_dims
+from unideploy.exporters.shapes import readable_dims, resolve_signature
 from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime
 from unideploy.signature import Signature, signature_from_onnx
-
-# protobuf cannot serialise a single message over 2 GiB.
-MAX_INLINE_BYTES = 2**31 - 1
 
 
 class OnnxFileExporter(Exporter):
@@ -31,25 +34,33 @@ class OnnxFileExporter(Exporter):
         import onnx
 
         try:
-            model = onnx.load(str(src))
+            model = onnx.load(str(src), load_external_data=False)
         except Exception as exc:
             raise InputError(f"'{src}' is not a readable ONNX model: {first_line(exc)}",
                              "check that the file is a complete .onnx export") from exc
         if not model.graph.node:
             raise InputError(f"'{src}' is not a readable ONNX model: its graph is empty")
+        external = check_external_data(model, src)
         try:
-            onnx.checker.check_model(model)
-            model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+            if external:
+                onnx.load_external_data_for_model(model, str(src.parent))
+            onnx.checker.check_model(model if model.ByteSize() <= MAX_INLINE_BYTES else str(src))
         except Exception as exc:
             raise ExportError(f"'{src.name}' fails the ONNX checker: {first_line(exc)}",
                               "fix the model in the framework that produced it and export it again") from exc
-        if model.ByteSize() > MAX_INLINE_BYTES:
-            raise ExportError(f"'{src.name}' is over 2 GiB, which packages do not support yet")
-        signature = signature_from_onnx(model)
-        _check_options(signature, options)
+        declared = readable_dims(signature_from_onnx(model))
+        signature, sizes = resolve_signature(declared, options, _metadata_sizes(model, declared))
         onnx_path = workdir / "model.onnx"
-        onnx.save(model, str(onnx_path))
-
+        # Before inferring: shape inference multiplies a declared -1 through the graph as a size.
+        set_io_dims(model, {t.name: t.shape for t in signature.inputs + signature.outputs})
+        try:
+            if model.ByteSize() <= MAX_INLINE_BYTES:
+                model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception as exc:
+            raise ExportError(f"'{src.name}' fails ONNX shape inference: {first_line(exc)}",
+                              "fix the model in the framework that produced it and export it again") from exc
+        save_model(model, onnx_path, external=bool(external))
+        declare_signature(onnx_path, signature)
         try:
             source = OnnxRuntime(src, signature)  # the model as the user gave it
         except PackageError as exc:
@@ -63,16 +74,68 @@ class OnnxFileExporter(Exporter):
             conversion_path="import (onnx checker + shape inference)",
             library_versions={"onnx": onnx.__version__},
             opset=opset,
+            size_hints=sizes,
+            companions={f"artifacts/{EXTERNAL_DATA_NAME}": workdir / EXTERNAL_DATA_NAME} if external else {},
         )
 
 
-def _check_options(signature: Signature, options: ExportOptions) -> None:
-    """--input-shape on an ONNX model may only name its inputs; it gives example sizes."""
-    known = set(signature.input_names)
-    for shape in options.input_shapes:
-        if shape.name not in known:
-            raise InputError(f"--input-shape names '{shape.name}', which the model does not take",
-                             f"its inputs are: {', '.join(signature.input_names)}")
-    if options.static_shapes:
-        raise InputError("--static-shapes applies to TorchScript sources; an ONNX model keeps its own shapes")
+def _tensors(graph: Any) -> Iterator[Any]:
+    """Every tensor a graph holds: initializers and node attributes, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from _tensors(attr.g)
+            for sub in attr.graphs:
+                yield from _tensors(sub)
 
+
+def check_external_data(model: Any, src: Path) -> list[Path]:
+    """The external data files ``model`` reads, refusing any that escape the model's folder or
+    that are missing or too short for what the model reads from them."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo
+
+    folder = src.parent.resolve()
+    files: dict[Path, int] = {}
+    for tensor in _tensors(model.graph):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = ExternalDataInfo(tensor)
+        location = Path(info.location)
+        target = (folder / location).resolve()
+        if location.is_absolute() or ".." in location.parts or not target.is_relative_to(folder):
+            raise InputError(f"'{src.name}' reads tensor '{tensor.name}' from '{info.location}', outside the "
+                             f"model's folder", "external data files must lie beside the .onnx file; move them "
+                             "there and re-save the model (onnx.save(..., location='NAME.data'))")
+        if not target.is_file():
+            raise InputError(f"'{src.name}' reads tensor '{tensor.name}' from '{info.location}', which does not exist",
+                             f"put the external data files beside {src.name}")
+        end = (info.offset or 0) + (info.length or 0)
+        files[target] = max(files.get(target, 0), end)
+    for path, end in files.items():
+        if path.stat().st_size < end:
+            raise InputError(f"external data file '{path.name}' of '{src.name}' is {path.stat().st_size} bytes, "
+                             f"but the model reads up to byte {end}", "the file is truncated: copy it again")
+    return list(files)
+
+
+def _metadata_sizes(model: Any, signature: Signature) -> dict[str, int]:
+    """Image sizes that exporters write into the model's metadata (Ultralytics: ``imgsz``), for the
+    height and width of its one channels-first image input."""
+    props = {p.key: p.value for p in model.metadata_props}
+    images = [t for t in signature.inputs if t.layout == "NCHW"]
+    if "imgsz" not in props or len(images) != 1:
+        return {}
+    try:
+        size = ast.literal_eval(props["imgsz"])
+    except (ValueError, SyntaxError):
+        return {}
+    hw = [size, size] if isinstance(size, int) else list(size) if isinstance(size, (list, tuple)) else []
+    dims = images[0].shape[2:]
+    if len(hw) != 2 or not all(isinstance(v, int) and v > 0 for v in hw):
+        return {}
+    return {d: v for d, v in zip(dims, hw) if isinstance(d, str)}

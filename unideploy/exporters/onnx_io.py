@@ -7,11 +7,17 @@ the model is made to say the same.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping, Sequence
 
 import onnx
 
-from unideploy.signature import Dim
+from unideploy.signature import Dim, Signature
+
+# protobuf cannot serialise a single message over 2 GiB: larger models keep their weights outside.
+MAX_INLINE_BYTES = 2**31 - 1
+# The one external data file of a package's ONNX artifact, beside it in artifacts/.
+EXTERNAL_DATA_NAME = "model.onnx.data"
 
 
 def rename_values(model: onnx.ModelProto, mapping: Mapping[str, str]) -> None:
@@ -37,3 +43,45 @@ def set_io_dims(model: onnx.ModelProto, dims: Mapping[str, Sequence[Dim]]) -> No
                 dim.dim_param = d
             else:
                 dim.dim_value = int(d)
+
+
+def declare_signature(path: Path, signature: Signature) -> None:
+    """Make the ONNX file at ``path`` declare the package signature's dims.
+
+    Weights in external files stay where they are (only the graph is rewritten). Where a dim that
+    was dynamic is now fixed, shapes are inferred again so the fixed sizes reach every tensor
+    (TensorRT and onnx2tf read them).
+    """
+    model = onnx.load(str(path), load_external_data=False)
+    declared = {t.name: t.shape for t in signature.inputs + signature.outputs}
+    before = {v.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
+                       for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
+    set_io_dims(model, declared)
+    pinned = any(isinstance(d, int) and b is None
+                 for name, dims in before.items() if name in declared
+                 for d, b in zip(declared[name], dims))
+    if pinned and not _has_external_data(model):
+        del model.graph.value_info[:]
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    onnx.save(model, str(path))
+
+
+def _has_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def save_model(model: onnx.ModelProto, path: Path, external: bool = False) -> None:
+    """Save with every weight inline, or (``external``, or over 2 GiB) in one data file beside it."""
+    if external or model.ByteSize() > MAX_INLINE_BYTES:
+        data = path.with_name(EXTERNAL_DATA_NAME if path.name == "model.onnx" else f"{path.name}.data")
+        data.unlink(missing_ok=True)  # onnx appends to an existing data file
+        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=data.name, size_threshold=0)
+    else:
+        onnx.save(model, str(path))
+
+
+def copy_model(src: Path, dst: Path) -> None:
+    """Copy an ONNX model for a tool that reads (or rewrites) one file: weights inline where they
+    fit, else beside ``dst`` in one data file."""
+    save_model(onnx.load(str(src)), dst)

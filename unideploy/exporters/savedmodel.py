@@ -18,6 +18,7 @@ import numpy as np
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.onnx_io import rename_values, set_io_dims
+from unideploy.exporters.shapes import resolve_signature
 from unideploy.quiet import quiet
 from unideploy.signature import BATCH_DIM, Signature, TensorSpec
 
@@ -97,7 +98,7 @@ class SavedModelExporter(Exporter):
         named = {s.name: s.dim_names for s in options.input_shapes}
         inputs = tuple(_spec(k, sigdef.inputs[k], named.get(k, {})) for k in sorted(sigdef.inputs))
         outputs = tuple(_spec(k, sigdef.outputs[k], {}) for k in sorted(sigdef.outputs))
-        signature = Signature(inputs, outputs)
+        signature, _ = resolve_signature(Signature(inputs, outputs), options)  # stops before tf2onnx if unsized
         opset = min(options.opset or MAX_OPSET, MAX_OPSET)
 
         with quiet():
@@ -121,7 +122,7 @@ class SavedModelExporter(Exporter):
             raise ExportError(f"tf2onnx's tensors {sorted(tensor_names.values())} do not match signature "
                               f"'{signature_name}' ({', '.join(signature.input_names + signature.output_names)})")
         rename_values(model, tensor_names)
-        set_io_dims(model, {t.name: t.shape for t in inputs + outputs})
+        set_io_dims(model, {t.name: t.shape for t in signature.inputs + signature.outputs})
         try:
             onnx.checker.check_model(model)
         except Exception as exc:  # e.g. an operator tf2onnx logged as unsupported but wrote anyway

@@ -49,8 +49,8 @@ class TorchScriptExporter(Exporter):
         args = tuple(torch.from_numpy(example[n]) for n in arg_names)
 
         with torch.no_grad():
-            outputs = _flatten_outputs(module(*args))
-        output_names = ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
+            outputs = flatten_outputs(module(*args))
+        output_names = output_names_for(outputs)
         batch = args[0].shape[0] if args[0].dim() else None
         for name, out in zip(output_names, outputs):
             if not options.static_shapes and out.dim() and out.shape[0] == batch:
@@ -79,7 +79,7 @@ class TorchScriptExporter(Exporter):
 
         def run_source(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             with torch.no_grad():
-                result = _flatten_outputs(module(*(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in arg_names)))
+                result = flatten_outputs(module(*(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in arg_names)))
             return {n: t.detach().cpu().numpy() for n, t in zip(output_names, result)}
 
         return ConvertedModel(
@@ -158,7 +158,7 @@ def _input_dynamic_axes(arg_names: list[str], options: ExportOptions) -> dict[st
     return {n: {0: BATCH_DIM, **named.get(n, {})} for n in arg_names}
 
 
-def _flatten_outputs(result: Any) -> list[Any]:
+def flatten_outputs(result: Any) -> list[Any]:
     import torch
 
     if isinstance(result, torch.Tensor):
@@ -169,6 +169,10 @@ def _flatten_outputs(result: Any) -> list[Any]:
         f"forward() returns {type(result).__name__}; only a tensor or a tuple/list of tensors can be exported",
         "wrap the model so forward() returns tensors",
     )
+
+
+def output_names_for(outputs: list[Any]) -> list[str]:
+    return ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
 
 
 def _export_legacy(module: Any, args: tuple, path: Path, input_names: list[str], output_names: list[str],
@@ -208,22 +212,23 @@ def _pin_static_dims(path: Path, example: dict[str, np.ndarray], outputs: list[A
 _OPERATOR = re.compile(r"(aten::\w+|aten\.\w+|prim::\w+)")
 
 
-def _export_failure(src: Path, legacy: Exception, fallback: Exception) -> ExportError:
-    operators = []
-    for exc in (legacy, fallback):
+def unsupported_operator(src: Path, *errors: Exception) -> ExportError | None:
+    """The error naming the first torch operator a converter message blames, if one does."""
+    for exc in errors:
         match = _OPERATOR.search(str(exc))
         if match:
-            operators.append(match.group(1).replace("aten.", "aten::"))
-    if operators:
-        op = operators[0]
-        return ExportError(
-            f"'{src.name}' uses operator {op}, which has no ONNX conversion (legacy exporter: {first_line(legacy)}; "
-            f"torch.export path: {first_line(fallback)})",
-            f"replace {op} in the model with supported operations, or compute it outside the model",
-        )
-    return ExportError(
+            op = match.group(1).replace("aten.", "aten::")
+            return ExportError(
+                f"'{src.name}' uses operator {op}, which has no ONNX conversion ("
+                + "; ".join(first_line(e) for e in errors) + ")",
+                f"replace {op} in the model with supported operations, or compute it outside the model",
+            )
+    return None
+
+
+def _export_failure(src: Path, legacy: Exception, fallback: Exception) -> ExportError:
+    return unsupported_operator(src, legacy, fallback) or ExportError(
         f"'{src.name}' could not be converted to ONNX (legacy exporter: {first_line(legacy)}; torch.export path: "
         f"{first_line(fallback)})",
         "re-run with --debug for the full converter output",
     )
-

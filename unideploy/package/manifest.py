@@ -115,6 +115,8 @@ class Manifest:
     validation: dict[str, dict[str, Any]] = field(default_factory=dict)
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     description: str | None = None
+    # Artifacts a stage left out, each {artifact, stage, reason, fix}: shown by the CLI, kept here.
+    omitted: list[dict[str, str]] = field(default_factory=list)
 
     def artifact(self, artifact_id: str) -> Artifact:
         for artifact in self.artifacts:
@@ -132,7 +134,7 @@ class Manifest:
         model: dict[str, Any] = {"name": self.name, "version": self.version}
         if self.description:
             model["description"] = self.description
-        return {
+        data = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "model": model,
@@ -144,6 +146,9 @@ class Manifest:
             "validation": self.validation,
             "samples": [s.to_dict() for s in self.samples],
         }
+        if self.omitted:
+            data["omitted"] = [dict(o) for o in self.omitted]
+        return data
 
     def copy(self) -> "Manifest":
         return Manifest.from_json(self.to_json())
@@ -171,4 +176,5 @@ class Manifest:
             samples=[SampleSet(**s) for s in data["samples"]],
             optimizations=data["optimizations"],
             validation=data["validation"],
+            omitted=data.get("omitted", []),
         )

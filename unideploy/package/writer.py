@@ -112,10 +112,11 @@ AddedArtifact = tuple[Artifact, Path, dict[str, Path], dict[str, Any]]
 
 
 def extend_package(package: Package, package_path: str | Path, output: str | Path, added: list[AddedArtifact],
-                   overwrite: bool = False, first: bool = False, description: str | None = None) -> Path:
+                   overwrite: bool = False, first: bool = False, omitted: list[dict[str, str]] | None = None) -> Path:
     """Write ``output``: ``package`` with ``added`` replacing artifacts of the same ids (listed before
-    the others when ``first``: artifacts to be preferred where they can run). ``output`` may be the
-    package itself: the stages that add artifacts (edge, GPU) update in place too."""
+    the others when ``first``: artifacts to be preferred where they can run), and ``omitted`` saying
+    what the stage left out and why. ``output`` may be the package itself: the stages that add
+    artifacts (edge, GPU) update in place too."""
     destination = Path(output)
     same = destination.resolve() == Path(package_path).resolve()
     with PackageWriter(destination, overwrite=overwrite or same) as writer:
@@ -127,6 +128,7 @@ def extend_package(package: Package, package_path: str | Path, output: str | Pat
             new.append(writer.add_artifact(path, artifact, companions))
             updated.validation[artifact.id] = record
         updated.artifacts = new + kept if first else kept + new
-        if description:
-            updated.description = description
+        if omitted:
+            stages = {o["stage"] for o in omitted}
+            updated.omitted = [o for o in updated.omitted if o["stage"] not in stages] + omitted
         return writer.commit(updated)
