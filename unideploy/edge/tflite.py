@@ -10,6 +10,9 @@ model's layout. Where the layout differs from the source, the artifact's signatu
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -37,7 +40,7 @@ def onnx_to_saved_model(onnx_path: Path, workdir: Path) -> Path:
     private = workdir / "onnx2tf-input.onnx"  # onnx2tf rewrites its input file (onnxsim), so never the package's
     copy_model(onnx_path, private)
     try:
-        with quiet():
+        with quiet(), _scripts_on_path():
             onnx2tf.convert(input_onnx_file_path=str(private), output_folder_path=str(out), non_verbose=True,
                             replace_to_pseudo_operators=["erf"], output_signaturedefs=True)
     except BaseException as exc:  # onnx2tf exits (SystemExit) on some failures
@@ -48,6 +51,21 @@ def onnx_to_saved_model(onnx_path: Path, workdir: Path) -> Path:
     if not (out / "saved_model.pb").is_file():
         raise ExportError("onnx2tf wrote no SavedModel", "re-run with --debug for onnx2tf's output")
     return out
+
+
+@contextlib.contextmanager
+def _scripts_on_path() -> Iterator[None]:
+    """onnx2tf simplifies its input by running the ``onnxsim`` command; when ``deploy`` runs from a
+    venv that is not activated, that command is only found beside this Python. Without it
+    onnx2tf goes on unsimplified and fails on shape arithmetic (EfficientNet's padding, MiniLM's
+    masks)."""
+    scripts = str(Path(sys.executable).parent)
+    before = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([scripts, before]) if before else scripts
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = before
 
 
 def saved_model_to_tflite(saved_model: Path, precision: str, workdir: Path,

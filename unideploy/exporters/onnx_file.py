@@ -14,7 +14,9 @@ from typing import Any, Iterator
 
 from unideploy.errors import ExportError, InputError, PackageError, first_line
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
-from unideploy.exporters.onnx_io import EXTERNAL_DATA_NAME, MAX_INLINE_BYTES, declare_signature, save_model, set_io_dims
+from unideploy.exporters.onnx_io import (
+    EXTERNAL_DATA_NAME, MAX_INLINE_BYTES, constants_to_initializers, declare_signature, save_model, set_io_dims,
+)
 from unideploy.exporters.shapes import readable_dims, resolve_signature
 from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime
 from unideploy.signature import Signature, signature_from_onnx
@@ -48,6 +50,7 @@ class OnnxFileExporter(Exporter):
         except Exception as exc:
             raise ExportError(f"'{src.name}' fails the ONNX checker: {first_line(exc)}",
                               "fix the model in the framework that produced it and export it again") from exc
+        constants_to_initializers(model)
         declared = readable_dims(signature_from_onnx(model))
         signature, sizes = resolve_signature(declared, options, _metadata_sizes(model, declared))
         onnx_path = workdir / "model.onnx"

@@ -85,3 +85,26 @@ def copy_model(src: Path, dst: Path) -> None:
     """Copy an ONNX model for a tool that reads (or rewrites) one file: weights inline where they
     fit, else beside ``dst`` in one data file."""
     save_model(onnx.load(str(src)), dst)
+
+
+def constants_to_initializers(model: onnx.ModelProto) -> int:
+    """Move top-level ``Constant`` tensors into initializers, where every tool looks for weights.
+
+    Some exporters (Paddle2ONNX) write every weight as a Constant node: quantizers, pruners and
+    converters that read initializers then find none. Returns how many were moved.
+    """
+    graph, kept, moved = model.graph, [], 0
+    for node in graph.node:
+        value = next((a for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and value is not None and len(node.attribute) == 1:
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(value.t)
+            tensor.name = node.output[0]
+            graph.initializer.append(tensor)
+            moved += 1
+        else:
+            kept.append(node)
+    if moved:
+        del graph.node[:]
+        graph.node.extend(kept)
+    return moved

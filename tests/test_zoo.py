@@ -1,0 +1,50 @@
+"""The fast subset of the model zoo (benchmarks/zoo.py): real pretrained models nobody here wrote,
+through the stages that take seconds. The whole matrix is `make zoo` (docs/zoo.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+pytest.importorskip("tritonclient", reason="the dev extra is not installed")
+pytest.importorskip("skimage", reason="the dev extra is not installed")
+
+import zoo  # noqa: E402
+import zoo_models  # noqa: E402
+
+if not zoo_models.MODELS_DIR.is_dir():
+    pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}", allow_module_level=True)
+
+MODELS = {m.name: m for m in zoo_models.zoo()}
+
+
+@pytest.mark.parametrize("name, stages", [
+    ("ppocr-cls", ("export", "verify", "gpu", "serve")),  # dims declared -1, weights as Constant nodes
+    ("nudenet-yolov8n", ("export", "verify", "serve")),  # dynamic H/W sized by the model's imgsz metadata
+])
+def test_real_onnx_models_pass_the_fast_stages(name, stages, tmp_path):
+    cells = zoo.run_model(MODELS[name], stages, tmp_path)
+    assert {s: c.status for s, c in cells.items()} == dict.fromkeys(stages, "pass"), \
+        {s: c.reason for s, c in cells.items()}
+
+
+def test_pruning_finds_weights_stored_as_constants_and_is_judged_by_its_budget(tmp_path):
+    cells = zoo.run_model(MODELS["ppocr-cls"], ("export", "prune"), tmp_path)
+    prune = cells["prune"]
+    assert prune.status == "pass" or (prune.status == "refused" and "accuracy budget" in prune.reason), prune
+
+
+def test_efficientnet_lite0_recognises_a_real_photo(tmp_path):
+    import unideploy
+    from skimage import data
+
+    cells = zoo.run_model(MODELS["efficientnet-lite0"], ("export", "verify"), tmp_path)
+    assert {s: c.status for s, c in cells.items()} == {"export": "pass", "verify": "pass"}, cells
+    cat = zoo_models.nchw([data.chelsea()], 224, 224, mean=zoo_models.IMAGENET_MEAN, std=zoo_models.IMAGENET_STD)
+    logits = unideploy.run(tmp_path / "pkg", {"x": cat})["output"]
+    assert 281 <= int(np.argmax(logits)) <= 285  # ImageNet's domestic cats: the weights are real
