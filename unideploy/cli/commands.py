@@ -30,7 +30,8 @@ def _optimize_request(args: argparse.Namespace) -> "OptimizeRequest":
         quantize=args.quantize, prune=args.prune, prune_method=args.prune_method, prune_scope=args.prune_scope,
         refit=not args.no_refit, int8_variant=args.int8_variant, calibration_method=args.calibration_method,
         quantize_sensitive=args.quantize_sensitive_ops, calibration=args.calibration, validation=args.validation,
-        synthetic=args.synthetic_calibration, max_accuracy_drop=args.max_accuracy_drop, metric=args.metric,
+        synthetic=args.synthetic_calibration, max_accuracy_drop=args.max_accuracy_drop,
+        metric=tuple(args.metric or ("auto",)), min_cosine=args.min_cosine,
         artifact=getattr(args, "artifact", None),
     )
 

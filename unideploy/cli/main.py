@@ -144,8 +144,12 @@ def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
                    help="accept random inputs when there is no data (accuracy cannot be judged)")
     g.add_argument("--max-accuracy-drop", type=float, default=DEFAULT_BUDGET_POINTS, metavar="POINTS",
                    help=f"budget in percentage points (default: {DEFAULT_BUDGET_POINTS})")
-    g.add_argument("--metric", choices=list(METRICS), default="auto",
-                   help="accuracy (needs labels), top1 agreement, or cosine; auto: accuracy if labelled, else top1")
+    g.add_argument("--metric", action="append", metavar="[OUTPUT=]NAME",
+                   help=f"how outputs are judged, repeatable: {', '.join(METRICS)} (for every output, or OUTPUT=NAME "
+                        "for one); auto (default) picks per output: top1 for class scores (accuracy with labels), "
+                        "cosine for embeddings, relerr for boxes/maps/regression")
+    g.add_argument("--min-cosine", type=float, metavar="C",
+                   help="budget of cosine-judged outputs: mean cosine to fp32 at least C (default 1 - budget/100)")
 
 
 def _add_runtime_options(p: argparse.ArgumentParser) -> None:

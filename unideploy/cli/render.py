@@ -218,12 +218,19 @@ def optimization(package: Package, record: dict[str, Any]) -> None:
         for variant, reason in (params.get("skipped") or {}).items():
             out.print(f"  [yellow]left out[/] the {variant} variant: {escape(reason)}")
     table = Table(title="Accuracy against fp32", title_justify="left")
-    for col in ("metric", "drop (points)", "budget", "top-1 agreement", "accuracy fp32 -> optimized", "rows"):
+    for col in ("output", "metric", "drop (points)", "budget", "verdict", "detail"):
         table.add_column(col)
-    labelled = f"{acc['accuracy_fp32']:.4f} -> {acc['accuracy']:.4f}" if "accuracy" in acc else "no labels"
-    table.add_row(acc["metric"], f"{acc['drop_points']:.2f}", f"{acc['budget_points']:g}",
-                  f"{acc['top1_agreement']:.4f}", labelled, str(acc["rows"]))
+    for name, o in acc["outputs"].items():
+        detail = {"accuracy": lambda: f"accuracy {o['accuracy_fp32']:.4f} -> {o['accuracy']:.4f}",
+                  "cosine": lambda: f"cosine mean {o['cosine_mean']:.5f}, worst {o['cosine_min']:.5f}",
+                  "top1": lambda: f"top-1 agreement {o['top1_agreement']:.4f}",
+                  "relerr": lambda: f"relative error {o['relative_error']:.4g}"}[o["metric"]]()
+        table.add_row(escape(name), o["metric"], f"{o['drop_points']:.2f}", f"{o['budget_points']:g}",
+                      "[green]within[/]" if o["within_budget"] else "[red]over[/]", detail)
     out.print(table)
+    for name, o in acc["outputs"].items():
+        out.print(f"  judged '{escape(name)}' by {o['metric']}: {escape(o['why'])}")
+    out.print(f"  on {acc['rows']} validation rows")
     table = Table(title="Effects", title_justify="left")
     for col in ("size", "size vs fp32", "gzip vs fp32", "weight sparsity", "latency fp32 -> optimized (ms)"):
         table.add_column(col)

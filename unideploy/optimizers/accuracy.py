@@ -1,30 +1,81 @@
 """The accuracy guard: how far an optimized model's outputs are from the fp32 model's.
 
-Every metric is a fraction in [0, 1]; a *drop* is the loss in percentage points against fp32,
-which is what ``--max-accuracy-drop`` bounds:
+Each output is judged by the metric that fits what it holds, chosen from its shape and values
+(and overridable per output with ``--metric OUTPUT=NAME``):
 
-- ``accuracy``: labelled top-1 accuracy (needs ``labels``), drop = fp32 accuracy - accuracy;
-- ``top1``: share of rows whose argmax (first output, last axis) matches fp32's, drop = 1 - share;
-- ``cosine``: mean cosine similarity of each output row with fp32's, drop = 1 - mean.
+- ``accuracy``: labelled top-1 accuracy (needs ``labels``; the first class-score output),
+  drop = fp32 accuracy - accuracy;
+- ``top1``: class scores or probabilities (a sequence of them too, as OCR and token models give):
+  share of rows (positions) whose argmax matches fp32's; integer outputs: share of equal values;
+- ``cosine``: embeddings (unit-length rows, or names that say so): drop = 1 - mean cosine of each
+  row with fp32's, bounded by ``--min-cosine`` (default: 1 - budget/100); the worst row is kept;
+- ``relerr``: boxes, masks, heatmaps and other regressions: mean relative L2 error of each row.
+
+Every drop is in percentage points of its metric; an optimization passes when every output's drop
+is within its budget (``--max-accuracy-drop``, or ``--min-cosine`` for cosine).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import re
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from unideploy.errors import InputError
 
-METRICS = ("auto", "accuracy", "top1", "cosine")
+METRICS = ("auto", "accuracy", "top1", "cosine", "relerr")
+_EMBEDDING_NAME = re.compile(r"(?i)embed|pool|sentence|feature|vector|hidden|encod")
+_CLASS_NAME = re.compile(r"(?i)logit|prob|score|class|label|softmax")
 
 
-def choose_metric(requested: str, has_labels: bool) -> str:
-    if requested == "accuracy" and not has_labels:
+def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
+    """The metric for one output, from its shape and its fp32 values, and why."""
+    if not np.issubdtype(ref.dtype, np.floating):
+        return "top1", "integer values (labels or ids): share of equal values"
+    values = ref.astype(np.float64)
+    if ref.ndim >= 2 and ref.shape[-1] >= 2 and (values >= -1e-6).all() \
+            and np.allclose(values.sum(-1), 1.0, atol=1e-3):
+        what = "rows" if ref.ndim == 2 else "positions"
+        return "top1", f"{what} are probabilities over {ref.shape[-1]} classes: top-1 agreement"
+    if ref.ndim == 2 and ref.shape[-1] >= 2:
+        if np.allclose(np.linalg.norm(values, axis=-1), 1.0, atol=1e-3):
+            return "cosine", f"rows are unit-length {ref.shape[-1]}-d embeddings: cosine similarity"
+        if _EMBEDDING_NAME.search(name) and not _CLASS_NAME.search(name):
+            return "cosine", f"'{name}' names {ref.shape[-1]}-d embeddings: cosine similarity"
+        return "top1", f"rows are scores over {ref.shape[-1]} classes: top-1 agreement"
+    return "relerr", f"{'x'.join(map(str, ref.shape[1:])) or 'scalar'} values per row (boxes, maps, regression): " \
+                     "relative error"
+
+
+def choose_metrics(requested: str | Sequence[str], reference: Mapping[str, np.ndarray],
+                   has_labels: bool) -> dict[str, tuple[str, str]]:
+    """(metric, why) per output: ``auto`` chooses; ``NAME`` applies to every output, ``OUTPUT=NAME``
+    to one. ``accuracy`` (chosen by auto when there are labels) goes to the first class-score output."""
+    items = [requested] if isinstance(requested, str) else list(requested) or ["auto"]
+    default, per_output = "auto", {}
+    for item in items:
+        output, _, metric = item.rpartition("=")
+        if metric not in METRICS:
+            raise InputError(f"unknown metric '{metric}'", f"use one of: {', '.join(METRICS)}")
+        if output and output not in reference:
+            raise InputError(f"--metric names output '{output}', which the model does not produce",
+                             f"its outputs are: {', '.join(reference)}")
+        if output:
+            per_output[output] = metric
+        else:
+            default = metric
+    if "accuracy" in (default, *per_output.values()) and not has_labels:
         raise InputError("--metric accuracy needs labels", "add a 'labels' array to the data, or use --metric top1/cosine")
-    if requested != "auto":
-        return requested
-    return "accuracy" if has_labels else "top1"
+    chosen: dict[str, tuple[str, str]] = {}
+    for name, ref in reference.items():
+        metric = per_output.get(name, default)
+        chosen[name] = output_metric(name, ref) if metric == "auto" else (metric, "as requested")
+    if has_labels and default == "auto" and "accuracy" not in per_output.values():
+        first = next((n for n, (m, _) in chosen.items() if m == "top1" and n not in per_output), None)
+        if first is not None:
+            chosen[first] = ("accuracy", f"labelled data: top-1 accuracy against the labels ({chosen[first][1]})")
+    return chosen
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -38,49 +89,74 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(norms > 0, dots / np.where(norms > 0, norms, 1.0), (np.abs(a - b).max(axis=1) == 0).astype(float))
 
 
-def _top1(a: np.ndarray) -> np.ndarray:
+def _relative_error(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = _rows(a), _rows(b)
+    return np.linalg.norm(a - b, axis=1) / np.maximum(np.linalg.norm(a, axis=1), 1e-12)
+
+
+def _classes(a: np.ndarray) -> np.ndarray:
+    if not np.issubdtype(a.dtype, np.floating):
+        return a.reshape(a.shape[0], -1) if a.ndim else a.reshape(1, 1)
     return np.argmax(a, axis=-1).reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(-1, 1)
 
 
 def compare(reference: Sequence[dict[str, np.ndarray]], candidate: Sequence[dict[str, np.ndarray]],
-            labels: np.ndarray | None, metric: str, budget_points: float) -> dict[str, Any]:
-    """Metrics of ``candidate`` against ``reference`` outputs, batch by batch, and the verdict."""
+            labels: np.ndarray | None, metric: str | Sequence[str], budget_points: float,
+            min_cosine: float | None = None) -> dict[str, Any]:
+    """Every output of ``candidate`` against ``reference``, by its metric, and the verdict."""
     names = list(reference[0])
     ref = {n: np.concatenate([b[n] for b in reference]) for n in names}
     cand = {n: np.concatenate([b[n] for b in candidate]) for n in names}
-    primary = names[0]
-    outputs = {}
+    chosen = choose_metrics(metric, ref, labels is not None)
+    cosine_budget = budget_points if min_cosine is None else round((1.0 - min_cosine) * 100.0, 6)
+    rows = int(ref[names[0]].shape[0])
+    truth = np.asarray(labels)[:rows].reshape(rows, -1) if labels is not None else None
+    outputs: dict[str, dict[str, Any]] = {}
+    result: dict[str, Any] = {"rows": rows, "outputs": outputs}
     for n in names:
-        cos = _cosine(ref[n], cand[n])
-        outputs[n] = {"max_abs_error": float(np.abs(ref[n].astype(np.float64) - cand[n]).max()),
-                      "cosine_mean": float(cos.mean()), "cosine_min": float(cos.min())}
-    result: dict[str, Any] = {
-        "metric": metric,
-        "rows": int(ref[primary].shape[0]),
-        "outputs": outputs,
-        "top1_agreement": float((_top1(ref[primary]) == _top1(cand[primary])).all(axis=1).mean()),
-    }
-    if labels is not None:  # a fixed-batch model may have left the incomplete last batch out
-        truth = np.asarray(labels)[: result["rows"]].reshape(result["rows"], -1)
-        result["accuracy_fp32"] = float((_top1(ref[primary]) == truth).all(axis=1).mean())
-        result["accuracy"] = float((_top1(cand[primary]) == truth).all(axis=1).mean())
-    if metric == "accuracy":
-        drop = result["accuracy_fp32"] - result["accuracy"]
-    elif metric == "top1":
-        drop = 1.0 - result["top1_agreement"]
-    else:
-        drop = 1.0 - min(o["cosine_mean"] for o in outputs.values())
-    result["drop_points"] = round(max(drop, 0.0) * 100.0, 4)
-    result["budget_points"] = budget_points
-    result["within_budget"] = result["drop_points"] <= budget_points
+        kind, why = chosen[n]
+        r, c = ref[n], cand[n]
+        cos = _cosine(r, c)
+        agreement = float((_classes(r) == _classes(c)).mean())
+        entry: dict[str, Any] = {
+            "metric": kind, "why": why,
+            "max_abs_error": float(np.abs(r.astype(np.float64) - c).max()),
+            "cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
+            "relative_error": float(_relative_error(r, c).mean()), "top1_agreement": agreement,
+        }
+        if kind == "accuracy":
+            entry["accuracy_fp32"] = float((_classes(r) == truth).all(axis=1).mean())
+            entry["accuracy"] = float((_classes(c) == truth).all(axis=1).mean())
+            result.update(accuracy_fp32=entry["accuracy_fp32"], accuracy=entry["accuracy"])
+            drop = entry["accuracy_fp32"] - entry["accuracy"]
+        elif kind == "top1":
+            drop = 1.0 - agreement
+        elif kind == "cosine":
+            drop = 1.0 - entry["cosine_mean"]
+        else:
+            drop = entry["relative_error"]
+        entry["drop_points"] = round(max(drop, 0.0) * 100.0, 4)
+        entry["budget_points"] = cosine_budget if kind == "cosine" else budget_points
+        entry["within_budget"] = entry["drop_points"] <= entry["budget_points"]
+        outputs[n] = entry
+    worst = max(outputs, key=lambda n: outputs[n]["drop_points"] - outputs[n]["budget_points"])
+    result.update(metric=outputs[worst]["metric"], deciding_output=worst,
+                  top1_agreement=outputs[names[0]]["top1_agreement"],
+                  drop_points=outputs[worst]["drop_points"], budget_points=outputs[worst]["budget_points"],
+                  within_budget=all(o["within_budget"] for o in outputs.values()))
     return result
 
 
 def describe(accuracy: dict[str, Any]) -> str:
-    """One line of numbers for messages: the metric, the drop and the budget."""
-    parts = [f"{accuracy['metric']} drop {accuracy['drop_points']:.2f} points (budget {accuracy['budget_points']:g})"]
-    if "accuracy" in accuracy:
-        parts.append(f"accuracy {accuracy['accuracy_fp32']:.4f} -> {accuracy['accuracy']:.4f}")
-    parts.append(f"top-1 agreement {accuracy['top1_agreement']:.4f}")
-    parts.append("cosine " + ", ".join(f"{n} {o['cosine_mean']:.5f}" for n, o in accuracy["outputs"].items()))
+    """One line of numbers for messages: each output's metric, drop and budget."""
+    parts = []
+    for name, o in accuracy["outputs"].items():
+        text = f"{name}: {o['metric']} drop {o['drop_points']:.2f} points (budget {o['budget_points']:g})"
+        if o["metric"] == "accuracy":
+            text += f", accuracy {o['accuracy_fp32']:.4f} -> {o['accuracy']:.4f}"
+        elif o["metric"] == "cosine":
+            text += f", cosine mean {o['cosine_mean']:.5f}, worst row {o['cosine_min']:.5f}"
+        elif o["metric"] == "top1":
+            text += f", top-1 agreement {o['top1_agreement']:.4f}"
+        parts.append(text)
     return "; ".join(parts)

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 
-from unideploy.errors import AccuracyBudgetError, InputError
+from unideploy.errors import AccuracyBudgetError, ExportError, InputError, first_line
 from unideploy.optimizers import PASSES, OptimizerPass, PassContext
-from unideploy.optimizers.accuracy import METRICS, choose_metric, compare, describe
+from unideploy.optimizers.accuracy import choose_metrics, compare, describe
 from unideploy.optimizers.base import Evaluation
 from unideploy.optimizers.data import Dataset, load_dataset, split, synthetic_dataset
 from unideploy.optimizers.measure import latency, size_effects, timing_session
@@ -43,7 +44,8 @@ class OptimizeRequest:
     validation: str | None = None
     synthetic: bool = False
     max_accuracy_drop: float = DEFAULT_BUDGET_POINTS  # percentage points
-    metric: str = "auto"
+    metric: str | tuple[str, ...] = "auto"  # one for every output, and/or OUTPUT=NAME items
+    min_cosine: float | None = None  # the budget of cosine-judged outputs (default: 1 - budget/100)
     artifact: str | None = None  # the artifact to start from (default: the fp32 ONNX one)
 
     @property
@@ -69,8 +71,8 @@ def build_passes(request: OptimizeRequest) -> list[OptimizerPass]:
         raise InputError(f"unknown quantization '{request.quantize}'", "use int8 or fp16")
     if not passes:
         raise InputError("nothing to optimize", "pass --quantize int8|fp16 and/or --prune SPARSITY")
-    if request.metric not in METRICS:
-        raise InputError(f"unknown metric '{request.metric}'", f"use one of: {', '.join(METRICS)}")
+    if request.min_cosine is not None and not -1.0 <= request.min_cosine <= 1.0:
+        raise InputError(f"--min-cosine {request.min_cosine:g} is not a cosine similarity", "give a value in [-1, 1]")
     if request.max_accuracy_drop < 0:
         raise InputError("--max-accuracy-drop cannot be negative")
     return passes
@@ -126,7 +128,6 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
         base = _base_artifact(package, request.artifact)
         base_path = package.path_of(base)
         calibration, validation = _datasets(request, package)
-        metric = choose_metric(request.metric, validation.labels is not None)
         signature = package.manifest.signature
         fixed_batch = None if signature.has_dynamic_batch else package.manifest.samples[0].batch_size
         batch_sizes = (1, LARGE_BATCH) if fixed_batch is None else (fixed_batch,)
@@ -135,14 +136,23 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
         fp32 = timing_session(base_path)
         val_batches = validation.batches(fixed_batch)
         reference = [dict(zip([o.name for o in fp32.get_outputs()], fp32.run(None, b))) for b in val_batches]
+        metrics = choose_metrics(request.metric, {n: np.concatenate([b[n] for b in reference]) for n in reference[0]},
+                                 validation.labels is not None)  # refuses a bad --metric before any work
+        for name, (metric, why) in metrics.items():
+            say(f"judging '{name}' by {metric}: {why}")
         cache: dict[Path, Evaluation] = {}
 
         def evaluate(candidate: Path) -> Evaluation:
             if candidate not in cache:
-                session = timing_session(candidate)
+                try:
+                    session = timing_session(candidate)
+                except Exception as exc:  # a converter wrote a graph ONNX Runtime refuses: a refusal, not a crash
+                    raise ExportError(f"the optimized model does not load in ONNX Runtime: {first_line(exc)}",
+                                      "try another --int8-variant, or --quantize fp16") from exc
                 names = [o.name for o in session.get_outputs()]
                 outputs = [dict(zip(names, session.run(None, b))) for b in val_batches]
-                accuracy = compare(reference, outputs, validation.labels, metric, request.max_accuracy_drop)
+                accuracy = compare(reference, outputs, validation.labels, request.metric, request.max_accuracy_drop,
+                                   request.min_cosine)
                 cache[candidate] = Evaluation(accuracy, latency(fp32, session, val_batches[0], batch_sizes))
             return cache[candidate]
 

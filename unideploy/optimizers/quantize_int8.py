@@ -66,6 +66,22 @@ class _Reader:
         pass
 
 
+# Per-channel QDQ needs DequantizeLinear's ``axis``, which opset 13 introduced; older models (PP-OCR
+# exports are opset 11-12) are converted first, or onnxruntime's quantizer writes an invalid graph.
+PER_CHANNEL_OPSET = 13
+
+
+def _upgrade_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, PER_CHANNEL_OPSET)
+    except Exception as exc:
+        raise ExportError(f"INT8 needs opset {PER_CHANNEL_OPSET} (per-channel weights) and this opset-{opset} model "
+                          f"cannot be converted: {first_line(exc)}",
+                          "re-export the model at opset 13 or later, or use --quantize fp16") from exc
+
+
 class Int8Quantization(OptimizerPass):
     name = "quantize-int8"
     stage = "quantize"
@@ -93,6 +109,11 @@ class Int8Quantization(OptimizerPass):
             ctx.say(f"quantization pre-processing skipped: {first_line(exc)}")
             prepared = Path(model_path)
         model = onnx.load(str(prepared))
+        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        if opset < PER_CHANNEL_OPSET:
+            model = _upgrade_opset(model, opset)
+            prepared = ctx.workdir / f"int8-opset{PER_CHANNEL_OPSET}.onnx"
+            onnx.save(model, str(prepared))
         gemm_to_matmul(model)  # onnxruntime's dynamic quantizer skips Gemm
         name_nodes(model)
         weights = {i.name for i in model.graph.initializer}

@@ -1,0 +1,85 @@
+"""The metric follows the output: class scores by top-1 (accuracy with labels), embeddings by
+cosine, maps and boxes by relative error; per-output overrides and the cosine budget."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from console import assert_one_line_error, deploy
+from unideploy.errors import InputError
+from unideploy.optimizers.accuracy import choose_metrics, compare, output_metric
+
+rng = np.random.default_rng(0)
+
+
+def _unit(rows: np.ndarray) -> np.ndarray:
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def test_each_kind_of_output_gets_its_metric_and_a_reason():
+    logits = rng.standard_normal((8, 10)).astype(np.float32)
+    probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    assert output_metric("output", logits)[0] == "top1"
+    assert output_metric("output", probs) == ("top1", "rows are probabilities over 10 classes: top-1 agreement")
+    assert output_metric("output", _unit(rng.standard_normal((8, 384))))[0] == "cosine"
+    assert output_metric("sentence_embedding", rng.standard_normal((8, 384)))[0] == "cosine"
+    ctc = np.exp(rng.standard_normal((8, 40, 97)))
+    assert output_metric("softmax", ctc / ctc.sum(-1, keepdims=True))[0] == "top1"  # OCR: per position
+    assert output_metric("heatmap", rng.random((8, 1, 32, 32)))[0] == "relerr"
+    assert output_metric("boxes", rng.random((8, 84, 2100)))[0] == "relerr"
+    assert output_metric("ids", np.arange(8)[:, None])[0] == "top1"
+
+
+def test_embeddings_are_judged_by_cosine_not_top1():
+    rows = rng.standard_normal((16, 64))
+    rows[:, :2] = 4.0  # two equal largest components: any noise flips the argmax of an embedding
+    reference = _unit(rows)
+    noisy = _unit(reference + 0.01 * rng.standard_normal(reference.shape))  # while its direction holds
+    result = compare([{"emb": reference}], [{"emb": noisy}], None, "auto", 1.0)
+    entry = result["outputs"]["emb"]
+    assert entry["metric"] == "cosine" and entry["cosine_mean"] > 0.99 and result["within_budget"]
+    assert entry["top1_agreement"] < 1.0  # top-1 would have refused it
+    assert not compare([{"emb": reference}], [{"emb": noisy}], None, "auto", 1.0, min_cosine=0.99999)["within_budget"]
+
+
+def test_every_output_must_hold_its_own_budget():
+    logits = rng.standard_normal((20, 5))
+    boxes = rng.random((20, 4, 10)) + 1.0
+    drifted = boxes * 1.05  # 5 % relative error
+    result = compare([{"scores": logits, "boxes": boxes}], [{"scores": logits, "boxes": drifted}], None, "auto", 1.0)
+    assert result["outputs"]["scores"]["within_budget"] and not result["outputs"]["boxes"]["within_budget"]
+    assert result["deciding_output"] == "boxes" and result["metric"] == "relerr"
+    assert abs(result["drop_points"] - 5.0) < 1e-6 and not result["within_budget"]
+
+
+def test_labels_make_the_first_class_output_an_accuracy():
+    logits = rng.standard_normal((10, 3))
+    chosen = choose_metrics("auto", {"emb": _unit(rng.standard_normal((10, 8))), "logits": logits}, True)
+    assert chosen["logits"][0] == "accuracy" and chosen["emb"][0] == "cosine"
+
+
+@pytest.mark.parametrize("requested, pattern", [
+    (["nonsense"], "unknown metric 'nonsense'"),
+    (["missing=cosine"], "names output 'missing', which the model does not produce"),
+    (["accuracy"], "--metric accuracy needs labels"),
+])
+def test_bad_metric_requests_are_refused(requested, pattern):
+    with pytest.raises(InputError, match=pattern):
+        choose_metrics(requested, {"output": rng.standard_normal((4, 3))}, False)
+
+
+def test_cli_metric_per_output_and_the_reason_are_recorded(digits_package, digits, tmp_path):
+    result = deploy("optimize", digits_package, "-o", tmp_path / "fp16", "--quantize", "fp16", "--calibration",
+                    digits["data"], "--metric", "output=cosine", "--min-cosine", "0.999", "--json")
+    assert result.returncode == 0, result.stderr
+    entry = json.loads(result.stdout)["accuracy"]["outputs"]["output"]
+    assert entry["metric"] == "cosine" and entry["why"] == "as requested" and entry["budget_points"] == pytest.approx(0.1)
+    shown = deploy("optimize", digits_package, "-o", tmp_path / "fp16b", "--quantize", "fp16", "--calibration",
+                   digits["data"])
+    assert shown.returncode == 0 and "judged 'output' by accuracy: labelled data" in shown.stdout
+    bad = deploy("optimize", digits_package, "-o", tmp_path / "x", "--quantize", "fp16", "--calibration",
+                 digits["data"], "--metric", "logits=cosine")
+    assert_one_line_error(bad, 2, "names output 'logits', which the model does not produce")
