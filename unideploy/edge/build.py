@@ -59,8 +59,28 @@ def _calibration_batches(path: str | Path, source: Signature, model: Signature) 
             for batch in load_dataset(path, source).batches()]
 
 
+def _guard_data(package: Package, base: Artifact | None, calibration: str | Path | None,
+                references: list) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], np.ndarray | None]:
+    """What the accuracy guard judges edge artifacts on: the user's data (with its labels) against the
+    fp32 ONNX artifact's outputs, or else the package's reference samples against the source's."""
+    from unideploy.optimizers.data import load_dataset
+
+    if calibration is None or base is None:
+        return [inputs for inputs, _ in references], [dict(outputs) for _, outputs in references], None
+    data = load_dataset(calibration, package.manifest.signature)
+    batches = data.batches()
+    with RUNTIMES.get("onnxruntime")(package.path_of(base), package.manifest.signature,
+                                     RuntimeOptions(device="cpu")) as fp32:
+        return batches, [fp32.run(b) for b in batches], data.labels
+
+
 def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calibration: str | Path | None,
-                      references: list, say: Progress) -> list[AddedArtifact]:
+                      references: list, say: Progress) -> tuple[list[AddedArtifact], list[dict[str, str]]]:
+    """TFLite fp32 (held to the default tolerance), fp16 and int8 (each through the accuracy guard,
+    left out with its numbers when over budget)."""
+    from unideploy.optimizers.accuracy import compare, describe
+    from unideploy.optimizers.optimize import DEFAULT_BUDGET_POINTS
+
     manifest = package.manifest
     framework = manifest.source["framework"]
     tflite = RUNTIMES.get("tflite")
@@ -76,6 +96,8 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
     else:
         raise ExportError("the package has no ONNX artifact to convert from")
     added: list[AddedArtifact] = []
+    omitted: list[dict[str, str]] = []
+    guard = None  # (inputs, fp32 outputs, labels), loaded when the first non-exact artifact needs it
     signature = None  # the model's own signature (layout), known once fp32 is converted
     for precision in ("fp32", "fp16") + (("int8",) if calibration else ()):
         say(f"converting to TFLite ({precision}, {route})")
@@ -89,11 +111,23 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
                 record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
                 require_passed(record, "the TFLite fp32 artifact")
             else:
+                say(f"judging TFLite {precision} against fp32")
+                guard = guard or _guard_data(package, base, calibration, references)
+                accuracy = compare(guard[1], [runtime.run(b) for b in guard[0]], guard[2], "auto",
+                                   DEFAULT_BUDGET_POINTS)
+                if not accuracy["within_budget"]:
+                    omitted.append({"artifact": f"tflite-{precision}", "stage": "edge",
+                                    "reason": f"over the accuracy budget on {accuracy['rows']} rows: {describe(accuracy)}",
+                                    "fix": "give more representative --calibration data" if precision == "int8"
+                                    else "use tflite-fp32 on this model"})
+                    say(f"left out tflite-{precision}: {omitted[-1]['reason']}")
+                    continue
                 record = measured_tolerance_record(runtime.run, references, framework)
+                record["accuracy"] = accuracy
         added.append((Artifact(f"tflite-{precision}", f"artifacts/model.{precision}.tflite", "tflite", precision,
                                "", 0, ["tflite"], derived_from=base.id if base else None, signature=signature,
                                targets=["edge"]), path, {}, record))
-    return added
+    return added, omitted
 
 
 def build_edge(package_path: str | Path, output: str | Path, overwrite: bool = False,
@@ -119,7 +153,9 @@ def build_edge(package_path: str | Path, output: str | Path, overwrite: bool = F
                                    derived_from=base.id, targets=["edge"]),
                           ort_model, {"artifacts/required_operators.config": ort_config}, record))
         try:
-            added += _tflite_artifacts(package, base, work, calibration, references, say)
+            tflite_added, tflite_omitted = _tflite_artifacts(package, base, work, calibration, references, say)
+            added += tflite_added
+            omitted += tflite_omitted
         except ExportError as exc:  # the package stays usable without TFLite; it says why
             omitted.append({"artifact": "tflite-*", "stage": "edge", "reason": exc.message,
                             "fix": exc.hint or "the .ort artifact runs on ONNX Runtime Mobile meanwhile"})
