@@ -237,16 +237,19 @@ def main() -> None:
     try:
         for model in models:
             results[model.name] = run_model(model, stages, work / model.name)
-            if args.json:  # written as it goes: a long run interrupted still says what it found
+            shutil.rmtree(work / model.name, ignore_errors=True)
+            # written as it goes: a long run interrupted still says what it found
+            done = [m for m in models if m.name in results]
+            if args.output != "-":
+                Path(args.output).write_text(report(done, results, stages))
+            if args.json:
                 Path(args.json).write_text(json.dumps({m: {s: asdict(c) for s, c in r.items()} for m, r in results.items()},
                                                       indent=2))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = report(models, results, stages)
     if args.output == "-":
-        print(text)
+        print(report(models, results, stages))
     else:
-        Path(args.output).write_text(text)
         console.log(f"wrote {args.output}")
 
 

@@ -6,6 +6,7 @@ package are the same for every framework and live in ``exporters/export.py``.
 
 from __future__ import annotations
 
+import zipfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,14 @@ class ConvertedModel:
     size_hints: dict[str, int] = field(default_factory=dict)
     # Files that ship beside the ONNX artifact (package path -> file), e.g. its external data.
     companions: dict[str, Path] = field(default_factory=dict)
+
+
+def zip_members(src: Path) -> list[str]:
+    """The entry names of a zip file (TorchScript, ``.pt2`` and ``.keras`` are zips), else none."""
+    if not src.is_file() or not zipfile.is_zipfile(src):
+        return []
+    with zipfile.ZipFile(src) as zf:
+        return zf.namelist()
 
 
 class Exporter(ABC):

@@ -7,14 +7,13 @@ outputs take the names of the model's output layers, and validation runs the Ker
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from unideploy.errors import InputError, first_line
-from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
+from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
 from unideploy.exporters.onnx_io import rename_values
 from unideploy.exporters.savedmodel import SavedModelExporter
 from unideploy.quiet import quiet
@@ -29,10 +28,7 @@ class KerasExporter(Exporter):
 
     @classmethod
     def detect(cls, src: Path) -> bool:
-        if not src.is_file() or src.suffix.lower() != ".keras" or not zipfile.is_zipfile(src):
-            return False
-        with zipfile.ZipFile(src) as zf:
-            return "config.json" in zf.namelist()
+        return src.suffix.lower() == ".keras" and "config.json" in zip_members(src)
 
     def convert(self, src: Path, workdir: Path, options: ExportOptions) -> ConvertedModel:
         import onnx

@@ -65,7 +65,7 @@ def _signature_def(src: Path, name: str) -> Any:
                      f"choose one with --signature: {', '.join(available) or 'it has none'}")
 
 
-def _spec(key: str, info: Any, axis_names: dict[int, str]) -> TensorSpec:
+def _spec(key: str, info: Any) -> TensorSpec:
     from tensorflow.python.framework import dtypes
 
     dtype = dtypes.as_dtype(info.dtype).as_numpy_dtype
@@ -76,7 +76,7 @@ def _spec(key: str, info: Any, axis_names: dict[int, str]) -> TensorSpec:
         if dim.size >= 0:
             dims.append(int(dim.size))
         else:
-            dims.append(axis_names.get(axis) or (BATCH_DIM if axis == 0 else f"{key}_dim{axis}"))
+            dims.append(BATCH_DIM if axis == 0 else f"{key}_dim{axis}")  # --input-shape may rename it
     return TensorSpec(key, np.dtype(dtype).name, tuple(dims))
 
 
@@ -95,9 +95,8 @@ class SavedModelExporter(Exporter):
 
         signature_name = options.signature or DEFAULT_SIGNATURE
         sigdef = _signature_def(src, signature_name)
-        named = {s.name: s.dim_names for s in options.input_shapes}
-        inputs = tuple(_spec(k, sigdef.inputs[k], named.get(k, {})) for k in sorted(sigdef.inputs))
-        outputs = tuple(_spec(k, sigdef.outputs[k], {}) for k in sorted(sigdef.outputs))
+        inputs = tuple(_spec(k, sigdef.inputs[k]) for k in sorted(sigdef.inputs))
+        outputs = tuple(_spec(k, sigdef.outputs[k]) for k in sorted(sigdef.outputs))
         signature, _ = resolve_signature(Signature(inputs, outputs), options)  # stops before tf2onnx if unsized
         opset = min(options.opset or MAX_OPSET, MAX_OPSET)
 

@@ -8,14 +8,13 @@ validation runs the program itself (``program.module()``).
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from unideploy.errors import ExportError, InputError, first_line
-from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
+from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
 from unideploy.exporters.shapes import apply_input_shapes, readable_dims
 from unideploy.exporters.torchscript import flatten_outputs, output_names_for, unsupported_operator
 from unideploy.quiet import quiet
@@ -32,10 +31,7 @@ class TorchExportExporter(Exporter):
     @classmethod
     def detect(cls, src: Path) -> bool:
         # torch.export.save writes a zip whose entries include ``<name>/archive_format``.
-        if not src.is_file() or not zipfile.is_zipfile(src):
-            return False
-        with zipfile.ZipFile(src) as zf:
-            return any(n.endswith("/archive_format") for n in zf.namelist())
+        return any(n.endswith("/archive_format") for n in zip_members(src))
 
     def convert(self, src: Path, workdir: Path, options: ExportOptions) -> ConvertedModel:
         import onnx

@@ -8,14 +8,13 @@ First the legacy TorchScript-based exporter (keeps If/Loop control flow, dynamic
 from __future__ import annotations
 
 import re
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from unideploy.errors import ExportError, InputError, first_line
-from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
+from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
 from unideploy.exporters.onnx_io import set_io_dims
 from unideploy.samples import random_tensor
 from unideploy.quiet import quiet
@@ -33,10 +32,7 @@ class TorchScriptExporter(Exporter):
     @classmethod
     def detect(cls, src: Path) -> bool:
         # TorchScript archives are zips holding a ``*/code/`` folder and ``constants.pkl``.
-        if not src.is_file() or not zipfile.is_zipfile(src):
-            return False
-        with zipfile.ZipFile(src) as zf:
-            return any(n.endswith("constants.pkl") or "/code/" in n for n in zf.namelist())
+        return any(n.endswith("constants.pkl") or "/code/" in n for n in zip_members(src))
 
     def convert(self, src: Path, workdir: Path, options: ExportOptions) -> ConvertedModel:
         import onnx
