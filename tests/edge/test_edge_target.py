@@ -133,3 +133,21 @@ def test_edge_int8_that_breaks_top1_is_left_out_with_its_numbers(tmp_path):
         assert "top1 drop" in omitted["reason"] and "budget 1" in omitted["reason"]
         if "tflite-fp16" in ids:  # kept only because it held the same guard
             assert package.manifest.validation["tflite-fp16"]["accuracy"]["within_budget"]
+
+
+def test_onnx_with_node_names_tensorflow_refuses_still_reaches_tflite(tmp_path):
+    """Paddle2ONNX names nodes ``Conv@0``; TensorFlow refuses '@' in the scopes onnx2tf makes."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="Conv@0", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="Relu@0"),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"], name="Pool@0"),
+             helper.make_node("Flatten", ["p"], ["y"], name="@flatten")]
+    graph = helper.make_graph(nodes, "paddle_named", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 4])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(tmp_path / "m.onnx"))
+    with unideploy.export(tmp_path / "m.onnx", tmp_path / "edge", target="edge") as package:
+        assert "tflite-fp32" in [a.id for a in package.manifest.artifacts], package.manifest.omitted
+        assert package.manifest.validation["tflite-fp32"]["passed"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -39,6 +40,7 @@ def onnx_to_saved_model(onnx_path: Path, workdir: Path) -> Path:
     out = workdir / "onnx2tf"
     private = workdir / "onnx2tf-input.onnx"  # onnx2tf rewrites its input file (onnxsim), so never the package's
     copy_model(onnx_path, private)
+    _scope_safe_node_names(private)
     try:
         with quiet(), _scripts_on_path():
             onnx2tf.convert(input_onnx_file_path=str(private), output_folder_path=str(out), non_verbose=True,
@@ -51,6 +53,28 @@ def onnx_to_saved_model(onnx_path: Path, workdir: Path) -> Path:
     if not (out / "saved_model.pb").is_file():
         raise ExportError("onnx2tf wrote no SavedModel", "re-run with --debug for onnx2tf's output")
     return out
+
+
+_SCOPE_UNSAFE = re.compile(r"[^A-Za-z0-9_.\\/>-]")
+
+
+def _scope_safe_node_names(path: Path) -> None:
+    """onnx2tf names TensorFlow scopes after ONNX nodes, and TensorFlow refuses characters that
+    some exporters use (Paddle2ONNX: ``Conv@0``): rename those nodes, keeping names unique."""
+    import onnx
+
+    model = onnx.load(str(path))
+    taken = {n.name for n in model.graph.node}
+    changed = False
+    for i, node in enumerate(model.graph.node):
+        if node.name and not _SCOPE_UNSAFE.search(node.name) and not node.name.startswith(("_", "-", "/", ">")):
+            continue
+        base = _SCOPE_UNSAFE.sub("_", node.name).lstrip("_-/>") or f"{node.op_type}_{i}"
+        name = base if base not in taken else f"{base}_{i}"
+        taken.add(name)
+        node.name, changed = name, True
+    if changed:
+        onnx.save(model, str(path))
 
 
 @contextlib.contextmanager
