@@ -30,7 +30,7 @@ from rich.console import Console
 
 from zoo_models import ROOT, ZooModel, zoo
 
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.append(str(ROOT / "tests"))  # after benchmarks/: its models.py is the benchmarks' own
 from serving import start_server, stop_server  # noqa: E402
 
 STAGES = ("export", "verify", "int8", "fp16", "prune", "edge", "bundle-android", "bundle-ios", "gpu", "serve")
@@ -229,13 +229,19 @@ def main() -> None:
     parser.add_argument("--stage", action="append", choices=STAGES, help="stage (repeatable; default: all)")
     parser.add_argument("--output", default=str(ROOT / "docs" / "zoo.md"), help="markdown report path, or - for stdout")
     parser.add_argument("--json", metavar="FILE", help="also write the cells as JSON")
+    parser.add_argument("--previous", metavar="FILE", help="cells of an earlier --json run for the models not run now "
+                        "(re-run a few models, report all)")
     args = parser.parse_args()
-    models = [m for m in zoo() if not args.only or m.name in args.only]
     stages = tuple(s for s in STAGES if not args.stage or s in args.stage)
-    work = Path(tempfile.mkdtemp(prefix="unideploy-zoo-"))
     results: dict[str, dict[str, Cell]] = {}
+    if args.previous:
+        earlier = json.loads(Path(args.previous).read_text())
+        results = {m: {s: Cell(**c) for s, c in cells.items()} for m, cells in earlier.items()
+                   if not args.only or m not in args.only}
+    models = [m for m in zoo() if not args.only or m.name in args.only or m.name in results]
+    work = Path(tempfile.mkdtemp(prefix="unideploy-zoo-"))
     try:
-        for model in models:
+        for model in (m for m in models if m.name not in results):
             results[model.name] = run_model(model, stages, work / model.name)
             shutil.rmtree(work / model.name, ignore_errors=True)
             # written as it goes: a long run interrupted still says what it found

