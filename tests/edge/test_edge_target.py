@@ -151,3 +151,24 @@ def test_onnx_with_node_names_tensorflow_refuses_still_reaches_tflite(tmp_path):
     with unideploy.export(tmp_path / "m.onnx", tmp_path / "edge", target="edge") as package:
         assert "tflite-fp32" in [a.id for a in package.manifest.artifacts], package.manifest.omitted
         assert package.manifest.validation["tflite-fp32"]["passed"]
+
+
+def test_dynamic_height_and_width_reach_tflite_at_the_sample_size(tmp_path):
+    """onnx2tf cannot trace dynamic spatial dims through a Concat across strides; the TFLite
+    artifact is made at the first sample's size, says so in its signature, and is proven there."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "exporters"))
+    from test_shapes import _two_branch_detector
+
+    _two_branch_detector(tmp_path / "det.onnx", ["N", 3, "H", "W"], ["N", 8, "H2", "W2"])
+    with unideploy.export(tmp_path / "det.onnx", tmp_path / "edge", target="edge",
+                          input_shapes=["images:1,3,height=32,width=48"]) as package:
+        assert "tflite-fp32" in [a.id for a in package.manifest.artifacts], package.manifest.omitted
+        spec = package.manifest.artifact("tflite-fp32").signature.inputs[0]
+        assert spec.shape == (1, 32, 48, 3) and spec.layout == "NHWC"
+        assert package.manifest.validation["tflite-fp32"]["passed"]
+        x = np.random.default_rng(2).standard_normal((1, 3, 32, 48)).astype(np.float32)
+        np.testing.assert_allclose(unideploy.run(package, {"images": x}, artifact="tflite-fp32")["boxes"],
+                                   unideploy.run(package, {"images": x}, artifact="onnx-fp32")["boxes"], atol=1e-4)

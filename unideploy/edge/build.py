@@ -16,13 +16,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from unideploy.edge.tflite import onnx_to_saved_model, saved_model_to_tflite, tflite_signature
-from unideploy.errors import ExportError, MissingDependencyError, first_line
+from unideploy.edge.tflite import fixed_signature, onnx_to_saved_model, saved_model_to_tflite, tflite_signature
+from unideploy.errors import ExportError, MissingDependencyError, ValidationError, first_line
 from unideploy.exporters.onnx_io import copy_model
 from unideploy.package import Artifact, Package
 from unideploy.package.writer import AddedArtifact, extend_package
@@ -74,6 +75,17 @@ def _guard_data(package: Package, base: Artifact | None, calibration: str | Path
         return batches, [fp32.run(b) for b in batches], data.labels
 
 
+def _shapes(signature: Signature) -> str:
+    return ", ".join(f"{t.name} {t.shape_text()}" for t in signature.inputs)
+
+
+def _run_rows(run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+              batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run an artifact of batch size 1 over every row of ``batch``."""
+    rows = [run({k: v[i:i + 1] for k, v in batch.items()}) for i in range(len(next(iter(batch.values()))))]
+    return {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+
+
 def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calibration: str | Path | None,
                       references: list, say: Progress) -> tuple[list[AddedArtifact], list[dict[str, str]]]:
     """TFLite fp32 (held to the default tolerance), fp16 and int8 (each through the accuracy guard,
@@ -88,13 +100,18 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
     if not found.ok:
         raise MissingDependencyError(f"the edge target needs LiteRT: {found.detail}", found.fix)
     source_dir = package.root / manifest.source["path"] if manifest.source.get("path") else None
+    fixed = None  # the input sizes onnx2tf converts at, where the model has dynamic non-batch dims
     if framework == "tensorflow" and source_dir and source_dir.is_dir():
         saved_model, route = source_dir, "TensorFlow's converter"
     elif base is not None:
-        say("converting ONNX to TensorFlow with onnx2tf")
-        saved_model, route = onnx_to_saved_model(package.path_of(base), work), "onnx2tf + TensorFlow's converter"
+        fixed = fixed_signature(manifest.signature, references[0][0])
+        say("converting ONNX to TensorFlow with onnx2tf" + (f" at {_shapes(fixed)}" if fixed else ""))
+        saved_model = onnx_to_saved_model(package.path_of(base), work, fixed)
+        route = "onnx2tf + TensorFlow's converter"
     else:
         raise ExportError("the package has no ONNX artifact to convert from")
+    if fixed is not None:  # an artifact of one input size is proven on the samples of that size
+        references = [(i, o) for i, o in references if all(i[t.name].shape[1:] == t.shape[1:] for t in fixed.inputs)]
     added: list[AddedArtifact] = []
     omitted: list[dict[str, str]] = []
     guard = None  # (inputs, fp32 outputs, labels), loaded when the first non-exact artifact needs it
@@ -105,16 +122,16 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
         if precision == "int8":
             data = _calibration_batches(calibration, manifest.signature, signature or manifest.signature)
         path = saved_model_to_tflite(saved_model, precision, work, data)
-        signature = tflite_signature(path, manifest.signature)
+        signature = tflite_signature(path, fixed or manifest.signature) or fixed
         with tflite(path, signature or manifest.signature) as runtime:
+            run = partial(_run_rows, runtime.run) if fixed else runtime.run
             if precision == "fp32":  # a conversion that should be exact is held to the default
-                record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
+                record = validate(run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
                 require_passed(record, "the TFLite fp32 artifact")
             else:
                 say(f"judging TFLite {precision} against fp32")
                 guard = guard or _guard_data(package, base, calibration, references)
-                accuracy = compare(guard[1], [runtime.run(b) for b in guard[0]], guard[2], "auto",
-                                   DEFAULT_BUDGET_POINTS)
+                accuracy = compare(guard[1], [run(b) for b in guard[0]], guard[2], "auto", DEFAULT_BUDGET_POINTS)
                 if not accuracy["within_budget"]:
                     omitted.append({"artifact": f"tflite-{precision}", "stage": "edge",
                                     "reason": f"over the accuracy budget on {accuracy['rows']} rows: {describe(accuracy)}",
@@ -122,7 +139,7 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
                                     else "use tflite-fp32 on this model"})
                     say(f"left out tflite-{precision}: {omitted[-1]['reason']}")
                     continue
-                record = measured_tolerance_record(runtime.run, references, framework)
+                record = measured_tolerance_record(run, references, framework)
                 record["accuracy"] = accuracy
         added.append((Artifact(f"tflite-{precision}", f"artifacts/model.{precision}.tflite", "tflite", precision,
                                "", 0, ["tflite"], derived_from=base.id if base else None, signature=signature,
@@ -156,7 +173,7 @@ def build_edge(package_path: str | Path, output: str | Path, overwrite: bool = F
             tflite_added, tflite_omitted = _tflite_artifacts(package, base, work, calibration, references, say)
             added += tflite_added
             omitted += tflite_omitted
-        except ExportError as exc:  # the package stays usable without TFLite; it says why
+        except (ExportError, ValidationError) as exc:  # the package stays usable without TFLite; it says why
             omitted.append({"artifact": "tflite-*", "stage": "edge", "reason": exc.message,
                             "fix": exc.hint or "the .ort artifact runs on ONNX Runtime Mobile meanwhile"})
             say(f"no TFLite artifact: {exc.message}")

@@ -29,8 +29,11 @@ from unideploy.signature import CHANNELS_LAST, Signature, TensorSpec, channels_l
 ONNX2TF_INSTALL = "pip install 'unideploy[edge]' && pip install --no-deps 'onnx2tf==1.29.24'"
 
 
-def onnx_to_saved_model(onnx_path: Path, workdir: Path) -> Path:
-    """Convert with onnx2tf; ``erf`` becomes pseudo-ops LiteRT's builtins run (no FlexErf)."""
+def onnx_to_saved_model(onnx_path: Path, workdir: Path, fixed: Signature | None = None) -> Path:
+    """Convert with onnx2tf; ``erf`` becomes pseudo-ops LiteRT's builtins run (no FlexErf).
+
+    ``fixed``: input shapes to convert at, for models whose dynamic spatial or sequence dims onnx2tf
+    cannot trace (a detector's Concat across strides fails at the sizes it guesses)."""
     try:
         with quiet():
             import onnx2tf
@@ -41,10 +44,14 @@ def onnx_to_saved_model(onnx_path: Path, workdir: Path) -> Path:
     private = workdir / "onnx2tf-input.onnx"  # onnx2tf rewrites its input file (onnxsim), so never the package's
     copy_model(onnx_path, private)
     _scope_safe_node_names(private)
+    if fixed is not None:
+        _test_images_offline(workdir, fixed)
     try:
-        with quiet(), _scripts_on_path():
+        with quiet(), _scripts_on_path(), contextlib.chdir(workdir):
             onnx2tf.convert(input_onnx_file_path=str(private), output_folder_path=str(out), non_verbose=True,
-                            replace_to_pseudo_operators=["erf"], output_signaturedefs=True)
+                            replace_to_pseudo_operators=["erf"], output_signaturedefs=True,
+                            overwrite_input_shape=[f"{t.name}:{','.join(map(str, t.shape))}" for t in fixed.inputs]
+                            if fixed else None)
     except BaseException as exc:  # onnx2tf exits (SystemExit) on some failures
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -75,6 +82,20 @@ def _scope_safe_node_names(path: Path) -> None:
         node.name, changed = name, True
     if changed:
         onnx.save(model, str(path))
+
+
+# onnx2tf traces fixed-size 3-channel image models on sample images it downloads unless this file is
+# in the working directory; no download can happen here (and none should at export time).
+ONNX2TF_TEST_IMAGES = "calibration_image_sample_data_20x128x128x3_float32.npy"
+
+
+def _test_images_offline(workdir: Path, fixed: Signature) -> None:
+    """Write onnx2tf's tracing images (20 x 128 x 128 x 3 in [0, 1]) as smooth gradients: they only
+    drive its shape tracing, and the artifacts are validated against the package's own samples."""
+    y, x = np.mgrid[0:128, 0:128].astype(np.float32) / 127.0
+    frames = [np.stack([(x * (i + 1) / 20) % 1.0, (y * (20 - i) / 20) % 1.0, (x + y) / 2.0], axis=-1)
+              for i in range(20)]
+    np.save(workdir / ONNX2TF_TEST_IMAGES, np.stack(frames).astype(np.float32))
 
 
 @contextlib.contextmanager
@@ -120,11 +141,28 @@ def saved_model_to_tflite(saved_model: Path, precision: str, workdir: Path,
     return path
 
 
+def fixed_signature(signature: Signature, sample: dict[str, np.ndarray]) -> Signature | None:
+    """The signature pinned at one reference sample's sizes (batch 1), when the model has dynamic
+    dims other than the batch; mobile models run at one input size."""
+    from unideploy.samples import dynamic_dims
+
+    if not dynamic_dims(signature):
+        return None
+    inputs = tuple(TensorSpec(t.name, t.dtype, (1, *sample[t.name].shape[1:]) if t.shape else (), t.layout)
+                   for t in signature.inputs)
+    return Signature(inputs, signature.outputs)
+
+
 def tflite_signature(path: Path, source: Signature) -> Signature | None:
-    """The artifact's own signature when its input layout differs from the source's, else None."""
+    """The artifact's own signature when its layout differs from the source's, else None: inputs
+    onnx2tf moved to channels-last, and outputs it left there (4-D feature maps, heatmaps), which
+    the tflite runtime moves back."""
     from ai_edge_litert.interpreter import Interpreter
 
-    runner = Interpreter(model_path=str(path)).get_signature_runner()
+    from unideploy.runtimes.tflite_runtime import signature_names
+
+    interpreter = Interpreter(model_path=str(path))
+    runner = interpreter.get_signature_runner()
     shapes = {name: tuple(int(d) for d in info["shape_signature"]) for name, info in runner.get_input_details().items()}
     inputs, changed = [], False
     for spec in source.inputs:
@@ -138,4 +176,19 @@ def tflite_signature(path: Path, source: Signature) -> Signature | None:
         else:
             raise ExportError(f"the TFLite model takes '{spec.name}' as {list(dims)}, which is neither the source "
                               f"shape {list(fixed)} nor its channels-last form")
-    return Signature(tuple(inputs), source.outputs) if changed else None
+    _, names = signature_names(interpreter, source, path.name)
+    produced = {names[k]: tuple(int(d) for d in info["shape_signature"]) for k, info in runner.get_output_details().items()}
+    outputs = []
+    for spec in source.outputs:
+        dims, declared = produced.get(spec.name), tuple(-1 if isinstance(d, str) else d for d in spec.shape)
+        if dims is not None and len(declared) >= 3 and not _fits(dims, declared) and _fits(dims, channels_last(declared)):
+            outputs.append(TensorSpec(spec.name, spec.dtype, channels_last(spec.shape), CHANNELS_LAST))
+            changed = True
+        else:
+            outputs.append(spec)
+    return Signature(tuple(inputs), tuple(outputs)) if changed else None
+
+
+def _fits(shape: tuple[int, ...], declared: tuple[int, ...]) -> bool:
+    """Whether two shapes agree where both are known (-1: dynamic)."""
+    return len(shape) == len(declared) and all(a == b or -1 in (a, b) for a, b in zip(shape, declared))

@@ -40,6 +40,8 @@ class TFLiteRuntime(Runtime):
         key, self._outputs = signature_names(self.interpreter, self.signature, self.path.name)
         self.runner = self.interpreter.get_signature_runner(key)
         self._channels_last = {t.name: t for t in self.signature.inputs if t.layout == CHANNELS_LAST}
+        # outputs the converter left channels-last go back to the source's channels-first layout
+        self._channels_first_outputs = {t.name for t in self.signature.outputs if t.layout == CHANNELS_LAST}
         self._lock = threading.Lock()  # an interpreter runs one call at a time
 
     def describe(self) -> dict[str, Any]:
@@ -54,8 +56,8 @@ class TFLiteRuntime(Runtime):
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
             with self._lock:
-                outputs = self.runner(**inputs)
-                return {self._outputs[k]: np.array(v) for k, v in outputs.items()}
+                outputs = {self._outputs[k]: np.array(v) for k, v in self.runner(**inputs).items()}
+            return {k: np.moveaxis(v, -1, 1) if k in self._channels_first_outputs else v for k, v in outputs.items()}
         except (ValueError, RuntimeError) as exc:
             raise RuntimeFailure(f"LiteRT failed: {first_line(exc)}") from exc
 
