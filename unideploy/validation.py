@@ -14,6 +14,7 @@ import numpy as np
 
 from unideploy.errors import ValidationError
 from unideploy.samples import batch_size_of
+from unideploy.signature import CHANNELS_LAST, Signature
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
@@ -94,3 +95,28 @@ def measured_tolerance_record(run: Callable[[dict[str, np.ndarray]], Mapping[str
     record = validate(run, samples, max(DEFAULT_ATOL, worst * TOLERANCE_MARGIN), DEFAULT_RTOL, reference=reference)
     record["tolerance_basis"] = f"{TOLERANCE_MARGIN:g}x the error measured when the artifact was made"
     return record
+
+
+Run = Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]
+Samples = Sequence[tuple[dict[str, np.ndarray], Mapping[str, np.ndarray]]]
+
+
+def fitted(run: Run, signature: Signature, samples: Samples) -> tuple[Run, list]:
+    """The samples an artifact of fixed input sizes can take (a TFLite model converted at one image
+    size), and a runner that feeds it row by row when its batch is fixed at 1. Inputs are compared
+    in the source's layout, which runtimes accept for channels-last artifacts."""
+    def source_shape(shape: tuple, layout: str | None) -> tuple:
+        return (shape[0], shape[-1], *shape[1:-1]) if layout == CHANNELS_LAST else shape
+
+    specs = [(t.name, source_shape(t.shape, t.layout)) for t in signature.inputs]
+    fit = [(inputs, outputs) for inputs, outputs in samples
+           if all(all(isinstance(d, str) or d == n for d, n in zip(shape[1:], np.shape(inputs[name])[1:]))
+                  for name, shape in specs)]
+    if not any(shape and shape[0] == 1 for _, shape in specs):
+        return run, fit
+
+    def rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        results = [run({k: v[i:i + 1] for k, v in batch.items()}) for i in range(batch_size_of(batch))]
+        return {k: np.concatenate([r[k] for r in results]) for k in results[0]}
+
+    return rows, fit

@@ -10,7 +10,7 @@ from unideploy.errors import MissingDependencyError
 from unideploy.package import Package
 from unideploy.runtimes import RuntimeOptions
 from unideploy.runtimes.selection import runtime_for
-from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, failure_text, validate
+from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, failure_text, fitted, validate
 
 
 @dataclass
@@ -44,8 +44,14 @@ def verify_package(package: Package, runtime: str | None = None, device: str = "
             continue
         stored = package.manifest.validation.get(artifact.id, {})
         atol, rtol = stored.get("atol", DEFAULT_ATOL), stored.get("rtol", DEFAULT_RTOL)
+        run, fit = fitted(engine.run, package.manifest.signature_of(artifact), samples)
+        if not fit:
+            checks.append(ArtifactCheck(artifact.id, "skipped", cls.name,
+                                        "no reference sample has the input size this artifact was made for"))
+            engine.close()
+            continue
         with engine:
-            record = validate(engine.run, samples, atol, rtol, reference=package.manifest.source["framework"])
+            record = validate(run, fit, atol, rtol, reference=package.manifest.source["framework"])
         checks.append(ArtifactCheck(
             artifact.id, "passed" if record["passed"] else "failed", cls.name,
             None if record["passed"] else failure_text(record), record))

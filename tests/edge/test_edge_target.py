@@ -172,3 +172,5 @@ def test_dynamic_height_and_width_reach_tflite_at_the_sample_size(tmp_path):
         x = np.random.default_rng(2).standard_normal((1, 3, 32, 48)).astype(np.float32)
         np.testing.assert_allclose(unideploy.run(package, {"images": x}, artifact="tflite-fp32")["boxes"],
                                    unideploy.run(package, {"images": x}, artifact="onnx-fp32")["boxes"], atol=1e-4)
+        # deploy verify (and a bundle's) proves it on the samples of its size, the others on all
+        assert {c.artifact: c.status for c in verify_package(package)}["tflite-fp32"] == "passed"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -30,7 +29,7 @@ from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.signature import CHANNELS_LAST, Signature, to_channels_last
 from unideploy.validation import (
-    DEFAULT_ATOL, DEFAULT_RTOL, measured_tolerance_record, require_passed, validate,
+    DEFAULT_ATOL, DEFAULT_RTOL, fitted, measured_tolerance_record, require_passed, validate,
 )
 
 Progress = Callable[[str], None]
@@ -79,13 +78,6 @@ def _shapes(signature: Signature) -> str:
     return ", ".join(f"{t.name} {t.shape_text()}" for t in signature.inputs)
 
 
-def _run_rows(run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
-              batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run an artifact of batch size 1 over every row of ``batch``."""
-    rows = [run({k: v[i:i + 1] for k, v in batch.items()}) for i in range(len(next(iter(batch.values()))))]
-    return {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
-
-
 def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calibration: str | Path | None,
                       references: list, say: Progress) -> tuple[list[AddedArtifact], list[dict[str, str]]]:
     """TFLite fp32 (held to the default tolerance), fp16 and int8 (each through the accuracy guard,
@@ -110,8 +102,6 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
         route = "onnx2tf + TensorFlow's converter"
     else:
         raise ExportError("the package has no ONNX artifact to convert from")
-    if fixed is not None:  # an artifact of one input size is proven on the samples of that size
-        references = [(i, o) for i, o in references if all(i[t.name].shape[1:] == t.shape[1:] for t in fixed.inputs)]
     added: list[AddedArtifact] = []
     omitted: list[dict[str, str]] = []
     guard = None  # (inputs, fp32 outputs, labels), loaded when the first non-exact artifact needs it
@@ -124,13 +114,14 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
         path = saved_model_to_tflite(saved_model, precision, work, data)
         signature = tflite_signature(path, fixed or manifest.signature) or fixed
         with tflite(path, signature or manifest.signature) as runtime:
-            run = partial(_run_rows, runtime.run) if fixed else runtime.run
+            # an artifact made at one input size is proven on the samples of that size
+            run, fitting = fitted(runtime.run, signature or manifest.signature, references)
             if precision == "fp32":  # a conversion that should be exact is held to the default
-                record = validate(run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
+                record = validate(run, fitting, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
                 require_passed(record, "the TFLite fp32 artifact")
             else:
                 say(f"judging TFLite {precision} against fp32")
-                guard = guard or _guard_data(package, base, calibration, references)
+                guard = guard or _guard_data(package, base, calibration, fitting)
                 accuracy = compare(guard[1], [run(b) for b in guard[0]], guard[2], "auto", DEFAULT_BUDGET_POINTS)
                 if not accuracy["within_budget"]:
                     omitted.append({"artifact": f"tflite-{precision}", "stage": "edge",
@@ -139,7 +130,7 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
                                     else "use tflite-fp32 on this model"})
                     say(f"left out tflite-{precision}: {omitted[-1]['reason']}")
                     continue
-                record = measured_tolerance_record(run, references, framework)
+                record = measured_tolerance_record(run, fitting, framework)
                 record["accuracy"] = accuracy
         added.append((Artifact(f"tflite-{precision}", f"artifacts/model.{precision}.tflite", "tflite", precision,
                                "", 0, ["tflite"], derived_from=base.id if base else None, signature=signature,
