@@ -180,6 +180,11 @@ def mindspore_digits(work: Path) -> Path:
     python = ROOT / ".venv-ms" / "bin" / "python"
     if not python.exists():
         raise FileNotFoundError(f"{python} is missing: make test (or make zoo) builds the MindSpore venv")
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()  # the last 128 are the zoo's held-out data (_digits)
+    _save_npz(work / "digits-train.npz", x=(digits.images[:-128] / 16.0).astype(np.float32)[:, None],
+              labels=digits.target[:-128].astype(np.int64))
     subprocess.run([str(python), str(script), str(work)], check=True, capture_output=True, text=True)
     return work / "digits_lenet.mindir"
 
