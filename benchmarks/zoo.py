@@ -229,32 +229,33 @@ def main() -> None:
     parser.add_argument("--stage", action="append", choices=STAGES, help="stage (repeatable; default: all)")
     parser.add_argument("--output", default=str(ROOT / "docs" / "zoo.md"), help="markdown report path, or - for stdout")
     parser.add_argument("--json", metavar="FILE", help="also write the cells as JSON")
-    parser.add_argument("--previous", metavar="FILE", help="cells of an earlier --json run for the models not run now "
-                        "(re-run a few models, report all)")
+    parser.add_argument("--previous", metavar="FILE", help="cells of an earlier --json run: models and stages not "
+                        "run now keep them (re-run some stages of some models, report all)")
     args = parser.parse_args()
     stages = tuple(s for s in STAGES if not args.stage or s in args.stage)
     results: dict[str, dict[str, Cell]] = {}
     if args.previous:
         earlier = json.loads(Path(args.previous).read_text())
-        results = {m: {s: Cell(**c) for s, c in cells.items()} for m, cells in earlier.items()
-                   if not args.only or m not in args.only}
-    models = [m for m in zoo() if not args.only or m.name in args.only or m.name in results]
+        results = {m: {s: Cell(**c) for s, c in cells.items()} for m, cells in earlier.items()}
+    every = zoo()
+    runs = [m for m in every if not args.only or m.name in args.only]
+    models = [m for m in every if m in runs or m.name in results]
+    shown = tuple(s for s in STAGES if s in stages or any(s in r for r in results.values()))
     work = Path(tempfile.mkdtemp(prefix="unideploy-zoo-"))
     try:
-        for model in (m for m in models if m.name not in results):
-            results[model.name] = run_model(model, stages, work / model.name)
+        for model in runs:
+            results[model.name] = {**results.get(model.name, {}), **run_model(model, stages, work / model.name)}
             shutil.rmtree(work / model.name, ignore_errors=True)
             # written as it goes: a long run interrupted still says what it found
-            done = [m for m in models if m.name in results]
             if args.output != "-":
-                Path(args.output).write_text(report(done, results, stages))
+                Path(args.output).write_text(report([m for m in models if m.name in results], results, shown))
             if args.json:
                 Path(args.json).write_text(json.dumps({m: {s: asdict(c) for s, c in r.items()} for m, r in results.items()},
                                                       indent=2))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.output == "-":
-        print(report(models, results, stages))
+        print(report(models, results, shown))
     else:
         console.log(f"wrote {args.output}")
 
