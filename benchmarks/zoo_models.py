@@ -193,7 +193,7 @@ def _digits(work: Path) -> Path:
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    return _save_npz(work / "digits-data.npz", x=(digits.images[-128:] / 16.0).astype(np.float32)[:, None],
+    return _save_npz(work / "digits-data.npz", input_data=(digits.images[-128:] / 16.0).astype(np.float32)[:, None],
                      labels=digits.target[-128:].astype(np.int64))
 
 
