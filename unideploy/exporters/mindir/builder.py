@@ -72,6 +72,11 @@ class OnnxBuilder:
     def is_initializer(self, value: str) -> bool:
         return any(i.name == value for i in self.initializers)
 
+    def constant(self, value: str) -> np.ndarray | None:
+        """The array of an initializer, for folding work on weights into the weights themselves."""
+        found = next((i for i in self.initializers if i.name == value), None)
+        return None if found is None else numpy_helper.to_array(found)
+
     def prune(self, outputs: list[str]) -> None:
         """Drop nodes and initializers nothing reads (a Conv superseded by its copy with a bias)."""
         needed, kept = set(outputs), []

@@ -112,8 +112,16 @@ def conv2d(ctx: Ctx) -> Tensor:
     _require_nchw(ctx, a.get("format"))
     mode = _pad_mode(a.get("pad_mode", "valid"))
     top, bottom, left, right = (list(a.get("pad_list") or a.get("pad") or (0, 0, 0, 0)) * 4)[:4]
-    return ctx.emit("Conv", [ctx.x(0), ctx.x(1)], strides=_pair(a.get("stride", 1)),
-                    dilations=_pair(a.get("dilation", 1)), group=int(a.get("group", a.get("groups", 1))),
+    strides, dilations = _pair(a.get("stride", 1)), _pair(a.get("dilation", 1))
+    weights = ctx.b.constant(ctx.x(1))
+    if mode == "same" and set(strides) == {1} and weights is not None:
+        # at stride 1 "same" padding does not depend on the input size: explicit pads, which
+        # optimizers and converters read, instead of auto_pad
+        total = [d * (k - 1) for d, k in zip(dilations, weights.shape[2:])]
+        top, left, bottom, right = total[0] // 2, total[1] // 2, total[0] - total[0] // 2, total[1] - total[1] // 2
+        mode = "pad"
+    return ctx.emit("Conv", [ctx.x(0), ctx.x(1)], strides=strides, dilations=dilations,
+                    group=int(a.get("group", a.get("groups", 1))),
                     auto_pad="SAME_UPPER" if mode == "same" else None,
                     pads=[top, left, bottom, right] if mode == "pad" else None)
 
@@ -215,6 +223,9 @@ def layer_norm(ctx: Ctx) -> tuple[Any, ...]:
 
 # -- matrix products -------------------------------------------------------------------------------
 def _swap_last(ctx: Ctx, value: Tensor) -> Tensor:
+    weights = ctx.b.constant(value)
+    if weights is not None:  # a Dense weight: stored transposed, so optimizers see a plain MatMul weight
+        return ctx.b.initializer(np.ascontiguousarray(np.swapaxes(weights, -1, -2)), ctx.hint)
     rank = ctx.b.rank(value)
     perm = list(range(rank - 2)) + [rank - 1, rank - 2]
     return ctx.b.op("Transpose", [value], ctx.hint, rank, perm=perm)
