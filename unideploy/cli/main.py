@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("export", help="convert a model file into a verified package")
-    p.add_argument("source", help="TorchScript .pt, .onnx file, or TensorFlow SavedModel directory")
+    p.add_argument("source", help="TorchScript .pt, torch.export .pt2, Keras .keras, .onnx, MindIR .mindir, or a "
+                   "TensorFlow SavedModel directory")
     p.add_argument("-o", "--output", required=True, help="package directory, or a path ending in .zip")
     p.add_argument("--target", choices=sorted(TARGETS), default="cpu", help="where the package will run (default: cpu)")
     p.add_argument("--name", help="model name (default: the source file name)")
