@@ -44,13 +44,12 @@ def verify_package(package: Package, runtime: str | None = None, device: str = "
             continue
         stored = package.manifest.validation.get(artifact.id, {})
         atol, rtol = stored.get("atol", DEFAULT_ATOL), stored.get("rtol", DEFAULT_RTOL)
-        run, fit = fitted(engine.run, package.manifest.signature_of(artifact), samples)
-        if not fit:
-            checks.append(ArtifactCheck(artifact.id, "skipped", cls.name,
-                                        "no reference sample has the input size this artifact was made for"))
-            engine.close()
-            continue
         with engine:
+            run, fit = fitted(engine.run, package.manifest.signature_of(artifact), samples)
+            if not fit:
+                checks.append(ArtifactCheck(artifact.id, "skipped", cls.name,
+                                            "no reference sample has the input size this artifact was made for"))
+                continue
             record = validate(run, fit, atol, rtol, reference=package.manifest.source["framework"])
         checks.append(ArtifactCheck(
             artifact.id, "passed" if record["passed"] else "failed", cls.name,

@@ -186,10 +186,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     with Package.open(args.package) as package:
         sample = package.reference_samples()[-1].inputs
-        signature = package.manifest.signature
-        if not signature.has_dynamic_batch and args.batch_size != package.manifest.samples[-1].batch_size:
+        fixed = package.manifest.fixed_batch
+        if fixed is not None and args.batch_size != fixed:
             raise InputError(
-                f"this package has a fixed batch size of {package.manifest.samples[-1].batch_size}",
+                f"this package has a fixed batch size of {fixed}",
                 "re-export without --static-shapes to benchmark other batch sizes",
             )
         inputs = resize_batch(sample, args.batch_size)

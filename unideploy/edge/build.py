@@ -67,11 +67,10 @@ def _guard_data(package: Package, base: Artifact | None, calibration: str | Path
 
     if calibration is None or base is None:
         return [inputs for inputs, _ in references], [dict(outputs) for _, outputs in references], None
-    signature = package.manifest.signature
-    data = load_dataset(calibration, signature)
-    batches = data.batches(None if signature.has_dynamic_batch else package.manifest.samples[0].batch_size)
-    with RUNTIMES.get("onnxruntime")(package.path_of(base), package.manifest.signature,
-                                     RuntimeOptions(device="cpu")) as fp32:
+    manifest = package.manifest
+    data = load_dataset(calibration, manifest.signature)
+    batches = data.batches(manifest.fixed_batch)
+    with RUNTIMES.get("onnxruntime")(package.path_of(base), manifest.signature, RuntimeOptions(device="cpu")) as fp32:
         return batches, [fp32.run(b) for b in batches], data.labels
 
 

@@ -129,7 +129,7 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
         base_path = package.path_of(base)
         calibration, validation = _datasets(request, package)
         signature = package.manifest.signature
-        fixed_batch = None if signature.has_dynamic_batch else package.manifest.samples[0].batch_size
+        fixed_batch = package.manifest.fixed_batch
         batch_sizes = (1, LARGE_BATCH) if fixed_batch is None else (fixed_batch,)
 
         say("running the fp32 artifact on the validation data")

@@ -127,6 +127,11 @@ class Manifest:
             f"artifacts: {', '.join(a.id for a in self.artifacts)}",
         )
 
+    @property
+    def fixed_batch(self) -> int | None:
+        """The one batch size a model without a dynamic batch takes (its samples'), else None."""
+        return None if self.signature.has_dynamic_batch else self.samples[0].batch_size
+
     def signature_of(self, artifact: Artifact) -> Signature:
         return artifact.signature or self.signature
 
