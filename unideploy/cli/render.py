@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 # Piped output (logs, CI) gets 120 columns instead of rich's 80 so tables are not truncated.
 _PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
+SHOWN_LAYERS = 6  # layer names listed before "and N more"
 out = Console(highlight=False, width=_PIPE_WIDTH)
 err = Console(stderr=True, highlight=False)
 
@@ -215,6 +216,17 @@ def optimization(package: Package, record: dict[str, Any]) -> None:
         params = step["params"]
         if params.get("why"):
             out.print(f"  {step['name']}: chose [bold]{params['variant']}[/], {escape(params['why'])}")
+        search = params.get("search") or {}
+        if params.get("fp32_layers"):
+            names = [layer["node"] for layer in params["fp32_layers"]]
+            shown = ", ".join(names[:SHOWN_LAYERS]) + (f" and {len(names) - SHOWN_LAYERS} more"
+                                                      if len(names) > SHOWN_LAYERS else "")
+            out.print(f"  kept {len(names)} of {search['ranked_layers']} layers in fp32, the most sensitive to "
+                      f"INT8 first: {escape(shown)}")
+            out.print(f"  their cost: all layers in INT8 ran {search['speedup_all_int8']:.2f}x fp32 with a drop of "
+                      f"{search['drop_points_all_int8']:.2f} points; with them in fp32, {search['speedup']:.2f}x")
+        elif search.get("skipped"):
+            out.print(f"  [yellow]no sensitivity search[/]: {escape(search['skipped'])}")
         for variant, reason in (params.get("skipped") or {}).items():
             out.print(f"  [yellow]left out[/] the {variant} variant: {escape(reason)}")
     table = Table(title="Accuracy against fp32", title_justify="left")

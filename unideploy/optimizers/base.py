@@ -2,8 +2,8 @@
 
 Passes do not judge themselves: the pipeline (``optimize.py``) measures every result against the
 fp32 artifact on validation data and refuses it if it exceeds the accuracy budget. A pass that
-has choices to make (INT8 picks static or dynamic quantization) asks ``ctx.evaluate`` for the
-same measurements.
+has choices to make (INT8 picks static or dynamic quantization, and which layers stay in fp32)
+asks ``ctx.evaluate`` for the same measurements, or ``ctx.judge`` for the accuracy alone.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ class PassContext:
     calibration: list[Batch]  # batches of named inputs, no labels
     workdir: Path
     evaluate: Callable[[Path], Evaluation]
+    judge: Callable[[Path], dict[str, Any]]  # the accuracy part of evaluate, without timing
+    fixed_batch: int | None = None  # the batch size every input batch must have, if the model fixes one
     say: Callable[[str], None] = lambda _msg: None
 
 

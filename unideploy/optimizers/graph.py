@@ -1,4 +1,5 @@
-"""ONNX graph helpers for the pruning passes: linear layers as matrices, and their reconstruction.
+"""ONNX graph helpers for the optimizer passes: every activation of a model, and, for pruning,
+linear layers as matrices and their reconstruction.
 
 No maintained library prunes ONNX graphs (nncf and torch-pruning work on nn.Modules), so the
 passes edit initializers directly. Without retraining, accuracy is recovered the way OBC/SparseGPT
@@ -213,6 +214,19 @@ def refit_all(original: onnx.ModelProto, pruned: onnx.ModelProto, masks: dict[st
     for i, name in enumerate(order, 1):
         say(f"re-fitting layer {i}/{len(order)} ({name})")
         refit(original, pruned, name, masks[name], batches)
+
+
+def intermediate_tensors(model_path: Path, rows: Batch, workdir: Path) -> dict[str, list[np.ndarray]]:
+    """Every float tensor the model computes on ``rows`` (name -> [values]), through ONNX Runtime's
+    QDQ debugging tools, whose names the quantization debugger matches between models."""
+    from onnxruntime.quantization import qdq_loss_debug
+
+    augmented = workdir / f"{model_path.stem}-all-tensors.onnx"
+    qdq_loss_debug.modify_model_output_intermediate_tensors(str(model_path), str(augmented))
+    try:
+        return qdq_loss_debug.collect_activations(str(augmented), [rows])
+    finally:
+        augmented.unlink(missing_ok=True)
 
 
 def first_rows(batches: list[Batch], rows: int) -> list[Batch]:

@@ -140,23 +140,32 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
                                  validation.labels is not None)  # refuses a bad --metric before any work
         for name, (metric, why) in metrics.items():
             say(f"judging '{name}' by {metric}: {why}")
-        cache: dict[Path, Evaluation] = {}
+        judged: dict[Path, dict[str, Any]] = {}
+        evaluated: dict[Path, Evaluation] = {}
 
-        def evaluate(candidate: Path) -> Evaluation:
-            if candidate not in cache:
-                try:
-                    session = timing_session(candidate)
-                except Exception as exc:  # a converter wrote a graph ONNX Runtime refuses: a refusal, not a crash
-                    raise ExportError(f"the optimized model does not load in ONNX Runtime: {first_line(exc)}",
-                                      "try another --int8-variant, or --quantize fp16") from exc
+        def session_of(candidate: Path) -> Any:
+            try:
+                return timing_session(candidate)
+            except Exception as exc:  # a converter wrote a graph ONNX Runtime refuses: a refusal, not a crash
+                raise ExportError(f"the optimized model does not load in ONNX Runtime: {first_line(exc)}",
+                                  "try another --int8-variant, or --quantize fp16") from exc
+
+        def judge(candidate: Path) -> dict[str, Any]:
+            if candidate not in judged:
+                session = session_of(candidate)
                 names = [o.name for o in session.get_outputs()]
                 outputs = [dict(zip(names, session.run(None, b))) for b in val_batches]
-                accuracy = compare(reference, outputs, validation.labels, request.metric, request.max_accuracy_drop,
-                                   request.min_cosine)
-                cache[candidate] = Evaluation(accuracy, latency(fp32, session, val_batches[0], batch_sizes))
-            return cache[candidate]
+                judged[candidate] = compare(reference, outputs, validation.labels, request.metric,
+                                            request.max_accuracy_drop, request.min_cosine)
+            return judged[candidate]
 
-        context = PassContext(signature, calibration.batches(fixed_batch), Path(tmp), evaluate, say)
+        def evaluate(candidate: Path) -> Evaluation:
+            if candidate not in evaluated:
+                evaluated[candidate] = Evaluation(judge(candidate),
+                                                  latency(fp32, session_of(candidate), val_batches[0], batch_sizes))
+            return evaluated[candidate]
+
+        context = PassContext(signature, calibration.batches(fixed_batch), Path(tmp), evaluate, judge, fixed_batch, say)
         current, precision, targets, steps, notes = base_path, base.precision, base.targets, [], []
         for optimizer_pass in passes:
             result = optimizer_pass.apply(current, context)
@@ -169,9 +178,12 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
         say("measuring the optimized model against fp32")
         final = evaluate(current)
         if not final.within_budget:
+            searched = [s["params"]["search"] for s in steps if "trials" in s["params"].get("search", {})]
+            tried = "".join(f"; even with up to {max(t['fp32_layers'] for t in s['trials'])} of {s['ranked_layers']} "
+                            "layers kept in fp32 (the most sensitive to INT8)" for s in searched)
             raise AccuracyBudgetError(
                 f"the optimized model exceeds the accuracy budget on {validation.rows} validation rows: "
-                f"{describe(final.accuracy)}; the package was not changed",
+                f"{describe(final.accuracy)}{tried}; the package was not changed",
                 "raise --max-accuracy-drop, give more or better calibration data, or choose a milder optimization",
             )
         artifact_id = _artifact_id(passes, request)

@@ -3,16 +3,82 @@
 ONNX Runtime's CPU provider runs most fp16 operators by casting back to fp32, so on CPU this
 halves the file and saves no time. The artifact is therefore marked for the gpu and edge targets
 (CUDA/TensorRT, mobile GPUs and NPUs compute in fp16 natively), and the pass says so.
+
+Half precision ends at 65504. Real models cross it: PaddleOCR's detector stores BatchNorm
+variances near 1e8, and some layers produce activations in the tens of thousands. Such layers stay
+in fp32 (with casts around them): those with a weight out of fp16's range, and those whose inputs
+or outputs on the calibration rows come within a factor of two of it. Operators on already
+quantized tensors (an ORT-quantized LSTM, DynamicQuantizeLinear) stay in fp32 as well.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from unideploy.errors import ExportError, first_line
-from unideploy.optimizers.base import OptimizerPass, PassContext, PassResult
+from unideploy.optimizers.base import Batch, OptimizerPass, PassContext, PassResult
+from unideploy.optimizers.graph import intermediate_tensors, name_nodes
+from unideploy.optimizers.quantize_int8 import INT8_OPS
+from unideploy.quiet import quiet
+
+FP16_MAX = 65504.0
+HEADROOM = 2.0  # activations above FP16_MAX / HEADROOM on calibration rows may overflow on others
+RANGE_ROWS = 2  # calibration rows whose every activation is kept in memory to check its range
+QUANTIZED_INPUT_OPS = sorted(INT8_OPS | {"DynamicQuantizeLSTM", "QLinearAdd", "QLinearMul", "QLinearSigmoid",
+                                         "QLinearGlobalAveragePool", "QLinearConcat", "QAttention", "DequantizeLinear"})
+
+
+def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, workdir: Path) -> dict[str, str]:
+    """Node name -> why it must stay fp32: a float weight beyond fp16's range, or an activation near it."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    producer: dict[str, onnx.NodeProto] = {}
+    for node in model.graph.node:
+        for tensor in node.input:
+            consumers.setdefault(tensor, []).append(node)
+        for tensor in node.output:
+            producer[tensor] = node
+    reasons: dict[str, str] = {}
+    for init in model.graph.initializer:
+        if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
+            peak = float(np.abs(numpy_helper.to_array(init)).max(initial=0.0))
+            if peak > FP16_MAX:
+                for node in consumers.get(init.name, []):
+                    reasons[node.name] = f"weight '{init.name}' reaches {peak:.3g}"
+    limit = FP16_MAX / HEADROOM
+    for tensor, (values, *_) in intermediate_tensors(model_path, rows, workdir).items():
+        peak = float(np.abs(values).max(initial=0.0))
+        if peak > limit:
+            for node in [producer.get(tensor), *consumers.get(tensor, [])]:
+                if node is not None and node.name not in reasons:
+                    reasons[node.name] = f"activation '{tensor}' reaches {peak:.3g}"
+    return reasons
+
+
+def _skip_fp16_round_trips(model: onnx.ModelProto, in_fp32: set[str]) -> int:
+    """The converter casts every fp32-kept node's output to fp16, and back to fp32 for a next node
+    that is kept in fp32 too: a value beyond fp16's range becomes inf on the way. Such next nodes
+    read the fp32 value directly. Returns how many round trips were skipped."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    graph_outputs = {o.name for o in model.graph.output}
+    skipped = 0
+    for node in list(model.graph.node):
+        to_fp16 = producer.get(node.input[0]) if node.op_type == "Cast" else None
+        if to_fp16 is None or to_fp16.op_type != "Cast" or node.output[0] in graph_outputs:
+            continue
+        casts = [onnx.helper.get_attribute_value(a) for n in (node, to_fp16) for a in n.attribute if a.name == "to"]
+        source = producer.get(to_fp16.input[0])
+        if casts == [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16] and source is not None and source.name in in_fp32:
+            for consumer in model.graph.node:
+                for i, tensor in enumerate(consumer.input):
+                    if tensor == node.output[0]:
+                        consumer.input[i] = to_fp16.input[0]
+            model.graph.node.remove(node)
+            skipped += 1
+    return skipped
 
 
 class Fp16Conversion(OptimizerPass):
@@ -20,17 +86,33 @@ class Fp16Conversion(OptimizerPass):
     stage = "quantize"
 
     def apply(self, model_path: Path, ctx: PassContext) -> PassResult:
-        from onnxruntime.transformers.float16 import convert_float_to_float16
+        from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
-        ctx.say("converting weights and compute to FP16")
+        model = name_nodes(onnx.load(str(model_path)))
+        named = ctx.workdir / "fp16-source.onnx"
+        onnx.save(model, str(named))
+        rows = ctx.calibration[0]
+        if ctx.fixed_batch is None:
+            rows = {k: v[:RANGE_ROWS] for k, v in rows.items()}
+        ctx.say("checking weights and activations against the fp16 range")
         try:
-            model = convert_float_to_float16(onnx.load(str(model_path)), keep_io_types=True)
+            with quiet():
+                in_fp32 = out_of_range_nodes(model, named, rows, ctx.workdir)
+        except Exception as exc:
+            raise ExportError(f"the fp32 model's activations could not be measured for FP16: {first_line(exc)}") from exc
+        ctx.say("converting weights and compute to FP16" + (f" ({len(in_fp32)} layer(s) stay fp32: out of fp16's range)"
+                                                           if in_fp32 else ""))
+        try:
+            converted = convert_float_to_float16(model, keep_io_types=True, node_block_list=list(in_fp32),
+                                                 op_block_list=DEFAULT_OP_BLOCK_LIST + QUANTIZED_INPUT_OPS)
         except Exception as exc:
             raise ExportError(f"FP16 conversion failed: {first_line(exc)}") from exc
+        _skip_fp16_round_trips(converted, set(in_fp32))
         out = ctx.workdir / "fp16.onnx"
-        onnx.save(model, str(out))
+        onnx.save(converted, str(out))
         return PassResult(
-            path=out, precision="fp16", params={"keep_io_types": True}, targets=["gpu", "edge"],
+            path=out, precision="fp16", targets=["gpu", "edge"],
+            params={"keep_io_types": True, "fp32_layers": [{"node": n, "why": why} for n, why in in_fp32.items()]},
             notes=["on CPU, FP16 halves the size but does not run faster (ONNX Runtime computes it in fp32); "
                    "it is meant for GPU and mobile runtimes"],
         )

@@ -14,6 +14,10 @@
   the explicit quantization TensorRT builds (``--target gpu --trt-precision int8``). Not in
   ``auto``: on CPUs it is no faster than ``static`` and a little less exact.
 
+When a calibrated variant (``static``, ``symmetric``) exceeds the accuracy budget, the layers most
+sensitive to quantization are kept in fp32 until it fits (``int8_search.py``); the report names
+them and what they cost in speed.
+
 ``auto`` builds ``static`` and ``dynamic``, measures each against fp32 (accuracy on validation data and latency at
 batch 1 and a large batch) and keeps the fastest one within the accuracy budget, saying why.
 On CPUs without VNNI, u8 x s8 products can saturate; weights then use 7 bits (reduce_range).
@@ -21,6 +25,7 @@ On CPUs without VNNI, u8 x s8 products can saturate; weights then use 7 bits (re
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +34,7 @@ import onnx
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.optimizers.base import Batch, Evaluation, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import gemm_to_matmul, name_nodes
+from unideploy.optimizers.int8_search import SENSITIVITY_ROWS, rank_layers, search
 from unideploy.quiet import quiet
 
 VARIANTS = ("auto", "static", "dynamic", "symmetric")
@@ -102,8 +108,8 @@ class Int8Quantization(OptimizerPass):
         from onnxruntime.quantization.shape_inference import quant_pre_process
 
         prepared = ctx.workdir / "int8-prepared.onnx"
-        try:
-            with quiet():
+        try:  # its shape inference leaves a temporary model in the working directory when it fails
+            with quiet(), contextlib.chdir(ctx.workdir):
                 quant_pre_process(str(model_path), str(prepared))
         except Exception as exc:  # pre-processing is an optimisation; quantize the model as it is
             ctx.say(f"quantization pre-processing skipped: {first_line(exc)}")
@@ -132,11 +138,15 @@ class Int8Quantization(OptimizerPass):
         reduce_range = not cpu_has_vnni()
         built: dict[str, Path] = {}
         skipped: dict[str, str] = {}
+        searched: dict[str, dict[str, Any]] = {}
         for variant in wanted:
             ctx.say(f"quantizing to INT8 ({variant})")
             try:
-                built[variant] = self._build(variant, dynamic_source if variant == "dynamic" else prepared, ctx,
-                                             reduce_range, weight_products)
+                source = dynamic_source if variant == "dynamic" else prepared
+                built[variant] = self._build(variant, source, ctx, reduce_range, weight_products)
+                if variant != "dynamic" and not ctx.judge(built[variant])["within_budget"]:
+                    built[variant], searched[variant] = self._search(variant, source, built[variant], ctx,
+                                                                      reduce_range)
             except ExportError as exc:
                 if self.variant != "auto":
                     raise
@@ -156,16 +166,42 @@ class Int8Quantization(OptimizerPass):
                     "activations": {"static": "uint8", "symmetric": "int8 symmetric"}.get(variant, "uint8 (dynamic)"),
                     "weights": "int8 per-channel",
                     "sensitive_ops_in_float": not self.quantize_sensitive if variant != "dynamic" else None,
-                    "reduce_range": reduce_range},
+                    "reduce_range": reduce_range, **searched.get(variant, {})},
         )
 
+    def _search(self, variant: str, source: Path, quantized: Path, ctx: PassContext,
+                reduce_range: bool) -> tuple[Path, dict[str, Any]]:
+        """Keep the most sensitive layers in fp32 until the model fits the budget (see int8_search)."""
+        ctx.say(f"INT8 {variant} is over the accuracy budget: ranking layers by quantization sensitivity")
+        rows = ctx.calibration[0]
+        if ctx.fixed_batch is None:
+            rows = {k: v[:SENSITIVITY_ROWS] for k, v in rows.items()}
+        try:
+            with quiet():
+                ranked = rank_layers(source, quantized, rows, ctx.workdir)
+        except Exception as exc:  # the search is an improvement; without it the guard judges the plain model
+            ctx.say(f"sensitivity ranking skipped: {first_line(exc)}")
+            return quantized, {"fp32_layers": [], "search": {"skipped": first_line(exc)}}
+        result = search([name for name, _ in ranked], lambda exclude: self._build(
+            variant, source, ctx, reduce_range, [], exclude), ctx.judge, ctx.say)
+        if result.path is None:  # a single weighted layer: nothing to keep in fp32 while quantizing the rest
+            return quantized, {"fp32_layers": [], "search": {"skipped": "one quantizable layer, nothing to search"}}
+        loss = dict(ranked)
+        all_int8, kept = ctx.evaluate(quantized), ctx.evaluate(result.path)
+        return result.path, {
+            "fp32_layers": [{"node": n, "sqnr_loss_db": round(loss[n], 2)} for n in result.fp32_nodes],
+            "search": {"ranked_layers": len(ranked), "within_budget": result.within_budget, "trials": result.trials,
+                       "speedup_all_int8": round(all_int8.mean_speedup, 3), "speedup": round(kept.mean_speedup, 3),
+                       "drop_points_all_int8": all_int8.accuracy["drop_points"]},
+        }
+
     def _build(self, variant: str, prepared: Path, ctx: PassContext, reduce_range: bool,
-               weight_products: list[str]) -> Path:
+               weight_products: list[str], fp32_layers: list[str] | tuple[str, ...] = ()) -> Path:
         from onnxruntime.quantization import (
             CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static,
         )
 
-        out = ctx.workdir / f"int8-{variant}.onnx"
+        out = ctx.workdir / f"int8-{variant}{f'-fp32x{len(fp32_layers)}' if fp32_layers else ''}.onnx"
         try:
             with quiet():
                 if variant in ("static", "symmetric"):
@@ -174,8 +210,11 @@ class Int8Quantization(OptimizerPass):
                     symmetric = variant == "symmetric"
                     method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                               "percentile": CalibrationMethod.Percentile}[self.calibration_method]
+                    cache = ctx.workdir / f"calibration-{variant}.json"  # every search candidate reuses it
                     quantize_static(
-                        str(prepared), str(out), _Reader(ctx.calibration), quant_format=QuantFormat.QDQ,
+                        str(prepared), str(out), None if cache.exists() else _Reader(ctx.calibration),
+                        quant_format=QuantFormat.QDQ, nodes_to_exclude=list(fp32_layers),
+                        calibration_cache_path=str(cache),
                         activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
                         weight_type=QuantType.QInt8, per_channel=True,
                         reduce_range=reduce_range, calibrate_method=method,

@@ -1,0 +1,102 @@
+"""Precision where it is needed: INT8 keeps the layers it would break in fp32, FP16 keeps the layers
+beyond half precision's range in fp32. Both on the digits CNN trained on real digits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import unideploy
+from unideploy.optimizers.int8_search import search
+
+torch = pytest.importorskip("torch", reason="the torch extra is not installed")
+
+
+def _export(module, digits, tmp_path: Path) -> Path:
+    with np.load(digits["data"]) as d:
+        example = d["x"][:8]
+    if not isinstance(module, torch.jit.ScriptModule):
+        module = torch.jit.trace(module.eval(), torch.from_numpy(example))
+    torch.jit.save(module, str(tmp_path / "model.pt"))
+    unideploy.export(tmp_path / "model.pt", tmp_path / "model.udp", example_inputs={"x": example}).close()
+    return tmp_path / "model.udp"
+
+
+def _agreement(package, artifact: str, digits) -> float:
+    with np.load(digits["data"]) as d:
+        fp32 = unideploy.run(package, {"x": d["x"]}, artifact="onnx-fp32")["output"].argmax(1)
+        other = unideploy.run(package, {"x": d["x"]}, artifact=artifact)["output"].argmax(1)
+    return float((fp32 == other).mean())
+
+
+def test_int8_keeps_the_layer_quantization_breaks_in_fp32(digits, tmp_path):
+    """One input of the first dense layer is always zero (BatchNorm shifts its channel far below
+    ReLU's threshold), and every output of that layer weighs it by 40: fp32 never sees it, but per-channel INT8 takes
+    each output's scale from that weight and rounds the real weights (~0.05) to zero."""
+    model = torch.jit.load(str(digits["model"]))
+    state = model.state_dict()
+    with torch.no_grad():
+        state["features.4.bias"][63] = -1000.0  # the last conv channel: ReLU always gives 0
+        state["classifier.1.weight"][:, 63 * 16] = 40.0
+    package = _export(model, digits, tmp_path)
+
+    with unideploy.optimize(package, quantize="int8", int8_variant="static", calibration=digits["data"]) as pkg:
+        params = pkg.manifest.optimizations[-1]["passes"][0]["params"]
+        search_record = params["search"]
+        assert search_record["drop_points_all_int8"] > 1.0  # plain static INT8 is over the budget
+        kept = [layer["node"] for layer in params["fp32_layers"]]
+        assert 1 <= len(kept) < search_record["ranked_layers"]
+        assert "classifier/1" in kept[0], search_record
+        print(search_record)  # the layer that needs fp32 is found
+        assert all(t["fp32_layers"] >= 1 for t in search_record["trials"])
+        assert pkg.manifest.optimizations[-1]["accuracy"]["within_budget"]
+        assert _agreement(pkg, "onnx-int8", digits) >= 0.98
+
+
+def test_search_finds_the_fewest_layers_by_doubling_then_bisecting():
+    built: list[int] = []
+
+    def build(exclude: list[str]) -> Path:
+        built.append(len(exclude))
+        return Path(f"candidate-{len(exclude)}.onnx")
+
+    def judge(path: Path) -> dict:
+        count = int(path.stem.split("-")[1])
+        return {"drop_points": max(0.0, 6 - count), "within_budget": count >= 6}
+
+    result = search([f"layer{i}" for i in range(40)], build, judge, lambda _m: None)
+    assert result.within_budget and result.fp32_nodes == [f"layer{i}" for i in range(6)]
+    assert built[:4] == [1, 2, 4, 8] and len(built) <= 10
+
+
+def test_search_hands_the_closest_candidate_to_the_guard_when_nothing_fits():
+    def judge(path: Path) -> dict:
+        return {"drop_points": 10.0 - int(path.stem), "within_budget": False}
+
+    result = search(["a", "b", "c"], lambda exclude: Path(f"{len(exclude)}.onnx"), judge, lambda _m: None)
+    assert not result.within_budget and result.fp32_nodes == ["a", "b"]  # one layer always stays INT8
+    assert search(["only"], lambda exclude: Path("x.onnx"), judge, lambda _m: None).path is None
+
+
+class _Loud(torch.nn.Module):
+    """The digits CNN behind a gain of 1e6 and its inverse: exact in fp32, beyond fp16's 65504."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("gain", torch.tensor(1e6))
+
+    def forward(self, x):
+        return self.inner(x * self.gain / self.gain)
+
+
+def test_fp16_keeps_layers_beyond_half_precision_in_fp32(digits, tmp_path):
+    package = _export(_Loud(torch.jit.load(str(digits["model"]))), digits, tmp_path)
+    with unideploy.optimize(package, quantize="fp16", calibration=digits["data"]) as pkg:
+        params = pkg.manifest.optimizations[-1]["passes"][0]["params"]
+        reasons = " ".join(layer["why"] for layer in params["fp32_layers"])
+        assert "reaches 1e+06" in reasons
+        assert pkg.manifest.optimizations[-1]["accuracy"]["within_budget"]
+        assert _agreement(pkg, "onnx-fp16", digits) >= 0.99
