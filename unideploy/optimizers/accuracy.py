@@ -35,8 +35,7 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
     if not np.issubdtype(ref.dtype, np.floating):
         return "top1", "integer values (labels or ids): share of equal values"
     values = ref.astype(np.float64)
-    if ref.ndim >= 2 and ref.shape[-1] >= 2 and (values >= -1e-6).all() \
-            and np.allclose(values.sum(-1), 1.0, atol=1e-3):
+    if _probabilities(ref):
         what = "rows" if ref.ndim == 2 else "positions"
         return "top1", f"{what} are probabilities over {ref.shape[-1]} classes: top-1 agreement"
     if ref.ndim == 2 and ref.shape[-1] >= 2:
@@ -47,6 +46,12 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
         return "top1", f"rows are scores over {ref.shape[-1]} classes: top-1 agreement"
     return "relerr", f"{'x'.join(map(str, ref.shape[1:])) or 'scalar'} values per row (boxes, maps, regression): " \
                      "relative error"
+
+
+def _probabilities(ref: np.ndarray) -> bool:
+    values = ref.astype(np.float64)
+    return ref.ndim >= 2 and ref.shape[-1] >= 2 and np.issubdtype(ref.dtype, np.floating) \
+        and bool((values >= -1e-6).all()) and bool(np.allclose(values.sum(-1), 1.0, atol=1e-3))
 
 
 def choose_metrics(requested: str | Sequence[str], reference: Mapping[str, np.ndarray],
@@ -69,9 +74,18 @@ def choose_metrics(requested: str | Sequence[str], reference: Mapping[str, np.nd
     if "accuracy" in (default, *per_output.values()) and not has_labels:
         raise InputError("--metric accuracy needs labels", "add a 'labels' array to the data, or use --metric top1/cosine")
     chosen: dict[str, tuple[str, str]] = {}
+    auto = [name for name in reference if per_output.get(name, default) == "auto"]
     for name, ref in reference.items():
-        metric = per_output.get(name, default)
-        chosen[name] = output_metric(name, ref) if metric == "auto" else (metric, "as requested")
+        chosen[name] = output_metric(name, ref) if name in auto else (per_output.get(name, default), "as requested")
+    # A detector head gives class probabilities and, beside them, raw boxes or landmarks: those
+    # are regressions, whatever their width (MTCNN: probabilities, 4 box offsets, 10 landmarks).
+    classes = next((n for n in auto if _probabilities(reference[n])), None)
+    for name in auto:
+        ref = reference[name]
+        if classes and name != classes and chosen[name][0] == "top1" and not _probabilities(ref) \
+                and np.issubdtype(ref.dtype, np.floating):
+            chosen[name] = ("relerr", f"raw values beside the class probabilities of '{classes}' (boxes, landmarks, "
+                                      "regression): relative error")
     if has_labels and default == "auto" and "accuracy" not in per_output.values():
         first = next((n for n, (m, _) in chosen.items() if m == "top1" and n not in per_output), None)
         if first is not None:

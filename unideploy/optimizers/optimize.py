@@ -179,8 +179,8 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
         final = evaluate(current)
         if not final.within_budget:
             searched = [s["params"]["search"] for s in steps if "trials" in s["params"].get("search", {})]
-            tried = "".join(f"; even with up to {max(t['fp32_layers'] for t in s['trials'])} of {s['ranked_layers']} "
-                            "layers kept in fp32 (the most sensitive to INT8)" for s in searched)
+            tried = "".join(f"; even with up to {max(t['restored'] for t in s['trials'])} of {s['ranked_layers']} "
+                            f"layers {s['restored_as']} (the most sensitive first)" for s in searched)
             raise AccuracyBudgetError(
                 f"the optimized model exceeds the accuracy budget on {validation.rows} validation rows: "
                 f"{describe(final.accuracy)}{tried}; the package was not changed",

@@ -23,11 +23,11 @@ from unideploy.errors import ExportError, first_line
 from unideploy.optimizers.base import Batch, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import intermediate_tensors, name_nodes
 from unideploy.optimizers.quantize_int8 import INT8_OPS
+from unideploy.optimizers.sensitivity import comparison_rows
 from unideploy.quiet import quiet
 
 FP16_MAX = 65504.0
 HEADROOM = 2.0  # activations above FP16_MAX / HEADROOM on calibration rows may overflow on others
-RANGE_ROWS = 2  # calibration rows whose every activation is kept in memory to check its range
 QUANTIZED_INPUT_OPS = sorted(INT8_OPS | {"DynamicQuantizeLSTM", "QLinearAdd", "QLinearMul", "QLinearSigmoid",
                                          "QLinearGlobalAveragePool", "QLinearConcat", "QAttention", "DequantizeLinear"})
 
@@ -91,9 +91,7 @@ class Fp16Conversion(OptimizerPass):
         model = name_nodes(onnx.load(str(model_path)))
         named = ctx.workdir / "fp16-source.onnx"
         onnx.save(model, str(named))
-        rows = ctx.calibration[0]
-        if ctx.fixed_batch is None:
-            rows = {k: v[:RANGE_ROWS] for k, v in rows.items()}
+        rows = comparison_rows(ctx)
         ctx.say("checking weights and activations against the fp16 range")
         try:
             with quiet():

@@ -15,7 +15,7 @@
   ``auto``: on CPUs it is no faster than ``static`` and a little less exact.
 
 When a calibrated variant (``static``, ``symmetric``) exceeds the accuracy budget, the layers most
-sensitive to quantization are kept in fp32 until it fits (``int8_search.py``); the report names
+sensitive to quantization are kept in fp32 until it fits (``sensitivity.py``); the report names
 them and what they cost in speed.
 
 ``auto`` builds ``static`` and ``dynamic``, measures each against fp32 (accuracy on validation data and latency at
@@ -34,7 +34,7 @@ import onnx
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.optimizers.base import Batch, Evaluation, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import gemm_to_matmul, name_nodes
-from unideploy.optimizers.int8_search import SENSITIVITY_ROWS, rank_layers, search
+from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search
 from unideploy.quiet import quiet
 
 VARIANTS = ("auto", "static", "dynamic", "symmetric")
@@ -171,28 +171,29 @@ class Int8Quantization(OptimizerPass):
 
     def _search(self, variant: str, source: Path, quantized: Path, ctx: PassContext,
                 reduce_range: bool) -> tuple[Path, dict[str, Any]]:
-        """Keep the most sensitive layers in fp32 until the model fits the budget (see int8_search)."""
+        """Keep the most sensitive layers in fp32 until the model fits the budget (see sensitivity.py)."""
         ctx.say(f"INT8 {variant} is over the accuracy budget: ranking layers by quantization sensitivity")
-        rows = ctx.calibration[0]
-        if ctx.fixed_batch is None:
-            rows = {k: v[:SENSITIVITY_ROWS] for k, v in rows.items()}
         try:
             with quiet():
-                ranked = rank_layers(source, quantized, rows, ctx.workdir)
+                ranked = rank_layers(source, quantized, comparison_rows(ctx), ctx.workdir,
+                                     None if self.quantize_sensitive else STATIC_OPS)
         except Exception as exc:  # the search is an improvement; without it the guard judges the plain model
             ctx.say(f"sensitivity ranking skipped: {first_line(exc)}")
             return quantized, {"fp32_layers": [], "search": {"skipped": first_line(exc)}}
         result = search([name for name, _ in ranked], lambda exclude: self._build(
-            variant, source, ctx, reduce_range, [], exclude), ctx.judge, ctx.say)
+            variant, source, ctx, reduce_range, [], exclude), ctx.judge, ctx.say, "INT8")
         if result.path is None:  # a single weighted layer: nothing to keep in fp32 while quantizing the rest
             return quantized, {"fp32_layers": [], "search": {"skipped": "one quantizable layer, nothing to search"}}
         loss = dict(ranked)
         all_int8, kept = ctx.evaluate(quantized), ctx.evaluate(result.path)
         return result.path, {
-            "fp32_layers": [{"node": n, "sqnr_loss_db": round(loss[n], 2)} for n in result.fp32_nodes],
-            "search": {"ranked_layers": len(ranked), "within_budget": result.within_budget, "trials": result.trials,
-                       "speedup_all_int8": round(all_int8.mean_speedup, 3), "speedup": round(kept.mean_speedup, 3),
-                       "drop_points_all_int8": all_int8.accuracy["drop_points"]},
+            "fp32_layers": [{"node": n, "sqnr_loss_db": round(loss[n], 2)} for n in result.restored],
+            "search": {"ranked_layers": len(ranked), "restored_as": "in fp32", "within_budget": result.within_budget,
+                       "trials": result.trials, "speedup_all_int8": round(all_int8.mean_speedup, 3),
+                       "speedup": round(kept.mean_speedup, 3), "drop_points_all_int8": all_int8.accuracy["drop_points"],
+                       "cost": f"all layers in INT8 ran {all_int8.mean_speedup:.2f}x fp32 with a drop of "
+                               f"{all_int8.accuracy['drop_points']:.2f} points; with them in fp32, "
+                               f"{kept.mean_speedup:.2f}x"},
         }
 
     def _build(self, variant: str, prepared: Path, ctx: PassContext, reduce_range: bool,

@@ -1,0 +1,120 @@
+"""Accuracy-driven optimization: leave the layers an optimization hurts most as they were, until
+the accuracy budget holds. INT8 keeps them in fp32; pruning leaves them dense.
+
+The error an optimization adds to a real network rarely comes from one place; it builds up layer
+by layer, and a few layers (a projection without an activation after it, the stem convolution,
+the layer before a detector's head) add much more of it than the rest. ONNX Runtime's QDQ
+debugging tools run the original and the optimized model side by side on calibration rows and
+give, for every tensor, its signal-to-noise ratio (SQNR) against the original. A node's
+*sensitivity* is the SQNR it loses: the worst SQNR of its inputs minus the SQNR of its output
+(after the Relu/Clip it feeds, which QDQ folds into it). INT8 layers lose it to their int8
+weights, and a Concat or an Add of inputs with different ranges when its output is requantized to
+the widest of them; pruned layers lose it to the weights they no longer have.
+
+The search then restores the most sensitive layers, 1, 2, 4, 8, ... of them, each candidate
+judged by the same accuracy guard as the final model, and narrows the count down by bisection, so
+the fewest layers give the optimization up. At most ``MAX_TRIALS`` candidates, and at least one
+layer stays optimized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import onnx
+
+from unideploy.optimizers.base import Batch, PassContext
+from unideploy.optimizers.graph import intermediate_tensors
+
+FOLDED_ACTIVATIONS = ("Relu", "Clip")  # QDQ removes them into the layer before
+SENSITIVITY_ROWS = 2  # rows the two models are compared on, with every tensor kept in memory
+MAX_TRIALS = 10
+EXACT_DB = 80.0  # an SQNR above this is as good as exact (float rounding), not worth telling apart
+
+
+@dataclass
+class SearchResult:
+    path: Path | None  # the model within budget, else the candidate with the smallest drop (None: none tried)
+    restored: list[str]  # the layers left as they were
+    within_budget: bool
+    trials: list[dict[str, Any]] = field(default_factory=list)  # {"restored", "drop_points", "within_budget"}
+
+
+def comparison_rows(ctx: PassContext) -> Batch:
+    """The first calibration rows, as few as the model's batch size allows."""
+    rows = ctx.calibration[0]
+    return rows if ctx.fixed_batch is not None else {k: v[:SENSITIVITY_ROWS] for k, v in rows.items()}
+
+
+def rank_layers(original: Path, optimized: Path, rows: Batch, workdir: Path,
+                op_types: list[str] | tuple[str, ...] | None) -> list[tuple[str, float]]:
+    """Nodes of ``original`` of the optimized ``op_types`` (None: all), most sensitive first, with
+    the SQNR (dB) each loses in ``optimized``."""
+    from onnxruntime.quantization import qdq_loss_debug as debug
+
+    after, before = intermediate_tensors(optimized, rows, workdir), intermediate_tensors(original, rows, workdir)
+    # a QDQ model's tensors are matched to the original's through their Q/DQ pairs; others by name
+    errors = debug.compute_activation_error(debug.create_activation_matching(after, before))
+    sqnr = {name: e["xmodel_err"] for name, e in errors.items() if e.get("xmodel_err") is not None}
+    for name in (before.keys() & after.keys()) - sqnr.keys():
+        sqnr[name] = debug.compute_signal_to_quantization_noice_ratio(before[name], after[name])
+    sqnr = {name: min(value, EXACT_DB) for name, value in sqnr.items()}
+
+    graph = onnx.load(str(original), load_external_data=False).graph
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for tensor in node.input:
+            consumers.setdefault(tensor, []).append(node)
+    ranked = []
+    for node in graph.node:
+        if op_types is not None and node.op_type not in op_types or not node.output:
+            continue
+        output = node.output[0]
+        while len(consumers.get(output, [])) == 1 and consumers[output][0].op_type in FOLDED_ACTIVATIONS:
+            output = consumers[output][0].output[0]
+        inputs = [sqnr[t] for t in node.input if t in sqnr]
+        if output in sqnr and inputs:
+            ranked.append((node.name, min(inputs) - sqnr[output]))
+    return sorted(ranked, key=lambda item: -item[1])
+
+
+def search(ranked: list[str], build: Callable[[list[str]], Path], judge: Callable[[Path], dict[str, Any]],
+           say: Callable[[str], None], what: str, max_trials: int | None = None) -> SearchResult:
+    """The fewest leading layers of ``ranked`` to leave as they were (``build`` makes the model with
+    them restored) for the model to fit the budget:
+    doubling until it fits, then bisecting between the last count over budget and the first within.
+    When nothing fits, the candidate with the smallest drop goes to the guard, which refuses it."""
+    trials: list[dict[str, Any]] = []
+    tried: dict[int, tuple[Path, float, bool]] = {}
+    limit = max_trials or MAX_TRIALS
+
+    def fits(count: int) -> bool:
+        say(f"{what} with the {count} most sensitive layer(s) left as they were")
+        path = build(ranked[:count])
+        accuracy = judge(path)
+        tried[count] = (path, float(accuracy["drop_points"]), bool(accuracy["within_budget"]))
+        trials.append({"restored": count, "drop_points": accuracy["drop_points"],
+                       "within_budget": bool(accuracy["within_budget"])})
+        return tried[count][2]
+
+    most = len(ranked) - 1  # at least one layer stays INT8, or there is nothing to quantize
+    over, count = 0, 1
+    while count < most and len(trials) < limit - 1 and not fits(count):
+        over, count = count, count * 2
+    within = min((c for c, (_, _, ok) in tried.items() if ok), default=None)
+    if within is None and most > over and fits(most):
+        within = most
+    if within is None:
+        if not tried:
+            return SearchResult(None, [], False, trials)
+        best = min(tried, key=lambda c: tried[c][1])
+        return SearchResult(tried[best][0], ranked[:best], False, trials)
+    while within - over > max(1, within // 8) and len(trials) < limit:
+        middle = (over + within) // 2
+        if fits(middle):
+            within = middle
+        else:
+            over = middle
+    return SearchResult(tried[within][0], ranked[:within], True, trials)
