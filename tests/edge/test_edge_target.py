@@ -174,3 +174,32 @@ def test_dynamic_height_and_width_reach_tflite_at_the_sample_size(tmp_path):
                                    unideploy.run(package, {"images": x}, artifact="onnx-fp32")["boxes"], atol=1e-4)
         # deploy verify (and a bundle's) proves it on the samples of its size, the others on all
         assert {c.artifact: c.status for c in verify_package(package)}["tflite-fp32"] == "passed"
+
+
+def test_shape_arithmetic_over_a_dynamic_batch_reaches_tflite_at_batch_1(tmp_path):
+    """torch.export lowers ``as_strided`` to flat indices from a Range over the batch, which onnx2tf
+    cannot trace with the batch dynamic; converted again at batch 1, the simplifier folds it away."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    def const(name, value, dtype=np.int64):
+        return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+             helper.make_node("Range", ["start", "n", "step"], ["rows"]),
+             helper.make_node("Mul", ["rows", "width"], ["offsets"]),
+             helper.make_node("Unsqueeze", ["offsets", "axis1"], ["column"]),
+             helper.make_node("Add", ["column", "cols"], ["index"]),
+             helper.make_node("Reshape", ["x", "flat"], ["flat_x"]),
+             helper.make_node("Gather", ["flat_x", "index"], ["strided"], axis=0),
+             helper.make_node("MatMul", ["strided", "w"], ["y"])]
+    weights = [const("zero", [0]), const("start", 0), const("step", 1), const("width", 4), const("axis1", [1]),
+               const("cols", np.arange(4)), const("flat", [-1]),
+               const("w", np.random.default_rng(0).standard_normal((4, 3)), np.float32)]
+    graph = helper.make_graph(nodes, "strided", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    with unideploy.export(tmp_path / "m.onnx", tmp_path / "edge", target="edge") as package:
+        assert "tflite-fp32" in [a.id for a in package.manifest.artifacts], package.manifest.omitted
+        assert package.manifest.artifact("tflite-fp32").signature.inputs[0].shape == (1, 4)
+        assert {c.artifact: c.status for c in verify_package(package)}["tflite-fp32"] == "passed"

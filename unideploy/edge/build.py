@@ -98,7 +98,17 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
     elif base is not None:
         fixed = fixed_signature(manifest.signature, references[0][0])
         say("converting ONNX to TensorFlow with onnx2tf" + (f" at {_shapes(fixed)}" if fixed else ""))
-        saved_model = onnx_to_saved_model(package.path_of(base), work, fixed)
+        try:
+            saved_model = onnx_to_saved_model(package.path_of(base), work, fixed)
+        except ExportError:
+            # a dynamic batch can leave shape arithmetic onnx2tf cannot trace (torch.export's
+            # as_strided becomes Range over the batch); at batch 1 the simplifier folds it away
+            pinned = fixed_signature(manifest.signature, references[0][0], batch_too=True)
+            if fixed is not None or pinned is None:
+                raise
+            fixed = pinned
+            say(f"onnx2tf failed with a dynamic batch: converting at {_shapes(fixed)}")
+            saved_model = onnx_to_saved_model(package.path_of(base), work, fixed)
         route = "onnx2tf + TensorFlow's converter"
     else:
         raise ExportError("the package has no ONNX artifact to convert from")

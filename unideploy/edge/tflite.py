@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -41,6 +42,7 @@ def onnx_to_saved_model(onnx_path: Path, workdir: Path, fixed: Signature | None 
         raise MissingDependencyError(f"TFLite from ONNX needs onnx2tf: {first_line(exc)}",
                                      ONNX2TF_INSTALL) from exc
     out = workdir / "onnx2tf"
+    shutil.rmtree(out, ignore_errors=True)  # a retry at fixed sizes starts clean
     private = workdir / "onnx2tf-input.onnx"  # onnx2tf rewrites its input file (onnxsim), so never the package's
     copy_model(onnx_path, private)
     _scope_safe_node_names(private)
@@ -140,12 +142,13 @@ def saved_model_to_tflite(saved_model: Path, precision: str, workdir: Path,
     return path
 
 
-def fixed_signature(signature: Signature, sample: dict[str, np.ndarray]) -> Signature | None:
+def fixed_signature(signature: Signature, sample: dict[str, np.ndarray], batch_too: bool = False) -> Signature | None:
     """The signature pinned at one reference sample's sizes (batch 1), when the model has dynamic
-    dims other than the batch; mobile models run at one input size."""
+    dims other than the batch (or ``batch_too``, any dynamic dim); mobile models run at one input size."""
     from unideploy.samples import dynamic_dims
 
-    if not dynamic_dims(signature):
+    if not dynamic_dims(signature) and not (batch_too and any(
+            isinstance(d, str) for t in signature.inputs for d in t.shape)):
         return None
     inputs = tuple(TensorSpec(t.name, t.dtype, (1, *sample[t.name].shape[1:]) if t.shape else (), t.layout)
                    for t in signature.inputs)
