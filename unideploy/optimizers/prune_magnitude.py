@@ -11,6 +11,7 @@ the sparsity reached and the layers left dense.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,8 @@ from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, searc
 from unideploy.quiet import quiet
 
 SCOPES = ("global", "tensor")
-MAX_TRIALS = 6  # each candidate is re-fitted, the costly part of pruning
+MAX_TRIALS = 6
+SEARCH_REFIT_SECONDS = 240.0  # re-fitting every candidate when that takes at most this long
 
 
 def check_fraction(value: float, what: str) -> float:
@@ -61,23 +63,30 @@ class MagnitudePruning(OptimizerPass):
         masks = {n: s > thresholds[n] for n, s in scores.items()}
         model = self._pruned(original, layers, masks)
         refitted = self.refit and bool(ctx.calibration)
+        started = time.perf_counter()
         if refitted:
             refit_all(original, model, masks, ctx.calibration, ctx.say)
+        refit_seconds = time.perf_counter() - started
         out = ctx.workdir / "pruned-magnitude.onnx"
         onnx.save(model, str(out))
         params = {"sparsity": self.sparsity, "scope": self.scope, "refit": refitted, "layers": len(layers),
                   "achieved_sparsity": _sparsity(masks, set())}
         if len(layers) > 1 and not ctx.judge(out)["within_budget"]:
-            out, searched = self._leave_dense(original, layers, masks, refitted, out, ctx)
+            out, searched = self._leave_dense(original, layers, masks, refitted, refit_seconds, out, ctx)
             params.update(searched)
         return PassResult(
             path=out, params=params,
             notes=["unstructured sparsity makes the file compress better; ONNX Runtime on CPU does not run it faster"],
         )
 
-    def _leave_dense(self, original: onnx.ModelProto, layers: list, masks: dict, refitted: bool, out: Path,
-                     ctx: PassContext) -> tuple[Path, dict]:
-        """Restore the original weights of the layers pruning hurts most until the model fits."""
+    def _leave_dense(self, original: onnx.ModelProto, layers: list, masks: dict, refitted: bool,
+                     refit_seconds: float, out: Path, ctx: PassContext) -> tuple[Path, dict]:
+        """Restore the original weights of the layers pruning hurts most until the model fits.
+
+        A re-fit makes up for the pruned layers before it, so each candidate is re-fitted from the
+        original, when that is affordable (``SEARCH_REFIT_SECONDS`` for every candidate); otherwise
+        candidates are judged without it (which overstates their loss) and only the one chosen is
+        re-fitted, and kept if it still fits."""
         ctx.say(f"pruning every layer to {self.sparsity:.0%} is over the accuracy budget: ranking layers by sensitivity")
         reference = ctx.workdir / "prune-original.onnx"
         onnx.save(original, str(reference))
@@ -89,21 +98,26 @@ class MagnitudePruning(OptimizerPass):
             ranked = [(n, loss) for n, loss in rank_layers(reference, raw, comparison_rows(ctx), ctx.workdir, None)
                       if n in masks]
 
-        def build(dense: list[str]) -> Path:
-            """Prune the other layers from the original, and re-fit them: a refit compensates the
-            error of the pruned layers before it, so it is redone once those change."""
+        refit_each = refitted and refit_seconds * MAX_TRIALS <= SEARCH_REFIT_SECONDS
+
+        def build(dense: list[str], refit: bool = refit_each) -> Path:
             pruned_masks = {n: m for n, m in masks.items() if n not in dense}
             candidate = self._pruned(original, layers, pruned_masks)
-            if refitted:
+            if refit:
                 refit_all(original, candidate, pruned_masks, ctx.calibration, lambda _msg: None)
-            path = ctx.workdir / f"pruned-magnitude-dense{len(dense)}.onnx"
+            path = ctx.workdir / f"pruned-magnitude-dense{len(dense)}{'-refit' if refit else ''}.onnx"
             onnx.save(candidate, str(path))
             return path
 
         result = search([n for n, _ in ranked], build, ctx.judge, ctx.say, f"{self.sparsity:.0%} pruning",
-                        MAX_TRIALS if refitted else None)
+                        MAX_TRIALS)
         if result.path is None:
             return out, {}
+        if refitted and not refit_each and result.within_budget:
+            ctx.say(f"re-fitting the {len(masks) - len(result.restored)} pruned layers")
+            refit = build(result.restored, refit=True)
+            if ctx.judge(refit)["within_budget"]:
+                result.path = refit
         all_layers = ctx.judge(out)["drop_points"]
         achieved = _sparsity(masks, set(result.restored))
         loss = dict(ranked)

@@ -13,8 +13,9 @@ the widest of them; pruned layers lose it to the weights they no longer have.
 
 The search then restores the most sensitive layers, 1, 2, 4, 8, ... of them, each candidate
 judged by the same accuracy guard as the final model, and narrows the count down by bisection, so
-the fewest layers give the optimization up. At most ``MAX_TRIALS`` candidates, and at least one
-layer stays optimized.
+the fewest layers give the optimization up. At most ``MAX_TRIALS`` candidates, and at most half
+the layers left as they were: a model that needs more is refused, as the optimization would then
+give little (an "INT8" model mostly in fp32, a "pruned" model mostly dense).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def search(ranked: list[str], build: Callable[[list[str]], Path], judge: Callabl
                        "within_budget": bool(accuracy["within_budget"])})
         return tried[count][2]
 
-    most = len(ranked) - 1  # at least one layer stays INT8, or there is nothing to quantize
+    most = len(ranked) // 2  # beyond half the layers left as they were, the optimization gives little
     over, count = 0, 1
     while count < most and len(trials) < limit - 1 and not fits(count):
         over, count = count, count * 2
