@@ -131,6 +131,7 @@ def minilm(work: Path) -> dict[str, Any]:
     targets = [
         ("int8 >= 1.5x faster at batch 1, seq 128", by["int8"]["b1_speedup"] >= 1.5, f"{by['int8']['b1_speedup']}x"),
         ("int8 cosine to fp32 >= 0.99", by["int8"]["quality"] >= 0.99, f"{by['int8']['quality']}"),
+        ("int8 size <= 30% of fp32", by["int8"]["size_pct"] <= 30, f"{by['int8']['size_pct']}%"),
     ]
     return {"model": "MiniLM-L6 sentence embeddings (seq 128)", "quality": "mean cosine to fp32", "rows": rows,
             "targets": targets}
