@@ -32,25 +32,24 @@ def _agreement(package, artifact: str, digits) -> float:
 
 
 def test_int8_keeps_the_layer_quantization_breaks_in_fp32(digits, tmp_path):
-    """One input of the first dense layer is always zero (BatchNorm shifts its channel far below
-    ReLU's threshold), and every output of that layer weighs it by 40: fp32 never sees it, but per-channel INT8 takes
-    each output's scale from that weight and rounds the real weights (~0.05) to zero."""
+    """One input of the classifier's last layer is always zero (its bias puts it far below ReLU's
+    threshold), and every class weighs it by 40: fp32 never sees it, but per-channel INT8 takes each
+    class's weight scale from that 40 and rounds its real weights (~0.1) to a few levels."""
     model = torch.jit.load(str(digits["model"]))
     state = model.state_dict()
     with torch.no_grad():
-        state["features.4.bias"][63] = -1000.0  # the last conv channel: ReLU always gives 0
-        state["classifier.1.weight"][:, 63 * 16] = 40.0
+        state["classifier.1.bias"][63] = -1000.0  # the last hidden unit: ReLU always gives 0
+        state["classifier.3.weight"][:, 63] = 40.0
     package = _export(model, digits, tmp_path)
 
     with unideploy.optimize(package, quantize="int8", int8_variant="static", calibration=digits["data"]) as pkg:
         params = pkg.manifest.optimizations[-1]["passes"][0]["params"]
         search_record = params["search"]
-        assert search_record["drop_points_all_int8"] > 1.0  # plain static INT8 is over the budget
+        assert search_record["drop_points_all_int8"] > 1.0, search_record  # plain static INT8 is over the budget
         kept = [layer["node"] for layer in params["fp32_layers"]]
-        assert 1 <= len(kept) < search_record["ranked_layers"]
-        assert "classifier/1" in kept[0], search_record
-        print(search_record)  # the layer that needs fp32 is found
-        assert all(t["restored"] >= 1 for t in search_record["trials"])
+        assert "classifier/3" in kept[0], search_record  # the layer that loses most is ranked first
+        assert len(kept) <= search_record["ranked_layers"] // 2
+        assert search_record["size_ratio"] < 0.5  # still an INT8 model: the other layers are
         assert pkg.manifest.optimizations[-1]["accuracy"]["within_budget"]
         assert _agreement(pkg, "onnx-int8", digits) >= 0.98
 

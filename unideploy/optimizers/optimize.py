@@ -179,7 +179,8 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
         final = evaluate(current)
         if not final.within_budget:
             searched = [s["params"]["search"] for s in steps if "trials" in s["params"].get("search", {})]
-            tried = "".join(f"; even with up to {max(t['restored'] for t in s['trials'])} of {s['ranked_layers']} "
+            tried = "".join(f"; {s['refused']}" if s.get("refused") else
+                            f"; even with up to {max(t['restored'] for t in s['trials'])} of {s['ranked_layers']} "
                             f"layers {s['restored_as']} (the most sensitive first; more than half would leave "
                             "little of the optimization)" for s in searched)
             raise AccuracyBudgetError(

@@ -46,6 +46,8 @@ CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 STATIC_OPS = ["Conv", "ConvTranspose", "MatMul", "Gemm", "Relu", "Clip", "MaxPool", "AveragePool",
               "GlobalAveragePool", "Concat", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Resize",
               "Split", "Gather"]
+# A searched INT8 model no faster than fp32 must at least be this much smaller to be worth adding.
+WORTHWHILE_SIZE = 0.75
 # Operators whose presence shows that quantization happened.
 INT8_OPS = {"QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul", "QLinearConv",
             "QLinearMatMul", "ConvInteger"}
@@ -190,15 +192,23 @@ class Int8Quantization(OptimizerPass):
             return quantized, {"fp32_layers": [], "search": {"skipped": "one quantizable layer, nothing to search"}}
         loss = dict(ranked)
         all_int8, kept = ctx.evaluate(quantized), ctx.evaluate(result.path)
-        return result.path, {
+        size = result.path.stat().st_size / source.stat().st_size
+        record = {
             "fp32_layers": [{"node": n, "sqnr_loss_db": round(loss[n], 2)} for n in result.restored],
             "search": {"ranked_layers": len(ranked), "restored_as": "in fp32", "within_budget": result.within_budget,
                        "trials": result.trials, "speedup_all_int8": round(all_int8.mean_speedup, 3),
-                       "speedup": round(kept.mean_speedup, 3), "drop_points_all_int8": all_int8.accuracy["drop_points"],
+                       "speedup": round(kept.mean_speedup, 3), "size_ratio": round(size, 3),
+                       "drop_points_all_int8": all_int8.accuracy["drop_points"],
                        "cost": f"all layers in INT8 ran {all_int8.mean_speedup:.2f}x fp32 with a drop of "
                                f"{all_int8.accuracy['drop_points']:.2f} points; with them in fp32, "
-                               f"{kept.mean_speedup:.2f}x"},
+                               f"{kept.mean_speedup:.2f}x at {size:.0%} of the size"},
         }
+        if result.within_budget and kept.mean_speedup <= 1.0 and size > WORTHWHILE_SIZE:
+            # within budget only as a model that is neither faster nor much smaller: not an INT8 model
+            record["search"]["refused"] = (f"within the budget only with {len(result.restored)} layers in fp32, "
+                                           f"which runs {kept.mean_speedup:.2f}x fp32 at {size:.0%} of its size")
+            return quantized, record
+        return result.path, record
 
     def _build(self, variant: str, prepared: Path, ctx: PassContext, reduce_range: bool,
                weight_products: list[str], fp32_layers: list[str] | tuple[str, ...] = ()) -> Path:
