@@ -178,7 +178,9 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
         say("measuring the optimized model against fp32")
         final = evaluate(current)
         if not final.within_budget:
-            searched = [s["params"]["search"] for s in steps if "trials" in s["params"].get("search", {})]
+            searched = [search for s in steps for search in (s["params"].get("search", {}),
+                                                              *s["params"].get("other_searches", {}).values())
+                        if "trials" in search]
             tried = "".join(f"; {s['refused']}" if s.get("refused") else
                             f"; even with up to {max(t['restored'] for t in s['trials'])} of {s['ranked_layers']} "
                             f"layers {s['restored_as']} (the most sensitive first; more than half would leave "

@@ -172,7 +172,9 @@ class Int8Quantization(OptimizerPass):
                     "activations": {"static": "uint8", "symmetric": "int8 symmetric"}.get(variant, "uint8 (dynamic)"),
                     "weights": "int8 per-channel",
                     "sensitive_ops_in_float": not self.quantize_sensitive if variant != "dynamic" else None,
-                    "reduce_range": reduce_range, **searched.get(variant, {})},
+                    "reduce_range": reduce_range, **searched.get(variant, {}),
+                    # what the search found for a variant not chosen (auto), for the refusal to say
+                    "other_searches": {v: r["search"] for v, r in searched.items() if v != variant}},
         )
 
     def _search(self, variant: str, source: Path, quantized: Path, ctx: PassContext,
