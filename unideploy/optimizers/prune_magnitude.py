@@ -93,8 +93,10 @@ class MagnitudePruning(OptimizerPass):
         onnx.save(original, str(reference))
         # ranked on the pruned weights before any re-fit: a re-fit makes up for the layers before
         # it, so after one a layer's own loss no longer shows
-        raw = ctx.workdir / "pruned-magnitude-raw.onnx"
-        onnx.save(self._pruned(original, layers, masks), str(raw))
+        raw = out
+        if refitted:
+            raw = ctx.workdir / "pruned-magnitude-raw.onnx"
+            onnx.save(self._pruned(original, layers, masks), str(raw))
         with quiet():
             ranked = [(n, loss) for n, loss in rank_layers(reference, raw, comparison_rows(ctx), ctx.workdir, None)
                       if n in masks]
@@ -130,7 +132,6 @@ class MagnitudePruning(OptimizerPass):
                        "cost": f"{self.sparsity:.0%} in every layer gave a drop of {all_layers:.2f} points; with them "
                                f"dense, {achieved:.1%} of the weights are pruned"},
         }
-
 
     @staticmethod
     def _pruned(original: onnx.ModelProto, layers: list, masks: dict[str, np.ndarray]) -> onnx.ModelProto:
