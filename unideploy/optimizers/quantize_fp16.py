@@ -58,13 +58,12 @@ def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, wo
     return reasons
 
 
-def _skip_fp16_round_trips(model: onnx.ModelProto, in_fp32: set[str]) -> int:
+def _skip_fp16_round_trips(model: onnx.ModelProto, in_fp32: set[str]) -> None:
     """The converter casts every fp32-kept node's output to fp16, and back to fp32 for a next node
     that is kept in fp32 too: a value beyond fp16's range becomes inf on the way. Such next nodes
-    read the fp32 value directly. Returns how many round trips were skipped."""
+    read the fp32 value directly."""
     producer = {out: node for node in model.graph.node for out in node.output}
     graph_outputs = {o.name for o in model.graph.output}
-    skipped = 0
     for node in list(model.graph.node):
         to_fp16 = producer.get(node.input[0]) if node.op_type == "Cast" else None
         if to_fp16 is None or to_fp16.op_type != "Cast" or node.output[0] in graph_outputs:
@@ -77,8 +76,6 @@ def _skip_fp16_round_trips(model: onnx.ModelProto, in_fp32: set[str]) -> int:
                     if tensor == node.output[0]:
                         consumer.input[i] = to_fp16.input[0]
             model.graph.node.remove(node)
-            skipped += 1
-    return skipped
 
 
 class Fp16Conversion(OptimizerPass):
