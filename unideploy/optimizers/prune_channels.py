@@ -23,6 +23,7 @@ from unideploy.optimizers.base import OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import (
     Layer, attributes, first_rows, get_array, initializers, linear_layers, load_for_pruning, refit, set_array, REFIT_ROWS,
 )
+from unideploy.optimizers.graph import consumers as graph_consumers
 from unideploy.optimizers.prune_magnitude import check_fraction
 
 CHANNELWISE = {"Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "Clip", "HardSigmoid", "HardSwish", "Elu", "Selu",
@@ -41,10 +42,7 @@ def find_chains(model: onnx.ModelProto) -> list[Chain]:
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
               for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = graph_consumers(model.graph)
     outputs = {o.name for o in model.graph.output}
     inits = initializers(model)
     layers = {l.node.name: l for l in linear_layers(model)}

@@ -21,7 +21,7 @@ from onnx import numpy_helper
 
 from unideploy.errors import ExportError, first_line
 from unideploy.optimizers.base import Batch, OptimizerPass, PassContext, PassResult
-from unideploy.optimizers.graph import intermediate_tensors, name_nodes
+from unideploy.optimizers.graph import consumers, intermediate_tensors, name_nodes
 from unideploy.optimizers.quantize_int8 import INT8_OPS
 from unideploy.optimizers.sensitivity import comparison_rows
 from unideploy.quiet import quiet
@@ -34,25 +34,20 @@ QUANTIZED_INPUT_OPS = sorted(INT8_OPS | {"DynamicQuantizeLSTM", "QLinearAdd", "Q
 
 def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, workdir: Path) -> dict[str, str]:
     """Node name -> why it must stay fp32: a float weight beyond fp16's range, or an activation near it."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    producer: dict[str, onnx.NodeProto] = {}
-    for node in model.graph.node:
-        for tensor in node.input:
-            consumers.setdefault(tensor, []).append(node)
-        for tensor in node.output:
-            producer[tensor] = node
+    readers = consumers(model.graph)
+    producer = {tensor: node for node in model.graph.node for tensor in node.output}
     reasons: dict[str, str] = {}
     for init in model.graph.initializer:
         if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
             peak = float(np.abs(numpy_helper.to_array(init)).max(initial=0.0))
             if peak > FP16_MAX:
-                for node in consumers.get(init.name, []):
+                for node in readers.get(init.name, []):
                     reasons[node.name] = f"weight '{init.name}' reaches {peak:.3g}"
     limit = FP16_MAX / HEADROOM
     for tensor, (values, *_) in intermediate_tensors(model_path, rows, workdir).items():
         peak = float(np.abs(values).max(initial=0.0))
         if peak > limit:
-            for node in [producer.get(tensor), *consumers.get(tensor, [])]:
+            for node in [producer.get(tensor), *readers.get(tensor, [])]:
                 if node is not None and node.name not in reasons:
                     reasons[node.name] = f"activation '{tensor}' reaches {peak:.3g}"
     return reasons
@@ -63,6 +58,7 @@ def _skip_fp16_round_trips(model: onnx.ModelProto, in_fp32: set[str]) -> None:
     that is kept in fp32 too: a value beyond fp16's range becomes inf on the way. Such next nodes
     read the fp32 value directly."""
     producer = {out: node for node in model.graph.node for out in node.output}
+    readers = consumers(model.graph)
     graph_outputs = {o.name for o in model.graph.output}
     for node in list(model.graph.node):
         to_fp16 = producer.get(node.input[0]) if node.op_type == "Cast" else None
@@ -71,10 +67,10 @@ def _skip_fp16_round_trips(model: onnx.ModelProto, in_fp32: set[str]) -> None:
         casts = [onnx.helper.get_attribute_value(a) for n in (node, to_fp16) for a in n.attribute if a.name == "to"]
         source = producer.get(to_fp16.input[0])
         if casts == [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16] and source is not None and source.name in in_fp32:
-            for consumer in model.graph.node:
-                for i, tensor in enumerate(consumer.input):
+            for reader in readers.get(node.output[0], []):
+                for i, tensor in enumerate(reader.input):
                     if tensor == node.output[0]:
-                        consumer.input[i] = to_fp16.input[0]
+                        reader.input[i] = to_fp16.input[0]
             model.graph.node.remove(node)
 
 

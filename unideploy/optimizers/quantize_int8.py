@@ -131,7 +131,8 @@ class Int8Quantization(OptimizerPass):
         has_matmul = bool(weight_products)
         # embedding tables (Gather from a weight) are stored int8 too: a transformer's vocabulary
         # is a third to half of its file (MiniLM-L6: 65% -> 25% of fp32, cosine unchanged)
-        weight_products += [n.name for n in model.graph.node if n.op_type == "Gather" and n.input[0] in weights]
+        dynamic_nodes = weight_products + [n.name for n in model.graph.node
+                                           if n.op_type == "Gather" and n.input[0] in weights]
         dynamic_source = ctx.workdir / "int8-dynamic-source.onnx"
         if has_matmul:
             onnx.save(model, str(dynamic_source))
@@ -149,7 +150,7 @@ class Int8Quantization(OptimizerPass):
             ctx.say(f"quantizing to INT8 ({variant})")
             try:
                 source = dynamic_source if variant == "dynamic" else prepared
-                built[variant] = self._build(variant, source, ctx, reduce_range, weight_products)
+                built[variant] = self._build(variant, source, ctx, reduce_range, dynamic_nodes)
                 if variant != "dynamic" and not ctx.judge(built[variant])["within_budget"]:
                     built[variant], searched[variant] = self._search(variant, source, built[variant], ctx,
                                                                       reduce_range)
@@ -190,8 +191,8 @@ class Int8Quantization(OptimizerPass):
             return quantized, {"fp32_layers": [], "search": {"skipped": first_line(exc)}}
         result = search([name for name, _ in ranked], lambda exclude: self._build(
             variant, source, ctx, reduce_range, [], exclude), ctx.judge, ctx.say, "INT8")
-        if result.path is None:  # a single weighted layer: nothing to keep in fp32 while quantizing the rest
-            return quantized, {"fp32_layers": [], "search": {"skipped": "one quantizable layer, nothing to search"}}
+        if result.path is None:  # one quantized node: nothing to keep in fp32 while quantizing the rest
+            return quantized, {"fp32_layers": [], "search": {"skipped": "one quantized node, nothing to search"}}
         loss = dict(ranked)
         all_int8, kept = ctx.evaluate(quantized), ctx.evaluate(result.path)
         size = result.path.stat().st_size / source.stat().st_size
@@ -213,7 +214,7 @@ class Int8Quantization(OptimizerPass):
         return result.path, record
 
     def _build(self, variant: str, prepared: Path, ctx: PassContext, reduce_range: bool,
-               weight_products: list[str], fp32_layers: list[str] | tuple[str, ...] = ()) -> Path:
+               dynamic_nodes: list[str], fp32_layers: list[str] | tuple[str, ...] = ()) -> Path:
         from onnxruntime.quantization import (
             CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static,
         )
@@ -241,7 +242,7 @@ class Int8Quantization(OptimizerPass):
                     )
                 else:
                     quantize_dynamic(str(prepared), str(out), weight_type=QuantType.QInt8,
-                                     op_types_to_quantize=["MatMul", "Gather"], nodes_to_quantize=weight_products,
+                                     op_types_to_quantize=["MatMul", "Gather"], nodes_to_quantize=dynamic_nodes,
                                      per_channel=True, reduce_range=reduce_range)
         except InputError:
             raise

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import onnx
 
 from unideploy.optimizers.base import Batch, PassContext
-from unideploy.optimizers.graph import intermediate_tensors
+from unideploy.optimizers.graph import consumers, intermediate_tensors
 
 FOLDED_ACTIVATIONS = ("Relu", "Clip")  # QDQ removes them into the layer before
 SENSITIVITY_ROWS = 2  # rows the two models are compared on, with every tensor kept in memory
@@ -64,17 +64,14 @@ def rank_layers(original: Path, optimized: Path, rows: Batch, workdir: Path,
     sqnr = {name: min(value, EXACT_DB) for name, value in sqnr.items()}
 
     graph = onnx.load(str(original), load_external_data=False).graph
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for tensor in node.input:
-            consumers.setdefault(tensor, []).append(node)
+    readers = consumers(graph)
     ranked = []
     for node in graph.node:
         if op_types is not None and node.op_type not in op_types or not node.output:
             continue
         output = node.output[0]
-        while len(consumers.get(output, [])) == 1 and consumers[output][0].op_type in FOLDED_ACTIVATIONS:
-            output = consumers[output][0].output[0]
+        while len(readers.get(output, [])) == 1 and readers[output][0].op_type in FOLDED_ACTIVATIONS:
+            output = readers[output][0].output[0]
         inputs = [sqnr[t] for t in node.input if t in sqnr]
         if output in sqnr and inputs:
             ranked.append((node.name, min(inputs) - sqnr[output]))
