@@ -128,7 +128,40 @@ class DigitsCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def train_digits_cnn(epochs: int = 6) -> tuple[nn.Module, np.ndarray, np.ndarray]:
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand, 3x3 depthwise, 1x1 project, added to its input."""
+
+    def __init__(self, channels: int, expand: int = 3) -> None:
+        super().__init__()
+        hidden = channels * expand
+        self.block = nn.Sequential(
+            nn.Conv2d(channels, hidden, 1), nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden), nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, channels, 1), nn.BatchNorm2d(channels),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x)
+
+
+class ResidualDigitsNet(nn.Module):
+    """The layouts that couple channels across layers: a residual stream through two inverted
+    residual blocks (depthwise inside), then two branches concatenated before the classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU6())
+        self.blocks = nn.Sequential(InvertedResidual(32), InvertedResidual(32))
+        self.wide = nn.Sequential(nn.Conv2d(32, 32, 3, padding=1), nn.ReLU())
+        self.narrow = nn.Sequential(nn.Conv2d(32, 32, 1), nn.ReLU())
+        self.classifier = nn.Sequential(nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 16, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x))
+        return self.classifier(torch.cat([self.wide(x), self.narrow(x)], dim=1))
+
+
+def train_digits_cnn(epochs: int = 6, network: type[nn.Module] = DigitsCNN) -> tuple[nn.Module, np.ndarray, np.ndarray]:
     """Train on scikit-learn's digits (real 8x8 images); return the model and held-out data."""
     from sklearn.datasets import load_digits
 
@@ -137,7 +170,7 @@ def train_digits_cnn(epochs: int = 6) -> tuple[nn.Module, np.ndarray, np.ndarray
     order = np.random.default_rng(0).permutation(len(images))
     train, held_out = order[:1100], order[1100:]
     torch.manual_seed(0)
-    model = DigitsCNN()
+    model = network()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     x, y = torch.from_numpy(images[train]), torch.from_numpy(digits.target[train]).long()
     for _ in range(epochs):

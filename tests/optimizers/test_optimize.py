@@ -112,17 +112,10 @@ def test_channel_pruning_removes_whole_channels(digits_package, digits):
         shapes = lambda m: sorted(tuple(i.dims) for i in m.graph.initializer if len(i.dims) == 4)  # noqa: E731
         assert shapes(base) == [(32, 1, 3, 3), (64, 32, 3, 3)]
         assert shapes(slim) == [(16, 1, 3, 3), (32, 16, 3, 3)]
-        chains = pkg.manifest.optimizations[-1]["passes"][0]["params"]["chains"]
-        assert [(c["channels"], c["kept"]) for c in chains] == [(32, 16), (64, 32)]
+        groups = pkg.manifest.optimizations[-1]["passes"][0]["params"]["groups"]
+        assert [(g["channels"], g["kept"]) for g in groups] == [(32, 16), (64, 32)]
         x = np.zeros((3, 1, 8, 8), np.float32)
         assert unideploy.run(pkg, {"x": x}, artifact="onnx-slim50")["output"].shape == (3, 10)
-
-
-def test_channel_pruning_without_a_chain_is_explained(torch_models, tmp_path):
-    path, shapes = torch_models["attention_traced"]
-    unideploy.export(path, tmp_path / "attn.udp", input_shapes=shapes).close()
-    with pytest.raises(InputError, match="no prunable convolution chain"):
-        unideploy.optimize(tmp_path / "attn.udp", prune=0.5, prune_method="channels", synthetic=True)
 
 
 def test_refusal_leaves_the_package_byte_identical(digits_package, digits):

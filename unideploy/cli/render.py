@@ -208,6 +208,22 @@ def doctor(machine: str, findings: list[Finding]) -> None:
     out.print(table)
 
 
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:SHOWN_LAYERS]) + (f" and {len(names) - SHOWN_LAYERS} more" if len(names) > SHOWN_LAYERS else "")
+
+
+def _channel_report(params: dict[str, Any]) -> None:
+    """How much of the network channel pruning could cut, and why the rest was left whole."""
+    coupled = sum(1 for g in params["groups"] if g["layers"] > 1)
+    out.print(f"  cut channels from {params['pruned_convolutions']} of {params['convolutions']} convolutions "
+              f"({len(params['groups'])} groups of coupled channels, {coupled} of them shared by several layers)")
+    reasons: dict[str, list[str]] = {}
+    for group in params["left_whole"]:
+        reasons.setdefault(group["why"], []).extend(group["layers"])
+    for why, layers in reasons.items():
+        out.print(f"  left whole: {escape(_some(layers))}: {escape(why)}")
+
+
 def optimization(package: Package, record: dict[str, Any]) -> None:
     acc, eff = record["accuracy"], record["effects"]
     out.print(f"[bold green]Added[/] {record['artifact']} to {escape(str(package.origin))} "
@@ -217,13 +233,13 @@ def optimization(package: Package, record: dict[str, Any]) -> None:
         if params.get("why"):
             out.print(f"  {step['name']}: chose [bold]{params['variant']}[/], {escape(params['why'])}")
         search = params.get("search") or {}
-        restored = params.get("fp32_layers") or params.get("dense_layers")
+        if "convolutions" in params:
+            _channel_report(params)
+        restored = params.get("fp32_layers") or params.get("dense_layers") or params.get("whole_groups")
         if restored and "ranked_layers" in search:
             names = [layer["node"] for layer in restored]
-            shown = ", ".join(names[:SHOWN_LAYERS]) + (f" and {len(names) - SHOWN_LAYERS} more"
-                                                      if len(names) > SHOWN_LAYERS else "")
-            out.print(f"  left {len(names)} of {search['ranked_layers']} layers {search['restored_as']}, the most "
-                      f"sensitive first: {escape(shown)}")
+            out.print(f"  left {len(names)} of {search['ranked_layers']} {search.get('units', 'layers')} "
+                      f"{search['restored_as']}, the most sensitive first: {escape(_some(names))}")
             out.print(f"  their cost: {search['cost']}")
         elif search.get("skipped"):
             out.print(f"  [yellow]no sensitivity search[/]: {escape(search['skipped'])}")

@@ -22,7 +22,9 @@ from onnx import helper, numpy_helper
 from unideploy.optimizers.base import Batch
 from unideploy.optimizers.measure import timing_session
 
-RIDGE = 1e-3  # damping of the normal equations, relative to their mean diagonal
+DAMPINGS = (1e-3, 1e-2, 1e-1, 1.0)  # pulls toward the pruned weights tried, relative to the mean diagonal
+HOLDOUT_EVERY = 5  # every 5th row of a layer's re-fit data is held out to choose the damping
+CHOICE_ROWS = 32  # output rows the damping is chosen on (each distinct mask costs a solve)
 REFIT_ROWS = 512  # calibration rows used for re-fitting (more costs time, rarely accuracy)
 
 
@@ -166,17 +168,37 @@ def linear_layers(model: onnx.ModelProto) -> list[Layer]:
     return layers
 
 
-def _session(model: onnx.ModelProto, tensor: str) -> Any:
-    """A session on a copy of ``model`` that also outputs an intermediate tensor."""
+def _session(model: onnx.ModelProto, tensors: list[str]) -> Any:
+    """A session on a copy of ``model`` that also outputs intermediate tensors."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    if tensor not in {o.name for o in copy.graph.output}:
-        copy.graph.output.append(onnx.ValueInfoProto(name=tensor))
+    outputs = {o.name for o in copy.graph.output}
+    copy.graph.output.extend(onnx.ValueInfoProto(name=t) for t in dict.fromkeys(tensors) if t not in outputs)
     return timing_session(copy.SerializeToString())
 
 
+def input_statistics(model: onnx.ModelProto, layers: list[Layer], batches: list[Batch]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Mean and variance of every input feature of each layer on ``batches`` (per channel for a
+    convolution, over the batch and positions): layer name -> (mean, variance)."""
+    tensors = [layer.node.input[0] for layer in layers]
+    session = _session(model, tensors)
+    sums: dict[str, list] = {t: [0.0, 0.0, 0] for t in tensors}
+    for batch in batches:
+        for tensor, x in zip(tensors, session.run(tensors, batch)):
+            x = x.astype(np.float64)
+            features = np.moveaxis(x, 1, -1).reshape(-1, x.shape[1]) if x.ndim == 4 else x.reshape(-1, x.shape[-1])
+            total = sums[tensor]
+            total[0], total[1], total[2] = total[0] + features.sum(0), total[1] + (features ** 2).sum(0), total[2] + len(features)
+    out = {}
+    for layer, tensor in zip(layers, tensors):
+        first, second, count = sums[tensor]
+        mean = first / max(count, 1)
+        out[layer.node.name] = (mean, np.maximum(second / max(count, 1) - mean ** 2, 0.0))
+    return out
+
+
 def _activations(model: onnx.ModelProto, tensor: str, batches: list[Batch]) -> Iterator[np.ndarray]:
-    session = _session(model, tensor)
+    session = _session(model, [tensor])
     for batch in batches:
         yield session.run([tensor], batch)[0].astype(np.float64)
 
@@ -185,34 +207,63 @@ def refit(original: onnx.ModelProto, pruned: onnx.ModelProto, layer_name: str, m
           batches: list[Batch], out_rows: np.ndarray | None = None) -> None:
     """Re-fit one layer of ``pruned`` (weights outside ``mask`` stay zero) to reproduce the
     original layer's output on ``batches``; updates ``pruned`` in place. ``out_rows`` says which
-    original output channels the pruned layer still has (all, unless channels were removed)."""
+    original output channels the pruned layer still has (all, unless channels were removed).
+
+    The solution is pulled toward the layer's pruned weights by a damping chosen on held-out rows
+    (``DAMPINGS``); where no damping beats the pruned weights on them, those stay. A layer fed by
+    few calibration rows (a classifier on 32 images, a late 7x7 convolution) would otherwise fit
+    them exactly and generalise worse than it started."""
     layer_o = next(l for l in linear_layers(original) if l.node.name == layer_name)
     layer_p = next(l for l in linear_layers(pruned) if l.node.name == layer_name)
     w_orig = layer_o.matrix(original).astype(np.float64)
+    prior = layer_p.matrix(pruned).astype(np.float64)
     with_bias = layer_p.bias is not None
     if with_bias:
         w_orig = np.hstack([w_orig, get_array(original, layer_o.bias)[:, None]])
+        prior = np.hstack([prior, get_array(pruned, layer_p.bias)[:, None]])
     if out_rows is not None:
         w_orig = w_orig[out_rows]
-    gram = cross = None
+    sums = {"fit": [0.0, 0.0], "held": [0.0, 0.0]}  # A_p^T A_p and A_p^T A_o of each part
     for x_o, x_p in zip(_activations(original, layer_o.node.input[0], batches),
                         _activations(pruned, layer_p.node.input[0], batches)):
         a_o, a_p = layer_o.columns(x_o, original), layer_p.columns(x_p, pruned)
         if with_bias:
             a_o, a_p = (np.hstack([a, np.ones((a.shape[0], 1))]) for a in (a_o, a_p))
-        gram = a_p.T @ a_p if gram is None else gram + a_p.T @ a_p
-        cross = a_p.T @ a_o if cross is None else cross + a_p.T @ a_o
-    assert gram is not None and cross is not None
-    gram += np.eye(len(gram)) * RIDGE * max(float(np.mean(np.diag(gram))), 1e-12)
-    target = cross @ w_orig.T  # A_p^T Y, for every output row at once
+        held = np.arange(len(a_p)) % HOLDOUT_EVERY == 0
+        for part, rows in (("fit", ~held), ("held", held)):
+            sums[part][0] = sums[part][0] + a_p[rows].T @ a_p[rows]
+            sums[part][1] = sums[part][1] + a_p[rows].T @ a_o[rows]
     keep = np.hstack([mask, np.ones((mask.shape[0], 1), bool)]) if with_bias else mask
-    solved = np.zeros((keep.shape[0], keep.shape[1]))
-    patterns, rows_of = np.unique(keep, axis=0, return_inverse=True)  # structured masks: one solve
-    for p, pattern in enumerate(patterns):
-        rows = np.flatnonzero(rows_of.ravel() == p)
-        if pattern.any():
-            solved[np.ix_(rows, pattern)] = np.linalg.solve(gram[np.ix_(pattern, pattern)], target[np.ix_(pattern, rows)]).T
+    (gram_fit, cross_fit), (gram_held, cross_held) = sums["fit"], sums["held"]
+    target_fit, target_held = cross_fit @ w_orig.T, cross_held @ w_orig.T  # A_p^T Y, every output row at once
+
+    def held_error(w: np.ndarray, rows: np.ndarray) -> float:  # ||A_held w^T - Y_held||^2, up to a constant
+        return float(np.einsum("rk,kl,rl->", w, gram_held, w) - 2 * np.einsum("rk,kr->", w, target_held[:, rows]))
+
+    sample = np.unique(np.linspace(0, len(keep) - 1, min(CHOICE_ROWS, len(keep))).astype(int))
+    errors = {None: held_error(prior[sample], sample)}
+    for damping in DAMPINGS:
+        errors[damping] = held_error(_solve(gram_fit, target_fit, prior, keep, damping, sample), sample)
+    best = min(errors, key=lambda d: errors[d])
+    if best is None:
+        return  # no re-fit generalises better than the pruned weights
+    solved = _solve(gram_fit + gram_held, target_fit + target_held, prior, keep, best, np.arange(len(keep)))
     layer_p.store(pruned, solved[:, :-1] if with_bias else solved, solved[:, -1] if with_bias else None)
+
+
+def _solve(gram: np.ndarray, target: np.ndarray, prior: np.ndarray, keep: np.ndarray, damping: float,
+           rows: np.ndarray) -> np.ndarray:
+    """Least-squares weights for output ``rows`` (zero outside ``keep``), pulled toward ``prior``."""
+    pull = damping * max(float(np.mean(np.diag(gram))), 1e-12)
+    solved = np.zeros((len(rows), keep.shape[1]))
+    patterns, rows_of = np.unique(keep[rows], axis=0, return_inverse=True)  # structured masks: one solve
+    for p, pattern in enumerate(patterns):
+        mine = np.flatnonzero(rows_of.ravel() == p)
+        if pattern.any():
+            system = gram[np.ix_(pattern, pattern)] + np.eye(int(pattern.sum())) * pull
+            rhs = target[np.ix_(pattern, rows[mine])] + pull * prior[np.ix_(rows[mine], pattern)].T
+            solved[np.ix_(mine, pattern)] = np.linalg.solve(system, rhs).T
+    return solved
 
 
 def refit_all(original: onnx.ModelProto, pruned: onnx.ModelProto, masks: dict[str, np.ndarray],

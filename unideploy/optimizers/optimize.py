@@ -183,7 +183,8 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
                         if "trials" in search]
             tried = "".join(f"; {s['refused']}" if s.get("refused") else
                             f"; even with up to {max(t['restored'] for t in s['trials'])} of {s['ranked_layers']} "
-                            f"layers {s['restored_as']} (the most sensitive first; more than half would leave "
+                            f"{s.get('units', 'layers')} {s['restored_as']} (the most sensitive first; more than "
+                            "half would leave "
                             "little of the optimization)" for s in searched)
             raise AccuracyBudgetError(
                 f"the optimized model exceeds the accuracy budget on {validation.rows} validation rows: "

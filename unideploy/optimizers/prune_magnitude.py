@@ -20,12 +20,10 @@ import onnx
 from unideploy.errors import InputError
 from unideploy.optimizers.base import OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import linear_layers, load_for_pruning, refit_all
-from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search
+from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search_refitted
 from unideploy.quiet import quiet
 
 SCOPES = ("global", "tensor")
-MAX_TRIALS = 6
-SEARCH_REFIT_SECONDS = 240.0  # re-fitting every candidate when that takes at most this long
 
 
 def check_fraction(value: float, what: str) -> float:
@@ -81,13 +79,7 @@ class MagnitudePruning(OptimizerPass):
 
     def _leave_dense(self, original: onnx.ModelProto, layers: list, masks: dict, refitted: bool,
                      refit_seconds: float, out: Path, ctx: PassContext) -> tuple[Path, dict]:
-        """Restore the original weights of the layers pruning hurts most until the model fits.
-
-        A re-fit makes up for the pruned layers before it, so each candidate is re-fitted from the
-        original, when that is affordable (``SEARCH_REFIT_SECONDS`` for every candidate); otherwise
-        candidates are judged without it (which overstates their loss) and only the one chosen is
-        re-fitted, and kept if it still fits; where one re-fit alone takes longer than that (MiniLM),
-        the chosen candidate stays as judged, without one."""
+        """Restore the original weights of the layers pruning hurts most until the model fits."""
         ctx.say(f"pruning every layer to {self.sparsity:.0%} is over the accuracy budget: ranking layers by sensitivity")
         reference = ctx.workdir / "prune-original.onnx"
         onnx.save(original, str(reference))
@@ -101,9 +93,7 @@ class MagnitudePruning(OptimizerPass):
             ranked = [(n, loss) for n, loss in rank_layers(reference, raw, comparison_rows(ctx), ctx.workdir, None)
                       if n in masks]
 
-        refit_each = refitted and refit_seconds * MAX_TRIALS <= SEARCH_REFIT_SECONDS
-
-        def build(dense: list[str], refit: bool = refit_each) -> Path:
+        def build(dense: list[str], refit: bool) -> Path:
             pruned_masks = {n: m for n, m in masks.items() if n not in dense}
             candidate = self._pruned(original, layers, pruned_masks)
             if refit:
@@ -112,15 +102,10 @@ class MagnitudePruning(OptimizerPass):
             onnx.save(candidate, str(path))
             return path
 
-        result = search([n for n, _ in ranked], build, ctx.judge, ctx.say, f"{self.sparsity:.0%} pruning",
-                        MAX_TRIALS)
+        result = search_refitted([n for n, _ in ranked], build, refitted, refit_seconds, ctx,
+                                 f"{self.sparsity:.0%} pruning")
         if result.path is None:
             return out, {}
-        if refitted and not refit_each and result.within_budget and refit_seconds <= SEARCH_REFIT_SECONDS:
-            ctx.say(f"re-fitting the {len(masks) - len(result.restored)} pruned layers")
-            refit = build(result.restored, refit=True)
-            if ctx.judge(refit)["within_budget"]:
-                result.path = refit
         all_layers = ctx.judge(out)["drop_points"]
         achieved = _sparsity(masks, set(result.restored))
         loss = dict(ranked)

@@ -32,6 +32,8 @@ from unideploy.optimizers.graph import consumers, intermediate_tensors
 FOLDED_ACTIVATIONS = ("Relu", "Clip")  # QDQ removes them into the layer before
 SENSITIVITY_ROWS = 2  # rows the two models are compared on, with every tensor kept in memory
 MAX_TRIALS = 10
+PRUNING_TRIALS = 6  # each pruning candidate may need a re-fit
+SEARCH_REFIT_SECONDS = 240.0  # re-fitting every pruning candidate when that takes at most this long
 EXACT_DB = 80.0  # an SQNR above this is as good as exact (float rounding), not worth telling apart
 
 
@@ -78,6 +80,26 @@ def rank_layers(original: Path, optimized: Path, rows: Batch, workdir: Path,
     return sorted(ranked, key=lambda item: -item[1])
 
 
+def rank_alone(original: Path, units: list[str], build_alone: Callable[[str], Path], rows: Batch,
+               workdir: Path) -> list[tuple[str, float]]:
+    """``units`` most sensitive first, each with the output SQNR (dB) the model loses when only
+    that unit is optimized. For optimizations that change tensor shapes (removing channels), whose
+    tensors cannot be matched to the original's one by one."""
+    from onnxruntime.quantization.qdq_loss_debug import compute_signal_to_quantization_noice_ratio as sqnr
+
+    from unideploy.optimizers.measure import timing_session
+
+    expected = timing_session(str(original)).run(None, rows)
+    losses = []
+    for unit in units:
+        path = build_alone(unit)
+        got = timing_session(str(path)).run(None, rows)
+        path.unlink()
+        worst = min(min(sqnr([e], [g]), EXACT_DB) for e, g in zip(expected, got))
+        losses.append((unit, EXACT_DB - worst))
+    return sorted(losses, key=lambda item: -item[1])
+
+
 def search(ranked: list[str], build: Callable[[list[str]], Path], judge: Callable[[Path], dict[str, Any]],
            say: Callable[[str], None], what: str, max_trials: int | None = None) -> SearchResult:
     """The fewest leading layers of ``ranked`` to leave as they were (``build`` makes the model with
@@ -116,3 +138,23 @@ def search(ranked: list[str], build: Callable[[list[str]], Path], judge: Callabl
         else:
             over = middle
     return SearchResult(tried[within][0], ranked[:within], True, trials)
+
+
+def search_refitted(ranked: list[str], build: Callable[[list[str], bool], Path], refitted: bool,
+                    refit_seconds: float, ctx: PassContext, what: str) -> SearchResult:
+    """``search`` for pruning, where each candidate should be re-fitted (``build(restored, refit)``).
+
+    A re-fit makes up for the pruned layers before it, so each candidate is re-fitted from the
+    original when that is affordable (``SEARCH_REFIT_SECONDS`` for every candidate); otherwise
+    candidates are judged without it (which overstates their loss) and only the one chosen is
+    re-fitted, and kept if it still fits; where one re-fit alone takes longer than that (MiniLM),
+    the chosen candidate stays as judged, without one."""
+    refit_each = refitted and refit_seconds * PRUNING_TRIALS <= SEARCH_REFIT_SECONDS
+    result = search(ranked, lambda restored: build(restored, refit_each), ctx.judge, ctx.say, what, PRUNING_TRIALS)
+    if result.path is not None and refitted and not refit_each and result.within_budget \
+            and refit_seconds <= SEARCH_REFIT_SECONDS:
+        ctx.say(f"re-fitting the chosen candidate ({len(result.restored)} left as they were)")
+        path = build(result.restored, True)
+        if ctx.judge(path)["within_budget"]:
+            result.path = path
+    return result
