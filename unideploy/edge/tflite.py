@@ -21,7 +21,7 @@ from typing import Iterator
 import numpy as np
 
 from unideploy.errors import ExportError, MissingDependencyError, first_line
-from unideploy.exporters.onnx_io import copy_model
+from unideploy.exporters.onnx_io import basic_optimized, copy_model, declare_signature
 from unideploy.quiet import quiet
 from unideploy.signature import CHANNELS_LAST, Signature, TensorSpec, channels_last
 
@@ -30,11 +30,14 @@ from unideploy.signature import CHANNELS_LAST, Signature, TensorSpec, channels_l
 ONNX2TF_INSTALL = "pip install 'unideploy[edge]' && pip install --no-deps 'onnx2tf==1.29.24'"
 
 
-def onnx_to_saved_model(onnx_path: Path, workdir: Path, fixed: Signature | None = None) -> Path:
+def onnx_to_saved_model(onnx_path: Path, workdir: Path, fixed: Signature | None = None, folded: bool = False) -> Path:
     """Convert with onnx2tf; ``erf`` becomes pseudo-ops LiteRT's builtins run (no FlexErf).
 
     ``fixed``: input shapes to convert at, for models whose dynamic spatial or sequence dims onnx2tf
-    cannot trace (a detector's Concat across strides fails at the sizes it guesses)."""
+    cannot trace (a detector's Concat across strides fails at the sizes it guesses). ``folded``:
+    declare them in the model and fold its constants with ONNX Runtime first, where onnx2tf's own
+    simplifier leaves shape arithmetic it cannot convert (a transformer's attention mask and
+    scale)."""
     try:
         with quiet():
             import onnx2tf
@@ -45,6 +48,10 @@ def onnx_to_saved_model(onnx_path: Path, workdir: Path, fixed: Signature | None 
     shutil.rmtree(out, ignore_errors=True)  # a retry at fixed sizes starts clean
     private = workdir / "onnx2tf-input.onnx"  # onnx2tf rewrites its input file (onnxsim), so never the package's
     copy_model(onnx_path, private)
+    if folded:
+        if fixed is not None:
+            declare_signature(private, Signature(fixed.inputs))
+        basic_optimized(private, workdir / "onnx2tf-folded.onnx").replace(private)
     _scope_safe_node_names(private)
     _test_images_offline(workdir)
     try:

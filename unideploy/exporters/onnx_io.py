@@ -81,6 +81,22 @@ def save_model(model: onnx.ModelProto, path: Path, external: bool = False) -> No
         onnx.save(model, str(path))
 
 
+def basic_optimized(path: Path, out: Path) -> Path:
+    """``path`` after ONNX Runtime's basic graph optimizations, written to ``out``: constant
+    subgraphs folded, BatchNormalization, bias Adds and scale Muls folded into the Conv before them.
+    Exporters leave these as separate nodes (Paddle2ONNX's biases, TorchScript's padding and
+    attention masks), which hides from channel pruning which tensors are per-channel constants and
+    from onnx2tf which shapes are static. Only standard ONNX ops remain."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(out)
+    options.log_severity_level = 3
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return out
+
+
 def copy_model(src: Path, dst: Path) -> None:
     """Copy an ONNX model for a tool that reads (or rewrites) one file: weights inline where they
     fit, else beside ``dst`` in one data file."""

@@ -62,7 +62,7 @@ class ChannelGroups:
         return [g for g in self.groups.values() if g.why_whole is None]
 
     def whole(self) -> list[Group]:
-        return [g for g in self.groups.values() if g.why_whole is not None]
+        return [g for g in self.groups.values() if g.why_whole is not None and g.producers]
 
 
 class _Analysis:
@@ -125,7 +125,8 @@ class _Analysis:
         self.sliced.append((name, axis, layout))
         return True
 
-    def run(self, model: onnx.ModelProto) -> ChannelGroups:
+    def run(self) -> ChannelGroups:
+        model = self.model
         for node in model.graph.node:
             self.visit(node)
         for output in model.graph.output:
@@ -149,7 +150,7 @@ class _Analysis:
                 self.freeze(layout, f"the weights of '{layer.node.name}' are shared")
         canonical = lambda layout: tuple((self.root(g), c) for g, c in layout)  # noqa: E731
         return ChannelGroups(
-            groups={r: g for r, g in groups.items()},
+            groups=groups,
             consumers=[(l, canonical(lay), s) for l, lay, s in self.consumers],
             sliced=[(n, a, canonical(lay)) for n, a, lay in self.sliced],
             regrouped=[(n, canonical(lay)) for n, lay in self.regrouped],
@@ -192,16 +193,15 @@ class _Analysis:
         if op in ("Flatten", "Reshape"):
             return self._flatten(node, layout, rank)
         if op == "Concat":
-            if attributes(node).get("axis") not in (1, 1 - rank) or any(i is None for i in inputs):
-                return False
-            self.layout[node.output[0]] = tuple(segment for i in inputs for segment in i)  # type: ignore[union-attr]
-            return True
+            return self._concat(node, inputs, rank)
         if op == "Pad":
             carried = inputs[0] is not None and self._spatial_pad(node, rank)
+        elif op == "Resize":
+            carried = inputs[0] is not None and self._spatial_resize(node, rank)
         elif op in CHANNELWISE or op in NORMALIZATIONS:
             carried = self._channelwise(node, inputs, layout, rank)
-        elif op in REDUCE:
-            carried = inputs[0] is not None and self._reduce(node, rank)
+        elif op in REDUCE or op in ("Squeeze", "Unsqueeze"):
+            carried = inputs[0] is not None and self._spatial_axes(node, rank)
         elif op == "Conv":
             carried = self._depthwise(node, inputs, layout)
         else:
@@ -215,10 +215,13 @@ class _Analysis:
         return inputs[0] is not None and all(i is None for i in inputs[1:]) and \
             all(self.slice_constant(name, rank, layout, axis) for name in node.input[1:])
 
-    def _reduce(self, node: onnx.NodeProto, rank: int) -> bool:
+    def _spatial_axes(self, node: onnx.NodeProto, rank: int) -> bool:
+        """A reduction, Squeeze or Unsqueeze over axes after the channels (global pooling, an SE gate)."""
         axes = attributes(node).get("axes")
         if axes is None and len(node.input) > 1 and node.input[1] in self.inits:
             axes = numpy_helper.to_array(self.inits[node.input[1]]).tolist()
+        if node.op_type == "Unsqueeze":  # its axes count in the output's rank
+            return bool(axes) and all(int(x) >= 2 for x in axes)
         return bool(axes) and all(int(x) % rank >= 2 for x in axes)
 
     def _depthwise(self, node: onnx.NodeProto, inputs: list[Layout | None], layout: Layout) -> bool:
@@ -245,6 +248,29 @@ class _Analysis:
             for (g, _), (h, _) in zip(layout, other):
                 self.union(g, h)
         return True
+
+    def _concat(self, node: onnx.NodeProto, inputs: list[Layout | None], rank: int) -> bool:
+        """Channels side by side; an input no prunable Conv made keeps all its channels."""
+        if attributes(node).get("axis") not in (1, 1 - rank):
+            return False
+        layout: list[tuple[int, int]] = []
+        for name, i in zip(node.input, inputs):
+            channels = self.shapes.get(name, [0, 0])[1] if len(self.shapes.get(name, [])) > 1 else 0
+            if i is None and not channels:
+                return False
+            if i is None:
+                fixed = self.new_group(channels)
+                self.groups[fixed].why_whole = f"coupled to the channels of '{name}', which no prunable Conv made"
+                i = ((fixed, channels),)
+            layout += i
+        self.layout[node.output[0]] = tuple(layout)
+        return True
+
+    def _spatial_resize(self, node: onnx.NodeProto, rank: int) -> bool:
+        """A Resize by constant scales that leave the channel axis alone (an FPN's upsampling)."""
+        scales = self.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        return scales is not None and scales.size == rank and scales[1] == 1 and \
+            (len(node.input) < 4 or not node.input[3])
 
     def _spatial_pad(self, node: onnx.NodeProto, rank: int) -> bool:
         pads = self.constant(node.input[1]) if len(node.input) > 1 else None
@@ -293,7 +319,7 @@ class _Analysis:
 
 def find_groups(model: onnx.ModelProto) -> ChannelGroups:
     """Every group of coupled Conv output channels in ``model``, and what removing them touches."""
-    return _Analysis(model).run(model)
+    return _Analysis(model).run()
 
 
 def layout_keep(layout: Layout, keep: dict[int, np.ndarray], channels: dict[int, int]) -> np.ndarray:

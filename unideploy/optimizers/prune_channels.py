@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 
 from unideploy.errors import InputError
+from unideploy.exporters.onnx_io import basic_optimized
 from unideploy.optimizers.base import OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.channel_groups import ChannelGroups, Group, find_groups, remove_channels
 from unideploy.optimizers.graph import REFIT_ROWS, first_rows, input_statistics, load_for_pruning, refit
@@ -67,7 +68,7 @@ def _importance(model: onnx.ModelProto, found: ChannelGroups, stats: dict[str, t
 def unprunable(found: ChannelGroups) -> str:
     """Why no channel of the model can be removed, for the refusal."""
     reasons = sorted({g.why_whole for g in found.whole() if g.why_whole})
-    if not found.groups:
+    if not any(g.producers for g in found.groups.values()):
         return "it has no convolution whose output channels the pass can cut (plain Conv with weights in the file)"
     shown = "; ".join(reasons[:SHOWN_REASONS]) + (f"; and {len(reasons) - SHOWN_REASONS} more" if len(reasons) > SHOWN_REASONS else "")
     return f"every group of coupled channels is read by something that needs all of them ({shown})"
@@ -82,7 +83,7 @@ class ChannelPruning(OptimizerPass):
         self.refit = refit
 
     def apply(self, model_path: Path, ctx: PassContext) -> PassResult:
-        model, original = load_for_pruning(model_path)
+        model, original = load_for_pruning(basic_optimized(model_path, ctx.workdir / "prune-channels-input.onnx"))
         found = find_groups(model)
         groups = {_label(g): g for g in found.prunable()}
         if not groups:
