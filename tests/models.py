@@ -53,6 +53,36 @@ class TokenClassifier(nn.Module):
         return self.head(pooled), pooled
 
 
+class SentenceEncoder(nn.Module):
+    """A BERT-style sentence encoder written the way MiniLM's exporter writes one: the attention
+    mask widened to [batch, 1, 1, seq] and turned into -10000 biases, scores scaled by a constant,
+    GELU through erf, post-LayerNorm, and mean pooling over the real tokens."""
+
+    def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 4, layers: int = 2, seq: int = 16) -> None:
+        super().__init__()
+        self.heads = heads
+        self.words, self.positions = nn.Embedding(vocab, dim), nn.Embedding(seq, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList(nn.ModuleDict({
+            "qkv": nn.Linear(dim, 3 * dim), "out": nn.Linear(dim, dim), "norm1": nn.LayerNorm(dim),
+            "up": nn.Linear(dim, 4 * dim), "down": nn.Linear(4 * dim, dim), "norm2": nn.LayerNorm(dim),
+        }) for _ in range(layers))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        batch, seq = input_ids.shape
+        positions = torch.arange(seq, device=input_ids.device).unsqueeze(0)
+        x = self.norm(self.words(input_ids) + self.positions(positions))
+        bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -10000.0
+        for layer in self.layers:
+            q, k, v = layer["qkv"](x).view(batch, seq, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+            scores = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5) + bias
+            context = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, seq, -1)
+            x = layer["norm1"](x + layer["out"](context))
+            x = layer["norm2"](x + layer["down"](nn.functional.gelu(layer["up"](x))))
+        mask = attention_mask.unsqueeze(-1).to(x.dtype)
+        return (x * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+
 class DataDependentLoop(nn.Module):
     """Branch on the data and loop a data-dependent number of times (needs torch.jit.script)."""
 

@@ -204,3 +204,45 @@ def test_shape_arithmetic_over_a_dynamic_batch_reaches_tflite_at_batch_1(tmp_pat
         assert "tflite-fp32" in [a.id for a in package.manifest.artifacts], package.manifest.omitted
         assert package.manifest.artifact("tflite-fp32").signature.inputs[0].shape == (1, 4)
         assert {c.artifact: c.status for c in verify_package(package)}["tflite-fp32"] == "passed"
+
+
+SENTENCES = ["the model runs on the phone", "a conversion must not change the outputs", "we ship the model to a server",
+             "the phone runs the model in real time", "outputs of the server match the phone",
+             "a model that runs on every device"]
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float((a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_attention_encoder_reaches_tflite_in_every_precision_and_its_bundle_verifies(tmp_path):
+    """A BERT-style encoder as MiniLM's exporter writes it (a mask turned into -10000 biases, a
+    constant score scale, erf GELU): onnx2tf converts it once ONNX Runtime has folded its constants;
+    full-integer int8 cannot run (LiteRT's integer Div refuses a divisor quantized to zero), so int8
+    falls back to dynamic range."""
+    from models import SentenceEncoder
+
+    vocabulary = {w: i + 2 for i, w in enumerate(sorted({w for s in SENTENCES for w in s.split()}))}
+    ids, mask = np.zeros((len(SENTENCES), 16), np.int64), np.zeros((len(SENTENCES), 16), np.int64)
+    for row, sentence in enumerate(SENTENCES):
+        tokens = [1] + [vocabulary[w] for w in sentence.split()]
+        ids[row, :len(tokens)], mask[row, :len(tokens)] = tokens, 1
+    torch.manual_seed(0)
+    traced = torch.jit.trace(SentenceEncoder().eval(), (torch.from_numpy(ids[:2]), torch.from_numpy(mask[:2])))
+    torch.jit.save(traced, str(tmp_path / "encoder.pt"))
+    np.savez(tmp_path / "sentences.npz", input_ids=ids, attention_mask=mask)
+    shapes = ["input_ids:1x16:int64", "attention_mask:1x16:int64"]
+    with unideploy.export(tmp_path / "encoder.pt", tmp_path / "edge", input_shapes=shapes, target="edge",
+                          edge_calibration=tmp_path / "sentences.npz") as package:
+        assert [a.id for a in package.manifest.artifacts if a.format == "tflite"] == \
+            ["tflite-fp32", "tflite-fp16", "tflite-int8"], package.manifest.omitted
+        assert package.manifest.validation["tflite-int8"]["quantization"].startswith("dynamic range")
+        for artifact, least in (("tflite-fp32", 0.9999), ("tflite-fp16", 0.999), ("tflite-int8", 0.99)):
+            for row in range(len(SENTENCES)):
+                feed = {"input_ids": ids[row:row + 1], "attention_mask": mask[row:row + 1]}
+                expected = unideploy.run(package, feed, artifact="onnx-fp32")["output"]
+                assert _cosine(unideploy.run(package, feed, artifact=artifact)["output"], expected) >= least, artifact
+    made = deploy("bundle", tmp_path / "edge", "--platform", "android", "-o", tmp_path / "encoder.zip")
+    assert made.returncode == 0, made.stderr
+    checked = deploy("verify", tmp_path / "encoder.zip")
+    assert checked.returncode == 0, checked.stdout + checked.stderr

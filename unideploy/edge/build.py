@@ -21,9 +21,12 @@ from typing import Callable
 
 import numpy as np
 
-from unideploy.edge.tflite import fixed_signature, onnx_to_saved_model, saved_model_to_tflite, tflite_signature
+from unideploy.edge.tflite import (
+    TFLITE_INT8, fixed_signature, onnx_to_saved_model, saved_model_to_tflite, tflite_signature,
+)
 from unideploy.errors import (
-    AccuracyBudgetError, ExportError, MissingDependencyError, RuntimeFailure, ValidationError, first_line,
+    AccuracyBudgetError, ExportError, MissingDependencyError, RuntimeFailure, UnideployError, ValidationError,
+    first_line,
 )
 from unideploy.exporters.onnx_io import copy_model
 from unideploy.package import Artifact, Package
@@ -129,13 +132,20 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
     omitted: list[dict[str, str]] = []
     guard = None  # (inputs, fp32 outputs, labels), loaded when the first non-exact artifact needs it
     signature = None  # the model's own signature (layout), known once fp32 is converted
-    for precision in ("fp32", "fp16") + (("int8",) if calibration else ()):
-        say(f"converting to TFLite ({precision}, {route})")
+    # int8: full integer from the calibration data; where that does not convert, run (LiteRT's
+    # integer Div refuses a divisor quantized to zero, as in attention's LayerNorm and pooling) or
+    # hold the budget, dynamic range (int8 weights, float activations), as ONNX Runtime's INT8 does
+    variants = [("fp32", "fp32"), ("fp16", "fp16")] + ([("int8", "int8"), ("int8", "int8-dynamic")] if calibration else [])
+    failed: dict[str, list[tuple[str, UnideployError]]] = {}
+    for precision, mode in variants:
+        if any(a.id == f"tflite-{precision}" for a, *_ in added):
+            continue
+        say(f"converting to TFLite ({mode}, {route})")
         try:
             data = None
-            if precision == "int8":
+            if mode == "int8":
                 data = _calibration_batches(calibration, manifest.signature, signature or manifest.signature)
-            path = saved_model_to_tflite(saved_model, precision, work, data)
+            path = saved_model_to_tflite(saved_model, mode, work, data)
             signature = tflite_signature(path, fixed or manifest.signature) or fixed
             with tflite(path, signature or manifest.signature) as runtime:
                 # an artifact made at one input size is proven on the samples of that size
@@ -144,7 +154,7 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
                     record = validate(run, fitting, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
                     require_passed(record, "the TFLite fp32 artifact")
                 else:
-                    say(f"judging TFLite {precision} against fp32")
+                    say(f"judging TFLite {mode} against fp32")
                     guard = guard or _guard_data(package, base, calibration, fitting)
                     accuracy = compare(guard[1], [run(b) for b in guard[0]], guard[2], "auto", DEFAULT_BUDGET_POINTS)
                     if not accuracy["within_budget"]:
@@ -153,17 +163,23 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
                                                   if precision == "int8" else "use tflite-fp32 on this model")
                     record = measured_tolerance_record(run, fitting, framework)
                     record["accuracy"] = accuracy
+                    if precision == "int8":
+                        record["quantization"] = TFLITE_INT8[mode]
         except (AccuracyBudgetError, ExportError, RuntimeFailure) as exc:
             if precision == "fp32":
                 raise
             # a reduced-precision variant that does not convert, run or hold the budget is left out
-            omitted.append({"artifact": f"tflite-{precision}", "stage": "edge", "reason": exc.message,
-                            "fix": exc.hint or "use tflite-fp32 on this model"})
-            say(f"left out tflite-{precision}: {exc.message}")
+            failed.setdefault(precision, []).append((mode, exc))
+            say(f"TFLite {mode} left out: {exc.message}")
             continue
         added.append((Artifact(f"tflite-{precision}", f"artifacts/model.{precision}.tflite", "tflite", precision,
                                "", 0, ["tflite"], derived_from=base.id if base else None, signature=signature,
                                targets=["edge"]), path, {}, record))
+    for precision, errors in failed.items():
+        if not any(a.id == f"tflite-{precision}" for a, *_ in added):
+            reasons = [f"{TFLITE_INT8[mode]}: {e.message}" if len(errors) > 1 else e.message for mode, e in errors]
+            omitted.append({"artifact": f"tflite-{precision}", "stage": "edge", "reason": "; ".join(reasons),
+                            "fix": errors[-1][1].hint or "use tflite-fp32 on this model"})
     return added, omitted
 
 

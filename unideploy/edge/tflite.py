@@ -121,9 +121,13 @@ def _scripts_on_path() -> Iterator[None]:
         os.environ["PATH"] = before
 
 
+TFLITE_INT8 = {"int8": "full integer, calibrated", "int8-dynamic": "dynamic range: int8 weights, float activations"}
+
+
 def saved_model_to_tflite(saved_model: Path, precision: str, workdir: Path,
                           calibration: list[dict[str, np.ndarray]] | None = None) -> Path:
-    """fp32, fp16 (weights) or int8 (needs ``calibration`` batches in the model's own layout)."""
+    """fp32, fp16 (weights), int8 (full integer: needs ``calibration`` batches in the model's own
+    layout) or int8-dynamic (int8 weights, activations quantized on the fly)."""
     with quiet():
         import tensorflow as tf
 
@@ -140,6 +144,8 @@ def saved_model_to_tflite(saved_model: Path, precision: str, workdir: Path,
             converter.optimizations = [tf.lite.Optimize.DEFAULT]
             converter.representative_dataset = representative
             converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        elif precision == "int8-dynamic":
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
         try:
             blob = converter.convert()
         except Exception as exc:
