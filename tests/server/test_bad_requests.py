@@ -162,3 +162,15 @@ def test_grpc_unknown_model_metadata(server):
         with pytest.raises(grpc.RpcError) as caught:
             stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="nope"), timeout=30)
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_grpc_oversized_request_gets_the_limit_and_the_option(small_limit_server):
+    """Just over --max-request-bytes, gRPC answers as REST does: the size, the limit, the option."""
+    request = _grpc_request(inputs=lambda r: r.raw_input_contents.append(b"\0" * (1024 * 1024 + 10)))
+    with grpc.insecure_channel(small_limit_server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request, timeout=30)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "exceeds the limit of 1048576 bytes (the server's --max-request-bytes)" in caught.value.details()
+        assert stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=30).ready

@@ -36,16 +36,17 @@ class Server:
         import grpc
         import uvicorn
 
-        from unideploy.server.grpc_service import add_servicer
+        from unideploy.server.grpc_service import TRANSPORT_SLACK, add_servicer
         from unideploy.server.rest import create_app
 
         started = time.perf_counter()
         cfg = self.config
         # Both ports are taken before any model loads: a busy port fails fast, with its name.
         http_socket = _listen(cfg.host, cfg.http_port, "--http-port")
-        grpc_server = grpc.aio.server(options=[("grpc.max_receive_message_length", cfg.max_request_bytes),
-                                               ("grpc.max_send_message_length", cfg.max_request_bytes)])
-        add_servicer(grpc_server, self.dataplane, cfg.inference_token, cfg.repository_token)
+        transport = cfg.max_request_bytes * TRANSPORT_SLACK
+        grpc_server = grpc.aio.server(options=[("grpc.max_receive_message_length", transport),
+                                               ("grpc.max_send_message_length", transport)])
+        add_servicer(grpc_server, self.dataplane, cfg.inference_token, cfg.repository_token, cfg.max_request_bytes)
         address = f"{cfg.host}:{cfg.grpc_port}"
         try:
             if cfg.tls_cert:

@@ -30,8 +30,15 @@ def _code(exc: UnideployError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+# gRPC's own receive limit sits this far above --max-request-bytes, so that a message just over the
+# limit reaches ModelInfer and gets the same message as REST instead of gRPC's generic one
+TRANSPORT_SLACK = 2
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlane, inference_token: str | None, repository_token: str | None) -> None:
+    def __init__(self, dataplane: DataPlane, inference_token: str | None, repository_token: str | None,
+                 max_request_bytes: int) -> None:
+        self.max_request_bytes = max_request_bytes
         self.dataplane = dataplane
         self.inference_token = inference_token
         self.repository_token = repository_token
@@ -88,6 +95,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ---------------------------------------------------------------------------
     async def ModelInfer(self, request, context):  # noqa: N802
+        size = request.ByteSize()
+        if size > self.max_request_bytes:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"request of {size} bytes exceeds the limit of {self.max_request_bytes} bytes "
+                                "(the server's --max-request-bytes)")
+
         async def work():
             inputs = _decode_inputs(request)
             requested = [o.name for o in request.outputs]
@@ -146,6 +159,6 @@ def _decode_inputs(request: Any) -> dict:
 
 
 def add_servicer(server: grpc.aio.Server, dataplane: DataPlane, inference_token: str | None,
-                 repository_token: str | None) -> None:
+                 repository_token: str | None, max_request_bytes: int) -> None:
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceServicer(dataplane, inference_token, repository_token), server)
+        InferenceServicer(dataplane, inference_token, repository_token, max_request_bytes), server)

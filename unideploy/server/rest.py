@@ -8,11 +8,12 @@ Outputs come back binary when the request asks (per output ``binary_data``, or
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import json
 from typing import Any, Awaitable, Callable
 
 import numpy as np
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -25,6 +26,7 @@ from unideploy.server.codec import BadRequest, NotFound, Unavailable
 from unideploy.server.dataplane import DataPlane
 
 HEADER_LENGTH = "inference-header-content-length"
+DECODE_INLINE_BYTES = 256 * 1024  # bodies above this are decoded on a worker thread
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -101,8 +103,11 @@ def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: st
     # -- inference ---------------------------------------------------------------------------
     async def infer(request: Request) -> Response:
         body = await read_body(request)
-        header, binary = _split_body(body, request.headers.get(HEADER_LENGTH))
-        inputs, requested, binary_outputs, request_id = _decode_request(header, binary)
+        length = request.headers.get(HEADER_LENGTH)
+        # a large JSON body takes milliseconds to decode: off the event loop, other requests go on
+        decoded = await asyncio.to_thread(_parse, body, length) if len(body) > DECODE_INLINE_BYTES \
+            else _parse(body, length)
+        inputs, requested, binary_outputs, request_id = decoded
         result = await dataplane.infer(request.path_params["model"], version_of(request), inputs,
                                        requested or None, request.headers, "rest")
         response: dict[str, Any] = {"model_name": result.model, "model_version": result.version, "outputs": []}
@@ -117,13 +122,14 @@ def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: st
                 blob = codec.to_bytes(array)
                 entry["parameters"] = {"binary_data_size": len(blob)}
                 blobs.append(blob)
-            else:
-                entry["data"] = array.reshape(-1).tolist()
+            else:  # orjson writes numeric arrays directly, without a Python list in between
+                flat = np.ascontiguousarray(array).reshape(-1)
+                entry["data"] = flat if flat.dtype.kind in "biuf" else flat.tolist()
             response["outputs"].append(entry)
         headers = {"x-unideploy-model-version": result.version}
         if result.variant:
             headers["x-unideploy-variant"] = result.variant
-        text = json.dumps(response).encode()
+        text = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
         if not blobs:
             return Response(text, media_type="application/json", headers=headers)
         headers["Inference-Header-Content-Length"] = str(len(text))
@@ -174,10 +180,14 @@ def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: st
     return Starlette(routes=routes)
 
 
+def _parse(body: bytes, header_length: str | None) -> tuple[dict[str, np.ndarray], list[str], Callable[[str], bool], Any]:
+    return _decode_request(*_split_body(body, header_length))
+
+
 def _json(raw: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:  # invalid UTF-8 included
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")
