@@ -161,3 +161,22 @@ def test_model_yaml_chooses_the_artifact_to_serve(digits, tmp_path):
         running.wait_for(serves_fp32, what="the fp32 artifact to serve")
     finally:
         stop_server(running)
+
+
+def test_version_folders_named_with_non_ascii_digits_are_not_versions(reload_server, digits):
+    """``²`` and ``١`` pass ``str.isdigit()``; as versions they stopped hot reload and collided with 1."""
+    root = reload_server.repo / "digits"
+    for name in ("²", "١"):
+        shutil.copytree(digits["package"], root / name)
+    zipped(digits["package"], root / "2.zip")
+    deadline = time.monotonic() + 30
+    with reload_server.client() as http:
+        while time.monotonic() < deadline:
+            index = http.post("/v2/repository/index", json={})
+            assert index.status_code == 200, index.text
+            versions = dict(sorted((e["version"], e["state"]) for e in index.json() if e["name"] == "digits"))
+            if versions.get("2") == "READY":  # hot reload went on (the latest version serves)
+                break
+            time.sleep(0.2)
+        assert list(versions) == ["1", "2"] and versions["2"] == "READY"
+        assert http.get("/v2/models/digits/versions/2/ready").status_code == 200

@@ -41,6 +41,9 @@ GRPC_CONTENTS = {
 }
 
 
+MAX_DIM = 2**31 - 1
+
+
 def numpy_dtype(datatype: Any, tensor: str) -> np.dtype:
     if not isinstance(datatype, str) or datatype not in V2_TO_NUMPY:
         raise BadRequest(f"input '{tensor}' has unsupported datatype {datatype!r}",
@@ -53,6 +56,8 @@ def check_shape(shape: Any, tensor: str) -> tuple[int, ...]:
         raise BadRequest(f"input '{tensor}' has an invalid shape {shape!r}", "shape is a list of non-negative integers")
     if any(d < 0 for d in shape):
         raise BadRequest(f"input '{tensor}' has a negative dimension in shape {list(shape)}")
+    if any(d > MAX_DIM for d in shape):  # the element count would overflow int64 on the way
+        raise BadRequest(f"input '{tensor}' has a dimension over {MAX_DIM} in shape {list(shape)}")
     return tuple(shape)
 
 

@@ -42,7 +42,7 @@ def _versions_on_disk(directory: Path) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for entry in directory.iterdir():
         name = entry.stem if entry.is_file() and entry.suffix == ".zip" else entry.name
-        if entry.name.startswith(".") or not name.isdigit():
+        if entry.name.startswith(".") or not (name.isascii() and name.isdigit()):  # not "²" or "١"
             continue  # model.yaml, routing.yaml, staging directories
         if entry.is_dir() or entry.suffix == ".zip":
             found[str(int(name))] = entry

@@ -233,8 +233,9 @@ def _decode_request(header: dict[str, Any], binary: bytes) -> tuple[dict[str, np
     if offset != len(binary):
         raise BadRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     outputs = header.get("outputs") or []
-    if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs):
-        raise BadRequest("'outputs' must be a list of objects with a 'name'")
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
+                                                and isinstance(o.get("parameters") or {}, dict) for o in outputs):
+        raise BadRequest("'outputs' must be a list of objects with a 'name' (and 'parameters', if any, an object)")
     params = header.get("parameters") or {}
     if not isinstance(params, dict):
         raise BadRequest("request parameters must be an object")

@@ -14,7 +14,9 @@ A request naming a version explicitly bypasses routing.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,6 +24,7 @@ from typing import Any, Mapping
 from unideploy.errors import InputError
 
 ROUTING_FILE = "routing.yaml"
+VARIANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,13 @@ class Routing:
         return out
 
 
+def _check_version(version: Any, where: str) -> None:
+    """A version is a folder name of ASCII digits, never a path."""
+    if isinstance(version, bool) or not (isinstance(version, int) and version >= 0
+                                         or isinstance(version, str) and version.isascii() and version.isdigit()):
+        raise InputError(f"{where}: version {version!r} must be a version number (a folder of ASCII digits)")
+
+
 def parse_routing(data: Any, where: str) -> Routing:
     """Validate a routing document (from routing.yaml or the API); InputError names the problem."""
     if not isinstance(data, dict) or not isinstance(data.get("variants"), list) or not data["variants"]:
@@ -76,12 +86,16 @@ def parse_routing(data: Any, where: str) -> Routing:
         if not isinstance(item, dict) or not {"name", "version", "weight"} <= set(item):
             raise InputError(f"{where}: each variant needs name, version and weight, got {item!r}")
         weight = item["weight"]
-        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight < 0:
+        if not isinstance(item["name"], str) or not VARIANT_NAME.fullmatch(item["name"]):
+            raise InputError(f"{where}: variant name {item['name']!r} must be 1-64 of A-Z a-z 0-9 . _ - "
+                             "(it travels in a response header)")
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not math.isfinite(weight) or weight < 0:
             raise InputError(f"{where}: variant '{item['name']}' has an invalid weight {weight!r}")
+        _check_version(item["version"], f"{where}: variant '{item['name']}'")
         if str(item["name"]) in names:
             raise InputError(f"{where}: variant name '{item['name']}' is used twice")
         names.add(str(item["name"]))
-        variants.append(Variant(str(item["name"]), str(item["version"]), float(weight)))
+        variants.append(Variant(item["name"], str(int(item["version"])), float(weight)))
     if sum(v.weight for v in variants) <= 0:
         raise InputError(f"{where}: variant weights add up to zero")
     unknown = set(data) - {"variants", "sticky_header", "shadow"}
@@ -90,10 +104,12 @@ def parse_routing(data: Any, where: str) -> Routing:
     shadow = data.get("shadow")
     if shadow is not None and (not isinstance(shadow, dict) or "version" not in shadow):
         raise InputError(f"{where}: shadow must be a mapping with a version")
+    if shadow is not None:
+        _check_version(shadow["version"], f"{where}: shadow")
     sticky = data.get("sticky_header")
     if sticky is not None and not isinstance(sticky, str):
         raise InputError(f"{where}: sticky_header must be a header name")
-    return Routing(tuple(variants), sticky, str(shadow["version"]) if shadow else None)
+    return Routing(tuple(variants), sticky, str(int(shadow["version"])) if shadow else None)
 
 
 def load_routing(model_dir: Path) -> Routing | None:
