@@ -172,3 +172,26 @@ def test_artifact_companion_files_are_checksummed_too(cnn_package):
     extra.write_text("ai.onnx;17;Conv,Relu,Evil\n")
     with pytest.raises(PackageError, match="'artifacts/required_operators.config'"):
         Package.open(cnn_package)
+
+
+def test_symlink_inside_a_directory_artifact_is_refused(cnn_package, tmp_path):
+    """A link inside a listed directory used to pass integrity and be read, served and copied."""
+    saved = cnn_package / "artifacts" / "saved"
+    saved.mkdir()
+    os.symlink(cnn_package / "artifacts" / "model.onnx", saved / "model.onnx")
+    with pytest.raises(PackageError, match="'artifacts/saved/model.onnx' is a symbolic link"):
+        Package.open(cnn_package)
+
+
+def test_zip_with_two_members_of_one_name_is_refused(cnn_package, tmp_path):
+    archive = _zip_dir(cnn_package, tmp_path / "twice.zip")
+    with zipfile.ZipFile(archive, "a") as zf, pytest.warns(UserWarning, match="Duplicate name"):
+        zf.writestr("manifest.json", "{}")
+    with pytest.raises(PackageError, match="two members named 'manifest.json'"):
+        Package.open(archive)
+
+
+def test_manifest_nested_beyond_reason_is_refused(cnn_package):
+    (cnn_package / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(PackageError, match="manifest.json is not valid JSON"):
+        Package.open(cnn_package)

@@ -85,9 +85,13 @@ def extract_zip(archive: Path, dest: Path, remedy: str) -> None:
     try:
         with zipfile.ZipFile(archive) as zf:
             members = zf.infolist()
-            total = 0
+            total, seen = 0, set()
             for info in members:
                 name = info.filename
+                if name in seen:  # extraction would keep the last one, unseen by any check of the first
+                    raise PackageError(f"zip has two members named '{name}'", "the archive is malicious or broken; "
+                                       "do not use it")
+                seen.add(name)
                 parts = PurePosixPath(name.replace("\\", "/")).parts
                 if name.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
                     raise PackageError(

@@ -167,8 +167,8 @@ class Manifest:
     def from_json(cls, text: str) -> "Manifest":
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PackageError(f"{MANIFEST_NAME} is not valid JSON: {exc}") from exc
+        except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested beyond any manifest
+            raise PackageError(f"{MANIFEST_NAME} is not valid JSON: {str(exc) or 'nested too deep'}") from exc
         check_schema(data)
         return cls(
             name=data["model"]["name"],

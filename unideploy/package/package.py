@@ -6,6 +6,7 @@ A package that opens can be trusted to be what its exporter wrote.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import zipfile
@@ -83,6 +84,13 @@ class Package:
         entries += [(f["path"], f["sha256"], f["size"]) for a in m.artifacts for f in a.files or ()]
         entries += [(s.path, s.sha256, s.size) for s in m.samples]
         accounted = {MANIFEST_NAME}
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            for name in dirnames + filenames:
+                if (Path(dirpath) / name).is_symlink():  # even one pointing inside: it could be swapped
+                    relpath = (Path(dirpath) / name).relative_to(self.root).as_posix()
+                    resolve_inside(self.root, relpath)  # one pointing outside is named as such
+                    raise PackageError(f"package file '{relpath}' is a symbolic link", "packages may not contain links; "
+                                       "export it again")
         for relpath, sha256, size in entries:
             path = resolve_inside(self.root, relpath)
             if not path.exists():
