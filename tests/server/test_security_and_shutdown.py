@@ -96,3 +96,31 @@ def test_logs_are_json_lines(server):
     entries = [json.loads(line) for line in lines]
     assert any("version 1 ready" in e["message"] for e in entries)
     assert all({"time", "level", "logger", "message"} <= set(e) for e in entries)
+
+
+def test_a_body_shorter_than_its_content_length_is_answered_408(repo, tmp_path):
+    """A client that stops sending used to hold its connection (and a SIGTERM'd server) forever."""
+    import socket
+    import time
+    from urllib.parse import urlparse
+
+    from serving import start_server, stop_server
+
+    config = tmp_path / "server.yaml"
+    config.write_text("body_timeout_s: 1\nmax_connections: 64\n")
+    running = start_server(repo, tmp_path, "--config", str(config))
+    try:
+        url = urlparse(running.http)
+        started = time.monotonic()
+        with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+            sock.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{\"inputs\": [")
+            answer = ""
+            while "did not arrive" not in answer and time.monotonic() - started < 8:
+                answer += sock.recv(4096).decode()
+        assert answer.startswith("HTTP/1.1 408") and "did not arrive within 1 s" in answer
+        assert time.monotonic() - started < 8
+        with running.client() as http:
+            assert http.get("/v2/health/ready").status_code == 200
+    finally:
+        stop_server(running)

@@ -60,9 +60,11 @@ class Server:
                              "choose another --grpc-port or stop what uses it") from exc
         await self.registry.sync()
         await grpc_server.start()
-        app = create_app(self.dataplane, cfg.max_request_bytes, cfg.inference_token, cfg.repository_token)
+        app = create_app(self.dataplane, cfg.max_request_bytes, cfg.inference_token, cfg.repository_token,
+                         cfg.body_timeout_s)
         http = uvicorn.Server(uvicorn.Config(
             app, host=cfg.host, port=cfg.http_port, log_level="warning", access_log=False, lifespan="off",
+            limit_concurrency=cfg.max_connections, timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
             log_config=None,  # uvicorn logs through our JSON handler
             ssl_certfile=str(cfg.tls_cert) if cfg.tls_cert else None,
             ssl_keyfile=str(cfg.tls_key) if cfg.tls_key else None))

@@ -33,6 +33,8 @@ class ServerConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     workers: int = 4  # threads running models
+    body_timeout_s: float = 30.0  # a REST body that has not fully arrived by then is answered 408
+    max_connections: int = 512  # REST connections at once (more are answered 503): stays below the usual 1,024 fds
 
     @classmethod
     def from_file(cls, path: Path, **overrides: Any) -> "ServerConfig":

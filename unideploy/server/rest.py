@@ -33,7 +33,13 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+class RequestTimeout(BadRequest):
+    """A client that stopped sending its body."""
+
+
 def _status(exc: UnideployError) -> int:
+    if isinstance(exc, RequestTimeout):
+        return 408
     if isinstance(exc, NotFound):
         return 404
     if isinstance(exc, Unavailable):
@@ -47,7 +53,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: str | None,
-               repository_token: str | None) -> Starlette:
+               repository_token: str | None, body_timeout_s: float = 30.0) -> Starlette:
     def guarded(handler: Handler, token: str | None) -> Handler:
         async def endpoint(request: Request) -> Response:
             if token is not None:
@@ -65,11 +71,15 @@ def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: st
         if declared is not None and (not declared.isdigit() or int(declared) > max_request_bytes):
             raise BadRequest(f"request body of {declared} bytes exceeds the limit of {max_request_bytes}")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_request_bytes:
-                raise BadRequest(f"request body exceeds the limit of {max_request_bytes} bytes")
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(body_timeout_s):  # a body shorter than its Content-Length waits no longer
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > max_request_bytes:
+                        raise BadRequest(f"request body exceeds the limit of {max_request_bytes} bytes")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise RequestTimeout(f"request body did not arrive within {body_timeout_s:g} s ({size} bytes came)") from None
         return b"".join(chunks)
 
     def version_of(request: Request) -> str | None:
