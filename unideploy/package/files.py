@@ -14,6 +14,9 @@ from unideploy.errors import PackageError
 _CHUNK = 1 << 20
 # A zip whose members claim more than this is refused before extraction (zip bombs).
 MAX_UNPACKED_BYTES = 16 * 1024**3
+MAX_MEMBERS = 10_000  # packages hold tens of files (a SavedModel directory included)
+# weights compress little (pruned ones about 4x): a zip unpacking past 1 GiB at over 100x its size is a bomb
+MAX_RATIO, BOMB_MIN_BYTES = 100, 1024**3
 
 
 def _hash_file(path: Path, digest: "hashlib._Hash") -> int:
@@ -103,6 +106,12 @@ def extract_zip(archive: Path, dest: Path, remedy: str) -> None:
                 total += info.file_size
             if total > MAX_UNPACKED_BYTES:
                 raise PackageError(f"zip '{archive}' would unpack to {total} bytes, over the limit")
+            if len(members) > MAX_MEMBERS:
+                raise PackageError(f"zip '{archive}' has {len(members)} members; a package has far fewer "
+                                   f"(at most {MAX_MEMBERS})", "the archive is malicious or broken; do not use it")
+            if total > BOMB_MIN_BYTES and total > MAX_RATIO * archive.stat().st_size:
+                raise PackageError(f"zip '{archive}' would unpack to {total} bytes, {total // archive.stat().st_size}x "
+                                   "its size (a zip bomb?)", "the archive is malicious or broken; do not use it")
             bad = zf.testzip()
             if bad is not None:
                 raise PackageError(f"zip member '{bad}' is corrupt (CRC mismatch)", f"the archive is damaged; {remedy}")
