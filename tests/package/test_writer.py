@@ -66,3 +66,23 @@ def test_manifest_that_breaks_the_schema_is_never_written(tmp_path):
             artifact = writer.add_artifact(blob, Artifact("bad id!", "artifacts/m.onnx", "onnx", "fp32", "", 0, []))
             writer.commit(_manifest(artifact, []))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blob.onnx"]
+
+
+@pytest.mark.parametrize("name", ["pkg", "pkg.zip"])
+def test_what_a_killed_writer_left_is_removed_by_the_next_one(tmp_path, name):
+    """kill -9 skips every cleanup: a staging folder whose process is gone goes when the next write
+    to that destination starts; one of a process still running stays."""
+    import os
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    out = tmp_path / "out"
+    out.mkdir()
+    stale, live = out / f".{name}.{dead_pid}-abc.partial", out / f".{name}.{os.getpid()}-def.partial"
+    for leftover in (stale, live):
+        leftover.mkdir()
+        (leftover / "manifest.json").write_text("{}")
+    _write(out / name, tmp_path)
+    assert sorted(p.name for p in out.iterdir()) == sorted([name, live.name])

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
+import re
+import shutil
 import stat
 import tempfile
 import zipfile
@@ -69,9 +72,32 @@ def all_files(root: Path) -> set[str]:
     return found
 
 
+def temp_prefix(parent: Path, prefix: str, suffix: str) -> str:
+    """The name prefix for a temporary file or directory of this process in ``parent`` (it carries
+    the process id), after removing those that processes no longer running left there: a kill -9
+    skips every cleanup, and staging folders or extracted zips would pile up."""
+    owned = re.compile(re.escape(prefix) + r"(\d+)-.*" + re.escape(suffix) + r"\Z")
+    for entry in map(Path, glob.glob(glob.escape(str(parent / prefix)) + "*")):
+        found = owned.match(entry.name)
+        if found and not _running(int(found.group(1))):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+    return f"{prefix}{os.getpid()}-"
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's process (or an id no process can have: leave it be)
+    return True
+
+
 def write_zip(directory: Path, dest: Path) -> None:
     """Zip every file under ``directory`` into ``dest``: written beside it, then renamed."""
-    fd, tmp_zip = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
+    fd, tmp_zip = tempfile.mkstemp(prefix=temp_prefix(dest.parent, f".{dest.name}.", ".partial"), suffix=".partial",
+                                   dir=dest.parent)
     os.close(fd)
     try:
         with zipfile.ZipFile(tmp_zip, "w", compression=zipfile.ZIP_DEFLATED) as zf:

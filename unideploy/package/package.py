@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import InputError, PackageError
-from unideploy.package.files import all_files, digest_path, extract_zip, listed_files, resolve_inside
+from unideploy.package.files import all_files, digest_path, extract_zip, listed_files, resolve_inside, temp_prefix
 from unideploy.package.manifest import MANIFEST_NAME, Artifact, Manifest, SampleSet
 
 
@@ -46,7 +46,7 @@ class Package:
         if origin.is_dir():
             return cls._open_root(origin, origin, None)
         if zipfile.is_zipfile(origin):
-            tempdir = Path(tempfile.mkdtemp(prefix="unideploy-pkg-"))
+            tempdir = Path(tempfile.mkdtemp(prefix=temp_prefix(Path(tempfile.gettempdir()), "unideploy-pkg-", "")))
             try:
                 root = _extract_zip(origin, tempdir)
                 return cls._open_root(root, origin, tempdir)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.package.files import digest_path, write_zip
+from unideploy.package.files import digest_path, temp_prefix, write_zip
 from unideploy.package.manifest import MANIFEST_NAME, Artifact, Manifest, SampleSet
 from unideploy.package.package import Package, samples_to_npz_dict
 
@@ -37,7 +37,8 @@ class PackageWriter:
         self.as_zip = self.dest.suffix.lower() == ".zip"
         check_destination(self.dest, overwrite)
         self.dest.parent.mkdir(parents=True, exist_ok=True)
-        self.staging = Path(tempfile.mkdtemp(prefix=f".{self.dest.name}.", suffix=".partial", dir=self.dest.parent))
+        prefix = temp_prefix(self.dest.parent, f".{self.dest.name}.", ".partial")
+        self.staging = Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=self.dest.parent))
 
     # -- staging -----------------------------------------------------------------------------
     def _target(self, relpath: str) -> Path:
