@@ -126,7 +126,10 @@ def test_edge_int8_that_breaks_top1_is_left_out_with_its_numbers(tmp_path):
     result = deploy("export", tmp_path / "ties.pt", "-o", tmp_path / "edge", "--input-shape", "x:1x16",
                     "--target", "edge", "--calibration", tmp_path / "calib.npz")
     assert result.returncode == 0, result.stderr
-    assert "left out tflite-int8 (edge): over the accuracy budget" in " ".join(result.stdout.split())
+    shown = " ".join(result.stdout.split())  # full integer over budget; dynamic range has nothing to quantize
+    assert "left out tflite-int8 (edge): full integer, calibrated: over the accuracy budget" in shown
+    assert "; dynamic range: int8 weights, float activations: dynamic range quantization left every weight in " \
+        "float" in shown
     with unideploy.open_package(tmp_path / "edge") as package:
         ids = [a.id for a in package.manifest.artifacts]
         assert "tflite-int8" not in ids and "tflite-fp32" in ids

@@ -179,7 +179,7 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
         if not any(a.id == f"tflite-{precision}" for a, *_ in added):
             reasons = [f"{TFLITE_INT8[mode]}: {e.message}" if len(errors) > 1 else e.message for mode, e in errors]
             omitted.append({"artifact": f"tflite-{precision}", "stage": "edge", "reason": "; ".join(reasons),
-                            "fix": errors[-1][1].hint or "use tflite-fp32 on this model"})
+                            "fix": errors[0][1].hint or "use tflite-fp32 on this model"})
     return added, omitted
 
 

@@ -150,9 +150,19 @@ def saved_model_to_tflite(saved_model: Path, precision: str, workdir: Path,
             blob = converter.convert()
         except Exception as exc:
             raise ExportError(f"TFLite conversion ({precision}) failed: {first_line(exc)}") from exc
+    if precision == "int8-dynamic" and not _has_int8_tensors(blob):
+        raise ExportError("dynamic range quantization left every weight in float (the converter skips "
+                          "weights of under 1,024 values)", "use tflite-fp32 or tflite-fp16 on this model")
     path = workdir / f"model.{precision}.tflite"
     path.write_bytes(blob)
     return path
+
+
+def _has_int8_tensors(blob: bytes) -> bool:
+    """Whether a converted model holds any int8 tensor (an "int8" artifact must)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    return any(t["dtype"] == np.int8 for t in Interpreter(model_content=blob).get_tensor_details())
 
 
 def fixed_signature(signature: Signature, sample: dict[str, np.ndarray], batch_too: bool = False) -> Signature | None:
