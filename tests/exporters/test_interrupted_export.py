@@ -17,6 +17,9 @@ def _interrupt_export(path, shapes, out_dir) -> tuple[int, str]:
         [sys.executable, "-m", "unideploy.cli.main", "export", str(path), "-o", str(out_dir / "pkg"),
          "--input-shape", shapes[0]],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # as a terminal starts it: an ignored SIGINT is inherited, and something earlier in the same
+        # pytest process (TensorFlow's converter, a server) may have left it ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 60
     while not any(out_dir.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
