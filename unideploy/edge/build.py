@@ -137,8 +137,9 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
     # hold the budget, dynamic range (int8 weights, float activations), as ONNX Runtime's INT8 does
     variants = [("fp32", "fp32"), ("fp16", "fp16")] + ([("int8", "int8"), ("int8", "int8-dynamic")] if calibration else [])
     failed: dict[str, list[tuple[str, UnideployError]]] = {}
+    made: set[str] = set()  # precisions added: the dynamic-range int8 runs only where full integer did not
     for precision, mode in variants:
-        if any(a.id == f"tflite-{precision}" for a, *_ in added):
+        if precision in made:
             continue
         say(f"converting to TFLite ({mode}, {route})")
         try:
@@ -175,8 +176,9 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
         added.append((Artifact(f"tflite-{precision}", f"artifacts/model.{precision}.tflite", "tflite", precision,
                                "", 0, ["tflite"], derived_from=base.id if base else None, signature=signature,
                                targets=["edge"]), path, {}, record))
+        made.add(precision)
     for precision, errors in failed.items():
-        if not any(a.id == f"tflite-{precision}" for a, *_ in added):
+        if precision not in made:
             reasons = [f"{TFLITE_INT8[mode]}: {e.message}" if len(errors) > 1 else e.message for mode, e in errors]
             omitted.append({"artifact": f"tflite-{precision}", "stage": "edge", "reason": "; ".join(reasons),
                             "fix": errors[0][1].hint or "use tflite-fp32 on this model"})

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from unideploy.optimizers.graph import Layer, attributes, consumers, get_array, initializers, linear_layers, set_array
 
@@ -35,6 +35,17 @@ ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum"}
 REDUCE = {"ReduceMean", "ReduceMax", "ReduceSum"}
 
 Layout = tuple[tuple[int, int], ...]  # ((group, channels), ...) along axis 1
+
+
+def width(layout: Layout) -> int:
+    """Channels along axis 1 of a tensor with this layout."""
+    return sum(count for _, count in layout)
+
+
+def _columns(indices: np.ndarray, per: int) -> np.ndarray:
+    """The matrix columns of the channels at ``indices``, each spanning ``per`` columns (a kernel's
+    taps, or the positions a Flatten lays out)."""
+    return (indices[:, None] * per + np.arange(per)[None, :]).ravel()
 
 
 @dataclass
@@ -120,7 +131,7 @@ class _Analysis:
         axis = 1 - (rank - value.ndim) if axis is None else axis
         if axis < 0 or value.shape[axis] == 1:
             return True  # broadcast over the channels
-        if name not in self.inits or value.shape[axis] != sum(c for _, c in layout) or len(self.readers[name]) > 1:
+        if name not in self.inits or value.shape[axis] != width(layout) or len(self.readers[name]) > 1:
             return False
         self.sliced.append((name, axis, layout))
         return True
@@ -218,8 +229,8 @@ class _Analysis:
     def _spatial_axes(self, node: onnx.NodeProto, rank: int) -> bool:
         """A reduction, Squeeze or Unsqueeze over axes after the channels (global pooling, an SE gate)."""
         axes = attributes(node).get("axes")
-        if axes is None and len(node.input) > 1 and node.input[1] in self.inits:
-            axes = numpy_helper.to_array(self.inits[node.input[1]]).tolist()
+        if axes is None and len(node.input) > 1 and (value := self.constant(node.input[1])) is not None:
+            axes = value.tolist()
         if node.op_type == "Unsqueeze":  # its axes count in the output's rank
             return bool(axes) and all(int(x) >= 2 for x in axes)
         return bool(axes) and all(int(x) % rank >= 2 for x in axes)
@@ -228,7 +239,7 @@ class _Analysis:
         """A depthwise Conv (one filter per channel) carries channels through: cut its filters."""
         if inputs[0] is None or node.input[1] not in self.inits or len(self.readers[node.input[1]]) > 1:
             return False
-        dims, channels = list(self.inits[node.input[1]].dims), sum(c for _, c in layout)
+        dims, channels = list(self.inits[node.input[1]].dims), width(layout)
         if not attributes(node).get("group", 1) == channels == dims[0] or dims[1] != 1:
             return False
         if len(node.input) > 2 and not self.slice_constant(node.input[2], 2, layout, 0):
@@ -296,29 +307,15 @@ class _Analysis:
         return True
 
     def constant(self, name: str) -> np.ndarray | None:
-        """The value of a tensor computed from constants alone (exporters write pads and shapes as
-        small Constant subgraphs), through ONNX's reference evaluator; None if it needs an input."""
-        if name in self.inits:
-            return numpy_helper.to_array(self.inits[name])
-        cone, pending = {}, [name]
-        while pending:
-            node = self.producers.get(pending.pop())
-            if node is None:
-                return None
-            if node.name not in cone:
-                cone[node.name] = node
-                pending += [t for t in node.input if t and t not in self.inits]
-        from onnx.reference import ReferenceEvaluator
-
-        ordered = [n for n in self.model.graph.node if n.name in cone]
-        graph = helper.make_graph(ordered, "constant", [], [onnx.ValueInfoProto(name=name)],
-                                  [self.inits[t] for n in ordered for t in n.input if t in self.inits])
-        model = helper.make_model(graph, opset_imports=self.model.opset_import)
-        return np.asarray(ReferenceEvaluator(model).run(None, {})[0])
+        """The value of a constant operand; None for a computed one. The model has been through
+        ``basic_optimized``, which folds exporters' small constant subgraphs (pads, shapes,
+        Constant nodes) into initializers."""
+        return numpy_helper.to_array(self.inits[name]) if name in self.inits else None
 
 
 def find_groups(model: onnx.ModelProto) -> ChannelGroups:
-    """Every group of coupled Conv output channels in ``model``, and what removing them touches."""
+    """Every group of coupled Conv output channels in ``model`` (after ``basic_optimized``, as the
+    pruning pass gives it), and what removing them touches."""
     return _Analysis(model).run()
 
 
@@ -359,14 +356,11 @@ def remove_channels(model: onnx.ModelProto, found: ChannelGroups, keep: dict[int
         kept = layout_keep(layout, keep, channels)
         matrix = layer.matrix(model)
         if layer.bias and layer.node.name in means:
-            per_channel = matrix.shape[1] // sum(c for _, c in layout)  # kernel taps, or features after a Flatten
             column_mean = np.repeat(means[layer.node.name], matrix.shape[1] // len(means[layer.node.name]))
-            dropped = np.setdiff1d(np.arange(sum(c for _, c in layout)), kept)
-            columns = (dropped[:, None] * per_channel + np.arange(per_channel)[None, :]).ravel()
+            columns = _columns(np.setdiff1d(np.arange(width(layout)), kept), matrix.shape[1] // width(layout))
             shift = matrix[:, columns].astype(np.float64) @ column_mean[columns]
             set_array(model, layer.bias, (get_array(model, layer.bias) + shift).astype(np.float32))
         if layer.kind == "conv":
             set_array(model, layer.weight, get_array(model, layer.weight)[:, kept])
         else:
-            features = (kept[:, None] * spatial + np.arange(spatial)[None, :]).ravel()
-            layer.store(model, matrix[:, features], None)
+            layer.store(model, matrix[:, _columns(kept, spatial)], None)

@@ -2,10 +2,11 @@
 
 The channels that must go together come from ``channel_groups.py``: a plain chain (``Conv -> BN
 -> act -> Conv``), a depthwise convolution in between, every block on a residual stream, a
-squeeze-and-excitation gate, the inputs of a Concat. Each group keeps the share of its channels
-with the largest filters (L1 norm of every producing Conv's filter, each Conv normalised by its
-mean, times BatchNormalization scales); the layers that read the group are then re-fitted by least
-squares to reproduce the original model's outputs from the channels left (``graph.refit``).
+squeeze-and-excitation gate, the inputs of a Concat. Each group keeps the channels that carry the
+largest share of the output of the layers reading them (``_importance``, measured on calibration
+rows), rounded to a multiple of 8; a removed channel's mean moves into its readers' biases, and
+the readers are then re-fitted by least squares to reproduce the original model's outputs from
+the channels left (``graph.refit``).
 
 When pruning every group is over the accuracy budget, the groups the model loses most to (each
 pruned alone, the output SQNR lost) are left whole until it fits, as the other pruning and INT8
@@ -113,14 +114,15 @@ class ChannelPruning(OptimizerPass):
         out = build([], refitted, "pruned-channels.onnx")
         refit_seconds = time.perf_counter() - started
         params = {"ratio": self.ratio, "refit": refitted, **_report(found, groups, keep, whole=[])}
-        if len(groups) > 1 and not ctx.judge(out)["within_budget"]:
-            out, searched = self._leave_whole(original, groups, build, refitted, refit_seconds, out, ctx)
+        if len(groups) > 1 and not (judged := ctx.judge(out))["within_budget"]:
+            out, searched = self._leave_whole(original, groups, build, refitted, refit_seconds, out,
+                                              judged["drop_points"], ctx)
             if searched:
                 params.update(_report(found, groups, keep, whole=searched.pop("whole")), **searched)
         return PassResult(path=out, params=params)
 
     def _leave_whole(self, original: onnx.ModelProto, groups: dict[str, Group], build, refitted: bool,
-                     refit_seconds: float, out: Path, ctx: PassContext) -> tuple[Path, dict]:
+                     refit_seconds: float, out: Path, all_groups: float, ctx: PassContext) -> tuple[Path, dict]:
         ctx.say(f"removing {self.ratio:.0%} of every group's channels is over the accuracy budget: "
                 "ranking the groups by sensitivity")
         reference = ctx.workdir / "prune-original.onnx"
@@ -134,7 +136,6 @@ class ChannelPruning(OptimizerPass):
                                  f"{self.ratio:.0%} channel pruning")
         if result.path is None:
             return out, {}
-        all_groups = ctx.judge(out)["drop_points"]
         loss = dict(ranked)
         return result.path, {
             "whole": result.restored,

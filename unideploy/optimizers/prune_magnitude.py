@@ -69,8 +69,9 @@ class MagnitudePruning(OptimizerPass):
         onnx.save(model, str(out))
         params = {"sparsity": self.sparsity, "scope": self.scope, "refit": refitted, "layers": len(layers),
                   "achieved_sparsity": _sparsity(masks, set())}
-        if len(layers) > 1 and not ctx.judge(out)["within_budget"]:
-            out, searched = self._leave_dense(original, layers, masks, refitted, refit_seconds, out, ctx)
+        if len(layers) > 1 and not (judged := ctx.judge(out))["within_budget"]:
+            out, searched = self._leave_dense(original, layers, masks, refitted, refit_seconds, out,
+                                              judged["drop_points"], ctx)
             params.update(searched)
         return PassResult(
             path=out, params=params,
@@ -78,7 +79,7 @@ class MagnitudePruning(OptimizerPass):
         )
 
     def _leave_dense(self, original: onnx.ModelProto, layers: list, masks: dict, refitted: bool,
-                     refit_seconds: float, out: Path, ctx: PassContext) -> tuple[Path, dict]:
+                     refit_seconds: float, out: Path, all_layers: float, ctx: PassContext) -> tuple[Path, dict]:
         """Restore the original weights of the layers pruning hurts most until the model fits."""
         ctx.say(f"pruning every layer to {self.sparsity:.0%} is over the accuracy budget: ranking layers by sensitivity")
         reference = ctx.workdir / "prune-original.onnx"
@@ -106,7 +107,6 @@ class MagnitudePruning(OptimizerPass):
                                  f"{self.sparsity:.0%} pruning")
         if result.path is None:
             return out, {}
-        all_layers = ctx.judge(out)["drop_points"]
         achieved = _sparsity(masks, set(result.restored))
         loss = dict(ranked)
         return result.path, {

@@ -6,7 +6,6 @@ A package that opens can be trusted to be what its exporter wrote.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import zipfile
@@ -84,13 +83,12 @@ class Package:
         entries += [(f["path"], f["sha256"], f["size"]) for a in m.artifacts for f in a.files or ()]
         entries += [(s.path, s.sha256, s.size) for s in m.samples]
         accounted = {MANIFEST_NAME}
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            for name in dirnames + filenames:
-                if (Path(dirpath) / name).is_symlink():  # even one pointing inside: it could be swapped
-                    relpath = (Path(dirpath) / name).relative_to(self.root).as_posix()
-                    resolve_inside(self.root, relpath)  # one pointing outside is named as such
-                    raise PackageError(f"package file '{relpath}' is a symbolic link", "packages may not contain links; "
-                                       "export it again")
+        present = all_files(self.root)  # files, and every link (to a file or a directory)
+        for relpath in sorted(present):
+            if (self.root / relpath).is_symlink():  # even one pointing inside: it could be swapped
+                resolve_inside(self.root, relpath)  # one pointing outside is named as such
+                raise PackageError(f"package file '{relpath}' is a symbolic link", "packages may not contain links; "
+                                   "export it again")
         for relpath, sha256, size in entries:
             path = resolve_inside(self.root, relpath)
             if not path.exists():
@@ -108,7 +106,7 @@ class Package:
                     "the package is corrupt or tampered with; export it again",
                 )
             accounted |= listed_files(self.root, relpath)
-        for name in sorted(all_files(self.root) - accounted):
+        for name in sorted(present - accounted):
             raise PackageError(
                 f"package contains '{name}', which the manifest does not list",
                 "a package must hold only what its manifest checksums; remove the file or re-export",

@@ -7,6 +7,7 @@ REST JSON, REST binary (``Inference-Header-Content-Length``) and gRPC (``content
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -56,7 +57,7 @@ def check_shape(shape: Any, tensor: str) -> tuple[int, ...]:
         raise BadRequest(f"input '{tensor}' has an invalid shape {shape!r}", "shape is a list of non-negative integers")
     if any(d < 0 for d in shape):
         raise BadRequest(f"input '{tensor}' has a negative dimension in shape {list(shape)}")
-    if any(d > MAX_DIM for d in shape):  # the element count would overflow int64 on the way
+    if any(d > MAX_DIM for d in shape):  # no real tensor has one: say so, before any arithmetic on it
         raise BadRequest(f"input '{tensor}' has a dimension over {MAX_DIM} in shape {list(shape)}")
     return tuple(shape)
 
@@ -72,7 +73,7 @@ def from_json_data(data: Any, datatype: str, shape: Sequence[int], tensor: str) 
         raise BadRequest(f"input '{tensor}' is BOOL but its data holds {flat.dtype.name} values")
     if dtype.kind in "iu" and flat.dtype.kind == "f":
         raise BadRequest(f"input '{tensor}' is {datatype} but its data holds fractional numbers")
-    expected = int(np.prod(shape)) if shape else 1
+    expected = math.prod(shape)  # Python ints: no int64 wrap-around to a count that happens to match
     if flat.size != expected:
         raise BadRequest(f"input '{tensor}' has {flat.size} values, but shape {list(shape)} needs {expected}")
     return flat.astype(dtype, copy=False).reshape(shape)
@@ -81,7 +82,7 @@ def from_json_data(data: Any, datatype: str, shape: Sequence[int], tensor: str) 
 def from_bytes(raw: bytes, datatype: str, shape: Sequence[int], tensor: str) -> np.ndarray:
     """Raw little-endian row-major bytes (binary extension, raw_input_contents) to an array."""
     dtype = numpy_dtype(datatype, tensor).newbyteorder("<")
-    expected = (int(np.prod(shape)) if shape else 1) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize
     if len(raw) != expected:
         raise BadRequest(f"input '{tensor}' has {len(raw)} bytes of data, but {datatype} {list(shape)} needs {expected}")
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
