@@ -236,8 +236,8 @@ def optimization(package: Package, record: dict[str, Any]) -> None:
         if "convolutions" in params:
             _channel_report(params)
         restored = params.get("fp32_layers") or params.get("dense_layers") or params.get("whole_groups")
-        if restored and "ranked_layers" in search:
-            names = [layer["node"] for layer in restored]
+        names = [layer["node"] for layer in restored or [] if "sqnr_loss_db" in layer]  # those the search kept
+        if names and "ranked_layers" in search:
             out.print(f"  left {len(names)} of {search['ranked_layers']} {search.get('units', 'layers')} "
                       f"{search['restored_as']}, the most sensitive first: {escape(_some(names))}")
             out.print(f"  their cost: {search['cost']}")

@@ -182,11 +182,11 @@ def settle_outputs(signature: Signature, references: Sequence[tuple[Mapping[str,
 
     A dynamic output dim whose size followed an input dim in every run takes that dim's name; one
     whose size never changed while the inputs' dynamic dims did is static. With one run (nothing
-    varied) the declared dims stand.
+    varied) the declared dims stand, unless the model declared another rank than it computes
+    (ddddocr's recognizer declares [1, seqlen] and returns [seq, batch, classes]): then the runs
+    say every dim.
     """
     varied = _input_dims_that_varied(signature, [inputs for inputs, _ in references])
-    if not varied:
-        return signature
     input_sizes = [_bound_sizes(signature.inputs, inputs) for inputs, _ in references]
     axes_of: dict[int, set[str]] = {}
     for t in signature.inputs:
@@ -195,24 +195,26 @@ def settle_outputs(signature: Signature, references: Sequence[tuple[Mapping[str,
     outputs = []
     for spec in signature.outputs:
         seen = [np.shape(outputs_[spec.name]) for _, outputs_ in references if spec.name in outputs_]
-        if not seen or any(len(s) != len(spec.shape) for s in seen):
+        ranks = {len(s) for s in seen}
+        declared_dims: Sequence[Dim | None] = spec.shape
+        if len(ranks) == 1 and ranks != {len(spec.shape)}:
+            declared_dims = [None] * ranks.pop()
+        elif not seen or len(ranks) != 1 or not varied:
             outputs.append(spec)
             continue
         dims: list[Dim] = []
-        for axis, declared in enumerate(spec.shape):
+        for axis, declared in enumerate(declared_dims):
             sizes = [s[axis] for s in seen]
             follows = [d for d in varied if all(b.get(d) == n for b, n in zip(input_sizes, sizes))]
             if isinstance(declared, int) and set(sizes) == {declared}:
                 dims.append(declared)
-            elif isinstance(declared, int):  # the model declared a size its runs do not have
-                dims.append(follows[0] if follows else _safe(f"{spec.name}_dim{axis}"))
             elif follows:  # several (height and width varied alike): the one on the same axis
                 same_axis = [d for d in follows if d in axes_of.get(axis, ())]
                 dims.append(declared if declared in follows else (same_axis or follows)[0])
             elif len(set(sizes)) == 1 and declared not in varied:
                 dims.append(int(sizes[0]))
-            else:
-                dims.append(declared)
+            else:  # a size of the model's own, or one that changed with no input dim
+                dims.append(declared if isinstance(declared, str) else _safe(f"{spec.name}_dim{axis}"))
         outputs.append(TensorSpec(spec.name, spec.dtype, tuple(dims), spec.layout))
     return Signature(signature.inputs, tuple(outputs))
 

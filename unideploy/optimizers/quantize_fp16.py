@@ -9,11 +9,17 @@ variances near 1e8, and some layers produce activations in the tens of thousands
 in fp32 (with casts around them): those with a weight out of fp16's range, and those whose inputs
 or outputs on the calibration rows come within a factor of two of it. Operators on already
 quantized tensors (an ORT-quantized LSTM, DynamicQuantizeLinear) stay in fp32 as well.
+
+Range is not the only way half precision fails: its 11-bit mantissa loses a small value added to a
+large one, and some layers (a detector's probability map, a recurrent OCR head) amplify such
+rounding beyond the budget. When the model is over budget, the layers that lose most to fp16 are
+found and kept in fp32 by the same search as INT8's (``sensitivity.py``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -23,7 +29,7 @@ from unideploy.errors import ExportError, first_line
 from unideploy.optimizers.base import Batch, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import consumers, intermediate_tensors, name_nodes
 from unideploy.optimizers.quantize_int8 import INT8_OPS
-from unideploy.optimizers.sensitivity import comparison_rows
+from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search
 from unideploy.quiet import quiet
 
 FP16_MAX = 65504.0
@@ -79,8 +85,6 @@ class Fp16Conversion(OptimizerPass):
     stage = "quantize"
 
     def apply(self, model_path: Path, ctx: PassContext) -> PassResult:
-        from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
-
         model = name_nodes(onnx.load(str(model_path)))
         named = ctx.workdir / "fp16-source.onnx"
         onnx.save(model, str(named))
@@ -93,17 +97,59 @@ class Fp16Conversion(OptimizerPass):
             raise ExportError(f"the fp32 model's activations could not be measured for FP16: {first_line(exc)}") from exc
         ctx.say("converting weights and compute to FP16" + (f" ({len(in_fp32)} layer(s) stay fp32: out of fp16's range)"
                                                            if in_fp32 else ""))
-        try:
-            converted = convert_float_to_float16(model, keep_io_types=True, node_block_list=list(in_fp32),
-                                                 op_block_list=DEFAULT_OP_BLOCK_LIST + QUANTIZED_INPUT_OPS)
-        except Exception as exc:
-            raise ExportError(f"FP16 conversion failed: {first_line(exc)}") from exc
-        _skip_fp16_round_trips(converted, set(in_fp32))
-        out = ctx.workdir / "fp16.onnx"
-        onnx.save(converted, str(out))
+        out = _convert(model, list(in_fp32), ctx.workdir / "fp16.onnx")
+        fp32_layers: list[dict[str, Any]] = [{"node": n, "why": why} for n, why in in_fp32.items()]
+        params: dict[str, Any] = {"keep_io_types": True}
+        if not ctx.judge(out)["within_budget"]:
+            out, searched = _search(model, named, out, list(in_fp32), rows, ctx)
+            fp32_layers += searched.pop("fp32_layers")
+            params.update(searched)
         return PassResult(
-            path=out, precision="fp16", targets=["gpu", "edge"],
-            params={"keep_io_types": True, "fp32_layers": [{"node": n, "why": why} for n, why in in_fp32.items()]},
+            path=out, precision="fp16", targets=["gpu", "edge"], params={**params, "fp32_layers": fp32_layers},
             notes=["on CPU, FP16 halves the size but does not run faster (ONNX Runtime computes it in fp32); "
                    "it is meant for GPU and mobile runtimes"],
         )
+
+
+def _convert(model: onnx.ModelProto, in_fp32: list[str], out: Path) -> Path:
+    """``model`` in fp16 but for the nodes ``in_fp32`` (and the operators on quantized tensors)."""
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    converted = onnx.ModelProto()
+    converted.CopyFrom(model)  # the converter changes the model it is given, and the search converts it again
+    try:
+        converted = convert_float_to_float16(converted, keep_io_types=True, node_block_list=in_fp32,
+                                             op_block_list=DEFAULT_OP_BLOCK_LIST + QUANTIZED_INPUT_OPS)
+    except Exception as exc:
+        raise ExportError(f"FP16 conversion failed: {first_line(exc)}") from exc
+    _skip_fp16_round_trips(converted, set(in_fp32))
+    onnx.save(converted, str(out))
+    return out
+
+
+def _search(model: onnx.ModelProto, source: Path, converted: Path, in_range: list[str], rows: Batch,
+            ctx: PassContext) -> tuple[Path, dict[str, Any]]:
+    """Keep the layers that lose most to fp16 in fp32 until the model fits the budget."""
+    ctx.say("FP16 is over the accuracy budget: ranking layers by their loss in half precision")
+    try:
+        with quiet():
+            ranked = [(n, loss) for n, loss in rank_layers(source, converted, rows, ctx.workdir, None)
+                      if n not in in_range]
+    except Exception as exc:  # the search is an improvement; without it the guard judges the plain model
+        ctx.say(f"sensitivity ranking skipped: {first_line(exc)}")
+        return converted, {"fp32_layers": [], "search": {"skipped": first_line(exc)}}
+    result = search([name for name, _ in ranked], lambda kept: _convert(
+        model, in_range + kept, ctx.workdir / f"fp16-fp32x{len(kept)}.onnx"), ctx.judge, ctx.say, "FP16")
+    if result.path is None:
+        return converted, {"fp32_layers": [], "search": {"skipped": "one layer, nothing to search"}}
+    loss = dict(ranked)
+    size = result.path.stat().st_size / source.stat().st_size
+    all_fp16 = ctx.judge(converted)["drop_points"]
+    return result.path, {
+        "fp32_layers": [{"node": n, "why": f"loses {loss[n]:.1f} dB of SQNR in fp16", "sqnr_loss_db": round(loss[n], 2)}
+                        for n in result.restored],
+        "search": {"ranked_layers": len(ranked), "restored_as": "in fp32", "within_budget": result.within_budget,
+                   "trials": result.trials, "size_ratio": round(size, 3), "drop_points_all_fp16": all_fp16,
+                   "cost": f"all layers in FP16 dropped {all_fp16:.2f} points; with them in fp32, "
+                           f"{size:.0%} of the fp32 size"},
+    }

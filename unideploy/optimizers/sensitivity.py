@@ -1,5 +1,5 @@
 """Accuracy-driven optimization: leave the layers an optimization hurts most as they were, until
-the accuracy budget holds. INT8 keeps them in fp32; pruning leaves them dense.
+the accuracy budget holds. INT8 and FP16 keep them in fp32; pruning leaves them dense.
 
 The error an optimization adds to a real network rarely comes from one place; it builds up layer
 by layer, and a few layers (a projection without an activation after it, the stem convolution,
@@ -9,7 +9,7 @@ give, for every tensor, its signal-to-noise ratio (SQNR) against the original. A
 *sensitivity* is the SQNR it loses: the worst SQNR of its inputs minus the SQNR of its output
 (after the Relu/Clip it feeds, which QDQ folds into it). INT8 layers lose it to their int8
 weights, and a Concat or an Add of inputs with different ranges when its output is requantized to
-the widest of them; pruned layers lose it to the weights they no longer have.
+the widest of them; FP16 layers lose it to half precision's rounding; pruned layers lose it to the weights they no longer have.
 
 The search then restores the most sensitive layers, 1, 2, 4, 8, ... of them, each candidate
 judged by the same accuracy guard as the final model, and narrows the count down by bisection, so
@@ -20,10 +20,12 @@ give little (an "INT8" model mostly in fp32, a "pruned" model mostly dense).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import onnx
 
 from unideploy.optimizers.base import Batch, PassContext
@@ -35,6 +37,7 @@ MAX_TRIALS = 10
 PRUNING_TRIALS = 6  # each pruning candidate may need a re-fit
 SEARCH_REFIT_SECONDS = 240.0  # re-fitting every pruning candidate when that takes at most this long
 EXACT_DB = 80.0  # an SQNR above this is as good as exact (float rounding), not worth telling apart
+TINY = 1e-30
 
 
 @dataclass
@@ -51,6 +54,20 @@ def comparison_rows(ctx: PassContext) -> Batch:
     return rows if ctx.fixed_batch is not None else {k: v[:SENSITIVITY_ROWS] for k, v in rows.items()}
 
 
+def sqnr_db(expected: list[np.ndarray], got: list[np.ndarray]) -> float:
+    """Signal-to-noise ratio of ``got`` against ``expected`` in dB, at most ``EXACT_DB``. In float64:
+    an fp16 tensor's norm overflows half precision; a value that became inf or NaN is all noise."""
+    want = np.concatenate([np.asarray(a, np.float64).ravel() for a in expected])
+    have = np.concatenate([np.asarray(a, np.float64).ravel() for a in got])
+    noise = float(np.linalg.norm(want - have))
+    if not np.isfinite(noise):
+        return -EXACT_DB
+    signal = float(np.linalg.norm(want))
+    if noise <= TINY * max(signal, 1.0):
+        return EXACT_DB
+    return min(20 * math.log10(max(signal, TINY) / noise), EXACT_DB)
+
+
 def rank_layers(original: Path, optimized: Path, rows: Batch, workdir: Path,
                 op_types: list[str] | tuple[str, ...] | None) -> list[tuple[str, float]]:
     """Nodes of ``original`` of the optimized ``op_types`` (None: all), most sensitive first, with
@@ -59,11 +76,10 @@ def rank_layers(original: Path, optimized: Path, rows: Batch, workdir: Path,
 
     after, before = intermediate_tensors(optimized, rows, workdir), intermediate_tensors(original, rows, workdir)
     # a QDQ model's tensors are matched to the original's through their Q/DQ pairs; others by name
-    errors = debug.compute_activation_error(debug.create_activation_matching(after, before))
+    errors = debug.compute_activation_error(debug.create_activation_matching(after, before), err_func=sqnr_db)
     sqnr = {name: e["xmodel_err"] for name, e in errors.items() if e.get("xmodel_err") is not None}
     for name in (before.keys() & after.keys()) - sqnr.keys():
-        sqnr[name] = debug.compute_signal_to_quantization_noice_ratio(before[name], after[name])
-    sqnr = {name: min(value, EXACT_DB) for name, value in sqnr.items()}
+        sqnr[name] = sqnr_db(before[name], after[name])
 
     graph = onnx.load(str(original), load_external_data=False).graph
     readers = consumers(graph)
@@ -85,8 +101,6 @@ def rank_alone(original: Path, units: list[str], build_alone: Callable[[str], Pa
     """``units`` most sensitive first, each with the output SQNR (dB) the model loses when only
     that unit is optimized. For optimizations that change tensor shapes (removing channels), whose
     tensors cannot be matched to the original's one by one."""
-    from onnxruntime.quantization.qdq_loss_debug import compute_signal_to_quantization_noice_ratio as sqnr
-
     from unideploy.optimizers.measure import timing_session
 
     expected = timing_session(str(original)).run(None, rows)
@@ -95,7 +109,7 @@ def rank_alone(original: Path, units: list[str], build_alone: Callable[[str], Pa
         path = build_alone(unit)
         got = timing_session(str(path)).run(None, rows)
         path.unlink()
-        worst = min(min(sqnr([e], [g]), EXACT_DB) for e, g in zip(expected, got))
+        worst = min(sqnr_db([e], [g]) for e, g in zip(expected, got))
         losses.append((unit, EXACT_DB - worst))
     return sorted(losses, key=lambda item: -item[1])
 
