@@ -49,7 +49,7 @@ def _measure(package_path: Path, sample: dict[str, np.ndarray], batch_sizes: tup
             cls = RUNTIMES.get(artifact.runtimes[0])
             # spin off: runtimes taking turns must not slow each other down (see timing_session)
             runtimes[artifact.id] = cls(package.path_of(artifact), manifest.signature_of(artifact),
-                                        RuntimeOptions(device="cpu", spin=False))
+                                        RuntimeOptions(device="cpu", spin="never"))
         console.log(f"timing {', '.join(runtimes)} at batch sizes {batch_sizes}")
         timings = interleaved_latency({k: _Timed(r) for k, r in runtimes.items()}, sample, batch_sizes,
                                       rounds=7, max_seconds=6.0)

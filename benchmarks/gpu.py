@@ -62,7 +62,7 @@ def _measure(package_path: Path, sample: dict[str, np.ndarray], work: Path,
         m = package.manifest
         onnx = package.path_of("onnx-fp32")
         engines: dict[str, Runtime] = {"ort-cpu": RUNTIMES.get("onnxruntime")(onnx, m.signature, RuntimeOptions(
-            device="cpu", spin=False))}
+            device="cpu", spin="never"))}
         if has_cuda:
             engines["ort-cuda"] = RUNTIMES.get("onnxruntime")(onnx, m.signature, RuntimeOptions(device="gpu"))
         for artifact in (a for a in m.artifacts if a.format == "tensorrt"):

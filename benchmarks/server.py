@@ -3,9 +3,11 @@
 Models: a ResNet-18-shaped CNN at 1x3x224x224 and MiniLM-L6 (batch 1, seq 128), both exported
 through unideploy. For each: p50/p99 latency and throughput at concurrency 1 and 8, in process
 and over REST binary, REST JSON and gRPC (tritonclient, the clients users run), plus the server's
-cold start and memory. Needs the bench and serve extras (`make bench` runs it).
+cold start and memory. The server runs under its default policy and under the one it replaced
+(``POLICIES``); ``--blocks`` repeats everything, interleaved, so the spread shows the noise. Needs
+the bench and serve extras (`make bench` runs it).
 
-    python benchmarks/server.py [--seconds S] [--markdown]
+    python benchmarks/server.py [--seconds S] [--blocks N] [--markdown]
 """
 
 from __future__ import annotations
@@ -110,9 +112,42 @@ def in_process_rss(packages: list[Path]) -> float:
     return int(out.stdout.strip()) / 1024
 
 
+# Server configurations compared in the same run (model.yaml settings): the default, and the
+# policy it replaced (no spinning at all, requests waiting up to 2 ms for others to join them).
+DEFAULT_POLICY = "default"
+POLICIES = {DEFAULT_POLICY: {}, "no-spin+2ms": {"spin": "never", "max_queue_delay_ms": 2}}
+
+
+def per_thread(factory: Callable[[], Callable[[], Any]], count: int) -> Callable[[], Any]:
+    """A callable that gives each calling thread a client of its own."""
+    callables = iter([factory() for _ in range(count)])
+    local = threading.local()
+
+    def call() -> Any:
+        if not hasattr(local, "fn"):
+            local.fn = next(callables)
+        return local.fn()
+    return call
+
+
+def in_process_rows(repo: Path, model: str, inputs: dict[str, np.ndarray], block: int, seconds: float) -> list[dict]:
+    from unideploy.runtimes.selection import open_runtime
+
+    rows = []
+    with unideploy.open_package(repo / model / "1") as pkg:
+        _, engine = open_runtime(pkg)  # in-process default: threads spin, as a lone caller's should
+        for c in CONCURRENCY:
+            console.log(f"block {block}: {model}, in-process, concurrency {c}")
+            rows.append({"block": block, "server": "", "model": model, "path": "in-process", "concurrency": c,
+                         **drive(lambda: engine.run(inputs), c, seconds)})
+        engine.close()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=6.0, help="per measurement")
+    parser.add_argument("--blocks", type=int, default=1, help="repeat every measurement, interleaved")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="unideploy-serve-bench-"))
@@ -123,44 +158,33 @@ def main() -> None:
         unideploy.export(cnn_pt, repo / "cnn" / "1", input_shapes=["x:1x3x224x224"]).close()
         minilm_pt, arrays = minilm_torchscript(work, count=8)
         unideploy.export(minilm_pt, repo / "minilm" / "1", example_inputs={k: v[:2] for k, v in arrays.items()}).close()
-        for model in ("cnn", "minilm"):
-            (repo / model / "model.yaml").write_text(yaml.safe_dump({"max_batch_size": 8, "max_queue_delay_ms": 2}))
         inputs = {"cnn": {"x": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)},
                   "minilm": {k: np.ascontiguousarray(v[:1]) for k, v in arrays.items()}}
-
-        started = time.perf_counter()
-        server = start_server(repo, work, env={"MALLOC_ARENA_MAX": "2"})  # as docker/Dockerfile sets it
-        cold_start = time.perf_counter() - started
-        rows = []
-        try:
+        cold_start = server_rss = peak_rss = float("nan")
+        rows: list[dict] = []
+        for block in range(1, args.blocks + 1):  # the spread between blocks is the machine's noise
             for model in ("cnn", "minilm"):
-                with unideploy.open_package(repo / model / "1") as pkg:
-                    from unideploy.runtimes.selection import open_runtime
-
-                    _, engine = open_runtime(pkg)
-                    for c in CONCURRENCY:
-                        console.log(f"{model}: in-process, concurrency {c}")
-                        rows.append({"model": model, "path": "in-process", "concurrency": c,
-                                     **drive(lambda e=engine, x=inputs[model]: e.run(x), c, args.seconds)})
-                    engine.close()
-                for name, factory in clients(server, model, inputs[model]).items():
-                    if name == "rest-json" and model == "cnn":
-                        # steady-state memory, before 150k-float JSON bodies leave their high-water mark
-                        server_rss = rss_mb(server.process.pid)
-                    for c in CONCURRENCY:
-                        console.log(f"{model}: {name}, concurrency {c}")
-                        callables = iter([factory() for _ in range(c)])
-                        per_thread = threading.local()
-
-                        def call(callables=callables, per_thread=per_thread):
-                            if not hasattr(per_thread, "fn"):
-                                per_thread.fn = next(callables)
-                            return per_thread.fn()
-
-                        rows.append({"model": model, "path": name, "concurrency": c, **drive(call, c, args.seconds)})
-            peak_rss = rss_mb(server.process.pid)
-        finally:
-            stop_server(server)
+                rows += in_process_rows(repo, model, inputs[model], block, args.seconds)
+            for policy, settings in POLICIES.items():
+                for model in ("cnn", "minilm"):
+                    (repo / model / "model.yaml").write_text(yaml.safe_dump({"max_batch_size": 8, **settings}))
+                first = policy == DEFAULT_POLICY and block == 1
+                started = time.perf_counter()
+                server = start_server(repo, work, env={"MALLOC_ARENA_MAX": "2"})  # as docker/Dockerfile sets it
+                try:
+                    cold_start = time.perf_counter() - started if first else cold_start
+                    for model in ("cnn", "minilm"):
+                        for name, factory in clients(server, model, inputs[model]).items():
+                            if first and name == "rest-json" and model == "cnn":
+                                # steady-state memory, before 150k-float JSON bodies leave their high-water mark
+                                server_rss = rss_mb(server.process.pid)
+                            for c in CONCURRENCY:
+                                console.log(f"block {block}, {policy}: {model}, {name}, concurrency {c}")
+                                rows.append({"block": block, "server": policy, "model": model, "path": name,
+                                             "concurrency": c, **drive(per_thread(factory, c), c, args.seconds)})
+                    peak_rss = rss_mb(server.process.pid) if first else peak_rss
+                finally:
+                    stop_server(server)
         baseline_rss = in_process_rss([repo / "cnn" / "1", repo / "minilm" / "1"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -169,25 +193,28 @@ def main() -> None:
 
 def report(rows: list[dict], cold_start: float, server_rss: float, peak_rss: float, baseline_rss: float,
            markdown: bool) -> None:
-    def find(model: str, path: str, c: int) -> dict:
-        return next(r for r in rows if r["model"] == model and r["path"] == path and r["concurrency"] == c)
+    def find(model: str, path: str, c: int, block: int, server: str = "") -> dict:
+        return next(r for r in rows if (r["model"], r["path"], r["concurrency"], r["block"], r["server"])
+                    == (model, path, c, block, server))
 
-    lines = ["| model | path | concurrency | p50 ms | p99 ms | throughput /s | p50 vs in-process |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| block | server | model | path | concurrency | p50 ms | p99 ms | throughput /s | p50 vs in-process |",
+             "|---:|---|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        base = find(r["model"], "in-process", r["concurrency"])["p50_ms"]
-        lines.append(f"| {r['model']} | {r['path']} | {r['concurrency']} | {r['p50_ms']} | {r['p99_ms']} | "
-                     f"{r['throughput']} | {r['p50_ms'] / base:.2f}x |")
-    single = find("cnn", "in-process", 1)
-    targets = [
-        ("gRPC p50 within 1.15x of in-process (CNN, concurrency 1)", find("cnn", "grpc", 1)["p50_ms"] / single["p50_ms"]),
-        ("REST binary p50 within 1.15x of in-process (CNN, concurrency 1)",
-         find("cnn", "rest-binary", 1)["p50_ms"] / single["p50_ms"]),
-    ]
-    results = [(name, ratio <= 1.15, f"{ratio:.3f}x") for name, ratio in targets]
-    best8 = max(find("cnn", p, 8)["throughput"] for p in ("rest-binary", "grpc"))
-    results.append(("throughput at concurrency 8 >= in-process single-stream (CNN)", best8 >= single["throughput"],
-                    f"{best8} vs {single['throughput']} /s"))
+        base = find(r["model"], "in-process", r["concurrency"], r["block"])["p50_ms"]
+        lines.append(f"| {r['block']} | {r['server'] or '-'} | {r['model']} | {r['path']} | {r['concurrency']} | "
+                     f"{r['p50_ms']} | {r['p99_ms']} | {r['throughput']} | {r['p50_ms'] / base:.2f}x |")
+    results = []
+    for block in sorted({r["block"] for r in rows}):
+        single = find("cnn", "in-process", 1, block)
+        for path, label in (("grpc", "gRPC"), ("rest-binary", "REST binary")):
+            ratio = find("cnn", path, 1, block, DEFAULT_POLICY)["p50_ms"] / single["p50_ms"]
+            results.append((f"block {block}: {label} p50 within 1.15x of in-process (CNN, concurrency 1)",
+                            ratio <= 1.15, f"{ratio:.3f}x"))
+        for model in ("cnn", "minilm"):
+            single = find(model, "in-process", 1, block)
+            best8 = max(find(model, p, 8, block, DEFAULT_POLICY)["throughput"] for p in ("rest-binary", "grpc"))
+            results.append((f"block {block}: throughput at concurrency 8 >= in-process single-stream ({model})",
+                            best8 >= single["throughput"], f"{best8} vs {single['throughput']} /s"))
     results.append(("cold start to ready < 2 s", cold_start < 2.0, f"{cold_start:.2f} s"))
     results.append(("server RSS < in-process RSS + 100 MB", server_rss < baseline_rss + 100,
                     f"{server_rss:.0f} MB vs {baseline_rss:.0f} MB in process; {peak_rss:.0f} MB after the "

@@ -26,6 +26,26 @@ def test_runs_and_describes_itself(engine):
     assert engine.describe()["providers"] == ["CPUExecutionProvider"]
 
 
+@pytest.mark.parametrize("spin, entries", [
+    ("always", {}),
+    ("run", {"session.force_spinning_stop": "1"}),  # spin within a run, sleep between runs
+    ("never", {"session.intra_op.allow_spinning": "0"}),
+])
+def test_spin_policy_reaches_the_session(cnn_package, spin, entries):
+    with Package.open(cnn_package) as pkg:
+        _, runtime = open_runtime(pkg, options=RuntimeOptions(spin=spin, threads=1))
+        options = runtime.session.get_session_options()
+        assert options.intra_op_num_threads == 1
+        for key in ("session.force_spinning_stop", "session.intra_op.allow_spinning"):
+            if key in entries:
+                assert options.get_session_config_entry(key) == entries[key]
+            else:  # left at ONNX Runtime's default (spinning allowed, not stopped after a run)
+                with pytest.raises(RuntimeError, match="does not have configuration"):
+                    options.get_session_config_entry(key)
+        assert runtime.run({"x": np.zeros((1, 1, 8, 8), np.float32)})["output"].shape == (1, 10)
+        runtime.close()
+
+
 @pytest.mark.parametrize("inputs, message", [
     ({"y": np.zeros((1, 1, 8, 8), np.float32)}, "unknown input\\(s\\) 'y'.*expects: x"),
     ({}, "missing input\\(s\\) 'x'"),

@@ -53,6 +53,35 @@ def test_requests_queued_during_a_run_are_merged_and_split_back():
         assert result.batch_rows == 6
 
 
+def test_without_a_delay_only_requests_that_queued_while_busy_are_merged():
+    """The default (max_queue_delay_ms 0): a request never waits for others; those that arrived
+    while the model was running go together as the next call."""
+    release = threading.Event()
+    calls: list[int] = []
+
+    def run(inputs):
+        calls.append(inputs["x"].shape[0])
+        if len(calls) == 1:
+            release.wait(30)
+        return {"y": inputs["x"]}
+
+    async def scenario():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = DynamicBatcher(run, pool, max_batch_size=8, max_delay_s=0.0)
+            first = asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}))
+            await asyncio.sleep(0.05)
+            queued = [asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)})) for _ in range(3)]
+            await asyncio.sleep(0.05)
+            release.set()
+            await asyncio.gather(first, *queued)
+            later = await batcher.submit({"x": np.zeros((1, 1), np.float32)})  # idle again: runs alone, at once
+            batcher.close()
+            return later.batch_rows
+
+    assert asyncio.run(scenario()) == 1
+    assert calls == [1, 3, 1]
+
+
 def test_requests_with_other_shapes_are_not_merged():
     calls: list[tuple] = []
 

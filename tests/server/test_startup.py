@@ -61,8 +61,17 @@ def test_version_policies(tmp_path, policy, expected):
     assert settings.select(["1", "2", "3", "4"]) == expected and settings.max_batch_size == 4
 
 
+def test_model_yaml_sets_spinning_threads_and_delay(tmp_path):
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"spin": "always", "threads": 1, "max_queue_delay_ms": 3}))
+    settings = model_settings(tmp_path)
+    assert (settings.spin, settings.threads, settings.max_queue_delay_ms) == ("always", 1, 3.0)
+    # without a model.yaml: spin within runs only; merge only requests that queued while the model was busy
+    assert (ModelSettings().spin, ModelSettings().threads, ModelSettings().max_queue_delay_ms) == ("run", None, 0.0)
+
+
 @pytest.mark.parametrize("document", [{"version_policy": {"newest": 1}}, {"version_policy": {"latest": 0}},
-                                      {"version_policy": "latest"}, {"max_batch_size": "many"}, ["not", "a", "map"]])
+                                      {"version_policy": "latest"}, {"max_batch_size": "many"}, ["not", "a", "map"],
+                                      {"spin": "sometimes"}, {"threads": 0}, {"max_queue_delay_ms": -1}])
 def test_bad_model_yaml_is_explained(tmp_path, document):
     (tmp_path / "model.yaml").write_text(yaml.safe_dump(document))
     with pytest.raises(InputError, match="model.yaml"):

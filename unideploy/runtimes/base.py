@@ -22,12 +22,17 @@ from unideploy.signature import Signature
 class RuntimeOptions:
     device: str = "auto"  # "auto", "cpu" or "gpu"
     threads: int | None = None  # intra-op threads; None lets the engine decide
-    # Worker threads busy-wait after a run for lower latency on the next one. Off where the CPU is
-    # shared with other work (a server's network threads, several models): there it costs more.
-    spin: bool = True
+    # When intra-op worker threads busy-wait for work instead of sleeping: "always" (lowest latency
+    # for one caller running back to back), "run" (within a run, where the waits between parallel
+    # sections are short, but not between runs: a server's network threads need the cores then),
+    # "never" (runtimes taking turns on shared cores, as benchmarks and comparisons do).
+    spin: str = "always"
     # Where engines built for this GPU are kept (TensorRT, and ONNX Runtime's TensorRT provider);
     # None: $UNIDEPLOY_ENGINE_CACHE, else ~/.cache/unideploy/engines.
     engine_cache: Path | None = None
+
+
+SPIN_POLICIES = ("always", "run", "never")
 
 
 class Runtime(ABC):

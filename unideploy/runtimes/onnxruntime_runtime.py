@@ -110,8 +110,10 @@ class OnnxRuntime(Runtime):
         session_options = ort.SessionOptions()
         if self.options.threads:
             session_options.intra_op_num_threads = self.options.threads
-        if not self.options.spin:
+        if self.options.spin == "never":
             session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        elif self.options.spin == "run":
+            session_options.add_session_config_entry("session.force_spinning_stop", "1")
         session_options.log_severity_level = 3  # errors only; our own messages say what went wrong
         self.spec = EngineSpec.load(self.path) if is_engine_spec(self.path) else None
         if self.spec is not None:

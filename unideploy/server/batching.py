@@ -1,8 +1,9 @@
 """Dynamic batching: requests that arrive close together share one runtime call.
 
-Requests that queued while the previous batch ran are merged at once; a batch waits up to
-``max_delay_s`` for more only when there is concurrent traffic (others were already queued), so
-a lone request never pays the delay. Up to ``max_batch_size`` rows are merged along the batch
+When the model is idle a request runs at once. Requests that queued while the previous batch ran
+are merged at once; with ``max_delay_s`` above 0 (the default is 0) a batch also waits that long
+for more, but only when there is concurrent traffic (others were already queued), so a lone
+request never pays the delay. Up to ``max_batch_size`` rows are merged along the batch
 axis (only requests whose other dimensions agree) and the outputs are split back by rows. The
 runtime call runs in a worker thread, never on the event loop.
 """

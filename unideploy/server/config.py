@@ -4,9 +4,13 @@ Per model, ``REPO/<model>/model.yaml`` may set::
 
     version_policy: {latest: 2}        # or {all: true}, or {specific: [1, 3]}; default latest 1
     max_batch_size: 32                 # dynamic batching: rows merged into one runtime call
-    max_queue_delay_ms: 2              # how long a request may wait for others to join it
+    max_queue_delay_ms: 0              # how long a request may wait for others to join it; 0:
+                                       # only requests that queued while the model was busy merge
     artifact: onnx-int8                # which artifact of each package to serve (default: the
                                        # first one this machine can run, i.e. the fp32 ONNX one)
+    spin: run                          # ONNX Runtime's worker threads busy-wait within a run only
+                                       # (default); always: between runs too; never
+    threads: 2                         # intra-op threads per run (default: one per core)
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from unideploy.errors import InputError
+from unideploy.runtimes.base import SPIN_POLICIES
 
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
@@ -58,8 +63,10 @@ class ModelSettings:
     latest: int = 1
     specific: tuple[str, ...] = ()
     max_batch_size: int = 32
-    max_queue_delay_ms: float = 2.0
+    max_queue_delay_ms: float = 0.0
     artifact: str | None = None
+    spin: str = "run"  # measured on 2 cores: docs/server.md, "Threads and spinning"
+    threads: int | None = None
 
     def select(self, versions: list[str]) -> list[str]:
         """The versions to serve, given those on disk (sorted oldest first)."""
@@ -97,11 +104,17 @@ def model_settings(model_dir: Path) -> ModelSettings:
             latest=int(value) if kind == "latest" else 1,
             specific=tuple(str(v) for v in value) if kind == "specific" else (),
             max_batch_size=int(data.get("max_batch_size", 32)),
-            max_queue_delay_ms=float(data.get("max_queue_delay_ms", 2.0)),
+            max_queue_delay_ms=float(data.get("max_queue_delay_ms", 0.0)),
             artifact=str(data["artifact"]) if data.get("artifact") is not None else None,
+            spin=str(data.get("spin", "run")),
+            threads=int(data["threads"]) if data.get("threads") is not None else None,
         )
         if kind not in ("latest", "all", "specific") or settings.latest < 1 or settings.max_batch_size < 1:
             raise ValueError(f"bad version_policy {policy!r} or max_batch_size")
+        if settings.spin not in SPIN_POLICIES:
+            raise ValueError(f"spin must be one of {', '.join(SPIN_POLICIES)}, not {settings.spin!r}")
+        if settings.threads is not None and settings.threads < 1 or settings.max_queue_delay_ms < 0:
+            raise ValueError("threads must be at least 1 and max_queue_delay_ms at least 0")
     except (TypeError, ValueError) as exc:
         raise InputError(f"{path}: {exc}") from exc
     return settings

@@ -31,6 +31,7 @@ class InferResult:
     version: str
     variant: str | None
     outputs: dict[str, np.ndarray]
+    received: float  # perf_counter when decoding the request began: the server's total time counts from it
 
 
 class DataPlane:
@@ -89,9 +90,12 @@ class DataPlane:
 
     # -- inference ---------------------------------------------------------------------------
     async def infer(self, name: str, version: str | None, inputs: dict[str, np.ndarray],
-                    requested: list[str] | None, headers: Mapping[str, str], protocol: str) -> InferResult:
+                    requested: list[str] | None, headers: Mapping[str, str], protocol: str,
+                    decode_s: float = 0.0) -> InferResult:
+        """Run a decoded request (``decode_s``: the seconds its protocol took to decode it). The
+        protocol calls ``encoded`` once the response is encoded, which records the total."""
         try:
-            result = await self._infer(name, version, inputs, requested, headers, protocol)
+            result = await self._infer(name, version, inputs, requested, headers, protocol, decode_s)
         except InputError as exc:
             self.metrics.failures.labels(name, protocol, type(exc).__name__).inc()
             raise
@@ -101,7 +105,8 @@ class DataPlane:
         return result
 
     async def _infer(self, name: str, version: str | None, inputs: dict[str, np.ndarray],
-                     requested: list[str] | None, headers: Mapping[str, str], protocol: str) -> InferResult:
+                     requested: list[str] | None, headers: Mapping[str, str], protocol: str,
+                     decode_s: float) -> InferResult:
         start = time.perf_counter()
         variant = None
         model = self.registry.models.get(name)
@@ -120,12 +125,18 @@ class DataPlane:
             outputs = {k: outputs[k] for k in requested}
         labels = (name, served.version, variant or "")
         self.metrics.requests.labels(*labels, protocol).inc()
+        self.metrics.latency.labels(*labels, "decode").observe(decode_s)
         self.metrics.latency.labels(*labels, "queue").observe(queue_s)
         self.metrics.latency.labels(*labels, "compute").observe(compute_s)
-        self.metrics.latency.labels(*labels, "total").observe(time.perf_counter() - start)
         if variant is not None and model.routing.shadow_version:  # routed (not a named version): copy it
             self._shadow(name, model.routing.shadow_version, arrays)
-        return InferResult(name, served.version, variant, outputs)
+        return InferResult(name, served.version, variant, outputs, start - decode_s)
+
+    def encoded(self, result: InferResult, encode_s: float) -> None:
+        """Record the encoding of a response, and the request's total time in the server."""
+        labels = (result.model, result.version, result.variant or "")
+        self.metrics.latency.labels(*labels, "encode").observe(encode_s)
+        self.metrics.latency.labels(*labels, "total").observe(time.perf_counter() - result.received)
 
     async def _run(self, served: ServedVersion, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, float]:
         served.in_flight += 1

@@ -8,6 +8,7 @@ outputs always go back as ``raw_output_contents``, which is all ``tritonclient.g
 from __future__ import annotations
 
 import hmac
+import time
 from typing import Any, Awaitable, Callable
 
 import grpc
@@ -102,17 +103,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                                 "(the server's --max-request-bytes)")
 
         async def work():
+            decoding = time.perf_counter()
             inputs = _decode_inputs(request)
             requested = [o.name for o in request.outputs]
             headers = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
             result = await self.dataplane.infer(request.model_name, request.model_version or None, inputs,
-                                                requested or None, headers, "grpc")
+                                                requested or None, headers, "grpc", time.perf_counter() - decoding)
+            encoding = time.perf_counter()
             response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request.id)
             if result.variant:
                 response.parameters["variant"].string_param = result.variant
             for name, array in result.outputs.items():
                 response.outputs.add(name=name, datatype=codec.v2_datatype(array), shape=list(array.shape))
                 response.raw_output_contents.append(codec.to_bytes(array))
+            self.dataplane.encoded(result, time.perf_counter() - encoding)
             return response
         return await self._call(context, self.inference_token, work)
 

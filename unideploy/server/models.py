@@ -170,9 +170,9 @@ class ModelRegistry:
     def _open(src: VersionSource, settings: ModelSettings) -> ServedVersion:
         package = Package.open(src.path)
         try:
-            # no spinning: the event loop and network threads need the cores between requests. No
-            # target: a GPU machine serves a package's TensorRT artifact, any other its ONNX one.
-            _, runtime = open_runtime(package, settings.artifact, options=RuntimeOptions(device="auto", spin=False))
+            # No target: a GPU machine serves a package's TensorRT artifact, any other its ONNX one.
+            options = RuntimeOptions(device="auto", spin=settings.spin, threads=settings.threads)
+            _, runtime = open_runtime(package, settings.artifact, options=options)
             sample = package.reference_samples()[0].inputs
             runtime.run(sample)  # warm-up: first inference pays for allocations
         except BaseException:

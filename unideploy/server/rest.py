@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import time
 from typing import Any, Awaitable, Callable
 
 import numpy as np
@@ -114,12 +115,14 @@ def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: st
     async def infer(request: Request) -> Response:
         body = await read_body(request)
         length = request.headers.get(HEADER_LENGTH)
+        decoding = time.perf_counter()
         # a large JSON body takes milliseconds to decode: off the event loop, other requests go on
         decoded = await asyncio.to_thread(_parse, body, length) if len(body) > DECODE_INLINE_BYTES \
             else _parse(body, length)
         inputs, requested, binary_outputs, request_id = decoded
         result = await dataplane.infer(request.path_params["model"], version_of(request), inputs,
-                                       requested or None, request.headers, "rest")
+                                       requested or None, request.headers, "rest", time.perf_counter() - decoding)
+        encoding = time.perf_counter()
         response: dict[str, Any] = {"model_name": result.model, "model_version": result.version, "outputs": []}
         if request_id is not None:
             response["id"] = request_id
@@ -140,10 +143,11 @@ def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: st
         if result.variant:
             headers["x-unideploy-variant"] = result.variant
         text = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
-        if not blobs:
-            return Response(text, media_type="application/json", headers=headers)
-        headers["Inference-Header-Content-Length"] = str(len(text))
-        return Response(text + b"".join(blobs), media_type="application/octet-stream", headers=headers)
+        if blobs:
+            headers["Inference-Header-Content-Length"] = str(len(text))
+            text += b"".join(blobs)
+        dataplane.encoded(result, time.perf_counter() - encoding)
+        return Response(text, media_type="application/octet-stream" if blobs else "application/json", headers=headers)
 
     # -- repository and routing --------------------------------------------------------------
     async def repository_index(request: Request) -> Response:

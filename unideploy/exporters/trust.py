@@ -1,0 +1,120 @@
+"""Untrusted source models: the operations in a model that reach outside it when it runs.
+
+Exporting runs the source framework on the model (conversion traces it; validation runs it on the
+reference samples). A model file is code: a TorchScript ``forward`` can map, read and write files
+(``aten::from_file``, ``aten::save``), a SavedModel graph can (ReadFile, WriteFile, MatchingFiles)
+or call back into Python (PyFunc), and a Keras Lambda layer is Python bytecode stored in the file.
+Each exporter lists what its model holds of these before running it (loading TorchScript or a
+SavedModel's graph runs nothing), and the export stops with that list unless the user passed
+``--trust-source``. The threat model and what the scan does not cover: docs/security.md.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any, Iterable
+
+from unideploy.errors import InputError
+
+# TorchScript operators that touch the file system, or call Python (which can do anything)
+TORCHSCRIPT_OPS = {
+    "aten::from_file": "maps or reads a file",
+    "aten::save": "writes a file",
+    "debugprims::load_tensor": "reads a file",
+    "prim::PythonOp": "calls Python code",
+}
+# TensorFlow operators that touch the file system or call Python; a SavedModel's own variable
+# saving and restoring (SaveV2, RestoreV2) and its asset tables are part of the format, not flagged.
+TENSORFLOW_OPS = {
+    "ReadFile": "reads a file",
+    "WriteFile": "writes a file",
+    "MatchingFiles": "lists files",
+    "ImmutableConst": "maps a file into memory",
+    "PyFunc": "calls Python code",
+    "PyFuncStateless": "calls Python code",
+    "EagerPyFunc": "calls Python code",
+}
+KERAS_LAYERS = {"Lambda": "runs Python bytecode stored in the file"}
+
+
+def check(findings: Iterable[str], src: Path, trusted: bool) -> None:
+    """Stop the export when the model holds operations that reach outside it, unless trusted."""
+    found = sorted(set(findings))
+    if found and not trusted:
+        raise InputError(
+            f"'{src.name}' contains operations that reach outside the model when it runs: {'; '.join(found)}; "
+            "exporting runs the model, so nothing was run",
+            "export it only if you trust where it came from, with --trust-source (see docs/security.md)",
+        )
+
+
+def _described(kinds: Iterable[str], table: dict[str, str], where: str) -> list[str]:
+    return [f"{kind} ({table[kind]}) in {where}" for kind in kinds if kind in table]
+
+
+def torchscript_findings(module: Any) -> list[str]:
+    """Flagged operators in every method of a loaded TorchScript module and its submodules."""
+    findings = []
+    for prefix, submodule in module.named_modules():
+        for method in submodule._c._method_names():
+            graph = submodule._c._get_method(method).graph
+            kinds = {node.kind() for node in graph.nodes()} | {
+                inner.kind() for node in graph.nodes() for block in node.blocks() for inner in _nodes(block)}
+            findings += _described(kinds, TORCHSCRIPT_OPS, f"{prefix + '.' if prefix else ''}{method}()")
+    return findings
+
+
+def _nodes(block: Any) -> Iterable[Any]:
+    """The nodes of a TorchScript block, with those of the blocks nested in them (if, loop)."""
+    for node in block.nodes():
+        yield node
+        for inner in node.blocks():
+            yield from _nodes(inner)
+
+
+def program_findings(program: Any) -> list[str]:
+    """Flagged operators in a torch.export program (its graph holds ATen operators only)."""
+    kinds = set()
+    for node in program.graph_module.graph.nodes:
+        if node.op == "call_function":
+            schema = getattr(node.target, "_schema", None)
+            kinds.add(schema.name if schema is not None else "prim::PythonOp")
+    return _described(kinds, TORCHSCRIPT_OPS, "the program's graph")
+
+
+def savedmodel_findings(src: Path) -> list[str]:
+    """Flagged operators in a SavedModel's graphs and functions, read from saved_model.pb."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((src / "saved_model.pb").read_bytes())
+    findings = []
+    for meta in saved.meta_graphs:
+        findings += _described({n.op for n in meta.graph_def.node}, TENSORFLOW_OPS, "the graph")
+        for function in meta.graph_def.library.function:
+            findings += _described({n.op for n in function.node_def}, TENSORFLOW_OPS,
+                                   f"function {function.signature.name}")
+    return findings
+
+
+def keras_findings(src: Path) -> list[str]:
+    """Flagged layers in a ``.keras`` file's config.json (nested models included)."""
+    with zipfile.ZipFile(src) as archive:
+        config = json.loads(archive.read("config.json"))
+    findings = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            if value.get("class_name") in KERAS_LAYERS:
+                name = (value.get("config") or {}).get("name", "?")
+                findings.extend(_described([value["class_name"]], KERAS_LAYERS, f"layer '{name}'"))
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(config)
+    return findings
