@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def export(src: str | Path, output: str | Path, *, input_shapes: Sequence[str] = (),
            example_inputs: Mapping[str, np.ndarray] | str | None = None, static_shapes: bool = False,
            opset: int | None = None, signature: str | None = None, optimization: "OptimizeRequest | None" = None,
-           keep_native_only: bool = False, **kwargs: Any) -> Package:
+           keep_native_only: bool = False, trust_source: bool = False, **kwargs: Any) -> Package:
     """Export a model file to a verified package (optimized too, if asked) and return it opened.
 
     ``kwargs`` are those of :func:`unideploy.exporters.export.export` (name, version, exporter,
@@ -36,6 +36,7 @@ def export(src: str | Path, output: str | Path, *, input_shapes: Sequence[str] =
         opset=opset,
         signature=signature,
         native_only=keep_native_only,
+        trust_source=trust_source,
     )
     return Package.open(export_package(src, output, options=options, optimization=optimization, **kwargs))
 

@@ -50,6 +50,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         opset=args.opset,
         signature=args.signature,
         native_only=args.keep_native_only,
+        trust_source=args.trust_source,
     )
     request = _optimize_request(args)
     gpu_options = (args.trt_precision, args.trt_profile, args.trt_workspace)

@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-native-only", action="store_true",
                    help="package a MindIR model as its native artifact alone, without ONNX (for operators "
                         "the translator does not cover; runs on MindSpore / MindSpore Lite)")
+    p.add_argument("--trust-source", action="store_true",
+                   help="export a model that holds operations reaching outside it (files, Python code: "
+                        "TorchScript aten::from_file, TensorFlow ReadFile/PyFunc, Keras Lambda); see docs/security.md")
     p.add_argument("--opset", type=int, help="ONNX opset for TorchScript exports (default: 17)")
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"absolute tolerance (default: {DEFAULT_ATOL})")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default: {DEFAULT_RTOL})")

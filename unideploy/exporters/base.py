@@ -28,6 +28,7 @@ class ExportOptions:
     opset: int | None = None
     signature: str | None = None  # SavedModel signature to export (default: serving_default)
     native_only: bool = False  # package the source's native artifact alone, without ONNX (MindIR)
+    trust_source: bool = False  # run a model that holds file-system or Python-calling operations (trust.py)
 
 
 @dataclass

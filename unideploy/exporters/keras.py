@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import InputError, first_line
+from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
 from unideploy.exporters.onnx_io import rename_values
 from unideploy.exporters.savedmodel import SavedModelExporter
@@ -35,11 +36,12 @@ class KerasExporter(Exporter):
 
         if options.signature:
             raise InputError("--signature applies to SavedModel directories; a .keras file has one serving function")
+        trust.check(trust.keras_findings(src), src, options.trust_source)
         with quiet():
             import keras
 
-            try:
-                model = keras.saving.load_model(str(src), compile=False)
+            try:  # safe mode refuses Lambda layers' bytecode; the user vouched for it with --trust-source
+                model = keras.saving.load_model(str(src), compile=False, safe_mode=not options.trust_source)
             except Exception as exc:
                 raise InputError(f"'{src}' cannot be loaded by Keras {keras.__version__}: {first_line(exc)}",
                                  "save it with model.save('model.keras') from Keras 3") from exc

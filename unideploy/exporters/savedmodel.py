@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import ExportError, InputError, first_line
+from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.onnx_io import rename_values, set_io_dims
 from unideploy.exporters.shapes import resolve_signature
@@ -48,7 +49,7 @@ def _register_missing_handlers() -> None:
     _register_missing_handlers.done = True  # type: ignore[attr-defined]
 
 
-def _signature_def(src: Path, name: str) -> Any:
+def _parse(src: Path) -> Any:
     with quiet():  # importing TensorFlow logs to stderr
         from tensorflow.core.protobuf import saved_model_pb2
 
@@ -57,6 +58,10 @@ def _signature_def(src: Path, name: str) -> Any:
         proto.ParseFromString((src / "saved_model.pb").read_bytes())
     except Exception as exc:
         raise InputError(f"'{src}/saved_model.pb' is not a readable SavedModel: {first_line(exc)}") from exc
+    return proto
+
+
+def _signature_def(proto: Any, name: str) -> Any:
     available = sorted({k for mg in proto.meta_graphs for k in mg.signature_def if not k.startswith("__")})
     for meta_graph in proto.meta_graphs:
         if name in meta_graph.signature_def:
@@ -93,8 +98,10 @@ class SavedModelExporter(Exporter):
     def convert(self, src: Path, workdir: Path, options: ExportOptions) -> ConvertedModel:
         import onnx
 
+        proto = _parse(src)
+        trust.check(trust.savedmodel_findings(proto), src, options.trust_source)
         signature_name = options.signature or DEFAULT_SIGNATURE
-        sigdef = _signature_def(src, signature_name)
+        sigdef = _signature_def(proto, signature_name)
         inputs = tuple(_spec(k, sigdef.inputs[k]) for k in sorted(sigdef.inputs))
         outputs = tuple(_spec(k, sigdef.outputs[k]) for k in sorted(sigdef.outputs))
         signature, _ = resolve_signature(Signature(inputs, outputs), options)  # stops before tf2onnx if unsized

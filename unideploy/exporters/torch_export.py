@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import ExportError, InputError, first_line
+from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
 from unideploy.exporters.shapes import apply_input_shapes, readable_dims
 from unideploy.exporters.torchscript import flatten_outputs, output_names_for, unsupported_operator
@@ -37,7 +38,9 @@ class TorchExportExporter(Exporter):
         import onnx
         import torch
 
+        trust.check(trust.pt2_pickle_findings(src), src, options.trust_source)  # before loading runs them
         program = _load(src)
+        trust.check(trust.program_findings(program), src, options.trust_source)
         declared = _declared_inputs(program)
         apply_input_shapes(readable_dims(Signature(tuple(declared))), options)  # refuse contradictions first
         example = _example_arrays(program, declared, options)

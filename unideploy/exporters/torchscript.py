@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import ExportError, InputError, first_line
+from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
 from unideploy.exporters.onnx_io import set_io_dims
 from unideploy.samples import random_tensor
@@ -39,6 +40,7 @@ class TorchScriptExporter(Exporter):
         import torch
 
         module = _load(src)
+        trust.check(trust.torchscript_findings(module), src, options.trust_source)
         example = _example_inputs(_tensor_arguments(module), options)
         arg_names = list(example)  # the ONNX input names, in forward()'s order
         dynamic = {} if options.static_shapes else _input_dynamic_axes(arg_names, options)

@@ -6,12 +6,17 @@ reference samples). A model file is code: a TorchScript ``forward`` can map, rea
 or call back into Python (PyFunc), and a Keras Lambda layer is Python bytecode stored in the file.
 Each exporter lists what its model holds of these before running it (loading TorchScript or a
 SavedModel's graph runs nothing), and the export stops with that list unless the user passed
-``--trust-source``. The threat model and what the scan does not cover: docs/security.md.
+``--trust-source``. Loading can run code too: ``torch.export.load`` unpickles a ``.pt2``'s pickled
+weights, constants and sample inputs without restriction when torch's weights-only unpickler
+refuses them, so those are checked with that unpickler before the program is loaded. The threat model and what the scan does not cover: docs/security.md.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import pickle
+import re
 import zipfile
 from pathlib import Path
 from typing import Any, Iterable
@@ -74,24 +79,44 @@ def _nodes(block: Any) -> Iterable[Any]:
             yield from _nodes(inner)
 
 
+def pt2_pickle_findings(src: Path) -> list[str]:
+    """Pickles in a ``.pt2`` archive that need more than torch's weights-only unpickler (its
+    allowlist of tensor types): loading the program would unpickle them without restriction."""
+    import torch
+
+    if not zipfile.is_zipfile(src):
+        return []  # not an archive: loading it fails, with torch's own reason, before anything runs
+    findings = []
+    with zipfile.ZipFile(src) as archive:
+        names = set(archive.namelist())
+        pickled = [n for n in names if "/data/sample_inputs/" in n]
+        for config in (n for n in names if n.endswith(("_weights_config.json", "_constants_config.json"))):
+            folder = config.rsplit("/", 1)[0]
+            entries = json.loads(archive.read(config)).get("config", {})
+            pickled += [f"{folder}/{e['path_name']}" for e in entries.values() if e.get("use_pickle")]
+        for name in sorted(set(pickled) & names):
+            try:
+                torch.load(io.BytesIO(archive.read(name)), weights_only=True, map_location="cpu")
+            except pickle.UnpicklingError as exc:
+                unsupported = re.search(r"unsupported GLOBAL (\S+)", str(exc), re.IGNORECASE)
+                what = f"imports {unsupported.group(1)}" if unsupported else "not plain tensors"
+                findings.append(f"pickle '{name}' ({what}), which loading the program would run")
+    return findings
+
+
 def program_findings(program: Any) -> list[str]:
-    """Flagged operators in a torch.export program (its graph holds ATen operators only)."""
-    kinds = set()
-    for node in program.graph_module.graph.nodes:
-        if node.op == "call_function":
-            schema = getattr(node.target, "_schema", None)
-            kinds.add(schema.name if schema is not None else "prim::PythonOp")
+    """Flagged operators in a torch.export program. Its graph can call only what deserialization
+    resolves by name (ATen and registered operators, ``operator.getitem``, higher-order operators),
+    never arbitrary Python."""
+    kinds = {node.target._schema.name for node in program.graph_module.graph.nodes
+             if node.op == "call_function" and hasattr(node.target, "_schema")}
     return _described(kinds, TORCHSCRIPT_OPS, "the program's graph")
 
 
-def savedmodel_findings(src: Path) -> list[str]:
-    """Flagged operators in a SavedModel's graphs and functions, read from saved_model.pb."""
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    saved = saved_model_pb2.SavedModel()
-    saved.ParseFromString((src / "saved_model.pb").read_bytes())
+def savedmodel_findings(proto: Any) -> list[str]:
+    """Flagged operators in a parsed SavedModel's graphs and functions."""
     findings = []
-    for meta in saved.meta_graphs:
+    for meta in proto.meta_graphs:
         findings += _described({n.op for n in meta.graph_def.node}, TENSORFLOW_OPS, "the graph")
         for function in meta.graph_def.library.function:
             findings += _described({n.op for n in function.node_def}, TENSORFLOW_OPS,
@@ -101,8 +126,11 @@ def savedmodel_findings(src: Path) -> list[str]:
 
 def keras_findings(src: Path) -> list[str]:
     """Flagged layers in a ``.keras`` file's config.json (nested models included)."""
-    with zipfile.ZipFile(src) as archive:
-        config = json.loads(archive.read("config.json"))
+    try:
+        with zipfile.ZipFile(src) as archive:
+            config = json.loads(archive.read("config.json"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return []  # unreadable: Keras refuses to load it, with its own reason
     findings = []
 
     def walk(value: Any) -> None:

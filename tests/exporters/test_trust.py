@@ -1,0 +1,111 @@
+"""Untrusted source models: a model that reaches outside itself when run (files, Python code) is
+refused before anything runs, naming what it holds, unless the user passes --trust-source."""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+import unideploy
+from console import assert_one_line_error, deploy
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+torch = pytest.importorskip("torch", reason="the torch extra is not installed")
+
+
+class _MapsAFile(torch.nn.Module):
+    """forward() maps a file into a tensor, creating it (shared=True) where it does not exist."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def forward(self, x):
+        return x + torch.from_file(self.path, shared=True, size=4).reshape(1, 4)
+
+
+def test_torchscript_that_touches_files_is_refused_before_it_runs(tmp_path):
+    target = tmp_path / "created-by-the-model"
+    torch.jit.save(torch.jit.script(_MapsAFile(str(target))), str(tmp_path / "model.pt"))
+    result = deploy("export", tmp_path / "model.pt", "-o", tmp_path / "pkg", "--input-shape", "x:2x4")
+    assert_one_line_error(result, 2, r"aten::from_file \(maps or reads a file\) in forward\(\).*--trust-source")
+    assert not target.exists() and not (tmp_path / "pkg").exists()  # nothing ran, nothing written
+
+    trusted = deploy("export", tmp_path / "model.pt", "-o", tmp_path / "pkg", "--input-shape", "x:2x4",
+                     "--trust-source")
+    assert trusted.returncode == 0, trusted.stderr
+    assert target.exists()  # the user vouched for it, and it did what it does
+
+
+class _WithSamples(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2
+
+
+class _Marker:
+    """A pickle that creates a folder when unpickled, as a hostile one would run a command."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return os.makedirs, (self.path,)
+
+
+def test_pt2_whose_pickles_would_run_code_on_load_is_refused_before_loading(tmp_path):
+    """torch.export.load unpickles a .pt2's sample inputs without restriction when torch's
+    weights-only unpickler refuses them: a hostile archive runs code just by being loaded."""
+    clean = tmp_path / "clean.pt2"
+    torch.export.save(torch.export.export(_WithSamples().eval(), (torch.randn(2, 4),)), str(clean))
+    marker = tmp_path / "ran"
+    hostile = tmp_path / "hostile.pt2"
+    with zipfile.ZipFile(clean) as src, zipfile.ZipFile(hostile, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if "/data/sample_inputs/" in item.filename:
+                buffer = io.BytesIO()
+                torch.save(_Marker(str(marker)), buffer)
+                data = buffer.getvalue()
+            dst.writestr(item, data)
+    result = deploy("export", hostile, "-o", tmp_path / "pkg")
+    assert_one_line_error(result, 2, r"pickle '.*sample_inputs.*' \(imports .*makedirs\), which loading the program "
+                                     r"would run")
+    assert not marker.exists() and not (tmp_path / "pkg").exists()
+    with unideploy.export(clean, tmp_path / "clean-pkg") as pkg:  # its own sample inputs are plain tensors
+        assert pkg.manifest.validation["onnx-fp32"]["passed"]
+
+
+def test_savedmodel_that_writes_files_is_refused_before_it_runs(tmp_path):
+    tf = pytest.importorskip("tensorflow", reason="the tensorflow extra is not installed")
+    target = tmp_path / "written-by-the-model"
+
+    class Writer(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32, name="x")])
+        def serve(self, x):
+            tf.io.write_file(str(target), tf.strings.as_string(tf.reduce_sum(x)))
+            return {"y": x * 2.0}
+
+    module = Writer()
+    tf.saved_model.save(module, str(tmp_path / "saved"), signatures={"serving_default": module.serve})
+    result = deploy("export", tmp_path / "saved", "-o", tmp_path / "pkg")
+    assert_one_line_error(result, 2, r"WriteFile \(writes a file\) in function .*--trust-source")
+    assert not target.exists() and not (tmp_path / "pkg").exists()
+
+
+def test_keras_lambda_layer_is_refused_unless_trusted(tmp_path):
+    keras = pytest.importorskip("keras", reason="the tensorflow extra is not installed")
+    x = keras.Input((4,), name="x")
+    y = keras.layers.Lambda(lambda t: t * 2.0, name="doubler")(keras.layers.Dense(3, name="dense")(x))
+    keras.Model(x, y).save(tmp_path / "lambda.keras")
+    result = deploy("export", tmp_path / "lambda.keras", "-o", tmp_path / "pkg")
+    assert_one_line_error(result, 2, r"Lambda \(runs Python bytecode stored in the file\) in layer 'doubler'")
+    assert not (tmp_path / "pkg").exists()
+    with unideploy.export(tmp_path / "lambda.keras", tmp_path / "pkg", trust_source=True) as pkg:
+        assert pkg.manifest.validation["onnx-fp32"]["passed"]
+        x_rows = np.ones((2, 4), np.float32)
+        expected = keras.saving.load_model(tmp_path / "lambda.keras", safe_mode=False)(x_rows).numpy()
+        np.testing.assert_allclose(unideploy.run(pkg, {"x": x_rows})["doubler"], expected, atol=1e-5)
