@@ -76,14 +76,14 @@ def context(tmp_path_factory) -> Path:
             shutil.copytree(source, context / name, ignore=shutil.ignore_patterns("__pycache__", "*.whl"))
         else:
             shutil.copy(source, context / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", ".[serve,gpu]", "setuptools>=77", "wheel",
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", ".[serve,gpu,sign]", "setuptools>=77", "wheel",
                     "-w", "wheels"], cwd=context, check=True, capture_output=True, timeout=600)
     return context
 
 
 def build(context: Path, base: str, dockerfile: str, *options: str) -> str:
     tag = f"localhost/unideploy-test-{uuid.uuid4().hex[:8]}"
-    buildah("bud", "--isolation", "chroot", "--format", "docker", "--quiet", "--force-rm", "-f", f"docker/{dockerfile}",
+    buildah("bud", "--isolation", "chroot", "--format", "docker", "--quiet", "-f", f"docker/{dockerfile}",
             "--build-arg", f"BASE_IMAGE={base}", "--build-arg", "PIP_FIND_LINKS=wheels", *options,
             "-t", tag, str(context), timeout=900)
     return tag

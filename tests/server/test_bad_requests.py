@@ -57,6 +57,8 @@ REST_CASES = [
     ("unknown output", "/v2/models/digits/infer", body(good_input(), outputs=[{"name": "logits"}]), {}, 400,
      "unknown output"),
     ("bad parameters", "/v2/models/digits/infer", body(good_input(), parameters=[1]), {}, 400, "parameters must be"),
+    ("empty shape numpy cannot hold", "/v2/models/digits/infer",  # found by tests/server/test_fuzz.py
+     body(good_input(datatype="INT64", shape=[0, 1143, 42280, 57619, 414051], data=[])), {}, 400, "cannot have shape"),
     ("header length not a number", "/v2/models/digits/infer", body(good_input()),
      {"Inference-Header-Content-Length": "abc"}, 400, "does not fit"),
     ("header length past the body", "/v2/models/digits/infer", body(good_input()),
@@ -152,6 +154,10 @@ def _raw(request):
 
 
 GRPC_CASES = [
+    ("empty shape numpy cannot hold", _grpc_request(inputs=lambda r: (  # found by tests/server/test_fuzz.py
+        r.inputs[0].ClearField("shape"), r.inputs[0].shape.extend([0, 1143, 42280, 57619, 414051]),
+        setattr(r.inputs[0], "datatype", "INT64"), r.inputs[0].contents.ClearField("fp32_contents"))),
+     grpc.StatusCode.INVALID_ARGUMENT, "cannot have shape"),
     ("unknown model", _grpc_request(model_name="nope"), grpc.StatusCode.NOT_FOUND, "unknown model"),
     ("unknown version", _grpc_request(model_version="9"), grpc.StatusCode.NOT_FOUND, "no version '9'"),
     ("empty model name", _grpc_request(model_name=""), grpc.StatusCode.INVALID_ARGUMENT, "model_name is empty"),

@@ -107,3 +107,11 @@ def test_accepted_connections_get_tcp_nodelay():
         return nodelay
 
     assert asyncio.run(scenario()) != 0
+
+
+def test_signature_settings_must_come_together(tmp_path):
+    with pytest.raises(InputError, match="apply with --require-signed"):
+        ServerConfig(tmp_path, trusted_key=tmp_path / "release.pub")
+    with pytest.raises(InputError, match="trust either a public key or a certificate chain"):
+        ServerConfig(tmp_path, require_signed=True).trusted_signers()
+    assert ServerConfig(tmp_path).trusted_signers() is None

@@ -132,13 +132,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if is_bundle(args.package):
         return _verify_bundle(args)
+    signed_by = None
+    if args.trusted_key or args.trusted_chain:
+        from unideploy.package.signing import TrustedSigners
+
+        signed_by = TrustedSigners(Path(args.trusted_key) if args.trusted_key else None,
+                                   tuple(Path(c) for c in args.trusted_chain))
     with Package.open(args.package) as package:
+        if signed_by is not None:
+            from unideploy.package.signing import verify_signature
+
+            verify_signature(package, signed_by)  # before any artifact runs
         checks = verify_package(package, args.runtime, args.device)
         if args.json:
             _print_json({"package": str(args.package), "integrity": "passed",
+                         "signature": "passed" if signed_by else "not checked",
                          "artifacts": [c.to_dict() for c in checks]})
         else:
-            render.verify(package, checks)
+            render.verify(package, checks, signed_by is not None)
     failed = [c.artifact for c in checks if c.status == "failed"]
     if failed:
         print(f"error: artifact(s) {', '.join(failed)} no longer match the reference outputs", file=sys.stderr)
@@ -146,6 +157,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if all(c.status == "skipped" for c in checks):
         print("error: no artifact could be run on this machine (see 'deploy doctor')", file=sys.stderr)
         return ValidationError.exit_code
+    return 0
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    from unideploy.package.signing import sign_package
+
+    signature = sign_package(args.package, args.key, args.certificate, args.cert_chain)
+    if args.json:
+        _print_json({"package": str(args.package), "signature": str(signature)})
+    else:
+        render.signed(str(args.package), str(args.key), args.certificate)
     return 0
 
 
@@ -236,6 +258,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "tls_key": Path(args.tls_key) if args.tls_key else None, "workers": args.workers,
         "inference_token": os.environ.get("UNIDEPLOY_INFERENCE_TOKEN") or None,  # empty means unset
         "repository_token": os.environ.get("UNIDEPLOY_REPOSITORY_TOKEN") or None,
+        "require_signed": args.require_signed,
+        "trusted_key": Path(args.trusted_key) if args.trusted_key else None,
+        "trusted_chain": tuple(Path(c) for c in args.trusted_chain) or None,
     }
     if args.config:
         config = ServerConfig.from_file(Path(args.config), repository=Path(args.repository), **overrides)

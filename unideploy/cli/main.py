@@ -84,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("package", help="a package (directory or .zip) or a mobile bundle from 'deploy bundle'")
     p.add_argument("--runtime", help="runtime to use (default: the first available for each artifact)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu")
+    _add_trust_options(p, " (checks the package's signature first)")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("sign", help="sign every file of a package (OpenSSF model-signing, offline)")
+    p.add_argument("package", help="a package (directory or .zip); signed in place")
+    p.add_argument("--key", required=True, metavar="PRIVATE.pem", help="elliptic-curve private key")
+    p.add_argument("--certificate", metavar="CERT.pem", help="the key's signing certificate (certificate-based signing)")
+    p.add_argument("--cert-chain", action="append", default=[], metavar="CA.pem",
+                   help="certificates between the signing certificate and the root, repeatable")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("bundle", help="Android or iOS runtime bundle: mobile models, wrapper source, dependency lines")
@@ -118,10 +127,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", help="PEM certificate: serve both ports over TLS (with --tls-key)")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
     p.add_argument("--workers", type=_positive_int, default=None, help="threads running models (default: 4)")
+    p.add_argument("--require-signed", action="store_true", default=None,
+                   help="load only versions signed by --trusted-key or --trusted-chain (others fail to load; "
+                        "the previous version keeps serving)")
+    _add_trust_options(p)
 
     p = sub.add_parser("doctor", help="which exporters, runtimes and targets work here, and how to fix the rest")
     p.add_argument("--json", action="store_true")
     return parser
+
+
+def _add_trust_options(p: argparse.ArgumentParser, note: str = "") -> None:
+    p.add_argument("--trusted-key", metavar="PUBLIC.pem", help="public key a package must be signed with" + note)
+    p.add_argument("--trusted-chain", action="append", default=[], metavar="CA.pem",
+                   help="certificate chain a package's signing certificate must lead to, repeatable" + note)
 
 
 def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:

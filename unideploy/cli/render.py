@@ -134,8 +134,14 @@ def run_outputs(artifact: str, runtime: str, outputs: dict[str, np.ndarray], wri
         out.print(f"outputs written to {escape(written)}")
 
 
-def verify(package: Package, checks: list[ArtifactCheck]) -> None:
+def signed(package: str, key: str, certificate: str | None) -> None:
+    out.print(f"[bold green]Signed[/] every file of {escape(package)} with {'certificate ' + escape(certificate) if certificate else 'key ' + escape(key)}")
+
+
+def verify(package: Package, checks: list[ArtifactCheck], signature_checked: bool = False) -> None:
     out.print(f"integrity of {escape(str(package.origin))}: [green]passed[/] (schema, checksums, paths)")
+    if signature_checked:
+        out.print("signature: [green]passed[/] (signed by the trusted key or chain; every file matches)")
     table = Table(title="Artifacts against the reference outputs", title_justify="left")
     for col in ("artifact", "runtime", "result", "max abs err", "max rel err", "detail"):
         table.add_column(col)

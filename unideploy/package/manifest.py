@@ -19,6 +19,7 @@ from unideploy.signature import Signature
 FORMAT = "unideploy-package"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+SIGNATURE_NAME = "signature.sig"  # written by `deploy sign` (package/signing.py); not listed in the manifest
 
 
 @lru_cache(maxsize=1)

@@ -17,7 +17,7 @@ import numpy as np
 
 from unideploy.errors import InputError, PackageError
 from unideploy.package.files import all_files, digest_path, extract_zip, listed_files, resolve_inside, temp_prefix
-from unideploy.package.manifest import MANIFEST_NAME, Artifact, Manifest, SampleSet
+from unideploy.package.manifest import MANIFEST_NAME, SIGNATURE_NAME, Artifact, Manifest, SampleSet
 
 
 @dataclass
@@ -82,7 +82,7 @@ class Package:
         entries += [(a.path, a.sha256, a.size) for a in m.artifacts]
         entries += [(f["path"], f["sha256"], f["size"]) for a in m.artifacts for f in a.files or ()]
         entries += [(s.path, s.sha256, s.size) for s in m.samples]
-        accounted = {MANIFEST_NAME}
+        accounted = {MANIFEST_NAME, SIGNATURE_NAME}  # the signature is checked by verify_signature
         present = all_files(self.root)  # files, and every link (to a file or a directory)
         for relpath in sorted(present):
             if (self.root / relpath).is_symlink():  # even one pointing inside: it could be swapped

@@ -18,7 +18,7 @@ import numpy as np
 
 from unideploy.errors import InputError
 from unideploy.package.files import digest_path, temp_prefix, write_zip
-from unideploy.package.manifest import MANIFEST_NAME, Artifact, Manifest, SampleSet
+from unideploy.package.manifest import MANIFEST_NAME, SIGNATURE_NAME, Artifact, Manifest, SampleSet
 from unideploy.package.package import Package, samples_to_npz_dict
 
 
@@ -56,9 +56,10 @@ class PackageWriter:
         return digest_path(target)
 
     def add_package(self, package: Package) -> Manifest:
-        """Start from everything an existing package holds; return its manifest to amend."""
+        """Start from everything an existing package holds; return its manifest to amend. Not its
+        signature: the package written is a new one, to be signed again."""
         for item in package.root.iterdir():
-            if item.name != MANIFEST_NAME:
+            if item.name not in (MANIFEST_NAME, SIGNATURE_NAME):
                 self.add_file(item, item.name)
         return package.manifest.copy()
 

@@ -28,7 +28,7 @@ class Server:
         self.config = config
         self.metrics = ServerMetrics()
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="unideploy-model")
-        self.registry = ModelRegistry(config.repository, self.executor, self.metrics)
+        self.registry = ModelRegistry(config.repository, self.executor, self.metrics, config.trusted_signers())
         self.dataplane = DataPlane(self.registry, self.metrics)
         self._stop = asyncio.Event()
 

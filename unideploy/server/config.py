@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from unideploy.errors import InputError
 from unideploy.runtimes.base import SPIN_POLICIES
+
+if TYPE_CHECKING:
+    from unideploy.package.signing import TrustedSigners
 
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
@@ -40,6 +43,9 @@ class ServerConfig:
     workers: int = 4  # threads running models
     body_timeout_s: float = 30.0  # a REST body that has not fully arrived by then is answered 408
     max_connections: int = 512  # REST connections at once (more are answered 503): stays below the usual 1,024 fds
+    require_signed: bool = False  # load only versions signed by trusted_key / trusted_chain (package/signing.py)
+    trusted_key: Path | None = None
+    trusted_chain: tuple[Path, ...] = ()
 
     @classmethod
     def from_file(cls, path: Path, **overrides: Any) -> "ServerConfig":
@@ -55,6 +61,19 @@ class ServerConfig:
         self.repository = Path(self.repository)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InputError("TLS needs both --tls-cert and --tls-key")
+        self.trusted_key = Path(self.trusted_key) if self.trusted_key else None
+        self.trusted_chain = tuple(Path(c) for c in self.trusted_chain or ())
+        if (self.trusted_key or self.trusted_chain) and not self.require_signed:
+            raise InputError("--trusted-key and --trusted-chain apply with --require-signed",
+                             "add --require-signed, or drop them")
+
+    def trusted_signers(self) -> "TrustedSigners | None":
+        """Who versions must be signed by, or None when signatures are not required."""
+        if not self.require_signed:
+            return None
+        from unideploy.package.signing import TrustedSigners
+
+        return TrustedSigners(self.trusted_key, self.trusted_chain)  # refuses neither or both
 
 
 @dataclass(frozen=True)

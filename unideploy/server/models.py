@@ -18,6 +18,7 @@ from pathlib import Path
 
 from unideploy.errors import UnideployError
 from unideploy.package import Package
+from unideploy.package.signing import TrustedSigners, verify_signature
 from unideploy.runtimes import RuntimeOptions
 from unideploy.runtimes.base import Runtime
 from unideploy.runtimes.selection import open_runtime
@@ -67,8 +68,10 @@ class ServedModel:
 
 
 class ModelRegistry:
-    def __init__(self, repository: Path, executor: Executor, metrics: ServerMetrics) -> None:
+    def __init__(self, repository: Path, executor: Executor, metrics: ServerMetrics,
+                 trusted: TrustedSigners | None = None) -> None:
         self.repository = repository
+        self.trusted = trusted  # when set, only versions signed by these are loaded
         self.executor = executor
         self.metrics = metrics
         self.models: dict[str, ServedModel] = {}
@@ -166,10 +169,11 @@ class ModelRegistry:
         if old is not None:
             await self._retire(model, old)
 
-    @staticmethod
-    def _open(src: VersionSource, settings: ModelSettings) -> ServedVersion:
+    def _open(self, src: VersionSource, settings: ModelSettings) -> ServedVersion:
         package = Package.open(src.path)
         try:
+            if self.trusted is not None:  # before any of its files is run
+                verify_signature(package, self.trusted)
             # No target: a GPU machine serves a package's TensorRT artifact, any other its ONNX one.
             options = RuntimeOptions(device="auto", spin=settings.spin, threads=settings.threads)
             _, runtime = open_runtime(package, settings.artifact, options=options)
