@@ -124,7 +124,7 @@ def test_fp16_keeps_the_layers_its_rounding_breaks_in_fp32(digits, tmp_path):
     with unideploy.optimize(package, quantize="fp16", calibration=digits["data"]) as pkg:
         params = pkg.manifest.optimizations[-1]["passes"][0]["params"]
         assert params["search"]["drop_points_all_fp16"] > 10.0, params["search"]  # plain fp16 breaks it
-        kept = [layer for layer in params["fp32_layers"]]
+        kept = params["fp32_layers"]
         assert {layer["node"] for layer in kept} >= {"/Add", "/Sub"}, kept  # 2049 and the sum it is in
         assert all("dB of SQNR in fp16" in layer["why"] for layer in kept)
         assert params["search"]["size_ratio"] < 0.6  # the convolutions are still fp16

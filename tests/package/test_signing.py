@@ -65,6 +65,12 @@ def test_signed_package_verifies_and_any_change_is_caught(digits_package, keys, 
                           "fails its signature check")
 
 
+def test_a_file_that_is_not_a_private_key_is_refused_and_nothing_is_signed(digits_package, keys):
+    assert_one_line_error(deploy("sign", digits_package, "--key", keys["public"]), 2, "cannot sign with")
+    assert_one_line_error(deploy("sign", digits_package, "--key", digits_package / "nope.pem"), 2, "does not exist")
+    assert not (digits_package / "signature.sig").exists()
+
+
 def test_unsigned_package_is_refused_when_a_signature_is_required(digits_package, keys):
     assert_one_line_error(deploy("verify", digits_package, "--trusted-key", keys["public"]), 2, "is not signed")
 

@@ -64,15 +64,13 @@ def torchscript_findings(module: Any) -> list[str]:
     findings = []
     for prefix, submodule in module.named_modules():
         for method in submodule._c._method_names():
-            graph = submodule._c._get_method(method).graph
-            kinds = {node.kind() for node in graph.nodes()} | {
-                inner.kind() for node in graph.nodes() for block in node.blocks() for inner in _nodes(block)}
+            kinds = {node.kind() for node in _nodes(submodule._c._get_method(method).graph)}
             findings += _described(kinds, TORCHSCRIPT_OPS, f"{prefix + '.' if prefix else ''}{method}()")
     return findings
 
 
 def _nodes(block: Any) -> Iterable[Any]:
-    """The nodes of a TorchScript block, with those of the blocks nested in them (if, loop)."""
+    """The nodes of a TorchScript graph or block, with those of the blocks nested in them (if, loop)."""
     for node in block.nodes():
         yield node
         for inner in node.blocks():
