@@ -159,6 +159,7 @@ def test_an_output_declared_with_the_wrong_rank_takes_the_dims_it_computes(tmp_p
     """ddddocr's recognizer declares its output [1, seqlen] and returns [seq, batch, classes]: the
     signature (what servers publish as model metadata) says what the model computes."""
     _two_branch_detector(tmp_path / "det.onnx", [-1, 3, -1, -1], [1, "seqlen"])
-    with unideploy.export(tmp_path / "det.onnx", tmp_path / "det.udp", input_shapes=["images:1x3xheight=16xwidth=32"]) as pkg:
+    with unideploy.export(tmp_path / "det.onnx", tmp_path / "det.udp",
+                          input_shapes=["images:1x3xheight=16xwidth=32"]) as pkg:
         (boxes,) = pkg.manifest.signature.outputs
         assert boxes.shape == ("batch", 8, "boxes_dim2", "boxes_dim3")  # half the input's height and width

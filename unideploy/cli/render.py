@@ -135,7 +135,8 @@ def run_outputs(artifact: str, runtime: str, outputs: dict[str, np.ndarray], wri
 
 
 def signed(package: str, key: str, certificate: str | None) -> None:
-    out.print(f"[bold green]Signed[/] every file of {escape(package)} with {'certificate ' + escape(certificate) if certificate else 'key ' + escape(key)}")
+    signer = f"certificate {escape(certificate)}" if certificate else f"key {escape(key)}"
+    out.print(f"[bold green]Signed[/] every file of {escape(package)} with {signer}")
 
 
 def verify(package: Package, checks: list[ArtifactCheck], signature_checked: bool = False) -> None:

@@ -8,7 +8,8 @@ Each exporter lists what its model holds of these before running it (loading Tor
 SavedModel's graph runs nothing), and the export stops with that list unless the user passed
 ``--trust-source``. Loading can run code too: ``torch.export.load`` unpickles a ``.pt2``'s pickled
 weights, constants and sample inputs without restriction when torch's weights-only unpickler
-refuses them, so those are checked with that unpickler before the program is loaded. The threat model and what the scan does not cover: docs/security.md.
+refuses them, so those are checked with that unpickler before the program is loaded. The threat
+model and what the scan does not cover: docs/security.md.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ give, for every tensor, its signal-to-noise ratio (SQNR) against the original. A
 *sensitivity* is the SQNR it loses: the worst SQNR of its inputs minus the SQNR of its output
 (after the Relu/Clip it feeds, which QDQ folds into it). INT8 layers lose it to their int8
 weights, and a Concat or an Add of inputs with different ranges when its output is requantized to
-the widest of them; FP16 layers lose it to half precision's rounding; pruned layers lose it to the weights they no longer have.
+the widest of them; FP16 layers lose it to half precision's rounding; pruned layers lose it to
+the weights they no longer have.
 
 The search then restores the most sensitive layers, 1, 2, 4, 8, ... of them, each candidate
 judged by the same accuracy guard as the final model, and narrows the count down by bisection, so
