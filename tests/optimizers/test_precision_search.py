@@ -133,12 +133,12 @@ def test_fp16_keeps_the_layers_its_rounding_breaks_in_fp32(digits, tmp_path):
 
 
 def test_pruning_over_budget_leaves_its_most_sensitive_layers_dense(digits_package, digits):
-    """95% of every layer's weights is more than the digits CNN can lose; leaving the layers that
+    """90% of every layer's weights is more than the digits CNN can lose; leaving the layers that
     lose most dense brings it within budget, and the record says what was reached."""
-    with unideploy.optimize(digits_package, prune=0.95, prune_scope="tensor", calibration=digits["data"]) as pkg:
+    with unideploy.optimize(digits_package, prune=0.9, calibration=digits["data"]) as pkg:
         record = pkg.manifest.optimizations[-1]
         params = record["passes"][0]["params"]
         assert params["search"]["drop_points_all_pruned"] > 1.0 and params["search"]["within_budget"]
         assert 1 <= len(params["dense_layers"]) < params["search"]["ranked_layers"]
-        assert 0 < params["achieved_sparsity"] < 0.95
+        assert 0 < params["achieved_sparsity"] < 0.9
         assert record["accuracy"]["within_budget"]

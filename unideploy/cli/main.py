@@ -146,14 +146,16 @@ def _add_trust_options(p: argparse.ArgumentParser, note: str = "") -> None:
 def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
     from unideploy.optimizers.accuracy import METRICS
     from unideploy.optimizers.optimize import DEFAULT_BUDGET_POINTS
+    from unideploy.optimizers.prune_magnitude import SCOPES
 
     g = p.add_argument_group("optimization" + ("" if required else " (optional, applied after export)"))
     g.add_argument("--quantize", choices=["int8", "fp16"], help="INT8 (variant picked per model) or FP16")
     g.add_argument("--prune", type=float, metavar="SPARSITY",
                    help="magnitude: share of weights zeroed (0.8); channels: share of conv channels removed (0.5)")
     g.add_argument("--prune-method", choices=["magnitude", "channels"], default="magnitude")
-    g.add_argument("--prune-scope", choices=["global", "tensor"], default="global",
-                   help="magnitude threshold over all layers or per tensor (default: global)")
+    g.add_argument("--prune-scope", choices=SCOPES, default=SCOPES[0],
+                   help="magnitude: the same share pruned in every output row (default), in every layer, "
+                        "or one threshold over all layers")
     g.add_argument("--no-refit", action="store_true", help="do not re-fit pruned layers on calibration data")
     g.add_argument("--int8-variant", choices=["auto", "static", "dynamic", "symmetric"], default="auto",
                    help="static (QDQ, uint8 activations), dynamic (MatMul weights), symmetric (QDQ for TensorRT); "

