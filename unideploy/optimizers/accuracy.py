@@ -9,6 +9,8 @@ Each output is judged by the metric that fits what it holds, chosen from its sha
   share of rows (positions) whose argmax matches fp32's; integer outputs: share of equal values;
 - ``cosine``: embeddings (unit-length rows, or names that say so): drop = 1 - mean cosine of each
   row with fp32's, bounded by ``--min-cosine`` (default: 1 - budget/100); the worst row is kept;
+- ``detection``: a detector head with decoded boxes (YOLOv8- or YOLOv5-style): share of fp32's
+  detections, after threshold and NMS, that the optimized model reproduces (``detections.py``);
 - ``relerr``: boxes, masks, heatmaps and other regressions: L2 error relative to the L2 norm of
   the fp32 outputs, over all validation rows.
 
@@ -24,8 +26,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from unideploy.errors import InputError
+from unideploy.optimizers import detections
 
-METRICS = ("auto", "accuracy", "top1", "cosine", "relerr")
+METRICS = ("auto", "accuracy", "top1", "cosine", "detection", "relerr")
 _EMBEDDING_NAME = re.compile(r"(?i)embed|pool|sentence|feature|vector|hidden|encod")
 _CLASS_NAME = re.compile(r"(?i)logit|prob|score|class|label|softmax")
 
@@ -44,6 +47,9 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
         if _EMBEDDING_NAME.search(name) and not _CLASS_NAME.search(name):
             return "cosine", f"'{name}' names {ref.shape[-1]}-d embeddings: cosine similarity"
         return "top1", f"rows are scores over {ref.shape[-1]} classes: top-1 agreement"
+    if (head := detections.layout(ref)) is not None:
+        return "detection", f"{head.name} detector head: agreement of the detections after score >= " \
+                            f"{detections.SCORE_THRESHOLD} and NMS (same class, IoU >= {detections.MATCH_IOU})"
     return "relerr", f"{'x'.join(map(str, ref.shape[1:])) or 'scalar'} values per row (boxes, maps, regression): " \
                      "relative error"
 
@@ -151,6 +157,9 @@ def compare(reference: Sequence[dict[str, np.ndarray]], candidate: Sequence[dict
             drop = 1.0 - agreement
         elif kind == "cosine":
             drop = 1.0 - entry["cosine_mean"]
+        elif kind == "detection":
+            entry.update(detections.agreement(_head(n, r), r, c))
+            drop = 1.0 - entry["detection_agreement"]
         else:
             drop = entry["relative_error"]
         entry["drop_points"] = round(max(drop, 0.0) * 100.0, 4)
@@ -165,6 +174,16 @@ def compare(reference: Sequence[dict[str, np.ndarray]], candidate: Sequence[dict
     return result
 
 
+def _head(name: str, ref: np.ndarray) -> detections.Layout:
+    head = detections.layout(ref)
+    if head is None:
+        raise InputError(f"--metric detection: output '{name}' {list(ref.shape)} is not a detector head with decoded "
+                         "boxes, or holds no detection on the validation data",
+                         "it needs [N, 4+classes, anchors] or [N, anchors, 5+classes] with (cx, cy, w, h) boxes and "
+                         f"scores >= {detections.SCORE_THRESHOLD}; use --metric relerr for other outputs")
+    return head
+
+
 def describe(accuracy: dict[str, Any]) -> str:
     """One line of numbers for messages: each output's metric, drop and budget."""
     parts = []
@@ -176,5 +195,7 @@ def describe(accuracy: dict[str, Any]) -> str:
             text += f", cosine mean {o['cosine_mean']:.5f}, worst row {o['cosine_min']:.5f}"
         elif o["metric"] == "top1":
             text += f", top-1 agreement {o['top1_agreement']:.4f}"
+        elif o["metric"] == "detection":
+            text += f", {o['detections_matched']} of {o['detections_fp32']} detections kept ({o['detections']} found)"
         parts.append(text)
     return "; ".join(parts)

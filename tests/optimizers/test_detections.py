@@ -1,0 +1,92 @@
+"""A detector's head is judged by the detections a user would get from it, not by its raw values."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from unideploy.errors import InputError
+from unideploy.optimizers import detections
+from unideploy.optimizers.accuracy import compare, describe, output_metric
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def yolov8_heads() -> np.ndarray:
+    """NudeNet's YOLOv8n (Ultralytics export, 18 classes) on real photos: [N, 22, 2100]."""
+    pytest.importorskip("skimage", reason="the dev extra is not installed")
+    sys.path.append(str(BENCHMARKS))
+    import onnxruntime as ort
+    import zoo_models
+
+    if not zoo_models.MODELS_DIR.is_dir():
+        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
+    session = ort.InferenceSession(str(zoo_models.shipped("nudenet/320n.onnx")), providers=["CPUExecutionProvider"])
+    images = zoo_models.nchw(zoo_models.photos(32), 320, 320)
+    return np.concatenate([session.run(None, {"images": images[i:i + 1]})[0] for i in range(len(images))])
+
+
+def _rows(heads: np.ndarray) -> list[dict[str, np.ndarray]]:
+    return [{"output0": heads[i:i + 1]} for i in range(len(heads))]
+
+
+def test_a_real_yolov8_head_is_judged_by_its_detections(yolov8_heads):
+    metric, why = output_metric("output0", yolov8_heads)
+    assert metric == "detection" and "YOLOv8" in why
+    found = sum(len(detections.detect(detections.Layout(anchors_last=True), row)[0]) for row in yolov8_heads)
+    assert 0 < found < 100 * len(yolov8_heads)  # NMS leaves a few per photo of the thousands of anchors
+
+    # noise that moves no box far and no score across the threshold changes no detection, whatever
+    # it does to the relative error of 2100 background anchors
+    jittered = yolov8_heads * np.random.default_rng(0).uniform(0.99, 1.01, yolov8_heads.shape).astype(np.float32)
+    same = compare(_rows(yolov8_heads), _rows(jittered), None, "auto", 1.0)["outputs"]["output0"]
+    assert same["metric"] == "detection" and same["detection_agreement"] == 1.0 and same["within_budget"]
+
+
+def test_a_lost_object_and_a_changed_class_count_against(yolov8_heads):
+    layout = detections.Layout(anchors_last=True)
+    row = next(i for i, head in enumerate(yolov8_heads) if len(detections.detect(layout, head)[0]) >= 2)
+    first, second = detections.detect(layout, yolov8_heads[row])[0][:2]
+    boxes, _ = layout.boxes_scores(yolov8_heads[row])
+    changed = yolov8_heads.copy()
+    # every anchor on the first object loses its scores (the object is missed), every anchor on the
+    # second gives them to another class
+    on_first, on_second = detections.iou(first, boxes) > 0.3, detections.iou(second, boxes) > 0.3
+    changed[row, 4:, on_first] = 0.0
+    changed[row, 4:, on_second & ~on_first] = np.roll(changed[row, 4:, on_second & ~on_first], 1, axis=1)
+    result = compare(_rows(yolov8_heads), _rows(changed), None, "detection", 1.0)
+    entry = result["outputs"]["output0"]
+    assert entry["detections_fp32"] - entry["detections_matched"] >= 2 and not entry["within_budget"]
+    assert "detections kept" in describe(result)
+
+
+def _yolov5_head(boxes: list[tuple[float, float, float, float, float, int]], anchors: int = 300) -> np.ndarray:
+    """[1, anchors, 5 + 3]: (cx, cy, w, h, objectness, class) for the first anchors, background after."""
+    head = np.zeros((1, anchors, 8), np.float32)
+    head[0, :, :4] = (50, 50, 4, 4)
+    for i, (cx, cy, w, h, objectness, cls) in enumerate(boxes):
+        head[0, i, :5] = (cx, cy, w, h, objectness)
+        head[0, i, 5 + cls] = 0.9
+    return head
+
+
+def test_yolov5_layout_objectness_and_class_aware_nms():
+    head = _yolov5_head([(20, 20, 10, 10, 0.9, 0), (21, 20, 10, 10, 0.8, 0), (21, 20, 10, 10, 0.8, 1), (80, 80, 8, 8, 0.2, 2)])
+    layout = detections.layout(head)
+    assert layout == detections.Layout(anchors_last=False)
+    boxes, classes = detections.detect(layout, head[0])
+    # the second class-0 box overlaps the first and goes; the class-1 box stays; 0.2 x 0.9 is under the threshold
+    assert classes.tolist() == [0, 1] and np.allclose(boxes[0], (15, 15, 25, 25))
+
+
+def test_heads_without_decoded_boxes_or_detections_keep_the_relative_error():
+    grid_offsets = np.random.default_rng(1).normal(0, 1, (2, 3549, 6)).astype(np.float32)  # YOLOX before its decoder
+    assert output_metric("output", grid_offsets)[0] == "relerr"
+    background = _yolov5_head([])  # a head that found nothing: nothing to agree on
+    assert output_metric("output", background)[0] == "relerr"
+    with pytest.raises(InputError, match="not a detector head"):
+        compare([{"output": background}], [{"output": background}], None, "detection", 1.0)
