@@ -48,3 +48,14 @@ def test_efficientnet_lite0_recognises_a_real_photo(tmp_path):
     cat = zoo_models.nchw([data.chelsea()], 224, 224, mean=zoo_models.IMAGENET_MEAN, std=zoo_models.IMAGENET_STD)
     logits = unideploy.run(tmp_path / "pkg", {"x": cat})["output"]
     assert 281 <= int(np.argmax(logits)) <= 285  # ImageNet's domestic cats: the weights are real
+
+
+def test_yolov8_reaches_every_tflite_artifact_with_its_boxes_right(tmp_path):
+    """TensorFlow's TFLite converter mis-compiled the anchors YOLOv8n computes from Shape ops (every
+    box off by up to 623 pixels while onnx2tf's SavedModel matched): the fp32 check catches it and
+    the conversion is made again with constants folded; fp16 and int8 then hold the detection metric."""
+    cells = zoo.run_model(MODELS["nudenet-yolov8n"], ("edge",), tmp_path)
+    assert cells["edge"].status == "pass", cells["edge"].reason
+    manifest = zoo._manifest(tmp_path / "edge")
+    assert {"tflite-fp32", "tflite-fp16", "tflite-int8"} <= {a["id"] for a in manifest["artifacts"]}
+    assert manifest["validation"]["tflite-int8"]["accuracy"]["outputs"]["output0"]["metric"] == "detection"

@@ -84,23 +84,26 @@ def _shapes(signature: Signature) -> str:
 
 
 def _onnx2tf(onnx_path: Path, work: Path, signature: Signature, sample: dict[str, np.ndarray],
-             say: Progress) -> tuple[Path, Signature | None]:
-    """A SavedModel from onnx2tf, and the input sizes it was made at (None: the package's).
+             say: Progress, folded_only: bool = False) -> tuple[Path, Signature | None, bool]:
+    """A SavedModel from onnx2tf, the input sizes it was made at (None: the package's), and
+    whether constants were folded first.
 
     Shape arithmetic onnx2tf cannot trace gets two more tries: at batch 1, where its simplifier
     folds what depends on the batch (torch.export's ``as_strided`` becomes a Range over it), then
-    with ONNX Runtime's constant folding first (MiniLM's attention mask and scale)."""
+    with ONNX Runtime's constant folding first (MiniLM's attention mask and scale). ``folded_only``:
+    that last try alone, for a model whose unfolded conversion ran wrong."""
     fixed = fixed_signature(signature, sample)  # dynamic non-batch dims: converted at the sample's sizes
     pinned = fixed_signature(signature, sample, batch_too=True)
-    attempts = [(fixed, False)] + ([(pinned, False)] if fixed is None and pinned is not None else []) \
-        + [(pinned or fixed, True)]
+    attempts = [] if folded_only else \
+        [(fixed, False)] + ([(pinned, False)] if fixed is None and pinned is not None else [])
+    attempts.append((pinned or fixed, True))
     failures: list[ExportError] = []
     for shapes, folded in attempts:
         how = (" with constants folded" if folded else "") + (f" at {_shapes(shapes)}" if shapes else "")
         say(f"onnx2tf failed ({failures[-1].message}): converting again{how}" if failures
             else f"converting ONNX to TensorFlow with onnx2tf{how}")
         try:
-            return onnx_to_saved_model(onnx_path, work, shapes, folded), shapes
+            return onnx_to_saved_model(onnx_path, work, shapes, folded), shapes, folded
         except ExportError as failed:
             failures.append(failed)
     raise failures[0]  # what onnx2tf found in the model as it is
@@ -121,10 +124,15 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
         raise MissingDependencyError(f"the edge target needs LiteRT: {found.detail}", found.fix)
     source_dir = package.root / manifest.source["path"] if manifest.source.get("path") else None
     fixed = None  # the input sizes onnx2tf converts at, where the model has dynamic non-batch dims
+    refold: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, constants folded
     if framework == "tensorflow" and source_dir and source_dir.is_dir():
         saved_model, route = source_dir, "TensorFlow's converter"
     elif base is not None:
-        saved_model, fixed = _onnx2tf(package.path_of(base), work, manifest.signature, references[0][0], say)
+        def convert(folded_only: bool = False) -> tuple[Path, Signature | None, bool]:
+            return _onnx2tf(package.path_of(base), work, manifest.signature, references[0][0], say, folded_only)
+
+        saved_model, fixed, folded = convert()
+        refold = None if folded else lambda: convert(folded_only=True)
         route = "onnx2tf + TensorFlow's converter"
     else:
         raise ExportError("the package has no ONNX artifact to convert from")
@@ -138,7 +146,8 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
     variants = [("fp32", "fp32"), ("fp16", "fp16")] + ([("int8", "int8"), ("int8", "int8-dynamic")] if calibration else [])
     failed: dict[str, list[tuple[str, UnideployError]]] = {}
     made: set[str] = set()  # precisions added: the dynamic-range int8 runs only where full integer did not
-    for precision, mode in variants:
+    while variants:
+        precision, mode = variants.pop(0)
         if precision in made:
             continue
         say(f"converting to TFLite ({mode}, {route})")
@@ -153,6 +162,13 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
                 run, fitting = fitted(runtime.run, signature or manifest.signature, references)
                 if precision == "fp32":  # a conversion that should be exact is held to the default
                     record = validate(run, fitting, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
+                    if not record["passed"] and refold is not None:
+                        # TFLite's converter can mis-compile what onnx2tf left as shape arithmetic
+                        # (YOLOv8's anchors from Shape ops: every box wrong, the SavedModel right)
+                        say("TFLite fp32 differs from ONNX: converting again with constants folded")
+                        (saved_model, fixed, _), refold = refold(), None
+                        variants.insert(0, (precision, mode))
+                        continue
                     require_passed(record, "the TFLite fp32 artifact")
                 else:
                     say(f"judging TFLite {mode} against fp32")
