@@ -19,10 +19,10 @@ def _manifest(artifact: Artifact, samples) -> Manifest:
     return Manifest(name="m", version="1", source=source, signature=sig, artifacts=[artifact], samples=samples)
 
 
-def _write(dest, tmp_path, fail: bool = False):
+def _write(dest, tmp_path, fail: bool = False, overwrite: bool = False):
     blob = tmp_path / "blob.onnx"
     blob.write_bytes(b"fake model bytes")
-    with PackageWriter(dest) as writer:
+    with PackageWriter(dest, overwrite) as writer:
         artifact = writer.add_artifact(blob, Artifact("a", "artifacts/m.onnx", "onnx", "fp32", "", 0, ["onnxruntime"]))
         x = np.ones((1, 2), np.float32)
         samples = [writer.add_samples("samples/batch1.npz", 1, {"x": x}, {"y": x})]
@@ -86,3 +86,36 @@ def test_what_a_killed_writer_left_is_removed_by_the_next_one(tmp_path, name):
         (leftover / "manifest.json").write_text("{}")
     _write(out / name, tmp_path)
     assert sorted(p.name for p in out.iterdir()) == sorted([name, live.name])
+
+
+def test_replacing_a_directory_package_never_leaves_its_path_missing(tmp_path, monkeypatch):
+    """A server polling the repository reads the path while `deploy optimize --force` rewrites it:
+    each rewrite swaps old and new in one step (Linux's renameat2), the old one then removed; where
+    the swap is not available, two renames, the old one named so a later writer cleans it up."""
+    import threading
+
+    from unideploy.package import files, writer
+
+    dest = _write(tmp_path / "pkg", tmp_path)
+    missing, stop = [], threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            if not (dest / "manifest.json").exists():
+                missing.append(1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(30):
+            _write(dest, tmp_path, overwrite=True)
+    finally:
+        stop.set()
+        watcher.join()
+    assert missing == [] and sorted(p.name for p in tmp_path.iterdir()) == ["blob.onnx", "pkg"]
+    assert files.exchange_paths(tmp_path / "blob.onnx", dest) and (dest / "manifest.json").is_file() is False
+    files.exchange_paths(tmp_path / "blob.onnx", dest)  # this filesystem swaps: and back
+
+    monkeypatch.setattr(writer, "exchange_paths", lambda a, b: False)  # a kernel or filesystem without the swap
+    _write(dest, tmp_path, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blob.onnx", "pkg"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import os
@@ -92,6 +93,28 @@ def _running(pid: int) -> bool:
     except (PermissionError, OverflowError):
         return True  # another user's process (or an id no process can have: leave it be)
     return True
+
+
+RENAME_EXCHANGE = 2  # renameat2(2) flag: swap two existing paths in one step (Linux 3.15+)
+AT_FDCWD = -100
+
+
+def exchange_paths(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically where the kernel and filesystem can (Linux's
+    ``renameat2(RENAME_EXCHANGE)``; Python has no call for it); False where they cannot, and the
+    caller falls back to two renames."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not glibc >= 2.28 (macOS, musl, Windows)
+        return False
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):  # a kernel or filesystem without it
+        return False
+    raise OSError(code, os.strerror(code), str(b))
 
 
 def write_zip(directory: Path, dest: Path) -> None:

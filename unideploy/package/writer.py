@@ -2,7 +2,8 @@
 
 Everything is staged in a hidden directory beside the destination (same filesystem, so the final
 rename is atomic); an exception or Ctrl-C removes the staging area and leaves the destination as
-it was. A destination ending in ``.zip`` gets the archive form, also written then renamed.
+it was. Replacing an existing directory package swaps the two in one step where Linux can, so a
+server reading the path never finds it missing. A destination ending in ``.zip`` gets the archive form, also written then renamed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.package.files import digest_path, temp_prefix, write_zip
+from unideploy.package.files import digest_path, exchange_paths, temp_prefix, write_zip
 from unideploy.package.manifest import MANIFEST_NAME, SIGNATURE_NAME, Artifact, Manifest, SampleSet
 from unideploy.package.package import Package, samples_to_npz_dict
 
@@ -87,10 +88,13 @@ class PackageWriter:
         if self.as_zip:
             write_zip(self.staging, self.dest)
             shutil.rmtree(self.staging, ignore_errors=True)
+        elif self.dest.exists() and exchange_paths(self.staging, self.dest):
+            shutil.rmtree(self.staging, ignore_errors=True)  # which now holds the previous package
         else:
+            # two renames: for an instant the package path is missing (no atomic swap here)
             old = None
             if self.dest.exists():
-                old = self.dest.with_name(f".{self.dest.name}.old-{os.getpid()}")
+                old = self.staging.with_suffix(".old.partial")  # cleaned by temp_prefix if we die here
                 os.rename(self.dest, old)
             os.rename(self.staging, self.dest)
             if old is not None:
