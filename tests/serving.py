@@ -8,11 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 DEPLOY = shutil.which("deploy", path=str(Path(sys.executable).parent)) or "deploy"
 
@@ -77,3 +79,40 @@ def stop_server(server: RunningServer) -> None:
     except subprocess.TimeoutExpired:
         server.process.kill()
         raise
+
+
+MAX_REQUESTS, MAX_SECONDS = 20_000, 90
+
+
+class Load(threading.Thread):
+    """Requests to the digits model back to back over REST until stopped (bounded in count and time)."""
+
+    def __init__(self, server, x: np.ndarray) -> None:
+        super().__init__(daemon=True)
+        self.server, self.x = server, x
+        self.results: list[tuple[int, str, bytes]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(self.x.shape), "data": self.x.ravel().tolist()}]}
+        deadline = time.monotonic() + MAX_SECONDS
+        with self.server.client() as http:
+            while not self.stop.is_set() and len(self.results) < MAX_REQUESTS and time.monotonic() < deadline:
+                r = http.post("/v2/models/digits/infer", json=body)
+                version = r.json().get("model_version", "") if r.status_code == 200 else r.text
+                data = np.asarray(r.json()["outputs"][0]["data"], np.float32).tobytes() if r.status_code == 200 else b""
+                self.results.append((r.status_code, version, data))
+
+    def latest(self) -> tuple[int, str, bytes]:
+        return self.results[-1] if self.results else (0, "", b"")
+
+    def more(self, count: int = 20) -> None:
+        """Wait until ``count`` more requests than so far have been answered."""
+        served = len(self.results)
+        self.server.wait_for(lambda: len(self.results) > served + count, what="more traffic")
+
+    def finish(self) -> list[tuple[int, str, bytes]]:
+        """Stop; the requests that did not succeed."""
+        self.stop.set()
+        self.join(timeout=30)
+        return [r for r in self.results if r[0] != 200]

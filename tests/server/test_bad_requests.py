@@ -104,6 +104,9 @@ REST_CASES = [
     ("shadow version as a path", "PUT /v2/models/digits/routing",
      json.dumps({"variants": [{"name": "a", "version": "1", "weight": 1}], "shadow": {"version": "/etc"}}).encode(),
      {}, 400, "must be a version number"),
+    ("rows over --max-request-rows", "/v2/models/digits/infer",
+     body(good_input(shape=[65, 1, 8, 8], data=[0.0] * 65 * 64)), {}, 400,
+     "request of 65 rows exceeds the limit of 64"),
     ("metadata of unknown model", "GET /v2/models/nope", b"", {}, 404, "unknown model"),
     ("ready of unknown version", "GET /v2/models/digits/versions/7/ready", b"", {}, 503, ""),
     ("config of unknown model", "GET /v2/models/nope/config", b"", {}, 404, "unknown model"),
@@ -122,7 +125,8 @@ REST_CASES = [
 def small_limit_server(repo, tmp_path_factory):
     from serving import start_server, stop_server
 
-    running = start_server(repo, tmp_path_factory.mktemp("limit"), "--max-request-bytes", str(1024 * 1024))
+    running = start_server(repo, tmp_path_factory.mktemp("limit"), "--max-request-bytes", str(1024 * 1024),
+                           "--max-request-rows", "64")
     yield running
     stop_server(running)
 
@@ -203,13 +207,26 @@ def test_grpc_unknown_model_metadata(server):
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_grpc_oversized_request_gets_the_limit_and_the_option(small_limit_server):
-    """Just over --max-request-bytes, gRPC answers as REST does: the size, the limit, the option."""
-    request = _grpc_request(inputs=lambda r: r.raw_input_contents.append(b"\0" * (1024 * 1024 + 10)))
+ROWS = np.zeros((65, 1, 8, 8), np.float32)
+LIMIT_CASES = [
+    # just over --max-request-bytes, gRPC answers as REST does: the size, the limit, the option
+    ("bytes", _grpc_request(inputs=lambda r: r.raw_input_contents.append(b"\0" * (1024 * 1024 + 10))),
+     grpc.StatusCode.RESOURCE_EXHAUSTED, "exceeds the limit of 1048576 bytes (the server's --max-request-bytes)"),
+    ("rows", _grpc_request(inputs=lambda r: (r.inputs[0].ClearField("shape"), r.inputs[0].shape.extend(ROWS.shape),
+                                             r.inputs[0].contents.ClearField("fp32_contents"),
+                                             r.raw_input_contents.append(ROWS.tobytes()))),
+     grpc.StatusCode.INVALID_ARGUMENT, "request of 65 rows exceeds the limit of 64 (send it in smaller batches, "
+                                       "or raise --max-request-rows)"),
+]
+
+
+@pytest.mark.parametrize("case", LIMIT_CASES, ids=[c[0] for c in LIMIT_CASES])
+def test_grpc_requests_over_a_limit_get_the_limit_and_the_option(small_limit_server, case):
+    _, request, code, fragment = case
     with grpc.insecure_channel(small_limit_server.grpc) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
             stub.ModelInfer(request, timeout=30)
-        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "exceeds the limit of 1048576 bytes (the server's --max-request-bytes)" in caught.value.details()
+        assert caught.value.code() == code
+        assert fragment in caught.value.details()
         assert stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=30).ready

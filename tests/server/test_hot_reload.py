@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -13,9 +12,7 @@ import numpy as np
 import pytest
 
 import unideploy
-
-MAX_REQUESTS, MAX_SECONDS = 20_000, 90
-
+from serving import Load
 
 def zipped(package: Path, dest: Path) -> Path:
     """The package as a .zip written beside ``dest`` and renamed onto it (atomic, as deployers do)."""
@@ -24,29 +21,6 @@ def zipped(package: Path, dest: Path) -> Path:
         shutil.make_archive(str(tmp), "zip", pkg.root)
     os.replace(f"{tmp}.zip", dest)
     return dest
-
-
-class Load(threading.Thread):
-    """Requests back to back over REST until stopped (bounded in count and time)."""
-
-    def __init__(self, server, x: np.ndarray) -> None:
-        super().__init__(daemon=True)
-        self.server, self.x = server, x
-        self.results: list[tuple[int, str, bytes]] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(self.x.shape), "data": self.x.ravel().tolist()}]}
-        deadline = time.monotonic() + MAX_SECONDS
-        with self.server.client() as http:
-            while not self.stop.is_set() and len(self.results) < MAX_REQUESTS and time.monotonic() < deadline:
-                r = http.post("/v2/models/digits/infer", json=body)
-                version = r.json().get("model_version", "") if r.status_code == 200 else r.text
-                data = np.asarray(r.json()["outputs"][0]["data"], np.float32).tobytes() if r.status_code == 200 else b""
-                self.results.append((r.status_code, version, data))
-
-    def latest(self) -> tuple[int, str, bytes]:
-        return self.results[-1] if self.results else (0, "", b"")
 
 
 @pytest.fixture
@@ -73,7 +47,7 @@ def test_versions_come_and_go_without_a_failed_request(reload_server, digits, to
     load = Load(reload_server, x)
     load.start()
     try:
-        reload_server.wait_for(lambda: len(load.results) > 20, what="traffic")
+        load.more()
         # 1. a new version appears: it takes over (policy: latest 1)
         zipped(digits["package"], model_dir / "2.zip")
         reload_server.wait_for(lambda: load.latest()[1] == "2", what="version 2 to serve")
@@ -83,13 +57,10 @@ def test_versions_come_and_go_without_a_failed_request(reload_server, digits, to
         # 3. a corrupt version 3 appears: it is refused, version 2 keeps serving
         (model_dir / "3.zip").write_bytes(b"PK\x03\x04 this is not a package")
         reload_server.wait_for(lambda: "version 3 failed to load" in reload_server.log.read_text(), what="the refusal")
-        served_before = len(load.results)
-        reload_server.wait_for(lambda: len(load.results) > served_before + 20, what="more traffic")
+        load.more()
     finally:
-        load.stop.set()
-        load.join(timeout=30)
-    statuses = [s for s, _, _ in load.results]
-    assert statuses.count(200) == len(statuses), f"failed requests: {[r for r in load.results if r[0] != 200][:3]}"
+        failed = load.finish()
+    assert failed == [], f"failed requests: {failed[:3]}"
     assert load.latest()[1] == "2" and load.latest()[2] == expected_other
     assert any(v == "1" and d == expected_digits for _, v, d in load.results)
     with reload_server.client() as http:

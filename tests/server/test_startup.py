@@ -115,3 +115,31 @@ def test_signature_settings_must_come_together(tmp_path):
     with pytest.raises(InputError, match="trust either a public key or a certificate chain"):
         ServerConfig(tmp_path, require_signed=True).trusted_signers()
     assert ServerConfig(tmp_path).trusted_signers() is None
+
+
+def test_one_package_as_the_whole_repository_serves_as_kserve_mounts_it(digits, tmp_path):
+    """KServe's storage initializer puts a single model's storageUri in /mnt/models: a package
+    directory there serves as the model its manifest names, and nothing is written into it."""
+    import hashlib
+    import shutil
+
+    import numpy as np
+
+    from serving import start_server, stop_server
+
+    mnt = tmp_path / "mnt" / "models"
+    shutil.copytree(digits["package"], mnt)
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in mnt.rglob("*") if p.is_file()}
+    server = start_server(mnt, tmp_path)
+    try:
+        with server.client() as http:
+            assert http.get("/v2/models/digits").json()["versions"] == ["1"]
+            x = np.zeros((2, 1, 8, 8), np.float32)
+            body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8], "data": x.ravel().tolist()}]}
+            answer = http.post("/v2/models/digits/infer", json=body)
+            assert answer.status_code == 200 and answer.json()["model_version"] == "1"
+            refused = http.put("/v2/models/digits/routing", json={"variants": [{"name": "a", "version": "1", "weight": 1}]})
+            assert refused.status_code == 400  # one version, nothing to route: and no file written
+    finally:
+        stop_server(server)
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in mnt.rglob("*") if p.is_file()} == before

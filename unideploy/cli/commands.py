@@ -254,6 +254,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     overrides = {
         "host": args.host, "http_port": args.http_port, "grpc_port": args.grpc_port,
         "poll_interval_s": args.poll_interval, "max_request_bytes": args.max_request_bytes,
+        "max_request_rows": args.max_request_rows,
         "tls_cert": Path(args.tls_cert) if args.tls_cert else None,
         "tls_key": Path(args.tls_key) if args.tls_key else None, "workers": args.workers,
         "inference_token": os.environ.get("UNIDEPLOY_INFERENCE_TOKEN") or None,  # empty means unset
@@ -263,8 +264,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "trusted_chain": tuple(Path(c) for c in args.trusted_chain) or None,
     }
     if args.config:
-        config = ServerConfig.from_file(Path(args.config), repository=Path(args.repository), **overrides)
+        config = ServerConfig.from_file(Path(args.config), repository=args.repository, **overrides)
     else:
-        config = ServerConfig(Path(args.repository), **{k: v for k, v in overrides.items() if v is not None})
+        config = ServerConfig(args.repository, **{k: v for k, v in overrides.items() if v is not None})
     serve(config)
     return 0

@@ -8,14 +8,17 @@ import json
 import logging
 import signal
 import socket
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from unideploy.errors import InputError
-from unideploy.server.config import ServerConfig
+from unideploy.server.config import ServerConfig, is_remote
 from unideploy.server.dataplane import DataPlane
 from unideploy.server.metrics import ServerMetrics
 from unideploy.server.models import ModelRegistry
+from unideploy.server.remote import RemoteRepository
 from unideploy.server.repository import scan
 
 log = logging.getLogger("unideploy.server")
@@ -24,12 +27,22 @@ SHUTDOWN_GRACE_S = 10.0
 
 class Server:
     def __init__(self, config: ServerConfig) -> None:
-        scan(config.repository)  # a missing repository is a user error, before any port opens
+        self.remote = None
+        repository = config.repository
+        if is_remote(repository):  # mirrored into a local folder the registry watches (server/remote.py)
+            self.remote = RemoteRepository(str(repository), Path(tempfile.mkdtemp(prefix="unideploy-remote-repo-")))
+            try:
+                self.remote.sync()
+            except BaseException:
+                self.remote.close()
+                raise
+            repository = self.remote.mirror
+        scan(repository)  # a missing repository is a user error, before any port opens
         self.config = config
         self.metrics = ServerMetrics()
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="unideploy-model")
-        self.registry = ModelRegistry(config.repository, self.executor, self.metrics, config.trusted_signers())
-        self.dataplane = DataPlane(self.registry, self.metrics)
+        self.registry = ModelRegistry(repository, self.executor, self.metrics, config.trusted_signers())
+        self.dataplane = DataPlane(self.registry, self.metrics, config.max_request_rows)
         self._stop = asyncio.Event()
 
     async def run(self) -> None:
@@ -90,11 +103,15 @@ class Server:
         await asyncio.gather(http_task, grpc_server.stop(SHUTDOWN_GRACE_S), return_exceptions=True)
         await self.registry.close()
         self.executor.shutdown(wait=True)
+        if self.remote is not None:
+            self.remote.close()
 
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self.config.poll_interval_s)
             try:
+                if self.remote is not None:  # downloads run beside the event loop, which keeps serving
+                    await asyncio.get_running_loop().run_in_executor(None, self.remote.sync)
                 await self.registry.sync()
             except Exception:  # the watcher must outlive any one bad scan
                 log.exception("repository scan failed; will try again")

@@ -26,16 +26,23 @@ if TYPE_CHECKING:
     from unideploy.package.signing import TrustedSigners
 
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_REQUEST_ROWS = 4096
+
+
+def is_remote(repository: str | Path) -> bool:
+    """A repository given as a URL (s3://, gs://, ...) rather than a local folder."""
+    return isinstance(repository, str) and "://" in repository
 
 
 @dataclass
 class ServerConfig:
-    repository: Path
+    repository: Path | str  # a local folder, or a URL (s3://bucket/prefix, gs://...): server/remote.py
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
     poll_interval_s: float = 2.0  # 0 disables watching the repository
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_request_rows: int = DEFAULT_MAX_REQUEST_ROWS  # rows (the batch dimension) of one request, both protocols
     inference_token: str | None = None  # bearer token for inference and metadata
     repository_token: str | None = None  # bearer token for the repository and routing APIs
     tls_cert: Path | None = None
@@ -58,7 +65,8 @@ class ServerConfig:
         return cls(**data)
 
     def __post_init__(self) -> None:
-        self.repository = Path(self.repository)
+        if not is_remote(self.repository):
+            self.repository = Path(self.repository)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InputError("TLS needs both --tls-cert and --tls-key")
         self.trusted_key = Path(self.trusted_key) if self.trusted_key else None

@@ -35,9 +35,10 @@ class InferResult:
 
 
 class DataPlane:
-    def __init__(self, registry: ModelRegistry, metrics: ServerMetrics) -> None:
+    def __init__(self, registry: ModelRegistry, metrics: ServerMetrics, max_request_rows: int) -> None:
         self.registry = registry
         self.metrics = metrics
+        self.max_request_rows = max_request_rows
         self._shadow_tasks: set[asyncio.Task] = set()
 
     # -- health and metadata -----------------------------------------------------------------
@@ -114,6 +115,10 @@ class DataPlane:
             chosen = model.routing.choose(headers, self.registry.rng)
             variant, version = chosen.name, chosen.version
         served = self.registry.get(name, version)
+        rows = max((np.shape(v)[0] for v in inputs.values() if np.ndim(v)), default=0)
+        if rows > self.max_request_rows:  # a few bytes per row can still be millions of runtime rows
+            raise BadRequest(f"request of {rows} rows exceeds the limit of {self.max_request_rows}",
+                             "send it in smaller batches, or raise --max-request-rows")
         arrays = served.signature.validate_inputs(inputs)
         if requested:
             unknown = [o for o in requested if o not in served.signature.output_names]

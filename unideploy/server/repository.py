@@ -1,16 +1,22 @@
 """What the repository on disk asks to be served: ``REPO/<model>/<version>/`` (a package
 directory) or ``REPO/<model>/<version>.zip``; versions are whole numbers, as in Triton and TF
 Serving. A fingerprint per version (sizes and times of its files) tells the watcher what changed.
+
+REPO may also be one package directory (``manifest.json`` at its top), as KServe's storage
+initializer leaves a single model's ``storageUri`` in ``/mnt/models``: it serves as the one model
+its manifest names, at its manifest's version when that is a whole number, else version 1.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from unideploy.errors import InputError
+from unideploy.package.manifest import MANIFEST_NAME
 from unideploy.server.config import ModelSettings, model_settings
 
 log = logging.getLogger("unideploy.server")
@@ -49,10 +55,30 @@ def _versions_on_disk(directory: Path) -> dict[str, Path]:
     return dict(sorted(found.items(), key=lambda kv: int(kv[0])))
 
 
+def _single_package(directory: Path) -> ModelSource:
+    """A repository that is one package: its model name and version from its manifest (read
+    leniently: a broken manifest still gives a model, whose load then fails with the reason)."""
+    try:
+        model = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))["model"]
+    except (OSError, ValueError, TypeError, KeyError):
+        model = {}
+    model = model if isinstance(model, dict) else {}
+    named = model.get("name")
+    name = named if isinstance(named, str) and MODEL_NAME.match(named) else \
+        (directory.resolve().name if MODEL_NAME.match(directory.resolve().name) else "model")
+    declared = str(model.get("version", ""))
+    version = str(int(declared)) if declared.isascii() and declared.isdigit() else "1"
+    source = VersionSource(name, version, directory, _fingerprint(directory))
+    return ModelSource(name, directory, ModelSettings(), {version: source})
+
+
 def scan(repository: Path) -> dict[str, ModelSource]:
     if not repository.is_dir():
         raise InputError(f"model repository '{repository}' is not a directory",
                          "create REPO/<model>/<version>/ holding packages from 'deploy export'")
+    if (repository / MANIFEST_NAME).is_file():
+        single = _single_package(repository)
+        return {single.name: single}
     models = {}
     for directory in sorted(p for p in repository.iterdir() if p.is_dir() and MODEL_NAME.match(p.name)):
         try:
