@@ -75,7 +75,8 @@ def _yolov5_head(boxes: list[tuple[float, float, float, float, float, int]], anc
 
 
 def test_yolov5_layout_objectness_and_class_aware_nms():
-    head = _yolov5_head([(20, 20, 10, 10, 0.9, 0), (21, 20, 10, 10, 0.8, 0), (21, 20, 10, 10, 0.8, 1), (80, 80, 8, 8, 0.2, 2)])
+    head = _yolov5_head([(20, 20, 10, 10, 0.9, 0), (21, 20, 10, 10, 0.8, 0), (21, 20, 10, 10, 0.8, 1),
+                         (80, 80, 8, 8, 0.2, 2)])
     layout = detections.layout(head)
     assert layout == detections.Layout(anchors_last=False)
     boxes, classes = detections.detect(layout, head[0])

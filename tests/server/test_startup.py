@@ -138,7 +138,8 @@ def test_one_package_as_the_whole_repository_serves_as_kserve_mounts_it(digits, 
             body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8], "data": x.ravel().tolist()}]}
             answer = http.post("/v2/models/digits/infer", json=body)
             assert answer.status_code == 200 and answer.json()["model_version"] == "1"
-            refused = http.put("/v2/models/digits/routing", json={"variants": [{"name": "a", "version": "1", "weight": 1}]})
+            routing = {"variants": [{"name": "a", "version": "1", "weight": 1}]}
+            refused = http.put("/v2/models/digits/routing", json=routing)
             assert refused.status_code == 400  # one version, nothing to route: and no file written
     finally:
         stop_server(server)

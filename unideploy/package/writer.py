@@ -3,7 +3,8 @@
 Everything is staged in a hidden directory beside the destination (same filesystem, so the final
 rename is atomic); an exception or Ctrl-C removes the staging area and leaves the destination as
 it was. Replacing an existing directory package swaps the two in one step where Linux can, so a
-server reading the path never finds it missing. A destination ending in ``.zip`` gets the archive form, also written then renamed.
+server reading the path never finds it missing. A destination ending in ``.zip`` gets the archive
+form, also written then renamed.
 """
 
 from __future__ import annotations

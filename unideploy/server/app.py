@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from unideploy.errors import InputError
+from unideploy.package.files import temp_prefix
 from unideploy.server.config import ServerConfig, is_remote
 from unideploy.server.dataplane import DataPlane
 from unideploy.server.metrics import ServerMetrics
@@ -30,7 +31,10 @@ class Server:
         self.remote = None
         repository = config.repository
         if is_remote(repository):  # mirrored into a local folder the registry watches (server/remote.py)
-            self.remote = RemoteRepository(str(repository), Path(tempfile.mkdtemp(prefix="unideploy-remote-repo-")))
+            temp = Path(tempfile.gettempdir())  # a mirror left by a killed server goes when the next one starts
+            prefix = temp_prefix(temp, "unideploy-remote-repo-", ".mirror")
+            mirror = Path(tempfile.mkdtemp(prefix=prefix, suffix=".mirror"))
+            self.remote = RemoteRepository(str(repository), mirror)
             try:
                 self.remote.sync()
             except BaseException:

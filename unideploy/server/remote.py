@@ -106,7 +106,8 @@ class RemoteRepository:
 def _served(parts: list[str]) -> bool:
     """Whether an object is one the server reads: ``<model>/<version>/...``, ``<model>/<version>.zip``,
     ``<model>/model.yaml`` or ``routing.yaml`` (not other objects, hidden names or ``..``)."""
-    if len(parts) < 2 or not MODEL_NAME.match(parts[0]) or any(p in ("", ".", "..") or p.startswith(".") for p in parts):
+    hidden = any(p in ("", ".", "..") or p.startswith(".") for p in parts)
+    if len(parts) < 2 or not MODEL_NAME.match(parts[0]) or hidden:
         return False
     entry = parts[1]
     if len(parts) > 2:
