@@ -81,7 +81,8 @@ def digits(work: Path) -> dict[str, Any]:
         "int8": {"quantize": "int8", **common},
         "int8-static": {"quantize": "int8", "int8_variant": "static", **common},
         "fp16": {"quantize": "fp16", **common},
-        "sparse80": {"prune": 0.8, **common},
+        "sparse80": {"prune": 0.8, **common},  # the default scope: the same share of every output row
+        "sparse80-global": {"prune": 0.8, "prune_scope": "global", **common},
         "sparse80-norefit": {"prune": 0.8, "refit": False, "max_accuracy_drop": 100.0, **common},
         "slim50": {"prune": 0.5, "prune_method": "channels", "max_accuracy_drop": 5.0, **common},
     })
