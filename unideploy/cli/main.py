@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("serve", help="serve a model repository over REST and gRPC (Open Inference Protocol v2)")
-    p.add_argument("repository", help="REPO/<model>/<version>/ holding packages (directories or .zip): a folder, or s3://bucket/prefix, gs://...")
+    p.add_argument("repository", help="REPO/<model>/<version>/ holding packages (directories or .zip): "
+                                      "a folder, or s3://bucket/prefix, gs://...")
     p.add_argument("--host", default=None, help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--http-port", type=int, default=None, help="REST port (default: 8000)")
     p.add_argument("--grpc-port", type=int, default=None, help="gRPC port (default: 8001)")
@@ -174,7 +175,8 @@ def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
     g.add_argument("--metric", action="append", metavar="[OUTPUT=]NAME",
                    help=f"how outputs are judged, repeatable: {', '.join(METRICS)} (for every output, or OUTPUT=NAME "
                         "for one); auto (default) picks per output: top1 for class scores (accuracy with labels), "
-                        "cosine for embeddings, detection for YOLO-style detector heads, relerr for boxes/maps/regression")
+                        "cosine for embeddings, detection for YOLO-style detector heads, "
+                        "relerr for boxes/maps/regression")
     g.add_argument("--min-cosine", type=float, metavar="C",
                    help="budget of cosine-judged outputs: mean cosine to fp32 at least C (default 1 - budget/100)")
 

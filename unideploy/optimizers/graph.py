@@ -179,7 +179,8 @@ def _session(model: onnx.ModelProto, tensors: list[str]) -> Any:
 
 def input_statistics(model: onnx.ModelProto, layers: list[Layer], batches: list[Batch]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Mean and variance of every input feature of each layer on ``batches`` (per channel for a
-    convolution, over the batch and positions; per last-axis feature for Gemm/MatMul): layer name -> (mean, variance)."""
+    convolution, over the batch and positions; per last-axis feature for Gemm/MatMul): layer
+    name -> (mean, variance)."""
     tensors = [layer.node.input[0] for layer in layers]
     kinds = {layer.node.input[0]: layer.kind for layer in layers}
     session = _session(model, tensors)
