@@ -3,7 +3,8 @@
 Exporting runs the source framework on the model (conversion traces it; validation runs it on the
 reference samples). A model file is code: a TorchScript ``forward`` can map, read and write files
 (``aten::from_file``, ``aten::save``), a SavedModel graph can (ReadFile, WriteFile, MatchingFiles)
-or call back into Python (PyFunc), and a Keras Lambda layer is Python bytecode stored in the file.
+or call back into Python (PyFunc), a MindIR can dump tensors to files (TensorDump) or run Python
+(PyExecute), and a Keras Lambda layer is Python bytecode stored in the file.
 Each exporter lists what its model holds of these before running it (loading TorchScript or a
 SavedModel's graph runs nothing), and the export stops with that list unless the user passed
 ``--trust-source``. Loading can run code too: ``torch.export.load`` unpickles a ``.pt2``'s pickled
@@ -43,6 +44,14 @@ TENSORFLOW_OPS = {
     "EagerPyFunc": "calls Python code",
 }
 KERAS_LAYERS = {"Lambda": "runs Python bytecode stored in the file"}
+# MindSpore primitives that write files or run Python when a MindIR runs (GraphCell)
+MINDSPORE_OPS = {
+    "TensorDump": "writes .npy files",
+    "DumpGradient": "writes .npy files",
+    "PyExecute": "runs Python code",
+    "PyInterpret": "runs Python code",
+    "PyFunc": "calls Python code",
+}
 
 
 def check(findings: Iterable[str], src: Path, trusted: bool) -> None:
@@ -121,6 +130,12 @@ def savedmodel_findings(proto: Any) -> list[str]:
             findings += _described({n.op for n in function.node_def}, TENSORFLOW_OPS,
                                    f"function {function.signature.name}")
     return findings
+
+
+def mindir_findings(primitives: Iterable[str]) -> list[str]:
+    """Flagged primitives among those a MindIR file defines (its main graph and every subgraph
+    call primitives from the one model-level list)."""
+    return _described(set(primitives), MINDSPORE_OPS, "the file's primitives")
 
 
 def keras_findings(src: Path) -> list[str]:

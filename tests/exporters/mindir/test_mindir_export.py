@@ -109,3 +109,25 @@ def test_cli_keep_native_only_then_run_and_verify(mindir_models, tmp_path):
     assert np.asarray(json.loads(run.stdout)["outputs"]["output"]["data"]).shape == (2, 6)
     verify = json.loads(deploy("verify", pkg, "--json").stdout)
     assert [a["status"] for a in verify["artifacts"]] == ["passed"]
+
+
+def test_a_mindir_that_dumps_tensors_to_files_is_refused_before_mindspore_runs_it(tmp_path, monkeypatch):
+    """ops.TensorDump writes an .npy file (in the working directory) each time the graph runs:
+    the scan names it, even with --keep-native-only, and nothing is run or written."""
+    import mindspore as ms
+
+    class Leaky(ms.nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dump, self.dense = ms.ops.TensorDump(), ms.nn.Dense(4, 2)
+
+        def construct(self, x):
+            self.dump("leak.npy", x)
+            return self.dense(x)
+
+    ms.export(Leaky(), ms.Tensor(np.zeros((1, 4), np.float32)), file_name=str(tmp_path / "leaky"), file_format="MINDIR")
+    monkeypatch.chdir(tmp_path)
+    for native_only in (False, True):
+        with pytest.raises(InputError, match=r"TensorDump \(writes \.npy files\).*--trust-source"):
+            unideploy.export(tmp_path / "leaky.mindir", tmp_path / "pkg", keep_native_only=native_only)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["leaky.mindir"]

@@ -13,6 +13,7 @@ import importlib.metadata
 from pathlib import Path
 
 from unideploy.errors import ExportError, first_line
+from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.mindir.ops import OPSET
 from unideploy.exporters.mindir.reader import MindIRGraph, TensorInfo, read_mindir
@@ -54,6 +55,7 @@ class MindIRExporter(Exporter):
         import onnx
 
         graph = read_mindir(src)
+        trust.check(trust.mindir_findings(graph.primitives), src, options.trust_source)  # before MindSpore runs it
         signature = signature_of(graph, options)
         runtime = MindSporeRuntime(src, signature)
         onnx_path = None

@@ -60,6 +60,7 @@ class MindIRGraph:
     constants: dict[str, Any]
     calls: list[Call] = field(default_factory=list)
     subgraph_calls: list[str] = field(default_factory=list)  # ops that call nested graphs (control flow)
+    primitives: list[str] = field(default_factory=list)  # op types of every primitive the file defines
 
 
 def short_name(name: str) -> str:
@@ -158,6 +159,7 @@ def read_mindir(path: Path) -> MindIRGraph:
         output_infos=[info for o in graph.output for info in _output_infos(o)],
         parameters={p.name: tensor_value(p) for p in graph.parameter},
         constants={},
+        primitives=[p.op_type for p in model.primitives],
     )
     for node in graph.node:
         attrs = {a.name: a for a in node.attribute}
