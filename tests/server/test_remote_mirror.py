@@ -42,7 +42,8 @@ def test_only_what_changed_is_downloaded_again_and_deletions_follow(remote, monk
     repository.sync()
     fetched = []
     original = repository.fs.get_file
-    monkeypatch.setattr(repository.fs, "get_file", lambda src, dst, **kw: (fetched.append(src), original(src, dst, **kw)))
+    monkeypatch.setattr(repository.fs, "get_file",
+                        lambda src, dst, **kw: (fetched.append(src), original(src, dst, **kw)))
     assert repository.sync() == [] and fetched == []
     fs.pipe(f"{root}/digits/1/artifacts/model.onnx", b"new weights")
     fs.rm(f"{root}/digits/2.zip")
