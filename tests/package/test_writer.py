@@ -94,7 +94,7 @@ def test_replacing_a_directory_package_never_leaves_its_path_missing(tmp_path, m
     the swap is not available, two renames, the old one named so a later writer cleans it up."""
     import threading
 
-    from unideploy.package import files, writer
+    from unideploy.package import files
 
     dest = _write(tmp_path / "pkg", tmp_path)
     missing, stop = [], threading.Event()
@@ -116,6 +116,6 @@ def test_replacing_a_directory_package_never_leaves_its_path_missing(tmp_path, m
     assert files.exchange_paths(tmp_path / "blob.onnx", dest) and (dest / "manifest.json").is_file() is False
     files.exchange_paths(tmp_path / "blob.onnx", dest)  # this filesystem swaps: and back
 
-    monkeypatch.setattr(writer, "exchange_paths", lambda a, b: False)  # a kernel or filesystem without the swap
+    monkeypatch.setattr(files, "exchange_paths", lambda a, b: False)  # a kernel or filesystem without the swap
     _write(dest, tmp_path, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blob.onnx", "pkg"]

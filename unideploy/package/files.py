@@ -117,6 +117,23 @@ def exchange_paths(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
+def replace_path(staged: Path, target: Path) -> None:
+    """Put ``staged`` (a file or directory) where ``target`` is, on the same filesystem. An existing
+    target of the same kind is swapped in one step where the kernel can, so readers never find the
+    path missing; elsewhere it is moved aside (``<stem>.old<suffix>`` beside ``staged``, a name the
+    caller's stale-staging cleanup covers) just before ``staged`` is renamed in, then removed."""
+    if target.exists() and staged.is_dir() == target.is_dir() and exchange_paths(staged, target):
+        old = staged  # the swap left the previous target there
+    else:
+        old = None
+        if target.exists():  # two renames: for an instant the path is missing
+            old = staged.with_name(f"{staged.stem}.old{staged.suffix}")
+            os.rename(target, old)
+        os.rename(staged, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+
+
 def write_zip(directory: Path, dest: Path) -> None:
     """Zip every file under ``directory`` into ``dest``: written beside it, then renamed."""
     fd, tmp_zip = tempfile.mkstemp(prefix=temp_prefix(dest.parent, f".{dest.name}.", ".partial"), suffix=".partial",

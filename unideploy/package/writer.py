@@ -9,7 +9,6 @@ form, also written then renamed.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.package.files import digest_path, exchange_paths, temp_prefix, write_zip
+from unideploy.package.files import digest_path, replace_path, temp_prefix, write_zip
 from unideploy.package.manifest import MANIFEST_NAME, SIGNATURE_NAME, Artifact, Manifest, SampleSet
 from unideploy.package.package import Package, samples_to_npz_dict
 
@@ -89,17 +88,8 @@ class PackageWriter:
         if self.as_zip:
             write_zip(self.staging, self.dest)
             shutil.rmtree(self.staging, ignore_errors=True)
-        elif self.dest.exists() and exchange_paths(self.staging, self.dest):
-            shutil.rmtree(self.staging, ignore_errors=True)  # which now holds the previous package
         else:
-            # two renames: for an instant the package path is missing (no atomic swap here)
-            old = None
-            if self.dest.exists():
-                old = self.staging.with_suffix(".old.partial")  # cleaned by temp_prefix if we die here
-                os.rename(self.dest, old)
-            os.rename(self.staging, self.dest)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            replace_path(self.staging, self.dest)
         return self.dest
 
     def abort(self) -> None:

@@ -8,13 +8,10 @@ import json
 import logging
 import signal
 import socket
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from unideploy.errors import InputError
-from unideploy.package.files import temp_prefix
 from unideploy.server.config import ServerConfig, is_remote
 from unideploy.server.dataplane import DataPlane
 from unideploy.server.metrics import ServerMetrics
@@ -31,15 +28,7 @@ class Server:
         self.remote = None
         repository = config.repository
         if is_remote(repository):  # mirrored into a local folder the registry watches (server/remote.py)
-            temp = Path(tempfile.gettempdir())  # a mirror left by a killed server goes when the next one starts
-            prefix = temp_prefix(temp, "unideploy-remote-repo-", ".mirror")
-            mirror = Path(tempfile.mkdtemp(prefix=prefix, suffix=".mirror"))
-            self.remote = RemoteRepository(str(repository), mirror)
-            try:
-                self.remote.sync()
-            except BaseException:
-                self.remote.close()
-                raise
+            self.remote = RemoteRepository.mirrored(str(repository))
             repository = self.remote.mirror
         scan(repository)  # a missing repository is a user error, before any port opens
         self.config = config

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from unideploy.errors import InputError, MissingDependencyError, first_line
-from unideploy.package.files import exchange_paths, temp_prefix
+from unideploy.package.files import replace_path, temp_prefix
 from unideploy.server.repository import MODEL_NAME
 
 log = logging.getLogger("unideploy.server")
@@ -43,6 +43,22 @@ class RemoteRepository:
         self.url, self.mirror = url, mirror
         self.root = self.root.rstrip("/")
         self._mirrored: dict[str, tuple] = {}  # "model/1", "model/1.zip", "model/model.yaml" -> fingerprint
+
+    @classmethod
+    def mirrored(cls, url: str) -> "RemoteRepository":
+        """The repository at ``url`` mirrored into a new private temporary folder, synced once (a
+        missing bucket is refused here, the folder removed); a mirror a killed server left behind
+        is removed when the next one starts."""
+        temp = Path(tempfile.gettempdir())
+        prefix = temp_prefix(temp, "unideploy-remote-repo-", ".mirror")
+        mirror = Path(tempfile.mkdtemp(prefix=prefix, suffix=".mirror"))
+        try:
+            repository = cls(url, mirror)
+            repository.sync()
+        except BaseException:
+            shutil.rmtree(mirror, ignore_errors=True)
+            raise
+        return repository
 
     def sync(self) -> list[str]:
         """Bring the mirror up to date with the remote repository; the entries that changed."""
@@ -89,13 +105,7 @@ class RemoteRepository:
                 local = staged / Path(name).relative_to(entry) if name != entry else staged
                 local.parent.mkdir(parents=True, exist_ok=True)
                 self.fs.get_file(f"{self.root}/{name}", str(local))
-            if target.exists() and staged.is_dir() == target.is_dir() and exchange_paths(staged, target):
-                return
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-            staged.rename(target)
+            replace_path(staged, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
