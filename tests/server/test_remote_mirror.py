@@ -37,6 +37,15 @@ def test_only_what_the_server_reads_is_mirrored(remote):
                                          "digits/model.yaml"]
 
 
+def test_one_model_folder_is_mirrored_under_its_name(remote, tmp_path):
+    """``deploy serve s3://bucket/models/digits --model-name digits``: the URL is the model's folder."""
+    _, root, _ = remote
+    repository = RemoteRepository(f"memory://{root}/digits", tmp_path / "one", model_name="digits")
+    assert repository.sync() == ["digits/1", "digits/2.zip", "digits/model.yaml"]
+    assert _files(repository.mirror) == ["digits/1/artifacts/model.onnx", "digits/1/manifest.json", "digits/2.zip",
+                                         "digits/model.yaml"]
+
+
 def test_only_what_changed_is_downloaded_again_and_deletions_follow(remote, monkeypatch):
     fs, root, repository = remote
     repository.sync()

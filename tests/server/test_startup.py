@@ -71,11 +71,21 @@ def test_model_yaml_sets_spinning_threads_and_delay(tmp_path):
 
 @pytest.mark.parametrize("document", [{"version_policy": {"newest": 1}}, {"version_policy": {"latest": 0}},
                                       {"version_policy": "latest"}, {"max_batch_size": "many"}, ["not", "a", "map"],
-                                      {"spin": "sometimes"}, {"threads": 0}, {"max_queue_delay_ms": -1}])
+                                      {"spin": "sometimes"}, {"threads": 0}, {"max_queue_delay_ms": -1},
+                                      {"replicas": 0}, {"replicas": {"min": 3, "max": 2}}, {"replicas": {"maximum": 2}},
+                                      {"replicas": {"max": 2, "target_concurrency": 0}}])
 def test_bad_model_yaml_is_explained(tmp_path, document):
     (tmp_path / "model.yaml").write_text(yaml.safe_dump(document))
     with pytest.raises(InputError, match="model.yaml"):
         model_settings(tmp_path)
+
+
+def test_model_yaml_sets_replicas(tmp_path):
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"replicas": 3}))
+    assert (model_settings(tmp_path).min_replicas, model_settings(tmp_path).max_replicas) == (3, 3)
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"replicas": {"max": 4, "target_concurrency": 8}}))
+    settings = model_settings(tmp_path)
+    assert (settings.min_replicas, settings.max_replicas, settings.target_concurrency) == (1, 4, 8)
 
 
 def test_defaults_without_model_yaml(tmp_path):

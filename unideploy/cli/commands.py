@@ -228,6 +228,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_kserve(args: argparse.Namespace) -> int:
+    from unideploy.server.kserve import KServeRequest, write_manifests
+
+    request = KServeRequest(Path(args.source), args.image, Path(args.output), args.storage_uri, args.gpu,
+                            args.namespace, args.routing, args.cpu, args.memory, args.force)
+    runtime, services = write_manifests(request)
+    if args.json:
+        _print_json({"output": str(request.output), "runtime": runtime, "services": [s.to_dict() for s in services]})
+    else:
+        render.kserve(request.output, runtime, services)
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from unideploy.doctor import diagnose, machine_summary
 
@@ -252,7 +265,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         raise MissingDependencyError(f"the server needs {exc.name}", "pip install 'unideploy[serve]'") from exc
     overrides = {
-        "host": args.host, "http_port": args.http_port, "grpc_port": args.grpc_port,
+        "model_name": args.model_name, "host": args.host, "http_port": args.http_port, "grpc_port": args.grpc_port,
         "poll_interval_s": args.poll_interval, "max_request_bytes": args.max_request_bytes,
         "max_request_rows": args.max_request_rows,
         "tls_cert": Path(args.tls_cert) if args.tls_cert else None,

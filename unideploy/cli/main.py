@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="serve a model repository over REST and gRPC (Open Inference Protocol v2)")
     p.add_argument("repository", help="REPO/<model>/<version>/ holding packages (directories or .zip): "
                                       "a folder, or s3://bucket/prefix, gs://...")
+    p.add_argument("--model-name", metavar="NAME",
+                   help="REPO is one model, served as NAME: its <version>/ folders (with model.yaml, routing.yaml) "
+                        "or one package (KServe's runtime passes its InferenceService name)")
     p.add_argument("--host", default=None, help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--http-port", type=int, default=None, help="REST port (default: 8000)")
     p.add_argument("--grpc-port", type=int, default=None, help="gRPC port (default: 8001)")
@@ -134,6 +137,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="load only versions signed by --trusted-key or --trusted-chain (others fail to load; "
                         "the previous version keeps serving)")
     _add_trust_options(p)
+
+    p = sub.add_parser("kserve", help="KServe manifests: a serving runtime and an InferenceService per model")
+    p.add_argument("source", help="a model repository (REPO/<model>/<version>/) or one package")
+    p.add_argument("--image", required=True, help="the serving image (built from docker/Dockerfile, or "
+                                                  "docker/Dockerfile.gpu with --gpu)")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder for the manifests (kubectl apply -f DIR)")
+    p.add_argument("--storage-uri", metavar="URI",
+                   help="where SOURCE is uploaded: s3://, gs://, pvc:// (a repository or a package), https:// or "
+                        "oci:// (one package); default pvc://unideploy-models/<SOURCE name>")
+    p.add_argument("--gpu", action="store_true", help="the GPU runtime: one nvidia.com/gpu and a TensorRT engine cache")
+    p.add_argument("--namespace", help="namespace of the InferenceServices (default: kubectl's)")
+    p.add_argument("--routing", choices=["server", "kserve"], default="server",
+                   help="server: routing.yaml routes inside the server (weights, sticky keys, shadow); kserve: a "
+                        "two-version weighted split becomes KServe's canary rollout")
+    p.add_argument("--cpu", default="1", help="CPU request and limit per replica (default: 1)")
+    p.add_argument("--memory", default="2Gi", help="memory request and limit per replica (default: 2Gi)")
+    p.add_argument("--force", action="store_true", help="replace an existing DIR")
+    p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("doctor", help="which exporters, runtimes and targets work here, and how to fix the rest")
     p.add_argument("--json", action="store_true")

@@ -26,15 +26,15 @@ SHUTDOWN_GRACE_S = 10.0
 class Server:
     def __init__(self, config: ServerConfig) -> None:
         self.remote = None
-        repository = config.repository
+        repository, model_name = config.repository, config.model_name
         if is_remote(repository):  # mirrored into a local folder the registry watches (server/remote.py)
-            self.remote = RemoteRepository.mirrored(str(repository))
-            repository = self.remote.mirror
-        scan(repository)  # a missing repository is a user error, before any port opens
+            self.remote = RemoteRepository.mirrored(str(repository), model_name)
+            repository, model_name = self.remote.mirror, None  # one model is mirrored as REPO/<name>/
+        scan(repository, model_name)  # a missing repository is a user error, before any port opens
         self.config = config
         self.metrics = ServerMetrics()
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="unideploy-model")
-        self.registry = ModelRegistry(repository, self.executor, self.metrics, config.trusted_signers())
+        self.registry = ModelRegistry(repository, self.executor, self.metrics, config.trusted_signers(), model_name)
         self.dataplane = DataPlane(self.registry, self.metrics, config.max_request_rows)
         self._stop = asyncio.Event()
 

@@ -11,6 +11,9 @@ Per model, ``REPO/<model>/model.yaml`` may set::
     spin: run                          # ONNX Runtime's worker threads busy-wait within a run only
                                        # (default); always: between runs too; never
     threads: 2                         # intra-op threads per run (default: one per core)
+    replicas: 2                        # scale-out (deploy kserve, deploy serve --ray): a fixed count,
+                                       # or {min: 1, max: 4, target_concurrency: 8} to autoscale on
+                                       # requests in flight per replica; default 1
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def is_remote(repository: str | Path) -> bool:
 @dataclass
 class ServerConfig:
     repository: Path | str  # a local folder, or a URL (s3://bucket/prefix, gs://...): server/remote.py
+    model_name: str | None = None  # the repository is this one model's folder or package (KServe's /mnt/models)
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -94,6 +98,9 @@ class ModelSettings:
     artifact: str | None = None
     spin: str = "run"  # measured on 2 cores: docs/server.md, "Threads and spinning"
     threads: int | None = None
+    min_replicas: int = 1  # scale-out only (KServe, Ray Serve): one server process serves one replica
+    max_replicas: int = 1
+    target_concurrency: int | None = None  # requests in flight per replica the autoscaler aims for
 
     def select(self, versions: list[str]) -> list[str]:
         """The versions to serve, given those on disk (sorted oldest first)."""
@@ -126,6 +133,11 @@ def model_settings(model_dir: Path) -> ModelSettings:
         if not isinstance(policy, dict) or len(policy) != 1:
             raise ValueError("version_policy takes one of latest, all, specific")
         kind, value = next(iter(policy.items()))
+        replicas = data.get("replicas", 1)
+        replicas = replicas if isinstance(replicas, dict) else {"min": replicas, "max": replicas}
+        if set(replicas) - {"min", "max", "target_concurrency"}:
+            raise ValueError("replicas takes a count, or min, max and target_concurrency")
+        target = replicas.get("target_concurrency")
         settings = ModelSettings(
             policy=kind,
             latest=int(value) if kind == "latest" else 1,
@@ -135,6 +147,8 @@ def model_settings(model_dir: Path) -> ModelSettings:
             artifact=str(data["artifact"]) if data.get("artifact") is not None else None,
             spin=str(data.get("spin", "run")),
             threads=int(data["threads"]) if data.get("threads") is not None else None,
+            min_replicas=int(replicas.get("min", 1)), max_replicas=int(replicas.get("max", replicas.get("min", 1))),
+            target_concurrency=int(target) if target is not None else None,
         )
         if kind not in ("latest", "all", "specific") or settings.latest < 1 or settings.max_batch_size < 1:
             raise ValueError(f"bad version_policy {policy!r} or max_batch_size")
@@ -142,6 +156,8 @@ def model_settings(model_dir: Path) -> ModelSettings:
             raise ValueError(f"spin must be one of {', '.join(SPIN_POLICIES)}, not {settings.spin!r}")
         if settings.threads is not None and settings.threads < 1 or settings.max_queue_delay_ms < 0:
             raise ValueError("threads must be at least 1 and max_queue_delay_ms at least 0")
+        if not 1 <= settings.min_replicas <= settings.max_replicas or (target is not None and int(target) < 1):
+            raise ValueError("replicas need 1 <= min <= max, and target_concurrency at least 1")
     except (TypeError, ValueError) as exc:
         raise InputError(f"{path}: {exc}") from exc
     return settings

@@ -177,10 +177,8 @@ class DataPlane:
 
     # -- repository and routing --------------------------------------------------------------
     def repository_index(self) -> list[dict[str, Any]]:
-        from unideploy.server.repository import scan
-
         index = []
-        for name, source in scan(self.registry.repository).items():
+        for name, source in self.registry.scan().items():
             model = self.registry.models.get(name)
             for version in source.versions:
                 entry = {"name": name, "version": version, "state": "UNAVAILABLE", "reason": ""}

@@ -69,8 +69,9 @@ class ServedModel:
 
 class ModelRegistry:
     def __init__(self, repository: Path, executor: Executor, metrics: ServerMetrics,
-                 trusted: TrustedSigners | None = None) -> None:
+                 trusted: TrustedSigners | None = None, model_name: str | None = None) -> None:
         self.repository = repository
+        self.model_name = model_name  # REPO is this one model (server/repository.py)
         self.trusted = trusted  # when set, only versions signed by these are loaded
         self.executor = executor
         self.metrics = metrics
@@ -94,6 +95,10 @@ class ModelRegistry:
             return model.versions[version]
         return model.versions[max(model.versions, key=int)]
 
+    def scan(self) -> dict[str, ModelSource]:
+        """What the repository on disk asks to be served now."""
+        return scan(self.repository, self.model_name)
+
     def ready_models(self) -> list[str]:
         return [n for n, m in self.models.items() if m.versions]
 
@@ -101,7 +106,7 @@ class ModelRegistry:
     async def sync(self, only: str | None = None) -> None:
         """Make the loaded versions match the repository (and routing files)."""
         async with self._lock:
-            sources = await asyncio.get_running_loop().run_in_executor(self.executor, scan, self.repository)
+            sources = await asyncio.get_running_loop().run_in_executor(self.executor, self.scan)
             for name, source in sources.items():
                 if (only and name != only) or name in self.unloaded:
                     continue

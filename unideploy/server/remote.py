@@ -30,7 +30,7 @@ REMOTE_INSTALL = "pip install 'unideploy[remote]' (s3fs for s3://, gcsfs for gs:
 
 
 class RemoteRepository:
-    def __init__(self, url: str, mirror: Path) -> None:
+    def __init__(self, url: str, mirror: Path, model_name: str | None = None) -> None:
         try:
             import fsspec
 
@@ -41,11 +41,12 @@ class RemoteRepository:
             raise InputError(f"cannot open the model repository '{url}': {first_line(exc)}",
                              "use s3://bucket/prefix, gs://bucket/prefix or a local folder") from exc
         self.url, self.mirror = url, mirror
+        self.model_name = model_name  # the URL is this one model's folder: mirrored as <mirror>/<name>/
         self.root = self.root.rstrip("/")
         self._mirrored: dict[str, tuple] = {}  # "model/1", "model/1.zip", "model/model.yaml" -> fingerprint
 
     @classmethod
-    def mirrored(cls, url: str) -> "RemoteRepository":
+    def mirrored(cls, url: str, model_name: str | None = None) -> "RemoteRepository":
         """The repository at ``url`` mirrored into a new private temporary folder, synced once (a
         missing bucket is refused here, the folder removed); a mirror a killed server left behind
         is removed when the next one starts."""
@@ -53,7 +54,7 @@ class RemoteRepository:
         prefix = temp_prefix(temp, "unideploy-remote-repo-", ".mirror")
         mirror = Path(tempfile.mkdtemp(prefix=prefix, suffix=".mirror"))
         try:
-            repository = cls(url, mirror)
+            repository = cls(url, mirror, model_name)
             repository.sync()
         except BaseException:
             shutil.rmtree(mirror, ignore_errors=True)
@@ -74,6 +75,7 @@ class RemoteRepository:
         entries: dict[str, dict[str, dict[str, Any]]] = {}
         for path, info in found.items():
             parts = path[len(self.root):].strip("/").split("/")
+            parts = [self.model_name, *parts] if self.model_name else parts
             if info.get("type", "file") != "file" or not _served(parts):
                 continue
             entries.setdefault("/".join(parts[:2]), {})["/".join(parts)] = info
@@ -104,10 +106,14 @@ class RemoteRepository:
             for name in objects:
                 local = staged / Path(name).relative_to(entry) if name != entry else staged
                 local.parent.mkdir(parents=True, exist_ok=True)
-                self.fs.get_file(f"{self.root}/{name}", str(local))
+                self.fs.get_file(f"{self.root}/{self._remote_name(name)}", str(local))
             replace_path(staged, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def _remote_name(self, name: str) -> str:
+        """Where a mirrored name lives in the bucket (without the model name a model folder lacks)."""
+        return name.split("/", 1)[1] if self.model_name else name
 
     def close(self) -> None:
         shutil.rmtree(self.mirror, ignore_errors=True)

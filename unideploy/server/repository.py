@@ -5,6 +5,10 @@ Serving. A fingerprint per version (sizes and times of its files) tells the watc
 REPO may also be one package directory (``manifest.json`` at its top), as KServe's storage
 initializer leaves a single model's ``storageUri`` in ``/mnt/models``: it serves as the one model
 its manifest names, at its manifest's version when that is a whole number, else version 1.
+
+Given a model name (``deploy serve REPO --model-name NAME``, which KServe's runtime passes as
+``{{.Name}}``), REPO is one model: its ``<version>/`` folders with their ``model.yaml`` and
+``routing.yaml`` (TF Serving's layout under ``/mnt/models``), or one package, served as NAME.
 """
 
 from __future__ import annotations
@@ -55,15 +59,15 @@ def _versions_on_disk(directory: Path) -> dict[str, Path]:
     return dict(sorted(found.items(), key=lambda kv: int(kv[0])))
 
 
-def _single_package(directory: Path) -> ModelSource:
-    """A repository that is one package: its model name and version from its manifest (read
-    leniently: a broken manifest still gives a model, whose load then fails with the reason)."""
+def _single_package(directory: Path, name: str | None) -> ModelSource:
+    """A repository that is one package: its model name (unless given) and version from its manifest
+    (read leniently: a broken manifest still gives a model, whose load then fails with the reason)."""
     try:
         model = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))["model"]
     except (OSError, ValueError, TypeError, KeyError):
         model = {}
     model = model if isinstance(model, dict) else {}
-    named = model.get("name")
+    named = name or model.get("name")
     name = named if isinstance(named, str) and MODEL_NAME.match(named) else \
         (directory.resolve().name if MODEL_NAME.match(directory.resolve().name) else "model")
     declared = str(model.get("version", ""))
@@ -72,25 +76,41 @@ def _single_package(directory: Path) -> ModelSource:
     return ModelSource(name, directory, ModelSettings(), {version: source})
 
 
-def scan(repository: Path) -> dict[str, ModelSource]:
+def _model(directory: Path, name: str) -> ModelSource:
+    """One model folder: its settings and the versions on disk."""
+    try:
+        settings = model_settings(directory)
+    except InputError as exc:
+        settings = ModelSettings()
+        log.error("model %s: %s; using the default settings", name, exc)
+    versions = {}
+    for version, path in _versions_on_disk(directory).items():
+        try:
+            versions[version] = VersionSource(name, version, path, _fingerprint(path))
+        except OSError:  # removed while we looked; the next scan sees the final state
+            continue
+    return ModelSource(name, directory, settings, versions)
+
+
+def scan(repository: Path, model_name: str | None = None) -> dict[str, ModelSource]:
+    """The models REPO holds; with ``model_name``, REPO is that one model's folder or package."""
     if not repository.is_dir():
         raise InputError(f"model repository '{repository}' is not a directory",
                          "create REPO/<model>/<version>/ holding packages from 'deploy export'")
+    if model_name is not None and not MODEL_NAME.match(model_name):
+        raise InputError(f"model name '{model_name}' is not usable in a URL path",
+                         "use letters, digits, '.', '_' and '-', starting with a letter or digit")
     if (repository / MANIFEST_NAME).is_file():
-        single = _single_package(repository)
+        single = _single_package(repository, model_name)
         return {single.name: single}
-    models = {}
-    for directory in sorted(p for p in repository.iterdir() if p.is_dir() and MODEL_NAME.match(p.name)):
-        try:
-            settings = model_settings(directory)
-        except InputError as exc:
-            settings = ModelSettings()
-            log.error("model %s: %s; using the default settings", directory.name, exc)
-        versions = {}
-        for version, path in _versions_on_disk(directory).items():
-            try:
-                versions[version] = VersionSource(directory.name, version, path, _fingerprint(path))
-            except OSError:  # removed while we looked; the next scan sees the final state
-                continue
-        models[directory.name] = ModelSource(directory.name, directory, settings, versions)
-    return models
+    if model_name is not None:
+        model = _model(repository, model_name)
+        if not model.versions:
+            inner = sorted(p.name for p in repository.iterdir() if p.is_dir() and _versions_on_disk(p))
+            if inner:
+                raise InputError(f"'{repository}' holds a repository of models ({', '.join(inner)}), not the "
+                                 f"versions of one model", "drop --model-name to serve them all, or point at "
+                                 "one model's folder")
+        return {model_name: model}
+    dirs = sorted(p for p in repository.iterdir() if p.is_dir() and MODEL_NAME.match(p.name))
+    return {d.name: _model(d, d.name) for d in dirs}
