@@ -22,6 +22,7 @@ from unideploy.verify import ArtifactCheck
 
 if TYPE_CHECKING:
     from unideploy.edge.bundle import BundleReport
+    from unideploy.server.kserve import ServiceEntry
 
 # Piped output (logs, CI) gets 120 columns instead of rich's 80 so tables are not truncated.
 _PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
@@ -165,6 +166,21 @@ def bundle(path: Path, document: dict[str, Any]) -> None:
                       "" if m["max_abs_error"] is None else _fmt(m["max_abs_error"]))
     out.print(table)
     out.print("sources: " + ", ".join(escape(c["path"]) for c in document["code"]))
+
+
+def kserve(path: Path, runtime: str, services: list["ServiceEntry"]) -> None:
+    out.print(f"wrote [bold]{escape(str(path))}[/]: the serving runtime ({runtime}) and {len(services)} "
+              "InferenceService(s)")
+    table = Table(title="InferenceServices", title_justify="left")
+    for col in ("model", "service", "storageUri", "infer path", "canary"):
+        table.add_column(col)
+    for s in services:
+        table.add_row(escape(s.model), s.service, escape(s.storage_uri), f"/v2/models/{s.service}/infer",
+                      escape(s.canary) if s.canary else "")
+    out.print(table)
+    out.print(f"apply: kubectl apply -f {escape(str(path))}")
+    if any(s.canary for s in services):
+        out.print(f"then, once the services are ready: kubectl apply -f {escape(str(path / 'canary'))}")
 
 
 def bundle_verify(path: str, report: "BundleReport") -> None:

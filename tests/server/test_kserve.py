@@ -1,0 +1,219 @@
+"""`deploy kserve`: manifests that are KServe's own objects, and a runtime container whose command
+serves what KServe's storage initializer leaves in /mnt/models."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from serving import DEPLOY, RunningServer, free_port, stop_server
+from unideploy.package import Package
+from unideploy.server.kserve import MODEL_DIR, runtime_args, service_name
+
+IMAGE = "registry.example.com/unideploy:0.1"
+
+
+def kserve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([DEPLOY, "kserve", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "400"})  # paths printed on one line
+
+
+def typed(data, klass: str):
+    """``data`` rebuilt as the KServe / Kubernetes SDK type ``klass``: every field must be one the SDK
+    model declares (an unknown or misspelt field fails here), with values of its declared kind."""
+    import kserve
+    from kubernetes.client import models as k8s
+
+    if listed := re.fullmatch(r"[Ll]ist\[(.*)\]", klass):  # "list[X]" (KServe) or "List[X]" (Kubernetes)
+        assert isinstance(data, list)
+        return [typed(item, listed.group(1)) for item in data]
+    if mapped := re.fullmatch(r"(?:dict\(|Dict\[)[^,]*, (.*)[)\]]", klass):
+        assert isinstance(data, dict)
+        return {key: typed(value, mapped.group(1)) for key, value in data.items()}
+    primitive = {"str": str, "int": int, "bool": bool, "float": (int, float), "object": object}
+    if klass in primitive:
+        assert isinstance(data, primitive[klass]), (data, klass)
+        return data
+    cls = getattr(kserve.models, klass, None) or getattr(k8s, klass)
+    fields = {json_name: attr for attr, json_name in cls.attribute_map.items()}
+    unknown = set(data) - set(fields)
+    assert not unknown, f"{klass} has no field(s) {unknown}"
+    return cls(**{fields[key]: typed(value, cls.openapi_types[fields[key]]) for key, value in data.items()})
+
+
+def round_trip(path: Path) -> dict:
+    """A manifest read back through the SDK model of its kind serializes to the same document."""
+    from kserve.api_client import ApiClient
+
+    document = yaml.safe_load(path.read_text())
+    klass = {"ClusterServingRuntime": "V1alpha1ClusterServingRuntime",
+             "InferenceService": "V1beta1InferenceService"}[document["kind"]]
+    assert ApiClient().sanitize_for_serialization(typed(document, klass)) == document
+    return document
+
+
+@pytest.fixture(scope="module")
+def kserve_repo(digits, tmp_path_factory) -> Path:
+    """The digits package as versions 1 and 2 of 'digits_cnn', with routing and scaling settings."""
+    root = tmp_path_factory.mktemp("kserve-repo")
+    for version in ("1", "2"):
+        shutil.copytree(digits["package"], root / "digits_cnn" / version)
+    (root / "digits_cnn" / "routing.yaml").write_text(yaml.safe_dump(
+        {"variants": [{"name": "control", "version": 1, "weight": 90},
+                      {"name": "candidate", "version": 2, "weight": 10}]}))
+    (root / "digits_cnn" / "model.yaml").write_text(yaml.safe_dump(
+        {"replicas": {"min": 1, "max": 4, "target_concurrency": 8}}))
+    return root
+
+
+def test_manifests_are_kserve_objects(kserve_repo, tmp_path):
+    out = tmp_path / "manifests"
+    result = kserve(str(kserve_repo), "--image", IMAGE, "--storage-uri", "s3://bucket/models/", "-o", str(out),
+                    "--namespace", "ml", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["services"] == [{
+        "model": "digits_cnn", "inference_service": "digits-cnn", "storage_uri": "s3://bucket/models/digits_cnn",
+        "file": "digits-cnn.yaml", "canary_file": None, "infer_path": "/v2/models/digits-cnn/infer"}]
+    assert sorted(p.name for p in out.iterdir()) == ["digits-cnn.yaml", "servingruntime.yaml"]
+
+    runtime = round_trip(out / "servingruntime.yaml")
+    assert (runtime["kind"], runtime["metadata"]["name"]) == ("ClusterServingRuntime", "unideploy")
+    spec = runtime["spec"]
+    assert spec["supportedModelFormats"] == [{"autoSelect": True, "name": "unideploy", "priority": 1, "version": "1"}]
+    assert spec["protocolVersions"] == ["v2", "grpc-v2"]
+    assert spec["annotations"] == {"prometheus.kserve.io/port": "8080", "prometheus.kserve.io/path": "/metrics"}
+    (container,) = spec["containers"]
+    assert container["name"] == "kserve-container" and container["image"] == IMAGE
+    assert container["command"] == ["deploy"] and container["args"] == runtime_args()
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8080}
+    assert container["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
+    assert container["securityContext"]["runAsNonRoot"] is True and "nvidia.com/gpu" not in container["resources"]["limits"]
+
+    service = round_trip(out / "digits-cnn.yaml")
+    assert service["metadata"]["name"] == "digits-cnn" and service["metadata"]["namespace"] == "ml"
+    predictor = service["spec"]["predictor"]
+    assert predictor["model"]["storageUri"] == "s3://bucket/models/digits_cnn"  # the model folder: routing inside
+    assert predictor["model"]["modelFormat"] == {"name": "unideploy", "version": "1"}
+    assert (predictor["model"]["runtime"], predictor["model"]["protocolVersion"]) == ("unideploy", "v2")
+    # model.yaml's replicas become KServe's autoscaling on requests in flight
+    assert (predictor["minReplicas"], predictor["maxReplicas"]) == (1, 4)
+    assert (predictor["scaleMetric"], predictor["scaleTarget"]) == ("concurrency", 8)
+    assert "canaryTrafficPercent" not in predictor
+
+
+def test_gpu_runtime_requests_a_gpu_and_keeps_an_engine_cache(kserve_repo, tmp_path):
+    out = tmp_path / "gpu"
+    assert kserve(str(kserve_repo), "--image", IMAGE, "--gpu", "--storage-uri", "gs://b/m", "-o", str(out)).returncode == 0
+    spec = round_trip(out / "servingruntime.yaml")["spec"]
+    (container,) = spec["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert {"name": "UNIDEPLOY_ENGINE_CACHE", "value": "/var/cache/unideploy/engines"} in container["env"]
+    assert container["volumeMounts"] == [{"mountPath": "/var/cache/unideploy", "name": "engine-cache"}]
+    assert spec["volumes"] == [{"emptyDir": {}, "name": "engine-cache"}]
+    assert spec["supportedModelFormats"][0]["autoSelect"] is False  # chosen by name, never by accident
+    assert round_trip(out / "digits-cnn.yaml")["spec"]["predictor"]["model"]["runtime"] == "unideploy-gpu"
+
+
+def test_weighted_split_becomes_a_kserve_canary(kserve_repo, tmp_path):
+    out = tmp_path / "canary"
+    result = kserve(str(kserve_repo), "--image", IMAGE, "--storage-uri", "s3://bucket/models", "-o", str(out),
+                    "--routing", "kserve")
+    assert result.returncode == 0, result.stderr
+    assert f"kubectl apply -f {out / 'canary'}" in result.stdout
+    stable = round_trip(out / "digits-cnn.yaml")["spec"]["predictor"]
+    canary = round_trip(out / "canary" / "digits-cnn.yaml")["spec"]["predictor"]
+    assert stable["model"]["storageUri"] == "s3://bucket/models/digits_cnn/1" and "canaryTrafficPercent" not in stable
+    assert canary["model"]["storageUri"] == "s3://bucket/models/digits_cnn/2" and canary["canaryTrafficPercent"] == 10
+
+
+def test_what_kserve_cannot_express_or_fetch_is_refused(kserve_repo, tmp_path):
+    sticky = tmp_path / "sticky"
+    shutil.copytree(kserve_repo, sticky)
+    routing = yaml.safe_load((sticky / "digits_cnn" / "routing.yaml").read_text())
+    (sticky / "digits_cnn" / "routing.yaml").write_text(yaml.safe_dump({**routing, "sticky_header": "x-user"}))
+    cases = [
+        ((str(sticky), "--routing", "kserve"), "uses a sticky header, which KServe's canary rollout cannot express"),
+        ((str(kserve_repo), "--storage-uri", "ftp://host/models"), "not a location KServe's storage initializer"),
+        ((str(kserve_repo), "--storage-uri", "https://host/models"), "https:// storage holds one file or image"),
+        ((str(tmp_path / "missing"),), "does not exist"),
+    ]
+    for args, message in cases:
+        out = tmp_path / "out"
+        result = kserve(*args, "--image", IMAGE, "-o", str(out))
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert not out.exists() and not list(tmp_path.glob(".out.*"))  # nothing half-written
+    (tmp_path / "out").mkdir()
+    result = kserve(str(kserve_repo), "--image", IMAGE, "-o", str(tmp_path / "out"))
+    assert result.returncode == 2 and "--force" in result.stderr
+
+
+def run_runtime_container(manifests: Path, mnt: Path, service: str, tmp_path: Path) -> RunningServer:
+    """The runtime's container command, as KServe runs it, with only what a test must change: the
+    model mount, ports that are free here, and 127.0.0.1 for 0.0.0.0."""
+    (container,) = yaml.safe_load((manifests / "servingruntime.yaml").read_text())["spec"]["containers"]
+    http_port, grpc_port = free_port(), free_port()
+    swap = {MODEL_DIR: str(mnt), "0.0.0.0": "127.0.0.1", "8080": str(http_port), "9000": str(grpc_port)}
+    args = [swap.get(a, a).replace("{{.Name}}", service) for a in container["args"]]
+    assert container["command"] == ["deploy"]
+    log = tmp_path / "runtime.log"
+    process = subprocess.Popen([DEPLOY, *args], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    server = RunningServer(mnt, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process, log)
+    probe = container["readinessProbe"]["httpGet"]["path"]
+
+    def ready() -> bool:
+        try:
+            return httpx.get(server.http + probe, timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    server.wait_for(ready, what="the readiness probe")
+    return server
+
+
+@pytest.mark.parametrize("layout", ["model-folder", "package"])
+def test_runtime_container_serves_what_the_storage_initializer_leaves(kserve_repo, digits, tmp_path, layout):
+    """storageUri of a model folder (all versions, routing.yaml) or of one package (a .zip is
+    unpacked by the storage initializer): /mnt/models serves as the InferenceService's name."""
+    manifests = tmp_path / "manifests"
+    source = kserve_repo if layout == "model-folder" else digits["package"]
+    result = kserve(str(source), "--image", IMAGE, "--storage-uri", "s3://bucket/models", "-o", str(manifests),
+                    "--json")
+    assert result.returncode == 0, result.stderr
+    service = json.loads(result.stdout)["services"][0]["inference_service"]
+    assert service == (service_name("digits_cnn") if layout == "model-folder" else "digits")
+    mnt = tmp_path / "mnt" / "models"
+    shutil.copytree(kserve_repo / "digits_cnn" if layout == "model-folder" else digits["package"], mnt)
+    with Package.open(digits["package"]) as package:
+        sample = package.reference_samples()[-1]
+    server = run_runtime_container(manifests, mnt, service, tmp_path)
+    try:
+        with server.client() as http:
+            metadata = http.get(f"/v2/models/{service}").json()
+            assert metadata["versions"] == (["1", "2"] if layout == "model-folder" else ["1"])
+            (name, x), = sample.inputs.items()
+            body = {"inputs": [{"name": name, "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}
+            answer = http.post(f"/v2/models/{service}/infer", json=body)
+            assert answer.status_code == 200, answer.text
+            (output,) = answer.json()["outputs"]
+            expected = sample.outputs[output["name"]]
+            np.testing.assert_allclose(np.reshape(output["data"], expected.shape), expected, rtol=1e-4, atol=1e-5)
+            if layout == "model-folder":  # routing.yaml came along and routes inside the server
+                assert answer.headers.get("x-unideploy-variant") in ("control", "candidate")
+    finally:
+        stop_server(server)
+
+
+def test_model_name_on_a_repository_of_models_is_refused(kserve_repo, tmp_path):
+    result = subprocess.run([DEPLOY, "serve", str(kserve_repo), "--model-name", "x", "--http-port", str(free_port()),
+                             "--grpc-port", str(free_port())], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "holds a repository of models (digits_cnn)" in result.stderr, result.stderr
