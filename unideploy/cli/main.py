@@ -137,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="load only versions signed by --trusted-key or --trusted-chain (others fail to load; "
                         "the previous version keeps serving)")
     _add_trust_options(p)
+    p.add_argument("--ray", action="store_true",
+                   help="run each model as a Ray Serve application (replicas and autoscaling from model.yaml; "
+                        "REST only)")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="Ray cluster to join (default: $RAY_ADDRESS, else a local one started for this server)")
 
     p = sub.add_parser("kserve", help="KServe manifests: a serving runtime and an InferenceService per model")
     p.add_argument("source", help="a model repository (REPO/<model>/<version>/) or one package")

@@ -10,6 +10,7 @@ import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from unideploy.errors import InputError
 from unideploy.server.config import ServerConfig, is_remote
@@ -18,6 +19,9 @@ from unideploy.server.metrics import ServerMetrics
 from unideploy.server.models import ModelRegistry
 from unideploy.server.remote import RemoteRepository
 from unideploy.server.repository import scan
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
 
 log = logging.getLogger("unideploy.server")
 SHUTDOWN_GRACE_S = 10.0
@@ -43,8 +47,6 @@ class Server:
         import uvicorn
 
         from unideploy.server.grpc_service import TRANSPORT_SLACK, add_servicer
-        from unideploy.server.rest import create_app
-
         started = time.perf_counter()
         cfg = self.config
         # Both ports are taken before any model loads: a busy port fails fast, with its name.
@@ -66,10 +68,8 @@ class Server:
                              "choose another --grpc-port or stop what uses it") from exc
         await self.registry.sync()
         await grpc_server.start()
-        app = create_app(self.dataplane, cfg.max_request_bytes, cfg.inference_token, cfg.repository_token,
-                         cfg.body_timeout_s)
         http = uvicorn.Server(uvicorn.Config(
-            app, host=cfg.host, port=cfg.http_port, log_level="warning", access_log=False, lifespan="off",
+            self.rest_app(), host=cfg.host, port=cfg.http_port, log_level="warning", access_log=False, lifespan="off",
             limit_concurrency=cfg.max_connections, timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
             log_config=None,  # uvicorn logs through our JSON handler
             ssl_certfile=str(cfg.tls_cert) if cfg.tls_cert else None,
@@ -79,7 +79,7 @@ class Server:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stop.set)
         http_task = loop.create_task(http.serve(sockets=[http_socket]))
-        watch_task = loop.create_task(self._watch()) if cfg.poll_interval_s > 0 else None
+        watch_task = loop.create_task(self.watch()) if cfg.poll_interval_s > 0 else None
         while not http.started and not http_task.done():
             await asyncio.sleep(0.01)
         if http_task.done():  # e.g. the port is taken
@@ -94,12 +94,24 @@ class Server:
             watch_task.cancel()
         http.should_exit = True
         await asyncio.gather(http_task, grpc_server.stop(SHUTDOWN_GRACE_S), return_exceptions=True)
+        await self.close()
+
+    def rest_app(self) -> "Starlette":
+        from unideploy.server.rest import create_app
+
+        cfg = self.config
+        return create_app(self.dataplane, cfg.max_request_bytes, cfg.inference_token, cfg.repository_token,
+                          cfg.body_timeout_s)
+
+    async def close(self) -> None:
+        """Unload every model and remove the remote mirror (in-flight requests have drained)."""
         await self.registry.close()
         self.executor.shutdown(wait=True)
         if self.remote is not None:
             self.remote.close()
 
-    async def _watch(self) -> None:
+    async def watch(self) -> None:
+        """Hot reload: scan the repository (syncing a remote one first) every poll interval."""
         while True:
             await asyncio.sleep(self.config.poll_interval_s)
             try:

@@ -25,6 +25,10 @@ log = logging.getLogger("unideploy.server")
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics_metrics", "ab_routing"]
 
 
+def server_metadata() -> dict[str, Any]:
+    return {"name": "unideploy", "version": unideploy.__version__, "extensions": EXTENSIONS}
+
+
 @dataclass
 class InferResult:
     model: str
@@ -49,7 +53,7 @@ class DataPlane:
         return bool(self.registry.ready_models())
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "unideploy", "version": unideploy.__version__, "extensions": EXTENSIONS}
+        return server_metadata()
 
     def model_ready(self, name: str, version: str | None) -> bool:
         try:

@@ -1,0 +1,133 @@
+"""`deploy serve REPO --ray` on a local Ray cluster the server starts: the same Open Inference
+Protocol and A/B routing from two replicas, a replica killed under load, and a clean stop."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+import yaml
+
+from serving import DEPLOY, Load, RunningServer, free_port
+from unideploy.package import Package
+from unideploy.server.config import ModelSettings
+from unideploy.server.ray_serve import deployment_options
+
+pytest.importorskip("ray.serve", reason="the ray extra is not installed")
+REPLICA = "ray::ServeReplica:model-digits:model"  # the replica actors' process title
+
+
+def replicas() -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if cmdline and cmdline[0].startswith(REPLICA):
+            found.append(process)
+    return found
+
+
+@pytest.fixture(scope="module")
+def ray_server(digits, tmp_path_factory):
+    """Versions 1 and 2 of the digits model with a weighted split, two replicas of one thread each."""
+    root = tmp_path_factory.mktemp("ray-repo")
+    for version in ("1", "2"):
+        shutil.copytree(digits["package"], root / "digits" / version)
+    (root / "digits" / "routing.yaml").write_text(yaml.safe_dump(
+        {"variants": [{"name": "control", "version": 1, "weight": 50},
+                      {"name": "candidate", "version": 2, "weight": 50}]}))
+    (root / "digits" / "model.yaml").write_text(yaml.safe_dump({"replicas": 2, "threads": 1}))
+    port = free_port()
+    log = root.parent / "ray-server.log"
+    process = subprocess.Popen([DEPLOY, "serve", str(root), "--ray", "--http-port", str(port)],
+                               stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    server = RunningServer(root, f"http://127.0.0.1:{port}", "", process, log)
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{server.http}/v2/health/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        server.wait_for(ready, timeout=240, what="Ray Serve to become ready")
+        server.wait_for(lambda: len(replicas()) == 2, timeout=60, what="two replicas")
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def test_replicas_and_autoscaling_follow_model_yaml():
+    assert deployment_options(ModelSettings(min_replicas=2, max_replicas=2))["num_replicas"] == 2
+    scaled = deployment_options(ModelSettings(min_replicas=1, max_replicas=4, target_concurrency=8, threads=2))
+    assert scaled["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8}
+    assert scaled["ray_actor_options"] == {"num_cpus": 2} and "num_replicas" not in scaled
+
+
+def test_open_inference_protocol_and_routing_through_ray(ray_server, digits):
+    with Package.open(digits["package"]) as package:
+        sample = package.reference_samples()[-1]
+    (name, x), = sample.inputs.items()
+    expected = next(iter(sample.outputs.values()))
+    body = {"inputs": [{"name": name, "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}
+    with ray_server.client() as http:
+        assert http.get("/v2/health/live").status_code == 200
+        assert http.get("/v2").json()["name"] == "unideploy"
+        assert http.get("/v2/models/digits").json()["versions"] == ["1", "2"]
+        assert http.get("/v2/models/digits/ready").status_code == 200
+        variants = set()
+        for _ in range(20):
+            answer = http.post("/v2/models/digits/infer", json=body)
+            assert answer.status_code == 200, answer.text
+            data = answer.json()["outputs"][0]["data"]
+            np.testing.assert_allclose(np.reshape(data, expected.shape), expected, rtol=1e-4, atol=1e-5)
+            variants.add(answer.headers["x-unideploy-variant"])
+        assert variants == {"control", "candidate"}  # routing.yaml routes inside each replica
+        pinned = http.post("/v2/models/digits/versions/2/infer", json=body)
+        assert pinned.json()["model_version"] == "2"
+        missing = http.post("/v2/models/nothing/infer", json=body)
+        assert missing.status_code == 404
+
+
+def test_a_replica_killed_under_load(ray_server, digits):
+    """One of two replicas is killed (SIGKILL) while requests flow: the other keeps answering, Ray
+    Serve starts a replacement, and the failed requests are at most those the dead one held."""
+    load = Load(ray_server, np.load(digits["data"])["x"][:1].astype(np.float32))
+    load.start()
+    try:
+        load.more(50)
+        victim = replicas()[0]
+        served_before = len(load.results)
+        killed = time.monotonic()
+        victim.kill()
+        ray_server.wait_for(lambda: len([p for p in replicas() if p.pid != victim.pid]) == 2, timeout=120,
+                            what="a replacement replica")
+        recovered = time.monotonic() - killed
+        load.more(50)
+    finally:
+        failed = load.finish()
+    after_kill = len(load.results) - served_before
+    print(f"replica killed under load: {len(failed)} of {after_kill} requests failed, "
+          f"a replacement was running {recovered:.1f} s later")
+    assert len(failed) <= 2, failed[:3]  # the requests in flight on the killed replica, if any
+    assert all(status == 200 for status, _, _ in load.results[-50:])
+
+
+def test_sigterm_stops_the_cluster(ray_server):
+    ray_server.process.send_signal(signal.SIGTERM)
+    assert ray_server.process.wait(timeout=90) == 0
+    deadline = time.monotonic() + 30
+    while replicas() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not replicas()

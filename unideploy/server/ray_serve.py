@@ -1,0 +1,167 @@
+"""Ray Serve: ``deploy serve REPO --ray`` runs each model of the repository as a Ray Serve
+application, so a model scales past one process and one machine.
+
+A replica is this server's own core for one model (``Server`` with ``--model-name``, as under
+KServe): its versions and hot reload, ``model.yaml``'s dynamic batching (per replica) and
+``routing.yaml``'s A/B routing, behind the same Open Inference Protocol REST routes. Ray Serve's
+proxy sends ``/v2/models/<name>/...`` to that model's application and everything else to a small
+front deployment that answers the server-wide routes (health, server metadata). ``model.yaml``'s
+``replicas`` become the deployment's replica count or Ray Serve's autoscaling on requests in
+flight; a replica reserves ``threads`` CPUs (default 1). gRPC is not proxied: Ray Serve's gRPC
+proxy needs servicers compiled into the cluster's config, so use ``deploy serve`` or KServe for it.
+
+The model folders must be readable wherever replicas run (one machine, or a shared volume).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import threading
+from typing import TYPE_CHECKING, Any
+
+from unideploy.errors import InputError, MissingDependencyError
+from unideploy.server.config import ModelSettings, ServerConfig, is_remote
+from unideploy.server.repository import scan
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from unideploy.server.app import Server
+
+log = logging.getLogger("unideploy.server")
+FRONT_APP = "unideploy"
+MODEL_DEPLOYMENT = "model"
+DEFAULT_TARGET_ONGOING = 2  # Ray Serve's own default when autoscaling
+RAY_INSTALL = "pip install 'unideploy[ray]'"
+SHUTDOWN_TIMEOUT_S = 30.0  # Serve drains each replica for up to 20 s (graceful_shutdown_timeout_s)
+
+
+def app_name(model: str) -> str:
+    return f"model-{model}"
+
+
+def deployment_options(settings: ModelSettings) -> dict[str, Any]:
+    """Ray Serve deployment options from a model's ``model.yaml``."""
+    options: dict[str, Any] = {"name": MODEL_DEPLOYMENT, "ray_actor_options": {"num_cpus": settings.threads or 1}}
+    if settings.target_concurrency is None and settings.min_replicas == settings.max_replicas:
+        options["num_replicas"] = settings.min_replicas
+    else:
+        options["autoscaling_config"] = {
+            "min_replicas": settings.min_replicas, "max_replicas": settings.max_replicas,
+            "target_ongoing_requests": settings.target_concurrency or DEFAULT_TARGET_ONGOING}
+    return options
+
+
+class ModelReplica:
+    """One replica of one model: the server's registry, dataplane and REST routes, in a Ray actor."""
+
+    async def __init__(self, config: ServerConfig) -> None:
+        import asyncio
+
+        from unideploy.server.app import Server
+
+        self.server: Server = Server(config)
+        await self.server.registry.sync()
+        watching = config.poll_interval_s > 0
+        self.watcher = asyncio.get_running_loop().create_task(self.server.watch()) if watching else None
+
+    def __serve_build_asgi_app__(self) -> "ASGIApp":
+        return _whole_path(self.server.rest_app())
+
+    def ready(self) -> bool:
+        return self.server.dataplane.ready()
+
+    async def __del__(self) -> None:  # Ray Serve awaits it when the replica stops
+        if self.watcher is not None:
+            self.watcher.cancel()
+        await self.server.close()
+
+
+def _whole_path(app: "ASGIApp") -> "ASGIApp":
+    """Ray's proxy sets the application's route prefix as the ASGI root path, which Starlette strips
+    before matching; the server's routes are whole paths (``/v2/models/{name}/infer``)."""
+    async def whole_path(scope: "Scope", receive: "Receive", send: "Send") -> None:
+        await app({**scope, "root_path": ""}, receive, send)
+
+    return whole_path
+
+
+class Front:
+    """The server-wide routes: live, ready (every model's replicas answer ready), server metadata."""
+
+    def __init__(self, models: list[str]) -> None:
+        self.models = models
+
+    def __serve_build_asgi_app__(self) -> "ASGIApp":
+        from ray import serve
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, Response
+        from starlette.routing import Route
+
+        from unideploy.server.dataplane import server_metadata
+
+        handles = {m: serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=app_name(m)) for m in self.models}
+
+        async def live(request: Request) -> Response:
+            return Response(status_code=200)
+
+        async def ready(request: Request) -> Response:
+            try:
+                answers = [await handle.ready.remote() for handle in handles.values()]
+            except Exception:  # a replica being replaced: not ready now
+                answers = [False]
+            return Response(status_code=200 if answers and all(answers) else 503)
+
+        async def metadata(request: Request) -> Response:
+            return JSONResponse(server_metadata())
+
+        return Starlette(routes=[Route("/v2/health/live", live), Route("/v2/health/ready", ready),
+                                 Route("/v2", metadata)])
+
+
+def serve_on_ray(config: ServerConfig, address: str | None = None) -> None:
+    """Run every model of ``config.repository`` on Ray Serve until SIGINT/SIGTERM; ``address``: a
+    running cluster (``ray://`` or ``auto``), else ``$RAY_ADDRESS``, else a local one started here."""
+    if is_remote(config.repository):
+        raise InputError("deploy serve --ray takes a local repository folder",
+                         "mount the bucket where the replicas run, or serve it without --ray")
+    models = scan(config.repository, config.model_name)
+    if not models:
+        raise InputError(f"model repository '{config.repository}' holds no models",
+                         "create REPO/<model>/<version>/ holding packages from 'deploy export'")
+    try:
+        import ray
+        from ray import serve
+    except ImportError as exc:
+        raise MissingDependencyError(f"deploy serve --ray needs {exc.name}", RAY_INSTALL) from exc
+    ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": config.host, "port": config.http_port})
+        replica = serve.ingress()(ModelReplica)
+        for name, source in models.items():
+            one_model = dataclasses.replace(config, repository=source.directory, model_name=name)
+            deployment = serve.deployment(replica, **deployment_options(source.settings))
+            serve.run(deployment.bind(one_model), name=app_name(name), route_prefix=f"/v2/models/{name}")
+        front = serve.deployment(serve.ingress()(Front), name="front", ray_actor_options={"num_cpus": 0})
+        serve.run(front.bind(list(models)), name=FRONT_APP, route_prefix="/")
+        log.info("serving %s on Ray Serve at http://%s:%d (%d model(s))", config.repository, config.host,
+                 config.http_port, len(models))
+        _wait_for_signal()
+        log.info("shutting down: draining in-flight requests")
+    finally:
+        # Bounded: Ctrl-C also reaches the local cluster's own processes, and Serve's drain can
+        # then wait on a controller that is gone; ray.shutdown() stops what is left.
+        drain = threading.Thread(target=serve.shutdown, daemon=True)
+        drain.start()
+        drain.join(SHUTDOWN_TIMEOUT_S)
+        ray.shutdown()
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
