@@ -47,7 +47,7 @@ class RunningServer:
 
 
 def start_server(repo: Path, tmp: Path, *extra: str, env: dict | None = None,
-                 tls: tuple[Path, Path] | None = None) -> RunningServer:
+                 tls: tuple[Path, Path] | None = None, ready_within: float = 60.0) -> RunningServer:
     """Start ``deploy serve``; ``tls`` = (cert, key) serves both ports over TLS."""
     http_port, grpc_port = free_port(), free_port()
     if tls:
@@ -68,28 +68,41 @@ def start_server(repo: Path, tmp: Path, *extra: str, env: dict | None = None,
         except httpx.HTTPError:
             return False
 
-    server.wait_for(ready, what="the server to become ready")
+    try:
+        server.wait_for(ready, timeout=ready_within, what="the server to become ready")
+    except AssertionError:
+        if process.poll() is None:  # stopped, so a server (or a Ray cluster) that never got ready does not linger
+            stop_server(server)
+        raise
     return server
 
 
 def stop_server(server: RunningServer) -> None:
     server.process.send_signal(signal.SIGTERM)
     try:
-        server.process.wait(timeout=30)
+        server.process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         server.process.kill()
         raise
+
+
+def ray_replicas(model: str) -> list:
+    """The processes of a model's Ray Serve replicas (``deploy serve --ray``), by their title."""
+    import psutil
+
+    title = f"ray::ServeReplica:model-{model}:model"
+    return [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(title)]
 
 
 MAX_REQUESTS, MAX_SECONDS = 20_000, 90
 
 
 class Load(threading.Thread):
-    """Requests to the digits model back to back over REST until stopped (bounded in count and time)."""
+    """Requests to a model (input ``x``) back to back over REST until stopped (bounded in count and time)."""
 
-    def __init__(self, server, x: np.ndarray) -> None:
+    def __init__(self, server, x: np.ndarray, model: str = "digits") -> None:
         super().__init__(daemon=True)
-        self.server, self.x = server, x
+        self.server, self.x, self.model = server, x, model
         self.results: list[tuple[int, str, bytes]] = []
         self.stop = threading.Event()
 
@@ -98,7 +111,7 @@ class Load(threading.Thread):
         deadline = time.monotonic() + MAX_SECONDS
         with self.server.client() as http:
             while not self.stop.is_set() and len(self.results) < MAX_REQUESTS and time.monotonic() < deadline:
-                r = http.post("/v2/models/digits/infer", json=body)
+                r = http.post(f"/v2/models/{self.model}/infer", json=body)
                 version = r.json().get("model_version", "") if r.status_code == 200 else r.text
                 data = np.asarray(r.json()["outputs"][0]["data"], np.float32).tobytes() if r.status_code == 200 else b""
                 self.results.append((r.status_code, version, data))

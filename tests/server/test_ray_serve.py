@@ -5,32 +5,18 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
 import time
-from pathlib import Path
 
-import httpx
 import numpy as np
-import psutil
 import pytest
 import yaml
 
-from serving import DEPLOY, Load, RunningServer, free_port
+from serving import Load, ray_replicas, start_server, stop_server
 from unideploy.package import Package
 from unideploy.server.config import ModelSettings
 from unideploy.server.ray_serve import deployment_options
 
 pytest.importorskip("ray.serve", reason="the ray extra is not installed")
-REPLICA = "ray::ServeReplica:model-digits:model"  # the replica actors' process title
-
-
-def replicas() -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if cmdline and cmdline[0].startswith(REPLICA):
-            found.append(process)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -43,29 +29,13 @@ def ray_server(digits, tmp_path_factory):
         {"variants": [{"name": "control", "version": 1, "weight": 50},
                       {"name": "candidate", "version": 2, "weight": 50}]}))
     (root / "digits" / "model.yaml").write_text(yaml.safe_dump({"replicas": 2, "threads": 1}))
-    port = free_port()
-    log = root.parent / "ray-server.log"
-    process = subprocess.Popen([DEPLOY, "serve", str(root), "--ray", "--http-port", str(port)],
-                               stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    server = RunningServer(root, f"http://127.0.0.1:{port}", "", process, log)
-
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{server.http}/v2/health/ready", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
+    server = start_server(root, root.parent, "--ray", ready_within=240)
     try:
-        server.wait_for(ready, timeout=240, what="Ray Serve to become ready")
-        server.wait_for(lambda: len(replicas()) == 2, timeout=60, what="two replicas")
+        server.wait_for(lambda: len(ray_replicas("digits")) == 2, timeout=60, what="two replicas")
         yield server
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        if server.process.poll() is None:
+            stop_server(server)
 
 
 def test_replicas_and_autoscaling_follow_model_yaml():
@@ -107,11 +77,11 @@ def test_a_replica_killed_under_load(ray_server, digits):
     load.start()
     try:
         load.more(50)
-        victim = replicas()[0]
+        victim = ray_replicas("digits")[0]
         served_before = len(load.results)
         killed = time.monotonic()
         victim.kill()
-        ray_server.wait_for(lambda: len([p for p in replicas() if p.pid != victim.pid]) == 2, timeout=120,
+        ray_server.wait_for(lambda: len([p for p in ray_replicas("digits") if p.pid != victim.pid]) == 2, timeout=120,
                             what="a replacement replica")
         recovered = time.monotonic() - killed
         load.more(50)
@@ -128,6 +98,6 @@ def test_sigterm_stops_the_cluster(ray_server):
     ray_server.process.send_signal(signal.SIGTERM)
     assert ray_server.process.wait(timeout=90) == 0
     deadline = time.monotonic() + 30
-    while replicas() and time.monotonic() < deadline:
+    while ray_replicas("digits") and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not replicas()
+    assert not ray_replicas("digits")
