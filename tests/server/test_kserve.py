@@ -157,6 +157,54 @@ def test_what_kserve_cannot_express_or_fetch_is_refused(kserve_repo, tmp_path):
     assert result.returncode == 2 and "--force" in result.stderr
 
 
+CRD_DIR = os.environ.get("KSERVE_CRD_DIR")
+
+
+def crd_schemas(folder: Path) -> dict[tuple[str, str], dict]:
+    """(kind, version) -> the CRD's openAPIV3Schema made strict the way the API server is: fields a
+    structural schema does not list are refused, int-or-string fields take either."""
+    def strict(node):
+        if isinstance(node, list):
+            return [strict(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        node = {key: strict(value) for key, value in node.items()}
+        if node.get("x-kubernetes-int-or-string"):
+            node["type"] = ["integer", "string"]
+        if "properties" in node and "additionalProperties" not in node \
+                and not node.get("x-kubernetes-preserve-unknown-fields"):
+            node["additionalProperties"] = False
+        return node
+
+    schemas = {}
+    for file in folder.glob("serving.kserve.io_*.yaml"):
+        crd = yaml.safe_load(file.read_text())
+        for version in crd["spec"]["versions"]:
+            schema = strict(version["schema"]["openAPIV3Schema"])
+            schema["properties"]["metadata"] = {"type": "object"}  # ObjectMeta: checked by the API server itself
+            schemas[(crd["spec"]["names"]["kind"], version["name"])] = schema
+    return schemas
+
+
+@pytest.mark.skipif(not CRD_DIR, reason="KServe's CRDs ship in no PyPI package and tests never download: set "
+                                        "KSERVE_CRD_DIR to a KServe checkout's config/crd/full to run this check")
+def test_manifests_match_kserve_crd_schemas(kserve_repo, tmp_path):
+    import jsonschema
+
+    schemas = crd_schemas(Path(CRD_DIR))
+    out = tmp_path / "crd"
+    for flags in ((), ("--gpu", "--routing", "kserve", "--namespace", "ml")):
+        assert kserve(str(kserve_repo), "--image", IMAGE, "-o", str(out), "--force", *flags).returncode == 0
+        for file in out.rglob("*.yaml"):
+            document = yaml.safe_load(file.read_text())
+            schema = schemas[(document["kind"], document["apiVersion"].split("/")[1])]
+            jsonschema.Draft7Validator(schema).validate(document)
+    misspelt = yaml.safe_load((out / "digits-cnn.yaml").read_text())
+    misspelt["spec"]["predictor"]["model"]["storageUrl"] = misspelt["spec"]["predictor"]["model"].pop("storageUri")
+    with pytest.raises(jsonschema.ValidationError, match="storageUrl"):
+        jsonschema.Draft7Validator(schemas[("InferenceService", "v1beta1")]).validate(misspelt)
+
+
 def run_runtime_container(manifests: Path, mnt: Path, service: str, tmp_path: Path) -> RunningServer:
     """The runtime's container command, as KServe runs it, with only what a test must change: the
     model mount, ports that are free here, and 127.0.0.1 for 0.0.0.0."""
