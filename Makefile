@@ -13,7 +13,7 @@ ONNX2TF := 'onnx2tf==1.29.24'
 # --no-deps into a folder of their own, so their runtimes' pins never reach the venv.
 ZOO_MODELS ?= .zoo-models
 
-.PHONY: demo test bench zoo install install-edge image-tools clean
+.PHONY: demo test lint format bench zoo install install-edge image-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,17 @@ image-tools:
 	    || echo "buildah/debootstrap could not be installed: the serving-image test will skip"; \
 	  else echo "buildah/debootstrap need apt-get as root: the serving-image test will skip"; fi; \
 	fi
+
+# Style and types (configured in pyproject.toml; .ci/run runs it before the tests). `make format` fixes what it can.
+LINTED := unideploy tests benchmarks examples
+lint: $(VENV)/.installed
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy
+
+format: $(VENV)/.installed
+	$(BIN)/ruff check --fix $(LINTED)
+	$(BIN)/ruff format $(LINTED)
 
 test: $(VENV)/.installed $(MS_VENV)/.installed image-tools
 	$(BIN)/python -m pytest -q -m "not mindspore"

@@ -15,15 +15,16 @@ Needs ``make bench`` (the bench and edge extras).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+import report
+from models import digits_torchscript, minilm_torchscript
 from rich.console import Console
 
-import report
 import unideploy
-from models import digits_torchscript, minilm_torchscript
 from unideploy.optimizers.measure import interleaved_latency
 from unideploy.runtimes import RUNTIMES, Runtime, RuntimeOptions
 
@@ -40,24 +41,31 @@ class _Timed:
         return list(self.runtime.run(inputs).values())
 
 
-def _measure(package_path: Path, sample: dict[str, np.ndarray], batch_sizes: tuple[int, ...],
-             quality: Callable[[Runtime], float]) -> tuple[list[dict[str, Any]], str | None]:
+def _measure(
+    package_path: Path, sample: dict[str, np.ndarray], batch_sizes: tuple[int, ...], quality: Callable[[Runtime], float]
+) -> tuple[list[dict[str, Any]], str | None]:
     with unideploy.open_package(package_path) as package:
         manifest = package.manifest
         runtimes = {}
         for artifact in manifest.artifacts:
             cls = RUNTIMES.get(artifact.runtimes[0])
             # spin off: runtimes taking turns must not slow each other down (see timing_session)
-            runtimes[artifact.id] = cls(package.path_of(artifact), manifest.signature_of(artifact),
-                                        RuntimeOptions(device="cpu", spin="never"))
+            runtimes[artifact.id] = cls(
+                package.path_of(artifact), manifest.signature_of(artifact), RuntimeOptions(device="cpu", spin="never")
+            )
         console.log(f"timing {', '.join(runtimes)} at batch sizes {batch_sizes}")
-        timings = interleaved_latency({k: _Timed(r) for k, r in runtimes.items()}, sample, batch_sizes,
-                                      rounds=7, max_seconds=6.0)
+        timings = interleaved_latency(
+            {k: _Timed(r) for k, r in runtimes.items()}, sample, batch_sizes, rounds=7, max_seconds=6.0
+        )
         base = manifest.artifact("onnx-fp32").size
         rows = []
         for artifact in manifest.artifacts:
-            row = {"artifact": artifact.id, "size_kb": round(artifact.size / 1024, 1),
-                   "size_pct": round(100 * artifact.size / base, 1), "quality": quality(runtimes[artifact.id])}
+            row = {
+                "artifact": artifact.id,
+                "size_kb": round(artifact.size / 1024, 1),
+                "size_pct": round(100 * artifact.size / base, 1),
+                "quality": quality(runtimes[artifact.id]),
+            }
             for b in batch_sizes:
                 row[f"b{b}_ms"] = timings[b][artifact.id]
                 row[f"b{b}_vs_onnx"] = round(timings[b]["onnx-fp32"] / timings[b][artifact.id], 2)
@@ -73,8 +81,13 @@ def digits(work: Path) -> dict[str, Any]:
     x_train, y_train, x_test, y_test = digits_torchscript(work)
     np.savez(work / "calibration.npz", x=x_train, labels=y_train)
     console.log("exporting with --target edge (int8 calibrated on the training images)")
-    unideploy.export(work / "digits.pt", work / "digits.udp", example_inputs={"x": x_train[:8]}, target="edge",
-                     edge_calibration=work / "calibration.npz").close()
+    unideploy.export(
+        work / "digits.pt",
+        work / "digits.udp",
+        example_inputs={"x": x_train[:8]},
+        target="edge",
+        edge_calibration=work / "calibration.npz",
+    ).close()
 
     def accuracy(runtime: Runtime) -> float:
         return round(float((next(iter(runtime.run({"x": x_test}).values())).argmax(1) == y_test).mean() * 100), 2)
@@ -85,11 +98,21 @@ def digits(work: Path) -> dict[str, Any]:
     if "tflite-int8" in by:
         int8, fp32 = by["tflite-int8"], by["tflite-fp32"]
         share = round(100 * int8["size_kb"] / fp32["size_kb"], 1)
-        targets = [("int8 TFLite size <= 27% of fp32 TFLite", share <= 27, f"{share}%"),
-                   ("int8 TFLite accuracy drop <= 1 point", fp32["quality"] - int8["quality"] <= 1.0,
-                    f"{fp32['quality'] - int8['quality']:.2f} points")]
-    return {"model": "digits CNN (3 conv + 2 linear, 193k params)", "quality": "test accuracy %", "rows": rows,
-            "targets": targets, "note": note}
+        targets = [
+            ("int8 TFLite size <= 27% of fp32 TFLite", share <= 27, f"{share}%"),
+            (
+                "int8 TFLite accuracy drop <= 1 point",
+                fp32["quality"] - int8["quality"] <= 1.0,
+                f"{fp32['quality'] - int8['quality']:.2f} points",
+            ),
+        ]
+    return {
+        "model": "digits CNN (3 conv + 2 linear, 193k params)",
+        "quality": "test accuracy %",
+        "rows": rows,
+        "targets": targets,
+        "note": note,
+    }
 
 
 # -- (b) MiniLM-L6 ----------------------------------------------------------------------------------
@@ -100,8 +123,13 @@ def minilm(work: Path) -> dict[str, Any]:
     np.savez(work / "sentences_cal.npz", **{k: v[:cut] for k, v in arrays.items()})
     validation = {k: v[cut:] for k, v in arrays.items()}
     console.log("exporting with --target edge (int8 calibrated on half of the sentences)")
-    unideploy.export(model_path, work / "minilm.udp", example_inputs={k: v[:4] for k, v in arrays.items()},
-                     target="edge", edge_calibration=work / "sentences_cal.npz").close()
+    unideploy.export(
+        model_path,
+        work / "minilm.udp",
+        example_inputs={k: v[:4] for k, v in arrays.items()},
+        target="edge",
+        edge_calibration=work / "sentences_cal.npz",
+    ).close()
     with unideploy.open_package(work / "minilm.udp") as package:
         reference = next(iter(unideploy.run(package, validation, artifact="onnx-fp32").values()))
 
@@ -111,8 +139,13 @@ def minilm(work: Path) -> dict[str, Any]:
         return round(float(cos.mean()), 5)
 
     rows, note = _measure(work / "minilm.udp", {k: v[:1] for k, v in validation.items()}, (1,), cosine)
-    return {"model": "MiniLM-L6 sentence embeddings (seq 128)", "quality": "mean cosine to ONNX fp32",
-            "rows": rows, "targets": [], "note": note}
+    return {
+        "model": "MiniLM-L6 sentence embeddings (seq 128)",
+        "quality": "mean cosine to ONNX fp32",
+        "rows": rows,
+        "targets": [],
+        "note": note,
+    }
 
 
 if __name__ == "__main__":

@@ -15,15 +15,16 @@ without TensorRT or a CUDA provider it says so and exits 0: nothing here can be 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+import report
+from models import imagenet_cnn_torchscript, minilm_torchscript
 from rich.console import Console
 
-import report
 import unideploy
-from models import imagenet_cnn_torchscript, minilm_torchscript
 from unideploy.errors import MissingDependencyError
 from unideploy.gpu.build import GpuRequest
 from unideploy.optimizers.measure import interleaved_latency
@@ -51,31 +52,36 @@ def gpu_paths() -> tuple[bool, bool, str]:
     found = RUNTIMES.get("tensorrt").availability()
     cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     why = f"TensorRT: {found.detail}; onnxruntime GPU providers: " + (
-        ", ".join(p for p in GPU_PROVIDERS if p in onnxruntime.get_available_providers()) or "none")
+        ", ".join(p for p in GPU_PROVIDERS if p in onnxruntime.get_available_providers()) or "none"
+    )
     return found.ok, cuda, why
 
 
-def _measure(package_path: Path, sample: dict[str, np.ndarray], work: Path,
-             quality: Callable[[Runtime], float]) -> list[dict[str, Any]]:
+def _measure(
+    package_path: Path, sample: dict[str, np.ndarray], work: Path, quality: Callable[[Runtime], float]
+) -> list[dict[str, Any]]:
     has_trt, has_cuda, _ = gpu_paths()
     with unideploy.open_package(package_path) as package:
         m = package.manifest
         onnx = package.path_of("onnx-fp32")
-        engines: dict[str, Runtime] = {"ort-cpu": RUNTIMES.get("onnxruntime")(onnx, m.signature, RuntimeOptions(
-            device="cpu", spin="never"))}
+        engines: dict[str, Runtime] = {
+            "ort-cpu": RUNTIMES.get("onnxruntime")(onnx, m.signature, RuntimeOptions(device="cpu", spin="never"))
+        }
         if has_cuda:
             engines["ort-cuda"] = RUNTIMES.get("onnxruntime")(onnx, m.signature, RuntimeOptions(device="gpu"))
         for artifact in (a for a in m.artifacts if a.format == "tensorrt"):
             runtime = "tensorrt" if has_trt else "onnxruntime"  # without TensorRT: ORT's TensorRT provider
             console.log(f"loading {artifact.id} on {runtime} (builds the engine on first use)")
             try:
-                engines[artifact.id] = RUNTIMES.get(runtime)(package.path_of(artifact), m.signature, RuntimeOptions(
-                    device="gpu", engine_cache=work / "engines"))
+                engines[artifact.id] = RUNTIMES.get(runtime)(
+                    package.path_of(artifact), m.signature, RuntimeOptions(device="gpu", engine_cache=work / "engines")
+                )
             except MissingDependencyError as exc:  # calibrated int8 needs TensorRT itself
                 console.log(f"{artifact.id} not measured: {exc}")
         console.log(f"timing {', '.join(engines)} at batch sizes {BATCHES}")
-        timings = interleaved_latency({k: _Timed(r) for k, r in engines.items()}, sample, BATCHES, rounds=7,
-                                      max_seconds=6.0)
+        timings = interleaved_latency(
+            {k: _Timed(r) for k, r in engines.items()}, sample, BATCHES, rounds=7, max_seconds=6.0
+        )
         rows = []
         for name, runtime in engines.items():
             row = {"engine": name, "runtime": runtime.name, "quality": quality(runtime)}
@@ -105,9 +111,15 @@ def cnn(work: Path) -> dict[str, Any]:
     images = rng.standard_normal((128, 3, 224, 224), dtype=np.float32)
     np.savez(work / "calibration.npz", x=images[:64])
     console.log("exporting with --target gpu (fp32, fp16, int8 calibrated by TensorRT)")
-    unideploy.export(path, work / "cnn.udp", input_shapes=["x:1x3x224x224"], target="gpu",
-                     gpu=GpuRequest(("fp32", "fp16", "int8"), ["x:1x3x224x224,8x3x224x224,32x3x224x224"],
-                                    calibration=work / "calibration.npz")).close()
+    unideploy.export(
+        path,
+        work / "cnn.udp",
+        input_shapes=["x:1x3x224x224"],
+        target="gpu",
+        gpu=GpuRequest(
+            ("fp32", "fp16", "int8"), ["x:1x3x224x224,8x3x224x224,32x3x224x224"], calibration=work / "calibration.npz"
+        ),
+    ).close()
     held_out = {"x": images[64:96]}
     with unideploy.open_package(work / "cnn.udp") as package:
         reference = unideploy.run(package, held_out, artifact="onnx-fp32", device="cpu")["output"]
@@ -116,8 +128,13 @@ def cnn(work: Path) -> dict[str, Any]:
         return round(float((runtime.run(held_out)["output"].argmax(1) == reference.argmax(1)).mean() * 100), 1)
 
     rows = _measure(work / "cnn.udp", {"x": images[:1]}, work, top1)
-    return {"model": "ResNet-18-shaped CNN, 1x3x224x224", "quality": "top-1 agreement with fp32 %", "rows": rows,
-            "targets": _targets(rows), "note": "random weights: agreement, not accuracy"}
+    return {
+        "model": "ResNet-18-shaped CNN, 1x3x224x224",
+        "quality": "top-1 agreement with fp32 %",
+        "rows": rows,
+        "targets": _targets(rows),
+        "note": "random weights: agreement, not accuracy",
+    }
 
 
 # -- (b) MiniLM-L6 ----------------------------------------------------------------------------------
@@ -125,12 +142,18 @@ def minilm(work: Path) -> dict[str, Any]:
     model_path, arrays = minilm_torchscript(work, count=400)
     cut = len(arrays["input_ids"]) // 2
     np.savez(work / "calibration.npz", **{k: v[:cut] for k, v in arrays.items()})
-    validation = {k: v[cut:cut + 32] for k, v in arrays.items()}
+    validation = {k: v[cut : cut + 32] for k, v in arrays.items()}
     profile = ",".join(f"{b}x128" for b in (1, 8, 32))
     console.log("exporting with --target gpu (fp32, fp16, int8 calibrated by TensorRT)")
-    unideploy.export(model_path, work / "minilm.udp", example_inputs={k: v[:4] for k, v in arrays.items()},
-                     target="gpu", gpu=GpuRequest(("fp32", "fp16", "int8"), [f"{name}:{profile}" for name in arrays],
-                                                  calibration=work / "calibration.npz")).close()
+    unideploy.export(
+        model_path,
+        work / "minilm.udp",
+        example_inputs={k: v[:4] for k, v in arrays.items()},
+        target="gpu",
+        gpu=GpuRequest(
+            ("fp32", "fp16", "int8"), [f"{name}:{profile}" for name in arrays], calibration=work / "calibration.npz"
+        ),
+    ).close()
     with unideploy.open_package(work / "minilm.udp") as package:
         reference = next(iter(unideploy.run(package, validation, artifact="onnx-fp32", device="cpu").values()))
 
@@ -140,8 +163,13 @@ def minilm(work: Path) -> dict[str, Any]:
         return round(float(cos.mean()), 5)
 
     rows = _measure(work / "minilm.udp", {k: v[:1] for k, v in validation.items()}, work, cosine)
-    return {"model": "MiniLM-L6 sentence embeddings (seq 128)", "quality": "mean cosine to ONNX fp32",
-            "rows": rows, "targets": _targets(rows), "note": None}
+    return {
+        "model": "MiniLM-L6 sentence embeddings (seq 128)",
+        "quality": "mean cosine to ONNX fp32",
+        "rows": rows,
+        "targets": _targets(rows),
+        "note": None,
+    }
 
 
 if __name__ == "__main__":

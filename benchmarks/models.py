@@ -13,8 +13,9 @@ import numpy as np
 def sentences() -> list[str]:
     """Real English sentences shipped on every machine: scikit-learn's dataset descriptions and the
     Python language reference (``pydoc_data.topics``)."""
-    import sklearn
     from pydoc_data.topics import topics
+
+    import sklearn
 
     text = " ".join(p.read_text() for p in sorted(Path(sklearn.__file__).parent.glob("datasets/descr/*.rst")))
     text += " " + " ".join(topics[k] for k in sorted(topics))
@@ -39,9 +40,10 @@ def minilm_torchscript(work: Path, count: int = 600, seq: int = 128) -> tuple[Pa
             super().__init__()
             self.model = model
 
-        def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: ANN001
-            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                                token_type_ids=token_type_ids).last_hidden_state
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            hidden = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             return torch.nn.functional.normalize(pooled, dim=-1)
@@ -70,10 +72,20 @@ def digits_torchscript(work: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     x_train, x_test, y_train, y_test = train_test_split(images, data.target, test_size=0.3, random_state=0)
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-        nn.Flatten(), nn.Linear(64 * 16, 128), nn.ReLU(), nn.Linear(128, 10),
+        nn.Conv2d(1, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(64 * 16, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
     )
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     xt, yt = torch.from_numpy(x_train), torch.from_numpy(y_train).long()
@@ -95,15 +107,32 @@ def imagenet_cnn_torchscript(work: Path) -> Path:
     from torch import nn
 
     def block(cin: int, cout: int, stride: int) -> nn.Module:
-        return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
-                             nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
+        return nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(),
+            nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(),
+        )
 
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
-        block(64, 64, 1), block(64, 64, 1), block(64, 128, 2), block(128, 128, 1),
-        block(128, 256, 2), block(256, 256, 1), block(256, 512, 2), block(512, 512, 1),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000),
+        nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.MaxPool2d(3, 2, 1),
+        block(64, 64, 1),
+        block(64, 64, 1),
+        block(64, 128, 2),
+        block(128, 128, 1),
+        block(128, 256, 2),
+        block(256, 256, 1),
+        block(256, 512, 2),
+        block(512, 512, 1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(512, 1000),
     ).eval()
     path = work / "cnn224.pt"
     torch.jit.save(torch.jit.trace(model, torch.randn(1, 3, 224, 224)), str(path))

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from rich.console import Console
-
-import unideploy
 from models import imagenet_cnn_torchscript
+from rich.console import Console
 from server import clients, drive, per_thread
 
+import unideploy
+
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from serving import Load, ray_replicas, start_server, stop_server  # noqa: E402
+from serving import Load, ray_replicas, start_server, stop_server
 
 console = Console(stderr=True)
 CONCURRENCY = 8
@@ -63,8 +63,11 @@ def kill_one(repo: Path, work: Path, x: np.ndarray) -> dict:
         victim, before = ray_replicas("cnn")[0], len(load.results)
         killed = time.monotonic()
         victim.kill()
-        server.wait_for(lambda: len([p for p in ray_replicas("cnn") if p.pid != victim.pid]) == 2, timeout=120,
-                        what="a replacement replica")
+        server.wait_for(
+            lambda: len([p for p in ray_replicas("cnn") if p.pid != victim.pid]) == 2,
+            timeout=120,
+            what="a replacement replica",
+        )
         recovered = time.monotonic() - killed
         load.more(30)
         failed = load.finish()
@@ -102,13 +105,19 @@ def report(rows: list[dict], killed: dict, markdown: bool) -> None:
     lines += [f"| {r['block']} | {r['setup']} | {r['p50_ms']} | {r['p99_ms']} | {r['throughput']} |" for r in rows]
     ratios = []
     for block in sorted({r["block"] for r in rows}):
-        one, two = (next(r["throughput"] for r in rows if r["block"] == block and r["setup"] == s)
-                    for s in ("ray, 1 replica", "ray, 2 replicas"))
+        one, two = (
+            next(r["throughput"] for r in rows if r["block"] == block and r["setup"] == s)
+            for s in ("ray, 1 replica", "ray, 2 replicas")
+        )
         ratios.append(two / one)
-    lines += ["", f"- 2 replicas / 1 replica throughput at concurrency {CONCURRENCY}: "
-              + ", ".join(f"{r:.2f}x" for r in ratios) + f" (median {statistics.median(ratios):.2f}x)",
-              f"- one of two replicas killed under load: {killed['failed']} of {killed['requests']} requests failed; "
-              f"a replacement replica was running {killed['recovery_s']} s later"]
+    lines += [
+        "",
+        f"- 2 replicas / 1 replica throughput at concurrency {CONCURRENCY}: "
+        + ", ".join(f"{r:.2f}x" for r in ratios)
+        + f" (median {statistics.median(ratios):.2f}x)",
+        f"- one of two replicas killed under load: {killed['failed']} of {killed['requests']} requests failed; "
+        f"a replacement replica was running {killed['recovery_s']} s later",
+    ]
     text = "\n".join(lines)
     if markdown:
         print(text)

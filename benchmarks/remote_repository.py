@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from models import digits_torchscript
 from rich.console import Console
 
 import unideploy
-from models import digits_torchscript
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from serving import free_port, start_server, stop_server  # noqa: E402
+from serving import free_port, start_server, stop_server
 
 console = Console(stderr=True)
 
@@ -52,8 +52,12 @@ def main() -> None:
     port = free_port()
     s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     s3.start()
-    env = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    env = {
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+    }
     fs = fsspec.filesystem("s3", key="bench", secret="bench", endpoint_url=env["AWS_ENDPOINT_URL"])
     fs.mkdir("bench")
     work = Path(tempfile.mkdtemp(prefix="unideploy-remote-bench-"))
@@ -75,8 +79,13 @@ def main() -> None:
                     else:
                         fs.put(str(package), f"bench/repo/digits/{version}", recursive=True)
                     uploaded = time.perf_counter()
-                    server.wait_for(lambda: http.post("/v2/models/digits/infer", json=body).json()
-                                    .get("model_version") == str(version), timeout=120, what=f"version {version}")
+                    server.wait_for(
+                        lambda v=str(version): (
+                            http.post("/v2/models/digits/infer", json=body).json().get("model_version") == v
+                        ),
+                        timeout=120,
+                        what=f"version {version}",
+                    )
                     times[kind].append(time.perf_counter() - uploaded)
                     console.log(f"{kind} version {version}: serving {times[kind][-1]:.2f} s after its upload")
     finally:

@@ -43,8 +43,10 @@ def main() -> None:
         _, runtime = open_runtime(pkg, options=None)
         session = ort.InferenceSession(str(pkg.path_of(pkg.manifest.artifacts[0])), providers=["CPUExecutionProvider"])
         sample = pkg.reference_samples()[-1].inputs
-        print(f"{pkg.manifest.name}: unideploy Runtime.run vs bare InferenceSession.run "
-              f"({args.rounds} interleaved rounds x {args.repeats} calls, median)")
+        print(
+            f"{pkg.manifest.name}: unideploy Runtime.run vs bare InferenceSession.run "
+            f"({args.rounds} interleaved rounds x {args.repeats} calls, median)"
+        )
         print(f"{'batch':>5}  {'bare ms':>9}  {'unideploy ms':>12}  {'ratio':>6}")
         for batch in (1, 64):
             inputs = resize_batch(sample, batch)

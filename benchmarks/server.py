@@ -19,18 +19,19 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import yaml
+from models import imagenet_cnn_torchscript, minilm_torchscript
 from rich.console import Console
 
 import unideploy
-from models import imagenet_cnn_torchscript, minilm_torchscript
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from serving import start_server, stop_server  # noqa: E402
+from serving import start_server, stop_server
 
 console = Console(stderr=True)
 CONCURRENCY = (1, 8)
@@ -65,8 +66,12 @@ def drive(call: Callable[[], Any], concurrency: int, seconds: float, max_calls: 
         t.join()
     elapsed = time.perf_counter() - began
     ms = np.array(latencies) * 1000
-    return {"p50_ms": round(float(np.percentile(ms, 50)), 2), "p99_ms": round(float(np.percentile(ms, 99)), 2),
-            "throughput": round(len(latencies) / elapsed, 1), "calls": len(latencies)}
+    return {
+        "p50_ms": round(float(np.percentile(ms, 50)), 2),
+        "p99_ms": round(float(np.percentile(ms, 99)), 2),
+        "throughput": round(len(latencies) / elapsed, 1),
+        "calls": len(latencies),
+    }
 
 
 def clients(server, model: str, inputs: dict[str, np.ndarray]) -> dict[str, Callable[[], Callable[[], Any]]]:
@@ -85,6 +90,7 @@ def clients(server, model: str, inputs: dict[str, np.ndarray]) -> dict[str, Call
                 tensors.append(t)
             outputs = [httpclient.InferRequestedOutput("output", binary_data=binary)]
             return lambda: client.infer(model, tensors, outputs=outputs).as_numpy("output")
+
         return make
 
     def grpc() -> Callable[[], Any]:
@@ -101,13 +107,15 @@ def clients(server, model: str, inputs: dict[str, np.ndarray]) -> dict[str, Call
 
 def in_process_rss(packages: list[Path]) -> float:
     """RSS of a fresh process that loads the same models in ONNX Runtime and runs each once."""
-    code = ("import sys, unideploy\n"
-            "from unideploy.runtimes.selection import open_runtime\n"
-            "engines = []\n"
-            "for p in sys.argv[1:]:\n"
-            "    pkg = unideploy.open_package(p); _, e = open_runtime(pkg); e.run(pkg.reference_samples()[0].inputs)\n"
-            "    engines.append((pkg, e))\n"
-            "print([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1])\n")
+    code = (
+        "import sys, unideploy\n"
+        "from unideploy.runtimes.selection import open_runtime\n"
+        "engines = []\n"
+        "for p in sys.argv[1:]:\n"
+        "    pkg = unideploy.open_package(p); _, e = open_runtime(pkg); e.run(pkg.reference_samples()[0].inputs)\n"
+        "    engines.append((pkg, e))\n"
+        "print([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1])\n"
+    )
     out = subprocess.run([sys.executable, "-c", code, *map(str, packages)], capture_output=True, text=True, check=True)
     return int(out.stdout.strip()) / 1024
 
@@ -127,6 +135,7 @@ def per_thread(factory: Callable[[], Callable[[], Any]], count: int) -> Callable
         if not hasattr(local, "fn"):
             local.fn = next(callables)
         return local.fn()
+
     return call
 
 
@@ -138,8 +147,16 @@ def in_process_rows(repo: Path, model: str, inputs: dict[str, np.ndarray], block
         _, engine = open_runtime(pkg)  # in-process default: threads spin, as a lone caller's should
         for c in CONCURRENCY:
             console.log(f"block {block}: {model}, in-process, concurrency {c}")
-            rows.append({"block": block, "server": "", "model": model, "path": "in-process", "concurrency": c,
-                         **drive(lambda: engine.run(inputs), c, seconds)})
+            rows.append(
+                {
+                    "block": block,
+                    "server": "",
+                    "model": model,
+                    "path": "in-process",
+                    "concurrency": c,
+                    **drive(lambda: engine.run(inputs), c, seconds),
+                }
+            )
         engine.close()
     return rows
 
@@ -158,8 +175,10 @@ def main() -> None:
         unideploy.export(cnn_pt, repo / "cnn" / "1", input_shapes=["x:1x3x224x224"]).close()
         minilm_pt, arrays = minilm_torchscript(work, count=8)
         unideploy.export(minilm_pt, repo / "minilm" / "1", example_inputs={k: v[:2] for k, v in arrays.items()}).close()
-        inputs = {"cnn": {"x": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)},
-                  "minilm": {k: np.ascontiguousarray(v[:1]) for k, v in arrays.items()}}
+        inputs = {
+            "cnn": {"x": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)},
+            "minilm": {k: np.ascontiguousarray(v[:1]) for k, v in arrays.items()},
+        }
         cold_start = server_rss = peak_rss = float("nan")
         rows: list[dict] = []
         for block in range(1, args.blocks + 1):  # the spread between blocks is the machine's noise
@@ -180,8 +199,16 @@ def main() -> None:
                                 server_rss = rss_mb(server.process.pid)
                             for c in CONCURRENCY:
                                 console.log(f"block {block}, {policy}: {model}, {name}, concurrency {c}")
-                                rows.append({"block": block, "server": policy, "model": model, "path": name,
-                                             "concurrency": c, **drive(per_thread(factory, c), c, args.seconds)})
+                                rows.append(
+                                    {
+                                        "block": block,
+                                        "server": policy,
+                                        "model": model,
+                                        "path": name,
+                                        "concurrency": c,
+                                        **drive(per_thread(factory, c), c, args.seconds),
+                                    }
+                                )
                     peak_rss = rss_mb(server.process.pid) if first else peak_rss
                 finally:
                     stop_server(server)
@@ -191,35 +218,61 @@ def main() -> None:
     report(rows, cold_start, server_rss, peak_rss, baseline_rss, args.markdown)
 
 
-def report(rows: list[dict], cold_start: float, server_rss: float, peak_rss: float, baseline_rss: float,
-           markdown: bool) -> None:
+def report(
+    rows: list[dict], cold_start: float, server_rss: float, peak_rss: float, baseline_rss: float, markdown: bool
+) -> None:
     def find(model: str, path: str, c: int, block: int, server: str = "") -> dict:
-        return next(r for r in rows if (r["model"], r["path"], r["concurrency"], r["block"], r["server"])
-                    == (model, path, c, block, server))
+        return next(
+            r
+            for r in rows
+            if (r["model"], r["path"], r["concurrency"], r["block"], r["server"]) == (model, path, c, block, server)
+        )
 
-    lines = ["| block | server | model | path | concurrency | p50 ms | p99 ms | throughput /s | p50 vs in-process |",
-             "|---:|---|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| block | server | model | path | concurrency | p50 ms | p99 ms | throughput /s | p50 vs in-process |",
+        "|---:|---|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         base = find(r["model"], "in-process", r["concurrency"], r["block"])["p50_ms"]
-        lines.append(f"| {r['block']} | {r['server'] or '-'} | {r['model']} | {r['path']} | {r['concurrency']} | "
-                     f"{r['p50_ms']} | {r['p99_ms']} | {r['throughput']} | {r['p50_ms'] / base:.2f}x |")
+        lines.append(
+            f"| {r['block']} | {r['server'] or '-'} | {r['model']} | {r['path']} | {r['concurrency']} | "
+            f"{r['p50_ms']} | {r['p99_ms']} | {r['throughput']} | {r['p50_ms'] / base:.2f}x |"
+        )
     results = []
     for block in sorted({r["block"] for r in rows}):
         single = find("cnn", "in-process", 1, block)
         for path, label in (("grpc", "gRPC"), ("rest-binary", "REST binary")):
             ratio = find("cnn", path, 1, block, DEFAULT_POLICY)["p50_ms"] / single["p50_ms"]
-            results.append((f"block {block}: {label} p50 within 1.15x of in-process (CNN, concurrency 1)",
-                            ratio <= 1.15, f"{ratio:.3f}x"))
+            results.append(
+                (
+                    f"block {block}: {label} p50 within 1.15x of in-process (CNN, concurrency 1)",
+                    ratio <= 1.15,
+                    f"{ratio:.3f}x",
+                )
+            )
         for model in ("cnn", "minilm"):
             single = find(model, "in-process", 1, block)
             best8 = max(find(model, p, 8, block, DEFAULT_POLICY)["throughput"] for p in ("rest-binary", "grpc"))
-            results.append((f"block {block}: throughput at concurrency 8 >= in-process single-stream ({model})",
-                            best8 >= single["throughput"], f"{best8} vs {single['throughput']} /s"))
+            results.append(
+                (
+                    f"block {block}: throughput at concurrency 8 >= in-process single-stream ({model})",
+                    best8 >= single["throughput"],
+                    f"{best8} vs {single['throughput']} /s",
+                )
+            )
     results.append(("cold start to ready < 2 s", cold_start < 2.0, f"{cold_start:.2f} s"))
-    results.append(("server RSS < in-process RSS + 100 MB", server_rss < baseline_rss + 100,
-                    f"{server_rss:.0f} MB vs {baseline_rss:.0f} MB in process; {peak_rss:.0f} MB after the "
-                    "REST JSON runs"))
-    text = "\n".join(lines) + "\n\n" + "\n".join(f"- {'met' if ok else 'MISSED'}: {n} (measured {v})" for n, ok, v in results)
+    results.append(
+        (
+            "server RSS < in-process RSS + 100 MB",
+            server_rss < baseline_rss + 100,
+            f"{server_rss:.0f} MB vs {baseline_rss:.0f} MB in process; {peak_rss:.0f} MB after the REST JSON runs",
+        )
+    )
+    text = (
+        "\n".join(lines)
+        + "\n\n"
+        + "\n".join(f"- {'met' if ok else 'MISSED'}: {n} (measured {v})" for n, ok, v in results)
+    )
     if markdown:
         print(text)
     else:

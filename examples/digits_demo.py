@@ -27,8 +27,13 @@ class DigitsCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         self.classifier = nn.Linear(32 * 4 * 4, 10)
 
@@ -80,13 +85,26 @@ def main() -> None:
         accuracy = (predictions["output"].argmax(1) == y_test).mean()
     print(f"accuracy of the packaged model on ONNX Runtime: {accuracy:.3f}")
     deploy("optimize", package, "--quantize", "int8", "--calibration", OUT / "calibration.npz")
-    deploy("optimize", package, "--prune", "0.5", "--prune-method", "channels",
-           "--calibration", OUT / "calibration.npz")
+    deploy(
+        "optimize", package, "--prune", "0.5", "--prune-method", "channels", "--calibration", OUT / "calibration.npz"
+    )
     deploy("verify", package)
     deploy("bench", package, "--batch-size", "64", "--iterations", "200")
     deploy("bench", package, "--batch-size", "64", "--iterations", "200", "--artifact", "onnx-slim50")
-    deploy("export", model_path, "-o", OUT / "digits.zip", "--input-shape", "x:1x1x8x8", "--name", "digits-cnn",
-           "--quantize", "fp16", "--calibration", OUT / "calibration.npz")
+    deploy(
+        "export",
+        model_path,
+        "-o",
+        OUT / "digits.zip",
+        "--input-shape",
+        "x:1x1x8x8",
+        "--name",
+        "digits-cnn",
+        "--quantize",
+        "fp16",
+        "--calibration",
+        OUT / "calibration.npz",
+    )
     deploy("verify", OUT / "digits.zip")
     print(f"\ndone: packages in {OUT}")
 

@@ -1,12 +1,9 @@
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")
@@ -42,9 +39,9 @@ def digits(tmp_path_factory) -> dict[str, Path]:
     pytest.importorskip("torch", reason="the torch extra is not installed")
     import numpy as np
     import torch
+    from models import train_digits_cnn
 
     import unideploy
-    from models import train_digits_cnn
 
     root = tmp_path_factory.mktemp("digits")
     model, images, labels = train_digits_cnn()
@@ -106,7 +103,9 @@ def saved_models(tmp_path_factory):
             return {"y": x + 1.0}
 
     module = Scaler()
-    tf.saved_model.save(module, str(root / "scaler"), signatures={"serving_default": module.scale, "shift": module.shift})
+    tf.saved_model.save(
+        module, str(root / "scaler"), signatures={"serving_default": module.scale, "shift": module.shift}
+    )
     return root
 
 

@@ -28,7 +28,7 @@ def build_cells() -> dict[str, tuple[object, list[object]]]:
             self.fc = nn.Dense(16, 10)
             self.relu = nn.ReLU()
 
-        def construct(self, x):  # noqa: ANN001, ANN201
+        def construct(self, x):
             x = self.pool(self.relu(self.bn(self.conv1(x))))
             x = ops.relu6(self.conv2(x))
             x = self.avg(ops.pad(x, (2, 2, 2, 2)))
@@ -47,11 +47,13 @@ def build_cells() -> dict[str, tuple[object, list[object]]]:
             self.gelu = nn.GELU(approximate=False)
             self.heads, self.d = heads, d
 
-        def construct(self, x):  # noqa: ANN001, ANN201
+        def construct(self, x):
             b, s, _ = x.shape
             q, k, v = ops.split(self.qkv(x), self.d, axis=-1)
-            def heads(t):  # noqa: ANN001, ANN202
+
+            def heads(t):
                 return t.reshape(b, s, self.heads, self.d // self.heads).transpose(0, 2, 1, 3)
+
             scores = ops.matmul(heads(q), heads(k).transpose(0, 1, 3, 2)) / float(np.sqrt(self.d // self.heads))
             attn = ops.matmul(ops.softmax(scores, axis=-1), heads(v)).transpose(0, 2, 1, 3).reshape(b, s, self.d)
             x = self.ln1(x + self.out(attn))
@@ -69,7 +71,7 @@ def build_cells() -> dict[str, tuple[object, list[object]]]:
             self.flat = nn.Flatten()
             self.gelu = nn.GELU()
 
-        def construct(self, x, ids):  # noqa: ANN001, ANN201
+        def construct(self, x, ids):
             a = (ops.tanh(x) - ops.sigmoid(x)) * ops.silu(x)
             a = ops.pow(a, 2.0) + ops.sqrt(ops.abs(a)) * 3.0
             g = self.gelu(self.dense(self.flat(a)))
@@ -88,7 +90,7 @@ def build_cells() -> dict[str, tuple[object, list[object]]]:
             self.w = Parameter(Tensor(rng.standard_normal((5, 6)).astype(np.float32)), name="w")
             self.b = Parameter(Tensor(rng.standard_normal(5).astype(np.float32)), name="b")
 
-        def construct(self, x):  # noqa: ANN001, ANN201
+        def construct(self, x):
             y = ops.maximum(ops.exp(x * 0.1), ops.minimum(ops.neg(x), ops.reciprocal(ops.abs(x) + 1.0)))
             y = ops.log(ops.abs(y) + 1.0) - x.mean(axis=1, keep_dims=True)
             z = mint.add(ops.dense(y, self.w, self.b), 1.0, alpha=2.0)
@@ -100,7 +102,7 @@ def build_cells() -> dict[str, tuple[object, list[object]]]:
             super().__init__()
             self.fc = nn.Dense(6, 6)
 
-        def construct(self, x):  # noqa: ANN001, ANN201
+        def construct(self, x):
             return ops.cumsum(self.fc(x), 1)
 
     cnn = CNN()

@@ -31,7 +31,7 @@ class AttentionBlock(nn.Module):
         super().__init__()
         self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
         self.norm = nn.LayerNorm(dim)
-        self.scale = dim ** -0.5
+        self.scale = dim**-0.5
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2) * self.scale, dim=-1)
@@ -63,10 +63,19 @@ class SentenceEncoder(nn.Module):
         self.heads = heads
         self.words, self.positions = nn.Embedding(vocab, dim), nn.Embedding(seq, dim)
         self.norm = nn.LayerNorm(dim)
-        self.layers = nn.ModuleList(nn.ModuleDict({
-            "qkv": nn.Linear(dim, 3 * dim), "out": nn.Linear(dim, dim), "norm1": nn.LayerNorm(dim),
-            "up": nn.Linear(dim, 4 * dim), "down": nn.Linear(4 * dim, dim), "norm2": nn.LayerNorm(dim),
-        }) for _ in range(layers))
+        self.layers = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    "qkv": nn.Linear(dim, 3 * dim),
+                    "out": nn.Linear(dim, dim),
+                    "norm1": nn.LayerNorm(dim),
+                    "up": nn.Linear(dim, 4 * dim),
+                    "down": nn.Linear(4 * dim, dim),
+                    "norm2": nn.LayerNorm(dim),
+                }
+            )
+            for _ in range(layers)
+        )
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         batch, seq = input_ids.shape
@@ -88,7 +97,7 @@ class DataDependentLoop(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x
-        if bool(x.mean() > 0):
+        if bool(x.mean() > 0):  # noqa: SIM108 (a scripted branch: the control flow under test)
             y = y * 2.0
         else:
             y = y - 1.0
@@ -129,8 +138,10 @@ def save_models(directory: Path) -> dict[str, tuple[Path, list[str]]]:
         "cnn_traced": (torch.jit.trace(cnn, (x_img,)), ["x:2x1x8x8"]),
         "attention_scripted": (torch.jit.script(AttentionBlock().eval()), ["x:2x5x16"]),
         "attention_traced": (torch.jit.trace(AttentionBlock().eval(), (x_seq,)), ["x:2x5x16"]),
-        "tokens_traced": (torch.jit.trace(TokenClassifier().eval(), (ids, mask)),
-                          ["input_ids:2,seq=6:int64", "mask:2,seq=6:float32"]),
+        "tokens_traced": (
+            torch.jit.trace(TokenClassifier().eval(), (ids, mask)),
+            ["input_ids:2,seq=6:int64", "mask:2,seq=6:float32"],
+        ),
         "control_flow_scripted": (torch.jit.script(DataDependentLoop()), ["x:2x3"]),
         "mha_traced": (torch.jit.trace(MultiHeadAttentionModel().eval(), (x_seq,), check_trace=False), ["x:2x5x16"]),
         "histc_traced": (torch.jit.trace(Histogram(), (torch.randn(2, 4),)), ["x:2x4"]),
@@ -149,8 +160,13 @@ class DigitsCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.BatchNorm2d(64),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(64 * 16, 64), nn.ReLU(), nn.Linear(64, 10))
 
@@ -165,9 +181,14 @@ class InvertedResidual(nn.Module):
         super().__init__()
         hidden = channels * expand
         self.block = nn.Sequential(
-            nn.Conv2d(channels, hidden, 1), nn.BatchNorm2d(hidden), nn.ReLU6(),
-            nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden), nn.BatchNorm2d(hidden), nn.ReLU6(),
-            nn.Conv2d(hidden, channels, 1), nn.BatchNorm2d(channels),
+            nn.Conv2d(channels, hidden, 1),
+            nn.BatchNorm2d(hidden),
+            nn.ReLU6(),
+            nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden),
+            nn.BatchNorm2d(hidden),
+            nn.ReLU6(),
+            nn.Conv2d(hidden, channels, 1),
+            nn.BatchNorm2d(channels),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

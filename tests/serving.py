@@ -46,18 +46,37 @@ class RunningServer:
         raise AssertionError(f"timed out waiting for {what}; server log: {self.log.read_text()[-2000:]}")
 
 
-def start_server(repo: Path, tmp: Path, *extra: str, env: dict | None = None,
-                 tls: tuple[Path, Path] | None = None, ready_within: float = 60.0) -> RunningServer:
+def start_server(
+    repo: Path,
+    tmp: Path,
+    *extra: str,
+    env: dict | None = None,
+    tls: tuple[Path, Path] | None = None,
+    ready_within: float = 60.0,
+) -> RunningServer:
     """Start ``deploy serve``; ``tls`` = (cert, key) serves both ports over TLS."""
     http_port, grpc_port = free_port(), free_port()
     if tls:
         extra = (*extra, "--tls-cert", str(tls[0]), "--tls-key", str(tls[1]))
     log = tmp / f"server-{http_port}.log"
-    process = subprocess.Popen(
-        [DEPLOY, "serve", str(repo), "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-         "--poll-interval", "0.2", *extra],
-        stdout=open(log, "w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-    )
+    with open(log, "w") as log_file:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            [
+                DEPLOY,
+                "serve",
+                str(repo),
+                "--http-port",
+                str(http_port),
+                "--grpc-port",
+                str(grpc_port),
+                "--poll-interval",
+                "0.2",
+                *extra,
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
     scheme = "https" if tls else "http"
     server = RunningServer(repo, f"{scheme}://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process, log)
 
@@ -107,7 +126,9 @@ class Load(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(self.x.shape), "data": self.x.ravel().tolist()}]}
+        body = {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": list(self.x.shape), "data": self.x.ravel().tolist()}]
+        }
         deadline = time.monotonic() + MAX_SECONDS
         with self.server.client() as http:
             while not self.stop.is_set() and len(self.results) < MAX_REQUESTS and time.monotonic() < deadline:

@@ -60,13 +60,16 @@ def test_image_command_serves_and_passes_its_healthcheck(repo, tmp_path):
     command = [swap.get(part, part) for part in command]
     command[0] = shutil.which(command[0], path=str(Path(sys.executable).parent))
     log = tmp_path / "image.log"
-    process = subprocess.Popen(command, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    with open(log, "w") as log_file:  # the child keeps its own descriptor
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
     server = RunningServer(repo, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process, log)
     healthcheck = [part.replace("8000", str(http_port)) for part in instruction(DOCKERFILES[0], "HEALTHCHECK")]
     healthcheck[0] = sys.executable
     try:
-        server.wait_for(lambda: subprocess.run(healthcheck, capture_output=True).returncode == 0,
-                        what="the image's HEALTHCHECK to pass")
+        server.wait_for(
+            lambda: subprocess.run(healthcheck, capture_output=True).returncode == 0,
+            what="the image's HEALTHCHECK to pass",
+        )
     finally:
         stop_server(server)
 

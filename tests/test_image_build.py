@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from serving import DEPLOY, RunningServer, free_port, stop_server
 
 ROOT = Path(__file__).parents[1]
@@ -30,13 +29,18 @@ DEBIAN_MIRROR = os.environ.get("UNIDEPLOY_DEBIAN_MIRROR", "http://deb.debian.org
 CONTEXT_FILES = ("pyproject.toml", "README.md", "unideploy", "docker")
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.image,
-    pytest.mark.skipif(not (shutil.which("buildah") and shutil.which("debootstrap")),
-                       reason="buildah and debootstrap are not installed (`make test` installs them with apt-get "
-                              "where it can: Debian, as root)"),
-    pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() != 0,
-                       reason="buildah builds with chroot isolation as root here; rootless builds need subuid "
-                              "mappings this user lacks"),
+    pytest.mark.skipif(
+        not (shutil.which("buildah") and shutil.which("debootstrap")),
+        reason="buildah and debootstrap are not installed (`make test` installs them with apt-get "
+        "where it can: Debian, as root)",
+    ),
+    pytest.mark.skipif(
+        hasattr(os, "geteuid") and os.geteuid() != 0,
+        reason="buildah builds with chroot isolation as root here; rootless builds need subuid "
+        "mappings this user lacks",
+    ),
 ]
 
 
@@ -52,8 +56,19 @@ def stand_in_base(tmp_path_factory) -> str:
     if buildah("images", "--quiet", "--filter", f"reference={STAND_IN}").strip():
         return STAND_IN
     work = tmp_path_factory.mktemp("stand-in")
-    subprocess.run(["debootstrap", "--variant=minbase", "--include=python3.11,python3-pip,python3-venv",
-                    "bookworm", str(work / "rootfs"), DEBIAN_MIRROR], check=True, capture_output=True, timeout=900)
+    subprocess.run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            "--include=python3.11,python3-pip,python3-venv",
+            "bookworm",
+            str(work / "rootfs"),
+            DEBIAN_MIRROR,
+        ],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
     subprocess.run(["tar", "-C", str(work / "rootfs"), "-cf", str(work / "rootfs.tar"), "."], check=True)
     container = buildah("from", "scratch").strip()
     try:
@@ -76,16 +91,48 @@ def context(tmp_path_factory) -> Path:
             shutil.copytree(source, context / name, ignore=shutil.ignore_patterns("__pycache__", "*.whl"))
         else:
             shutil.copy(source, context / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", ".[serve,gpu,sign]", "setuptools>=77", "wheel",
-                    "-w", "wheels"], cwd=context, check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            ".[serve,gpu,sign]",
+            "setuptools>=77",
+            "wheel",
+            "-w",
+            "wheels",
+        ],
+        cwd=context,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return context
 
 
 def build(context: Path, base: str, dockerfile: str, *options: str) -> str:
     tag = f"localhost/unideploy-test-{uuid.uuid4().hex[:8]}"
-    buildah("bud", "--isolation", "chroot", "--format", "docker", "--quiet", "-f", f"docker/{dockerfile}",
-            "--build-arg", f"BASE_IMAGE={base}", "--build-arg", "PIP_FIND_LINKS=wheels", *options,
-            "-t", tag, str(context), timeout=900)
+    buildah(
+        "bud",
+        "--isolation",
+        "chroot",
+        "--format",
+        "docker",
+        "--quiet",
+        "-f",
+        f"docker/{dockerfile}",
+        "--build-arg",
+        f"BASE_IMAGE={base}",
+        "--build-arg",
+        "PIP_FIND_LINKS=wheels",
+        *options,
+        "-t",
+        tag,
+        str(context),
+        timeout=900,
+    )
     return tag
 
 
@@ -117,8 +164,12 @@ class Container:
 
     def run(self, *command: str, mounts: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
         volumes = [arg for mount in mounts for arg in ("-v", mount)]
-        return subprocess.run(["buildah", "run", "--isolation", "chroot", *volumes, self.name, "--", *command],
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            ["buildah", "run", "--isolation", "chroot", *volumes, self.name, "--", *command],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     def healthcheck(self, http_port: int) -> list[str]:
         test = self.config["Healthcheck"]["Test"]
@@ -133,11 +184,18 @@ class Container:
         command = [swap.get(part, part) for part in self.config["Entrypoint"] + self.config["Cmd"]]
         assert "/models" in command, command
         started = time.monotonic()
-        process = subprocess.Popen(["buildah", "run", "--isolation", "chroot", "-v", f"{models}:/models:ro",
-                                    self.name, "--", *command], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        with open(log, "w") as log_file:  # the child keeps its own descriptor
+            process = subprocess.Popen(
+                ["buildah", "run", "--isolation", "chroot", "-v", f"{models}:/models:ro", self.name, "--", *command],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
         server = RunningServer(models, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process, log)
-        server.wait_for(lambda: self.run(*self.healthcheck(http_port)).returncode == 0, timeout=120,
-                        what="the image's HEALTHCHECK to pass")
+        server.wait_for(
+            lambda: self.run(*self.healthcheck(http_port)).returncode == 0,
+            timeout=120,
+            what="the image's HEALTHCHECK to pass",
+        )
         return server, time.monotonic() - started
 
     def remove(self) -> None:
@@ -170,8 +228,11 @@ def readable_copy(repo: Path, tmp_path: Path) -> Path:
 
 def deploy_run(package: Path, rows: np.ndarray, tmp_path: Path) -> np.ndarray:
     np.savez(tmp_path / "in.npz", x=rows)
-    subprocess.run([DEPLOY, "run", str(package), "--input", str(tmp_path / "in.npz"), "-o", str(tmp_path / "out.npz")],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [DEPLOY, "run", str(package), "--input", str(tmp_path / "in.npz"), "-o", str(tmp_path / "out.npz")],
+        check=True,
+        capture_output=True,
+    )
     with np.load(tmp_path / "out.npz") as out:
         return out["output"]
 
@@ -210,8 +271,12 @@ def test_cpu_image_is_lean(cpu_image):
     (the base image's own Python keeps its pip)."""
     container = Container(cpu_image)
     try:
-        leftovers = container.run("sh", "-c", "command -v gcc cc; ls -d /wheels /src /root/.cache/pip "
-                                              "/opt/unideploy/bin/pip /opt/unideploy/lib/python3*/site-packages/tests")
+        leftovers = container.run(
+            "sh",
+            "-c",
+            "command -v gcc cc; ls -d /wheels /src /root/.cache/pip "
+            "/opt/unideploy/bin/pip /opt/unideploy/lib/python3*/site-packages/tests",
+        )
         assert leftovers.stdout.strip() == "", leftovers.stdout
         assert container.run("deploy", "--help").returncode == 0
     finally:

@@ -13,7 +13,7 @@ from unideploy.registry import Registry
 from unideploy.runtimes import Runtime
 from unideploy.signature import Signature, TensorSpec
 
-PLUGIN = textwrap.dedent('''
+PLUGIN = textwrap.dedent("""
     import numpy as np
     from unideploy.registry import Availability
     from unideploy.runtimes import Runtime
@@ -32,7 +32,7 @@ PLUGIN = textwrap.dedent('''
 
         def _run(self, inputs):
             return {"y": inputs["x"] * self.factor}
-''')
+""")
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 pytest.importorskip("tritonclient", reason="the dev extra is not installed")
 pytest.importorskip("skimage", reason="the dev extra is not installed")
+pytestmark = pytest.mark.slow
 
 import zoo  # noqa: E402
 import zoo_models  # noqa: E402
@@ -23,14 +24,18 @@ if not zoo_models.MODELS_DIR.is_dir():
 MODELS = {m.name: m for m in zoo_models.zoo()}
 
 
-@pytest.mark.parametrize("name, stages", [
-    ("ppocr-cls", ("export", "verify", "gpu", "serve")),  # dims declared -1, weights as Constant nodes
-    ("nudenet-yolov8n", ("export", "verify", "serve")),  # dynamic H/W sized by the model's imgsz metadata
-])
+@pytest.mark.parametrize(
+    "name, stages",
+    [
+        ("ppocr-cls", ("export", "verify", "gpu", "serve")),  # dims declared -1, weights as Constant nodes
+        ("nudenet-yolov8n", ("export", "verify", "serve")),  # dynamic H/W sized by the model's imgsz metadata
+    ],
+)
 def test_real_onnx_models_pass_the_fast_stages(name, stages, tmp_path):
     cells = zoo.run_model(MODELS[name], stages, tmp_path)
-    assert {s: c.status for s, c in cells.items()} == dict.fromkeys(stages, "pass"), \
-        {s: c.reason for s, c in cells.items()}
+    assert {s: c.status for s, c in cells.items()} == dict.fromkeys(stages, "pass"), {
+        s: c.reason for s, c in cells.items()
+    }
 
 
 def test_pruning_finds_weights_stored_as_constants_and_is_judged_by_its_budget(tmp_path):
@@ -40,8 +45,9 @@ def test_pruning_finds_weights_stored_as_constants_and_is_judged_by_its_budget(t
 
 
 def test_efficientnet_lite0_recognises_a_real_photo(tmp_path):
-    import unideploy
     from skimage import data
+
+    import unideploy
 
     cells = zoo.run_model(MODELS["efficientnet-lite0"], ("export", "verify"), tmp_path)
     assert {s: c.status for s, c in cells.items()} == {"export": "pass", "verify": "pass"}, cells

@@ -12,6 +12,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from unideploy.api import export, open_package, optimize, run  # noqa: E402
+from unideploy.api import export, open_package, optimize, run
 
 __all__ = ["__version__", "export", "open_package", "optimize", "run"]

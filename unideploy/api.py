@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,10 +14,20 @@ if TYPE_CHECKING:
     from unideploy.optimizers.optimize import OptimizeRequest
 
 
-def export(src: str | Path, output: str | Path, *, input_shapes: Sequence[str] = (),
-           example_inputs: Mapping[str, np.ndarray] | str | None = None, static_shapes: bool = False,
-           opset: int | None = None, signature: str | None = None, optimization: "OptimizeRequest | None" = None,
-           keep_native_only: bool = False, trust_source: bool = False, **kwargs: Any) -> Package:
+def export(
+    src: str | Path,
+    output: str | Path,
+    *,
+    input_shapes: Sequence[str] = (),
+    example_inputs: Mapping[str, np.ndarray] | str | None = None,
+    static_shapes: bool = False,
+    opset: int | None = None,
+    signature: str | None = None,
+    optimization: OptimizeRequest | None = None,
+    keep_native_only: bool = False,
+    trust_source: bool = False,
+    **kwargs: Any,
+) -> Package:
     """Export a model file to a verified package (optimized too, if asked) and return it opened.
 
     ``kwargs`` are those of :func:`unideploy.exporters.export.export` (name, version, exporter,
@@ -44,7 +55,8 @@ def export(src: str | Path, output: str | Path, *, input_shapes: Sequence[str] =
 def optimize(package: str | Path, output: str | Path | None = None, **request: Any) -> Package:
     """Add an optimized artifact (``quantize="int8"``, ``prune=0.8``, ``calibration="data.npz"``, ...;
     the fields of :class:`unideploy.optimizers.optimize.OptimizeRequest`) and return the package."""
-    from unideploy.optimizers.optimize import OptimizeRequest, optimize as optimize_package
+    from unideploy.optimizers.optimize import OptimizeRequest
+    from unideploy.optimizers.optimize import optimize as optimize_package
 
     return Package.open(optimize_package(package, OptimizeRequest(**request), output))
 
@@ -54,8 +66,14 @@ def open_package(path: str | Path) -> Package:
     return Package.open(path)
 
 
-def run(package: Package | str | Path, inputs: Mapping[str, Any], *, artifact: str | None = None,
-        runtime: str | None = None, device: str = "auto") -> dict[str, np.ndarray]:
+def run(
+    package: Package | str | Path,
+    inputs: Mapping[str, Any],
+    *,
+    artifact: str | None = None,
+    runtime: str | None = None,
+    device: str = "auto",
+) -> dict[str, np.ndarray]:
     """Run named inputs through a package on the best available runtime (or the named one)."""
     from unideploy.runtimes import RuntimeOptions
     from unideploy.runtimes.selection import open_runtime

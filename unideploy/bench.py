@@ -7,7 +7,8 @@ never asserted in tests (machines are noisy).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -17,8 +18,14 @@ from unideploy.samples import batch_size_of
 Tick = Callable[[int, int], None]  # (done, total)
 
 
-def benchmark(runtime: Runtime, inputs: Mapping[str, np.ndarray], iterations: int = 100, warmup: int = 10,
-              max_seconds: float = 60.0, tick: Tick | None = None) -> dict[str, Any]:
+def benchmark(
+    runtime: Runtime,
+    inputs: Mapping[str, np.ndarray],
+    iterations: int = 100,
+    warmup: int = 10,
+    max_seconds: float = 60.0,
+    tick: Tick | None = None,
+) -> dict[str, Any]:
     """Median and tail latency over ``iterations`` timed runs (stopping early at ``max_seconds``)."""
     inputs = runtime.signature.validate_inputs(inputs)
     for _ in range(warmup):
@@ -39,8 +46,12 @@ def benchmark(runtime: Runtime, inputs: Mapping[str, np.ndarray], iterations: in
         "batch_size": batch,
         "iterations": len(latencies),
         "warmup": warmup,
-        "latency_ms": {"mean": float(ms.mean()), "p50": float(np.percentile(ms, 50)),
-                       "p90": float(np.percentile(ms, 90)), "p99": float(np.percentile(ms, 99)),
-                       "min": float(ms.min())},
+        "latency_ms": {
+            "mean": float(ms.mean()),
+            "p50": float(np.percentile(ms, 50)),
+            "p90": float(np.percentile(ms, 90)),
+            "p99": float(np.percentile(ms, 99)),
+            "min": float(ms.min()),
+        },
         "throughput_per_s": float(batch * len(latencies) / (ms.sum() / 1000.0)),
     }

@@ -39,9 +39,15 @@ def diagnose() -> list[Finding]:
         if target.stage_available:
             findings.append(Finding("target", target.name, True, target.description + _runs_elsewhere(target.name)))
         else:
-            findings.append(Finding("target", target.name, False,
-                                    f"{target.description}: not included in this version of unideploy",
-                                    "use --target cpu for now"))
+            findings.append(
+                Finding(
+                    "target",
+                    target.name,
+                    False,
+                    f"{target.description}: not included in this version of unideploy",
+                    "use --target cpu for now",
+                )
+            )
     return findings
 
 
@@ -57,8 +63,13 @@ def _gpu_finding() -> Finding:
     if providers:
         return Finding("device", "gpu", True, f"onnxruntime providers: {', '.join(providers)}; {detail}")
     if gpus:
-        return Finding("device", "gpu", False, f"{detail}, but this onnxruntime build is CPU-only",
-                       "pip uninstall -y onnxruntime && pip install onnxruntime-gpu")
+        return Finding(
+            "device",
+            "gpu",
+            False,
+            f"{detail}, but this onnxruntime build is CPU-only",
+            "pip uninstall -y onnxruntime && pip install onnxruntime-gpu",
+        )
     return Finding("device", "gpu", False, detail, "run on a machine with an NVIDIA GPU and its driver")
 
 
@@ -66,7 +77,9 @@ def _runs_elsewhere(target: str) -> str:
     """The GPU target's packages are made anywhere, but their engines need TensorRT and a GPU."""
     if target != "gpu" or RUNTIMES.get("tensorrt").availability().ok:
         return ""
-    return " (packages can be made here; TensorRT is not usable here, so engines are built and checked on the serving GPU)"
+    return (
+        " (packages can be made here; TensorRT is not usable here, so engines are built and checked on the serving GPU)"
+    )
 
 
 def machine_summary() -> str:

@@ -7,8 +7,9 @@ destination: a refused optimization or a failed edge conversion leaves nothing b
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from unideploy.edge.build import build_edge
 from unideploy.exporters.export import export
@@ -19,18 +20,28 @@ from unideploy.package.writer import check_destination
 Stage = Callable[[Path, Path, bool], Path]  # (package, destination, overwrite) -> written package
 
 
-def export_package(src: str | Path, output: str | Path, *, optimization: OptimizeRequest | None = None,
-                   overwrite: bool = False, progress: Callable[[str], None] | None = None,
-                   edge_calibration: str | Path | None = None, gpu: GpuRequest | None = None,
-                   **export_kwargs: Any) -> Path:
+def export_package(
+    src: str | Path,
+    output: str | Path,
+    *,
+    optimization: OptimizeRequest | None = None,
+    overwrite: bool = False,
+    progress: Callable[[str], None] | None = None,
+    edge_calibration: str | Path | None = None,
+    gpu: GpuRequest | None = None,
+    **export_kwargs: Any,
+) -> Path:
     """``edge_calibration``: data for the int8 TFLite artifact of ``target="edge"``; ``gpu``: the
     TensorRT precisions, profiles and workspace of ``target="gpu"`` (default: fp16)."""
     stages: list[Stage] = []
     if optimization is not None:
         stages.append(lambda pkg, dest, force: optimize(pkg, optimization, dest, overwrite=force, progress=progress))
     if export_kwargs.get("target") == "edge":
-        stages.append(lambda pkg, dest, force: build_edge(pkg, dest, overwrite=force, progress=progress,
-                                                          calibration=edge_calibration))
+        stages.append(
+            lambda pkg, dest, force: build_edge(
+                pkg, dest, overwrite=force, progress=progress, calibration=edge_calibration
+            )
+        )
     if export_kwargs.get("target") == "gpu":
         stages.append(lambda pkg, dest, force: build_gpu(pkg, dest, gpu, overwrite=force, progress=progress))
     if not stages:

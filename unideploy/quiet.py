@@ -11,7 +11,7 @@ import os
 import sys
 import tempfile
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 
 @contextlib.contextmanager

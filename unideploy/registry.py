@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, entry_points, packages_distributions, version
-from typing import Generic, Iterator, TypeVar
+from typing import Generic, TypeVar
 
 from unideploy.errors import InputError, UnideployError
 
@@ -83,7 +84,7 @@ def modules_availability(modules: tuple[str, ...], extra: str | None) -> Availab
 
 @lru_cache(maxsize=1)
 def _distributions() -> dict[str, list[str]]:
-    return packages_distributions()
+    return dict(packages_distributions())
 
 
 def module_version(module: str) -> str:

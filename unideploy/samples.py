@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -33,8 +33,12 @@ def random_tensor(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Gener
 def dynamic_dims(signature: Signature) -> list[tuple[TensorSpec, int, str]]:
     """(input, axis, name) of every dynamic dim validation needs a size for (not the batch)."""
     batch_axis = signature.has_dynamic_batch
-    return [(t, axis, d) for t in signature.inputs for axis, d in enumerate(t.shape)
-            if isinstance(d, str) and not (batch_axis and axis == 0)]
+    return [
+        (t, axis, d)
+        for t in signature.inputs
+        for axis, d in enumerate(t.shape)
+        if isinstance(d, str) and not (batch_axis and axis == 0)
+    ]
 
 
 def other_size(size: int) -> int:
@@ -70,7 +74,9 @@ def synthetic_batches(signature: Signature, sizes: Mapping[str, int], seed: int 
     batches = []
     for i, batch in enumerate(batch_sizes):
         at = {**sizes, **varied} if i else sizes
-        batches.append({spec.name: random_tensor(spec, concrete_shape(spec, batch, at), rng) for spec in signature.inputs})
+        batches.append(
+            {spec.name: random_tensor(spec, concrete_shape(spec, batch, at), rng) for spec in signature.inputs}
+        )
     return batches
 
 
@@ -114,8 +120,10 @@ def load_npz_inputs(path: str, what: str = "--example-input") -> dict[str, np.nd
     except FileNotFoundError as exc:
         raise InputError(f"{what} file '{path}' does not exist") from exc
     except (ValueError, OSError, EOFError) as exc:
-        raise InputError(f"{what} file '{path}' is not a readable .npz archive: {exc}",
-                         "write it with numpy.savez(path, name=array, ...)") from exc
+        raise InputError(
+            f"{what} file '{path}' is not a readable .npz archive: {exc}",
+            "write it with numpy.savez(path, name=array, ...)",
+        ) from exc
     if not arrays:
         raise InputError(f"{what} file '{path}' holds no arrays")
     for name, array in arrays.items():

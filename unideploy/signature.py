@@ -8,9 +8,10 @@ each request with it, the server (later) answers metadata from it. Dtypes are nu
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -28,10 +29,19 @@ def channels_last(shape: tuple) -> tuple:
 def to_channels_last(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(array, 1, -1))
 
+
 SUPPORTED_DTYPES = (
-    "float16", "float32", "float64",
-    "int8", "int16", "int32", "int64",
-    "uint8", "uint16", "uint32", "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
     "bool",
 )
 
@@ -72,7 +82,7 @@ class TensorSpec:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TensorSpec":
+    def from_dict(cls, data: Mapping[str, Any]) -> TensorSpec:
         return cls(data["name"], data["dtype"], tuple(data["shape"]), data.get("layout"))
 
 
@@ -97,7 +107,7 @@ class Signature:
         return {"inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Signature":
+    def from_dict(cls, data: Mapping[str, Any]) -> Signature:
         return cls(
             tuple(TensorSpec.from_dict(t) for t in data["inputs"]),
             tuple(TensorSpec.from_dict(t) for t in data["outputs"]),
@@ -220,7 +230,9 @@ def signature_from_onnx(model: Any) -> Signature:
     def spec(value: Any) -> TensorSpec:
         ttype = value.type.tensor_type
         if not value.type.HasField("tensor_type") or ttype.elem_type == 0:
-            raise InputError(f"ONNX value '{value.name}' is not a typed tensor", "only tensor inputs/outputs are supported")
+            raise InputError(
+                f"ONNX value '{value.name}' is not a typed tensor", "only tensor inputs/outputs are supported"
+            )
         dtype = helper.tensor_dtype_to_np_dtype(ttype.elem_type)
         dims: list[Dim] = []
         if not ttype.HasField("shape"):
@@ -234,7 +246,7 @@ def signature_from_onnx(model: Any) -> Signature:
                 named = d.dim_param if any(c.isalnum() for c in d.dim_param) else ""  # Paddle writes "?"
                 dims.append(_dim_name(named) or _dim_name(f"{value.name}_dim{axis}"))
         layout = _CHANNELS_FIRST_LAYOUTS.get(len(dims)) if value.name in channels_first else None
-        return TensorSpec(value.name, dtype, tuple(dims), layout)
+        return TensorSpec(value.name, np.dtype(dtype).name, tuple(dims), layout)
 
     return Signature(
         tuple(spec(v) for v in model.graph.input if v.name not in initializers),
@@ -244,8 +256,17 @@ def signature_from_onnx(model: Any) -> Signature:
 
 # ONNX defines these operators on channels-first data, so an input feeding one directly has a
 # known layout (what the edge target needs to know before converting to NHWC).
-_CHANNELS_FIRST_OPS = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "BatchNormalization",
-                       "InstanceNormalization", "GlobalAveragePool", "GlobalMaxPool", "LpPool"}
+_CHANNELS_FIRST_OPS = {
+    "Conv",
+    "ConvTranspose",
+    "MaxPool",
+    "AveragePool",
+    "BatchNormalization",
+    "InstanceNormalization",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "LpPool",
+}
 _CHANNELS_FIRST_LAYOUTS = {3: "NCW", 4: "NCHW", 5: "NCDHW"}
 
 
@@ -253,4 +274,3 @@ def _dim_name(text: str) -> str:
     """Make a dynamic-dimension name an identifier, as the manifest schema requires."""
     name = re.sub(r"[^A-Za-z0-9_]", "_", text)
     return f"d_{name}" if name and name[0].isdigit() else name
-

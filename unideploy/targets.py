@@ -21,10 +21,19 @@ class Target:
 
 TARGETS = {
     "cpu": Target("cpu", "ONNX artifact for ONNX Runtime on CPU servers", ("onnxruntime",), True),
-    "gpu": Target("gpu", "TensorRT engine recipes (fp16/int8/fp32), built and cached per GPU; ONNX Runtime "
-                  "TensorRT/CUDA providers where TensorRT is absent", ("tensorrt", "onnxruntime"), True),
-    "edge": Target("edge", "ORT-mobile and TFLite (fp32, fp16, int8) artifacts for phones and edge boxes",
-                   ("tflite", "onnxruntime"), True),
+    "gpu": Target(
+        "gpu",
+        "TensorRT engine recipes (fp16/int8/fp32), built and cached per GPU; ONNX Runtime "
+        "TensorRT/CUDA providers where TensorRT is absent",
+        ("tensorrt", "onnxruntime"),
+        True,
+    ),
+    "edge": Target(
+        "edge",
+        "ORT-mobile and TFLite (fp32, fp16, int8) artifacts for phones and edge boxes",
+        ("tflite", "onnxruntime"),
+        True,
+    ),
     "ascend": Target("ascend", "MindIR / MindSpore Lite artifacts for Ascend NPUs", ("mindspore-lite",), False),
 }
 

@@ -8,7 +8,8 @@ non-float outputs must match exactly.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,11 @@ def compare_output(expected: np.ndarray, actual: np.ndarray, atol: float, rtol: 
         raise ValidationError(f"output shape {list(actual.shape)} differs from the reference {list(expected.shape)}")
     if not np.issubdtype(expected.dtype, np.floating):
         mismatched = int(np.count_nonzero(expected != actual))
-        return {"max_abs_error": float(mismatched > 0), "max_rel_error": float(mismatched > 0), "mismatched": mismatched}
+        return {
+            "max_abs_error": float(mismatched > 0),
+            "max_rel_error": float(mismatched > 0),
+            "mismatched": mismatched,
+        }
     e, a = expected.astype(np.float64), actual.astype(np.float64)
     diff = np.abs(a - e)
     nan_mismatch = np.isnan(e) != np.isnan(a)
@@ -40,9 +45,13 @@ def compare_output(expected: np.ndarray, actual: np.ndarray, atol: float, rtol: 
     return {"max_abs_error": abs_err, "max_rel_error": rel_err, "mismatched": mismatched}
 
 
-def validate(run: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
-             samples: Sequence[tuple[dict[str, np.ndarray], Mapping[str, np.ndarray]]],
-             atol: float, rtol: float, reference: str) -> Record:
+def validate(
+    run: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
+    samples: Sequence[tuple[dict[str, np.ndarray], Mapping[str, np.ndarray]]],
+    atol: float,
+    rtol: float,
+    reference: str,
+) -> Record:
     """Run every (inputs, expected outputs) pair and merge the worst errors per output."""
     outputs: dict[str, dict[str, Any]] = {}
     batch_sizes = []
@@ -58,15 +67,22 @@ def validate(run: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
             merged["max_rel_error"] = max(merged["max_rel_error"], result["max_rel_error"])
             merged["mismatched"] += result["mismatched"]
     passed = all(o["mismatched"] == 0 for o in outputs.values())
-    return {"passed": passed, "reference": reference, "atol": atol, "rtol": rtol,
-            "batch_sizes": batch_sizes, "outputs": outputs}
+    return {
+        "passed": passed,
+        "reference": reference,
+        "atol": atol,
+        "rtol": rtol,
+        "batch_sizes": batch_sizes,
+        "outputs": outputs,
+    }
 
 
 def failure_text(record: Record) -> str:
     """Per-output errors of a record, for messages and tables."""
     return "; ".join(
         f"{name}: max abs {o['max_abs_error']:.3g}, max rel {o['max_rel_error']:.3g}, {o['mismatched']} values off"
-        for name, o in record["outputs"].items() if o["mismatched"]
+        for name, o in record["outputs"].items()
+        if o["mismatched"]
     )
 
 
@@ -84,9 +100,11 @@ def require_passed(record: Record, what: str) -> None:
 TOLERANCE_MARGIN = 2.0
 
 
-def measured_tolerance_record(run: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
-                              samples: Sequence[tuple[dict[str, np.ndarray], Mapping[str, np.ndarray]]],
-                              reference: str) -> Record:
+def measured_tolerance_record(
+    run: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
+    samples: Sequence[tuple[dict[str, np.ndarray], Mapping[str, np.ndarray]]],
+    reference: str,
+) -> Record:
     """Validation record whose tolerance is what the artifact achieves now, times the margin, so
     that ``deploy verify`` catches any later drift. Accuracy itself is judged elsewhere (the
     optimizer's guard, or the default tolerance for conversions that should be exact)."""
@@ -105,18 +123,24 @@ def fitted(run: Run, signature: Signature, samples: Samples) -> tuple[Run, list]
     """The samples an artifact of fixed input sizes can take (a TFLite model converted at one image
     size), and a runner that feeds it row by row when its batch is fixed at 1. Inputs are compared
     in the source's layout, which runtimes accept for channels-last artifacts."""
+
     def source_shape(shape: tuple, layout: str | None) -> tuple:
         return (shape[0], shape[-1], *shape[1:-1]) if layout == CHANNELS_LAST else shape
 
     specs = [(t.name, source_shape(t.shape, t.layout)) for t in signature.inputs]
-    fit = [(inputs, outputs) for inputs, outputs in samples
-           if all(all(isinstance(d, str) or d == n for d, n in zip(shape[1:], np.shape(inputs[name])[1:]))
-                  for name, shape in specs)]
+    fit = [
+        (inputs, outputs)
+        for inputs, outputs in samples
+        if all(
+            all(isinstance(d, str) or d == n for d, n in zip(shape[1:], np.shape(inputs[name])[1:]))
+            for name, shape in specs
+        )
+    ]
     if not any(shape and shape[0] == 1 for _, shape in specs):
         return run, fit
 
     def rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        results = [run({k: v[i:i + 1] for k, v in batch.items()}) for i in range(batch_size_of(batch))]
+        results = [run({k: v[i : i + 1] for k, v in batch.items()}) for i in range(batch_size_of(batch))]
         return {k: np.concatenate([r[k] for r in results]) for k in results[0]}
 
     return rows, fit

@@ -22,8 +22,13 @@ class ArtifactCheck:
     record: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"artifact": self.artifact, "status": self.status, "runtime": self.runtime,
-                "reason": self.reason, **({"validation": self.record} if self.record else {})}
+        return {
+            "artifact": self.artifact,
+            "status": self.status,
+            "runtime": self.runtime,
+            "reason": self.reason,
+            **({"validation": self.record} if self.record else {}),
+        }
 
 
 def verify_package(package: Package, runtime: str | None = None, device: str = "cpu") -> list[ArtifactCheck]:
@@ -37,8 +42,9 @@ def verify_package(package: Package, runtime: str | None = None, device: str = "
     for artifact in package.manifest.artifacts:
         try:
             cls = runtime_for(artifact, runtime, device=device)
-            engine = cls(package.path_of(artifact), package.manifest.signature_of(artifact),
-                         RuntimeOptions(device=device))
+            engine = cls(
+                package.path_of(artifact), package.manifest.signature_of(artifact), RuntimeOptions(device=device)
+            )
         except MissingDependencyError as exc:  # no runtime here, or (on load) no GPU for a GPU artifact
             checks.append(ArtifactCheck(artifact.id, "skipped", reason=exc.message))
             continue
@@ -47,11 +53,23 @@ def verify_package(package: Package, runtime: str | None = None, device: str = "
         with engine:
             run, fit = fitted(engine.run, package.manifest.signature_of(artifact), samples)
             if not fit:
-                checks.append(ArtifactCheck(artifact.id, "skipped", cls.name,
-                                            "no reference sample has the input size this artifact was made for"))
+                checks.append(
+                    ArtifactCheck(
+                        artifact.id,
+                        "skipped",
+                        cls.name,
+                        "no reference sample has the input size this artifact was made for",
+                    )
+                )
                 continue
             record = validate(run, fit, atol, rtol, reference=package.manifest.source["framework"])
-        checks.append(ArtifactCheck(
-            artifact.id, "passed" if record["passed"] else "failed", cls.name,
-            None if record["passed"] else failure_text(record), record))
+        checks.append(
+            ArtifactCheck(
+                artifact.id,
+                "passed" if record["passed"] else "failed",
+                cls.name,
+                None if record["passed"] else failure_text(record),
+                record,
+            )
+        )
     return checks

@@ -57,8 +57,10 @@ def test_doctor_reports_each_plugin_with_a_fix(tmp_path):
     tensorrt = findings[("runtime", "tensorrt")]
     if not tensorrt["ok"]:  # the target still works: packages are made here, engines on the GPU
         assert "pypi.nvidia.com" in tensorrt["fix"] or "GPU" in tensorrt["fix"]
-        assert findings[("target", "gpu")]["ok"] and "built and checked on the serving GPU" in \
-            findings[("target", "gpu")]["detail"]
+        assert (
+            findings[("target", "gpu")]["ok"]
+            and "built and checked on the serving GPU" in findings[("target", "gpu")]["detail"]
+        )
 
 
 def test_verify_fails_on_a_tampered_package(cnn_package):
@@ -85,20 +87,23 @@ def test_verify_fails_when_reference_outputs_no_longer_match(cnn_package):
     assert "failed" in result.stdout and "onnx-fp32" in result.stderr
 
 
-@pytest.mark.parametrize("args, code, pattern", [
-    (["export", "missing.pt", "-o", "x"], 2, "source model 'missing.pt' does not exist"),
-    (["inspect", "nowhere"], 2, "package 'nowhere' does not exist"),
-    (["export", "{cnn}", "-o", "x", "--input-shape", "x"], 2, "bad --input-shape 'x'"),
-    (["export", "{cnn}", "-o", "x", "--input-shape", "x:1x1x8x8:complex64"], 2, "dtype"),
-    (["export", "{cnn}", "-o", "x", "--target", "ascend"], 2, "target 'ascend'.*--target cpu"),
-    (["export", "{cnn}", "-o", "x", "--example-input", "nofile.npz"], 2, "'nofile.npz' does not exist"),
-    (["run", "{pkg}", "--input", "{bad_dtype}"], 2, "input 'x' has dtype float64, expected float32"),
-    (["run", "{pkg}", "--input", "{wrong_name}"], 2, "unknown input\\(s\\) 'image'"),
-    (["run", "{pkg}", "--input", "{not_npz}"], 2, "not a readable .npz"),
-    (["run", "{pkg}", "--input", "{bad_dtype}", "--runtime", "tvm"], 2, "unknown runtime 'tvm'"),
-    (["run", "{pkg}", "--input", "{bad_dtype}", "--artifact", "nope"], 2, "no artifact 'nope'"),
-    (["bench", "{static}", "--batch-size", "3"], 2, "fixed batch size of 2"),
-])
+@pytest.mark.parametrize(
+    "args, code, pattern",
+    [
+        (["export", "missing.pt", "-o", "x"], 2, "source model 'missing.pt' does not exist"),
+        (["inspect", "nowhere"], 2, "package 'nowhere' does not exist"),
+        (["export", "{cnn}", "-o", "x", "--input-shape", "x"], 2, "bad --input-shape 'x'"),
+        (["export", "{cnn}", "-o", "x", "--input-shape", "x:1x1x8x8:complex64"], 2, "dtype"),
+        (["export", "{cnn}", "-o", "x", "--target", "ascend"], 2, "target 'ascend'.*--target cpu"),
+        (["export", "{cnn}", "-o", "x", "--example-input", "nofile.npz"], 2, "'nofile.npz' does not exist"),
+        (["run", "{pkg}", "--input", "{bad_dtype}"], 2, "input 'x' has dtype float64, expected float32"),
+        (["run", "{pkg}", "--input", "{wrong_name}"], 2, "unknown input\\(s\\) 'image'"),
+        (["run", "{pkg}", "--input", "{not_npz}"], 2, "not a readable .npz"),
+        (["run", "{pkg}", "--input", "{bad_dtype}", "--runtime", "tvm"], 2, "unknown runtime 'tvm'"),
+        (["run", "{pkg}", "--input", "{bad_dtype}", "--artifact", "nope"], 2, "no artifact 'nope'"),
+        (["bench", "{static}", "--batch-size", "3"], 2, "fixed batch size of 2"),
+    ],
+)
 def test_bad_input_gives_one_line_errors(args, code, pattern, torch_models, cnn_package, tmp_path):
     np.savez(tmp_path / "bad_dtype.npz", x=np.zeros((1, 1, 8, 8)))
     np.savez(tmp_path / "wrong_name.npz", image=np.zeros((1, 1, 8, 8), np.float32))
@@ -107,8 +112,14 @@ def test_bad_input_gives_one_line_errors(args, code, pattern, torch_models, cnn_
     if "{static}" in args:
         src, shapes = torch_models["cnn_scripted"]
         assert deploy("export", src, "-o", static, "--input-shape", shapes[0], "--static-shapes").returncode == 0
-    names = {"cnn": torch_models["cnn_scripted"][0], "pkg": cnn_package, "bad_dtype": tmp_path / "bad_dtype.npz",
-             "wrong_name": tmp_path / "wrong_name.npz", "not_npz": tmp_path / "not.npz", "static": static}
+    names = {
+        "cnn": torch_models["cnn_scripted"][0],
+        "pkg": cnn_package,
+        "bad_dtype": tmp_path / "bad_dtype.npz",
+        "wrong_name": tmp_path / "wrong_name.npz",
+        "not_npz": tmp_path / "not.npz",
+        "static": static,
+    }
     result = deploy(*[a.format(**names) for a in args], cwd=tmp_path)
     assert_one_line_error(result, code, pattern)
     assert not (tmp_path / "x").exists()
@@ -126,35 +137,78 @@ def test_debug_shows_the_traceback(tmp_path):
 
 
 def test_optimize_command_round_trip(digits, digits_package, tmp_path):
-    result = deploy("optimize", digits_package, "--quantize", "int8", "--calibration", digits["data"],
-                    "-o", tmp_path / "int8.zip", "--json")
+    result = deploy(
+        "optimize",
+        digits_package,
+        "--quantize",
+        "int8",
+        "--calibration",
+        digits["data"],
+        "-o",
+        tmp_path / "int8.zip",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
     assert record["artifact"] == "onnx-int8" and record["accuracy"]["within_budget"]
     human = deploy("optimize", tmp_path / "int8.zip", "--quantize", "fp16", "--calibration", digits["data"])
     assert human.returncode == 0 and "Accuracy against fp32" in human.stdout and "note:" in human.stdout
-    assert [a["status"] for a in json.loads(deploy("verify", tmp_path / "int8.zip", "--json").stdout)["artifacts"]] \
-        == ["passed", "passed", "passed"]
+    assert [a["status"] for a in json.loads(deploy("verify", tmp_path / "int8.zip", "--json").stdout)["artifacts"]] == [
+        "passed",
+        "passed",
+        "passed",
+    ]
     bench = deploy("bench", tmp_path / "int8.zip", "--artifact", "onnx-int8", "--iterations", "5", "--json")
     assert json.loads(bench.stdout)["artifact"] == "onnx-int8"
 
 
 def test_export_with_quantize_in_one_step(digits, tmp_path):
-    result = deploy("export", digits["model"], "-o", tmp_path / "q.udp", "--input-shape", "x:1x1x8x8",
-                    "--quantize", "fp16", "--calibration", digits["data"], "--json")
+    result = deploy(
+        "export",
+        digits["model"],
+        "-o",
+        tmp_path / "q.udp",
+        "--input-shape",
+        "x:1x1x8x8",
+        "--quantize",
+        "fp16",
+        "--calibration",
+        digits["data"],
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     assert [a["id"] for a in json.loads(result.stdout)["artifacts"]] == ["onnx-fp32", "onnx-fp16"]
 
 
-@pytest.mark.parametrize("args, code, pattern", [
-    (["optimize", "{pkg}"], 2, "nothing to optimize"),
-    (["optimize", "{pkg}", "--quantize", "int8"], 2, "no calibration data: .*cannot be judged"),
-    (["optimize", "{pkg}", "--prune", "1.5", "--calibration", "{data}"], 2, "between 0 and 1"),
-    (["optimize", "{pkg}", "--quantize", "fp16", "--calibration", "{wrong}"], 2, "unknown input\\(s\\) 'pixels'"),
-    (["optimize", "{pkg}", "--prune", "0.97", "--no-refit", "--calibration", "{data}", "--max-accuracy-drop", "0.1"],
-     1, "exceeds the accuracy budget .* not changed"),
-    (["optimize", "{pkg}", "--quantize", "fp16", "--calibration", "{data}", "--artifact", "nope"], 2, "no artifact 'nope'"),
-])
+@pytest.mark.parametrize(
+    "args, code, pattern",
+    [
+        (["optimize", "{pkg}"], 2, "nothing to optimize"),
+        (["optimize", "{pkg}", "--quantize", "int8"], 2, "no calibration data: .*cannot be judged"),
+        (["optimize", "{pkg}", "--prune", "1.5", "--calibration", "{data}"], 2, "between 0 and 1"),
+        (["optimize", "{pkg}", "--quantize", "fp16", "--calibration", "{wrong}"], 2, "unknown input\\(s\\) 'pixels'"),
+        (
+            [
+                "optimize",
+                "{pkg}",
+                "--prune",
+                "0.97",
+                "--no-refit",
+                "--calibration",
+                "{data}",
+                "--max-accuracy-drop",
+                "0.1",
+            ],
+            1,
+            "exceeds the accuracy budget .* not changed",
+        ),
+        (
+            ["optimize", "{pkg}", "--quantize", "fp16", "--calibration", "{data}", "--artifact", "nope"],
+            2,
+            "no artifact 'nope'",
+        ),
+    ],
+)
 def test_optimize_bad_input_gives_one_line_errors(args, code, pattern, digits, digits_package, tmp_path):
     np.savez(tmp_path / "wrong.npz", pixels=np.zeros((4, 1, 8, 8), np.float32))
     names = {"pkg": digits_package, "data": digits["data"], "wrong": tmp_path / "wrong.npz"}

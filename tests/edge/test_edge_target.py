@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
+from console import deploy
 
 import unideploy
-from console import deploy
 from unideploy.errors import InputError
 from unideploy.verify import verify_package
 
@@ -31,8 +31,11 @@ def test_savedmodel_to_edge_gives_ort_and_tflite_that_match_tensorflow(saved_mod
         x = np.random.default_rng(2).standard_normal((7, *spec.shape[1:])).astype(np.float32)
         expected = tf.saved_model.load(str(src)).signatures["serving_default"](**{spec.name: tf.constant(x)})
         expected = next(iter(expected.values())).numpy()
-        for artifact, runtime, atol in (("ort-fp32", "onnxruntime", 1e-4), ("tflite-fp32", "tflite", 1e-4),
-                                        ("tflite-fp16", "tflite", 2e-2)):
+        for artifact, runtime, atol in (
+            ("ort-fp32", "onnxruntime", 1e-4),
+            ("tflite-fp32", "tflite", 1e-4),
+            ("tflite-fp16", "tflite", 2e-2),
+        ):
             got = unideploy.run(package, {spec.name: x}, artifact=artifact, runtime=runtime)
             np.testing.assert_allclose(next(iter(got.values())), expected, atol=atol, rtol=1e-2)
 
@@ -51,8 +54,9 @@ def test_torchscript_to_edge_gives_ort_and_nhwc_tflite_through_onnx2tf(torch_mod
         x = rng.standard_normal((3, 1, 8, 8)).astype(np.float32)  # the source layout works on every artifact
         expected = unideploy.run(package, {"x": x}, artifact="onnx-fp32")["output"]
         for artifact, atol in (("ort-fp32", 1e-5), ("tflite-fp32", 1e-4), ("tflite-fp16", 2e-2)):
-            np.testing.assert_allclose(unideploy.run(package, {"x": x}, artifact=artifact)["output"], expected,
-                                       atol=atol, rtol=1e-2)
+            np.testing.assert_allclose(
+                unideploy.run(package, {"x": x}, artifact=artifact)["output"], expected, atol=atol, rtol=1e-2
+            )
         nhwc = unideploy.run(package, {"x": np.moveaxis(x, 1, -1)}, artifact="tflite-fp32")["output"]
         np.testing.assert_allclose(nhwc, expected, atol=1e-4)  # and the artifact's own layout too
         assert [c.status for c in verify_package(package)] == ["passed"] * 4
@@ -62,8 +66,18 @@ def test_edge_with_calibration_adds_int8_tflite(torch_models, tmp_path):
 
     path, shapes = torch_models["cnn_scripted"]
     np.savez(tmp_path / "calib.npz", x=np.random.default_rng(5).standard_normal((64, 1, 8, 8)).astype(np.float32))
-    result = deploy("export", path, "-o", tmp_path / "edge.zip", "--input-shape", shapes[0], "--target", "edge",
-                    "--calibration", tmp_path / "calib.npz")
+    result = deploy(
+        "export",
+        path,
+        "-o",
+        tmp_path / "edge.zip",
+        "--input-shape",
+        shapes[0],
+        "--target",
+        "edge",
+        "--calibration",
+        tmp_path / "calib.npz",
+    )
     assert result.returncode == 0, result.stderr
     with unideploy.open_package(tmp_path / "edge.zip") as package:
         int8 = package.manifest.artifact("tflite-int8")
@@ -123,13 +137,25 @@ class NearTies(torch.nn.Module):
 def test_edge_int8_that_breaks_top1_is_left_out_with_its_numbers(tmp_path):
     torch.jit.save(torch.jit.script(NearTies().eval()), str(tmp_path / "ties.pt"))
     np.savez(tmp_path / "calib.npz", x=np.random.default_rng(3).standard_normal((64, 16)).astype(np.float32))
-    result = deploy("export", tmp_path / "ties.pt", "-o", tmp_path / "edge", "--input-shape", "x:1x16",
-                    "--target", "edge", "--calibration", tmp_path / "calib.npz")
+    result = deploy(
+        "export",
+        tmp_path / "ties.pt",
+        "-o",
+        tmp_path / "edge",
+        "--input-shape",
+        "x:1x16",
+        "--target",
+        "edge",
+        "--calibration",
+        tmp_path / "calib.npz",
+    )
     assert result.returncode == 0, result.stderr
     shown = " ".join(result.stdout.split())  # full integer over budget; dynamic range has nothing to quantize
     assert "left out tflite-int8 (edge): full integer, calibrated: over the accuracy budget" in shown
-    assert "; dynamic range: int8 weights, float activations: dynamic range quantization left every weight in " \
+    assert (
+        "; dynamic range: int8 weights, float activations: dynamic range quantization left every weight in "
         "float" in shown
+    )
     with unideploy.open_package(tmp_path / "edge") as package:
         ids = [a.id for a in package.manifest.artifacts]
         assert "tflite-int8" not in ids and "tflite-fp32" in ids
@@ -145,13 +171,22 @@ def test_onnx_with_node_names_tensorflow_refuses_still_reaches_tflite(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="Conv@0", pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"], name="Relu@0"),
-             helper.make_node("GlobalAveragePool", ["r"], ["p"], name="Pool@0"),
-             helper.make_node("Flatten", ["p"], ["y"], name="@flatten")]
-    graph = helper.make_graph(nodes, "paddle_named", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 4])], [w])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(tmp_path / "m.onnx"))
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="Conv@0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="Relu@0"),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"], name="Pool@0"),
+        helper.make_node("Flatten", ["p"], ["y"], name="@flatten"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "paddle_named",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 4])],
+        [w],
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(tmp_path / "m.onnx")
+    )
     with unideploy.export(tmp_path / "m.onnx", tmp_path / "edge", target="edge") as package:
         assert "tflite-fp32" in [a.id for a in package.manifest.artifacts], package.manifest.omitted
         assert package.manifest.validation["tflite-fp32"]["passed"]
@@ -167,15 +202,19 @@ def test_dynamic_height_and_width_reach_tflite_at_the_sample_size(tmp_path):
     from test_shapes import _two_branch_detector
 
     _two_branch_detector(tmp_path / "det.onnx", ["N", 3, "H", "W"], ["N", 8, "H2", "W2"])
-    with unideploy.export(tmp_path / "det.onnx", tmp_path / "edge", target="edge",
-                          input_shapes=["images:1,3,height=32,width=48"]) as package:
+    with unideploy.export(
+        tmp_path / "det.onnx", tmp_path / "edge", target="edge", input_shapes=["images:1,3,height=32,width=48"]
+    ) as package:
         assert "tflite-fp32" in [a.id for a in package.manifest.artifacts], package.manifest.omitted
         spec = package.manifest.artifact("tflite-fp32").signature.inputs[0]
         assert spec.shape == (1, 32, 48, 3) and spec.layout == "NHWC"
         assert package.manifest.validation["tflite-fp32"]["passed"]
         x = np.random.default_rng(2).standard_normal((1, 3, 32, 48)).astype(np.float32)
-        np.testing.assert_allclose(unideploy.run(package, {"images": x}, artifact="tflite-fp32")["boxes"],
-                                   unideploy.run(package, {"images": x}, artifact="onnx-fp32")["boxes"], atol=1e-4)
+        np.testing.assert_allclose(
+            unideploy.run(package, {"images": x}, artifact="tflite-fp32")["boxes"],
+            unideploy.run(package, {"images": x}, artifact="onnx-fp32")["boxes"],
+            atol=1e-4,
+        )
         # deploy verify (and a bundle's) proves it on the samples of its size, the others on all
         assert {c.artifact: c.status for c in verify_package(package)}["tflite-fp32"] == "passed"
 
@@ -189,19 +228,34 @@ def test_shape_arithmetic_over_a_dynamic_batch_reaches_tflite_at_batch_1(tmp_pat
     def const(name, value, dtype=np.int64):
         return numpy_helper.from_array(np.asarray(value, dtype), name)
 
-    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
-             helper.make_node("Range", ["start", "n", "step"], ["rows"]),
-             helper.make_node("Mul", ["rows", "width"], ["offsets"]),
-             helper.make_node("Unsqueeze", ["offsets", "axis1"], ["column"]),
-             helper.make_node("Add", ["column", "cols"], ["index"]),
-             helper.make_node("Reshape", ["x", "flat"], ["flat_x"]),
-             helper.make_node("Gather", ["flat_x", "index"], ["strided"], axis=0),
-             helper.make_node("MatMul", ["strided", "w"], ["y"])]
-    weights = [const("zero", [0]), const("start", 0), const("step", 1), const("width", 4), const("axis1", [1]),
-               const("cols", np.arange(4)), const("flat", [-1]),
-               const("w", np.random.default_rng(0).standard_normal((4, 3)), np.float32)]
-    graph = helper.make_graph(nodes, "strided", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])], weights)
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+        helper.make_node("Range", ["start", "n", "step"], ["rows"]),
+        helper.make_node("Mul", ["rows", "width"], ["offsets"]),
+        helper.make_node("Unsqueeze", ["offsets", "axis1"], ["column"]),
+        helper.make_node("Add", ["column", "cols"], ["index"]),
+        helper.make_node("Reshape", ["x", "flat"], ["flat_x"]),
+        helper.make_node("Gather", ["flat_x", "index"], ["strided"], axis=0),
+        helper.make_node("MatMul", ["strided", "w"], ["y"]),
+    ]
+    weights = [
+        const("zero", [0]),
+        const("start", 0),
+        const("step", 1),
+        const("width", 4),
+        const("axis1", [1]),
+        const("cols", np.arange(4)),
+        const("flat", [-1]),
+        const("w", np.random.default_rng(0).standard_normal((4, 3)), np.float32),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "strided",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        weights,
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
     with unideploy.export(tmp_path / "m.onnx", tmp_path / "edge", target="edge") as package:
         assert "tflite-fp32" in [a.id for a in package.manifest.artifacts], package.manifest.omitted
@@ -209,9 +263,14 @@ def test_shape_arithmetic_over_a_dynamic_batch_reaches_tflite_at_batch_1(tmp_pat
         assert {c.artifact: c.status for c in verify_package(package)}["tflite-fp32"] == "passed"
 
 
-SENTENCES = ["the model runs on the phone", "a conversion must not change the outputs", "we ship the model to a server",
-             "the phone runs the model in real time", "outputs of the server match the phone",
-             "a model that runs on every device"]
+SENTENCES = [
+    "the model runs on the phone",
+    "a conversion must not change the outputs",
+    "we ship the model to a server",
+    "the phone runs the model in real time",
+    "outputs of the server match the phone",
+    "a model that runs on every device",
+]
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -229,20 +288,28 @@ def test_attention_encoder_reaches_tflite_in_every_precision_and_its_bundle_veri
     ids, mask = np.zeros((len(SENTENCES), 16), np.int64), np.zeros((len(SENTENCES), 16), np.int64)
     for row, sentence in enumerate(SENTENCES):
         tokens = [1] + [vocabulary[w] for w in sentence.split()]
-        ids[row, :len(tokens)], mask[row, :len(tokens)] = tokens, 1
+        ids[row, : len(tokens)], mask[row, : len(tokens)] = tokens, 1
     torch.manual_seed(0)
     traced = torch.jit.trace(SentenceEncoder().eval(), (torch.from_numpy(ids[:2]), torch.from_numpy(mask[:2])))
     torch.jit.save(traced, str(tmp_path / "encoder.pt"))
     np.savez(tmp_path / "sentences.npz", input_ids=ids, attention_mask=mask)
     shapes = ["input_ids:1x16:int64", "attention_mask:1x16:int64"]
-    with unideploy.export(tmp_path / "encoder.pt", tmp_path / "edge", input_shapes=shapes, target="edge",
-                          edge_calibration=tmp_path / "sentences.npz") as package:
-        assert [a.id for a in package.manifest.artifacts if a.format == "tflite"] == \
-            ["tflite-fp32", "tflite-fp16", "tflite-int8"], package.manifest.omitted
+    with unideploy.export(
+        tmp_path / "encoder.pt",
+        tmp_path / "edge",
+        input_shapes=shapes,
+        target="edge",
+        edge_calibration=tmp_path / "sentences.npz",
+    ) as package:
+        assert [a.id for a in package.manifest.artifacts if a.format == "tflite"] == [
+            "tflite-fp32",
+            "tflite-fp16",
+            "tflite-int8",
+        ], package.manifest.omitted
         assert package.manifest.validation["tflite-int8"]["quantization"].startswith("dynamic range")
         for artifact, least in (("tflite-fp32", 0.9999), ("tflite-fp16", 0.999), ("tflite-int8", 0.99)):
             for row in range(len(SENTENCES)):
-                feed = {"input_ids": ids[row:row + 1], "attention_mask": mask[row:row + 1]}
+                feed = {"input_ids": ids[row : row + 1], "attention_mask": mask[row : row + 1]}
                 expected = unideploy.run(package, feed, artifact="onnx-fp32")["output"]
                 assert _cosine(unideploy.run(package, feed, artifact=artifact)["output"], expected) >= least, artifact
     made = deploy("bundle", tmp_path / "edge", "--platform", "android", "-o", tmp_path / "encoder.zip")

@@ -12,25 +12,36 @@ from unideploy.signature import Signature, TensorSpec
 
 pytest.importorskip("tree_sitter_kotlin", reason="the bundle extra is not installed")
 pytest.importorskip("tree_sitter_swift", reason="the bundle extra is not installed")
-from unideploy.edge.codegen.check import syntax_errors  # noqa: E402
+from unideploy.edge.codegen.check import syntax_errors
 
 TEXT = Signature(
-    (TensorSpec("input_ids", "int64", ("batch", "seq")), TensorSpec("attention-mask", "int64", ("batch", "seq")),
-     TensorSpec("in", "uint8", (1, 3))),
+    (
+        TensorSpec("input_ids", "int64", ("batch", "seq")),
+        TensorSpec("attention-mask", "int64", ("batch", "seq")),
+        TensorSpec("in", "uint8", (1, 3)),
+    ),
     (TensorSpec("last_hidden_state", "float32", ("batch", "seq", 384)), TensorSpec("pooled", "int32", ("batch",))),
 )
 
 
 def sources() -> dict[str, tuple[str, str]]:
-    tfl = wrapped("MiniLM-L6", "tflite", "model.int8.tflite", TEXT,
-                  {"output_0": "last_hidden_state", "output_1": "pooled"}, "serving_default")
+    tfl = wrapped(
+        "MiniLM-L6",
+        "tflite",
+        "model.int8.tflite",
+        TEXT,
+        {"output_0": "last_hidden_state", "output_1": "pooled"},
+        "serving_default",
+    )
     ort = wrapped("MiniLM-L6", "onnxruntime", "model.ort", TEXT)
-    return {"Outputs.kt": (kotlin.outputs_class(tfl, "ai.example"), "kotlin"),
-            "Tflite.kt": (kotlin.tflite_class(tfl, "ai.example"), "kotlin"),
-            "Ort.kt": (kotlin.ort_class(ort, "ai.example"), "kotlin"),
-            "Outputs.swift": (swift.outputs_struct(tfl), "swift"),
-            "Tflite.swift": (swift.tflite_class(tfl), "swift"),
-            "Ort.swift": (swift.ort_class(ort), "swift")}
+    return {
+        "Outputs.kt": (kotlin.outputs_class(tfl, "ai.example"), "kotlin"),
+        "Tflite.kt": (kotlin.tflite_class(tfl, "ai.example"), "kotlin"),
+        "Ort.kt": (kotlin.ort_class(ort, "ai.example"), "kotlin"),
+        "Outputs.swift": (swift.outputs_struct(tfl), "swift"),
+        "Tflite.swift": (swift.tflite_class(tfl), "swift"),
+        "Ort.swift": (swift.ort_class(ort), "swift"),
+    }
 
 
 @pytest.mark.parametrize("name", list(sources()))
@@ -44,7 +55,9 @@ def test_wrappers_take_typed_arrays_and_one_parameter_per_dynamic_dimension():
     signature = "inputIds: LongArray, attentionMask: LongArray, inValue: ByteArray, batch: Int, seq: Int"
     assert f"fun run({signature}): MiniLML6Outputs" in code["Tflite.kt"][0]
     assert f"fun run({signature}): MiniLML6Outputs" in code["Ort.kt"][0]
-    assert "OnnxJavaType.UINT8" in code["Ort.kt"][0] and "longArrayOf(batch.toLong(), seq.toLong())" in code["Ort.kt"][0]
+    assert (
+        "OnnxJavaType.UINT8" in code["Ort.kt"][0] and "longArrayOf(batch.toLong(), seq.toLong())" in code["Ort.kt"][0]
+    )
     # TFLite names outputs by position: the wrapper reads output_1 and returns it as `pooled`
     assert 'outputIndex.getValue("output_1")' in code["Tflite.kt"][0] and "pooled = IntArray(" in code["Tflite.kt"][0]
     assert 'runner.output(named: "output_1")' in code["Tflite.swift"][0]
@@ -60,7 +73,12 @@ def test_the_checker_finds_broken_source():
 
 def test_names_become_identifiers():
     assert [identifier(n) for n in ("input_ids", "attention-mask", "in", "0x", "")] == [
-        "inputIds", "attentionMask", "inValue", "t0x", "value"]
+        "inputIds",
+        "attentionMask",
+        "inValue",
+        "t0x",
+        "value",
+    ]
     assert type_name("mini-lm") == "MiniLm" and type_name("3d-unet") == "Model3dUnet"
 
 

@@ -14,9 +14,20 @@ pytest.importorskip("torch", reason="the torch extra is not installed")
 
 def _interrupt_export(path, shapes, out_dir) -> tuple[int, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "unideploy.cli.main", "export", str(path), "-o", str(out_dir / "pkg"),
-         "--input-shape", shapes[0]],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "unideploy.cli.main",
+            "export",
+            str(path),
+            "-o",
+            str(out_dir / "pkg"),
+            "--input-shape",
+            shapes[0],
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         # as a terminal starts it: an ignored SIGINT is inherited, and something earlier in the same
         # pytest process (TensorFlow's converter, a server) may have left it ignored
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),

@@ -7,9 +7,9 @@ import os
 
 import numpy as np
 import pytest
+from console import assert_one_line_error, deploy
 
 import unideploy
-from console import assert_one_line_error, deploy
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 keras = pytest.importorskip("keras", reason="the tensorflow extra is not installed")

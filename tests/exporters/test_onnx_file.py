@@ -7,10 +7,10 @@ import re
 import numpy as np
 import onnx
 import pytest
+from console import assert_one_line_error, deploy
 from onnx import TensorProto, helper, numpy_helper
 
 import unideploy
-from console import assert_one_line_error, deploy
 from unideploy.errors import ExportError, InputError
 
 IR_VERSION = 9  # what torch.onnx writes; onnx's own default can be newer than onnxruntime reads
@@ -54,9 +54,12 @@ def test_garbage_file_is_refused(tmp_path):
 
 
 def test_checker_failure_is_reported(tmp_path):
-    graph = helper.make_graph([helper.make_node("Relu", ["missing"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["missing"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     onnx.save(helper.make_model(graph), str(tmp_path / "broken.onnx"))
     with pytest.raises(ExportError, match="fails the ONNX checker"):
         unideploy.export(tmp_path / "broken.onnx", tmp_path / "pkg")
@@ -64,10 +67,15 @@ def test_checker_failure_is_reported(tmp_path):
 
 def test_operator_onnxruntime_lacks_is_named(tmp_path):
     node = helper.make_node("FancyOp", ["x"], ["y"], domain="com.example")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
-                              ir_version=IR_VERSION)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)], ir_version=IR_VERSION
+    )
     onnx.save(model, str(tmp_path / "custom.onnx"))
     with pytest.raises(ExportError, match="FancyOp"):
         unideploy.export(tmp_path / "custom.onnx", tmp_path / "pkg")
@@ -111,7 +119,9 @@ def test_external_data_model_is_packaged_with_its_weights(tmp_path, output):
 
         assert [c.status for c in verify_package(package)] == ["passed"]
         x = np.ones((2, 4), np.float32)
-        expected = np.maximum(x @ numpy_helper.to_array(onnx.load(str(tmp_path / "model" / "inline.onnx")).graph.initializer[0]), 0)
+        expected = np.maximum(
+            x @ numpy_helper.to_array(onnx.load(str(tmp_path / "model" / "inline.onnx")).graph.initializer[0]), 0
+        )
         np.testing.assert_allclose(unideploy.run(package, {"x": x})["y"], expected, rtol=1e-6)
 
 

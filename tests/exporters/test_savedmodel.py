@@ -29,7 +29,9 @@ def test_savedmodel_exports_and_matches_tensorflow(saved_models, name, tmp_path)
         rng = np.random.default_rng(5)
         inputs = {s.name: rng.standard_normal((7, *s.shape[1:])).astype(s.dtype) for s in manifest.signature.inputs}
         got = unideploy.run(package, inputs)
-    expected = tf.saved_model.load(str(src)).signatures["serving_default"](**{k: tf.constant(v) for k, v in inputs.items()})
+    expected = tf.saved_model.load(str(src)).signatures["serving_default"](
+        **{k: tf.constant(v) for k, v in inputs.items()}
+    )
     for key, value in expected.items():
         np.testing.assert_allclose(got[key], value.numpy(), atol=1e-4, rtol=1e-3)
 
@@ -43,8 +45,10 @@ def test_exact_gelu_is_converted_not_left_as_erfc(saved_models, tmp_path):
 def test_signature_names_dtypes_and_shapes_come_from_the_savedmodel(saved_models, tmp_path):
     with unideploy.export(saved_models / "two_inputs", tmp_path / "pkg") as package:
         sig = package.manifest.signature
-        assert [(t.name, t.dtype, t.shape) for t in sig.inputs] == [("a", "float32", ("batch", 4)),
-                                                                    ("b", "float32", ("batch", 3))]
+        assert [(t.name, t.dtype, t.shape) for t in sig.inputs] == [
+            ("a", "float32", ("batch", 4)),
+            ("b", "float32", ("batch", 3)),
+        ]
         assert [t.name for t in sig.outputs] == ["output_0"]  # Keras' export names outputs by position
 
 
@@ -79,11 +83,19 @@ def test_cli_export_of_a_savedmodel(saved_models, tmp_path):
     from pathlib import Path
 
     deploy = shutil.which("deploy", path=str(Path(sys.executable).parent))
-    ok = subprocess.run([deploy, "export", str(saved_models / "scaler"), "-o", str(tmp_path / "s.zip"), "--json"],
-                        capture_output=True, text=True, timeout=300)
+    ok = subprocess.run(
+        [deploy, "export", str(saved_models / "scaler"), "-o", str(tmp_path / "s.zip"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["source"]["framework"] == "tensorflow"
-    bad = subprocess.run([deploy, "export", str(saved_models / "scaler"), "-o", str(tmp_path / "t"), "--signature", "nope"],
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [deploy, "export", str(saved_models / "scaler"), "-o", str(tmp_path / "t"), "--signature", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("error: the SavedModel has no signature 'nope'")
     assert "Traceback" not in bad.stderr

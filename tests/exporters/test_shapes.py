@@ -10,11 +10,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from console import assert_one_line_error, deploy
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 import unideploy
-from console import assert_one_line_error, deploy
 from unideploy.errors import InputError
 
 IR_VERSION = 9
@@ -51,15 +51,17 @@ def _two_branch_detector(path, in_dims: list, out_dims: list) -> None:
         helper.make_node("Concat", ["r1", "up"], ["cat"], axis=1),
         helper.make_node("Sigmoid", ["cat"], ["boxes"]),
     ]
-    graph = helper.make_graph(nodes, "detector", [_value("images", in_dims)], [_value("boxes", out_dims)],
-                              [w1, w2, scales])
+    graph = helper.make_graph(
+        nodes, "detector", [_value("images", in_dims)], [_value("boxes", out_dims)], [w1, w2, scales]
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION), str(path))
 
 
 def test_dims_declared_minus_one_are_dynamic_and_sized_by_input_shape(tmp_path):
     _two_branch_detector(tmp_path / "det.onnx", [-1, 3, -1, -1], [-1, 8, -1, -1])
-    with unideploy.export(tmp_path / "det.onnx", tmp_path / "pkg", input_shapes=["images:1,3,height=16,width=24"]) \
-            as package:
+    with unideploy.export(
+        tmp_path / "det.onnx", tmp_path / "pkg", input_shapes=["images:1,3,height=16,width=24"]
+    ) as package:
         sig = package.manifest.signature
         assert sig.inputs[0].shape == ("batch", 3, "height", "width")
         assert sig.outputs[0].shape == ("batch", 8, "boxes_dim2", "boxes_dim3")
@@ -82,8 +84,9 @@ def test_unnamed_dims_stop_the_export_with_the_option_to_pass(tmp_path):
 
 def test_plain_sizes_fix_dynamic_dims_of_an_onnx_model(tmp_path):
     _two_branch_detector(tmp_path / "det.onnx", ["N", 3, "H", "W"], ["N", 8, "H2", "W2"])
-    result = deploy("export", str(tmp_path / "det.onnx"), "-o", str(tmp_path / "pkg"),
-                    "--input-shape", "images:1x3x32x32", "--json")
+    result = deploy(
+        "export", str(tmp_path / "det.onnx"), "-o", str(tmp_path / "pkg"), "--input-shape", "images:1x3x32x32", "--json"
+    )
     assert result.returncode == 0, result.stderr
     manifest = json.loads(result.stdout)
     assert manifest["signature"]["inputs"][0]["shape"] == ["N", 3, 32, 32]  # the model's own batch name
@@ -94,17 +97,21 @@ def test_plain_sizes_fix_dynamic_dims_of_an_onnx_model(tmp_path):
 
 def test_sizes_the_model_cannot_take_fail_validation_not_internally(tmp_path):
     _two_branch_detector(tmp_path / "det.onnx", ["N", 3, "H", "W"], ["N", 8, "H", "W"])
-    result = deploy("export", str(tmp_path / "det.onnx"), "-o", str(tmp_path / "pkg"),
-                    "--input-shape", "images:1x3x6x6")
+    result = deploy(
+        "export", str(tmp_path / "det.onnx"), "-o", str(tmp_path / "pkg"), "--input-shape", "images:1x3x6x6"
+    )
     assert result.returncode in (1, 2) and "internal error" not in result.stderr, result.stderr
     assert not (tmp_path / "pkg").exists()
 
 
-@pytest.mark.parametrize("shape, pattern", [
-    ("images:1x3x32", "gives 'images' 3 dims, but the model declares rank 4"),
-    ("images:1x4x32x32", "axis 1 of 'images' is fixed at 3 in the model; --input-shape gives 4"),
-    ("pixels:1x3x32x32", "names 'pixels', which the model does not take"),
-])
+@pytest.mark.parametrize(
+    "shape, pattern",
+    [
+        ("images:1x3x32", "gives 'images' 3 dims, but the model declares rank 4"),
+        ("images:1x4x32x32", "axis 1 of 'images' is fixed at 3 in the model; --input-shape gives 4"),
+        ("pixels:1x3x32x32", "names 'pixels', which the model does not take"),
+    ],
+)
 def test_input_shape_that_contradicts_the_model_is_refused(tmp_path, shape, pattern):
     _two_branch_detector(tmp_path / "det.onnx", ["N", 3, "H", "W"], ["N", 8, "H", "W"])
     result = deploy("export", str(tmp_path / "det.onnx"), "-o", str(tmp_path / "pkg"), "--input-shape", shape)
@@ -126,8 +133,7 @@ def test_ultralytics_image_size_metadata_sizes_height_and_width(tmp_path):
     helper.set_model_props(model, {"imgsz": "[64, 96]", "task": "detect"})
     onnx.save(model, str(tmp_path / "det.onnx"))
     with unideploy.export(tmp_path / "det.onnx", tmp_path / "pkg") as package:
-        assert sorted(s.inputs["images"].shape for s in package.reference_samples()) == \
-            [(1, 3, 64, 96), (4, 3, 32, 64)]
+        assert sorted(s.inputs["images"].shape for s in package.reference_samples()) == [(1, 3, 64, 96), (4, 3, 32, 64)]
         assert package.manifest.signature.outputs[0].shape == ("batch", 8, "h2", "w2")  # its own names
 
 
@@ -149,8 +155,9 @@ class MeanPooledEncoder(nn.Module):
 def test_static_output_dim_stays_static_after_torchscript_export(tmp_path):
     ids = torch.randint(0, 50, (2, 12))
     torch.jit.save(torch.jit.trace(MeanPooledEncoder().eval(), (ids, torch.ones_like(ids))), str(tmp_path / "enc.pt"))
-    with unideploy.export(tmp_path / "enc.pt", tmp_path / "pkg",
-                          input_shapes=["ids:1,seq=16:int64", "mask:1,seq=16:int64"]) as package:
+    with unideploy.export(
+        tmp_path / "enc.pt", tmp_path / "pkg", input_shapes=["ids:1,seq=16:int64", "mask:1,seq=16:int64"]
+    ) as package:
         assert package.manifest.signature.outputs[0].shape == ("batch", 24)
         assert sorted(s.inputs["ids"].shape for s in package.reference_samples()) == [(1, 16), (4, 8)]
 
@@ -159,7 +166,8 @@ def test_an_output_declared_with_the_wrong_rank_takes_the_dims_it_computes(tmp_p
     """ddddocr's recognizer declares its output [1, seqlen] and returns [seq, batch, classes]: the
     signature (what servers publish as model metadata) says what the model computes."""
     _two_branch_detector(tmp_path / "det.onnx", [-1, 3, -1, -1], [1, "seqlen"])
-    with unideploy.export(tmp_path / "det.onnx", tmp_path / "det.udp",
-                          input_shapes=["images:1x3xheight=16xwidth=32"]) as pkg:
+    with unideploy.export(
+        tmp_path / "det.onnx", tmp_path / "det.udp", input_shapes=["images:1x3xheight=16xwidth=32"]
+    ) as pkg:
         (boxes,) = pkg.manifest.signature.outputs
         assert boxes.shape == ("batch", 8, "boxes_dim2", "boxes_dim3")  # half the input's height and width

@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 import torch
-
-import unideploy
 from console import assert_one_line_error, deploy
 from models import AttentionBlock, SmallCNN
+
+import unideploy
 from unideploy.errors import InputError
 
 
@@ -20,14 +20,21 @@ def _save(model: torch.nn.Module, args: tuple, path, dynamic=None) -> None:
 
 
 def test_cnn_program_with_dynamic_batch_round_trips(tmp_path):
-    _save(SmallCNN(), (torch.randn(2, 1, 8, 8),), tmp_path / "cnn.pt2",
-          {"x": {0: torch.export.Dim("batch", min=1, max=64)}})
+    _save(
+        SmallCNN(),
+        (torch.randn(2, 1, 8, 8),),
+        tmp_path / "cnn.pt2",
+        {"x": {0: torch.export.Dim("batch", min=1, max=64)}},
+    )
     result = deploy("export", tmp_path / "cnn.pt2", "-o", tmp_path / "pkg", "--json")
     assert result.returncode == 0, result.stderr
     manifest = json.loads(result.stdout)
     assert manifest["source"]["exporter"] == "torch-export" and manifest["source"]["framework"] == "torch"
     assert manifest["signature"]["inputs"][0]["shape"] == ["batch", 1, 8, 8]
-    assert manifest["validation"]["onnx-fp32"]["passed"] and manifest["validation"]["onnx-fp32"]["batch_sizes"] == [1, 4]
+    assert manifest["validation"]["onnx-fp32"]["passed"] and manifest["validation"]["onnx-fp32"]["batch_sizes"] == [
+        1,
+        4,
+    ]
     x = np.random.default_rng(0).standard_normal((5, 1, 8, 8)).astype(np.float32)
     expected = torch.export.load(str(tmp_path / "cnn.pt2")).module()(torch.from_numpy(x)).detach().numpy()
     np.testing.assert_allclose(unideploy.run(tmp_path / "pkg", {"x": x})["output"], expected, atol=1e-4, rtol=1e-3)
@@ -35,8 +42,12 @@ def test_cnn_program_with_dynamic_batch_round_trips(tmp_path):
 
 def test_attention_program_with_dynamic_sequence_is_validated_at_two_lengths(tmp_path):
     seq = torch.export.Dim("seq", min=2, max=64)
-    _save(AttentionBlock(), (torch.randn(2, 16, 16),), tmp_path / "attn.pt2",
-          {"x": {0: torch.export.Dim("batch", min=1, max=64), 1: seq}})
+    _save(
+        AttentionBlock(),
+        (torch.randn(2, 16, 16),),
+        tmp_path / "attn.pt2",
+        {"x": {0: torch.export.Dim("batch", min=1, max=64), 1: seq}},
+    )
     with unideploy.export(tmp_path / "attn.pt2", tmp_path / "pkg") as package:
         spec = package.manifest.signature.inputs[0]
         assert spec.shape[0] == "batch" and isinstance(spec.shape[1], str) and spec.shape[2] == 16

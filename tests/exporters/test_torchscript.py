@@ -11,8 +11,14 @@ from unideploy.errors import ExportError, InputError
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed")
 
-ROUND_TRIP = ["cnn_scripted", "cnn_traced", "attention_scripted", "attention_traced", "tokens_traced",
-              "control_flow_scripted"]
+ROUND_TRIP = [
+    "cnn_scripted",
+    "cnn_traced",
+    "attention_scripted",
+    "attention_traced",
+    "tokens_traced",
+    "control_flow_scripted",
+]
 
 
 def _inputs_like(package, batch: int, seed: int) -> dict[str, np.ndarray]:
@@ -20,7 +26,9 @@ def _inputs_like(package, batch: int, seed: int) -> dict[str, np.ndarray]:
     out = {}
     for spec in package.manifest.signature.inputs:
         shape = [batch if i == 0 else (d if isinstance(d, int) else 6) for i, d in enumerate(spec.shape)]
-        out[spec.name] = (rng.integers(0, 50, shape) if spec.dtype == "int64" else rng.standard_normal(shape)).astype(spec.dtype)
+        out[spec.name] = (rng.integers(0, 50, shape) if spec.dtype == "int64" else rng.standard_normal(shape)).astype(
+            spec.dtype
+        )
     return out
 
 
@@ -115,7 +123,7 @@ def test_missing_shapes_and_wrong_names_are_explained(torch_models, tmp_path):
     path, _ = torch_models["cnn_scripted"]
     with pytest.raises(InputError, match="carry no input shapes"):
         unideploy.export(path, tmp_path / "a")
-    tokens, shapes = torch_models["tokens_traced"]
+    tokens, _shapes = torch_models["tokens_traced"]
     with pytest.raises(InputError, match="forward\\(\\) takes input_ids, mask"):
         unideploy.export(tokens, tmp_path / "b", input_shapes=["ids:1x6:int64", "mask:1x6"])
     with pytest.raises(InputError, match="bad dimension"):

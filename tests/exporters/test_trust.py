@@ -9,9 +9,9 @@ import zipfile
 
 import numpy as np
 import pytest
+from console import assert_one_line_error, deploy
 
 import unideploy
-from console import assert_one_line_error, deploy
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 torch = pytest.importorskip("torch", reason="the torch extra is not installed")
@@ -35,8 +35,9 @@ def test_torchscript_that_touches_files_is_refused_before_it_runs(tmp_path):
     assert_one_line_error(result, 2, r"aten::from_file \(maps or reads a file\) in forward\(\).*--trust-source")
     assert not target.exists() and not (tmp_path / "pkg").exists()  # nothing ran, nothing written
 
-    trusted = deploy("export", tmp_path / "model.pt", "-o", tmp_path / "pkg", "--input-shape", "x:2x4",
-                     "--trust-source")
+    trusted = deploy(
+        "export", tmp_path / "model.pt", "-o", tmp_path / "pkg", "--input-shape", "x:2x4", "--trust-source"
+    )
     assert trusted.returncode == 0, trusted.stderr
     assert target.exists()  # the user vouched for it, and it did what it does
 
@@ -72,8 +73,12 @@ def test_pt2_whose_pickles_would_run_code_on_load_is_refused_before_loading(tmp_
                 data = buffer.getvalue()
             dst.writestr(item, data)
     result = deploy("export", hostile, "-o", tmp_path / "pkg")
-    assert_one_line_error(result, 2, r"pickle '.*sample_inputs.*' \(imports .*makedirs\), which loading the program "
-                                     r"would run")
+    assert_one_line_error(
+        result,
+        2,
+        r"pickle '.*sample_inputs.*' \(imports .*makedirs\), which loading the program "
+        r"would run",
+    )
     assert not marker.exists() and not (tmp_path / "pkg").exists()
     with unideploy.export(clean, tmp_path / "clean-pkg") as pkg:  # its own sample inputs are plain tensors
         assert pkg.manifest.validation["onnx-fp32"]["passed"]

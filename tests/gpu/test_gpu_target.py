@@ -7,30 +7,47 @@ passes over GPU artifacts to the ONNX one, and the messages when a GPU artifact 
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import re
 import shutil
 
 import numpy as np
 import pytest
-
 from console import assert_one_line_error, deploy
+
 from unideploy.errors import MissingDependencyError, PackageError
 from unideploy.package import Package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.runtimes.tensorrt.precision import tensorrt_qdq_problem
 from unideploy.runtimes.tensorrt.spec import EngineSpec
 
-pytestmark = pytest.mark.skipif(RUNTIMES.get("tensorrt").availability().ok,
-                                reason="these tests cover machines without TensorRT; this one has it")
+pytestmark = pytest.mark.skipif(
+    RUNTIMES.get("tensorrt").availability().ok, reason="these tests cover machines without TensorRT; this one has it"
+)
 
 
 @pytest.fixture(scope="module")
 def gpu_package(torch_models, tmp_path_factory):
     path, shapes = torch_models["cnn_scripted"]
     out = tmp_path_factory.mktemp("gpu") / "cnn.udp"
-    args = ["export", path, "-o", out, "--target", "gpu", "--trt-precision", "fp16", "--trt-precision", "fp32",
-            "--trt-profile", "x:1x1x8x8,4x1x8x8,16x1x8x8", "--trt-workspace", "256"]
+    args = [
+        "export",
+        path,
+        "-o",
+        out,
+        "--target",
+        "gpu",
+        "--trt-precision",
+        "fp16",
+        "--trt-precision",
+        "fp32",
+        "--trt-profile",
+        "x:1x1x8x8,4x1x8x8,16x1x8x8",
+        "--trt-workspace",
+        "256",
+    ]
     for shape in shapes:
         args += ["--input-shape", shape]
     result = deploy(*args)
@@ -44,7 +61,11 @@ def test_the_package_lists_its_tensorrt_recipes_first_with_deferred_checks(gpu_p
         assert [a.id for a in m.artifacts] == ["tensorrt-fp16", "tensorrt-fp32", "onnx-fp32"]
         fp16 = m.artifact("tensorrt-fp16")
         assert (fp16.format, fp16.runtimes, fp16.targets, fp16.derived_from) == (
-            "tensorrt", ["tensorrt", "onnxruntime"], ["gpu"], "onnx-fp32")
+            "tensorrt",
+            ["tensorrt", "onnxruntime"],
+            ["gpu"],
+            "onnx-fp32",
+        )
         spec = EngineSpec.load(package.path_of(fp16))
         assert spec.onnx_path == package.path_of("onnx-fp32")
         assert spec.onnx_sha256 == m.artifact("onnx-fp32").sha256
@@ -65,8 +86,9 @@ def test_without_a_gpu_the_onnx_artifact_serves_and_gpu_artifacts_say_why_not(gp
 
     asked = deploy("run", gpu_package, "--input", tmp_path / "in.npz", "--artifact", "tensorrt-fp16")
     assert_one_line_error(asked, 2, r"needs the TensorRT runtime or onnxruntime-gpu on a CUDA GPU.*deploy doctor")
-    on_cpu = deploy("run", gpu_package, "--input", tmp_path / "in.npz", "--artifact", "tensorrt-fp16",
-                    "--device", "cpu")
+    on_cpu = deploy(
+        "run", gpu_package, "--input", tmp_path / "in.npz", "--artifact", "tensorrt-fp16", "--device", "cpu"
+    )
     assert_one_line_error(on_cpu, 2, r"runs on GPUs, and the CPU was asked for.*--artifact onnx-fp32")
     gpu_only = deploy("run", gpu_package, "--input", tmp_path / "in.npz", "--target", "gpu")
     assert_one_line_error(gpu_only, 2, r"no artifact in this package can run here")
@@ -105,7 +127,7 @@ def test_a_tampered_recipe_is_refused_by_the_package_and_by_the_runtime(gpu_pack
 def test_the_tensorrt_runtime_says_what_is_missing_here(gpu_package):
     tensorrt = RUNTIMES.get("tensorrt")
     found = tensorrt.availability()
-    assert not found.ok and "pypi.nvidia.com" in (found.fix or "") + found.detail or "GPU" in found.detail
+    assert (not found.ok and "pypi.nvidia.com" in (found.fix or "") + found.detail) or "GPU" in found.detail
     with Package.open(gpu_package) as package:
         artifact = package.manifest.artifact("tensorrt-fp16")
         with pytest.raises(MissingDependencyError, match="TensorRT cannot run here"):
@@ -114,17 +136,28 @@ def test_the_tensorrt_runtime_says_what_is_missing_here(gpu_package):
             tensorrt(package.path_of(artifact), package.manifest.signature, RuntimeOptions(device="cpu"))
 
 
-@pytest.mark.parametrize("extra, pattern", [
-    (["--trt-profile", "x:1x1x8x8,64x1x8x8,8x1x8x8"], r"min <= opt <= max"),
-    (["--trt-profile", "y:1x1"], r"unknown input"),
-    (["--trt-precision", "int8"], r"TensorRT int8 needs a symmetric QDQ int8 artifact.*--int8-variant symmetric"),
-    (["--trt-workspace", "0"], r"must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "extra, pattern",
+    [
+        (["--trt-profile", "x:1x1x8x8,64x1x8x8,8x1x8x8"], r"min <= opt <= max"),
+        (["--trt-profile", "y:1x1"], r"unknown input"),
+        (["--trt-precision", "int8"], r"TensorRT int8 needs a symmetric QDQ int8 artifact.*--int8-variant symmetric"),
+        (["--trt-workspace", "0"], r"must be at least 1"),
+    ],
+)
 def test_bad_gpu_options_fail_before_anything_is_written(torch_models, tmp_path, extra, pattern):
     path, shapes = torch_models["cnn_scripted"]
     out = tmp_path / "never.udp"
-    result = deploy("export", path, "-o", out, "--target", "gpu", *sum((["--input-shape", s] for s in shapes), []),
-                    *extra)
+    result = deploy(
+        "export",
+        path,
+        "-o",
+        out,
+        "--target",
+        "gpu",
+        *functools.reduce(operator.iadd, (["--input-shape", s] for s in shapes), []),
+        *extra,
+    )
     assert result.returncode == 2, result.stderr
     assert re.search(pattern, result.stderr), result.stderr
     assert not out.exists()
@@ -173,9 +206,24 @@ def _export_int8(digits, tmp_path, variant):
     examples, out = tmp_path / "examples.npz", tmp_path / f"{variant}.udp"
     with np.load(digits["data"]) as data:
         np.savez(examples, x=data["x"][:8])
-    result = deploy("export", digits["model"], "-o", out, "--example-input", examples, "--target", "gpu",
-                    "--trt-precision", "int8", "--quantize", "int8", "--int8-variant", variant,
-                    "--calibration", digits["data"])
+    result = deploy(
+        "export",
+        digits["model"],
+        "-o",
+        out,
+        "--example-input",
+        examples,
+        "--target",
+        "gpu",
+        "--trt-precision",
+        "int8",
+        "--quantize",
+        "int8",
+        "--int8-variant",
+        variant,
+        "--calibration",
+        digits["data"],
+    )
     assert result.returncode == 0, result.stderr
     return out
 
@@ -190,12 +238,17 @@ def test_the_server_serves_a_gpu_package_from_its_onnx_artifact_here(gpu_package
     try:
         x = np.random.default_rng(1).random((2, 1, 8, 8), dtype=np.float32)
         with server.client() as client:
-            reply = client.post("/v2/models/cnn/infer", json={"inputs": [
-                {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]})
+            reply = client.post(
+                "/v2/models/cnn/infer",
+                json={
+                    "inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]
+                },
+            )
         assert reply.status_code == 200, reply.text
         (output,) = reply.json()["outputs"]
-        expected = RUNTIMES.get("onnxruntime")(gpu_package / "artifacts" / "model.onnx", _signature(gpu_package),
-                                               RuntimeOptions(device="cpu")).run({"x": x})["output"]
+        expected = RUNTIMES.get("onnxruntime")(
+            gpu_package / "artifacts" / "model.onnx", _signature(gpu_package), RuntimeOptions(device="cpu")
+        ).run({"x": x})["output"]
         np.testing.assert_allclose(np.array(output["data"]).reshape(output["shape"]), expected, rtol=1e-5, atol=1e-6)
     finally:
         stop_server(server)

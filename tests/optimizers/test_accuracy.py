@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
-
 from console import assert_one_line_error, deploy
+
 from unideploy.errors import InputError
 from unideploy.optimizers.accuracy import choose_metrics, compare, output_metric
 
@@ -38,8 +38,11 @@ def test_raw_values_beside_class_probabilities_are_regressions():
     """MTCNN's O-Net: face probabilities, 4 box offsets and 10 landmark coordinates. Top-1 of the
     coordinates would flip on noise that moves no landmark."""
     scores = rng.standard_normal((8, 2))
-    outputs = {"prob": np.exp(scores) / np.exp(scores).sum(1, keepdims=True), "box": rng.standard_normal((8, 4)),
-               "landmarks": rng.standard_normal((8, 10))}
+    outputs = {
+        "prob": np.exp(scores) / np.exp(scores).sum(1, keepdims=True),
+        "box": rng.standard_normal((8, 4)),
+        "landmarks": rng.standard_normal((8, 10)),
+    }
     chosen = choose_metrics("auto", outputs, has_labels=False)
     assert chosen["prob"][0] == "top1"
     assert chosen["box"][0] == chosen["landmarks"][0] == "relerr" and "'prob'" in chosen["box"][1]
@@ -75,25 +78,54 @@ def test_labels_make_the_first_class_output_an_accuracy():
     assert chosen["logits"][0] == "accuracy" and chosen["emb"][0] == "cosine"
 
 
-@pytest.mark.parametrize("requested, pattern", [
-    (["nonsense"], "unknown metric 'nonsense'"),
-    (["missing=cosine"], "names output 'missing', which the model does not produce"),
-    (["accuracy"], "--metric accuracy needs labels"),
-])
+@pytest.mark.parametrize(
+    "requested, pattern",
+    [
+        (["nonsense"], "unknown metric 'nonsense'"),
+        (["missing=cosine"], "names output 'missing', which the model does not produce"),
+        (["accuracy"], "--metric accuracy needs labels"),
+    ],
+)
 def test_bad_metric_requests_are_refused(requested, pattern):
     with pytest.raises(InputError, match=pattern):
         choose_metrics(requested, {"output": rng.standard_normal((4, 3))}, False)
 
 
 def test_cli_metric_per_output_and_the_reason_are_recorded(digits_package, digits, tmp_path):
-    result = deploy("optimize", digits_package, "-o", tmp_path / "fp16", "--quantize", "fp16", "--calibration",
-                    digits["data"], "--metric", "output=cosine", "--min-cosine", "0.999", "--json")
+    result = deploy(
+        "optimize",
+        digits_package,
+        "-o",
+        tmp_path / "fp16",
+        "--quantize",
+        "fp16",
+        "--calibration",
+        digits["data"],
+        "--metric",
+        "output=cosine",
+        "--min-cosine",
+        "0.999",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     entry = json.loads(result.stdout)["accuracy"]["outputs"]["output"]
-    assert entry["metric"] == "cosine" and entry["why"] == "as requested" and entry["budget_points"] == pytest.approx(0.1)
-    shown = deploy("optimize", digits_package, "-o", tmp_path / "fp16b", "--quantize", "fp16", "--calibration",
-                   digits["data"])
+    assert (
+        entry["metric"] == "cosine" and entry["why"] == "as requested" and entry["budget_points"] == pytest.approx(0.1)
+    )
+    shown = deploy(
+        "optimize", digits_package, "-o", tmp_path / "fp16b", "--quantize", "fp16", "--calibration", digits["data"]
+    )
     assert shown.returncode == 0 and "judged 'output' by accuracy: labelled data" in shown.stdout
-    bad = deploy("optimize", digits_package, "-o", tmp_path / "x", "--quantize", "fp16", "--calibration",
-                 digits["data"], "--metric", "logits=cosine")
+    bad = deploy(
+        "optimize",
+        digits_package,
+        "-o",
+        tmp_path / "x",
+        "--quantize",
+        "fp16",
+        "--calibration",
+        digits["data"],
+        "--metric",
+        "logits=cosine",
+    )
     assert_one_line_error(bad, 2, "names output 'logits', which the model does not produce")

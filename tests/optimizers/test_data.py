@@ -15,14 +15,17 @@ def optimize(pkg, data, **kw):
     return unideploy.optimize(pkg, quantize="fp16", calibration=str(data), **kw)
 
 
-@pytest.mark.parametrize("arrays, message", [
-    ({"image": np.zeros((4, 1, 8, 8), np.float32)}, "unknown input\\(s\\) 'image'"),
-    ({"x": np.zeros((4, 1, 8, 8), np.float64)}, "dtype float64, expected float32"),
-    ({"x": np.zeros((4, 3, 8, 8), np.float32)}, "size 3 on axis 1, expected 1"),
-    ({"x": np.zeros((0, 1, 8, 8), np.float32)}, "is empty"),
-    ({"x": np.zeros((4, 1, 8, 8), np.float32), "labels": np.zeros(3)}, "3 labels for 4 rows"),
-    ({"x": np.zeros((1, 1, 8, 8), np.float32)}, "at least 2 are needed"),
-])
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        ({"image": np.zeros((4, 1, 8, 8), np.float32)}, "unknown input\\(s\\) 'image'"),
+        ({"x": np.zeros((4, 1, 8, 8), np.float64)}, "dtype float64, expected float32"),
+        ({"x": np.zeros((4, 3, 8, 8), np.float32)}, "size 3 on axis 1, expected 1"),
+        ({"x": np.zeros((0, 1, 8, 8), np.float32)}, "is empty"),
+        ({"x": np.zeros((4, 1, 8, 8), np.float32), "labels": np.zeros(3)}, "3 labels for 4 rows"),
+        ({"x": np.zeros((1, 1, 8, 8), np.float32)}, "at least 2 are needed"),
+    ],
+)
 def test_bad_calibration_data_is_named(digits_package, tmp_path, arrays, message):
     np.savez(tmp_path / "bad.npz", **arrays)
     with pytest.raises(InputError, match=message):
@@ -50,11 +53,11 @@ def test_directory_of_npz_batches_and_npy_arrays(digits_package, digits, tmp_pat
         x, labels = d["x"], d["labels"]
     (tmp_path / "npz").mkdir()
     for i in range(0, 200, 50):
-        np.savez(tmp_path / "npz" / f"batch{i:03d}.npz", x=x[i:i + 50], labels=labels[i:i + 50])
+        np.savez(tmp_path / "npz" / f"batch{i:03d}.npz", x=x[i : i + 50], labels=labels[i : i + 50])
     (tmp_path / "npy").mkdir()
     np.save(tmp_path / "npy" / "x.npy", x[:200])
     for folder, metric in (("npz", "accuracy"), ("npy", "top1")):
-        with optimize(digits_package, tmp_path / folder, **({"output": tmp_path / f"{folder}.udp"})) as pkg:
+        with optimize(digits_package, tmp_path / folder, output=tmp_path / f"{folder}.udp") as pkg:
             record = pkg.manifest.optimizations[-1]
             assert record["data"]["calibration_rows"] == 100 and record["accuracy"]["metric"] == metric
 
@@ -63,8 +66,9 @@ def test_separate_validation_data(digits_package, digits, tmp_path):
     with np.load(digits["data"]) as d:
         np.savez(tmp_path / "cal.npz", x=d["x"][:64])
         np.savez(tmp_path / "val.npz", x=d["x"][64:], labels=d["labels"][64:])
-    with unideploy.optimize(digits_package, quantize="fp16", calibration=str(tmp_path / "cal.npz"),
-                            validation=str(tmp_path / "val.npz")) as pkg:
+    with unideploy.optimize(
+        digits_package, quantize="fp16", calibration=str(tmp_path / "cal.npz"), validation=str(tmp_path / "val.npz")
+    ) as pkg:
         data = pkg.manifest.optimizations[-1]["data"]
         assert (data["calibration_rows"], data["validation_rows"], data["labels"]) == (64, 633, True)
 

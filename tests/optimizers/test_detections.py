@@ -27,11 +27,11 @@ def yolov8_heads() -> np.ndarray:
         pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
     session = ort.InferenceSession(str(zoo_models.shipped("nudenet/320n.onnx")), providers=["CPUExecutionProvider"])
     images = zoo_models.nchw(zoo_models.photos(32), 320, 320)
-    return np.concatenate([session.run(None, {"images": images[i:i + 1]})[0] for i in range(len(images))])
+    return np.concatenate([session.run(None, {"images": images[i : i + 1]})[0] for i in range(len(images))])
 
 
 def _rows(heads: np.ndarray) -> list[dict[str, np.ndarray]]:
-    return [{"output0": heads[i:i + 1]} for i in range(len(heads))]
+    return [{"output0": heads[i : i + 1]} for i in range(len(heads))]
 
 
 def test_a_real_yolov8_head_is_judged_by_its_detections(yolov8_heads):
@@ -75,8 +75,9 @@ def _yolov5_head(boxes: list[tuple[float, float, float, float, float, int]], anc
 
 
 def test_yolov5_layout_objectness_and_class_aware_nms():
-    head = _yolov5_head([(20, 20, 10, 10, 0.9, 0), (21, 20, 10, 10, 0.8, 0), (21, 20, 10, 10, 0.8, 1),
-                         (80, 80, 8, 8, 0.2, 2)])
+    head = _yolov5_head(
+        [(20, 20, 10, 10, 0.9, 0), (21, 20, 10, 10, 0.8, 0), (21, 20, 10, 10, 0.8, 1), (80, 80, 8, 8, 0.2, 2)]
+    )
     layout = detections.layout(head)
     assert layout == detections.Layout(anchors_last=False)
     boxes, classes = detections.detect(layout, head[0])

@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 import unideploy
-from unideploy.errors import AccuracyBudgetError, InputError
+from unideploy.errors import AccuracyBudgetError
 from unideploy.verify import verify_package
 
 pytest.importorskip("torch", reason="the torch extra is not installed")
@@ -43,8 +43,14 @@ def test_int8_auto_measures_both_variants_and_explains_its_choice(digits_package
         assert record["accuracy"]["metric"] == "accuracy" and record["accuracy"]["within_budget"]
         assert record["effects"]["size_ratio"] < 0.75
         assert set(record["effects"]["latency_ms"]) == {"1", "64"}
-        assert record["data"] == {"calibration": "data.npz", "calibration_rows": 348, "validation": "data.npz",
-                                  "validation_rows": 349, "synthetic": False, "labels": True}
+        assert record["data"] == {
+            "calibration": "data.npz",
+            "calibration_rows": 348,
+            "validation": "data.npz",
+            "validation_rows": 349,
+            "synthetic": False,
+            "labels": True,
+        }
         assert [c.status for c in verify_package(pkg)] == ["passed", "passed"]
         assert accuracy_on(pkg, "onnx-int8", digits["data"]) >= accuracy_on(pkg, "onnx-fp32", digits["data"]) - 0.02
 
@@ -59,8 +65,14 @@ def test_int8_dynamic_quantizes_a_cnn_classifier_head(digits_package, digits):
 def test_int8_static_is_qdq_with_sensitive_ops_in_float(torch_models, tmp_path):
     path, shapes = torch_models["attention_traced"]
     unideploy.export(path, tmp_path / "attn.udp", input_shapes=shapes).close()
-    with unideploy.optimize(tmp_path / "attn.udp", quantize="int8", int8_variant="static", synthetic=True,
-                            metric="cosine", max_accuracy_drop=5.0) as pkg:
+    with unideploy.optimize(
+        tmp_path / "attn.udp",
+        quantize="int8",
+        int8_variant="static",
+        synthetic=True,
+        metric="cosine",
+        max_accuracy_drop=5.0,
+    ) as pkg:
         model = onnx.load(str(pkg.path_of("onnx-int8")))
         producers = {o: n.op_type for n in model.graph.node for o in n.output}
         assert "QuantizeLinear" in producers.values()
@@ -74,8 +86,14 @@ def test_int8_static_is_qdq_with_sensitive_ops_in_float(torch_models, tmp_path):
 def test_int8_dynamic_quantizes_matmuls(torch_models, tmp_path):
     path, shapes = torch_models["attention_traced"]
     unideploy.export(path, tmp_path / "attn.udp", input_shapes=shapes).close()
-    with unideploy.optimize(tmp_path / "attn.udp", quantize="int8", int8_variant="dynamic", synthetic=True,
-                            metric="cosine", max_accuracy_drop=5.0) as pkg:
+    with unideploy.optimize(
+        tmp_path / "attn.udp",
+        quantize="int8",
+        int8_variant="dynamic",
+        synthetic=True,
+        metric="cosine",
+        max_accuracy_drop=5.0,
+    ) as pkg:
         assert "MatMulInteger" in ops(pkg, "onnx-int8") or "DynamicQuantizeMatMul" in ops(pkg, "onnx-int8")
 
 
@@ -92,10 +110,17 @@ def test_fp16_halves_weights_keeps_fp32_io_and_says_what_it_is_for(digits_packag
 
 
 def test_magnitude_pruning_reaches_the_sparsity_and_refit_recovers_accuracy(digits_package, digits, tmp_path):
-    refit = unideploy.optimize(digits_package, tmp_path / "refit.udp", prune=0.8, calibration=digits["data"],
-                               max_accuracy_drop=3.0)
-    plain = unideploy.optimize(digits_package, tmp_path / "plain.udp", prune=0.8, refit=False,
-                               calibration=digits["data"], max_accuracy_drop=100.0)
+    refit = unideploy.optimize(
+        digits_package, tmp_path / "refit.udp", prune=0.8, calibration=digits["data"], max_accuracy_drop=3.0
+    )
+    plain = unideploy.optimize(
+        digits_package,
+        tmp_path / "plain.udp",
+        prune=0.8,
+        refit=False,
+        calibration=digits["data"],
+        max_accuracy_drop=100.0,
+    )
     with refit, plain:
         effects = refit.manifest.optimizations[-1]["effects"]
         assert 0.8 <= effects["weight_sparsity"] < 0.85  # re-fitting zeroes weights that read dead channels
@@ -105,8 +130,9 @@ def test_magnitude_pruning_reaches_the_sparsity_and_refit_recovers_accuracy(digi
 
 
 def test_channel_pruning_removes_whole_channels(digits_package, digits):
-    with unideploy.optimize(digits_package, prune=0.5, prune_method="channels", calibration=digits["data"],
-                            max_accuracy_drop=3.0) as pkg:
+    with unideploy.optimize(
+        digits_package, prune=0.5, prune_method="channels", calibration=digits["data"], max_accuracy_drop=3.0
+    ) as pkg:
         base = onnx.load(str(pkg.path_of("onnx-fp32")))
         slim = onnx.load(str(pkg.path_of("onnx-slim50")))
         shapes = lambda m: sorted(tuple(i.dims) for i in m.graph.initializer if len(i.dims) == 4)  # noqa: E731
@@ -135,13 +161,20 @@ def test_zip_package_is_updated_in_place(digits_package, digits, tmp_path):
 
 
 def test_export_can_optimize_in_the_same_step(digits, tmp_path):
-    with unideploy.export(digits["model"], tmp_path / "q.udp", input_shapes=["x:1x1x8x8"],
-                          optimization=_request(quantize="fp16", calibration=str(digits["data"]))) as pkg:
+    with unideploy.export(
+        digits["model"],
+        tmp_path / "q.udp",
+        input_shapes=["x:1x1x8x8"],
+        optimization=_request(quantize="fp16", calibration=str(digits["data"])),
+    ) as pkg:
         assert [a.id for a in pkg.manifest.artifacts] == ["onnx-fp32", "onnx-fp16"]
     with pytest.raises(AccuracyBudgetError):
-        unideploy.export(digits["model"], tmp_path / "no.udp", input_shapes=["x:1x1x8x8"],
-                         optimization=_request(prune=0.97, refit=False, calibration=str(digits["data"]),
-                                               max_accuracy_drop=0.1))
+        unideploy.export(
+            digits["model"],
+            tmp_path / "no.udp",
+            input_shapes=["x:1x1x8x8"],
+            optimization=_request(prune=0.97, refit=False, calibration=str(digits["data"]), max_accuracy_drop=0.1),
+        )
     assert not (tmp_path / "no.udp").exists()
 
 

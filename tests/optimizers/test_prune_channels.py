@@ -38,19 +38,31 @@ def _initializer_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
 
 
 def test_residual_depthwise_and_concat_channels_are_cut_together(residual_digits, tmp_path):
-    with unideploy.optimize(residual_digits["package"], tmp_path / "slim.udp", prune=0.25, prune_method="channels",
-                            calibration=residual_digits["data"], max_accuracy_drop=2.0) as pkg:
+    with unideploy.optimize(
+        residual_digits["package"],
+        tmp_path / "slim.udp",
+        prune=0.25,
+        prune_method="channels",
+        calibration=residual_digits["data"],
+        max_accuracy_drop=2.0,
+    ) as pkg:
         record = pkg.manifest.optimizations[-1]
         params = record["passes"][0]["params"]
         assert record["accuracy"]["within_budget"]
         assert params["pruned_convolutions"] == params["convolutions"] == 9 and params["left_whole"] == []
         # the stream: the stem and both projections; each block's expansion (through its
         # depthwise conv); each branch of the concatenation
-        assert sorted((g["layers"], g["channels"], g["kept"]) for g in params["groups"]) == \
-            [(1, 32, 24), (1, 32, 24), (1, 96, 72), (1, 96, 72), (3, 32, 24)]
+        assert sorted((g["layers"], g["channels"], g["kept"]) for g in params["groups"]) == [
+            (1, 32, 24),
+            (1, 32, 24),
+            (1, 96, 72),
+            (1, 96, 72),
+            (3, 32, 24),
+        ]
         slim = onnx.load(str(pkg.path_of("onnx-slim25")))
-        depthwise = [n for n in slim.graph.node
-                     if n.op_type == "Conv" and {a.name: a.i for a in n.attribute}.get("group", 1) > 1]
+        depthwise = [
+            n for n in slim.graph.node if n.op_type == "Conv" and {a.name: a.i for a in n.attribute}.get("group", 1) > 1
+        ]
         shapes = _initializer_shapes(slim)
         assert all(shapes[n.input[1]] == (72, 1, 3, 3) for n in depthwise) and len(depthwise) == 2
         assert shapes[next(n.input[1] for n in slim.graph.node if n.op_type == "Gemm")] == (10, 48 * 16)
@@ -63,8 +75,14 @@ def test_residual_depthwise_and_concat_channels_are_cut_together(residual_digits
 def test_over_budget_the_groups_pruning_hurts_most_stay_whole(residual_digits, tmp_path):
     """Three quarters of every group's channels is more than the network can lose; left whole, the
     residual stream (or whatever loses most) brings it within budget."""
-    with unideploy.optimize(residual_digits["package"], tmp_path / "slim.udp", prune=0.75, prune_method="channels",
-                            calibration=residual_digits["data"], max_accuracy_drop=1.0) as pkg:
+    with unideploy.optimize(
+        residual_digits["package"],
+        tmp_path / "slim.udp",
+        prune=0.75,
+        prune_method="channels",
+        calibration=residual_digits["data"],
+        max_accuracy_drop=1.0,
+    ) as pkg:
         record = pkg.manifest.optimizations[-1]
         params = record["passes"][0]["params"]
         assert record["accuracy"]["within_budget"]
@@ -76,26 +94,40 @@ def test_over_budget_the_groups_pruning_hurts_most_stay_whole(residual_digits, t
 
 def _graph(nodes: list, outputs: list[str], weights: dict[str, np.ndarray]) -> onnx.ModelProto:
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
         [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
-        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )
     return name_nodes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
 
 
 def test_groups_read_by_what_needs_every_channel_stay_whole():
     rng = np.random.default_rng(0)
     w = lambda *shape: rng.normal(size=shape)  # noqa: E731
-    model = _graph([
-        helper.make_node("Conv", ["x", "w1"], ["a"], name="kept_whole_output"),  # also a model output
-        helper.make_node("Conv", ["a", "w2"], ["b"], name="reshaped"),
-        helper.make_node("Reshape", ["b", "shape"], ["c"], name="to_rows"),  # splits the channels
-        helper.make_node("Conv", ["a", "w3"], ["d"], name="grouped_reader"),
-        helper.make_node("Conv", ["d", "w4"], ["e"], name="read_by_grouped", group=2),
-        helper.make_node("Conv", ["a", "w5"], ["f"], name="prunable"),
-        helper.make_node("Relu", ["f"], ["g"]),
-        helper.make_node("Conv", ["g", "w6"], ["h"], name="reader"),
-    ], ["a", "c", "e", "h"], {"w1": w(8, 4, 1, 1), "w2": w(8, 8, 1, 1), "shape": np.array([1, 2, 4, 64]),
-                              "w3": w(8, 8, 1, 1), "w4": w(8, 4, 1, 1), "w5": w(8, 8, 1, 1), "w6": w(2, 8, 1, 1)})
+    model = _graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["a"], name="kept_whole_output"),  # also a model output
+            helper.make_node("Conv", ["a", "w2"], ["b"], name="reshaped"),
+            helper.make_node("Reshape", ["b", "shape"], ["c"], name="to_rows"),  # splits the channels
+            helper.make_node("Conv", ["a", "w3"], ["d"], name="grouped_reader"),
+            helper.make_node("Conv", ["d", "w4"], ["e"], name="read_by_grouped", group=2),
+            helper.make_node("Conv", ["a", "w5"], ["f"], name="prunable"),
+            helper.make_node("Relu", ["f"], ["g"]),
+            helper.make_node("Conv", ["g", "w6"], ["h"], name="reader"),
+        ],
+        ["a", "c", "e", "h"],
+        {
+            "w1": w(8, 4, 1, 1),
+            "w2": w(8, 8, 1, 1),
+            "shape": np.array([1, 2, 4, 64]),
+            "w3": w(8, 8, 1, 1),
+            "w4": w(8, 4, 1, 1),
+            "w5": w(8, 8, 1, 1),
+            "w6": w(2, 8, 1, 1),
+        },
+    )
     model.graph.initializer[2].CopyFrom(numpy_helper.from_array(np.array([1, 2, 4, 64], np.int64), "shape"))
     found = find_groups(model)
     why = {g.producers[0].node.name: g.why_whole for g in found.groups.values()}
@@ -113,8 +145,9 @@ def test_groups_read_by_what_needs_every_channel_stay_whole():
 def test_a_model_without_cuttable_channels_is_refused_before_the_work(torch_models, tmp_path):
     path, shapes = torch_models["attention_traced"]
     unideploy.export(path, tmp_path / "attn.udp", input_shapes=shapes).close()
-    with pytest.raises(InputError, match="no convolution channels can be removed from this model: it has no "
-                                         "convolution") as raised:
+    with pytest.raises(
+        InputError, match="no convolution channels can be removed from this model: it has no convolution"
+    ) as raised:
         unideploy.optimize(tmp_path / "attn.udp", prune=0.5, prune_method="channels", synthetic=True)
     assert "--prune-method magnitude" in raised.value.hint
 

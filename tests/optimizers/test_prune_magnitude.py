@@ -20,10 +20,12 @@ def test_a_small_weight_on_a_large_input_outlives_a_large_weight_on_a_small_one(
     through weights of 1. Raw magnitudes would zero the weights that make the output."""
     weight = np.array([[0.1, -0.1], [0.1, 0.1], [1.0, 1.0], [-1.0, 1.0]], np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="dense")], "wanda",
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="dense")],
+        "wanda",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
-        [numpy_helper.from_array(weight, "w")])
+        [numpy_helper.from_array(weight, "w")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
     rng = np.random.default_rng(0)
     x = np.hstack([rng.normal(100, 5, (64, 2)), rng.normal(0, 0.01, (64, 2))]).astype(np.float32)
@@ -50,8 +52,9 @@ def test_efficientnet_lite0_keeps_its_predictions_with_30_percent_pruned_before_
     source = zoo_models.efficientnet_lite0(tmp_path)
     np.savez(tmp_path / "photos.npz", x=zoo_models.imagenet_photos(32))
     unideploy.export(source, tmp_path / "eff.udp", input_shapes=["x:1x3x224x224"]).close()
-    with unideploy.optimize(tmp_path / "eff.udp", prune=0.3, refit=False, calibration=tmp_path / "photos.npz",
-                            max_accuracy_drop=100.0) as pkg:
+    with unideploy.optimize(
+        tmp_path / "eff.udp", prune=0.3, refit=False, calibration=tmp_path / "photos.npz", max_accuracy_drop=100.0
+    ) as pkg:
         record = pkg.manifest.optimizations[-1]
         assert record["passes"][0]["params"]["achieved_sparsity"] >= 0.3
         assert record["accuracy"]["outputs"]["output"]["top1_agreement"] >= 0.5, record["accuracy"]

@@ -199,11 +199,13 @@ def test_manifest_nested_beyond_reason_is_refused(cnn_package):
 
 def test_zip_bomb_is_refused_before_anything_is_written(cnn_package, tmp_path):
     archive = _zip_dir(cnn_package, tmp_path / "bomb.zip")
-    with zipfile.ZipFile(archive, "a", compression=zipfile.ZIP_DEFLATED) as zf:
-        with zf.open("artifacts/zeros.bin", "w", force_zip64=True) as member:
-            chunk = b"\0" * (64 * 1024 * 1024)
-            for _ in range(17):  # 1.06 GiB of zeros, about 1 MiB compressed
-                member.write(chunk)
+    with (
+        zipfile.ZipFile(archive, "a", compression=zipfile.ZIP_DEFLATED) as zf,
+        zf.open("artifacts/zeros.bin", "w", force_zip64=True) as member,
+    ):
+        chunk = b"\0" * (64 * 1024 * 1024)
+        for _ in range(17):  # 1.06 GiB of zeros, about 1 MiB compressed
+            member.write(chunk)
     with pytest.raises(PackageError, match=r"x its size \(a zip bomb\?\)"):
         Package.open(archive)
 

@@ -11,24 +11,26 @@ import zipfile
 
 import numpy as np
 import pytest
-
 from console import assert_one_line_error, deploy
+
 from unideploy.package.files import digest_path
 
 pytest.importorskip("model_signing", reason="the sign extra is not installed")
-from cryptography import x509  # noqa: E402  (model-signing's own dependency)
-from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
-from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
 def _key_pair(folder, name: str) -> tuple:
     key = ec.generate_private_key(ec.SECP256R1())
     private, public = folder / f"{name}.pem", folder / f"{name}.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return key, private, public
 
 
@@ -55,14 +57,15 @@ def test_signed_package_verifies_and_any_change_is_caught(digits_package, keys, 
     manifest = json.loads((digits_package / "manifest.json").read_text())
     sample = manifest["samples"][0]
     with np.load(digits_package / sample["path"]) as data:
-        arrays = {k: v for k, v in data.items()}
+        arrays = dict(data.items())
     arrays[next(k for k in arrays if k.startswith("outputs/"))] += 1.0
     np.savez(digits_package / sample["path"], **arrays)
     sample["sha256"], sample["size"] = digest_path(digits_package / sample["path"])
     (digits_package / "manifest.json").write_text(json.dumps(manifest))
     assert deploy("inspect", digits_package).returncode == 0  # consistent as far as checksums go
-    assert_one_line_error(deploy("verify", digits_package, "--trusted-key", keys["public"]), 2,
-                          "fails its signature check")
+    assert_one_line_error(
+        deploy("verify", digits_package, "--trusted-key", keys["public"]), 2, "fails its signature check"
+    )
 
 
 def test_a_file_that_is_not_a_private_key_is_refused_and_nothing_is_signed(digits_package, keys):
@@ -88,8 +91,9 @@ def test_zip_package_is_signed_inside_the_archive(digits_package, keys, tmp_path
 
 def test_a_package_derived_from_a_signed_one_is_not_signed_by_it(digits_package, digits, keys, tmp_path):
     assert deploy("sign", digits_package, "--key", keys["private"]).returncode == 0
-    optimized = deploy("optimize", digits_package, "-o", tmp_path / "fp16", "--quantize", "fp16",
-                       "--calibration", digits["data"])
+    optimized = deploy(
+        "optimize", digits_package, "-o", tmp_path / "fp16", "--quantize", "fp16", "--calibration", digits["data"]
+    )
     assert optimized.returncode == 0, optimized.stderr
     assert not (tmp_path / "fp16" / "signature.sig").exists()
     assert_one_line_error(deploy("verify", tmp_path / "fp16", "--trusted-key", keys["public"]), 2, "is not signed")
@@ -97,26 +101,59 @@ def test_a_package_derived_from_a_signed_one_is_not_signed_by_it(digits_package,
 
 def _certificates(folder, key) -> tuple:
     """A root CA and a code-signing certificate it issued for ``key``."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "unideploy test root")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-          .not_valid_after(now + datetime.timedelta(days=30))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                       data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                       crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    leaf = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "release signer")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
-            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                                         crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "release signer")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CODE_SIGNING]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     (folder / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     (folder / "signer-cert.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
     return folder / "ca.pem", folder / "signer-cert.pem"
@@ -144,6 +181,7 @@ def test_server_requiring_signatures_keeps_the_signed_version_when_an_unsigned_o
     try:
         shutil.copytree(digits["package"], repo / "digits" / "2")  # unsigned
         with server.client() as http:
+
             def refused() -> bool:
                 index = http.post("/v2/repository/index", json={}).json()
                 return any(e["version"] == "2" and "not signed" in e["reason"] for e in index)
@@ -152,8 +190,9 @@ def test_server_requiring_signatures_keeps_the_signed_version_when_an_unsigned_o
             assert http.get("/v2/models/digits").json()["versions"] == ["1"]
             with np.load(digits["data"]) as data:
                 rows = data["x"][:2]
-            body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(rows.shape),
-                                "data": rows.ravel().tolist()}]}
+            body = {
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": list(rows.shape), "data": rows.ravel().tolist()}]
+            }
             answer = http.post("/v2/models/digits/infer", json=body)
             assert answer.status_code == 200 and answer.json()["model_version"] == "1"
     finally:

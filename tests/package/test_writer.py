@@ -14,8 +14,13 @@ from unideploy.signature import Signature, TensorSpec
 
 def _manifest(artifact: Artifact, samples) -> Manifest:
     sig = Signature((TensorSpec("x", "float32", ("batch", 2)),), (TensorSpec("y", "float32", ("batch", 2)),))
-    source = {"framework": "onnx", "file_name": "m.onnx", "sha256": artifact.sha256, "exporter": "onnx",
-              "library_versions": {}}
+    source = {
+        "framework": "onnx",
+        "file_name": "m.onnx",
+        "sha256": artifact.sha256,
+        "exporter": "onnx",
+        "library_versions": {},
+    }
     return Manifest(name="m", version="1", source=source, signature=sig, artifacts=[artifact], samples=samples)
 
 
@@ -61,10 +66,9 @@ def test_manifest_that_breaks_the_schema_is_never_written(tmp_path):
 
     blob = tmp_path / "blob.onnx"
     blob.write_bytes(b"x")
-    with pytest.raises(PackageError, match="schema"):
-        with PackageWriter(tmp_path / "pkg") as writer:
-            artifact = writer.add_artifact(blob, Artifact("bad id!", "artifacts/m.onnx", "onnx", "fp32", "", 0, []))
-            writer.commit(_manifest(artifact, []))
+    with pytest.raises(PackageError, match="schema"), PackageWriter(tmp_path / "pkg") as writer:
+        artifact = writer.add_artifact(blob, Artifact("bad id!", "artifacts/m.onnx", "onnx", "fp32", "", 0, []))
+        writer.commit(_manifest(artifact, []))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blob.onnx"]
 
 

@@ -53,8 +53,11 @@ def test_ms_files_need_mindspore_lite_and_say_so(tmp_path):
         RUNTIMES.get("mindspore")(model, SIGNATURE)
 
 
-@pytest.mark.skipif(not HAS_LITE, reason="mindspore_lite cannot be installed here (PyPI has only a Python 3.7 "
-                                         "wheel); the Lite path runs on Ascend/edge images")
+@pytest.mark.skipif(
+    not HAS_LITE,
+    reason="mindspore_lite cannot be installed here (PyPI has only a Python 3.7 "
+    "wheel); the Lite path runs on Ascend/edge images",
+)
 def test_mindspore_lite_runs_mindir(unsupported_mindir):
     with RUNTIMES.get("mindspore")(unsupported_mindir, SIGNATURE) as runtime:
         assert runtime.describe()["engine"] == "mindspore-lite"

@@ -26,11 +26,14 @@ def test_runs_and_describes_itself(engine):
     assert engine.describe()["providers"] == ["CPUExecutionProvider"]
 
 
-@pytest.mark.parametrize("spin, entries", [
-    ("always", {}),
-    ("run", {"session.force_spinning_stop": "1"}),  # spin within a run, sleep between runs
-    ("never", {"session.intra_op.allow_spinning": "0"}),
-])
+@pytest.mark.parametrize(
+    "spin, entries",
+    [
+        ("always", {}),
+        ("run", {"session.force_spinning_stop": "1"}),  # spin within a run, sleep between runs
+        ("never", {"session.intra_op.allow_spinning": "0"}),
+    ],
+)
 def test_spin_policy_reaches_the_session(cnn_package, spin, entries):
     with Package.open(cnn_package) as pkg:
         _, runtime = open_runtime(pkg, options=RuntimeOptions(spin=spin, threads=1))
@@ -46,15 +49,18 @@ def test_spin_policy_reaches_the_session(cnn_package, spin, entries):
         runtime.close()
 
 
-@pytest.mark.parametrize("inputs, message", [
-    ({"y": np.zeros((1, 1, 8, 8), np.float32)}, "unknown input\\(s\\) 'y'.*expects: x"),
-    ({}, "missing input\\(s\\) 'x'"),
-    ({"x": np.zeros((1, 1, 8, 8), np.float64)}, "dtype float64, expected float32"),
-    ({"x": np.zeros((1, 8, 8), np.float32)}, "rank 3 .*expected rank 4"),
-    ({"x": np.zeros((1, 3, 8, 8), np.float32)}, "size 3 on axis 1, expected 1"),
-    ({"x": np.zeros((0, 1, 8, 8), np.float32)}, "is empty"),
-    ({"x": [[[["a"]]]]}, "dtype str32, expected float32"),
-])
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({"y": np.zeros((1, 1, 8, 8), np.float32)}, "unknown input\\(s\\) 'y'.*expects: x"),
+        ({}, "missing input\\(s\\) 'x'"),
+        ({"x": np.zeros((1, 1, 8, 8), np.float64)}, "dtype float64, expected float32"),
+        ({"x": np.zeros((1, 8, 8), np.float32)}, "rank 3 .*expected rank 4"),
+        ({"x": np.zeros((1, 3, 8, 8), np.float32)}, "size 3 on axis 1, expected 1"),
+        ({"x": np.zeros((0, 1, 8, 8), np.float32)}, "is empty"),
+        ({"x": [[[["a"]]]]}, "dtype str32, expected float32"),
+    ],
+)
 def test_bad_inputs_are_refused_before_the_engine(engine, inputs, message):
     with pytest.raises(InputError, match=message):
         engine.run(inputs)
@@ -64,15 +70,19 @@ def test_shared_dynamic_dim_must_agree(torch_models, tmp_path):
     import unideploy
 
     path, shapes = torch_models["tokens_traced"]
-    with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes) as pkg:
-        with pytest.raises(InputError, match="dimension 'seq' is 4 in input 'mask' but 6 in input 'input_ids'"):
-            unideploy.run(pkg, {"input_ids": np.ones((1, 6), np.int64), "mask": np.ones((1, 4), np.float32)})
+    with (
+        unideploy.export(path, tmp_path / "pkg", input_shapes=shapes) as pkg,
+        pytest.raises(InputError, match="dimension 'seq' is 4 in input 'mask' but 6 in input 'input_ids'"),
+    ):
+        unideploy.run(pkg, {"input_ids": np.ones((1, 6), np.int64), "mask": np.ones((1, 4), np.float32)})
 
 
 def test_provider_choice():
     assert choose_providers("cpu", ["CUDAExecutionProvider", "CPUExecutionProvider"]) == ["CPUExecutionProvider"]
     assert choose_providers("auto", ["CUDAExecutionProvider", "CPUExecutionProvider"]) == [
-        "CUDAExecutionProvider", "CPUExecutionProvider"]
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
     assert choose_providers("auto", ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
     with pytest.raises(MissingDependencyError, match="onnxruntime-gpu"):
         choose_providers("gpu", ["CPUExecutionProvider"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from serving import start_server, stop_server
 
 

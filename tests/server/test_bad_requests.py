@@ -44,78 +44,263 @@ REST_CASES = [
     ("input twice", "/v2/models/digits/infer", body(good_input(), good_input()), {}, 400, "given twice"),
     ("unknown datatype", "/v2/models/digits/infer", body(good_input(datatype="FP99")), {}, 400, "unsupported datatype"),
     ("BYTES datatype", "/v2/models/digits/infer", body(good_input(datatype="BYTES")), {}, 400, "unsupported datatype"),
-    ("wrong dtype", "/v2/models/digits/infer", body(good_input(datatype="FP64")), {}, 400, "dtype float64, expected float32"),
+    (
+        "wrong dtype",
+        "/v2/models/digits/infer",
+        body(good_input(datatype="FP64")),
+        {},
+        400,
+        "dtype float64, expected float32",
+    ),
     ("wrong rank", "/v2/models/digits/infer", body(good_input(shape=[2, 64], data=[0.0] * 128)), {}, 400, "rank 2"),
     ("wrong fixed dim", "/v2/models/digits/infer", body(good_input(shape=[2, 2, 8, 4])), {}, 400, "size 2 on axis 1"),
     ("negative dim", "/v2/models/digits/infer", body(good_input(shape=[-2, 1, 8, 8])), {}, 400, "negative dimension"),
     ("shape not ints", "/v2/models/digits/infer", body(good_input(shape=["2", 1, 8, 8])), {}, 400, "invalid shape"),
     ("too few values", "/v2/models/digits/infer", body(good_input(data=[0.0] * 10)), {}, 400, "has 10 values"),
     ("strings as data", "/v2/models/digits/infer", body(good_input(data=["a"] * 128)), {}, 400, "does not hold FP32"),
-    ("no data", "/v2/models/digits/infer", body({"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8]}), {}, 400,
-     "neither 'data' nor"),
+    (
+        "no data",
+        "/v2/models/digits/infer",
+        body({"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8]}),
+        {},
+        400,
+        "neither 'data' nor",
+    ),
     ("empty batch", "/v2/models/digits/infer", body(good_input(shape=[0, 1, 8, 8], data=[])), {}, 400, "is empty"),
-    ("unknown output", "/v2/models/digits/infer", body(good_input(), outputs=[{"name": "logits"}]), {}, 400,
-     "unknown output"),
+    (
+        "unknown output",
+        "/v2/models/digits/infer",
+        body(good_input(), outputs=[{"name": "logits"}]),
+        {},
+        400,
+        "unknown output",
+    ),
     ("bad parameters", "/v2/models/digits/infer", body(good_input(), parameters=[1]), {}, 400, "parameters must be"),
-    ("empty shape numpy cannot hold", "/v2/models/digits/infer",  # found by tests/server/test_fuzz.py
-     body(good_input(datatype="INT64", shape=[0, 1143, 42280, 57619, 414051], data=[])), {}, 400, "cannot have shape"),
-    ("header length not a number", "/v2/models/digits/infer", body(good_input()),
-     {"Inference-Header-Content-Length": "abc"}, 400, "does not fit"),
-    ("header length past the body", "/v2/models/digits/infer", body(good_input()),
-     {"Inference-Header-Content-Length": "999999"}, 400, "does not fit"),
-    ("binary size too big", "/v2/models/digits/infer",
-     *binary_body({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8],
-                               "parameters": {"binary_data_size": len(BLOB) + 4}}]}, BLOB), 400, "does not fit"),
-    ("binary bytes short", "/v2/models/digits/infer",
-     *binary_body({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8],
-                               "parameters": {"binary_data_size": 16}}]}, BLOB[:16]), 400, "needs 512"),
-    ("unclaimed binary bytes", "/v2/models/digits/infer",
-     *binary_body({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8],
-                               "parameters": {"binary_data_size": len(BLOB)}}]}, BLOB + b"extra"), 400,
-     "not claimed by any input"),
+    (
+        "empty shape numpy cannot hold",
+        "/v2/models/digits/infer",  # found by tests/server/test_fuzz.py
+        body(good_input(datatype="INT64", shape=[0, 1143, 42280, 57619, 414051], data=[])),
+        {},
+        400,
+        "cannot have shape",
+    ),
+    (
+        "header length not a number",
+        "/v2/models/digits/infer",
+        body(good_input()),
+        {"Inference-Header-Content-Length": "abc"},
+        400,
+        "does not fit",
+    ),
+    (
+        "header length past the body",
+        "/v2/models/digits/infer",
+        body(good_input()),
+        {"Inference-Header-Content-Length": "999999"},
+        400,
+        "does not fit",
+    ),
+    (
+        "binary size too big",
+        "/v2/models/digits/infer",
+        *binary_body(
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "datatype": "FP32",
+                        "shape": [2, 1, 8, 8],
+                        "parameters": {"binary_data_size": len(BLOB) + 4},
+                    }
+                ]
+            },
+            BLOB,
+        ),
+        400,
+        "does not fit",
+    ),
+    (
+        "binary bytes short",
+        "/v2/models/digits/infer",
+        *binary_body(
+            {
+                "inputs": [
+                    {"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8], "parameters": {"binary_data_size": 16}}
+                ]
+            },
+            BLOB[:16],
+        ),
+        400,
+        "needs 512",
+    ),
+    (
+        "unclaimed binary bytes",
+        "/v2/models/digits/infer",
+        *binary_body(
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "datatype": "FP32",
+                        "shape": [2, 1, 8, 8],
+                        "parameters": {"binary_data_size": len(BLOB)},
+                    }
+                ]
+            },
+            BLOB + b"extra",
+        ),
+        400,
+        "not claimed by any input",
+    ),
     ("oversized body", "/v2/models/digits/infer", b"x" * (1024 * 1024 + 10), {}, 400, "exceeds the limit"),
-    ("shape overflowing int64", "/v2/models/digits/infer",
-     body(good_input(shape=[4611686018427387904, 4, 1, 1], data=[])), {}, 400, "dimension over 2147483647"),
-    ("binary, shape overflowing int64", "/v2/models/digits/infer",
-     *binary_body({"inputs": [{"name": "x", "datatype": "FP32", "shape": [4611686018427387904, 4, 1, 1],
-                               "parameters": {"binary_data_size": 0}}]}, b""), 400, "dimension over"),
-    ("element count wrapping int64 to 0", "/v2/models/digits/infer",
-     body(good_input(shape=[1073741824, 1073741824, 16, 1], data=[])), {}, 400, "has 0 values"),
-    ("binary, element count wrapping int64 to 0", "/v2/models/digits/infer",
-     *binary_body({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1073741824, 1073741824, 16, 1],
-                               "parameters": {"binary_data_size": 0}}]}, b""), 400, "has 0 bytes of data"),
-    ("JSON nested 2000 deep", "/v2/models/digits/infer", b'{"inputs": ' + b"[" * 2000 + b"]" * 2000 + b"}", {}, 400,
-     "not valid JSON"),
-    ("output parameters not an object", "/v2/models/digits/infer",
-     body(good_input(), outputs=[{"name": "output", "parameters": 5}]), {}, 400, "'parameters', if any, an object"),
+    (
+        "shape overflowing int64",
+        "/v2/models/digits/infer",
+        body(good_input(shape=[4611686018427387904, 4, 1, 1], data=[])),
+        {},
+        400,
+        "dimension over 2147483647",
+    ),
+    (
+        "binary, shape overflowing int64",
+        "/v2/models/digits/infer",
+        *binary_body(
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "datatype": "FP32",
+                        "shape": [4611686018427387904, 4, 1, 1],
+                        "parameters": {"binary_data_size": 0},
+                    }
+                ]
+            },
+            b"",
+        ),
+        400,
+        "dimension over",
+    ),
+    (
+        "element count wrapping int64 to 0",
+        "/v2/models/digits/infer",
+        body(good_input(shape=[1073741824, 1073741824, 16, 1], data=[])),
+        {},
+        400,
+        "has 0 values",
+    ),
+    (
+        "binary, element count wrapping int64 to 0",
+        "/v2/models/digits/infer",
+        *binary_body(
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "datatype": "FP32",
+                        "shape": [1073741824, 1073741824, 16, 1],
+                        "parameters": {"binary_data_size": 0},
+                    }
+                ]
+            },
+            b"",
+        ),
+        400,
+        "has 0 bytes of data",
+    ),
+    (
+        "JSON nested 2000 deep",
+        "/v2/models/digits/infer",
+        b'{"inputs": ' + b"[" * 2000 + b"]" * 2000 + b"}",
+        {},
+        400,
+        "not valid JSON",
+    ),
+    (
+        "output parameters not an object",
+        "/v2/models/digits/infer",
+        body(good_input(), outputs=[{"name": "output", "parameters": 5}]),
+        {},
+        400,
+        "'parameters', if any, an object",
+    ),
     ("index nested 2000 deep", "/v2/repository/index", b"[" * 2000 + b"]" * 2000, {}, 400, "not valid JSON"),
-    ("variant name outside Latin-1", "PUT /v2/models/digits/routing",
-     json.dumps({"variants": [{"name": "контроль", "version": "1", "weight": 1}]}).encode(), {}, 400, "variant name"),
-    ("variant name with CR/LF", "PUT /v2/models/digits/routing",
-     json.dumps({"variants": [{"name": "a\r\nSet-Cookie: x", "version": "1", "weight": 1}]}).encode(), {}, 400,
-     "variant name"),
-    ("NaN weight", "PUT /v2/models/digits/routing",
-     b'{"variants": [{"name": "a", "version": "1", "weight": NaN}]}', {}, 400, "not valid JSON"),
-    ("infinite weight", "PUT /v2/models/digits/routing",
-     b'{"variants": [{"name": "a", "version": "1", "weight": 1e999}]}', {}, 400, ""),
-    ("version as a path", "PUT /v2/models/digits/routing",
-     json.dumps({"variants": [{"name": "a", "version": "../../../../etc", "weight": 1}]}).encode(), {}, 400,
-     "must be a version number"),
-    ("shadow version as a path", "PUT /v2/models/digits/routing",
-     json.dumps({"variants": [{"name": "a", "version": "1", "weight": 1}], "shadow": {"version": "/etc"}}).encode(),
-     {}, 400, "must be a version number"),
-    ("rows over --max-request-rows", "/v2/models/digits/infer",
-     body(good_input(shape=[65, 1, 8, 8], data=[0.0] * 65 * 64)), {}, 400,
-     "request of 65 rows exceeds the limit of 64"),
+    (
+        "variant name outside Latin-1",
+        "PUT /v2/models/digits/routing",
+        json.dumps({"variants": [{"name": "контроль", "version": "1", "weight": 1}]}).encode(),
+        {},
+        400,
+        "variant name",
+    ),
+    (
+        "variant name with CR/LF",
+        "PUT /v2/models/digits/routing",
+        json.dumps({"variants": [{"name": "a\r\nSet-Cookie: x", "version": "1", "weight": 1}]}).encode(),
+        {},
+        400,
+        "variant name",
+    ),
+    (
+        "NaN weight",
+        "PUT /v2/models/digits/routing",
+        b'{"variants": [{"name": "a", "version": "1", "weight": NaN}]}',
+        {},
+        400,
+        "not valid JSON",
+    ),
+    (
+        "infinite weight",
+        "PUT /v2/models/digits/routing",
+        b'{"variants": [{"name": "a", "version": "1", "weight": 1e999}]}',
+        {},
+        400,
+        "",
+    ),
+    (
+        "version as a path",
+        "PUT /v2/models/digits/routing",
+        json.dumps({"variants": [{"name": "a", "version": "../../../../etc", "weight": 1}]}).encode(),
+        {},
+        400,
+        "must be a version number",
+    ),
+    (
+        "shadow version as a path",
+        "PUT /v2/models/digits/routing",
+        json.dumps({"variants": [{"name": "a", "version": "1", "weight": 1}], "shadow": {"version": "/etc"}}).encode(),
+        {},
+        400,
+        "must be a version number",
+    ),
+    (
+        "rows over --max-request-rows",
+        "/v2/models/digits/infer",
+        body(good_input(shape=[65, 1, 8, 8], data=[0.0] * 65 * 64)),
+        {},
+        400,
+        "request of 65 rows exceeds the limit of 64",
+    ),
     ("metadata of unknown model", "GET /v2/models/nope", b"", {}, 404, "unknown model"),
     ("ready of unknown version", "GET /v2/models/digits/versions/7/ready", b"", {}, 503, ""),
     ("config of unknown model", "GET /v2/models/nope/config", b"", {}, 404, "unknown model"),
     ("load unknown model", "/v2/repository/models/nope/load", b"", {}, 404, "not in the repository"),
     ("unload unknown model", "/v2/repository/models/nope/unload", b"", {}, 404, "not loaded"),
-    ("bad routing", "PUT /v2/models/digits/routing", json.dumps({"variants": []}).encode(), {}, 400,
-     "non-empty 'variants'"),
-    ("routing to a missing version", "PUT /v2/models/digits/routing",
-     json.dumps({"variants": [{"name": "a", "version": "42", "weight": 1}]}).encode(), {}, 400, "lacks"),
+    (
+        "bad routing",
+        "PUT /v2/models/digits/routing",
+        json.dumps({"variants": []}).encode(),
+        {},
+        400,
+        "non-empty 'variants'",
+    ),
+    (
+        "routing to a missing version",
+        "PUT /v2/models/digits/routing",
+        json.dumps({"variants": [{"name": "a", "version": "42", "weight": 1}]}).encode(),
+        {},
+        400,
+        "lacks",
+    ),
     ("wrong method", "GET /v2/models/digits/infer", b"", {}, 405, ""),
     ("unknown path", "GET /v2/nothing/here", b"", {}, 404, ""),
 ]
@@ -125,8 +310,9 @@ REST_CASES = [
 def small_limit_server(repo, tmp_path_factory):
     from serving import start_server, stop_server
 
-    running = start_server(repo, tmp_path_factory.mktemp("limit"), "--max-request-bytes", str(1024 * 1024),
-                           "--max-request-rows", "64")
+    running = start_server(
+        repo, tmp_path_factory.mktemp("limit"), "--max-request-bytes", str(1024 * 1024), "--max-request-rows", "64"
+    )
     yield running
     stop_server(running)
 
@@ -158,32 +344,77 @@ def _raw(request):
 
 
 GRPC_CASES = [
-    ("empty shape numpy cannot hold", _grpc_request(inputs=lambda r: (  # found by tests/server/test_fuzz.py
-        r.inputs[0].ClearField("shape"), r.inputs[0].shape.extend([0, 1143, 42280, 57619, 414051]),
-        setattr(r.inputs[0], "datatype", "INT64"), r.inputs[0].contents.ClearField("fp32_contents"))),
-     grpc.StatusCode.INVALID_ARGUMENT, "cannot have shape"),
+    (
+        "empty shape numpy cannot hold",
+        _grpc_request(
+            inputs=lambda r: (  # found by tests/server/test_fuzz.py
+                r.inputs[0].ClearField("shape"),
+                r.inputs[0].shape.extend([0, 1143, 42280, 57619, 414051]),
+                setattr(r.inputs[0], "datatype", "INT64"),
+                r.inputs[0].contents.ClearField("fp32_contents"),
+            )
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "cannot have shape",
+    ),
     ("unknown model", _grpc_request(model_name="nope"), grpc.StatusCode.NOT_FOUND, "unknown model"),
     ("unknown version", _grpc_request(model_version="9"), grpc.StatusCode.NOT_FOUND, "no version '9'"),
     ("empty model name", _grpc_request(model_name=""), grpc.StatusCode.INVALID_ARGUMENT, "model_name is empty"),
-    ("no inputs", _grpc_request(inputs=lambda r: r.ClearField("inputs")), grpc.StatusCode.INVALID_ARGUMENT, "no inputs"),
-    ("wrong name", _grpc_request(inputs=lambda r: setattr(r.inputs[0], "name", "image")),
-     grpc.StatusCode.INVALID_ARGUMENT, "unknown input"),
-    ("unknown datatype", _grpc_request(inputs=lambda r: setattr(r.inputs[0], "datatype", "FP99")),
-     grpc.StatusCode.INVALID_ARGUMENT, "unsupported datatype"),
-    ("FP16 in contents", _grpc_request(inputs=lambda r: setattr(r.inputs[0], "datatype", "FP16")),
-     grpc.StatusCode.INVALID_ARGUMENT, "raw_input_contents"),
-    ("wrong count", _grpc_request(inputs=lambda r: r.inputs[0].contents.fp32_contents.append(1.0)),
-     grpc.StatusCode.INVALID_ARGUMENT, "has 129 values"),
-    ("negative dim", _grpc_request(inputs=lambda r: r.inputs[0].shape.__setitem__(0, -2)),
-     grpc.StatusCode.INVALID_ARGUMENT, "negative dimension"),
+    (
+        "no inputs",
+        _grpc_request(inputs=lambda r: r.ClearField("inputs")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "no inputs",
+    ),
+    (
+        "wrong name",
+        _grpc_request(inputs=lambda r: setattr(r.inputs[0], "name", "image")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unknown input",
+    ),
+    (
+        "unknown datatype",
+        _grpc_request(inputs=lambda r: setattr(r.inputs[0], "datatype", "FP99")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unsupported datatype",
+    ),
+    (
+        "FP16 in contents",
+        _grpc_request(inputs=lambda r: setattr(r.inputs[0], "datatype", "FP16")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "raw_input_contents",
+    ),
+    (
+        "wrong count",
+        _grpc_request(inputs=lambda r: r.inputs[0].contents.fp32_contents.append(1.0)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "has 129 values",
+    ),
+    (
+        "negative dim",
+        _grpc_request(inputs=lambda r: r.inputs[0].shape.__setitem__(0, -2)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "negative dimension",
+    ),
     ("raw bytes short", _grpc_request(inputs=_raw), grpc.StatusCode.INVALID_ARGUMENT, "100 bytes"),
-    ("raw count mismatch", _grpc_request(inputs=lambda r: r.raw_input_contents.extend([b"", b""])),
-     grpc.StatusCode.INVALID_ARGUMENT, "2 raw_input_contents for 1 inputs"),
-    ("unknown output", _grpc_request(outputs=lambda r: r.outputs.add(name="logits")),
-     grpc.StatusCode.INVALID_ARGUMENT, "unknown output"),
-    ("shape overflowing int64", _grpc_request(inputs=lambda r: (r.inputs[0].shape.__setitem__(0, 4611686018427387904),
-                                                                 _raw(r))),
-     grpc.StatusCode.INVALID_ARGUMENT, "dimension over"),
+    (
+        "raw count mismatch",
+        _grpc_request(inputs=lambda r: r.raw_input_contents.extend([b"", b""])),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "2 raw_input_contents for 1 inputs",
+    ),
+    (
+        "unknown output",
+        _grpc_request(outputs=lambda r: r.outputs.add(name="logits")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unknown output",
+    ),
+    (
+        "shape overflowing int64",
+        _grpc_request(inputs=lambda r: (r.inputs[0].shape.__setitem__(0, 4611686018427387904), _raw(r))),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "dimension over",
+    ),
 ]
 
 
@@ -210,13 +441,25 @@ def test_grpc_unknown_model_metadata(server):
 ROWS = np.zeros((65, 1, 8, 8), np.float32)
 LIMIT_CASES = [
     # just over --max-request-bytes, gRPC answers as REST does: the size, the limit, the option
-    ("bytes", _grpc_request(inputs=lambda r: r.raw_input_contents.append(b"\0" * (1024 * 1024 + 10))),
-     grpc.StatusCode.RESOURCE_EXHAUSTED, "exceeds the limit of 1048576 bytes (the server's --max-request-bytes)"),
-    ("rows", _grpc_request(inputs=lambda r: (r.inputs[0].ClearField("shape"), r.inputs[0].shape.extend(ROWS.shape),
-                                             r.inputs[0].contents.ClearField("fp32_contents"),
-                                             r.raw_input_contents.append(ROWS.tobytes()))),
-     grpc.StatusCode.INVALID_ARGUMENT, "request of 65 rows exceeds the limit of 64 (send it in smaller batches, "
-                                       "or raise --max-request-rows)"),
+    (
+        "bytes",
+        _grpc_request(inputs=lambda r: r.raw_input_contents.append(b"\0" * (1024 * 1024 + 10))),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "exceeds the limit of 1048576 bytes (the server's --max-request-bytes)",
+    ),
+    (
+        "rows",
+        _grpc_request(
+            inputs=lambda r: (
+                r.inputs[0].ClearField("shape"),
+                r.inputs[0].shape.extend(ROWS.shape),
+                r.inputs[0].contents.ClearField("fp32_contents"),
+                r.raw_input_contents.append(ROWS.tobytes()),
+            )
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "request of 65 rows exceeds the limit of 64 (send it in smaller batches, or raise --max-request-rows)",
+    ),
 ]
 
 

@@ -38,8 +38,9 @@ def test_requests_queued_during_a_run_are_merged_and_split_back():
             batcher = DynamicBatcher(run, pool, max_batch_size=8, max_delay_s=0.001)
             first = asyncio.ensure_future(batcher.submit({"x": np.full((1, 1), 0.0, np.float32)}))
             await asyncio.sleep(0.05)
-            others = [asyncio.ensure_future(batcher.submit({"x": np.full((2, 1), float(i), np.float32)}))
-                      for i in range(1, 4)]
+            others = [
+                asyncio.ensure_future(batcher.submit({"x": np.full((2, 1), float(i), np.float32)})) for i in range(1, 4)
+            ]
             await asyncio.sleep(0.05)
             release.set()
             results = await asyncio.gather(first, *others)
@@ -92,8 +93,9 @@ def test_requests_with_other_shapes_are_not_merged():
     async def scenario():
         with ThreadPoolExecutor(1) as pool:
             batcher = DynamicBatcher(run, pool, max_batch_size=8, max_delay_s=0.05)
-            await asyncio.gather(batcher.submit({"x": np.zeros((1, 3), np.float32)}),
-                                 batcher.submit({"x": np.zeros((1, 4), np.float32)}))
+            await asyncio.gather(
+                batcher.submit({"x": np.zeros((1, 3), np.float32)}), batcher.submit({"x": np.zeros((1, 4), np.float32)})
+            )
             batcher.close()
 
     asyncio.run(scenario())

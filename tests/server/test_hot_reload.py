@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from serving import Load
 
 import unideploy
-from serving import Load
+
 
 def zipped(package: Path, dest: Path) -> Path:
     """The package as a .zip written beside ``dest`` and renamed onto it (atomic, as deployers do)."""
@@ -66,15 +67,17 @@ def test_versions_come_and_go_without_a_failed_request(reload_server, digits, to
     with reload_server.client() as http:
         index = http.post("/v2/repository/index", json={}).json()
         failed = next(e for e in index if e["version"] == "3")
-        assert failed["state"] == "UNAVAILABLE" and "not a package" in failed["reason"] or "zip" in failed["reason"]
+        assert (failed["state"] == "UNAVAILABLE" and "not a package" in failed["reason"]) or "zip" in failed["reason"]
         metrics = http.get("/metrics").text
         assert 'unideploy_model_load_failures_total{model="digits",version="3"} 1.0' in metrics
     # 4. later changes are still picked up: the corrupt file is fixed
     zipped(digits["package"], model_dir / "3.zip")
     with reload_server.client() as http:
         body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 1, 8, 8], "data": x.ravel().tolist()}]}
-        reload_server.wait_for(lambda: http.post("/v2/models/digits/infer", json=body).json()["model_version"] == "3",
-                               what="the fixed version 3")
+        reload_server.wait_for(
+            lambda: http.post("/v2/models/digits/infer", json=body).json()["model_version"] == "3",
+            what="the fixed version 3",
+        )
 
 
 def test_explicit_unload_and_load(reload_server):
@@ -100,11 +103,12 @@ def test_corrupt_replacement_keeps_the_old_files_serving(reload_server, digits):
 def test_model_yaml_chooses_the_artifact_to_serve(digits, tmp_path):
     """Serve the INT8 artifact of a package; a name the package lacks is refused, with the reason."""
     import yaml
-
     from serving import start_server, stop_server
 
     repo = tmp_path / "repo"
-    unideploy.optimize(digits["package"], repo / "digits" / "1", quantize="int8", calibration=str(digits["data"])).close()
+    unideploy.optimize(
+        digits["package"], repo / "digits" / "1", quantize="int8", calibration=str(digits["data"])
+    ).close()
     (repo / "digits" / "model.yaml").write_text(yaml.safe_dump({"artifact": "onnx-int8"}))
     with np.load(digits["data"]) as d:
         x = np.ascontiguousarray(d["x"][:3])
@@ -112,7 +116,9 @@ def test_model_yaml_chooses_the_artifact_to_serve(digits, tmp_path):
     try:
         body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 1, 8, 8], "data": x.ravel().tolist()}]}
         with running.client() as http:
-            served = np.asarray(http.post("/v2/models/digits/infer", json=body).json()["outputs"][0]["data"], np.float32)
+            served = np.asarray(
+                http.post("/v2/models/digits/infer", json=body).json()["outputs"][0]["data"], np.float32
+            )
         expected = unideploy.run(repo / "digits" / "1", {"x": x}, artifact="onnx-int8")["output"]
         np.testing.assert_allclose(served.reshape(expected.shape), expected, rtol=1e-5, atol=1e-5)
         # a setting the package cannot satisfy: version 1 keeps serving under the old one
@@ -135,9 +141,9 @@ def test_model_yaml_chooses_the_artifact_to_serve(digits, tmp_path):
 
 
 def test_version_folders_named_with_non_ascii_digits_are_not_versions(reload_server, digits):
-    """``²`` and ``١`` pass ``str.isdigit()``; as versions they stopped hot reload and collided with 1."""
+    """``²`` and ``١`` pass ``str.isdigit()``; as versions they stopped hot reload and collided with 1."""  # noqa: RUF002
     root = reload_server.repo / "digits"
-    for name in ("²", "١"):
+    for name in ("²", "١"):  # noqa: RUF001 (the Arabic-Indic digit one is the point)
         shutil.copytree(digits["package"], root / name)
     zipped(digits["package"], root / "2.zip")
     deadline = time.monotonic() + 30

@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-
 from serving import DEPLOY, RunningServer, free_port, stop_server
+
 from unideploy.package import Package
 from unideploy.server.kserve import MODEL_DIR, runtime_args, service_name
 
@@ -23,8 +23,9 @@ IMAGE = "registry.example.com/unideploy:0.1"
 
 
 def kserve(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([DEPLOY, "kserve", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "400"})  # paths printed on one line
+    return subprocess.run(
+        [DEPLOY, "kserve", *args], capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "400"}
+    )  # paths printed on one line
 
 
 def typed(data, klass: str):
@@ -55,8 +56,9 @@ def round_trip(path: Path) -> dict:
     from kserve.api_client import ApiClient
 
     document = yaml.safe_load(path.read_text())
-    klass = {"ClusterServingRuntime": "V1alpha1ClusterServingRuntime",
-             "InferenceService": "V1beta1InferenceService"}[document["kind"]]
+    klass = {"ClusterServingRuntime": "V1alpha1ClusterServingRuntime", "InferenceService": "V1beta1InferenceService"}[
+        document["kind"]
+    ]
     assert ApiClient().sanitize_for_serialization(typed(document, klass)) == document
     return document
 
@@ -67,23 +69,48 @@ def kserve_repo(digits, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("kserve-repo")
     for version in ("1", "2"):
         shutil.copytree(digits["package"], root / "digits_cnn" / version)
-    (root / "digits_cnn" / "routing.yaml").write_text(yaml.safe_dump(
-        {"variants": [{"name": "control", "version": 1, "weight": 90},
-                      {"name": "candidate", "version": 2, "weight": 10}]}))
-    (root / "digits_cnn" / "model.yaml").write_text(yaml.safe_dump(
-        {"replicas": {"min": 1, "max": 4, "target_concurrency": 8}}))
+    (root / "digits_cnn" / "routing.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "variants": [
+                    {"name": "control", "version": 1, "weight": 90},
+                    {"name": "candidate", "version": 2, "weight": 10},
+                ]
+            }
+        )
+    )
+    (root / "digits_cnn" / "model.yaml").write_text(
+        yaml.safe_dump({"replicas": {"min": 1, "max": 4, "target_concurrency": 8}})
+    )
     return root
 
 
 def test_manifests_are_kserve_objects(kserve_repo, tmp_path):
     out = tmp_path / "manifests"
-    result = kserve(str(kserve_repo), "--image", IMAGE, "--storage-uri", "s3://bucket/models/", "-o", str(out),
-                    "--namespace", "ml", "--json")
+    result = kserve(
+        str(kserve_repo),
+        "--image",
+        IMAGE,
+        "--storage-uri",
+        "s3://bucket/models/",
+        "-o",
+        str(out),
+        "--namespace",
+        "ml",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["services"] == [{
-        "model": "digits_cnn", "inference_service": "digits-cnn", "storage_uri": "s3://bucket/models/digits_cnn",
-        "file": "digits-cnn.yaml", "canary_file": None, "infer_path": "/v2/models/digits-cnn/infer"}]
+    assert report["services"] == [
+        {
+            "model": "digits_cnn",
+            "inference_service": "digits-cnn",
+            "storage_uri": "s3://bucket/models/digits_cnn",
+            "file": "digits-cnn.yaml",
+            "canary_file": None,
+            "infer_path": "/v2/models/digits-cnn/infer",
+        }
+    ]
     assert sorted(p.name for p in out.iterdir()) == ["digits-cnn.yaml", "servingruntime.yaml"]
 
     runtime = round_trip(out / "servingruntime.yaml")
@@ -97,7 +124,10 @@ def test_manifests_are_kserve_objects(kserve_repo, tmp_path):
     assert container["command"] == ["deploy"] and container["args"] == runtime_args()
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": 8080}
     assert container["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
-    assert container["securityContext"]["runAsNonRoot"] is True and "nvidia.com/gpu" not in container["resources"]["limits"]
+    assert (
+        container["securityContext"]["runAsNonRoot"] is True
+        and "nvidia.com/gpu" not in container["resources"]["limits"]
+    )
 
     service = round_trip(out / "digits-cnn.yaml")
     assert service["metadata"]["name"] == "digits-cnn" and service["metadata"]["namespace"] == "ml"
@@ -113,7 +143,9 @@ def test_manifests_are_kserve_objects(kserve_repo, tmp_path):
 
 def test_gpu_runtime_requests_a_gpu_and_keeps_an_engine_cache(kserve_repo, tmp_path):
     out = tmp_path / "gpu"
-    assert kserve(str(kserve_repo), "--image", IMAGE, "--gpu", "--storage-uri", "gs://b/m", "-o", str(out)).returncode == 0
+    assert (
+        kserve(str(kserve_repo), "--image", IMAGE, "--gpu", "--storage-uri", "gs://b/m", "-o", str(out)).returncode == 0
+    )
     spec = round_trip(out / "servingruntime.yaml")["spec"]
     (container,) = spec["containers"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -126,8 +158,9 @@ def test_gpu_runtime_requests_a_gpu_and_keeps_an_engine_cache(kserve_repo, tmp_p
 
 def test_weighted_split_becomes_a_kserve_canary(kserve_repo, tmp_path):
     out = tmp_path / "canary"
-    result = kserve(str(kserve_repo), "--image", IMAGE, "--storage-uri", "s3://bucket/models", "-o", str(out),
-                    "--routing", "kserve")
+    result = kserve(
+        str(kserve_repo), "--image", IMAGE, "--storage-uri", "s3://bucket/models", "-o", str(out), "--routing", "kserve"
+    )
     assert result.returncode == 0, result.stderr
     assert f"kubectl apply -f {out / 'canary'}" in result.stdout
     stable = round_trip(out / "digits-cnn.yaml")["spec"]["predictor"]
@@ -163,6 +196,7 @@ CRD_DIR = os.environ.get("KSERVE_CRD_DIR")
 def crd_schemas(folder: Path) -> dict[tuple[str, str], dict]:
     """(kind, version) -> the CRD's openAPIV3Schema made strict the way the API server is: fields a
     structural schema does not list are refused, int-or-string fields take either."""
+
     def strict(node):
         if isinstance(node, list):
             return [strict(item) for item in node]
@@ -171,8 +205,11 @@ def crd_schemas(folder: Path) -> dict[tuple[str, str], dict]:
         node = {key: strict(value) for key, value in node.items()}
         if node.get("x-kubernetes-int-or-string"):
             node["type"] = ["integer", "string"]
-        if "properties" in node and "additionalProperties" not in node \
-                and not node.get("x-kubernetes-preserve-unknown-fields"):
+        if (
+            "properties" in node
+            and "additionalProperties" not in node
+            and not node.get("x-kubernetes-preserve-unknown-fields")
+        ):
             node["additionalProperties"] = False
         return node
 
@@ -186,8 +223,11 @@ def crd_schemas(folder: Path) -> dict[tuple[str, str], dict]:
     return schemas
 
 
-@pytest.mark.skipif(not CRD_DIR, reason="KServe's CRDs ship in no PyPI package and tests never download: set "
-                                        "KSERVE_CRD_DIR to a KServe checkout's config/crd/full to run this check")
+@pytest.mark.skipif(
+    not CRD_DIR,
+    reason="KServe's CRDs ship in no PyPI package and tests never download: set "
+    "KSERVE_CRD_DIR to a KServe checkout's config/crd/full to run this check",
+)
 def test_manifests_match_kserve_crd_schemas(kserve_repo, tmp_path):
     import jsonschema
 
@@ -214,7 +254,8 @@ def run_runtime_container(manifests: Path, mnt: Path, service: str, tmp_path: Pa
     args = [swap.get(a, a).replace("{{.Name}}", service) for a in container["args"]]
     assert container["command"] == ["deploy"]
     log = tmp_path / "runtime.log"
-    process = subprocess.Popen([DEPLOY, *args], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    with open(log, "w") as log_file:  # the child keeps its own descriptor
+        process = subprocess.Popen([DEPLOY, *args], stdout=log_file, stderr=subprocess.STDOUT)
     server = RunningServer(mnt, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process, log)
     probe = container["readinessProbe"]["httpGet"]["path"]
 
@@ -234,8 +275,9 @@ def test_runtime_container_serves_what_the_storage_initializer_leaves(kserve_rep
     unpacked by the storage initializer): /mnt/models serves as the InferenceService's name."""
     manifests = tmp_path / "manifests"
     source = kserve_repo if layout == "model-folder" else digits["package"]
-    result = kserve(str(source), "--image", IMAGE, "--storage-uri", "s3://bucket/models", "-o", str(manifests),
-                    "--json")
+    result = kserve(
+        str(source), "--image", IMAGE, "--storage-uri", "s3://bucket/models", "-o", str(manifests), "--json"
+    )
     assert result.returncode == 0, result.stderr
     service = json.loads(result.stdout)["services"][0]["inference_service"]
     assert service == (service_name("digits_cnn") if layout == "model-folder" else "digits")
@@ -248,7 +290,7 @@ def test_runtime_container_serves_what_the_storage_initializer_leaves(kserve_rep
         with server.client() as http:
             metadata = http.get(f"/v2/models/{service}").json()
             assert metadata["versions"] == (["1", "2"] if layout == "model-folder" else ["1"])
-            (name, x), = sample.inputs.items()
+            ((name, x),) = sample.inputs.items()
             body = {"inputs": [{"name": name, "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}
             answer = http.post(f"/v2/models/{service}/infer", json=body)
             assert answer.status_code == 200, answer.text
@@ -262,6 +304,20 @@ def test_runtime_container_serves_what_the_storage_initializer_leaves(kserve_rep
 
 
 def test_model_name_on_a_repository_of_models_is_refused(kserve_repo, tmp_path):
-    result = subprocess.run([DEPLOY, "serve", str(kserve_repo), "--model-name", "x", "--http-port", str(free_port()),
-                             "--grpc-port", str(free_port())], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            DEPLOY,
+            "serve",
+            str(kserve_repo),
+            "--model-name",
+            "x",
+            "--http-port",
+            str(free_port()),
+            "--grpc-port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "holds a repository of models (digits_cnn)" in result.stderr, result.stderr

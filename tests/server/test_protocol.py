@@ -83,6 +83,7 @@ def test_metrics_count_requests(server, images):
         text = http.get("/metrics").text
     assert 'unideploy_requests_total{model="digits",protocol="rest",variant="",version="1"}' in text
     for stage in ("decode", "queue", "compute", "encode", "total"):  # where a request's server time goes
-        assert f'unideploy_request_duration_seconds_count{{model="digits",stage="{stage}",variant="",version="1"}}' \
-            in text, stage
+        assert (
+            f'unideploy_request_duration_seconds_count{{model="digits",stage="{stage}",variant="",version="1"}}' in text
+        ), stage
     assert 'unideploy_model_ready{model="digits",version="1"} 1.0' in text

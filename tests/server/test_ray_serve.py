@@ -10,13 +10,14 @@ import time
 import numpy as np
 import pytest
 import yaml
-
 from serving import Load, ray_replicas, start_server, stop_server
+
 from unideploy.package import Package
 from unideploy.server.config import ModelSettings
 from unideploy.server.ray_serve import deployment_options
 
 pytest.importorskip("ray.serve", reason="the ray extra is not installed")
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +26,16 @@ def ray_server(digits, tmp_path_factory):
     root = tmp_path_factory.mktemp("ray-repo")
     for version in ("1", "2"):
         shutil.copytree(digits["package"], root / "digits" / version)
-    (root / "digits" / "routing.yaml").write_text(yaml.safe_dump(
-        {"variants": [{"name": "control", "version": 1, "weight": 50},
-                      {"name": "candidate", "version": 2, "weight": 50}]}))
+    (root / "digits" / "routing.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "variants": [
+                    {"name": "control", "version": 1, "weight": 50},
+                    {"name": "candidate", "version": 2, "weight": 50},
+                ]
+            }
+        )
+    )
     (root / "digits" / "model.yaml").write_text(yaml.safe_dump({"replicas": 2, "threads": 1}))
     server = start_server(root, root.parent, "--ray", ready_within=240)
     try:
@@ -48,7 +56,7 @@ def test_replicas_and_autoscaling_follow_model_yaml():
 def test_open_inference_protocol_and_routing_through_ray(ray_server, digits):
     with Package.open(digits["package"]) as package:
         sample = package.reference_samples()[-1]
-    (name, x), = sample.inputs.items()
+    ((name, x),) = sample.inputs.items()
     expected = next(iter(sample.outputs.values()))
     body = {"inputs": [{"name": name, "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}
     with ray_server.client() as http:
@@ -81,15 +89,20 @@ def test_a_replica_killed_under_load(ray_server, digits):
         served_before = len(load.results)
         killed = time.monotonic()
         victim.kill()
-        ray_server.wait_for(lambda: len([p for p in ray_replicas("digits") if p.pid != victim.pid]) == 2, timeout=120,
-                            what="a replacement replica")
+        ray_server.wait_for(
+            lambda: len([p for p in ray_replicas("digits") if p.pid != victim.pid]) == 2,
+            timeout=120,
+            what="a replacement replica",
+        )
         recovered = time.monotonic() - killed
         load.more(50)
     finally:
         failed = load.finish()
     after_kill = len(load.results) - served_before
-    print(f"replica killed under load: {len(failed)} of {after_kill} requests failed, "
-          f"a replacement was running {recovered:.1f} s later")
+    print(
+        f"replica killed under load: {len(failed)} of {after_kill} requests failed, "
+        f"a replacement was running {recovered:.1f} s later"
+    )
     assert len(failed) <= 2, failed[:3]  # the requests in flight on the killed replica, if any
     assert all(status == 200 for status, _, _ in load.results[-50:])
 

@@ -16,10 +16,14 @@ def remote(tmp_path):
     fs = fsspec.filesystem("memory")
     root = f"/repo-{tmp_path.name}"
     for path, data in {
-        "digits/1/manifest.json": b"{}", "digits/1/artifacts/model.onnx": b"onnx",
-        "digits/2.zip": b"PK", "digits/model.yaml": b"max_batch_size: 4\n",
-        "digits/README.md": b"not served", "digits/.2.partial/manifest.json": b"hidden",
-        "digits/staging/manifest.json": b"not a version", "notes.txt": b"beside the models",
+        "digits/1/manifest.json": b"{}",
+        "digits/1/artifacts/model.onnx": b"onnx",
+        "digits/2.zip": b"PK",
+        "digits/model.yaml": b"max_batch_size: 4\n",
+        "digits/README.md": b"not served",
+        "digits/.2.partial/manifest.json": b"hidden",
+        "digits/staging/manifest.json": b"not a version",
+        "notes.txt": b"beside the models",
     }.items():
         fs.pipe(f"{root}/{path}", data)
     yield fs, root, RemoteRepository(f"memory://{root}", tmp_path / "mirror")
@@ -33,8 +37,12 @@ def _files(folder):
 def test_only_what_the_server_reads_is_mirrored(remote):
     _, _, repository = remote
     assert repository.sync() == ["digits/1", "digits/2.zip", "digits/model.yaml"]
-    assert _files(repository.mirror) == ["digits/1/artifacts/model.onnx", "digits/1/manifest.json", "digits/2.zip",
-                                         "digits/model.yaml"]
+    assert _files(repository.mirror) == [
+        "digits/1/artifacts/model.onnx",
+        "digits/1/manifest.json",
+        "digits/2.zip",
+        "digits/model.yaml",
+    ]
 
 
 def test_one_model_folder_is_mirrored_under_its_name(remote, tmp_path):
@@ -42,8 +50,12 @@ def test_one_model_folder_is_mirrored_under_its_name(remote, tmp_path):
     _, root, _ = remote
     repository = RemoteRepository(f"memory://{root}/digits", tmp_path / "one", model_name="digits")
     assert repository.sync() == ["digits/1", "digits/2.zip", "digits/model.yaml"]
-    assert _files(repository.mirror) == ["digits/1/artifacts/model.onnx", "digits/1/manifest.json", "digits/2.zip",
-                                         "digits/model.yaml"]
+    assert _files(repository.mirror) == [
+        "digits/1/artifacts/model.onnx",
+        "digits/1/manifest.json",
+        "digits/2.zip",
+        "digits/model.yaml",
+    ]
 
 
 def test_only_what_changed_is_downloaded_again_and_deletions_follow(remote, monkeypatch):
@@ -51,8 +63,9 @@ def test_only_what_changed_is_downloaded_again_and_deletions_follow(remote, monk
     repository.sync()
     fetched = []
     original = repository.fs.get_file
-    monkeypatch.setattr(repository.fs, "get_file",
-                        lambda src, dst, **kw: (fetched.append(src), original(src, dst, **kw)))
+    monkeypatch.setattr(
+        repository.fs, "get_file", lambda src, dst, **kw: (fetched.append(src), original(src, dst, **kw))
+    )
     assert repository.sync() == [] and fetched == []
     fs.pipe(f"{root}/digits/1/artifacts/model.onnx", b"new weights")
     fs.rm(f"{root}/digits/2.zip")

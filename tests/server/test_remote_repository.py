@@ -9,7 +9,6 @@ import subprocess
 
 import numpy as np
 import pytest
-
 from serving import DEPLOY, Load, free_port, start_server, stop_server
 
 pytest.importorskip("s3fs", reason="the remote extra is not installed")
@@ -24,8 +23,12 @@ def s3(tmp_path_factory):
     port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    env = {
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+    }
     fs = fsspec.filesystem("s3", key="test", secret="test", endpoint_url=env["AWS_ENDPOINT_URL"])
     fs.mkdir("models")
     yield env, fs
@@ -77,9 +80,13 @@ def test_versions_uploaded_to_s3_serve_without_a_failed_request(s3, digits, torc
 
 def test_a_missing_bucket_is_refused_before_any_port_opens(s3, tmp_path):
     env, _ = s3
-    result = subprocess.run([DEPLOY, "serve", "s3://no-such-bucket/repo", "--http-port", str(free_port()),
-                             "--grpc-port", str(free_port())], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, **env})
+    result = subprocess.run(
+        [DEPLOY, "serve", "s3://no-such-bucket/repo", "--http-port", str(free_port()), "--grpc-port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "s3://no-such-bucket/repo" in lines[0], result.stderr

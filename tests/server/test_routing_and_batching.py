@@ -22,11 +22,18 @@ def ab_server(digits, tmp_path_factory):
     repo = tmp / "repo"
     for version in ("1", "2", "3"):
         shutil.copytree(digits["package"], repo / "digits" / version)
-    (repo / "digits" / "routing.yaml").write_text(yaml.safe_dump({
-        "variants": [{"name": "control", "version": 1, "weight": 90}, {"name": "candidate", "version": 2, "weight": 10}],
-        "sticky_header": "x-user-id",
-        "shadow": {"version": 3},
-    }))
+    (repo / "digits" / "routing.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "variants": [
+                    {"name": "control", "version": 1, "weight": 90},
+                    {"name": "candidate", "version": 2, "weight": 10},
+                ],
+                "sticky_header": "x-user-id",
+                "shadow": {"version": 3},
+            }
+        )
+    )
     (repo / "digits" / "model.yaml").write_text(yaml.safe_dump({"max_batch_size": 64, "max_queue_delay_ms": 5}))
     running = start_server(repo, tmp)
     yield running
@@ -53,8 +60,12 @@ def test_weighted_split_is_close_to_the_weights(ab_server):
 def test_sticky_keys_never_switch(ab_server):
     with ab_server.client() as http:
         for user in range(40):
-            seen = {http.post("/v2/models/digits/infer", json=_body(), headers={"x-user-id": f"user-{user}"})
-                    .headers["x-unideploy-variant"] for _ in range(5)}
+            seen = {
+                http.post("/v2/models/digits/infer", json=_body(), headers={"x-user-id": f"user-{user}"}).headers[
+                    "x-unideploy-variant"
+                ]
+                for _ in range(5)
+            }
             assert len(seen) == 1, (user, seen)
 
 
@@ -74,8 +85,9 @@ def test_routing_api_changes_the_split(ab_server):
         new = {"variants": [{"name": "candidate", "version": "2", "weight": 1}]}
         assert http.put("/v2/models/digits/routing", json=new).status_code == 200
         assert http.get("/v2/models/digits/routing").json()["variants"][0]["name"] == "candidate"
-        assert {http.post("/v2/models/digits/infer", json=_body()).headers["x-unideploy-variant"] for _ in range(30)} \
-            == {"candidate"}
+        assert {
+            http.post("/v2/models/digits/infer", json=_body()).headers["x-unideploy-variant"] for _ in range(30)
+        } == {"candidate"}
     saved = yaml.safe_load((ab_server.repo / "digits" / "routing.yaml").read_text())
     assert saved["variants"][0]["version"] == "2"
 
@@ -98,6 +110,7 @@ def test_concurrent_requests_are_batched_and_split_back(ab_server):
     np.testing.assert_allclose(np.stack(outputs), expected, rtol=1e-5, atol=1e-6)
     with ab_server.client() as http:
         metrics = http.get("/metrics").text
-    buckets = dict(re.findall(r'unideploy_batch_rows_bucket\{le="([\d.+Inf]+)",model="digits",version="3"\} ([\d.]+)',
-                              metrics))
+    buckets = dict(
+        re.findall(r'unideploy_batch_rows_bucket\{le="([\d.+Inf]+)",model="digits",version="3"\} ([\d.]+)', metrics)
+    )
     assert float(buckets["1.0"]) < float(buckets["+Inf"]), "no runtime call ever merged two requests"

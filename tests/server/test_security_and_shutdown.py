@@ -20,8 +20,11 @@ BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1, 8, 8], "dat
 def token_server(repo, tmp_path_factory):
     from serving import start_server, stop_server
 
-    running = start_server(repo, tmp_path_factory.mktemp("auth"),
-                           env={"UNIDEPLOY_INFERENCE_TOKEN": "infer-secret", "UNIDEPLOY_REPOSITORY_TOKEN": "repo-secret"})
+    running = start_server(
+        repo,
+        tmp_path_factory.mktemp("auth"),
+        env={"UNIDEPLOY_INFERENCE_TOKEN": "infer-secret", "UNIDEPLOY_REPOSITORY_TOKEN": "repo-secret"},
+    )
     yield running
     stop_server(running)
 
@@ -30,9 +33,16 @@ def test_tokens_guard_inference_and_repository_separately(token_server):
     with token_server.client() as http:
         assert http.get("/v2/health/ready").status_code == 200  # probes need no token
         assert http.post("/v2/models/digits/infer", json=BODY).status_code == 401
-        assert http.post("/v2/models/digits/infer", json=BODY, headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert http.post("/v2/models/digits/infer", json=BODY,
-                         headers={"Authorization": "Bearer infer-secret"}).status_code == 200
+        assert (
+            http.post("/v2/models/digits/infer", json=BODY, headers={"Authorization": "Bearer wrong"}).status_code
+            == 401
+        )
+        assert (
+            http.post(
+                "/v2/models/digits/infer", json=BODY, headers={"Authorization": "Bearer infer-secret"}
+            ).status_code
+            == 200
+        )
         assert http.post("/v2/repository/index", headers={"Authorization": "Bearer infer-secret"}).status_code == 401
         assert http.post("/v2/repository/index", headers={"Authorization": "Bearer repo-secret"}).status_code == 200
     with grpc.insecure_channel(token_server.grpc) as channel:
@@ -40,8 +50,11 @@ def test_tokens_guard_inference_and_repository_separately(token_server):
         with pytest.raises(grpc.RpcError) as caught:
             stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="digits"), timeout=30)
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        meta = stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="digits"), timeout=30,
-                                  metadata=[("authorization", "Bearer infer-secret")])
+        meta = stub.ModelMetadata(
+            service_pb2.ModelMetadataRequest(name="digits"),
+            timeout=30,
+            metadata=[("authorization", "Bearer infer-secret")],
+        )
         assert meta.name == "digits"
 
 
@@ -49,9 +62,28 @@ def test_tls_on_both_ports(repo, tmp_path):
     from serving import start_server, stop_server
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     running = start_server(repo, tmp_path, tls=(cert, key))
     try:
         assert running.http.startswith("https://")
@@ -77,6 +109,7 @@ def test_sigterm_drains_in_flight_requests(repo, tmp_path):
                     results.append(http.post("/v2/models/digits/infer", json=BODY).status_code)
                 except httpx.HTTPError:
                     return  # the listener closed: requests after shutdown are refused, not failed
+
     threads = [threading.Thread(target=hammer) for _ in range(4)]
     for t in threads:
         t.start()
@@ -113,8 +146,10 @@ def test_a_body_shorter_than_its_content_length_is_answered_408(repo, tmp_path):
         url = urlparse(running.http)
         started = time.monotonic()
         with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
-            sock.sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 1000\r\n\r\n{\"inputs\": [")
+            sock.sendall(
+                b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"inputs": ['
+            )
             answer = ""
             while "did not arrive" not in answer and time.monotonic() - started < 8:
                 answer += sock.recv(4096).decode()

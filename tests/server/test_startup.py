@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 import yaml
-
 from serving import DEPLOY, free_port
+
 from unideploy.errors import InputError
 from unideploy.server.config import ModelSettings, ServerConfig, model_settings
 
@@ -52,9 +52,14 @@ def test_config_file_settings_and_overrides(tmp_path):
     assert (config.http_port, config.grpc_port, config.workers, config.host) == (9000, 7001, 2, "127.0.0.1")
 
 
-@pytest.mark.parametrize("policy, expected", [
-    ({"latest": 2}, ["3", "4"]), ({"all": True}, ["1", "2", "3", "4"]), ({"specific": [1, 3]}, ["1", "3"]),
-])
+@pytest.mark.parametrize(
+    "policy, expected",
+    [
+        ({"latest": 2}, ["3", "4"]),
+        ({"all": True}, ["1", "2", "3", "4"]),
+        ({"specific": [1, 3]}, ["1", "3"]),
+    ],
+)
 def test_version_policies(tmp_path, policy, expected):
     (tmp_path / "model.yaml").write_text(yaml.safe_dump({"version_policy": policy, "max_batch_size": 4}))
     settings = model_settings(tmp_path)
@@ -69,11 +74,23 @@ def test_model_yaml_sets_spinning_threads_and_delay(tmp_path):
     assert (ModelSettings().spin, ModelSettings().threads, ModelSettings().max_queue_delay_ms) == ("run", None, 0.0)
 
 
-@pytest.mark.parametrize("document", [{"version_policy": {"newest": 1}}, {"version_policy": {"latest": 0}},
-                                      {"version_policy": "latest"}, {"max_batch_size": "many"}, ["not", "a", "map"],
-                                      {"spin": "sometimes"}, {"threads": 0}, {"max_queue_delay_ms": -1},
-                                      {"replicas": 0}, {"replicas": {"min": 3, "max": 2}}, {"replicas": {"maximum": 2}},
-                                      {"replicas": {"max": 2, "target_concurrency": 0}}])
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"version_policy": {"newest": 1}},
+        {"version_policy": {"latest": 0}},
+        {"version_policy": "latest"},
+        {"max_batch_size": "many"},
+        ["not", "a", "map"],
+        {"spin": "sometimes"},
+        {"threads": 0},
+        {"max_queue_delay_ms": -1},
+        {"replicas": 0},
+        {"replicas": {"min": 3, "max": 2}},
+        {"replicas": {"maximum": 2}},
+        {"replicas": {"max": 2, "target_concurrency": 0}},
+    ],
+)
 def test_bad_model_yaml_is_explained(tmp_path, document):
     (tmp_path / "model.yaml").write_text(yaml.safe_dump(document))
     with pytest.raises(InputError, match="model.yaml"):
@@ -90,7 +107,6 @@ def test_model_yaml_sets_replicas(tmp_path):
 
 def test_defaults_without_model_yaml(tmp_path):
     assert model_settings(tmp_path) == ModelSettings()
-
 
 
 def test_accepted_connections_get_tcp_nodelay():
@@ -134,7 +150,6 @@ def test_one_package_as_the_whole_repository_serves_as_kserve_mounts_it(digits, 
     import shutil
 
     import numpy as np
-
     from serving import start_server, stop_server
 
     mnt = tmp_path / "mnt" / "models"

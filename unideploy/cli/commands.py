@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,15 +24,24 @@ def _print_json(data: object) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
-def _optimize_request(args: argparse.Namespace) -> "OptimizeRequest":
+def _optimize_request(args: argparse.Namespace) -> OptimizeRequest:
     from unideploy.optimizers.optimize import OptimizeRequest
 
     return OptimizeRequest(
-        quantize=args.quantize, prune=args.prune, prune_method=args.prune_method, prune_scope=args.prune_scope,
-        refit=not args.no_refit, int8_variant=args.int8_variant, calibration_method=args.calibration_method,
-        quantize_sensitive=args.quantize_sensitive_ops, calibration=args.calibration, validation=args.validation,
-        synthetic=args.synthetic_calibration, max_accuracy_drop=args.max_accuracy_drop,
-        metric=tuple(args.metric or ("auto",)), min_cosine=args.min_cosine,
+        quantize=args.quantize,
+        prune=args.prune,
+        prune_method=args.prune_method,
+        prune_scope=args.prune_scope,
+        refit=not args.no_refit,
+        int8_variant=args.int8_variant,
+        calibration_method=args.calibration_method,
+        quantize_sensitive=args.quantize_sensitive_ops,
+        calibration=args.calibration,
+        validation=args.validation,
+        synthetic=args.synthetic_calibration,
+        max_accuracy_drop=args.max_accuracy_drop,
+        metric=tuple(args.metric or ("auto",)),
+        min_cosine=args.min_cosine,
         artifact=getattr(args, "artifact", None),
     )
 
@@ -56,14 +66,27 @@ def cmd_export(args: argparse.Namespace) -> int:
     gpu_options = (args.trt_precision, args.trt_profile, args.trt_workspace)
     if args.target != "gpu" and any(gpu_options):
         raise InputError("--trt-precision, --trt-profile and --trt-workspace apply to --target gpu only")
-    gpu = GpuRequest(tuple(args.trt_precision or ("fp16",)), args.trt_profile, args.trt_workspace,
-                     args.calibration) if args.target == "gpu" else None
+    gpu = (
+        GpuRequest(tuple(args.trt_precision or ("fp16",)), args.trt_profile, args.trt_workspace, args.calibration)
+        if args.target == "gpu"
+        else None
+    )
     with render.status("exporting") as status:
         path = export_package(
-            args.source, args.output, name=args.name, version=args.model_version, exporter=args.exporter,
-            target=args.target, options=options, atol=args.atol, rtol=args.rtol, overwrite=args.force,
-            optimization=request if request.requested else None, progress=lambda msg: status.update(msg),
-            edge_calibration=args.calibration if args.target == "edge" else None, gpu=gpu,
+            args.source,
+            args.output,
+            name=args.name,
+            version=args.model_version,
+            exporter=args.exporter,
+            target=args.target,
+            options=options,
+            atol=args.atol,
+            rtol=args.rtol,
+            overwrite=args.force,
+            optimization=request if request.requested else None,
+            progress=lambda msg: status.update(msg),
+            edge_calibration=args.calibration if args.target == "edge" else None,
+            gpu=gpu,
         )
     return _show_package(path, args.json, render.export_summary)
 
@@ -72,8 +95,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from unideploy.optimizers.optimize import optimize
 
     with render.status("optimizing") as status:
-        path = optimize(args.package, _optimize_request(args), args.output, args.force,
-                        progress=lambda msg: status.update(msg))
+        path = optimize(
+            args.package, _optimize_request(args), args.output, args.force, progress=lambda msg: status.update(msg)
+        )
     with Package.open(path) as package:
         record = package.manifest.optimizations[-1]
         if args.json:
@@ -111,12 +135,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         out = Path(args.output)
         tmp = out.with_name(f".{out.name}.partial")
         with open(tmp, "wb") as fh:  # write then rename: never a half-written result file
-            np.savez(fh, **outputs)
+            np.savez(fh, **outputs)  # type: ignore[arg-type]  # numpy stub: **arrays read as allow_pickle
         tmp.replace(out)
     if args.json:
-        _print_json({"artifact": artifact.id, "runtime": engine.name,
-                     "outputs": {k: {"dtype": v.dtype.name, "shape": list(v.shape), "data": v.tolist()}
-                                 for k, v in outputs.items()}})
+        _print_json(
+            {
+                "artifact": artifact.id,
+                "runtime": engine.name,
+                "outputs": {
+                    k: {"dtype": v.dtype.name, "shape": list(v.shape), "data": v.tolist()} for k, v in outputs.items()
+                },
+            }
+        )
     else:
         render.run_outputs(artifact.id, engine.name, outputs, args.output)
     return 0
@@ -136,8 +166,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.trusted_key or args.trusted_chain:
         from unideploy.package.signing import TrustedSigners
 
-        signed_by = TrustedSigners(Path(args.trusted_key) if args.trusted_key else None,
-                                   tuple(Path(c) for c in args.trusted_chain))
+        signed_by = TrustedSigners(
+            Path(args.trusted_key) if args.trusted_key else None, tuple(Path(c) for c in args.trusted_chain)
+        )
     with Package.open(args.package) as package:
         if signed_by is not None:
             from unideploy.package.signing import verify_signature
@@ -145,9 +176,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
             verify_signature(package, signed_by)  # before any artifact runs
         checks = verify_package(package, args.runtime, args.device)
         if args.json:
-            _print_json({"package": str(args.package), "integrity": "passed",
-                         "signature": "passed" if signed_by else "not checked",
-                         "artifacts": [c.to_dict() for c in checks]})
+            _print_json(
+                {
+                    "package": str(args.package),
+                    "integrity": "passed",
+                    "signature": "passed" if signed_by else "not checked",
+                    "artifacts": [c.to_dict() for c in checks],
+                }
+            )
         else:
             render.verify(package, checks, signed_by is not None)
     failed = [c.artifact for c in checks if c.status == "failed"]
@@ -193,8 +229,9 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     from unideploy.edge.bundle import build_bundle
 
     with render.status(f"bundling for {args.platform}"):
-        document = build_bundle(args.package, args.platform, args.output, args.force, args.artifact or None,
-                                args.labels, args.namespace)
+        document = build_bundle(
+            args.package, args.platform, args.output, args.force, args.artifact or None, args.labels, args.namespace
+        )
     if args.json:
         _print_json(document)
     else:
@@ -231,8 +268,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_kserve(args: argparse.Namespace) -> int:
     from unideploy.server.kserve import KServeRequest, write_manifests
 
-    request = KServeRequest(Path(args.source), args.image, Path(args.output), args.storage_uri, args.gpu,
-                            args.namespace, args.routing, args.cpu, args.memory, args.force)
+    request = KServeRequest(
+        Path(args.source),
+        args.image,
+        Path(args.output),
+        args.storage_uri,
+        args.gpu,
+        args.namespace,
+        args.routing,
+        args.cpu,
+        args.memory,
+        args.force,
+    )
     runtime, services = write_manifests(request)
     if args.json:
         _print_json({"output": str(request.output), "runtime": runtime, "services": [s.to_dict() for s in services]})
@@ -265,11 +312,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         raise MissingDependencyError(f"the server needs {exc.name}", "pip install 'unideploy[serve]'") from exc
     overrides = {
-        "model_name": args.model_name, "host": args.host, "http_port": args.http_port, "grpc_port": args.grpc_port,
-        "poll_interval_s": args.poll_interval, "max_request_bytes": args.max_request_bytes,
+        "model_name": args.model_name,
+        "host": args.host,
+        "http_port": args.http_port,
+        "grpc_port": args.grpc_port,
+        "poll_interval_s": args.poll_interval,
+        "max_request_bytes": args.max_request_bytes,
         "max_request_rows": args.max_request_rows,
         "tls_cert": Path(args.tls_cert) if args.tls_cert else None,
-        "tls_key": Path(args.tls_key) if args.tls_key else None, "workers": args.workers,
+        "tls_key": Path(args.tls_key) if args.tls_key else None,
+        "workers": args.workers,
         "inference_token": os.environ.get("UNIDEPLOY_INFERENCE_TOKEN") or None,  # empty means unset
         "repository_token": os.environ.get("UNIDEPLOY_REPOSITORY_TOKEN") or None,
         "require_signed": args.require_signed,

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 import unideploy
 from unideploy.errors import UnideployError
@@ -28,24 +28,38 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("export", help="convert a model file into a verified package")
-    p.add_argument("source", help="TorchScript .pt, torch.export .pt2, Keras .keras, .onnx, MindIR .mindir, or a "
-                   "TensorFlow SavedModel directory")
+    p.add_argument(
+        "source",
+        help="TorchScript .pt, torch.export .pt2, Keras .keras, .onnx, MindIR .mindir, or a "
+        "TensorFlow SavedModel directory",
+    )
     p.add_argument("-o", "--output", required=True, help="package directory, or a path ending in .zip")
     p.add_argument("--target", choices=sorted(TARGETS), default="cpu", help="where the package will run (default: cpu)")
     p.add_argument("--name", help="model name (default: the source file name)")
     p.add_argument("--model-version", default="1", help="model version (default: 1)")
     p.add_argument("--exporter", help="exporter to use instead of detecting it from the file")
-    p.add_argument("--input-shape", action="append", default=[], metavar="NAME:DIMS[:DTYPE]",
-                   help="example input shape, repeatable: x:1x3x224x224, ids:1,seq=128:int64 (seq= marks a dynamic dim)")
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        default=[],
+        metavar="NAME:DIMS[:DTYPE]",
+        help="example input shape, repeatable: x:1x3x224x224, ids:1,seq=128:int64 (seq= marks a dynamic dim)",
+    )
     p.add_argument("--example-input", metavar="FILE.npz", help="example inputs by name, used as reference samples")
     p.add_argument("--static-shapes", action="store_true", help="keep every dimension fixed (no dynamic batch)")
     p.add_argument("--signature", help="SavedModel signature to export (default: serving_default)")
-    p.add_argument("--keep-native-only", action="store_true",
-                   help="package a MindIR model as its native artifact alone, without ONNX (for operators "
-                        "the translator does not cover; runs on MindSpore / MindSpore Lite)")
-    p.add_argument("--trust-source", action="store_true",
-                   help="export a model that holds operations reaching outside it (files, Python code: "
-                        "TorchScript aten::from_file, TensorFlow ReadFile/PyFunc, Keras Lambda); see docs/security.md")
+    p.add_argument(
+        "--keep-native-only",
+        action="store_true",
+        help="package a MindIR model as its native artifact alone, without ONNX (for operators "
+        "the translator does not cover; runs on MindSpore / MindSpore Lite)",
+    )
+    p.add_argument(
+        "--trust-source",
+        action="store_true",
+        help="export a model that holds operations reaching outside it (files, Python code: "
+        "TorchScript aten::from_file, TensorFlow ReadFile/PyFunc, Keras Lambda); see docs/security.md",
+    )
     p.add_argument("--opset", type=int, help="ONNX opset for TorchScript exports (default: 17)")
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"absolute tolerance (default: {DEFAULT_ATOL})")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default: {DEFAULT_RTOL})")
@@ -53,12 +67,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     _add_optimize_options(p, required=False)
     g = p.add_argument_group("GPU target (--target gpu)")
-    g.add_argument("--trt-precision", action="append", choices=["fp32", "fp16", "int8"], metavar="PRECISION",
-                   help="TensorRT engine precision, repeatable: fp32, fp16, int8 (default: fp16). int8 uses the "
-                        "symmetric QDQ artifact of --int8-variant symmetric, else calibrates on --calibration")
-    g.add_argument("--trt-profile", action="append", default=[], metavar="NAME:MIN,OPT,MAX",
-                   help="shape range of a dynamic input, repeatable: ids:1x16,8x128,32x512 (default for a dynamic "
-                        "batch alone: 1, 8, 32 rows)")
+    g.add_argument(
+        "--trt-precision",
+        action="append",
+        choices=["fp32", "fp16", "int8"],
+        metavar="PRECISION",
+        help="TensorRT engine precision, repeatable: fp32, fp16, int8 (default: fp16). int8 uses the "
+        "symmetric QDQ artifact of --int8-variant symmetric, else calibrates on --calibration",
+    )
+    g.add_argument(
+        "--trt-profile",
+        action="append",
+        default=[],
+        metavar="NAME:MIN,OPT,MAX",
+        help="shape range of a dynamic input, repeatable: ids:1x16,8x128,32x512 (default for a dynamic "
+        "batch alone: 1, 8, 32 rows)",
+    )
     g.add_argument("--trt-workspace", type=_positive_int, metavar="MIB", help="TensorRT builder workspace limit")
 
     p = sub.add_parser("optimize", help="add a quantized and/or pruned artifact, guarded by an accuracy budget")
@@ -90,17 +114,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sign", help="sign every file of a package (OpenSSF model-signing, offline)")
     p.add_argument("package", help="a package (directory or .zip); signed in place")
     p.add_argument("--key", required=True, metavar="PRIVATE.pem", help="elliptic-curve private key")
-    p.add_argument("--certificate", metavar="CERT.pem", help="the key's signing certificate (certificate-based signing)")
-    p.add_argument("--cert-chain", action="append", default=[], metavar="CA.pem",
-                   help="certificates between the signing certificate and the root, repeatable")
+    p.add_argument(
+        "--certificate", metavar="CERT.pem", help="the key's signing certificate (certificate-based signing)"
+    )
+    p.add_argument(
+        "--cert-chain",
+        action="append",
+        default=[],
+        metavar="CA.pem",
+        help="certificates between the signing certificate and the root, repeatable",
+    )
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("bundle", help="Android or iOS runtime bundle: mobile models, wrapper source, dependency lines")
     p.add_argument("package", help="a package exported with --target edge")
     p.add_argument("--platform", required=True, choices=["android", "ios"])
     p.add_argument("-o", "--output", required=True, metavar="BUNDLE.zip")
-    p.add_argument("--artifact", action="append", default=[], metavar="ID",
-                   help="mobile artifact to include, repeatable (default: every TFLite and .ort artifact)")
+    p.add_argument(
+        "--artifact",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="mobile artifact to include, repeatable (default: every TFLite and .ort artifact)",
+    )
     p.add_argument("--labels", metavar="FILE", help="class labels, one per line in class-index order")
     p.add_argument("--namespace", help="Kotlin package of the Android wrappers (default: ai.unideploy.models.NAME)")
     p.add_argument("--force", action="store_true", help="replace an existing bundle at -o")
@@ -116,46 +152,82 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("serve", help="serve a model repository over REST and gRPC (Open Inference Protocol v2)")
-    p.add_argument("repository", help="REPO/<model>/<version>/ holding packages (directories or .zip): "
-                                      "a folder, or s3://bucket/prefix, gs://...")
-    p.add_argument("--model-name", metavar="NAME",
-                   help="REPO is one model, served as NAME: its <version>/ folders (with model.yaml, routing.yaml) "
-                        "or one package (KServe's runtime passes its InferenceService name)")
+    p.add_argument(
+        "repository",
+        help="REPO/<model>/<version>/ holding packages (directories or .zip): "
+        "a folder, or s3://bucket/prefix, gs://...",
+    )
+    p.add_argument(
+        "--model-name",
+        metavar="NAME",
+        help="REPO is one model, served as NAME: its <version>/ folders (with model.yaml, routing.yaml) "
+        "or one package (KServe's runtime passes its InferenceService name)",
+    )
     p.add_argument("--host", default=None, help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--http-port", type=int, default=None, help="REST port (default: 8000)")
     p.add_argument("--grpc-port", type=int, default=None, help="gRPC port (default: 8001)")
     p.add_argument("--config", metavar="FILE", help="YAML server settings (command-line options win)")
-    p.add_argument("--poll-interval", type=float, default=None, metavar="S",
-                   help="seconds between repository scans for hot reload (default: 2; 0 turns watching off)")
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between repository scans for hot reload (default: 2; 0 turns watching off)",
+    )
     p.add_argument("--max-request-bytes", type=_positive_int, default=None, help="largest request body accepted")
-    p.add_argument("--max-request-rows", type=_positive_int, default=None,
-                   help="most rows (batch dimension) one request may hold (default: 4096)")
+    p.add_argument(
+        "--max-request-rows",
+        type=_positive_int,
+        default=None,
+        help="most rows (batch dimension) one request may hold (default: 4096)",
+    )
     p.add_argument("--tls-cert", help="PEM certificate: serve both ports over TLS (with --tls-key)")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
     p.add_argument("--workers", type=_positive_int, default=None, help="threads running models (default: 4)")
-    p.add_argument("--require-signed", action="store_true", default=None,
-                   help="load only versions signed by --trusted-key or --trusted-chain (others fail to load; "
-                        "the previous version keeps serving)")
+    p.add_argument(
+        "--require-signed",
+        action="store_true",
+        default=None,
+        help="load only versions signed by --trusted-key or --trusted-chain (others fail to load; "
+        "the previous version keeps serving)",
+    )
     _add_trust_options(p)
-    p.add_argument("--ray", action="store_true",
-                   help="run each model as a Ray Serve application (replicas and autoscaling from model.yaml; "
-                        "REST only)")
-    p.add_argument("--ray-address", metavar="ADDRESS",
-                   help="Ray cluster to join (default: $RAY_ADDRESS, else a local one started for this server)")
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="run each model as a Ray Serve application (replicas and autoscaling from model.yaml; REST only)",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="Ray cluster to join (default: $RAY_ADDRESS, else a local one started for this server)",
+    )
 
     p = sub.add_parser("kserve", help="KServe manifests: a serving runtime and an InferenceService per model")
     p.add_argument("source", help="a model repository (REPO/<model>/<version>/) or one package")
-    p.add_argument("--image", required=True, help="the serving image (built from docker/Dockerfile, or "
-                                                  "docker/Dockerfile.gpu with --gpu)")
-    p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder for the manifests (kubectl apply -f DIR)")
-    p.add_argument("--storage-uri", metavar="URI",
-                   help="where SOURCE is uploaded: s3://, gs://, pvc:// (a repository or a package), https:// or "
-                        "oci:// (one package); default pvc://unideploy-models/<SOURCE name>")
+    p.add_argument(
+        "--image",
+        required=True,
+        help="the serving image (built from docker/Dockerfile, or docker/Dockerfile.gpu with --gpu)",
+    )
+    p.add_argument(
+        "-o", "--output", required=True, metavar="DIR", help="folder for the manifests (kubectl apply -f DIR)"
+    )
+    p.add_argument(
+        "--storage-uri",
+        metavar="URI",
+        help="where SOURCE is uploaded: s3://, gs://, pvc:// (a repository or a package), https:// or "
+        "oci:// (one package); default pvc://unideploy-models/<SOURCE name>",
+    )
     p.add_argument("--gpu", action="store_true", help="the GPU runtime: one nvidia.com/gpu and a TensorRT engine cache")
     p.add_argument("--namespace", help="namespace of the InferenceServices (default: kubectl's)")
-    p.add_argument("--routing", choices=["server", "kserve"], default="server",
-                   help="server: routing.yaml routes inside the server (weights, sticky keys, shadow); kserve: a "
-                        "two-version weighted split becomes KServe's canary rollout")
+    p.add_argument(
+        "--routing",
+        choices=["server", "kserve"],
+        default="server",
+        help="server: routing.yaml routes inside the server (weights, sticky keys, shadow); kserve: a "
+        "two-version weighted split becomes KServe's canary rollout",
+    )
     p.add_argument("--cpu", default="1", help="CPU request and limit per replica (default: 1)")
     p.add_argument("--memory", default="2Gi", help="memory request and limit per replica (default: 2Gi)")
     p.add_argument("--force", action="store_true", help="replace an existing DIR")
@@ -168,8 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_trust_options(p: argparse.ArgumentParser, note: str = "") -> None:
     p.add_argument("--trusted-key", metavar="PUBLIC.pem", help="public key a package must be signed with" + note)
-    p.add_argument("--trusted-chain", action="append", default=[], metavar="CA.pem",
-                   help="certificate chain a package's signing certificate must lead to, repeatable" + note)
+    p.add_argument(
+        "--trusted-chain",
+        action="append",
+        default=[],
+        metavar="CA.pem",
+        help="certificate chain a package's signing certificate must lead to, repeatable" + note,
+    )
 
 
 def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
@@ -179,32 +256,63 @@ def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
 
     g = p.add_argument_group("optimization" + ("" if required else " (optional, applied after export)"))
     g.add_argument("--quantize", choices=["int8", "fp16"], help="INT8 (variant picked per model) or FP16")
-    g.add_argument("--prune", type=float, metavar="SPARSITY",
-                   help="magnitude: share of weights zeroed (0.8); channels: share of conv channels removed (0.5)")
+    g.add_argument(
+        "--prune",
+        type=float,
+        metavar="SPARSITY",
+        help="magnitude: share of weights zeroed (0.8); channels: share of conv channels removed (0.5)",
+    )
     g.add_argument("--prune-method", choices=["magnitude", "channels"], default="magnitude")
-    g.add_argument("--prune-scope", choices=SCOPES, default=SCOPES[0],
-                   help="magnitude: the same share pruned in every output row (default), in every layer, "
-                        "or one threshold over all layers")
+    g.add_argument(
+        "--prune-scope",
+        choices=SCOPES,
+        default=SCOPES[0],
+        help="magnitude: the same share pruned in every output row (default), in every layer, "
+        "or one threshold over all layers",
+    )
     g.add_argument("--no-refit", action="store_true", help="do not re-fit pruned layers on calibration data")
-    g.add_argument("--int8-variant", choices=["auto", "static", "dynamic", "symmetric"], default="auto",
-                   help="static (QDQ, uint8 activations), dynamic (MatMul weights), symmetric (QDQ for TensorRT); "
-                        "auto picks between static and dynamic")
+    g.add_argument(
+        "--int8-variant",
+        choices=["auto", "static", "dynamic", "symmetric"],
+        default="auto",
+        help="static (QDQ, uint8 activations), dynamic (MatMul weights), symmetric (QDQ for TensorRT); "
+        "auto picks between static and dynamic",
+    )
     g.add_argument("--calibration-method", choices=["minmax", "entropy", "percentile"], default="minmax")
-    g.add_argument("--quantize-sensitive-ops", action="store_true",
-                   help="also quantize LayerNorm/Softmax/GELU/... (kept in float by default)")
+    g.add_argument(
+        "--quantize-sensitive-ops",
+        action="store_true",
+        help="also quantize LayerNorm/Softmax/GELU/... (kept in float by default)",
+    )
     g.add_argument("--calibration", metavar="DATA", help=".npz of named inputs (+ optional 'labels') or a directory")
     g.add_argument("--validation", metavar="DATA", help="separate validation data (default: half of --calibration)")
-    g.add_argument("--synthetic-calibration", action="store_true",
-                   help="accept random inputs when there is no data (accuracy cannot be judged)")
-    g.add_argument("--max-accuracy-drop", type=float, default=DEFAULT_BUDGET_POINTS, metavar="POINTS",
-                   help=f"budget in percentage points (default: {DEFAULT_BUDGET_POINTS})")
-    g.add_argument("--metric", action="append", metavar="[OUTPUT=]NAME",
-                   help=f"how outputs are judged, repeatable: {', '.join(METRICS)} (for every output, or OUTPUT=NAME "
-                        "for one); auto (default) picks per output: top1 for class scores (accuracy with labels), "
-                        "cosine for embeddings, detection for YOLO-style detector heads, "
-                        "relerr for boxes/maps/regression")
-    g.add_argument("--min-cosine", type=float, metavar="C",
-                   help="budget of cosine-judged outputs: mean cosine to fp32 at least C (default 1 - budget/100)")
+    g.add_argument(
+        "--synthetic-calibration",
+        action="store_true",
+        help="accept random inputs when there is no data (accuracy cannot be judged)",
+    )
+    g.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        default=DEFAULT_BUDGET_POINTS,
+        metavar="POINTS",
+        help=f"budget in percentage points (default: {DEFAULT_BUDGET_POINTS})",
+    )
+    g.add_argument(
+        "--metric",
+        action="append",
+        metavar="[OUTPUT=]NAME",
+        help=f"how outputs are judged, repeatable: {', '.join(METRICS)} (for every output, or OUTPUT=NAME "
+        "for one); auto (default) picks per output: top1 for class scores (accuracy with labels), "
+        "cosine for embeddings, detection for YOLO-style detector heads, "
+        "relerr for boxes/maps/regression",
+    )
+    g.add_argument(
+        "--min-cosine",
+        type=float,
+        metavar="C",
+        help="budget of cosine-judged outputs: mean cosine to fp32 at least C (default 1 - budget/100)",
+    )
 
 
 def _add_runtime_options(p: argparse.ArgumentParser) -> None:
@@ -214,8 +322,12 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--artifact", help="artifact id to run (default: the first the runtime can run)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
     p.add_argument("--target", choices=sorted(TARGETS), help="only use runtimes that serve this target")
-    p.add_argument("--engine-cache", metavar="DIR", help="where TensorRT engines built here are kept "
-                   "(default: $UNIDEPLOY_ENGINE_CACHE, else ~/.cache/unideploy/engines)")
+    p.add_argument(
+        "--engine-cache",
+        metavar="DIR",
+        help="where TensorRT engines built here are kept "
+        "(default: $UNIDEPLOY_ENGINE_CACHE, else ~/.cache/unideploy/engines)",
+    )
 
 
 def _positive_int(text: str) -> int:

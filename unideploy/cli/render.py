@@ -5,8 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.console import Console
@@ -39,8 +40,14 @@ def status(message: str) -> Iterator[Status]:
 
 @contextlib.contextmanager
 def progress(description: str, total: int) -> Iterator[Tick]:
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
         task = bar.add_task(description, total=total)
         yield lambda done, _total: bar.update(task, completed=done)
 
@@ -77,12 +84,21 @@ def _artifact_table(package: Package) -> Table:
             where = f" (batch {', '.join(map(str, record['batch_sizes']))})"
         else:
             verdict, worst, tol, where = "not validated", 0.0, "", ""
-        table.add_row(a.id, a.format, a.precision, _size(a.size), ", ".join(a.runtimes), verdict + where,
-                      "" if worst is None else _fmt(worst), tol)
+        table.add_row(
+            a.id,
+            a.format,
+            a.precision,
+            _size(a.size),
+            ", ".join(a.runtimes),
+            verdict + where,
+            "" if worst is None else _fmt(worst),
+            tol,
+        )
     return table
 
 
-def _size(n: int) -> str:
+def _size(size: int) -> str:
+    n = float(size)
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -92,8 +108,10 @@ def _size(n: int) -> str:
 
 def export_summary(package: Package) -> None:
     m = package.manifest
-    out.print(f"[bold green]Exported[/] {m.name}:{m.version} -> {escape(str(package.origin))}  "
-              f"({m.source['exporter']} via {escape(m.source['conversion_path'])})")
+    out.print(
+        f"[bold green]Exported[/] {m.name}:{m.version} -> {escape(str(package.origin))}  "
+        f"({m.source['exporter']} via {escape(m.source['conversion_path'])})"
+    )
     out.print(_signature_table(package))
     out.print(_artifact_table(package))
     _omitted(package)
@@ -110,8 +128,10 @@ def inspect(package: Package) -> None:
     out.print(f"[bold]{m.name}[/] version {m.version}  (package format 1, created {m.created_at})")
     src = m.source
     libs = ", ".join(f"{k} {v}" for k, v in src["library_versions"].items())
-    out.print(f"source: {escape(src['file_name'])} ({src['framework']}, sha256 {src['sha256'][:12]}...), "
-              f"exported by {src['exporter']} via {escape(src.get('conversion_path', '?'))}")
+    out.print(
+        f"source: {escape(src['file_name'])} ({src['framework']}, sha256 {src['sha256'][:12]}...), "
+        f"exported by {src['exporter']} via {escape(src.get('conversion_path', '?'))}"
+    )
     out.print(f"libraries: {libs}")
     out.print(_signature_table(package))
     out.print(_artifact_table(package))
@@ -157,33 +177,46 @@ def verify(package: Package, checks: list[ArtifactCheck], signature_checked: boo
 
 def bundle(path: Path, document: dict[str, Any]) -> None:
     model = document["model"]
-    out.print(f"wrote [bold]{escape(str(path))}[/] ({document['platform']}) for {escape(model['name'])}:{model['version']}")
+    out.print(
+        f"wrote [bold]{escape(str(path))}[/] ({document['platform']}) for {escape(model['name'])}:{model['version']}"
+    )
     table = Table(title="Models", title_justify="left")
     for col in ("artifact", "runtime", "precision", "bytes", "max abs err"):
         table.add_column(col)
     for m in document["models"]:
-        table.add_row(m["artifact"], m["runtime"], m["precision"], f"{m['size']:,}",
-                      "" if m["max_abs_error"] is None else _fmt(m["max_abs_error"]))
+        table.add_row(
+            m["artifact"],
+            m["runtime"],
+            m["precision"],
+            f"{m['size']:,}",
+            "" if m["max_abs_error"] is None else _fmt(m["max_abs_error"]),
+        )
     out.print(table)
     out.print("sources: " + ", ".join(escape(c["path"]) for c in document["code"]))
 
 
-def kserve(path: Path, runtime: str, services: list["ServiceEntry"]) -> None:
-    out.print(f"wrote [bold]{escape(str(path))}[/]: the serving runtime ({runtime}) and {len(services)} "
-              "InferenceService(s)")
+def kserve(path: Path, runtime: str, services: list[ServiceEntry]) -> None:
+    out.print(
+        f"wrote [bold]{escape(str(path))}[/]: the serving runtime ({runtime}) and {len(services)} InferenceService(s)"
+    )
     table = Table(title="InferenceServices", title_justify="left")
     for col in ("model", "service", "storageUri", "infer path", "canary"):
         table.add_column(col)
     for s in services:
-        table.add_row(escape(s.model), s.service, escape(s.storage_uri), f"/v2/models/{s.service}/infer",
-                      escape(s.canary) if s.canary else "")
+        table.add_row(
+            escape(s.model),
+            s.service,
+            escape(s.storage_uri),
+            f"/v2/models/{s.service}/infer",
+            escape(s.canary) if s.canary else "",
+        )
     out.print(table)
     out.print(f"apply: kubectl apply -f {escape(str(path))}")
     if any(s.canary for s in services):
         out.print(f"then, once the services are ready: kubectl apply -f {escape(str(path / 'canary'))}")
 
 
-def bundle_verify(path: str, report: "BundleReport") -> None:
+def bundle_verify(path: str, report: BundleReport) -> None:
     out.print(f"integrity of {escape(str(path))}: [green]passed[/] (bundle.json and package checksums)")
     table = Table(title="Models against the reference outputs", title_justify="left")
     for col in ("artifact", "runtime", "result", "detail"):
@@ -194,8 +227,8 @@ def bundle_verify(path: str, report: "BundleReport") -> None:
     table = Table(title="Generated source", title_justify="left")
     for col in ("file", "language", "result", "detail"):
         table.add_column(col)
-    for c in report.code:
-        table.add_row(escape(c.path), c.language, _status(c.status), escape(c.detail or ""))
+    for code in report.code:
+        table.add_row(escape(code.path), code.language, _status(code.status), escape(code.detail or ""))
     out.print(table)
 
 
@@ -203,8 +236,18 @@ def _status(status: str) -> str:
     return f"[{ {'passed': 'green', 'failed': 'red', 'skipped': 'yellow'}[status] }]{status}[/]"
 
 
-_BENCH_SHOWN = {"latency_ms", "artifact", "runtime", "providers", "batch_size", "iterations", "throughput_per_s",
-                "package", "threads", "warmup"}
+_BENCH_SHOWN = {
+    "latency_ms",
+    "artifact",
+    "runtime",
+    "providers",
+    "batch_size",
+    "iterations",
+    "throughput_per_s",
+    "package",
+    "threads",
+    "warmup",
+}
 
 
 def bench(result: dict[str, Any]) -> None:
@@ -213,8 +256,15 @@ def bench(result: dict[str, Any]) -> None:
     table = Table(title=f"{result['artifact']} on {result['runtime']} ({where})", title_justify="left")
     for col in ("batch", "runs", "p50 ms", "p90 ms", "p99 ms", "mean ms", "throughput /s"):
         table.add_column(col, justify="right")
-    table.add_row(str(result["batch_size"]), str(result["iterations"]), f"{lat['p50']:.3f}", f"{lat['p90']:.3f}",
-                  f"{lat['p99']:.3f}", f"{lat['mean']:.3f}", f"{result['throughput_per_s']:.1f}")
+    table.add_row(
+        str(result["batch_size"]),
+        str(result["iterations"]),
+        f"{lat['p50']:.3f}",
+        f"{lat['p90']:.3f}",
+        f"{lat['p99']:.3f}",
+        f"{lat['mean']:.3f}",
+        f"{result['throughput_per_s']:.1f}",
+    )
     out.print(table)
     for key, value in result.items():  # engine details (TensorRT: precision, profiles, where the engine came from)
         if key not in _BENCH_SHOWN:
@@ -227,19 +277,25 @@ def doctor(machine: str, findings: list[Finding]) -> None:
     for col in ("kind", "name", "status", "detail", "fix"):
         table.add_column(col)
     for f in findings:
-        table.add_row(f.kind, f.name, "[green]ok[/]" if f.ok else "[red]unavailable[/]", escape(f.detail), escape(f.fix or ""))
+        table.add_row(
+            f.kind, f.name, "[green]ok[/]" if f.ok else "[red]unavailable[/]", escape(f.detail), escape(f.fix or "")
+        )
     out.print(table)
 
 
 def _some(names: list[str]) -> str:
-    return ", ".join(names[:SHOWN_LAYERS]) + (f" and {len(names) - SHOWN_LAYERS} more" if len(names) > SHOWN_LAYERS else "")
+    return ", ".join(names[:SHOWN_LAYERS]) + (
+        f" and {len(names) - SHOWN_LAYERS} more" if len(names) > SHOWN_LAYERS else ""
+    )
 
 
 def _channel_report(params: dict[str, Any]) -> None:
     """How much of the network channel pruning could cut, and why the rest was left whole."""
     coupled = sum(1 for g in params["groups"] if g["layers"] > 1)
-    out.print(f"  cut channels from {params['pruned_convolutions']} of {params['convolutions']} convolutions "
-              f"({len(params['groups'])} groups of coupled channels, {coupled} of them shared by several layers)")
+    out.print(
+        f"  cut channels from {params['pruned_convolutions']} of {params['convolutions']} convolutions "
+        f"({len(params['groups'])} groups of coupled channels, {coupled} of them shared by several layers)"
+    )
     reasons: dict[str, list[str]] = {}
     for group in params["left_whole"]:
         reasons.setdefault(group["why"], []).extend(group["layers"])
@@ -247,10 +303,26 @@ def _channel_report(params: dict[str, Any]) -> None:
         out.print(f"  left whole: {escape(_some(layers))}: {escape(why)}")
 
 
+def _metric_detail(o: dict[str, Any]) -> str:
+    """What an output's metric measured, in words."""
+    metric = o["metric"]
+    if metric == "accuracy":
+        return f"accuracy {o['accuracy_fp32']:.4f} -> {o['accuracy']:.4f}"
+    if metric == "cosine":
+        return f"cosine mean {o['cosine_mean']:.5f}, worst {o['cosine_min']:.5f}"
+    if metric == "top1":
+        return f"top-1 agreement {o['top1_agreement']:.4f}"
+    if metric == "detection":
+        return f"{o['detections_matched']} of {o['detections_fp32']} detections kept, {o['detections']} found"
+    return f"relative error {o['relative_error']:.4g}"
+
+
 def optimization(package: Package, record: dict[str, Any]) -> None:
     acc, eff = record["accuracy"], record["effects"]
-    out.print(f"[bold green]Added[/] {record['artifact']} to {escape(str(package.origin))} "
-              f"(from {record['derived_from']}: {escape(record['name'])})")
+    out.print(
+        f"[bold green]Added[/] {record['artifact']} to {escape(str(package.origin))} "
+        f"(from {record['derived_from']}: {escape(record['name'])})"
+    )
     for step in record["passes"]:
         params = step["params"]
         if params.get("why"):
@@ -261,8 +333,10 @@ def optimization(package: Package, record: dict[str, Any]) -> None:
         restored = params.get("fp32_layers") or params.get("dense_layers") or params.get("whole_groups")
         names = [layer["node"] for layer in restored or [] if "sqnr_loss_db" in layer]  # those the search kept
         if names and "ranked_layers" in search:
-            out.print(f"  left {len(names)} of {search['ranked_layers']} {search.get('units', 'layers')} "
-                      f"{search['restored_as']}, the most sensitive first: {escape(_some(names))}")
+            out.print(
+                f"  left {len(names)} of {search['ranked_layers']} {search.get('units', 'layers')} "
+                f"{search['restored_as']}, the most sensitive first: {escape(_some(names))}"
+            )
             out.print(f"  their cost: {search['cost']}")
         elif search.get("skipped"):
             out.print(f"  [yellow]no sensitivity search[/]: {escape(search['skipped'])}")
@@ -272,14 +346,14 @@ def optimization(package: Package, record: dict[str, Any]) -> None:
     for col in ("output", "metric", "drop (points)", "budget", "verdict", "detail"):
         table.add_column(col)
     for name, o in acc["outputs"].items():
-        detail = {"accuracy": lambda: f"accuracy {o['accuracy_fp32']:.4f} -> {o['accuracy']:.4f}",
-                  "cosine": lambda: f"cosine mean {o['cosine_mean']:.5f}, worst {o['cosine_min']:.5f}",
-                  "top1": lambda: f"top-1 agreement {o['top1_agreement']:.4f}",
-                  "detection": lambda: f"{o['detections_matched']} of {o['detections_fp32']} detections kept, "
-                                       f"{o['detections']} found",
-                  "relerr": lambda: f"relative error {o['relative_error']:.4g}"}[o["metric"]]()
-        table.add_row(escape(name), o["metric"], f"{o['drop_points']:.2f}", f"{o['budget_points']:g}",
-                      "[green]within[/]" if o["within_budget"] else "[red]over[/]", detail)
+        table.add_row(
+            escape(name),
+            o["metric"],
+            f"{o['drop_points']:.2f}",
+            f"{o['budget_points']:g}",
+            "[green]within[/]" if o["within_budget"] else "[red]over[/]",
+            _metric_detail(o),
+        )
     out.print(table)
     for name, o in acc["outputs"].items():
         out.print(f"  judged '{escape(name)}' by {o['metric']}: {escape(o['why'])}")
@@ -287,10 +361,16 @@ def optimization(package: Package, record: dict[str, Any]) -> None:
     table = Table(title="Effects", title_justify="left")
     for col in ("size", "size vs fp32", "gzip vs fp32", "weight sparsity", "latency fp32 -> optimized (ms)"):
         table.add_column(col)
-    lat = ", ".join(f"b{b}: {v['fp32']:.3f} -> {v['optimized']:.3f} ({v['speedup']:.2f}x)"
-                    for b, v in eff["latency_ms"].items())
-    table.add_row(_size(eff["size_bytes"]), f"{eff['size_ratio']:.0%}", f"{eff['gzip_ratio']:.0%}",
-                  f"{eff['weight_sparsity']:.0%}", lat)
+    lat = ", ".join(
+        f"b{b}: {v['fp32']:.3f} -> {v['optimized']:.3f} ({v['speedup']:.2f}x)" for b, v in eff["latency_ms"].items()
+    )
+    table.add_row(
+        _size(eff["size_bytes"]),
+        f"{eff['size_ratio']:.0%}",
+        f"{eff['gzip_ratio']:.0%}",
+        f"{eff['weight_sparsity']:.0%}",
+        lat,
+    )
     out.print(table)
     for note in record.get("notes", []):
         out.print(f"[yellow]note:[/] {escape(note)}")

@@ -16,16 +16,25 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from unideploy.edge.tflite import (
-    TFLITE_INT8, fixed_signature, onnx_to_saved_model, saved_model_to_tflite, tflite_signature,
+    TFLITE_INT8,
+    fixed_signature,
+    onnx_to_saved_model,
+    saved_model_to_tflite,
+    tflite_signature,
 )
 from unideploy.errors import (
-    AccuracyBudgetError, ExportError, MissingDependencyError, RuntimeFailure, UnideployError, ValidationError,
+    AccuracyBudgetError,
+    ExportError,
+    MissingDependencyError,
+    RuntimeFailure,
+    UnideployError,
+    ValidationError,
     first_line,
 )
 from unideploy.exporters.onnx_io import copy_model
@@ -34,7 +43,12 @@ from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.signature import CHANNELS_LAST, Signature, to_channels_last
 from unideploy.validation import (
-    DEFAULT_ATOL, DEFAULT_RTOL, fitted, measured_tolerance_record, require_passed, validate,
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    fitted,
+    measured_tolerance_record,
+    require_passed,
+    validate,
 )
 
 Progress = Callable[[str], None]
@@ -45,9 +59,20 @@ def _to_ort(onnx_path: Path, workdir: Path) -> tuple[Path, Path]:
     source.mkdir()
     copy_model(onnx_path, source / "model.onnx")
     out = workdir / "ort"
-    result = subprocess.run([sys.executable, "-m", "onnxruntime.tools.convert_onnx_models_to_ort", str(source),
-                             "--output_dir", str(out), "--optimization_style", "Runtime"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "onnxruntime.tools.convert_onnx_models_to_ort",
+            str(source),
+            "--output_dir",
+            str(out),
+            "--optimization_style",
+            "Runtime",
+        ],
+        capture_output=True,
+        text=True,
+    )
     models = list(out.glob("*.ort")) if out.exists() else []
     configs = list(out.glob("*.config")) if out.exists() else []
     if result.returncode != 0 or len(models) != 1 or len(configs) != 1:
@@ -60,12 +85,15 @@ def _calibration_batches(path: str | Path, source: Signature, model: Signature) 
     from unideploy.optimizers.data import load_dataset
 
     layouts = {t.name: t.layout for t in model.inputs}
-    return [{k: to_channels_last(v) if layouts.get(k) == CHANNELS_LAST else v for k, v in batch.items()}
-            for batch in load_dataset(path, source).batches()]
+    return [
+        {k: to_channels_last(v) if layouts.get(k) == CHANNELS_LAST else v for k, v in batch.items()}
+        for batch in load_dataset(path, source).batches()
+    ]
 
 
-def _guard_data(package: Package, base: Artifact | None, calibration: str | Path | None,
-                references: list) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], np.ndarray | None]:
+def _guard_data(
+    package: Package, base: Artifact | None, calibration: str | Path | None, references: list
+) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], np.ndarray | None]:
     """What the accuracy guard judges edge artifacts on: the user's data (with its labels) against the
     fp32 ONNX artifact's outputs, or else the package's reference samples against the source's."""
     from unideploy.optimizers.data import load_dataset
@@ -83,8 +111,14 @@ def _shapes(signature: Signature) -> str:
     return ", ".join(f"{t.name} {t.shape_text()}" for t in signature.inputs)
 
 
-def _onnx2tf(onnx_path: Path, work: Path, signature: Signature, sample: dict[str, np.ndarray],
-             say: Progress, folded_only: bool = False) -> tuple[Path, Signature | None, bool]:
+def _onnx2tf(
+    onnx_path: Path,
+    work: Path,
+    signature: Signature,
+    sample: dict[str, np.ndarray],
+    say: Progress,
+    folded_only: bool = False,
+) -> tuple[Path, Signature | None, bool]:
     """A SavedModel from onnx2tf, the input sizes it was made at (None: the package's), and
     whether constants were folded first.
 
@@ -94,14 +128,18 @@ def _onnx2tf(onnx_path: Path, work: Path, signature: Signature, sample: dict[str
     that last try alone, for a model whose unfolded conversion ran wrong."""
     fixed = fixed_signature(signature, sample)  # dynamic non-batch dims: converted at the sample's sizes
     pinned = fixed_signature(signature, sample, batch_too=True)
-    attempts = [] if folded_only else \
-        [(fixed, False)] + ([(pinned, False)] if fixed is None and pinned is not None else [])
+    attempts = (
+        [] if folded_only else [(fixed, False)] + ([(pinned, False)] if fixed is None and pinned is not None else [])
+    )
     attempts.append((pinned or fixed, True))
     failures: list[ExportError] = []
     for shapes, folded in attempts:
         how = (" with constants folded" if folded else "") + (f" at {_shapes(shapes)}" if shapes else "")
-        say(f"onnx2tf failed ({failures[-1].message}): converting again{how}" if failures
-            else f"converting ONNX to TensorFlow with onnx2tf{how}")
+        say(
+            f"onnx2tf failed ({failures[-1].message}): converting again{how}"
+            if failures
+            else f"converting ONNX to TensorFlow with onnx2tf{how}"
+        )
         try:
             return onnx_to_saved_model(onnx_path, work, shapes, folded), shapes, folded
         except ExportError as failed:
@@ -109,8 +147,9 @@ def _onnx2tf(onnx_path: Path, work: Path, signature: Signature, sample: dict[str
     raise failures[0]  # what onnx2tf found in the model as it is
 
 
-def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calibration: str | Path | None,
-                      references: list, say: Progress) -> tuple[list[AddedArtifact], list[dict[str, str]]]:
+def _tflite_artifacts(
+    package: Package, base: Artifact | None, work: Path, calibration: str | Path | None, references: list, say: Progress
+) -> tuple[list[AddedArtifact], list[dict[str, str]]]:
     """TFLite fp32 (held to the default tolerance), fp16 and int8 (each through the accuracy guard,
     left out with its numbers when over budget)."""
     from unideploy.optimizers.accuracy import compare, describe
@@ -128,6 +167,7 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
     if framework == "tensorflow" and source_dir and source_dir.is_dir():
         saved_model, route = source_dir, "TensorFlow's converter"
     elif base is not None:
+
         def convert(folded_only: bool = False) -> tuple[Path, Signature | None, bool]:
             return _onnx2tf(package.path_of(base), work, manifest.signature, references[0][0], say, folded_only)
 
@@ -143,7 +183,9 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
     # int8: full integer from the calibration data; where that does not convert, run (LiteRT's
     # integer Div refuses a divisor quantized to zero, as in attention's LayerNorm and pooling) or
     # hold the budget, dynamic range (int8 weights, float activations), as ONNX Runtime's INT8 does
-    variants = [("fp32", "fp32"), ("fp16", "fp16")] + ([("int8", "int8"), ("int8", "int8-dynamic")] if calibration else [])
+    variants = [("fp32", "fp32"), ("fp16", "fp16")] + (
+        [("int8", "int8"), ("int8", "int8-dynamic")] if calibration else []
+    )
     failed: dict[str, list[tuple[str, UnideployError]]] = {}
     made: set[str] = set()  # precisions added: the dynamic-range int8 runs only where full integer did not
     while variants:
@@ -153,7 +195,7 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
         say(f"converting to TFLite ({mode}, {route})")
         try:
             data = None
-            if mode == "int8":
+            if mode == "int8" and calibration is not None:  # int8 is planned only with calibration data
                 data = _calibration_batches(calibration, manifest.signature, signature or manifest.signature)
             path = saved_model_to_tflite(saved_model, mode, work, data)
             signature = tflite_signature(path, fixed or manifest.signature) or fixed
@@ -175,9 +217,12 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
                     guard = guard or _guard_data(package, base, calibration, fitting)
                     accuracy = compare(guard[1], [run(b) for b in guard[0]], guard[2], "auto", DEFAULT_BUDGET_POINTS)
                     if not accuracy["within_budget"]:
-                        raise AccuracyBudgetError(f"over the accuracy budget on {accuracy['rows']} rows: "
-                                                  f"{describe(accuracy)}", "give more representative --calibration data"
-                                                  if precision == "int8" else "use tflite-fp32 on this model")
+                        raise AccuracyBudgetError(
+                            f"over the accuracy budget on {accuracy['rows']} rows: {describe(accuracy)}",
+                            "give more representative --calibration data"
+                            if precision == "int8"
+                            else "use tflite-fp32 on this model",
+                        )
                     record = measured_tolerance_record(run, fitting, framework)
                     record["accuracy"] = accuracy
                     if precision == "int8":
@@ -189,20 +234,47 @@ def _tflite_artifacts(package: Package, base: Artifact | None, work: Path, calib
             failed.setdefault(precision, []).append((mode, exc))
             say(f"TFLite {mode} left out: {exc.message}")
             continue
-        added.append((Artifact(f"tflite-{precision}", f"artifacts/model.{precision}.tflite", "tflite", precision,
-                               "", 0, ["tflite"], derived_from=base.id if base else None, signature=signature,
-                               targets=["edge"]), path, {}, record))
+        added.append(
+            (
+                Artifact(
+                    f"tflite-{precision}",
+                    f"artifacts/model.{precision}.tflite",
+                    "tflite",
+                    precision,
+                    "",
+                    0,
+                    ["tflite"],
+                    derived_from=base.id if base else None,
+                    signature=signature,
+                    targets=["edge"],
+                ),
+                path,
+                {},
+                record,
+            )
+        )
         made.add(precision)
     for precision, errors in failed.items():
         if precision not in made:
             reasons = [f"{TFLITE_INT8[mode]}: {e.message}" if len(errors) > 1 else e.message for mode, e in errors]
-            omitted.append({"artifact": f"tflite-{precision}", "stage": "edge", "reason": "; ".join(reasons),
-                            "fix": errors[0][1].hint or "use tflite-fp32 on this model"})
+            omitted.append(
+                {
+                    "artifact": f"tflite-{precision}",
+                    "stage": "edge",
+                    "reason": "; ".join(reasons),
+                    "fix": errors[0][1].hint or "use tflite-fp32 on this model",
+                }
+            )
     return added, omitted
 
 
-def build_edge(package_path: str | Path, output: str | Path, overwrite: bool = False,
-               progress: Progress | None = None, calibration: str | Path | None = None) -> Path:
+def build_edge(
+    package_path: str | Path,
+    output: str | Path,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    calibration: str | Path | None = None,
+) -> Path:
     """Write ``output``: the package plus its edge artifacts (int8 TFLite when ``calibration`` is given)."""
     say = progress or (lambda _msg: None)
     with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-edge-") as tmp:
@@ -220,16 +292,37 @@ def build_edge(package_path: str | Path, output: str | Path, overwrite: bool = F
             with RUNTIMES.get("onnxruntime")(ort_model, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
                 record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
             require_passed(record, "the ORT-format artifact")
-            added.append((Artifact("ort-fp32", "artifacts/model.ort", "ort", "fp32", "", 0, ["onnxruntime"],
-                                   derived_from=base.id, targets=["edge"]),
-                          ort_model, {"artifacts/required_operators.config": ort_config}, record))
+            added.append(
+                (
+                    Artifact(
+                        "ort-fp32",
+                        "artifacts/model.ort",
+                        "ort",
+                        "fp32",
+                        "",
+                        0,
+                        ["onnxruntime"],
+                        derived_from=base.id,
+                        targets=["edge"],
+                    ),
+                    ort_model,
+                    {"artifacts/required_operators.config": ort_config},
+                    record,
+                )
+            )
         try:
             tflite_added, tflite_omitted = _tflite_artifacts(package, base, work, calibration, references, say)
             added += tflite_added
             omitted += tflite_omitted
         except (ExportError, ValidationError) as exc:  # the package stays usable without TFLite; it says why
-            omitted.append({"artifact": "tflite-*", "stage": "edge", "reason": exc.message,
-                            "fix": exc.hint or "the .ort artifact runs on ONNX Runtime Mobile meanwhile"})
+            omitted.append(
+                {
+                    "artifact": "tflite-*",
+                    "stage": "edge",
+                    "reason": exc.message,
+                    "fix": exc.hint or "the .ort artifact runs on ONNX Runtime Mobile meanwhile",
+                }
+            )
             say(f"no TFLite artifact: {exc.message}")
 
         say("writing the package")

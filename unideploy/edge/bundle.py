@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import tempfile
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,15 @@ MOBILE_FORMATS = {"tflite": "tflite", "ort": "onnxruntime"}  # artifact format -
 COREML_UNCHECKED = "not run here: Core ML predicts only on Apple platforms"
 
 
-def build_bundle(package_path: str | Path, platform: str, output: str | Path, overwrite: bool = False,
-                 artifacts: list[str] | None = None, labels: str | Path | None = None,
-                 namespace: str | None = None) -> dict[str, Any]:
+def build_bundle(
+    package_path: str | Path,
+    platform: str,
+    output: str | Path,
+    overwrite: bool = False,
+    artifacts: list[str] | None = None,
+    labels: str | Path | None = None,
+    namespace: str | None = None,
+) -> dict[str, Any]:
     """Write ``output`` (a .zip): the chosen (default: all) mobile artifacts, wrappers and a README.
     Returns the bundle.json document it holds."""
     if platform not in PLATFORMS:
@@ -75,8 +81,9 @@ def build_bundle(package_path: str | Path, platform: str, output: str | Path, ov
         if platform == "ios":
             _add_coreml(package, staging, models[0].type_name, document)
         (staging / "README.md").write_text(_readme(document, code), encoding="utf-8")
-        document["files"] = [_entry(staging, rel) for rel in sorted(all_files(staging))
-                             if not rel.startswith(f"{MODEL_DIR}/")]
+        document["files"] = [
+            _entry(staging, rel) for rel in sorted(all_files(staging)) if not rel.startswith(f"{MODEL_DIR}/")
+        ]
         (staging / BUNDLE_MANIFEST).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         dest.parent.mkdir(parents=True, exist_ok=True)
         write_zip(staging, dest)
@@ -98,24 +105,30 @@ def _check_labels(labels: list[str], manifest: Manifest) -> None:
     """A labels file must name every class of the first output, no more, no fewer."""
     classes = manifest.signature.outputs[0].shape[-1] if manifest.signature.outputs else None
     if isinstance(classes, int) and classes != len(labels):
-        raise InputError(f"the labels file has {len(labels)} labels but output "
-                         f"'{manifest.signature.outputs[0].name}' has {classes} classes",
-                         "one label per line, in class-index order")
+        raise InputError(
+            f"the labels file has {len(labels)} labels but output "
+            f"'{manifest.signature.outputs[0].name}' has {classes} classes",
+            "one label per line, in class-index order",
+        )
 
 
 def _mobile_artifacts(package: Package, wanted: list[str] | None) -> list[Any]:
     manifest = package.manifest
     mobile = [a for a in manifest.artifacts if a.format in MOBILE_FORMATS]
     if not mobile:
-        raise InputError(f"package '{package.origin}' has no mobile artifacts (TFLite or .ort)",
-                         "export it with '--target edge' first")
+        raise InputError(
+            f"package '{package.origin}' has no mobile artifacts (TFLite or .ort)",
+            "export it with '--target edge' first",
+        )
     if not wanted:
         return mobile
     for artifact_id in wanted:
         artifact = manifest.artifact(artifact_id)  # names the artifacts there are when it is missing
         if artifact.format not in MOBILE_FORMATS:
-            raise InputError(f"artifact '{artifact_id}' is {artifact.format}, not a mobile format",
-                             f"mobile artifacts here: {', '.join(a.id for a in mobile)}")
+            raise InputError(
+                f"artifact '{artifact_id}' is {artifact.format}, not a mobile format",
+                f"mobile artifacts here: {', '.join(a.id for a in mobile)}",
+            )
     return [a for a in mobile if a.id in wanted]
 
 
@@ -168,17 +181,26 @@ def _add_coreml(package: Package, staging: Path, name: str, document: dict[str, 
         return
     relpath = f"ios/{name}.mlpackage"
     try:
-        torchscript_to_mlpackage(resolve_inside(package.root, source["path"]), package.manifest.signature,
-                                 staging / relpath)
+        torchscript_to_mlpackage(
+            resolve_inside(package.root, source["path"]), package.manifest.signature, staging / relpath
+        )
     except ExportError as exc:
         document["notes"].append(f"no Core ML model: {exc.message}")
         return
     sha256, size = digest_path(staging / relpath)
-    document["models"].append({
-        "artifact": "coreml", "file": relpath, "format": "mlpackage", "precision": COREML_PRECISION,
-        "runtime": "coreml", "size": size, "sha256": sha256, "max_abs_error": None,
-        "inputs": [t.to_dict() for t in package.manifest.signature.inputs],
-    })
+    document["models"].append(
+        {
+            "artifact": "coreml",
+            "file": relpath,
+            "format": "mlpackage",
+            "precision": COREML_PRECISION,
+            "runtime": "coreml",
+            "size": size,
+            "sha256": sha256,
+            "max_abs_error": None,
+            "inputs": [t.to_dict() for t in package.manifest.signature.inputs],
+        }
+    )
 
 
 def _entry(root: Path, relpath: str) -> dict[str, Any]:
@@ -186,32 +208,51 @@ def _entry(root: Path, relpath: str) -> dict[str, Any]:
     return {"path": relpath, "sha256": sha256, "size": size}
 
 
-def _bundle_document(package: Package, platform: str, chosen: list[Any], code: list[CodeFile],
-                     has_labels: bool) -> dict[str, Any]:
+def _bundle_document(
+    package: Package, platform: str, chosen: list[Any], code: list[CodeFile], has_labels: bool
+) -> dict[str, Any]:
     manifest = package.manifest
     models = []
     for artifact in chosen:
         record = manifest.validation.get(artifact.id, {})
         errors = [o["max_abs_error"] for o in record.get("outputs", {}).values()]
-        models.append({
-            "artifact": artifact.id, "file": f"{MODEL_DIR}/{artifact.path}", "format": artifact.format,
-            "precision": artifact.precision, "runtime": MOBILE_FORMATS[artifact.format], "size": artifact.size,
-            "sha256": artifact.sha256, "max_abs_error": max(errors) if errors else None,
-            "inputs": [t.to_dict() for t in manifest.signature_of(artifact).inputs],
-        })
+        models.append(
+            {
+                "artifact": artifact.id,
+                "file": f"{MODEL_DIR}/{artifact.path}",
+                "format": artifact.format,
+                "precision": artifact.precision,
+                "runtime": MOBILE_FORMATS[artifact.format],
+                "size": artifact.size,
+                "sha256": artifact.sha256,
+                "max_abs_error": max(errors) if errors else None,
+                "inputs": [t.to_dict() for t in manifest.signature_of(artifact).inputs],
+            }
+        )
     return {
-        "format": BUNDLE_FORMAT, "format_version": BUNDLE_VERSION, "platform": platform,
-        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "format": BUNDLE_FORMAT,
+        "format_version": BUNDLE_VERSION,
+        "platform": platform,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "unideploy_version": unideploy.__version__,
         "model": {"name": manifest.name, "version": manifest.version, "framework": manifest.source["framework"]},
         "package": MODEL_DIR,
         "signature": manifest.signature.to_dict(),
         "preprocessing": {
             "order": "row-major arrays in each model's input layout (models[].inputs)",
-            "inputs": [{"name": t.name, "dtype": t.dtype,
-                        "layouts": {m["artifact"]: next(i.get("layout") or "as exported" for i in m["inputs"]
-                                                        if i["name"] == t.name) for m in models}}
-                       for t in manifest.signature.inputs],
+            "inputs": [
+                {
+                    "name": t.name,
+                    "dtype": t.dtype,
+                    "layouts": {
+                        m["artifact"]: next(
+                            i.get("layout") or "as exported" for i in m["inputs"] if i["name"] == t.name
+                        )
+                        for m in models
+                    },
+                }
+                for t in manifest.signature.inputs
+            ],
         },
         "labels": "labels.txt" if has_labels else None,
         "models": models,
@@ -223,26 +264,32 @@ def _bundle_document(package: Package, platform: str, chosen: list[Any], code: l
 def _readme(document: dict[str, Any], code: list[CodeFile]) -> str:
     platform = PLATFORMS[document["platform"]]
     model = document["model"]
-    rows = "\n".join(f"| `{m['file']}` | {m['runtime']} | {m['precision']} | {m['size']:,} | "
-                     f"{COREML_UNCHECKED if m['max_abs_error'] is None else format(m['max_abs_error'], '.2e')} |"
-                     for m in document["models"])
+    rows = "\n".join(
+        f"| `{m['file']}` | {m['runtime']} | {m['precision']} | {m['size']:,} | "
+        f"{COREML_UNCHECKED if m['max_abs_error'] is None else format(m['max_abs_error'], '.2e')} |"
+        for m in document["models"]
+    )
     notes = "".join(f"\n- {n}" for n in document["notes"])
     inputs = "\n".join(f"- `{t['name']}`: {t['dtype']} {t['shape']}" for t in document["signature"]["inputs"])
     outputs = "\n".join(f"- `{t['name']}`: {t['dtype']} {t['shape']}" for t in document["signature"]["outputs"])
     sources = "\n".join(f"- `{f.path}`" for f in code)
     if document["platform"] == "android":
-        steps = ("1. Copy the model files you want into `app/src/main/assets/`.\n"
-                 "2. Copy the Kotlin sources under `android/src/main/kotlin/` into your module.\n"
-                 "3. Add the lines of `android/dependencies.gradle.kts` to the module's `build.gradle.kts` "
-                 "(the `noCompress` line keeps the models memory-mappable).")
+        steps = (
+            "1. Copy the model files you want into `app/src/main/assets/`.\n"
+            "2. Copy the Kotlin sources under `android/src/main/kotlin/` into your module.\n"
+            "3. Add the lines of `android/dependencies.gradle.kts` to the module's `build.gradle.kts` "
+            "(the `noCompress` line keeps the models memory-mappable)."
+        )
     else:
-        steps = ("1. Add the model files you want to your app target (Copy Bundle Resources) and pass "
-                 "`Bundle.main.path(forResource:ofType:)` to the wrapper.\n"
-                 "2. Either add the Podfile's pods (TensorFlowLiteSwift ships only through CocoaPods) and copy "
-                 "`ios/Sources/`, or add `ios/` as a local Swift package for the ONNX Runtime wrapper.")
-    return f"""# {model['name']} {model['version']} for {document['platform']}
+        steps = (
+            "1. Add the model files you want to your app target (Copy Bundle Resources) and pass "
+            "`Bundle.main.path(forResource:ofType:)` to the wrapper.\n"
+            "2. Either add the Podfile's pods (TensorFlowLiteSwift ships only through CocoaPods) and copy "
+            "`ios/Sources/`, or add `ios/` as a local Swift package for the ONNX Runtime wrapper."
+        )
+    return f"""# {model["name"]} {model["version"]} for {document["platform"]}
 
-Generated by unideploy {document['unideploy_version']} from a {model['framework']} model. Wrappers run on
+Generated by unideploy {document["unideploy_version"]} from a {model["framework"]} model. Wrappers run on
 {platform.runtimes}.
 
 ## Models
@@ -273,6 +320,7 @@ Sources:
 
 # -- reading and verifying ---------------------------------------------------------------------
 
+
 @dataclass
 class CodeCheck:
     path: str
@@ -292,12 +340,17 @@ class BundleReport:
 
     @property
     def failed(self) -> list[str]:
-        return [c.artifact for c in self.models if c.status == "failed"] + [c.path for c in self.code
-                                                                             if c.status == "failed"]
+        return [c.artifact for c in self.models if c.status == "failed"] + [
+            c.path for c in self.code if c.status == "failed"
+        ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"platform": self.platform, "integrity": "passed", "models": [c.to_dict() for c in self.models],
-                "code": [c.to_dict() for c in self.code]}
+        return {
+            "platform": self.platform,
+            "integrity": "passed",
+            "models": [c.to_dict() for c in self.models],
+            "code": [c.to_dict() for c in self.code],
+        }
 
 
 def is_bundle(path: str | Path) -> bool:
@@ -322,12 +375,17 @@ def verify_bundle(path: str | Path, runtime: str | None = None) -> BundleReport:
             report = BundleReport(document["platform"])
             with Package.open(package_root) as package:
                 report.models = verify_package(package, runtime, "cpu")
-            report.models += [ArtifactCheck(m["artifact"], "skipped", m["runtime"], COREML_UNCHECKED)
-                              for m in document["models"] if m["runtime"] == "coreml"]
+            report.models += [
+                ArtifactCheck(m["artifact"], "skipped", m["runtime"], COREML_UNCHECKED)
+                for m in document["models"]
+                if m["runtime"] == "coreml"
+            ]
             report.code = [_check_code(root, item) for item in document["code"]]
         except (KeyError, TypeError, AttributeError) as exc:
-            raise PackageError(f"{BUNDLE_MANIFEST} is malformed ({type(exc).__name__}: {exc})",
-                               "build the bundle again with 'deploy bundle'") from exc
+            raise PackageError(
+                f"{BUNDLE_MANIFEST} is malformed ({type(exc).__name__}: {exc})",
+                "build the bundle again with 'deploy bundle'",
+            ) from exc
         return report
 
 
@@ -337,13 +395,17 @@ def _check_files(root: Path, entries: list[dict[str, Any]], package_dir: str) ->
     for entry in entries:
         file = resolve_inside(root, entry["path"])
         if not file.is_file() or digest_path(file) != (entry["sha256"], entry["size"]):
-            raise PackageError(f"bundle file '{entry['path']}' is missing or modified (checksum mismatch)",
-                               "the bundle is corrupt or tampered with; build it again with 'deploy bundle'")
+            raise PackageError(
+                f"bundle file '{entry['path']}' is missing or modified (checksum mismatch)",
+                "the bundle is corrupt or tampered with; build it again with 'deploy bundle'",
+            )
         listed.add(entry["path"])
     for rel in sorted(all_files(root) - listed - {BUNDLE_MANIFEST}):
         if not rel.startswith(f"{package_dir}/"):
-            raise PackageError(f"bundle contains '{rel}', which bundle.json does not list",
-                               "a bundle must hold only what bundle.json checksums; build it again")
+            raise PackageError(
+                f"bundle contains '{rel}', which bundle.json does not list",
+                "a bundle must hold only what bundle.json checksums; build it again",
+            )
 
 
 def _read_document(root: Path) -> dict[str, Any]:
@@ -354,8 +416,11 @@ def _read_document(root: Path) -> dict[str, Any]:
     if not isinstance(document, dict) or document.get("format") != BUNDLE_FORMAT:
         raise PackageError(f"{BUNDLE_MANIFEST} is not a unideploy bundle manifest", "build the bundle again")
     if document.get("format_version") != BUNDLE_VERSION:
-        raise PackageError(f"bundle format version {document.get('format_version')!r} is not supported "
-                           f"(this unideploy reads version {BUNDLE_VERSION})", "upgrade unideploy or rebuild the bundle")
+        raise PackageError(
+            f"bundle format version {document.get('format_version')!r} is not supported "
+            f"(this unideploy reads version {BUNDLE_VERSION})",
+            "upgrade unideploy or rebuild the bundle",
+        )
     missing = [k for k in ("platform", "package", "files", "code", "models") if k not in document]
     if missing:
         raise PackageError(f"{BUNDLE_MANIFEST} lacks {', '.join(missing)}", "build the bundle again")

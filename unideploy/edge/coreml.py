@@ -33,21 +33,33 @@ def torchscript_to_mlpackage(source: Path, signature: Signature, dest: Path) -> 
     with quiet():
         import coremltools as ct
 
-        inputs = [ct.TensorType(name=t.name, dtype=np.dtype(t.dtype).type,
-                                shape=tuple(ct.RangeDim(1, MAX_DYNAMIC_DIM) if isinstance(d, str) else d for d in t.shape))
-                  for t in signature.inputs]
+        inputs = [
+            ct.TensorType(
+                name=t.name,
+                dtype=np.dtype(t.dtype).type,
+                shape=tuple(ct.RangeDim(1, MAX_DYNAMIC_DIM) if isinstance(d, str) else d for d in t.shape),
+            )
+            for t in signature.inputs
+        ]
         outputs = [ct.TensorType(name=t.name) for t in signature.outputs]
         try:
             # freezing folds the `if self.training` branches scripting keeps, which coremltools refuses
             program = torch.jit.freeze(torch.jit.load(str(source), map_location="cpu").eval())
-            model = ct.convert(program, inputs=inputs,
-                               outputs=outputs, convert_to="mlprogram", minimum_deployment_target=ct.target.iOS16)
+            model = ct.convert(
+                program,
+                inputs=inputs,
+                outputs=outputs,
+                convert_to="mlprogram",
+                minimum_deployment_target=ct.target.iOS16,
+            )
             model.save(str(dest))
             spec = ct.models.MLModel(str(dest), skip_model_load=True).get_spec()  # loading needs macOS
         except Exception as exc:
             raise ExportError(f"coremltools cannot convert this model: {first_line(exc)}") from exc
     names = ([i.name for i in spec.description.input], [o.name for o in spec.description.output])
     if names != (signature.input_names, signature.output_names):
-        raise ExportError(f"the Core ML model has inputs {names[0]} and outputs {names[1]}, not the signature's "
-                          f"{signature.input_names} and {signature.output_names}")
+        raise ExportError(
+            f"the Core ML model has inputs {names[0]} and outputs {names[1]}, not the signature's "
+            f"{signature.input_names} and {signature.output_names}"
+        )
     return dest

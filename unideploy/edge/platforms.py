@@ -4,8 +4,8 @@ gets. Adding a platform is one function here plus one entry in PLATFORMS."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from unideploy.edge.codegen import kotlin, swift
 from unideploy.edge.codegen.wrapped import Wrapped
@@ -42,11 +42,16 @@ def android(models: list[Wrapped], namespace: str, ort_version: str) -> list[Cod
     runtimes = _by_runtime(models)
     files = [CodeFile(f"{root}/{type_name}Outputs.kt", kotlin.outputs_class(models[0], namespace), "kotlin")]
     if "tflite" in runtimes:
-        files.append(CodeFile(f"{root}/{type_name}Tflite.kt", kotlin.tflite_class(runtimes["tflite"], namespace), "kotlin"))
+        files.append(
+            CodeFile(f"{root}/{type_name}Tflite.kt", kotlin.tflite_class(runtimes["tflite"], namespace), "kotlin")
+        )
     if "onnxruntime" in runtimes:
-        files.append(CodeFile(f"{root}/{type_name}Ort.kt", kotlin.ort_class(runtimes["onnxruntime"], namespace), "kotlin"))
-    files.append(CodeFile("android/dependencies.gradle.kts", kotlin.gradle_lines(LITERT_ANDROID_VERSION, ort_version),
-                          "kotlin"))
+        files.append(
+            CodeFile(f"{root}/{type_name}Ort.kt", kotlin.ort_class(runtimes["onnxruntime"], namespace), "kotlin")
+        )
+    files.append(
+        CodeFile("android/dependencies.gradle.kts", kotlin.gradle_lines(LITERT_ANDROID_VERSION, ort_version), "kotlin")
+    )
     return files
 
 

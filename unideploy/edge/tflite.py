@@ -15,8 +15,8 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -42,8 +42,7 @@ def onnx_to_saved_model(onnx_path: Path, workdir: Path, fixed: Signature | None 
         with quiet():
             import onnx2tf
     except ImportError as exc:
-        raise MissingDependencyError(f"TFLite from ONNX needs onnx2tf: {first_line(exc)}",
-                                     ONNX2TF_INSTALL) from exc
+        raise MissingDependencyError(f"TFLite from ONNX needs onnx2tf: {first_line(exc)}", ONNX2TF_INSTALL) from exc
     out = workdir / "onnx2tf"
     shutil.rmtree(out, ignore_errors=True)  # a retry at fixed sizes starts clean
     private = workdir / "onnx2tf-input.onnx"  # onnx2tf rewrites its input file (onnxsim), so never the package's
@@ -56,15 +55,23 @@ def onnx_to_saved_model(onnx_path: Path, workdir: Path, fixed: Signature | None 
     _test_images_offline(workdir)
     try:
         with quiet(), _scripts_on_path(), contextlib.chdir(workdir):
-            onnx2tf.convert(input_onnx_file_path=str(private), output_folder_path=str(out), non_verbose=True,
-                            replace_to_pseudo_operators=["erf"], output_signaturedefs=True,
-                            overwrite_input_shape=[f"{t.name}:{','.join(map(str, t.shape))}" for t in fixed.inputs]
-                            if fixed else None)
+            onnx2tf.convert(
+                input_onnx_file_path=str(private),
+                output_folder_path=str(out),
+                non_verbose=True,
+                replace_to_pseudo_operators=["erf"],
+                output_signaturedefs=True,
+                overwrite_input_shape=[f"{t.name}:{','.join(map(str, t.shape))}" for t in fixed.inputs]
+                if fixed
+                else None,
+            )
     except BaseException as exc:  # onnx2tf exits (SystemExit) on some failures
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise ExportError(f"onnx2tf cannot convert this model to TensorFlow: {first_line(exc)}",
-                          "the .ort artifact still runs on ONNX Runtime Mobile") from exc
+        raise ExportError(
+            f"onnx2tf cannot convert this model to TensorFlow: {first_line(exc)}",
+            "the .ort artifact still runs on ONNX Runtime Mobile",
+        ) from exc
     if not (out / "saved_model.pb").is_file():
         raise ExportError("onnx2tf wrote no SavedModel", "re-run with --debug for onnx2tf's output")
     return out
@@ -101,8 +108,9 @@ def _test_images_offline(workdir: Path) -> None:
     """Write onnx2tf's tracing images (20 x 128 x 128 x 3 in [0, 1]) as smooth gradients: they only
     drive its shape tracing, and the artifacts are validated against the package's own samples."""
     y, x = np.mgrid[0:128, 0:128].astype(np.float32) / 127.0
-    frames = [np.stack([(x * (i + 1) / 20) % 1.0, (y * (20 - i) / 20) % 1.0, (x + y) / 2.0], axis=-1)
-              for i in range(20)]
+    frames = [
+        np.stack([(x * (i + 1) / 20) % 1.0, (y * (20 - i) / 20) % 1.0, (x + y) / 2.0], axis=-1) for i in range(20)
+    ]
     np.save(workdir / ONNX2TF_TEST_IMAGES, np.stack(frames).astype(np.float32))
 
 
@@ -124,8 +132,9 @@ def _scripts_on_path() -> Iterator[None]:
 TFLITE_INT8 = {"int8": "full integer, calibrated", "int8-dynamic": "dynamic range: int8 weights, float activations"}
 
 
-def saved_model_to_tflite(saved_model: Path, precision: str, workdir: Path,
-                          calibration: list[dict[str, np.ndarray]] | None = None) -> Path:
+def saved_model_to_tflite(
+    saved_model: Path, precision: str, workdir: Path, calibration: list[dict[str, np.ndarray]] | None = None
+) -> Path:
     """fp32, fp16 (weights), int8 (full integer: needs ``calibration`` batches in the model's own
     layout) or int8-dynamic (int8 weights, activations quantized on the fly)."""
     with quiet():
@@ -136,10 +145,11 @@ def saved_model_to_tflite(saved_model: Path, precision: str, workdir: Path,
             converter.optimizations = [tf.lite.Optimize.DEFAULT]
             converter.target_spec.supported_types = [tf.float16]
         elif precision == "int8":
+
             def representative() -> Iterator[dict[str, np.ndarray]]:
                 for batch in calibration or []:
                     for row in range(len(next(iter(batch.values())))):
-                        yield {k: v[row:row + 1] for k, v in batch.items()}
+                        yield {k: v[row : row + 1] for k, v in batch.items()}
 
             converter.optimizations = [tf.lite.Optimize.DEFAULT]
             converter.representative_dataset = representative
@@ -151,8 +161,10 @@ def saved_model_to_tflite(saved_model: Path, precision: str, workdir: Path,
         except Exception as exc:
             raise ExportError(f"TFLite conversion ({precision}) failed: {first_line(exc)}") from exc
     if precision == "int8-dynamic" and not _has_int8_tensors(blob):
-        raise ExportError("dynamic range quantization left every weight in float (the converter skips "
-                          "weights of under 1,024 values)", "use tflite-fp32 or tflite-fp16 on this model")
+        raise ExportError(
+            "dynamic range quantization left every weight in float (the converter skips weights of under 1,024 values)",
+            "use tflite-fp32 or tflite-fp16 on this model",
+        )
     path = workdir / f"model.{precision}.tflite"
     path.write_bytes(blob)
     return path
@@ -170,11 +182,14 @@ def fixed_signature(signature: Signature, sample: dict[str, np.ndarray], batch_t
     dims other than the batch (or ``batch_too``, any dynamic dim); mobile models run at one input size."""
     from unideploy.samples import dynamic_dims
 
-    if not dynamic_dims(signature) and not (batch_too and any(
-            isinstance(d, str) for t in signature.inputs for d in t.shape)):
+    if not dynamic_dims(signature) and not (
+        batch_too and any(isinstance(d, str) for t in signature.inputs for d in t.shape)
+    ):
         return None
-    inputs = tuple(TensorSpec(t.name, t.dtype, (1, *sample[t.name].shape[1:]) if t.shape else (), t.layout)
-                   for t in signature.inputs)
+    inputs = tuple(
+        TensorSpec(t.name, t.dtype, (1, *sample[t.name].shape[1:]) if t.shape else (), t.layout)
+        for t in signature.inputs
+    )
     return Signature(inputs, signature.outputs)
 
 
@@ -199,14 +214,23 @@ def tflite_signature(path: Path, source: Signature) -> Signature | None:
             inputs.append(TensorSpec(spec.name, spec.dtype, channels_last(spec.shape), CHANNELS_LAST))
             changed = True
         else:
-            raise ExportError(f"the TFLite model takes '{spec.name}' as {list(dims)}, which is neither the source "
-                              f"shape {list(fixed)} nor its channels-last form")
+            raise ExportError(
+                f"the TFLite model takes '{spec.name}' as {list(dims)}, which is neither the source "
+                f"shape {list(fixed)} nor its channels-last form"
+            )
     _, names = signature_names(interpreter, source, path.name)
-    produced = {names[k]: tuple(int(d) for d in info["shape_signature"]) for k, info in runner.get_output_details().items()}
+    produced = {
+        names[k]: tuple(int(d) for d in info["shape_signature"]) for k, info in runner.get_output_details().items()
+    }
     outputs = []
     for spec in source.outputs:
         dims, declared = produced.get(spec.name), tuple(-1 if isinstance(d, str) else d for d in spec.shape)
-        if dims is not None and len(declared) >= 3 and not _fits(dims, declared) and _fits(dims, channels_last(declared)):
+        if (
+            dims is not None
+            and len(declared) >= 3
+            and not _fits(dims, declared)
+            and _fits(dims, channels_last(declared))
+        ):
             outputs.append(TensorSpec(spec.name, spec.dtype, channels_last(spec.shape), CHANNELS_LAST))
             changed = True
         else:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import onnxruntime
 
@@ -45,10 +45,20 @@ def model_name_from(src: Path) -> str:
     return name or "model"
 
 
-def export(src: str | Path, output: str | Path, *, name: str | None = None, version: str = "1",
-           exporter: str | None = None, target: str = "cpu", options: ExportOptions | None = None,
-           atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL, overwrite: bool = False,
-           progress: Progress | None = None) -> Path:
+def export(
+    src: str | Path,
+    output: str | Path,
+    *,
+    name: str | None = None,
+    version: str = "1",
+    exporter: str | None = None,
+    target: str = "cpu",
+    options: ExportOptions | None = None,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Path:
     """Export ``src`` to a verified package at ``output`` (a directory, or a ``.zip``)."""
     src, options = Path(src), options or ExportOptions()
     say = progress or (lambda _msg: None)
@@ -61,10 +71,16 @@ def export(src: str | Path, output: str | Path, *, name: str | None = None, vers
         raise MissingDependencyError(f"the {exporter_cls.name} exporter cannot run: {found.detail}", found.fix)
 
     if options.native_only and not exporter_cls.native_format:
-        raise InputError(f"--keep-native-only needs a source that runs natively (MindIR); '{src.name}' "
-                         f"is a {exporter_cls.framework} model", "export it without --keep-native-only")
+        raise InputError(
+            f"--keep-native-only needs a source that runs natively (MindIR); '{src.name}' "
+            f"is a {exporter_cls.framework} model",
+            "export it without --keep-native-only",
+        )
 
-    with PackageWriter(output, overwrite=overwrite) as writer, tempfile.TemporaryDirectory(prefix="unideploy-export-") as tmp:
+    with (
+        PackageWriter(output, overwrite=overwrite) as writer,
+        tempfile.TemporaryDirectory(prefix="unideploy-export-") as tmp,
+    ):
         say(f"converting {src.name} with the {exporter_cls.name} exporter")
         converted = exporter_cls().convert(src, Path(tmp), options)
         signature, sizes = resolve_signature(converted.signature, options, converted.size_hints)
@@ -85,9 +101,22 @@ def export(src: str | Path, output: str | Path, *, name: str | None = None, vers
             with RUNTIMES.get("onnxruntime")(converted.onnx_path, signature, RuntimeOptions(device="cpu")) as runtime:
                 record = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
             require_passed(record, f"the ONNX export of '{src.name}'")
-            artifacts.append(writer.add_artifact(converted.onnx_path, Artifact(
-                id="onnx-fp32", path="artifacts/model.onnx", format="onnx", precision="fp32",
-                sha256="", size=0, runtimes=["onnxruntime"], opset=converted.opset), converted.companions))
+            artifacts.append(
+                writer.add_artifact(
+                    converted.onnx_path,
+                    Artifact(
+                        id="onnx-fp32",
+                        path="artifacts/model.onnx",
+                        format="onnx",
+                        precision="fp32",
+                        sha256="",
+                        size=0,
+                        runtimes=["onnxruntime"],
+                        opset=converted.opset,
+                    ),
+                    converted.companions,
+                )
+            )
             validation["onnx-fp32"] = record
 
         say("writing the package")
@@ -107,8 +136,8 @@ def export(src: str | Path, output: str | Path, *, name: str | None = None, vers
             },
         }
         if exporter_cls.keeps_source:
-            source["path"] = f"source/{src.name}"
-            writer.add_file(src, source["path"])
+            source["path"] = source_path = f"source/{src.name}"
+            writer.add_file(src, source_path)
         if exporter_cls.native_format:
             native = _native_artifact(exporter_cls, src, source_sha, source_size)
             say(f"validating the native {native.format} artifact on {native.runtimes[0]}")
@@ -118,20 +147,34 @@ def export(src: str | Path, output: str | Path, *, name: str | None = None, vers
             artifacts.append(native)
         names = [f"samples/batch{batch_size_of(inputs)}" for inputs, _ in references]
         samples = [
-            writer.add_samples(f"{name}{'' if names.count(name) == 1 else f'-{i}'}.npz", batch_size_of(inputs),
-                               inputs, outputs)
+            writer.add_samples(
+                f"{name}{'' if names.count(name) == 1 else f'-{i}'}.npz", batch_size_of(inputs), inputs, outputs
+            )
             for i, (name, (inputs, outputs)) in enumerate(zip(names, references))
         ]
         manifest = Manifest(
-            name=name or model_name_from(src), version=version, source=source, signature=signature,
-            artifacts=artifacts, samples=samples, validation=validation,
+            name=name or model_name_from(src),
+            version=version,
+            source=source,
+            signature=signature,
+            artifacts=artifacts,
+            samples=samples,
+            validation=validation,
         )
         return writer.commit(manifest)
 
 
 def _native_artifact(exporter_cls: type[Exporter], src: Path, sha256: str, size: int) -> Artifact:
     """The packaged source itself, listed as an artifact the runtime named after its framework runs."""
-    if not exporter_cls.keeps_source:
-        raise ValueError(f"exporter {exporter_cls.name} lists a native format but does not keep its source")
-    return Artifact(id=exporter_cls.native_format, path=f"source/{src.name}", format=exporter_cls.native_format,
-                    precision="fp32", sha256=sha256, size=size, runtimes=[exporter_cls.framework])
+    native = exporter_cls.native_format
+    if not exporter_cls.keeps_source or native is None:
+        raise ValueError(f"exporter {exporter_cls.name} has no native format it keeps as its source")
+    return Artifact(
+        id=native,
+        path=f"source/{src.name}",
+        format=native,
+        precision="fp32",
+        sha256=sha256,
+        size=size,
+        runtimes=[exporter_cls.framework],
+    )

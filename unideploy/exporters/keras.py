@@ -43,8 +43,10 @@ class KerasExporter(Exporter):
             try:  # safe mode refuses Lambda layers' bytecode; the user vouched for it with --trust-source
                 model = keras.saving.load_model(str(src), compile=False, safe_mode=not options.trust_source)
             except Exception as exc:
-                raise InputError(f"'{src}' cannot be loaded by Keras {keras.__version__}: {first_line(exc)}",
-                                 "save it with model.save('model.keras') from Keras 3") from exc
+                raise InputError(
+                    f"'{src}' cannot be loaded by Keras {keras.__version__}: {first_line(exc)}",
+                    "save it with model.save('model.keras') from Keras 3",
+                ) from exc
             saved_model = workdir / "saved_model"
             model.export(str(saved_model), format="tf_saved_model", verbose=False)
         converted = SavedModelExporter().convert(saved_model, workdir, options)
@@ -52,20 +54,27 @@ class KerasExporter(Exporter):
         onnx_model = onnx.load(str(converted.onnx_path))
         rename_values(onnx_model, names)
         onnx.save(onnx_model, str(converted.onnx_path))
-        signature = Signature(converted.signature.inputs, tuple(
-            TensorSpec(names.get(t.name, t.name), t.dtype, t.shape, t.layout) for t in converted.signature.outputs))
+        signature = Signature(
+            converted.signature.inputs,
+            tuple(
+                TensorSpec(names.get(t.name, t.name), t.dtype, t.shape, t.layout) for t in converted.signature.outputs
+            ),
+        )
         input_names = signature.input_names
 
         def run_source(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            result = model({n: inputs[n] for n in input_names} if len(input_names) > 1 else inputs[input_names[0]],
-                           training=False)
+            result = model(
+                {n: inputs[n] for n in input_names} if len(input_names) > 1 else inputs[input_names[0]], training=False
+            )
             if isinstance(result, dict):  # outputs keyed by layer name already
                 return {k: np.asarray(v) for k, v in result.items()}
             values = result if isinstance(result, (list, tuple)) else [result]
             return {names.get(f"output_{i}", f"output_{i}"): np.asarray(v) for i, v in enumerate(values)}
 
         return ConvertedModel(
-            onnx_path=converted.onnx_path, signature=signature, run_source=run_source,
+            onnx_path=converted.onnx_path,
+            signature=signature,
+            run_source=run_source,
             conversion_path=f"Keras {keras.__version__} SavedModel export + {converted.conversion_path}",
             library_versions={**converted.library_versions, "keras": keras.__version__},
             opset=converted.opset,
@@ -76,8 +85,11 @@ def _output_names(model: Any, signature: Signature) -> dict[str, str]:
     """SavedModel output keys (``output_0``, ...) -> the model's output layer names, when distinct."""
     layer_names = list(getattr(model, "output_names", None) or [])
     keys = [f"output_{i}" for i in range(len(layer_names))]
-    if len(layer_names) != len(signature.outputs) or set(keys) != set(signature.output_names) \
-            or len(set(layer_names)) != len(layer_names) or set(layer_names) & set(signature.input_names):
+    if (
+        len(layer_names) != len(signature.outputs)
+        or set(keys) != set(signature.output_names)
+        or len(set(layer_names)) != len(layer_names)
+        or set(layer_names) & set(signature.input_names)
+    ):
         return {}
     return dict(zip(keys, layer_names))
-

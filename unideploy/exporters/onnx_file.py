@@ -9,13 +9,19 @@ inside the model's folder; the package keeps them as one ``model.onnx.data`` bes
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from unideploy.errors import ExportError, InputError, PackageError, first_line
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.onnx_io import (
-    EXTERNAL_DATA_NAME, MAX_INLINE_BYTES, constants_to_initializers, declare_signature, save_model, set_io_dims,
+    EXTERNAL_DATA_NAME,
+    MAX_INLINE_BYTES,
+    constants_to_initializers,
+    declare_signature,
+    save_model,
+    set_io_dims,
 )
 from unideploy.exporters.shapes import readable_dims, resolve_signature
 from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime
@@ -38,8 +44,10 @@ class OnnxFileExporter(Exporter):
         try:
             model = onnx.load(str(src), load_external_data=False)
         except Exception as exc:
-            raise InputError(f"'{src}' is not a readable ONNX model: {first_line(exc)}",
-                             "check that the file is a complete .onnx export") from exc
+            raise InputError(
+                f"'{src}' is not a readable ONNX model: {first_line(exc)}",
+                "check that the file is a complete .onnx export",
+            ) from exc
         if not model.graph.node:
             raise InputError(f"'{src}' is not a readable ONNX model: its graph is empty")
         external = check_external_data(model, src)
@@ -48,8 +56,10 @@ class OnnxFileExporter(Exporter):
                 onnx.load_external_data_for_model(model, str(src.parent))
             onnx.checker.check_model(model if model.ByteSize() <= MAX_INLINE_BYTES else str(src))
         except Exception as exc:
-            raise ExportError(f"'{src.name}' fails the ONNX checker: {first_line(exc)}",
-                              "fix the model in the framework that produced it and export it again") from exc
+            raise ExportError(
+                f"'{src.name}' fails the ONNX checker: {first_line(exc)}",
+                "fix the model in the framework that produced it and export it again",
+            ) from exc
         constants_to_initializers(model)
         declared = readable_dims(signature_from_onnx(model))
         signature, sizes = resolve_signature(declared, options, _metadata_sizes(model, declared))
@@ -60,15 +70,19 @@ class OnnxFileExporter(Exporter):
             if model.ByteSize() <= MAX_INLINE_BYTES:
                 model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
         except Exception as exc:
-            raise ExportError(f"'{src.name}' fails ONNX shape inference: {first_line(exc)}",
-                              "fix the model in the framework that produced it and export it again") from exc
+            raise ExportError(
+                f"'{src.name}' fails ONNX shape inference: {first_line(exc)}",
+                "fix the model in the framework that produced it and export it again",
+            ) from exc
         save_model(model, onnx_path, external=bool(external))
         declare_signature(onnx_path, signature)
         try:
             source = OnnxRuntime(src, signature)  # the model as the user gave it
         except PackageError as exc:
-            raise ExportError(f"ONNX Runtime cannot run '{src.name}': {exc.message}",
-                              "the model uses an operator or opset this onnxruntime does not implement") from exc
+            raise ExportError(
+                f"ONNX Runtime cannot run '{src.name}': {exc.message}",
+                "the model uses an operator or opset this onnxruntime does not implement",
+            ) from exc
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         return ConvertedModel(
             onnx_path=onnx_path,
@@ -111,18 +125,25 @@ def check_external_data(model: Any, src: Path) -> list[Path]:
         location = Path(info.location)
         target = (folder / location).resolve()
         if location.is_absolute() or ".." in location.parts or not target.is_relative_to(folder):
-            raise InputError(f"'{src.name}' reads tensor '{tensor.name}' from '{info.location}', outside the "
-                             f"model's folder", "external data files must lie beside the .onnx file; move them "
-                             "there and re-save the model (onnx.save(..., location='NAME.data'))")
+            raise InputError(
+                f"'{src.name}' reads tensor '{tensor.name}' from '{info.location}', outside the model's folder",
+                "external data files must lie beside the .onnx file; move them "
+                "there and re-save the model (onnx.save(..., location='NAME.data'))",
+            )
         if not target.is_file():
-            raise InputError(f"'{src.name}' reads tensor '{tensor.name}' from '{info.location}', which does not exist",
-                             f"put the external data files beside {src.name}")
+            raise InputError(
+                f"'{src.name}' reads tensor '{tensor.name}' from '{info.location}', which does not exist",
+                f"put the external data files beside {src.name}",
+            )
         end = (info.offset or 0) + (info.length or 0)
         files[target] = max(files.get(target, 0), end)
     for path, end in files.items():
         if path.stat().st_size < end:
-            raise InputError(f"external data file '{path.name}' of '{src.name}' is {path.stat().st_size} bytes, "
-                             f"but the model reads up to byte {end}", "the file is truncated: copy it again")
+            raise InputError(
+                f"external data file '{path.name}' of '{src.name}' is {path.stat().st_size} bytes, "
+                f"but the model reads up to byte {end}",
+                "the file is truncated: copy it again",
+            )
     return list(files)
 
 

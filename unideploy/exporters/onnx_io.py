@@ -7,8 +7,8 @@ the model is made to say the same.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import onnx
 
@@ -54,12 +54,19 @@ def declare_signature(path: Path, signature: Signature) -> None:
     """
     model = onnx.load(str(path), load_external_data=False)
     declared = {t.name: t.shape for t in signature.inputs + signature.outputs}
-    before = {v.name: [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None
-                       for d in v.type.tensor_type.shape.dim] for v in model.graph.input}
+    before = {
+        v.name: [
+            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in v.type.tensor_type.shape.dim
+        ]
+        for v in model.graph.input
+    }
     set_io_dims(model, declared)
-    pinned = any(isinstance(d, int) and b is None
-                 for name, dims in before.items() if name in declared
-                 for d, b in zip(declared[name], dims))
+    pinned = any(
+        isinstance(d, int) and b is None
+        for name, dims in before.items()
+        if name in declared
+        for d, b in zip(declared[name], dims)
+    )
     if pinned and not _has_external_data(model):
         del model.graph.value_info[:]
         model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
@@ -75,8 +82,14 @@ def save_model(model: onnx.ModelProto, path: Path, external: bool = False) -> No
     if external or model.ByteSize() > MAX_INLINE_BYTES:
         data = path.with_name(EXTERNAL_DATA_NAME if path.name == "model.onnx" else f"{path.name}.data")
         data.unlink(missing_ok=True)  # onnx appends to an existing data file
-        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=data.name, size_threshold=0)
+        onnx.save(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=data.name,
+            size_threshold=0,
+        )
     else:
         onnx.save(model, str(path))
 
@@ -112,7 +125,12 @@ def constants_to_initializers(model: onnx.ModelProto) -> int:
     graph, kept, moved = model.graph, [], 0
     for node in graph.node:
         value = next((a for a in node.attribute if a.name == "value" and a.HasField("t")), None)
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and value is not None and len(node.attribute) == 1:
+        if (
+            node.op_type == "Constant"
+            and node.domain in ("", "ai.onnx")
+            and value is not None
+            and len(node.attribute) == 1
+        ):
             tensor = onnx.TensorProto()
             tensor.CopyFrom(value.t)
             tensor.name = node.output[0]

@@ -36,15 +36,16 @@ def _register_missing_handlers() -> None:
         return
 
     @tf_op("Erfc")
-    class Erfc:  # noqa: F841 (registered by the decorator)
+    class Erfc:
         @classmethod
         def version_9(cls, ctx: Any, node: Any, **kwargs: Any) -> None:
             """erfc(x) = 1 - erf(x)"""
             node.type = "Erf"
             dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(node.input[0]))
             one = ctx.make_const(utils.make_name(f"{node.name}_one"), np.array(1, dtype=dtype))
-            ctx.insert_new_node_on_output("Sub", node.output[0], inputs=[one.output[0], node.output[0]],
-                                          name=utils.make_name(f"{node.name}_erfc"))
+            ctx.insert_new_node_on_output(
+                "Sub", node.output[0], inputs=[one.output[0], node.output[0]], name=utils.make_name(f"{node.name}_erfc")
+            )
 
     _register_missing_handlers.done = True  # type: ignore[attr-defined]
 
@@ -66,8 +67,10 @@ def _signature_def(proto: Any, name: str) -> Any:
     for meta_graph in proto.meta_graphs:
         if name in meta_graph.signature_def:
             return meta_graph.signature_def[name]
-    raise InputError(f"the SavedModel has no signature '{name}'",
-                     f"choose one with --signature: {', '.join(available) or 'it has none'}")
+    raise InputError(
+        f"the SavedModel has no signature '{name}'",
+        f"choose one with --signature: {', '.join(available) or 'it has none'}",
+    )
 
 
 def _spec(key: str, info: Any) -> TensorSpec:
@@ -117,23 +120,31 @@ class SavedModelExporter(Exporter):
                 # tf2onnx re-traces the signature: its graph's tensor names are its own, and it
                 # says which signature key each one carries.
                 graph_def, input_names, output_names, tensor_names = tf_loader.from_saved_model(
-                    str(src), None, None, signatures=[signature_name], return_tensors_to_rename=True)
-                model, _ = tf2onnx.convert.from_graph_def(graph_def, opset=opset, input_names=input_names,
-                                                          output_names=output_names)
+                    str(src), None, None, signatures=[signature_name], return_tensors_to_rename=True
+                )
+                model, _ = tf2onnx.convert.from_graph_def(
+                    graph_def, opset=opset, input_names=input_names, output_names=output_names
+                )
             except Exception as exc:
-                raise ExportError(f"tf2onnx could not convert '{src.name}': {first_line(exc)}",
-                                  "re-run with --debug for the converter's output") from exc
+                raise ExportError(
+                    f"tf2onnx could not convert '{src.name}': {first_line(exc)}",
+                    "re-run with --debug for the converter's output",
+                ) from exc
             loaded = tf.saved_model.load(str(src))
         if set(tensor_names.values()) != set(signature.input_names + signature.output_names):
-            raise ExportError(f"tf2onnx's tensors {sorted(tensor_names.values())} do not match signature "
-                              f"'{signature_name}' ({', '.join(signature.input_names + signature.output_names)})")
+            raise ExportError(
+                f"tf2onnx's tensors {sorted(tensor_names.values())} do not match signature "
+                f"'{signature_name}' ({', '.join(signature.input_names + signature.output_names)})"
+            )
         rename_values(model, tensor_names)
         set_io_dims(model, {t.name: t.shape for t in signature.inputs + signature.outputs})
         try:
             onnx.checker.check_model(model)
         except Exception as exc:  # e.g. an operator tf2onnx logged as unsupported but wrote anyway
-            raise ExportError(f"tf2onnx wrote an invalid ONNX model for '{src.name}': {first_line(exc)}",
-                              "the SavedModel uses a TensorFlow operator with no ONNX mapping") from exc
+            raise ExportError(
+                f"tf2onnx wrote an invalid ONNX model for '{src.name}': {first_line(exc)}",
+                "the SavedModel uses a TensorFlow operator with no ONNX mapping",
+            ) from exc
         onnx_path = workdir / "model.onnx"
         onnx.save(model, str(onnx_path))
         function = loaded.signatures[signature_name]
@@ -143,7 +154,9 @@ class SavedModelExporter(Exporter):
             return {k: v.numpy() for k, v in result.items()}
 
         return ConvertedModel(
-            onnx_path=onnx_path, signature=signature, run_source=run_source,
+            onnx_path=onnx_path,
+            signature=signature,
+            run_source=run_source,
             conversion_path=f"tf2onnx {tf2onnx.__version__} (signature '{signature_name}', opset {opset})",
             library_versions={"tensorflow": tf.__version__, "tf2onnx": tf2onnx.__version__, "onnx": onnx.__version__},
             opset=opset,

@@ -17,7 +17,7 @@ to validate each dynamic one at, before any conversion work starts:
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -30,7 +30,11 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 # Names converters make up, which tell a user nothing: tf2onnx's unk__N, paddle2onnx's
 # DynamicDimension.N, torch's sN and <op><tensor>_dim_N, and anything holding an expression.
 _GENERATED = re.compile(r"(?i)dynamicdimension|^unk__|^s\d+$|_dim_?\d+$|^d_\d|^(?:add|div|mul|sub|concat)")
-_SPATIAL_NAMES = {"NCW": {2: "length"}, "NCHW": {2: "height", 3: "width"}, "NCDHW": {2: "depth", 3: "height", 4: "width"}}
+_SPATIAL_NAMES = {
+    "NCW": {2: "length"},
+    "NCHW": {2: "height", 3: "width"},
+    "NCDHW": {2: "depth", 3: "height", 4: "width"},
+}
 
 
 def is_readable(name: str) -> bool:
@@ -39,8 +43,9 @@ def is_readable(name: str) -> bool:
 
 def _rename(signature: Signature, mapping: Mapping[str, Dim]) -> Signature:
     def spec(t: TensorSpec) -> TensorSpec:
-        return TensorSpec(t.name, t.dtype, tuple(mapping.get(d, d) if isinstance(d, str) else d for d in t.shape),
-                          t.layout)
+        return TensorSpec(
+            t.name, t.dtype, tuple(mapping.get(d, d) if isinstance(d, str) else d for d in t.shape), t.layout
+        )
 
     return Signature(tuple(spec(t) for t in signature.inputs), tuple(spec(t) for t in signature.outputs))
 
@@ -70,8 +75,9 @@ def readable_dims(signature: Signature) -> Signature:
                 else:
                     role = _SPATIAL_NAMES.get(spec.layout or "", {}).get(axis) if is_input else None
                     base = _safe(spec.name)
-                    candidates = ([role] if role and single_image else []) + \
-                        [f"{base}_{role}" if role else f"{base}_dim{axis}"]
+                    candidates = ([role] if role and single_image else []) + [
+                        f"{base}_{role}" if role else f"{base}_dim{axis}"
+                    ]
                     candidates += [f"{candidates[-1]}_{i}" for i in range(2, 100)]
                 for candidate in candidates:
                     if owner.get(candidate, d) == d or candidate == BATCH_DIM:
@@ -93,14 +99,20 @@ def apply_input_shapes(signature: Signature, options: ExportOptions) -> Signatur
     for shape in options.input_shapes:
         spec = by_name.get(shape.name)
         if spec is None:
-            raise InputError(f"--input-shape names '{shape.name}', which the model does not take",
-                             f"its inputs are: {', '.join(signature.input_names)}")
+            raise InputError(
+                f"--input-shape names '{shape.name}', which the model does not take",
+                f"its inputs are: {', '.join(signature.input_names)}",
+            )
         if len(shape.shape) != len(spec.shape):
-            raise InputError(f"--input-shape gives '{shape.name}' {len(shape.shape)} dims, but the model declares "
-                             f"rank {len(spec.shape)} {spec.shape_text()}",
-                             f"give one size per dim, e.g. {template(spec, {}, signature.has_dynamic_batch)}")
+            raise InputError(
+                f"--input-shape gives '{shape.name}' {len(shape.shape)} dims, but the model declares "
+                f"rank {len(spec.shape)} {spec.shape_text()}",
+                f"give one size per dim, e.g. {template(spec, {}, signature.has_dynamic_batch)}",
+            )
         if shape.dtype != spec.dtype and shape.dtype != "float32":
-            raise InputError(f"--input-shape gives '{shape.name}' dtype {shape.dtype}, but the model takes {spec.dtype}")
+            raise InputError(
+                f"--input-shape gives '{shape.name}' dtype {shape.dtype}, but the model takes {spec.dtype}"
+            )
         for axis, (size, declared) in enumerate(zip(shape.shape, spec.shape)):
             named = shape.dim_names.get(axis)
             if isinstance(declared, int):
@@ -108,7 +120,8 @@ def apply_input_shapes(signature: Signature, options: ExportOptions) -> Signatur
                     raise InputError(
                         f"axis {axis} of '{shape.name}' is fixed at {declared} in the model; --input-shape "
                         f"gives {named + '=' if named else ''}{size}",
-                        f"pass {declared} there (a fixed dimension cannot be resized or made dynamic)")
+                        f"pass {declared} there (a fixed dimension cannot be resized or made dynamic)",
+                    )
                 continue
             if named:
                 target: Dim = named
@@ -117,14 +130,19 @@ def apply_input_shapes(signature: Signature, options: ExportOptions) -> Signatur
             else:
                 target = size
             if mapping.setdefault(declared, target) != target:
-                raise InputError(f"dimension '{declared}' is given as both {mapping[declared]} and {target}",
-                                 "inputs that share a dimension must give it the same size or name")
+                raise InputError(
+                    f"dimension '{declared}' is given as both {mapping[declared]} and {target}",
+                    "inputs that share a dimension must give it the same size or name",
+                )
     if options.static_shapes:
-        unsized = [f"'{t.name}'" for t in signature.inputs
-                   if any(isinstance(d, str) and d not in mapping for d in t.shape)]
+        unsized = [
+            f"'{t.name}'" for t in signature.inputs if any(isinstance(d, str) and d not in mapping for d in t.shape)
+        ]
         if unsized:
-            raise InputError(f"--static-shapes needs a size for every dynamic dim of {', '.join(unsized)}",
-                             "give each such input an --input-shape")
+            raise InputError(
+                f"--static-shapes needs a size for every dynamic dim of {', '.join(unsized)}",
+                "give each such input an --input-shape",
+            )
     return _rename(signature, mapping) if mapping else signature
 
 
@@ -143,8 +161,9 @@ def template(spec: TensorSpec, sizes: Mapping[str, int], batch: bool = True) -> 
     return f"{spec.name}:{','.join(items)}{dtype}"
 
 
-def example_sizes(signature: Signature, options: ExportOptions,
-                  metadata: Mapping[str, int] | None = None) -> dict[str, int]:
+def example_sizes(
+    signature: Signature, options: ExportOptions, metadata: Mapping[str, int] | None = None
+) -> dict[str, int]:
     """A size for every dynamic dim: from --input-shape, --example-input, then the model's metadata.
 
     Raises before any work with the ``--input-shape`` that would size what nothing sizes.
@@ -170,14 +189,17 @@ def example_sizes(signature: Signature, options: ExportOptions,
         inputs = list(dict.fromkeys(t.name for t, _, _ in missing))
         dims = ", ".join(dict.fromkeys(f"{d} (axis {axis} of '{t.name}')" for t, axis, d in missing))
         hint = " ".join(f"--input-shape {template(specs[n], sizes, signature.has_dynamic_batch)}" for n in inputs)
-        raise InputError(f"no size to validate dynamic dimension(s) {dims} at",
-                         f"pass {hint} with SIZE replaced by a size the model takes (name=SIZE keeps the dim "
-                         f"dynamic, a plain number fixes it), or --example-input FILE.npz")
+        raise InputError(
+            f"no size to validate dynamic dimension(s) {dims} at",
+            f"pass {hint} with SIZE replaced by a size the model takes (name=SIZE keeps the dim "
+            f"dynamic, a plain number fixes it), or --example-input FILE.npz",
+        )
     return sizes
 
 
-def settle_outputs(signature: Signature, references: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
-                   ) -> Signature:
+def settle_outputs(
+    signature: Signature, references: Sequence[tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
+) -> Signature:
     """Output dims as the reference runs show them.
 
     A dynamic output dim whose size followed an input dim in every run takes that dim's name; one
@@ -235,8 +257,9 @@ def _input_dims_that_varied(signature: Signature, batches: Sequence[Mapping[str,
     return [d for d in names if len({b.get(d) for b in bound}) > 1]
 
 
-def resolve_signature(signature: Signature, options: ExportOptions,
-                      metadata: Mapping[str, int] | None = None) -> tuple[Signature, dict[str, int]]:
+def resolve_signature(
+    signature: Signature, options: ExportOptions, metadata: Mapping[str, int] | None = None
+) -> tuple[Signature, dict[str, int]]:
     """The signature a package will declare for its inputs, and a size for each dynamic dim.
 
     Idempotent, so an exporter may call it before converting (to stop before any work) and the

@@ -50,38 +50,57 @@ class TorchExportExporter(Exporter):
             with torch.no_grad():
                 outputs = flatten_outputs(module(*args))
         except (AssertionError, RuntimeError, ValueError) as exc:  # the program's shape guards
-            raise InputError(f"the program refuses the example inputs "
-                             f"({', '.join(f'{n}: {list(a.shape)}' for n, a in example.items())}): {first_line(exc)}",
-                             "give sizes within the ranges the program was exported with") from exc
+            raise InputError(
+                f"the program refuses the example inputs "
+                f"({', '.join(f'{n}: {list(a.shape)}' for n, a in example.items())}): {first_line(exc)}",
+                "give sizes within the ranges the program was exported with",
+            ) from exc
         output_names = output_names_for(outputs)
         onnx_path = workdir / "model.onnx"
         try:
             with quiet():
-                torch.onnx.export(program, args, str(onnx_path), dynamo=True, external_data=False,
-                                  input_names=[t.name for t in declared], output_names=output_names)
+                torch.onnx.export(
+                    program,
+                    args,
+                    str(onnx_path),
+                    dynamo=True,
+                    external_data=False,
+                    input_names=[t.name for t in declared],
+                    output_names=output_names,
+                )
             onnx.checker.check_model(str(onnx_path))
         except Exception as exc:
             raise unsupported_operator(src, exc) or ExportError(
                 f"'{src.name}' could not be converted to ONNX: {first_line(exc)}",
-                "re-run with --debug for the converter's output") from exc
+                "re-run with --debug for the converter's output",
+            ) from exc
         model = onnx.load(str(onnx_path))
         signature = readable_dims(signature_from_onnx(model))
         # The program's own example inputs size its dynamic dims when the user gave none.
-        hints = {d: int(np.shape(example[t.name])[axis]) for t in signature.inputs
-                 for axis, d in enumerate(t.shape) if isinstance(d, str)}
+        hints = {
+            d: int(np.shape(example[t.name])[axis])
+            for t in signature.inputs
+            for axis, d in enumerate(t.shape)
+            if isinstance(d, str)
+        }
         input_names = [t.name for t in declared]
 
         def run_source(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             with torch.no_grad():
-                result = flatten_outputs(module(*(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in input_names)))
+                result = flatten_outputs(
+                    module(*(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in input_names))
+                )
             return {n: t.detach().cpu().numpy() for n, t in zip(output_names, result)}
 
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         return ConvertedModel(
-            onnx_path=onnx_path, signature=signature, run_source=run_source,
+            onnx_path=onnx_path,
+            signature=signature,
+            run_source=run_source,
             conversion_path="torch.onnx (dynamo) from the ExportedProgram",
             library_versions={"torch": torch.__version__, "onnx": onnx.__version__},
-            opset=opset, size_hints=hints,
+            opset=opset,
+            size_hints=hints,
         )
 
 
@@ -92,8 +111,10 @@ def _load(src: Path) -> Any:
         with quiet():
             return torch.export.load(str(src))
     except Exception as exc:
-        raise InputError(f"'{src}' cannot be loaded as a torch.export program: {first_line(exc)}",
-                         "save it with torch.export.save(torch.export.export(model, args), 'model.pt2')") from exc
+        raise InputError(
+            f"'{src}' cannot be loaded as a torch.export program: {first_line(exc)}",
+            "save it with torch.export.save(torch.export.export(model, args), 'model.pt2')",
+        ) from exc
 
 
 def _declared_inputs(program: Any) -> list[TensorSpec]:
@@ -106,8 +127,10 @@ def _declared_inputs(program: Any) -> list[TensorSpec]:
     for name in user:
         value = values.get(name)
         if value is None or not hasattr(value, "shape"):
-            raise ExportError(f"input '{name}' of the program is not a tensor; only tensor inputs can be exported",
-                              "wrap the model so forward() takes tensors only")
+            raise ExportError(
+                f"input '{name}' of the program is not a tensor; only tensor inputs can be exported",
+                "wrap the model so forward() takes tensors only",
+            )
         dims = tuple(int(d) if isinstance(d, int) or str(d).isdigit() else str(d) for d in value.shape)
         specs.append(TensorSpec(name, str(value.dtype).removeprefix("torch."), dims))
     if not specs:
@@ -125,14 +148,21 @@ def _example_arrays(program: Any, declared: list[TensorSpec], options: ExportOpt
         given = {n: a.detach().cpu().numpy() for n, a in zip(names, args)}
     elif options.input_shapes:
         rng = np.random.default_rng(0)
-        given = {s.name: random_tensor(TensorSpec(s.name, s.dtype, s.shape), s.shape, rng) for s in options.input_shapes}
+        given = {
+            s.name: random_tensor(TensorSpec(s.name, s.dtype, s.shape), s.shape, rng) for s in options.input_shapes
+        }
     else:
-        shapes = " ".join(f"--input-shape {t.name}:{','.join(str(d) if isinstance(d, int) else 'SIZE' for d in t.shape)}"
-                          for t in declared)
-        raise InputError("the program was saved without example inputs and no sizes were given",
-                         f"pass {shapes} (SIZE: a size the model takes), or --example-input FILE.npz")
+        shapes = " ".join(
+            f"--input-shape {t.name}:{','.join(str(d) if isinstance(d, int) else 'SIZE' for d in t.shape)}"
+            for t in declared
+        )
+        raise InputError(
+            "the program was saved without example inputs and no sizes were given",
+            f"pass {shapes} (SIZE: a size the model takes), or --example-input FILE.npz",
+        )
     if set(given) != set(names):
-        raise InputError(f"inputs given for {', '.join(sorted(given))} but the program takes {', '.join(names)}",
-                         "name each --input-shape / example array after the program's input")
+        raise InputError(
+            f"inputs given for {', '.join(sorted(given))} but the program takes {', '.join(names)}",
+            "name each --input-shape / example array after the program's input",
+        )
     return {n: np.ascontiguousarray(given[n]) for n in names}
-

@@ -17,8 +17,8 @@ from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
 from unideploy.exporters.onnx_io import set_io_dims
-from unideploy.samples import random_tensor
 from unideploy.quiet import quiet
+from unideploy.samples import random_tensor
 from unideploy.signature import BATCH_DIM, TensorSpec, signature_from_onnx
 
 DEFAULT_OPSET = 17
@@ -77,7 +77,9 @@ class TorchScriptExporter(Exporter):
 
         def run_source(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             with torch.no_grad():
-                result = flatten_outputs(module(*(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in arg_names)))
+                result = flatten_outputs(
+                    module(*(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in arg_names))
+                )
             return {n: t.detach().cpu().numpy() for n, t in zip(output_names, result)}
 
         return ConvertedModel(
@@ -132,8 +134,7 @@ def _example_inputs(arg_names: list[str], options: ExportOptions) -> dict[str, n
     elif options.input_shapes:
         rng = np.random.default_rng(0)
         given = {
-            s.name: random_tensor(TensorSpec(s.name, s.dtype, s.shape), s.shape, rng)
-            for s in options.input_shapes
+            s.name: random_tensor(TensorSpec(s.name, s.dtype, s.shape), s.shape, rng) for s in options.input_shapes
         }
     else:
         raise InputError(
@@ -173,37 +174,69 @@ def output_names_for(outputs: list[Any]) -> list[str]:
     return ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
 
 
-def _export_legacy(module: Any, args: tuple, path: Path, input_names: list[str], output_names: list[str],
-                   dynamic: dict[str, dict[int, str]], opset: int) -> None:
+def _export_legacy(
+    module: Any,
+    args: tuple,
+    path: Path,
+    input_names: list[str],
+    output_names: list[str],
+    dynamic: dict[str, dict[int, str]],
+    opset: int,
+) -> None:
     import torch
 
     with quiet():
         torch.onnx.export(
-            module, args, str(path), dynamo=False, opset_version=opset, do_constant_folding=True,
-            input_names=input_names, output_names=output_names, dynamic_axes=dynamic or None,
+            module,
+            args,
+            str(path),
+            dynamo=False,
+            opset_version=opset,
+            do_constant_folding=True,
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_axes=dynamic or None,
         )
 
 
-def _export_via_torch_export(module: Any, args: tuple, path: Path, input_names: list[str],
-                             output_names: list[str]) -> None:
+def _export_via_torch_export(
+    module: Any, args: tuple, path: Path, input_names: list[str], output_names: list[str]
+) -> None:
     import torch
     from torch._export.converter import TS2EPConverter
 
     with quiet():
         program = TS2EPConverter(module, args).convert()
-        torch.onnx.export(program, args, str(path), dynamo=True, external_data=False,
-                          input_names=input_names, output_names=output_names)
+        torch.onnx.export(
+            program,
+            args,
+            str(path),
+            dynamo=True,
+            external_data=False,
+            input_names=input_names,
+            output_names=output_names,
+        )
 
 
-def _pin_static_dims(path: Path, example: dict[str, np.ndarray], outputs: list[Any], output_names: list[str],
-                     dynamic: dict[str, dict[int, str]]) -> None:
+def _pin_static_dims(
+    path: Path,
+    example: dict[str, np.ndarray],
+    outputs: list[Any],
+    output_names: list[str],
+    dynamic: dict[str, dict[int, str]],
+) -> None:
     """torch.export makes every dim symbolic; fix those the user did not declare dynamic."""
     import onnx
 
     model = onnx.load(str(path))
     sizes = {**{n: a.shape for n, a in example.items()}, **{n: tuple(o.shape) for n, o in zip(output_names, outputs)}}
-    set_io_dims(model, {name: [dynamic.get(name, {}).get(axis, size) for axis, size in enumerate(shape)]
-                        for name, shape in sizes.items()})
+    set_io_dims(
+        model,
+        {
+            name: [dynamic.get(name, {}).get(axis, size) for axis, size in enumerate(shape)]
+            for name, shape in sizes.items()
+        },
+    )
     onnx.save(model, str(path))
 
 
@@ -218,7 +251,8 @@ def unsupported_operator(src: Path, *errors: Exception) -> ExportError | None:
             op = match.group(1).replace("aten.", "aten::")
             return ExportError(
                 f"'{src.name}' uses operator {op}, which has no ONNX conversion ("
-                + "; ".join(first_line(e) for e in errors) + ")",
+                + "; ".join(first_line(e) for e in errors)
+                + ")",
                 f"replace {op} in the model with supported operations, or compute it outside the model",
             )
     return None

@@ -20,8 +20,9 @@ import json
 import pickle
 import re
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from unideploy.errors import InputError
 
@@ -116,8 +117,11 @@ def program_findings(program: Any) -> list[str]:
     """Flagged operators in a torch.export program. Its graph can call only what deserialization
     resolves by name (ATen and registered operators, ``operator.getitem``, higher-order operators),
     never arbitrary Python."""
-    kinds = {node.target._schema.name for node in program.graph_module.graph.nodes
-             if node.op == "call_function" and hasattr(node.target, "_schema")}
+    kinds = {
+        node.target._schema.name
+        for node in program.graph_module.graph.nodes
+        if node.op == "call_function" and hasattr(node.target, "_schema")
+    }
     return _described(kinds, TORCHSCRIPT_OPS, "the program's graph")
 
 
@@ -127,8 +131,9 @@ def savedmodel_findings(proto: Any) -> list[str]:
     for meta in proto.meta_graphs:
         findings += _described({n.op for n in meta.graph_def.node}, TENSORFLOW_OPS, "the graph")
         for function in meta.graph_def.library.function:
-            findings += _described({n.op for n in function.node_def}, TENSORFLOW_OPS,
-                                   f"function {function.signature.name}")
+            findings += _described(
+                {n.op for n in function.node_def}, TENSORFLOW_OPS, f"function {function.signature.name}"
+            )
     return findings
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -49,23 +50,42 @@ class GpuRequest:
 def engine_tolerance(plan: BuildPlan, manifest: Manifest, references: list[tuple[dict, dict]]) -> dict[str, Any]:
     """The tolerance an engine is held to against the source model, at export or on the serving
     GPU: what its precision can keep, on the scale of this model's outputs."""
-    largest = max((float(np.abs(out).max()) for _, outputs in references for out in outputs.values()
-                   if out.size and np.issubdtype(out.dtype, np.floating)), default=1.0)
+    largest = max(
+        (
+            float(np.abs(out).max())
+            for _, outputs in references
+            for out in outputs.values()
+            if out.size and np.issubdtype(out.dtype, np.floating)
+        ),
+        default=1.0,
+    )
     if plan.precision == "fp32":
         onnx = manifest.validation.get(plan.artifact.id, {})
         atol = max(DEFAULT_ATOL, 10 * max((o["max_abs_error"] for o in onnx.get("outputs", {}).values()), default=0))
-        return {"atol": atol, "rtol": DEFAULT_RTOL,
-                "tolerance_basis": "fp32: the default tolerance, or 10x the ONNX artifact's own error"}
+        return {
+            "atol": atol,
+            "rtol": DEFAULT_RTOL,
+            "tolerance_basis": "fp32: the default tolerance, or 10x the ONNX artifact's own error",
+        }
     if plan.precision == "fp16":
-        return {"atol": FP16_RELATIVE * largest, "rtol": FP16_RELATIVE,
-                "tolerance_basis": f"fp16: {FP16_RELATIVE:.0%} of the largest reference output"}
+        return {
+            "atol": FP16_RELATIVE * largest,
+            "rtol": FP16_RELATIVE,
+            "tolerance_basis": f"fp16: {FP16_RELATIVE:.0%} of the largest reference output",
+        }
     if not plan.calibrate:
         qdq = manifest.validation.get(plan.artifact.id, {})
-        return {"atol": 2 * qdq.get("atol", DEFAULT_ATOL), "rtol": 2 * qdq.get("rtol", DEFAULT_RTOL),
-                "tolerance_basis": f"explicit int8: twice the tolerance of '{plan.artifact.id}' on ONNX Runtime"}
-    return {"atol": CALIBRATED_INT8_RELATIVE * largest, "rtol": CALIBRATED_INT8_RELATIVE,
-            "tolerance_basis": f"calibrated int8: {CALIBRATED_INT8_RELATIVE:.0%} of the largest reference output "
-                               "(no accuracy budget; export with --int8-variant symmetric for one)"}
+        return {
+            "atol": 2 * qdq.get("atol", DEFAULT_ATOL),
+            "rtol": 2 * qdq.get("rtol", DEFAULT_RTOL),
+            "tolerance_basis": f"explicit int8: twice the tolerance of '{plan.artifact.id}' on ONNX Runtime",
+        }
+    return {
+        "atol": CALIBRATED_INT8_RELATIVE * largest,
+        "rtol": CALIBRATED_INT8_RELATIVE,
+        "tolerance_basis": f"calibrated int8: {CALIBRATED_INT8_RELATIVE:.0%} of the largest reference output "
+        "(no accuracy budget; export with --int8-variant symmetric for one)",
+    }
 
 
 def _calibration_file(path: str | Path, manifest: Manifest, work: Path) -> Path:
@@ -74,12 +94,13 @@ def _calibration_file(path: str | Path, manifest: Manifest, work: Path) -> Path:
     dataset = load_dataset(path, manifest.signature).take(0, MAX_CALIBRATION_ROWS)
     out = work / CALIBRATION_FILE
     with open(out, "wb") as fh:
-        np.savez(fh, **dataset.inputs)
+        np.savez(fh, **dataset.inputs)  # type: ignore[arg-type]  # numpy stub: **arrays read as allow_pickle
     return out
 
 
-def _stage_recipe(package: Package, plan: BuildPlan, request: GpuRequest, profiles: list, work: Path,
-                  calibration: Path | None) -> tuple[EngineSpec, Path]:
+def _stage_recipe(
+    package: Package, plan: BuildPlan, request: GpuRequest, profiles: list, work: Path, calibration: Path | None
+) -> tuple[EngineSpec, Path]:
     """Write the recipe into ``work/artifacts`` beside a link to its ONNX, as it will lie in the
     package, so the same files serve the checks here, the build here and the package; return it
     and its path."""
@@ -91,12 +112,16 @@ def _stage_recipe(package: Package, plan: BuildPlan, request: GpuRequest, profil
     if calibration is not None and not (folder / CALIBRATION_FILE).exists():
         os.symlink(calibration, folder / CALIBRATION_FILE)
     spec = EngineSpec(
-        onnx=onnx_name, onnx_sha256=plan.artifact.sha256, precision=plan.precision, profiles=tuple(profiles),
+        onnx=onnx_name,
+        onnx_sha256=plan.artifact.sha256,
+        precision=plan.precision,
+        profiles=tuple(profiles),
         int8=("calibrated" if plan.calibrate else "explicit") if plan.precision == "int8" else None,
         workspace_mib=request.workspace_mib,
         calibration=CALIBRATION_FILE if plan.calibrate else None,
         calibration_sha256=digest_path(calibration)[0] if plan.calibrate and calibration else None,
-        engines=f"engines/tensorrt-{plan.precision}", root=folder,
+        engines=f"engines/tensorrt-{plan.precision}",
+        root=folder,
     )
     path = spec.write(folder / f"tensorrt-{plan.precision}{SPEC_SUFFIX}")
     spec.check()
@@ -107,8 +132,13 @@ def _stage_recipe(package: Package, plan: BuildPlan, request: GpuRequest, profil
     return spec, path
 
 
-def build_gpu(package_path: str | Path, output: str | Path, request: GpuRequest | None = None,
-              overwrite: bool = False, progress: Progress | None = None) -> Path:
+def build_gpu(
+    package_path: str | Path,
+    output: str | Path,
+    request: GpuRequest | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Path:
     """Write ``output``: the package with its TensorRT artifacts first, so that a GPU machine
     serves them and any other machine passes over them to the ONNX artifact."""
     request = request or GpuRequest()
@@ -130,27 +160,57 @@ def build_gpu(package_path: str | Path, output: str | Path, request: GpuRequest 
             plan = plan_build(manifest, precision, package.path_of, request.calibration is not None)
             say(f"TensorRT {precision}: {plan.reason}")
             if plan.calibrate and calibration is None:
+                assert request.calibration is not None  # plan_build calibrates only when there is data
                 calibration = _calibration_file(request.calibration, manifest, work)
             spec, spec_path = _stage_recipe(package, plan, request, profiles, work, calibration)
             tolerance = engine_tolerance(plan, manifest, references)
-            companions = {f"{ARTIFACTS}/{CALIBRATION_FILE}": calibration} if spec.calibration else {}
+            companions: dict[str, Path] = (
+                {f"{ARTIFACTS}/{CALIBRATION_FILE}": calibration} if calibration and spec.calibration else {}
+            )
             if found.ok:
                 say(f"building and checking the TensorRT {precision} engine on this GPU")
                 cache = work / "engines" / precision
                 with tensorrt(spec_path, manifest.signature, RuntimeOptions(device="gpu", engine_cache=cache)) as trt:
-                    record = validate(trt.run, references, tolerance["atol"], tolerance["rtol"],
-                                      reference=manifest.source["framework"])
+                    record = validate(
+                        trt.run,
+                        references,
+                        tolerance["atol"],
+                        tolerance["rtol"],
+                        reference=manifest.source["framework"],
+                    )
                 record["tolerance_basis"] = tolerance["tolerance_basis"]
                 require_passed(record, f"the TensorRT {precision} engine")
-                companions.update({f"{ARTIFACTS}/{spec.engines}/{f.name}": f for f in sorted(cache.glob("*.*"))
-                                   if f.suffix in (".plan", ".json")})
+                companions.update(
+                    {
+                        f"{ARTIFACTS}/{spec.engines}/{f.name}": f
+                        for f in sorted(cache.glob("*.*"))
+                        if f.suffix in (".plan", ".json")
+                    }
+                )
             else:
-                record = {"deferred": f"TensorRT cannot run where the package was made ({found.detail}); the engine "
-                                      "is built and checked on the serving GPU ('deploy verify --device gpu')",
-                          **tolerance}
-            added.append((Artifact(f"tensorrt-{precision}", f"{ARTIFACTS}/{spec_path.name}", "tensorrt", precision,
-                                   "", 0, ["tensorrt", "onnxruntime"], derived_from=plan.artifact.id,
-                                   targets=["gpu"]), spec_path, companions, record))
+                record = {
+                    "deferred": f"TensorRT cannot run where the package was made ({found.detail}); the engine "
+                    "is built and checked on the serving GPU ('deploy verify --device gpu')",
+                    **tolerance,
+                }
+            added.append(
+                (
+                    Artifact(
+                        f"tensorrt-{precision}",
+                        f"{ARTIFACTS}/{spec_path.name}",
+                        "tensorrt",
+                        precision,
+                        "",
+                        0,
+                        ["tensorrt", "onnxruntime"],
+                        derived_from=plan.artifact.id,
+                        targets=["gpu"],
+                    ),
+                    spec_path,
+                    companions,
+                    record,
+                )
+            )
 
         say("writing the package")
         return extend_package(package, package_path, output, added, overwrite, first=True)

@@ -21,7 +21,8 @@ is within its budget (``--max-accuracy-drop``, or ``--min-cosine`` for cosine).
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,20 +49,31 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
             return "cosine", f"'{name}' names {ref.shape[-1]}-d embeddings: cosine similarity"
         return "top1", f"rows are scores over {ref.shape[-1]} classes: top-1 agreement"
     if (head := detections.layout(ref)) is not None:
-        return "detection", f"{head.name} detector head: agreement of the detections after score >= " \
-                            f"{detections.SCORE_THRESHOLD} and NMS (same class, IoU >= {detections.MATCH_IOU})"
-    return "relerr", f"{'x'.join(map(str, ref.shape[1:])) or 'scalar'} values per row (boxes, maps, regression): " \
-                     "relative error"
+        return (
+            "detection",
+            f"{head.name} detector head: agreement of the detections after score >= "
+            f"{detections.SCORE_THRESHOLD} and NMS (same class, IoU >= {detections.MATCH_IOU})",
+        )
+    return (
+        "relerr",
+        f"{'x'.join(map(str, ref.shape[1:])) or 'scalar'} values per row (boxes, maps, regression): relative error",
+    )
 
 
 def _probabilities(ref: np.ndarray) -> bool:
     values = ref.astype(np.float64)
-    return ref.ndim >= 2 and ref.shape[-1] >= 2 and np.issubdtype(ref.dtype, np.floating) \
-        and bool((values >= -1e-6).all()) and bool(np.allclose(values.sum(-1), 1.0, atol=1e-3))
+    return (
+        ref.ndim >= 2
+        and ref.shape[-1] >= 2
+        and np.issubdtype(ref.dtype, np.floating)
+        and bool((values >= -1e-6).all())
+        and bool(np.allclose(values.sum(-1), 1.0, atol=1e-3))
+    )
 
 
-def choose_metrics(requested: str | Sequence[str], reference: Mapping[str, np.ndarray],
-                   has_labels: bool) -> dict[str, tuple[str, str]]:
+def choose_metrics(
+    requested: str | Sequence[str], reference: Mapping[str, np.ndarray], has_labels: bool
+) -> dict[str, tuple[str, str]]:
     """(metric, why) per output: ``auto`` chooses; ``NAME`` applies to every output, ``OUTPUT=NAME``
     to one. ``accuracy`` (chosen by auto when there are labels) goes to the first class-score output."""
     items = [requested] if isinstance(requested, str) else list(requested) or ["auto"]
@@ -71,14 +83,18 @@ def choose_metrics(requested: str | Sequence[str], reference: Mapping[str, np.nd
         if metric not in METRICS:
             raise InputError(f"unknown metric '{metric}'", f"use one of: {', '.join(METRICS)}")
         if output and output not in reference:
-            raise InputError(f"--metric names output '{output}', which the model does not produce",
-                             f"its outputs are: {', '.join(reference)}")
+            raise InputError(
+                f"--metric names output '{output}', which the model does not produce",
+                f"its outputs are: {', '.join(reference)}",
+            )
         if output:
             per_output[output] = metric
         else:
             default = metric
     if "accuracy" in (default, *per_output.values()) and not has_labels:
-        raise InputError("--metric accuracy needs labels", "add a 'labels' array to the data, or use --metric top1/cosine")
+        raise InputError(
+            "--metric accuracy needs labels", "add a 'labels' array to the data, or use --metric top1/cosine"
+        )
     chosen: dict[str, tuple[str, str]] = {}
     auto = [name for name in reference if per_output.get(name, default) == "auto"]
     for name, ref in reference.items():
@@ -88,10 +104,18 @@ def choose_metrics(requested: str | Sequence[str], reference: Mapping[str, np.nd
     classes = next((n for n in auto if _probabilities(reference[n])), None)
     for name in auto:
         ref = reference[name]
-        if classes and name != classes and chosen[name][0] == "top1" and not _probabilities(ref) \
-                and np.issubdtype(ref.dtype, np.floating):
-            chosen[name] = ("relerr", f"raw values beside the class probabilities of '{classes}' (boxes, landmarks, "
-                                      "regression): relative error")
+        if (
+            classes
+            and name != classes
+            and chosen[name][0] == "top1"
+            and not _probabilities(ref)
+            and np.issubdtype(ref.dtype, np.floating)
+        ):
+            chosen[name] = (
+                "relerr",
+                f"raw values beside the class probabilities of '{classes}' (boxes, landmarks, "
+                "regression): relative error",
+            )
     if has_labels and default == "auto" and "accuracy" not in per_output.values():
         first = next((n for n, (m, _) in chosen.items() if m == "top1" and n not in per_output), None)
         if first is not None:
@@ -124,9 +148,14 @@ def _classes(a: np.ndarray) -> np.ndarray:
     return np.argmax(a, axis=-1).reshape(a.shape[0], -1) if a.ndim > 1 else a.reshape(-1, 1)
 
 
-def compare(reference: Sequence[dict[str, np.ndarray]], candidate: Sequence[dict[str, np.ndarray]],
-            labels: np.ndarray | None, metric: str | Sequence[str], budget_points: float,
-            min_cosine: float | None = None) -> dict[str, Any]:
+def compare(
+    reference: Sequence[Mapping[str, np.ndarray]],
+    candidate: Sequence[Mapping[str, np.ndarray]],
+    labels: np.ndarray | None,
+    metric: str | Sequence[str],
+    budget_points: float,
+    min_cosine: float | None = None,
+) -> dict[str, Any]:
     """Every output of ``candidate`` against ``reference``, by its metric, and the verdict."""
     names = list(reference[0])
     ref = {n: np.concatenate([b[n] for b in reference]) for n in names}
@@ -143,10 +172,13 @@ def compare(reference: Sequence[dict[str, np.ndarray]], candidate: Sequence[dict
         cos = _cosine(r, c)
         agreement = float((_classes(r) == _classes(c)).mean())
         entry: dict[str, Any] = {
-            "metric": kind, "why": why,
+            "metric": kind,
+            "why": why,
             "max_abs_error": float(np.abs(r.astype(np.float64) - c).max()),
-            "cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
-            "relative_error": _relative_error(r, c), "top1_agreement": agreement,
+            "cosine_mean": float(cos.mean()),
+            "cosine_min": float(cos.min()),
+            "relative_error": _relative_error(r, c),
+            "top1_agreement": agreement,
         }
         if kind == "accuracy":
             entry["accuracy_fp32"] = float((_classes(r) == truth).all(axis=1).mean())
@@ -167,20 +199,26 @@ def compare(reference: Sequence[dict[str, np.ndarray]], candidate: Sequence[dict
         entry["within_budget"] = entry["drop_points"] <= entry["budget_points"]
         outputs[n] = entry
     worst = max(outputs, key=lambda n: outputs[n]["drop_points"] - outputs[n]["budget_points"])
-    result.update(metric=outputs[worst]["metric"], deciding_output=worst,
-                  top1_agreement=outputs[names[0]]["top1_agreement"],
-                  drop_points=outputs[worst]["drop_points"], budget_points=outputs[worst]["budget_points"],
-                  within_budget=all(o["within_budget"] for o in outputs.values()))
+    result.update(
+        metric=outputs[worst]["metric"],
+        deciding_output=worst,
+        top1_agreement=outputs[names[0]]["top1_agreement"],
+        drop_points=outputs[worst]["drop_points"],
+        budget_points=outputs[worst]["budget_points"],
+        within_budget=all(o["within_budget"] for o in outputs.values()),
+    )
     return result
 
 
 def _head(name: str, ref: np.ndarray) -> detections.Layout:
     head = detections.layout(ref)
     if head is None:
-        raise InputError(f"--metric detection: output '{name}' {list(ref.shape)} is not a detector head with decoded "
-                         "boxes, or holds no detection on the validation data",
-                         "it needs [N, 4+classes, anchors] or [N, anchors, 5+classes] with (cx, cy, w, h) boxes and "
-                         f"scores >= {detections.SCORE_THRESHOLD}; use --metric relerr for other outputs")
+        raise InputError(
+            f"--metric detection: output '{name}' {list(ref.shape)} is not a detector head with decoded "
+            "boxes, or holds no detection on the validation data",
+            "it needs [N, 4+classes, anchors] or [N, anchors, 5+classes] with (cx, cy, w, h) boxes and "
+            f"scores >= {detections.SCORE_THRESHOLD}; use --metric relerr for other outputs",
+        )
     return head
 
 

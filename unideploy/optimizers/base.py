@@ -9,9 +9,10 @@ asks ``ctx.evaluate`` for the same measurements, or ``ctx.judge`` for the accura
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 

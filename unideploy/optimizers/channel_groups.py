@@ -28,9 +28,27 @@ from onnx import numpy_helper
 from unideploy.optimizers.graph import Layer, attributes, consumers, get_array, initializers, linear_layers, set_array
 
 NORMALIZATIONS = {"BatchNormalization", "InstanceNormalization"}
-CHANNELWISE = {"Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "Clip", "HardSigmoid", "HardSwish", "Elu", "Selu",
-               "Softplus", "Mish", "Gelu", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Dropout",
-               "Identity"}
+CHANNELWISE = {
+    "Relu",
+    "LeakyRelu",
+    "PRelu",
+    "Sigmoid",
+    "Tanh",
+    "Clip",
+    "HardSigmoid",
+    "HardSwish",
+    "Elu",
+    "Selu",
+    "Softplus",
+    "Mish",
+    "Gelu",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "Dropout",
+    "Identity",
+}
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum"}
 REDUCE = {"ReduceMean", "ReduceMax", "ReduceSum"}
 
@@ -80,13 +98,16 @@ class _Analysis:
     def __init__(self, model: onnx.ModelProto) -> None:
         inferred = onnx.shape_inference.infer_shapes(model)
         values = list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)
-        self.shapes = {v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
-                       for v in values if v.type.tensor_type.HasField("shape")}
+        self.shapes = {
+            v.name: [d.dim_value if d.HasField("dim_value") else 0 for d in v.type.tensor_type.shape.dim]
+            for v in values
+            if v.type.tensor_type.HasField("shape")
+        }
         self.model = model
         self.inits = initializers(model)
         self.producers = {t: node for node in model.graph.node for t in node.output}
         self.readers = consumers(model.graph)
-        self.layers = {l.node.name: l for l in linear_layers(model)}
+        self.layers = {layer.node.name: layer for layer in linear_layers(model)}
         self.parent: dict[int, int] = {}
         self.groups: dict[int, Group] = {}
         self.layout: dict[str, Layout] = {}
@@ -145,7 +166,7 @@ class _Analysis:
                 self.freeze(self.layout[output.name], f"its channels are the model output '{output.name}'")
             if output.name in self.flat:
                 self.freeze(self.flat[output.name][0], f"its channels are the model output '{output.name}'")
-        groups = {}
+        groups: dict[int, Group] = {}
         for g in self.parent:
             r = self.root(g)
             groups.setdefault(r, self.groups[r])
@@ -153,7 +174,7 @@ class _Analysis:
         for group in groups.values():
             group.producers.sort(key=lambda layer: order[layer.node.name])
         shared = {name for name, readers in self.readers.items() if name in self.inits and len(readers) > 1}
-        for layer in (l for group in groups.values() for l in group.producers):
+        for layer in (p for group in groups.values() for p in group.producers):
             if layer.weight in shared or layer.bias in shared:
                 self.freeze(self.layout[layer.node.output[0]], f"the weights of '{layer.node.name}' are shared")
         for layer, layout, _ in self.consumers:
@@ -162,7 +183,7 @@ class _Analysis:
         canonical = lambda layout: tuple((self.root(g), c) for g, c in layout)  # noqa: E731
         return ChannelGroups(
             groups=groups,
-            consumers=[(l, canonical(lay), s) for l, lay, s in self.consumers],
+            consumers=[(c, canonical(lay), s) for c, lay, s in self.consumers],
             sliced=[(n, a, canonical(lay)) for n, a, lay in self.sliced],
             regrouped=[(n, canonical(lay)) for n, lay in self.regrouped],
             convolutions=sum(n.op_type == "Conv" for n in model.graph.node),
@@ -223,17 +244,22 @@ class _Analysis:
 
     def _channelwise(self, node: onnx.NodeProto, inputs: list[Layout | None], layout: Layout, rank: int) -> bool:
         axis = 0 if node.op_type in NORMALIZATIONS else None  # their scale, bias, mean, var are [C]
-        return inputs[0] is not None and all(i is None for i in inputs[1:]) and \
-            all(self.slice_constant(name, rank, layout, axis) for name in node.input[1:])
+        return (
+            inputs[0] is not None
+            and all(i is None for i in inputs[1:])
+            and all(self.slice_constant(name, rank, layout, axis) for name in node.input[1:])
+        )
 
     def _spatial_axes(self, node: onnx.NodeProto, rank: int) -> bool:
         """A reduction, Squeeze or Unsqueeze over axes after the channels (global pooling, an SE gate)."""
         axes = attributes(node).get("axes")
         if axes is None and len(node.input) > 1 and (value := self.constant(node.input[1])) is not None:
             axes = value.tolist()
+        if not axes:
+            return False
         if node.op_type == "Unsqueeze":  # its axes count in the output's rank
-            return bool(axes) and all(int(x) >= 2 for x in axes)
-        return bool(axes) and all(int(x) % rank >= 2 for x in axes)
+            return all(int(x) >= 2 for x in axes)
+        return all(int(x) % rank >= 2 for x in axes)
 
     def _depthwise(self, node: onnx.NodeProto, inputs: list[Layout | None], layout: Layout) -> bool:
         """A depthwise Conv (one filter per channel) carries channels through: cut its filters."""
@@ -280,8 +306,9 @@ class _Analysis:
     def _spatial_resize(self, node: onnx.NodeProto, rank: int) -> bool:
         """A Resize by constant scales that leave the channel axis alone (an FPN's upsampling)."""
         scales = self.constant(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-        return scales is not None and scales.size == rank and scales[1] == 1 and \
-            (len(node.input) < 4 or not node.input[3])
+        return (
+            scales is not None and scales.size == rank and scales[1] == 1 and (len(node.input) < 4 or not node.input[3])
+        )
 
     def _spatial_pad(self, node: onnx.NodeProto, rank: int) -> bool:
         pads = self.constant(node.input[1]) if len(node.input) > 1 else None
@@ -298,8 +325,13 @@ class _Analysis:
         else:  # torch's x.view(x.size(0), -1) computes the batch and writes -1 for the rest
             producer = self.producers.get(node.input[1])
             shape = self.constant(node.input[1])
-            last = shape[-1:] if shape is not None else \
-                self.constant(producer.input[-1]) if producer is not None and producer.op_type == "Concat" else None
+            last = (
+                shape[-1:]
+                if shape is not None
+                else self.constant(producer.input[-1])
+                if producer is not None and producer.op_type == "Concat"
+                else None
+            )
             flattens = len(self.shapes.get(node.output[0], [])) == 2 and last is not None and list(last) == [-1]
         if not flattens or rank != 4 or not dims[2] or not dims[3]:
             return False
@@ -328,8 +360,9 @@ def layout_keep(layout: Layout, keep: dict[int, np.ndarray], channels: dict[int,
     return np.concatenate(parts)
 
 
-def remove_channels(model: onnx.ModelProto, found: ChannelGroups, keep: dict[int, np.ndarray],
-                    means: dict[str, np.ndarray]) -> None:
+def remove_channels(
+    model: onnx.ModelProto, found: ChannelGroups, keep: dict[int, np.ndarray], means: dict[str, np.ndarray]
+) -> None:
     """Cut ``model`` in place so that each group in ``keep`` keeps only those channels.
 
     A removed channel is rarely zero (a folded BatchNorm gives it a bias), so each layer reading

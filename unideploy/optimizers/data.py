@@ -30,20 +30,26 @@ class Dataset:
     def rows(self) -> int:
         return int(next(iter(self.inputs.values())).shape[0])
 
-    def take(self, start: int, stop: int) -> "Dataset":
-        return Dataset({k: v[start:stop] for k, v in self.inputs.items()},
-                       None if self.labels is None else self.labels[start:stop], self.origin)
+    def take(self, start: int, stop: int) -> Dataset:
+        return Dataset(
+            {k: v[start:stop] for k, v in self.inputs.items()},
+            None if self.labels is None else self.labels[start:stop],
+            self.origin,
+        )
 
     def batches(self, fixed: int | None = None) -> list[dict[str, np.ndarray]]:
         """Batches of BATCH_ROWS rows, or exactly ``fixed`` rows for a model with a fixed batch size
         (dropping the incomplete tail)."""
         rows = fixed or BATCH_ROWS
         stop = self.rows - self.rows % rows if fixed else self.rows
-        batches = [{k: np.ascontiguousarray(v[i:i + rows]) for k, v in self.inputs.items()}
-                   for i in range(0, stop, rows)]
+        batches = [
+            {k: np.ascontiguousarray(v[i : i + rows]) for k, v in self.inputs.items()} for i in range(0, stop, rows)
+        ]
         if not batches:
-            raise InputError(f"{self.origin}: {self.rows} row(s) cannot fill one batch of {rows}",
-                             "the model has a fixed batch size; pass more data")
+            raise InputError(
+                f"{self.origin}: {self.rows} row(s) cannot fill one batch of {rows}",
+                "the model has a fixed batch size; pass more data",
+            )
         return batches
 
 
@@ -72,8 +78,10 @@ def split(dataset: Dataset, max_calibration_rows: int = 512) -> tuple[Dataset, D
     """Calibrate on the first half (at most ``max_calibration_rows``), validate on the rest, so the
     accuracy guard never grades a model on the data it was calibrated with."""
     if dataset.rows < 2:
-        raise InputError(f"{dataset.origin} has {dataset.rows} row(s); at least 2 are needed "
-                         "(one to calibrate, one to validate)", "pass more data, or --validation DATA")
+        raise InputError(
+            f"{dataset.origin} has {dataset.rows} row(s); at least 2 are needed (one to calibrate, one to validate)",
+            "pass more data, or --validation DATA",
+        )
     cut = min(dataset.rows // 2, max_calibration_rows)
     return dataset.take(0, cut), dataset.take(cut, dataset.rows)
 

@@ -109,5 +109,9 @@ def agreement(layout_: Layout, reference: np.ndarray, candidate: np.ndarray) -> 
                     matched += 1
         larger += max(len(ref_boxes), len(cand_boxes))
         found_ref, found_cand = found_ref + len(ref_boxes), found_cand + len(cand_boxes)
-    return {"detection_agreement": matched / larger if larger else 1.0, "detections_fp32": found_ref,
-            "detections": found_cand, "detections_matched": matched}
+    return {
+        "detection_agreement": matched / larger if larger else 1.0,
+        "detections_fp32": found_ref,
+        "detections": found_cand,
+        "detections_matched": matched,
+    }

@@ -11,9 +11,10 @@ those before it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import onnx
@@ -74,14 +75,22 @@ def gemm_to_matmul(model: onnx.ModelProto) -> int:
     rewritten, nodes = 0, []
     for node in model.graph.node:
         a = attributes(node)
-        if node.op_type != "Gemm" or len(node.input) < 2 or node.input[1] not in inits or a.get("transA", 0) \
-                or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+        if (
+            node.op_type != "Gemm"
+            or len(node.input) < 2
+            or node.input[1] not in inits
+            or a.get("transA", 0)
+            or a.get("alpha", 1.0) != 1.0
+            or a.get("beta", 1.0) != 1.0
+        ):
             nodes.append(node)
             continue
         weight = node.input[1]
         if a.get("transB", 0):
             transposed = f"{weight}_transposed"
-            model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(get_array(model, weight).T), transposed))
+            model.graph.initializer.append(
+                numpy_helper.from_array(np.ascontiguousarray(get_array(model, weight).T), transposed)
+            )
             weight = transposed
         has_bias = len(node.input) > 2 and node.input[2]
         product = f"{node.output[0]}_matmul" if has_bias else node.output[0]
@@ -121,10 +130,7 @@ class Layer:
 
     def store(self, model: onnx.ModelProto, matrix: np.ndarray, bias: np.ndarray | None) -> None:
         shape = get_array(model, self.weight).shape
-        if self.kind == "conv":
-            w = matrix.reshape(shape)
-        else:
-            w = matrix if self.trans_b else matrix.T
+        w = matrix.reshape(shape) if self.kind == "conv" else (matrix if self.trans_b else matrix.T)
         set_array(model, self.weight, w.astype(np.float32))
         if bias is not None and self.bias:
             set_array(model, self.bias, bias.astype(np.float32))
@@ -157,11 +163,21 @@ def linear_layers(model: onnx.ModelProto) -> list[Layer]:
         a = attributes(node)
         bias = node.input[2] if len(node.input) > 2 and node.input[2] in inits else None
         dims = len(inits[node.input[1]].dims)
-        if node.op_type == "Conv" and dims == 4 and a.get("group", 1) == 1 \
-                and set(a.get("dilations", [1, 1])) == {1} and a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET"):
+        if (
+            node.op_type == "Conv"
+            and dims == 4
+            and a.get("group", 1) == 1
+            and set(a.get("dilations", [1, 1])) == {1}
+            and a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET")
+        ):
             layers.append(Layer(node, "conv", node.input[1], bias))
-        elif node.op_type == "Gemm" and dims == 2 and not a.get("transA", 0) \
-                and a.get("alpha", 1.0) == 1.0 and a.get("beta", 1.0) == 1.0:
+        elif (
+            node.op_type == "Gemm"
+            and dims == 2
+            and not a.get("transA", 0)
+            and a.get("alpha", 1.0) == 1.0
+            and a.get("beta", 1.0) == 1.0
+        ):
             layers.append(Layer(node, "gemm", node.input[1], bias, bool(a.get("transB", 0))))
         elif node.op_type == "MatMul" and dims == 2:
             layers.append(Layer(node, "matmul", node.input[1], None))
@@ -177,7 +193,9 @@ def _session(model: onnx.ModelProto, tensors: list[str]) -> Any:
     return timing_session(copy.SerializeToString())
 
 
-def input_statistics(model: onnx.ModelProto, layers: list[Layer], batches: list[Batch]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def input_statistics(
+    model: onnx.ModelProto, layers: list[Layer], batches: list[Batch]
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Mean and variance of every input feature of each layer on ``batches`` (per channel for a
     convolution, over the batch and positions; per last-axis feature for Gemm/MatMul): layer
     name -> (mean, variance)."""
@@ -188,14 +206,20 @@ def input_statistics(model: onnx.ModelProto, layers: list[Layer], batches: list[
     for batch in batches:
         for tensor, x in zip(tensors, session.run(tensors, batch)):
             x = x.astype(np.float64)
-            features = np.moveaxis(x, 1, -1).reshape(-1, x.shape[1]) if kinds[tensor] == "conv" else x.reshape(-1, x.shape[-1])
+            features = (
+                np.moveaxis(x, 1, -1).reshape(-1, x.shape[1]) if kinds[tensor] == "conv" else x.reshape(-1, x.shape[-1])
+            )
             total = sums[tensor]
-            total[0], total[1], total[2] = total[0] + features.sum(0), total[1] + (features ** 2).sum(0), total[2] + len(features)
+            total[0], total[1], total[2] = (
+                total[0] + features.sum(0),
+                total[1] + (features**2).sum(0),
+                total[2] + len(features),
+            )
     out = {}
     for layer, tensor in zip(layers, tensors):
         first, second, count = sums[tensor]
         mean = first / max(count, 1)
-        out[layer.node.name] = (mean, np.maximum(second / max(count, 1) - mean ** 2, 0.0))
+        out[layer.node.name] = (mean, np.maximum(second / max(count, 1) - mean**2, 0.0))
     return out
 
 
@@ -205,8 +229,14 @@ def _activations(model: onnx.ModelProto, tensor: str, batches: list[Batch]) -> I
         yield session.run([tensor], batch)[0].astype(np.float64)
 
 
-def refit(original: onnx.ModelProto, pruned: onnx.ModelProto, layer_name: str, mask: np.ndarray,
-          batches: list[Batch], out_rows: np.ndarray | None = None) -> None:
+def refit(
+    original: onnx.ModelProto,
+    pruned: onnx.ModelProto,
+    layer_name: str,
+    mask: np.ndarray,
+    batches: list[Batch],
+    out_rows: np.ndarray | None = None,
+) -> None:
     """Re-fit one layer of ``pruned`` (weights outside ``mask`` stay zero) to reproduce the
     original layer's output on ``batches``; updates ``pruned`` in place. ``out_rows`` says which
     original output channels the pruned layer still has (all, unless channels were removed).
@@ -215,19 +245,20 @@ def refit(original: onnx.ModelProto, pruned: onnx.ModelProto, layer_name: str, m
     (``DAMPINGS``); where no damping beats the pruned weights on them, those stay. A layer fed by
     few calibration rows (a classifier on 32 images, a late 7x7 convolution) would otherwise fit
     them exactly and generalise worse than it started."""
-    layer_o = next(l for l in linear_layers(original) if l.node.name == layer_name)
-    layer_p = next(l for l in linear_layers(pruned) if l.node.name == layer_name)
+    layer_o = next(layer for layer in linear_layers(original) if layer.node.name == layer_name)
+    layer_p = next(layer for layer in linear_layers(pruned) if layer.node.name == layer_name)
     w_orig = layer_o.matrix(original).astype(np.float64)
     prior = layer_p.matrix(pruned).astype(np.float64)
     with_bias = layer_p.bias is not None
-    if with_bias:
+    if layer_o.bias is not None and layer_p.bias is not None:
         w_orig = np.hstack([w_orig, get_array(original, layer_o.bias)[:, None]])
         prior = np.hstack([prior, get_array(pruned, layer_p.bias)[:, None]])
     if out_rows is not None:
         w_orig = w_orig[out_rows]
-    sums = {"fit": [0.0, 0.0], "held": [0.0, 0.0]}  # A_p^T A_p and A_p^T A_o of each part
-    for x_o, x_p in zip(_activations(original, layer_o.node.input[0], batches),
-                        _activations(pruned, layer_p.node.input[0], batches)):
+    sums: dict[str, list[Any]] = {"fit": [0.0, 0.0], "held": [0.0, 0.0]}  # A_p^T A_p and A_p^T A_o of each part
+    for x_o, x_p in zip(
+        _activations(original, layer_o.node.input[0], batches), _activations(pruned, layer_p.node.input[0], batches)
+    ):
         a_o, a_p = layer_o.columns(x_o, original), layer_p.columns(x_p, pruned)
         if with_bias:
             a_o, a_p = (np.hstack([a, np.ones((a.shape[0], 1))]) for a in (a_o, a_p))
@@ -243,7 +274,7 @@ def refit(original: onnx.ModelProto, pruned: onnx.ModelProto, layer_name: str, m
         return float(np.einsum("rk,kl,rl->", w, gram_held, w) - 2 * np.einsum("rk,kr->", w, target_held[:, rows]))
 
     sample = np.unique(np.linspace(0, len(keep) - 1, min(CHOICE_ROWS, len(keep))).astype(int))
-    errors = {None: held_error(prior[sample], sample)}
+    errors: dict[float | None, float] = {None: held_error(prior[sample], sample)}
     for damping in DAMPINGS:
         errors[damping] = held_error(_solve(gram_fit, target_fit, prior, keep, damping, sample), sample)
     best = min(errors, key=lambda d: errors[d])
@@ -253,8 +284,9 @@ def refit(original: onnx.ModelProto, pruned: onnx.ModelProto, layer_name: str, m
     layer_p.store(pruned, solved[:, :-1] if with_bias else solved, solved[:, -1] if with_bias else None)
 
 
-def _solve(gram: np.ndarray, target: np.ndarray, prior: np.ndarray, keep: np.ndarray, damping: float,
-           rows: np.ndarray) -> np.ndarray:
+def _solve(
+    gram: np.ndarray, target: np.ndarray, prior: np.ndarray, keep: np.ndarray, damping: float, rows: np.ndarray
+) -> np.ndarray:
     """Least-squares weights for output ``rows`` (zero outside ``keep``), pulled toward ``prior``."""
     pull = damping * max(float(np.mean(np.diag(gram))), 1e-12)
     solved = np.zeros((len(rows), keep.shape[1]))
@@ -268,10 +300,15 @@ def _solve(gram: np.ndarray, target: np.ndarray, prior: np.ndarray, keep: np.nda
     return solved
 
 
-def refit_all(original: onnx.ModelProto, pruned: onnx.ModelProto, masks: dict[str, np.ndarray],
-              batches: list[Batch], say: Callable[[str], None]) -> None:
+def refit_all(
+    original: onnx.ModelProto,
+    pruned: onnx.ModelProto,
+    masks: dict[str, np.ndarray],
+    batches: list[Batch],
+    say: Callable[[str], None],
+) -> None:
     """Re-fit every masked layer in graph order (see the module docstring)."""
-    order = [l.node.name for l in linear_layers(pruned) if l.node.name in masks]
+    order = [layer.node.name for layer in linear_layers(pruned) if layer.node.name in masks]
     batches = first_rows(batches, REFIT_ROWS)
     for i, name in enumerate(order, 1):
         say(f"re-fitting layer {i}/{len(order)} ({name})")

@@ -22,9 +22,13 @@ from unideploy.samples import resize_batch
 def size_effects(fp32: Path, optimized: Path) -> dict[str, Any]:
     base, new = fp32.stat().st_size, optimized.stat().st_size
     base_gz, new_gz = (len(gzip.compress(p.read_bytes(), compresslevel=6)) for p in (fp32, optimized))
-    return {"size_bytes": new, "size_ratio": round(new / base, 4),
-            "gzip_bytes": new_gz, "gzip_ratio": round(new_gz / base_gz, 4),
-            "weight_sparsity": round(weight_sparsity(optimized), 4)}
+    return {
+        "size_bytes": new,
+        "size_ratio": round(new / base, 4),
+        "gzip_bytes": new_gz,
+        "gzip_ratio": round(new_gz / base_gz, 4),
+        "weight_sparsity": round(weight_sparsity(optimized), 4),
+    }
 
 
 def weight_sparsity(model_path: Path) -> float:
@@ -52,8 +56,13 @@ def timing_session(model: Path | bytes) -> Any:
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-def interleaved_latency(sessions: dict[str, Any], sample: dict[str, np.ndarray], batch_sizes: tuple[int, ...],
-                        rounds: int = 5, max_seconds: float = 3.0) -> dict[int, dict[str, float]]:
+def interleaved_latency(
+    sessions: dict[str, Any],
+    sample: dict[str, np.ndarray],
+    batch_sizes: tuple[int, ...],
+    rounds: int = 5,
+    max_seconds: float = 3.0,
+) -> dict[int, dict[str, float]]:
     """Median milliseconds per call of each session at each batch size, the sessions taking turns
     within every round so that machine noise hits them alike."""
     results: dict[int, dict[str, float]] = {}
@@ -72,11 +81,18 @@ def interleaved_latency(sessions: dict[str, Any], sample: dict[str, np.ndarray],
     return results
 
 
-def latency(fp32_session: Any, candidate_session: Any, sample: dict[str, np.ndarray], batch_sizes: tuple[int, ...],
-            rounds: int = 5, max_seconds: float = 3.0) -> dict[int, dict[str, float]]:
+def latency(
+    fp32_session: Any,
+    candidate_session: Any,
+    sample: dict[str, np.ndarray],
+    batch_sizes: tuple[int, ...],
+    rounds: int = 5,
+    max_seconds: float = 3.0,
+) -> dict[int, dict[str, float]]:
     """fp32 and optimized latency at each batch size, with the speedup."""
-    measured = interleaved_latency({"fp32": fp32_session, "optimized": candidate_session}, sample, batch_sizes,
-                                   rounds, max_seconds)
+    measured = interleaved_latency(
+        {"fp32": fp32_session, "optimized": candidate_session}, sample, batch_sizes, rounds, max_seconds
+    )
     return {b: {**m, "speedup": round(m["fp32"] / m["optimized"], 3)} for b, m in measured.items()}
 
 

@@ -9,9 +9,10 @@ package beside the fp32 artifact with what was done, why, and what it cost and g
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -53,18 +54,24 @@ class OptimizeRequest:
         return bool(self.quantize or self.prune)
 
 
+def _pass(name: str) -> Callable[..., OptimizerPass]:
+    """A registered pass class, constructed with its own parameters."""
+    return PASSES.get(name)
+
+
 def build_passes(request: OptimizeRequest) -> list[OptimizerPass]:
     passes: list[OptimizerPass] = []
     if request.prune is not None:
         if request.prune_method == "magnitude":
-            passes.append(PASSES.get("prune-magnitude")(request.prune, request.prune_scope, request.refit))
+            passes.append(_pass("prune-magnitude")(request.prune, request.prune_scope, request.refit))
         elif request.prune_method == "channels":
-            passes.append(PASSES.get("prune-channels")(request.prune, request.refit))
+            passes.append(_pass("prune-channels")(request.prune, request.refit))
         else:
             raise InputError(f"unknown pruning method '{request.prune_method}'", "use magnitude or channels")
     if request.quantize == "int8":
-        passes.append(PASSES.get("quantize-int8")(request.int8_variant, request.calibration_method,
-                                                  request.quantize_sensitive))
+        passes.append(
+            _pass("quantize-int8")(request.int8_variant, request.calibration_method, request.quantize_sensitive)
+        )
     elif request.quantize == "fp16":
         passes.append(PASSES.get("quantize-fp16")())
     elif request.quantize is not None:
@@ -80,11 +87,12 @@ def build_passes(request: OptimizeRequest) -> list[OptimizerPass]:
 
 def _artifact_id(passes: list[OptimizerPass], request: OptimizeRequest) -> str:
     tags = []
+    sparsity = request.prune or 0.0
     for p in passes:
         if p.name == "prune-magnitude":
-            tags.append(f"sparse{round(request.prune * 100)}")
+            tags.append(f"sparse{round(sparsity * 100)}")
         elif p.name == "prune-channels":
-            tags.append(f"slim{round(request.prune * 100)}")
+            tags.append(f"slim{round(sparsity * 100)}")
         else:
             tags.append(p.name.removeprefix("quantize-"))
     return "onnx-" + "-".join(tags)
@@ -119,8 +127,13 @@ def _datasets(request: OptimizeRequest, package: Package) -> tuple[Dataset, Data
     return split(data)
 
 
-def optimize(package_path: str | Path, request: OptimizeRequest, output: str | Path | None = None,
-             overwrite: bool = False, progress: Progress | None = None) -> Path:
+def optimize(
+    package_path: str | Path,
+    request: OptimizeRequest,
+    output: str | Path | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Path:
     """Add an optimized artifact to a package (in place, or into ``output``)."""
     say = progress or (lambda _msg: None)
     passes = build_passes(request)
@@ -136,8 +149,11 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
         fp32 = timing_session(base_path)
         val_batches = validation.batches(fixed_batch)
         reference = [dict(zip([o.name for o in fp32.get_outputs()], fp32.run(None, b))) for b in val_batches]
-        metrics = choose_metrics(request.metric, {n: np.concatenate([b[n] for b in reference]) for n in reference[0]},
-                                 validation.labels is not None)  # refuses a bad --metric before any work
+        metrics = choose_metrics(
+            request.metric,
+            {n: np.concatenate([b[n] for b in reference]) for n in reference[0]},
+            validation.labels is not None,
+        )  # refuses a bad --metric before any work
         for name, (metric, why) in metrics.items():
             say(f"judging '{name}' by {metric}: {why}")
         judged: dict[Path, dict[str, Any]] = {}
@@ -147,26 +163,32 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
             try:
                 return timing_session(candidate)
             except Exception as exc:  # a converter wrote a graph ONNX Runtime refuses: a refusal, not a crash
-                raise ExportError(f"the optimized model does not load in ONNX Runtime: {first_line(exc)}",
-                                  "try another --int8-variant, or --quantize fp16") from exc
+                raise ExportError(
+                    f"the optimized model does not load in ONNX Runtime: {first_line(exc)}",
+                    "try another --int8-variant, or --quantize fp16",
+                ) from exc
 
         def judge(candidate: Path) -> dict[str, Any]:
             if candidate not in judged:
                 session = session_of(candidate)
                 names = [o.name for o in session.get_outputs()]
                 outputs = [dict(zip(names, session.run(None, b))) for b in val_batches]
-                judged[candidate] = compare(reference, outputs, validation.labels, request.metric,
-                                            request.max_accuracy_drop, request.min_cosine)
+                judged[candidate] = compare(
+                    reference, outputs, validation.labels, request.metric, request.max_accuracy_drop, request.min_cosine
+                )
             return judged[candidate]
 
         def evaluate(candidate: Path) -> Evaluation:
             if candidate not in evaluated:
-                evaluated[candidate] = Evaluation(judge(candidate),
-                                                  latency(fp32, session_of(candidate), val_batches[0], batch_sizes))
+                evaluated[candidate] = Evaluation(
+                    judge(candidate), latency(fp32, session_of(candidate), val_batches[0], batch_sizes)
+                )
             return evaluated[candidate]
 
         context = PassContext(signature, calibration.batches(fixed_batch), Path(tmp), evaluate, judge, fixed_batch, say)
-        current, precision, targets, steps, notes = base_path, base.precision, base.targets, [], []
+        steps: list[dict[str, Any]] = []
+        notes: list[str] = []
+        current, precision, targets = base_path, base.precision, base.targets
         for optimizer_pass in passes:
             result = optimizer_pass.apply(current, context)
             current = result.path
@@ -178,14 +200,21 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
         say("measuring the optimized model against fp32")
         final = evaluate(current)
         if not final.within_budget:
-            searched = [search for s in steps for search in (s["params"].get("search", {}),
-                                                              *s["params"].get("other_searches", {}).values())
-                        if "trials" in search]
-            tried = "".join(f"; {s['refused']}" if s.get("refused") else
-                            f"; even with up to {max(t['restored'] for t in s['trials'])} of {s['ranked_layers']} "
-                            f"{s.get('units', 'layers')} {s['restored_as']} (the most sensitive first; more than "
-                            "half would leave "
-                            "little of the optimization)" for s in searched)
+            searched = [
+                search
+                for s in steps
+                for search in (s["params"].get("search", {}), *s["params"].get("other_searches", {}).values())
+                if "trials" in search
+            ]
+            tried = "".join(
+                f"; {s['refused']}"
+                if s.get("refused")
+                else f"; even with up to {max(t['restored'] for t in s['trials'])} of {s['ranked_layers']} "
+                f"{s.get('units', 'layers')} {s['restored_as']} (the most sensitive first; more than "
+                "half would leave "
+                "little of the optimization)"
+                for s in searched
+            )
             raise AccuracyBudgetError(
                 f"the optimized model exceeds the accuracy budget on {validation.rows} validation rows: "
                 f"{describe(final.accuracy)}{tried}; the package was not changed",
@@ -194,9 +223,14 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
         artifact_id = _artifact_id(passes, request)
         record = _source_tolerance(package, current, signature)
         effects = {**size_effects(base_path, current), "latency_ms": {str(b): v for b, v in final.latency_ms.items()}}
-        data_info = {"calibration": calibration.origin, "calibration_rows": calibration.rows,
-                     "validation": validation.origin, "validation_rows": validation.rows,
-                     "synthetic": calibration.origin == "synthetic", "labels": validation.labels is not None}
+        data_info = {
+            "calibration": calibration.origin,
+            "calibration_rows": calibration.rows,
+            "validation": validation.origin,
+            "validation_rows": validation.rows,
+            "synthetic": calibration.origin == "synthetic",
+            "labels": validation.labels is not None,
+        }
         if data_info["synthetic"]:
             notes.append("accuracy was measured on synthetic inputs only: it says little about real data")
 
@@ -205,15 +239,34 @@ def optimize(package_path: str | Path, request: OptimizeRequest, output: str | P
         same = destination.resolve() == Path(package_path).resolve()
         with PackageWriter(destination, overwrite=overwrite or same) as writer:
             manifest = writer.add_package(package)
-            artifact = writer.add_artifact(current, Artifact(
-                id=artifact_id, path=f"artifacts/model.{artifact_id.removeprefix('onnx-')}.onnx", format="onnx",
-                precision=precision, sha256="", size=0, runtimes=list(base.runtimes), opset=base.opset,
-                derived_from=base.id, targets=targets))
+            artifact = writer.add_artifact(
+                current,
+                Artifact(
+                    id=artifact_id,
+                    path=f"artifacts/model.{artifact_id.removeprefix('onnx-')}.onnx",
+                    format="onnx",
+                    precision=precision,
+                    sha256="",
+                    size=0,
+                    runtimes=list(base.runtimes),
+                    opset=base.opset,
+                    derived_from=base.id,
+                    targets=targets,
+                ),
+            )
             manifest.artifacts = [a for a in manifest.artifacts if a.id != artifact_id] + [artifact]
-            manifest.optimizations = [o for o in manifest.optimizations if o.get("artifact") != artifact_id] + [{
-                "name": "+".join(s["name"] for s in steps), "artifact": artifact_id, "derived_from": base.id,
-                "passes": steps, "data": data_info, "accuracy": final.accuracy, "effects": effects, "notes": notes,
-            }]
+            manifest.optimizations = [o for o in manifest.optimizations if o.get("artifact") != artifact_id] + [
+                {
+                    "name": "+".join(s["name"] for s in steps),
+                    "artifact": artifact_id,
+                    "derived_from": base.id,
+                    "passes": steps,
+                    "data": data_info,
+                    "accuracy": final.accuracy,
+                    "effects": effects,
+                    "notes": notes,
+                }
+            ]
             manifest.validation[artifact_id] = record
             return writer.commit(manifest)
 

@@ -48,8 +48,11 @@ def _label(group: Group) -> str:
     return group.producers[0].node.name
 
 
-def _importance(model: onnx.ModelProto, found: ChannelGroups, stats: dict[str, tuple[np.ndarray, np.ndarray]],
-                ) -> dict[int, np.ndarray]:
+def _importance(
+    model: onnx.ModelProto,
+    found: ChannelGroups,
+    stats: dict[str, tuple[np.ndarray, np.ndarray]],
+) -> dict[int, np.ndarray]:
     """Per group, the share of the output of the layers reading it that each channel carries:
     the energy of the weights reading the channel times the channel's variance (its mean is put
     back as bias when it is removed), over the layer's whole output energy, summed over readers."""
@@ -57,11 +60,11 @@ def _importance(model: onnx.ModelProto, found: ChannelGroups, stats: dict[str, t
     for layer, layout, spatial in found.consumers:
         mean, var = stats[layer.node.name]
         matrix = layer.matrix(model).astype(np.float64)
-        energy = (matrix ** 2).sum(axis=0).reshape(len(mean), -1).sum(axis=1)
-        share = (energy * var / max(float((energy * (var + mean ** 2)).sum()), 1e-30)).reshape(-1, spatial).sum(axis=1)
+        energy = (matrix**2).sum(axis=0).reshape(len(mean), -1).sum(axis=1)
+        share = (energy * var / max(float((energy * (var + mean**2)).sum()), 1e-30)).reshape(-1, spatial).sum(axis=1)
         offset = 0
         for g, count in layout:
-            scores[g] += share[offset:offset + count]
+            scores[g] += share[offset : offset + count]
             offset += count
     return scores
 
@@ -71,7 +74,9 @@ def unprunable(found: ChannelGroups) -> str:
     reasons = sorted({g.why_whole for g in found.whole() if g.why_whole})
     if not any(g.producers for g in found.groups.values()):
         return "it has no convolution whose output channels the pass can cut (plain Conv with weights in the file)"
-    shown = "; ".join(reasons[:SHOWN_REASONS]) + (f"; and {len(reasons) - SHOWN_REASONS} more" if len(reasons) > SHOWN_REASONS else "")
+    shown = "; ".join(reasons[:SHOWN_REASONS]) + (
+        f"; and {len(reasons) - SHOWN_REASONS} more" if len(reasons) > SHOWN_REASONS else ""
+    )
     return f"every group of coupled channels is read by something that needs all of them ({shown})"
 
 
@@ -88,14 +93,19 @@ class ChannelPruning(OptimizerPass):
         found = find_groups(model)
         groups = {_label(g): g for g in found.prunable()}
         if not groups:
-            raise InputError(f"no convolution channels can be removed from this model: {unprunable(found)}",
-                             "use --prune-method magnitude for this model")
-        stats = input_statistics(original, [layer for layer, _, _ in found.consumers],
-                                 first_rows(ctx.calibration, STATISTICS_ROWS))
+            raise InputError(
+                f"no convolution channels can be removed from this model: {unprunable(found)}",
+                "use --prune-method magnitude for this model",
+            )
+        stats = input_statistics(
+            original, [layer for layer, _, _ in found.consumers], first_rows(ctx.calibration, STATISTICS_ROWS)
+        )
         means = {name: mean for name, (mean, _) in stats.items()}
         importance = _importance(original, found, stats)
-        keep = {g.id: np.sort(np.argsort(-importance[g.id])[:_rounded(g.channels * (1 - self.ratio), g.channels)])
-                for g in groups.values()}
+        keep = {
+            g.id: np.sort(np.argsort(-importance[g.id])[: _rounded(g.channels * (1 - self.ratio), g.channels)])
+            for g in groups.values()
+        }
         refitted = self.refit and bool(ctx.calibration)
 
         def build(whole: list[str], refit: bool, name: str = "") -> Path:
@@ -115,42 +125,75 @@ class ChannelPruning(OptimizerPass):
         refit_seconds = time.perf_counter() - started
         params = {"ratio": self.ratio, "refit": refitted, **_report(found, groups, keep, whole=[])}
         if len(groups) > 1 and not (judged := ctx.judge(out))["within_budget"]:
-            out, searched = self._leave_whole(original, groups, build, refitted, refit_seconds, out,
-                                              judged["drop_points"], ctx)
+            out, searched = self._leave_whole(
+                original, groups, build, refitted, refit_seconds, out, judged["drop_points"], ctx
+            )
             if searched:
                 params.update(_report(found, groups, keep, whole=searched.pop("whole")), **searched)
         return PassResult(path=out, params=params)
 
-    def _leave_whole(self, original: onnx.ModelProto, groups: dict[str, Group], build, refitted: bool,
-                     refit_seconds: float, out: Path, all_groups: float, ctx: PassContext) -> tuple[Path, dict]:
-        ctx.say(f"removing {self.ratio:.0%} of every group's channels is over the accuracy budget: "
-                "ranking the groups by sensitivity")
+    def _leave_whole(
+        self,
+        original: onnx.ModelProto,
+        groups: dict[str, Group],
+        build,
+        refitted: bool,
+        refit_seconds: float,
+        out: Path,
+        all_groups: float,
+        ctx: PassContext,
+    ) -> tuple[Path, dict]:
+        ctx.say(
+            f"removing {self.ratio:.0%} of every group's channels is over the accuracy budget: "
+            "ranking the groups by sensitivity"
+        )
         reference = ctx.workdir / "prune-original.onnx"
         onnx.save(original, str(reference))
         labels = list(groups)
         with quiet():
-            ranked = rank_alone(reference, labels, lambda label: build([x for x in labels if x != label], False,
-                                                                        "pruned-channels-alone.onnx"),
-                                comparison_rows(ctx), ctx.workdir)
-        result = search_refitted([n for n, _ in ranked], build, refitted, refit_seconds, ctx,
-                                 f"{self.ratio:.0%} channel pruning")
+            ranked = rank_alone(
+                reference,
+                labels,
+                lambda label: build([x for x in labels if x != label], False, "pruned-channels-alone.onnx"),
+                comparison_rows(ctx),
+                ctx.workdir,
+            )
+        result = search_refitted(
+            [n for n, _ in ranked], build, refitted, refit_seconds, ctx, f"{self.ratio:.0%} channel pruning"
+        )
         if result.path is None:
             return out, {}
         loss = dict(ranked)
         return result.path, {
             "whole": result.restored,
-            "whole_groups": [{"node": n, "layers": len(groups[n].producers), "channels": groups[n].channels,
-                              "sqnr_loss_db": round(loss[n], 2)} for n in result.restored],
-            "search": {"ranked_layers": len(ranked), "restored_as": "whole", "units": "channel groups",
-                       "within_budget": result.within_budget, "trials": result.trials,
-                       "drop_points_all_pruned": all_groups,
-                       "cost": f"{self.ratio:.0%} of the channels of every group gave a drop of {all_groups:.2f} "
-                               "points"},
+            "whole_groups": [
+                {
+                    "node": n,
+                    "layers": len(groups[n].producers),
+                    "channels": groups[n].channels,
+                    "sqnr_loss_db": round(loss[n], 2),
+                }
+                for n in result.restored
+            ],
+            "search": {
+                "ranked_layers": len(ranked),
+                "restored_as": "whole",
+                "units": "channel groups",
+                "within_budget": result.within_budget,
+                "trials": result.trials,
+                "drop_points_all_pruned": all_groups,
+                "cost": f"{self.ratio:.0%} of the channels of every group gave a drop of {all_groups:.2f} points",
+            },
         }
 
     @staticmethod
-    def _refit(original: onnx.ModelProto, pruned: onnx.ModelProto, found: ChannelGroups,
-               kept: dict[int, np.ndarray], ctx: PassContext) -> None:
+    def _refit(
+        original: onnx.ModelProto,
+        pruned: onnx.ModelProto,
+        found: ChannelGroups,
+        kept: dict[int, np.ndarray],
+        ctx: PassContext,
+    ) -> None:
         """Re-fit every layer that reads a cut group, in graph order, to the original's outputs."""
         own_rows = {layer.node.name: kept[g.id] for g in found.groups.values() if g.id in kept for layer in g.producers}
         readers = [layer for layer, layout, _ in found.consumers if any(g in kept for g, _ in layout)]
@@ -160,7 +203,9 @@ class ChannelPruning(OptimizerPass):
         for i, layer in enumerate(readers, 1):
             ctx.say(f"re-fitting layer {i}/{len(readers)} ({layer.node.name})")
             shape = layer.matrix(pruned).shape
-            refit(original, pruned, layer.node.name, np.ones(shape, bool), batches, out_rows=own_rows.get(layer.node.name))
+            refit(
+                original, pruned, layer.node.name, np.ones(shape, bool), batches, out_rows=own_rows.get(layer.node.name)
+            )
 
 
 def _report(found: ChannelGroups, groups: dict[str, Group], keep: dict[int, np.ndarray], whole: list[str]) -> dict:
@@ -168,12 +213,16 @@ def _report(found: ChannelGroups, groups: dict[str, Group], keep: dict[int, np.n
     cut = [g for label, g in groups.items() if label not in whole]
     cut_ids = {g.id for g in cut}
     depthwise = sum(1 for _, layout in found.regrouped if any(g in cut_ids for g, _ in layout))
-    left = [{"layers": [l.node.name for l in g.producers], "channels": g.channels, "why": g.why_whole}
-            for g in found.whole()]  # those the accuracy search leaves whole are in "whole_groups"
+    left = [
+        {"layers": [p.node.name for p in g.producers], "channels": g.channels, "why": g.why_whole}
+        for g in found.whole()
+    ]  # those the accuracy search leaves whole are in "whole_groups"
     return {
         "convolutions": found.convolutions,
         "pruned_convolutions": sum(len(g.producers) for g in cut) + depthwise,
-        "groups": [{"node": _label(g), "layers": len(g.producers), "channels": g.channels, "kept": int(len(keep[g.id]))}
-                   for g in cut],
+        "groups": [
+            {"node": _label(g), "layers": len(g.producers), "channels": g.channels, "kept": len(keep[g.id])}
+            for g in cut
+        ],
         "left_whole": left,
     }

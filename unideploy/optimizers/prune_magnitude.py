@@ -26,8 +26,14 @@ import onnx
 
 from unideploy.errors import InputError
 from unideploy.optimizers.base import OptimizerPass, PassContext, PassResult
-from unideploy.optimizers.graph import REFIT_ROWS, first_rows, input_statistics, linear_layers, load_for_pruning, \
-    refit_all
+from unideploy.optimizers.graph import (
+    REFIT_ROWS,
+    first_rows,
+    input_statistics,
+    linear_layers,
+    load_for_pruning,
+    refit_all,
+)
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search_refitted
 from unideploy.quiet import quiet
 
@@ -65,21 +71,39 @@ class MagnitudePruning(OptimizerPass):
         refit_seconds = time.perf_counter() - started
         out = ctx.workdir / "pruned-magnitude.onnx"
         onnx.save(model, str(out))
-        params = {"sparsity": self.sparsity, "scope": self.scope, "refit": refitted, "layers": len(layers),
-                  "achieved_sparsity": _sparsity(masks, set())}
+        params = {
+            "sparsity": self.sparsity,
+            "scope": self.scope,
+            "refit": refitted,
+            "layers": len(layers),
+            "achieved_sparsity": _sparsity(masks, set()),
+        }
         if len(layers) > 1 and not (judged := ctx.judge(out))["within_budget"]:
-            out, searched = self._leave_dense(original, layers, masks, refitted, refit_seconds, out,
-                                              judged["drop_points"], ctx)
+            out, searched = self._leave_dense(
+                original, layers, masks, refitted, refit_seconds, out, judged["drop_points"], ctx
+            )
             params.update(searched)
         return PassResult(
-            path=out, params=params,
+            path=out,
+            params=params,
             notes=["unstructured sparsity makes the file compress better; ONNX Runtime on CPU does not run it faster"],
         )
 
-    def _leave_dense(self, original: onnx.ModelProto, layers: list, masks: dict, refitted: bool,
-                     refit_seconds: float, out: Path, all_layers: float, ctx: PassContext) -> tuple[Path, dict]:
+    def _leave_dense(
+        self,
+        original: onnx.ModelProto,
+        layers: list,
+        masks: dict,
+        refitted: bool,
+        refit_seconds: float,
+        out: Path,
+        all_layers: float,
+        ctx: PassContext,
+    ) -> tuple[Path, dict]:
         """Restore the original weights of the layers pruning hurts most until the model fits."""
-        ctx.say(f"pruning every layer to {self.sparsity:.0%} is over the accuracy budget: ranking layers by sensitivity")
+        ctx.say(
+            f"pruning every layer to {self.sparsity:.0%} is over the accuracy budget: ranking layers by sensitivity"
+        )
         reference = ctx.workdir / "prune-original.onnx"
         onnx.save(original, str(reference))
         # ranked on the pruned weights before any re-fit: a re-fit makes up for the layers before
@@ -89,8 +113,11 @@ class MagnitudePruning(OptimizerPass):
             raw = ctx.workdir / "pruned-magnitude-raw.onnx"
             onnx.save(self._pruned(original, layers, masks), str(raw))
         with quiet():
-            ranked = [(n, loss) for n, loss in rank_layers(reference, raw, comparison_rows(ctx), ctx.workdir, None)
-                      if n in masks]
+            ranked = [
+                (n, loss)
+                for n, loss in rank_layers(reference, raw, comparison_rows(ctx), ctx.workdir, None)
+                if n in masks
+            ]
 
         def build(dense: list[str], refit: bool) -> Path:
             pruned_masks = {n: m for n, m in masks.items() if n not in dense}
@@ -101,8 +128,9 @@ class MagnitudePruning(OptimizerPass):
             onnx.save(candidate, str(path))
             return path
 
-        result = search_refitted([n for n, _ in ranked], build, refitted, refit_seconds, ctx,
-                                 f"{self.sparsity:.0%} pruning")
+        result = search_refitted(
+            [n for n, _ in ranked], build, refitted, refit_seconds, ctx, f"{self.sparsity:.0%} pruning"
+        )
         if result.path is None:
             return out, {}
         achieved = _sparsity(masks, set(result.restored))
@@ -110,10 +138,15 @@ class MagnitudePruning(OptimizerPass):
         return result.path, {
             "achieved_sparsity": achieved,
             "dense_layers": [{"node": n, "sqnr_loss_db": round(loss[n], 2)} for n in result.restored],
-            "search": {"ranked_layers": len(ranked), "restored_as": "dense", "within_budget": result.within_budget,
-                       "trials": result.trials, "drop_points_all_pruned": all_layers,
-                       "cost": f"{self.sparsity:.0%} in every layer gave a drop of {all_layers:.2f} points; with them "
-                               f"dense, {achieved:.1%} of the weights are pruned"},
+            "search": {
+                "ranked_layers": len(ranked),
+                "restored_as": "dense",
+                "within_budget": result.within_budget,
+                "trials": result.trials,
+                "drop_points_all_pruned": all_layers,
+                "cost": f"{self.sparsity:.0%} in every layer gave a drop of {all_layers:.2f} points; with them "
+                f"dense, {achieved:.1%} of the weights are pruned",
+            },
         }
 
     def _masks(self, original: onnx.ModelProto, layers: list, ctx: PassContext) -> dict[str, np.ndarray]:
@@ -121,21 +154,25 @@ class MagnitudePruning(OptimizerPass):
         emptied more than the others loses its output); ``tensor``: the same share in every layer;
         ``global``: one threshold over every layer's scores, each relative to its layer's RMS (no
         layer is emptied whatever its scale)."""
-        statistics = input_statistics(original, layers, first_rows(ctx.calibration, REFIT_ROWS)) if ctx.calibration else {}
+        statistics = (
+            input_statistics(original, layers, first_rows(ctx.calibration, REFIT_ROWS)) if ctx.calibration else {}
+        )
         scores = {}
         for layer in layers:
             score = np.abs(layer.matrix(original)).astype(np.float64)
             if layer.node.name in statistics:
                 mean, variance = statistics[layer.node.name]
-                rms = np.sqrt(mean ** 2 + variance)
+                rms = np.sqrt(mean**2 + variance)
                 score = score * np.repeat(rms, score.shape[1] // len(rms))[None]  # a conv's K is C x kh x kw
             scores[layer.node.name] = score
         if self.scope == "global":
-            scores = {n: s / max(float(np.sqrt(np.mean(s ** 2))), 1e-12) for n, s in scores.items()}
+            scores = {n: s / max(float(np.sqrt(np.mean(s**2))), 1e-12) for n, s in scores.items()}
             threshold = float(np.quantile(np.concatenate([s.ravel() for s in scores.values()]), self.sparsity))
             return {n: s > threshold for n, s in scores.items()}
-        return {n: _largest(s if self.scope == "row" else s.reshape(1, -1), 1 - self.sparsity).reshape(s.shape)
-                for n, s in scores.items()}
+        return {
+            n: _largest(s if self.scope == "row" else s.reshape(1, -1), 1 - self.sparsity).reshape(s.shape)
+            for n, s in scores.items()
+        }
 
     @staticmethod
     def _pruned(original: onnx.ModelProto, layers: list, masks: dict[str, np.ndarray]) -> onnx.ModelProto:

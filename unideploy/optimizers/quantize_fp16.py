@@ -34,8 +34,19 @@ from unideploy.quiet import quiet
 
 FP16_MAX = 65504.0
 HEADROOM = 2.0  # activations above FP16_MAX / HEADROOM on calibration rows may overflow on others
-QUANTIZED_INPUT_OPS = sorted(INT8_OPS | {"DynamicQuantizeLSTM", "QLinearAdd", "QLinearMul", "QLinearSigmoid",
-                                         "QLinearGlobalAveragePool", "QLinearConcat", "QAttention", "DequantizeLinear"})
+QUANTIZED_INPUT_OPS = sorted(
+    INT8_OPS
+    | {
+        "DynamicQuantizeLSTM",
+        "QLinearAdd",
+        "QLinearMul",
+        "QLinearSigmoid",
+        "QLinearGlobalAveragePool",
+        "QLinearConcat",
+        "QAttention",
+        "DequantizeLinear",
+    }
+)
 
 
 def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, workdir: Path) -> dict[str, str]:
@@ -47,8 +58,8 @@ def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, wo
         if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE):
             peak = float(np.abs(numpy_helper.to_array(init)).max(initial=0.0))
             if peak > FP16_MAX:
-                for node in readers.get(init.name, []):
-                    reasons[node.name] = f"weight '{init.name}' reaches {peak:.3g}"
+                for reader in readers.get(init.name, []):
+                    reasons[reader.name] = f"weight '{init.name}' reaches {peak:.3g}"
     limit = FP16_MAX / HEADROOM
     for tensor, (values, *_) in intermediate_tensors(model_path, rows, workdir).items():
         peak = float(np.abs(values).max(initial=0.0))
@@ -72,7 +83,11 @@ def _skip_fp16_round_trips(model: onnx.ModelProto, in_fp32: set[str]) -> None:
             continue
         casts = [onnx.helper.get_attribute_value(a) for n in (node, to_fp16) for a in n.attribute if a.name == "to"]
         source = producer.get(to_fp16.input[0])
-        if casts == [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16] and source is not None and source.name in in_fp32:
+        if (
+            casts == [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16]
+            and source is not None
+            and source.name in in_fp32
+        ):
             for reader in readers.get(node.output[0], []):
                 for i, tensor in enumerate(reader.input):
                     if tensor == node.output[0]:
@@ -94,9 +109,13 @@ class Fp16Conversion(OptimizerPass):
             with quiet():
                 in_fp32 = out_of_range_nodes(model, named, rows, ctx.workdir)
         except Exception as exc:
-            raise ExportError(f"the fp32 model's activations could not be measured for FP16: {first_line(exc)}") from exc
-        ctx.say("converting weights and compute to FP16" + (f" ({len(in_fp32)} layer(s) stay fp32: out of fp16's range)"
-                                                           if in_fp32 else ""))
+            raise ExportError(
+                f"the fp32 model's activations could not be measured for FP16: {first_line(exc)}"
+            ) from exc
+        ctx.say(
+            "converting weights and compute to FP16"
+            + (f" ({len(in_fp32)} layer(s) stay fp32: out of fp16's range)" if in_fp32 else "")
+        )
         out = _convert(model, list(in_fp32), ctx.workdir / "fp16.onnx")
         fp32_layers: list[dict[str, Any]] = [{"node": n, "why": why} for n, why in in_fp32.items()]
         params: dict[str, Any] = {"keep_io_types": True}
@@ -105,9 +124,14 @@ class Fp16Conversion(OptimizerPass):
             fp32_layers += searched.pop("fp32_layers")
             params.update(searched)
         return PassResult(
-            path=out, precision="fp16", targets=["gpu", "edge"], params={**params, "fp32_layers": fp32_layers},
-            notes=["on CPU, FP16 halves the size but does not run faster (ONNX Runtime computes it in fp32); "
-                   "it is meant for GPU and mobile runtimes"],
+            path=out,
+            precision="fp16",
+            targets=["gpu", "edge"],
+            params={**params, "fp32_layers": fp32_layers},
+            notes=[
+                "on CPU, FP16 halves the size but does not run faster (ONNX Runtime computes it in fp32); "
+                "it is meant for GPU and mobile runtimes"
+            ],
         )
 
 
@@ -118,8 +142,12 @@ def _convert(model: onnx.ModelProto, in_fp32: list[str], out: Path) -> Path:
     converted = onnx.ModelProto()
     converted.CopyFrom(model)  # the converter changes the model it is given, and the search converts it again
     try:
-        converted = convert_float_to_float16(converted, keep_io_types=True, node_block_list=in_fp32,
-                                             op_block_list=DEFAULT_OP_BLOCK_LIST + QUANTIZED_INPUT_OPS)
+        converted = convert_float_to_float16(
+            converted,
+            keep_io_types=True,
+            node_block_list=in_fp32,
+            op_block_list=DEFAULT_OP_BLOCK_LIST + QUANTIZED_INPUT_OPS,
+        )
     except Exception as exc:
         raise ExportError(f"FP16 conversion failed: {first_line(exc)}") from exc
     _skip_fp16_round_trips(converted, set(in_fp32))
@@ -127,29 +155,43 @@ def _convert(model: onnx.ModelProto, in_fp32: list[str], out: Path) -> Path:
     return out
 
 
-def _search(model: onnx.ModelProto, source: Path, converted: Path, in_range: list[str], rows: Batch,
-            ctx: PassContext) -> tuple[Path, dict[str, Any]]:
+def _search(
+    model: onnx.ModelProto, source: Path, converted: Path, in_range: list[str], rows: Batch, ctx: PassContext
+) -> tuple[Path, dict[str, Any]]:
     """Keep the layers that lose most to fp16 in fp32 until the model fits the budget."""
     ctx.say("FP16 is over the accuracy budget: ranking layers by their loss in half precision")
     try:
         with quiet():
-            ranked = [(n, loss) for n, loss in rank_layers(source, converted, rows, ctx.workdir, None)
-                      if n not in in_range]
+            ranked = [
+                (n, loss) for n, loss in rank_layers(source, converted, rows, ctx.workdir, None) if n not in in_range
+            ]
     except Exception as exc:  # the search is an improvement; without it the guard judges the plain model
         ctx.say(f"sensitivity ranking skipped: {first_line(exc)}")
         return converted, {"fp32_layers": [], "search": {"skipped": first_line(exc)}}
-    result = search([name for name, _ in ranked], lambda kept: _convert(
-        model, in_range + kept, ctx.workdir / f"fp16-fp32x{len(kept)}.onnx"), ctx.judge, ctx.say, "FP16")
+    result = search(
+        [name for name, _ in ranked],
+        lambda kept: _convert(model, in_range + kept, ctx.workdir / f"fp16-fp32x{len(kept)}.onnx"),
+        ctx.judge,
+        ctx.say,
+        "FP16",
+    )
     if result.path is None:
         return converted, {"fp32_layers": [], "search": {"skipped": "one layer, nothing to search"}}
     loss = dict(ranked)
     size = result.path.stat().st_size / source.stat().st_size
     all_fp16 = ctx.judge(converted)["drop_points"]
     return result.path, {
-        "fp32_layers": [{"node": n, "why": f"loses {loss[n]:.1f} dB of SQNR in fp16", "sqnr_loss_db": round(loss[n], 2)}
-                        for n in result.restored],
-        "search": {"ranked_layers": len(ranked), "restored_as": "in fp32", "within_budget": result.within_budget,
-                   "trials": result.trials, "size_ratio": round(size, 3), "drop_points_all_fp16": all_fp16,
-                   "cost": f"all layers in FP16 dropped {all_fp16:.2f} points; with them in fp32, "
-                           f"{size:.0%} of the fp32 size"},
+        "fp32_layers": [
+            {"node": n, "why": f"loses {loss[n]:.1f} dB of SQNR in fp16", "sqnr_loss_db": round(loss[n], 2)}
+            for n in result.restored
+        ],
+        "search": {
+            "ranked_layers": len(ranked),
+            "restored_as": "in fp32",
+            "within_budget": result.within_budget,
+            "trials": result.trials,
+            "size_ratio": round(size, 3),
+            "drop_points_all_fp16": all_fp16,
+            "cost": f"all layers in FP16 dropped {all_fp16:.2f} points; with them in fp32, {size:.0%} of the fp32 size",
+        },
     }

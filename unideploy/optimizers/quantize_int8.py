@@ -43,14 +43,38 @@ CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 # Static INT8 quantizes only these: the compute-heavy operators and those that just move or select
 # values. Everything else (LayerNorm, Softmax, GELU/Erf, the Mul/Add/Div around them, ...) then
 # receives float inputs and runs in float, which is where int8 transformers lose their accuracy.
-STATIC_OPS = ["Conv", "ConvTranspose", "MatMul", "Gemm", "Relu", "Clip", "MaxPool", "AveragePool",
-              "GlobalAveragePool", "Concat", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Resize",
-              "Split", "Gather"]
+STATIC_OPS = [
+    "Conv",
+    "ConvTranspose",
+    "MatMul",
+    "Gemm",
+    "Relu",
+    "Clip",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "Concat",
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Resize",
+    "Split",
+    "Gather",
+]
 # A searched INT8 model no faster than fp32 must at least be this much smaller to be worth adding.
 WORTHWHILE_SIZE = 0.75
 # Operators whose presence shows that quantization happened.
-INT8_OPS = {"QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul", "QLinearConv",
-            "QLinearMatMul", "ConvInteger"}
+INT8_OPS = {
+    "QuantizeLinear",
+    "DynamicQuantizeLinear",
+    "MatMulInteger",
+    "DynamicQuantizeMatMul",
+    "QLinearConv",
+    "QLinearMatMul",
+    "ConvInteger",
+}
 
 
 def cpu_has_vnni() -> bool:
@@ -86,9 +110,11 @@ def _upgrade_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     try:
         return version_converter.convert_version(model, PER_CHANNEL_OPSET)
     except Exception as exc:
-        raise ExportError(f"INT8 needs opset {PER_CHANNEL_OPSET} (per-channel weights) and this opset-{opset} model "
-                          f"cannot be converted: {first_line(exc)}",
-                          "re-export the model at opset 13 or later, or use --quantize fp16") from exc
+        raise ExportError(
+            f"INT8 needs opset {PER_CHANNEL_OPSET} (per-channel weights) and this opset-{opset} model "
+            f"cannot be converted: {first_line(exc)}",
+            "re-export the model at opset 13 or later, or use --quantize fp16",
+        ) from exc
 
 
 class Int8Quantization(OptimizerPass):
@@ -96,13 +122,15 @@ class Int8Quantization(OptimizerPass):
     stage = "quantize"
     required_modules = ("onnx", "onnxruntime", "sympy")
 
-    def __init__(self, variant: str = "auto", calibration_method: str = "minmax",
-                 quantize_sensitive: bool = False) -> None:
+    def __init__(
+        self, variant: str = "auto", calibration_method: str = "minmax", quantize_sensitive: bool = False
+    ) -> None:
         if variant not in VARIANTS:
             raise InputError(f"unknown INT8 variant '{variant}'", f"use one of: {', '.join(VARIANTS)}")
         if calibration_method not in CALIBRATION_METHODS:
-            raise InputError(f"unknown calibration method '{calibration_method}'",
-                             f"use one of: {', '.join(CALIBRATION_METHODS)}")
+            raise InputError(
+                f"unknown calibration method '{calibration_method}'", f"use one of: {', '.join(CALIBRATION_METHODS)}"
+            )
         self.variant = variant
         self.calibration_method = calibration_method
         self.quantize_sensitive = quantize_sensitive
@@ -126,21 +154,24 @@ class Int8Quantization(OptimizerPass):
         gemm_to_matmul(model)  # onnxruntime's dynamic quantizer skips Gemm
         name_nodes(model)
         weights = {i.name for i in model.graph.initializer}
-        weight_products = [n.name for n in model.graph.node
-                           if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in weights]
+        weight_products = [
+            n.name for n in model.graph.node if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in weights
+        ]
         has_matmul = bool(weight_products)
         # embedding tables (Gather from a weight) are stored int8 too: a transformer's vocabulary
         # is a third to half of its file (MiniLM-L6: 65% -> 25% of fp32, cosine unchanged)
-        dynamic_nodes = weight_products + [n.name for n in model.graph.node
-                                           if n.op_type == "Gather" and n.input[0] in weights]
+        dynamic_nodes = weight_products + [
+            n.name for n in model.graph.node if n.op_type == "Gather" and n.input[0] in weights
+        ]
         dynamic_source = ctx.workdir / "int8-dynamic-source.onnx"
         if has_matmul:
             onnx.save(model, str(dynamic_source))
         wanted = ["static", "dynamic"] if self.variant == "auto" else [self.variant]
         if "dynamic" in wanted and not has_matmul:
             if self.variant == "dynamic":
-                raise InputError("dynamic INT8 quantizes MatMul/Gemm weights, and this model has none",
-                                 "use --int8-variant static")
+                raise InputError(
+                    "dynamic INT8 quantizes MatMul/Gemm weights, and this model has none", "use --int8-variant static"
+                )
             wanted.remove("dynamic")
         reduce_range = not cpu_has_vnni()
         built: dict[str, Path] = {}
@@ -152,8 +183,7 @@ class Int8Quantization(OptimizerPass):
                 source = dynamic_source if variant == "dynamic" else prepared
                 built[variant] = self._build(variant, source, ctx, reduce_range, dynamic_nodes)
                 if variant != "dynamic" and not ctx.judge(built[variant])["within_budget"]:
-                    built[variant], searched[variant] = self._search(variant, source, built[variant], ctx,
-                                                                      reduce_range)
+                    built[variant], searched[variant] = self._search(variant, source, built[variant], ctx, reduce_range)
             except ExportError as exc:
                 if self.variant != "auto":
                     raise
@@ -167,56 +197,93 @@ class Int8Quantization(OptimizerPass):
         else:
             variant, why, candidates = self._choose(built, ctx)
         return PassResult(
-            path=built[variant], precision="int8",
-            params={"variant": variant, "why": why, "candidates": candidates, "skipped": skipped,
-                    "calibration_method": self.calibration_method if variant != "dynamic" else None,
-                    "activations": {"static": "uint8", "symmetric": "int8 symmetric"}.get(variant, "uint8 (dynamic)"),
-                    "weights": "int8 per-channel",
-                    "sensitive_ops_in_float": not self.quantize_sensitive if variant != "dynamic" else None,
-                    "reduce_range": reduce_range, **searched.get(variant, {}),
-                    # what the search found for a variant not chosen (auto), for the refusal to say
-                    "other_searches": {v: r["search"] for v, r in searched.items() if v != variant}},
+            path=built[variant],
+            precision="int8",
+            params={
+                "variant": variant,
+                "why": why,
+                "candidates": candidates,
+                "skipped": skipped,
+                "calibration_method": self.calibration_method if variant != "dynamic" else None,
+                "activations": {"static": "uint8", "symmetric": "int8 symmetric"}.get(variant, "uint8 (dynamic)"),
+                "weights": "int8 per-channel",
+                "sensitive_ops_in_float": not self.quantize_sensitive if variant != "dynamic" else None,
+                "reduce_range": reduce_range,
+                **searched.get(variant, {}),
+                # what the search found for a variant not chosen (auto), for the refusal to say
+                "other_searches": {v: r["search"] for v, r in searched.items() if v != variant},
+            },
         )
 
-    def _search(self, variant: str, source: Path, quantized: Path, ctx: PassContext,
-                reduce_range: bool) -> tuple[Path, dict[str, Any]]:
+    def _search(
+        self, variant: str, source: Path, quantized: Path, ctx: PassContext, reduce_range: bool
+    ) -> tuple[Path, dict[str, Any]]:
         """Keep the most sensitive layers in fp32 until the model fits the budget (see sensitivity.py)."""
         ctx.say(f"INT8 {variant} is over the accuracy budget: ranking layers by quantization sensitivity")
         try:
             with quiet():
-                ranked = rank_layers(source, quantized, comparison_rows(ctx), ctx.workdir,
-                                     None if self.quantize_sensitive else STATIC_OPS)
+                ranked = rank_layers(
+                    source,
+                    quantized,
+                    comparison_rows(ctx),
+                    ctx.workdir,
+                    None if self.quantize_sensitive else STATIC_OPS,
+                )
         except Exception as exc:  # the search is an improvement; without it the guard judges the plain model
             ctx.say(f"sensitivity ranking skipped: {first_line(exc)}")
             return quantized, {"fp32_layers": [], "search": {"skipped": first_line(exc)}}
-        result = search([name for name, _ in ranked], lambda exclude: self._build(
-            variant, source, ctx, reduce_range, [], exclude), ctx.judge, ctx.say, "INT8")
+        result = search(
+            [name for name, _ in ranked],
+            lambda exclude: self._build(variant, source, ctx, reduce_range, [], exclude),
+            ctx.judge,
+            ctx.say,
+            "INT8",
+        )
         if result.path is None:  # one quantized node: nothing to keep in fp32 while quantizing the rest
             return quantized, {"fp32_layers": [], "search": {"skipped": "one quantized node, nothing to search"}}
         loss = dict(ranked)
         all_int8, kept = ctx.evaluate(quantized), ctx.evaluate(result.path)
         size = result.path.stat().st_size / source.stat().st_size
-        record = {
+        record: dict[str, Any] = {
             "fp32_layers": [{"node": n, "sqnr_loss_db": round(loss[n], 2)} for n in result.restored],
-            "search": {"ranked_layers": len(ranked), "restored_as": "in fp32", "within_budget": result.within_budget,
-                       "trials": result.trials, "speedup_all_int8": round(all_int8.mean_speedup, 3),
-                       "speedup": round(kept.mean_speedup, 3), "size_ratio": round(size, 3),
-                       "drop_points_all_int8": all_int8.accuracy["drop_points"],
-                       "cost": f"all layers in INT8 ran {all_int8.mean_speedup:.2f}x fp32 with a drop of "
-                               f"{all_int8.accuracy['drop_points']:.2f} points; with them in fp32, "
-                               f"{kept.mean_speedup:.2f}x at {size:.0%} of the size"},
+            "search": {
+                "ranked_layers": len(ranked),
+                "restored_as": "in fp32",
+                "within_budget": result.within_budget,
+                "trials": result.trials,
+                "speedup_all_int8": round(all_int8.mean_speedup, 3),
+                "speedup": round(kept.mean_speedup, 3),
+                "size_ratio": round(size, 3),
+                "drop_points_all_int8": all_int8.accuracy["drop_points"],
+                "cost": f"all layers in INT8 ran {all_int8.mean_speedup:.2f}x fp32 with a drop of "
+                f"{all_int8.accuracy['drop_points']:.2f} points; with them in fp32, "
+                f"{kept.mean_speedup:.2f}x at {size:.0%} of the size",
+            },
         }
         if result.within_budget and kept.mean_speedup <= 1.0 and size > WORTHWHILE_SIZE:
             # within budget only as a model that is neither faster nor much smaller: not an INT8 model
-            record["search"]["refused"] = (f"within the budget only with {len(result.restored)} layers in fp32, "
-                                           f"which runs {kept.mean_speedup:.2f}x fp32 at {size:.0%} of its size")
+            record["search"]["refused"] = (
+                f"within the budget only with {len(result.restored)} layers in fp32, "
+                f"which runs {kept.mean_speedup:.2f}x fp32 at {size:.0%} of its size"
+            )
             return quantized, record
         return result.path, record
 
-    def _build(self, variant: str, prepared: Path, ctx: PassContext, reduce_range: bool,
-               dynamic_nodes: list[str], fp32_layers: list[str] | tuple[str, ...] = ()) -> Path:
+    def _build(
+        self,
+        variant: str,
+        prepared: Path,
+        ctx: PassContext,
+        reduce_range: bool,
+        dynamic_nodes: list[str],
+        fp32_layers: list[str] | tuple[str, ...] = (),
+    ) -> Path:
         from onnxruntime.quantization import (
-            CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static,
+            CalibrationMethod,
+            QuantFormat,
+            QuantType,
+            quantize_dynamic,
+            quantize_static,
         )
 
         out = ctx.workdir / f"int8-{variant}{f'-fp32x{len(fp32_layers)}' if fp32_layers else ''}.onnx"
@@ -226,32 +293,50 @@ class Int8Quantization(OptimizerPass):
                     if not ctx.calibration:
                         raise InputError(f"{variant} INT8 needs calibration data", "pass --calibration DATA")
                     symmetric = variant == "symmetric"
-                    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-                              "percentile": CalibrationMethod.Percentile}[self.calibration_method]
+                    method = {
+                        "minmax": CalibrationMethod.MinMax,
+                        "entropy": CalibrationMethod.Entropy,
+                        "percentile": CalibrationMethod.Percentile,
+                    }[self.calibration_method]
                     cache = ctx.workdir / f"calibration-{variant}.json"  # every search candidate reuses it
                     quantize_static(
-                        str(prepared), str(out), None if cache.exists() else _Reader(ctx.calibration),
-                        quant_format=QuantFormat.QDQ, nodes_to_exclude=list(fp32_layers),
+                        str(prepared),
+                        str(out),
+                        None if cache.exists() else _Reader(ctx.calibration),
+                        quant_format=QuantFormat.QDQ,
+                        nodes_to_exclude=list(fp32_layers),
                         calibration_cache_path=str(cache),
                         activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
-                        weight_type=QuantType.QInt8, per_channel=True,
-                        reduce_range=reduce_range, calibrate_method=method,
+                        weight_type=QuantType.QInt8,
+                        per_channel=True,
+                        reduce_range=reduce_range,
+                        calibrate_method=method,
                         op_types_to_quantize=None if self.quantize_sensitive else STATIC_OPS,
                         calibration_providers=["CPUExecutionProvider"],
                         extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True},
                     )
                 else:
-                    quantize_dynamic(str(prepared), str(out), weight_type=QuantType.QInt8,
-                                     op_types_to_quantize=["MatMul", "Gather"], nodes_to_quantize=dynamic_nodes,
-                                     per_channel=True, reduce_range=reduce_range)
+                    quantize_dynamic(
+                        str(prepared),
+                        str(out),
+                        weight_type=QuantType.QInt8,
+                        op_types_to_quantize=["MatMul", "Gather"],
+                        nodes_to_quantize=dynamic_nodes,
+                        per_channel=True,
+                        reduce_range=reduce_range,
+                    )
         except InputError:
             raise
         except Exception as exc:
-            raise ExportError(f"INT8 {variant} quantization failed: {first_line(exc)}",
-                              "try --int8-variant dynamic/static, or --quantize fp16") from exc
+            raise ExportError(
+                f"INT8 {variant} quantization failed: {first_line(exc)}",
+                "try --int8-variant dynamic/static, or --quantize fp16",
+            ) from exc
         if not any(n.op_type in INT8_OPS for n in onnx.load(str(out)).graph.node):
-            raise ExportError(f"INT8 {variant} quantization changed nothing in this model",
-                              "try the other --int8-variant, or --quantize fp16")
+            raise ExportError(
+                f"INT8 {variant} quantization changed nothing in this model",
+                "try the other --int8-variant, or --quantize fp16",
+            )
         return out
 
     @staticmethod
@@ -260,13 +345,26 @@ class Int8Quantization(OptimizerPass):
         for variant, path in built.items():
             ctx.say(f"measuring INT8 {variant} against fp32")
             measured[variant] = ctx.evaluate(path)
-        candidates = [{"variant": v, "drop_points": e.accuracy["drop_points"], "within_budget": e.within_budget,
-                       "speedup": {str(b): l["speedup"] for b, l in e.latency_ms.items()},
-                       "mean_speedup": round(e.mean_speedup, 3)} for v, e in measured.items()]
+        candidates = [
+            {
+                "variant": v,
+                "drop_points": e.accuracy["drop_points"],
+                "within_budget": e.within_budget,
+                "speedup": {str(b): t["speedup"] for b, t in e.latency_ms.items()},
+                "mean_speedup": round(e.mean_speedup, 3),
+            }
+            for v, e in measured.items()
+        ]
         fits = [v for v, e in measured.items() if e.within_budget]
-        summary = ", ".join(f"{c['variant']} {c['mean_speedup']:.2f}x / drop {c['drop_points']:.2f} pts" for c in candidates)
+        summary = ", ".join(
+            f"{c['variant']} {c['mean_speedup']:.2f}x / drop {c['drop_points']:.2f} pts" for c in candidates
+        )
         if not fits:  # hand the most accurate to the guard, which refuses it with the numbers
             best = min(measured, key=lambda v: measured[v].accuracy["drop_points"])
             return best, f"no variant within the accuracy budget ({summary})", candidates
         best = max(fits, key=lambda v: measured[v].mean_speedup)
-        return best, f"fastest within the accuracy budget ({summary}; speedup = geometric mean over batch sizes)", candidates
+        return (
+            best,
+            f"fastest within the accuracy budget ({summary}; speedup = geometric mean over batch sizes)",
+            candidates,
+        )

@@ -22,9 +22,10 @@ give little (an "INT8" model mostly in fp32, a "pruned" model mostly dense).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -69,8 +70,9 @@ def sqnr_db(expected: list[np.ndarray], got: list[np.ndarray]) -> float:
     return min(20 * math.log10(max(signal, TINY) / noise), EXACT_DB)
 
 
-def rank_layers(original: Path, optimized: Path, rows: Batch, workdir: Path,
-                op_types: list[str] | tuple[str, ...] | None) -> list[tuple[str, float]]:
+def rank_layers(
+    original: Path, optimized: Path, rows: Batch, workdir: Path, op_types: list[str] | tuple[str, ...] | None
+) -> list[tuple[str, float]]:
     """Nodes of ``original`` of the optimized ``op_types`` (None: all), most sensitive first, with
     the SQNR (dB) each loses in ``optimized``."""
     from onnxruntime.quantization import qdq_loss_debug as debug
@@ -86,7 +88,7 @@ def rank_layers(original: Path, optimized: Path, rows: Batch, workdir: Path,
     readers = consumers(graph)
     ranked = []
     for node in graph.node:
-        if op_types is not None and node.op_type not in op_types or not node.output:
+        if (op_types is not None and node.op_type not in op_types) or not node.output:
             continue
         output = node.output[0]
         while len(readers.get(output, [])) == 1 and readers[output][0].op_type in FOLDED_ACTIVATIONS:
@@ -97,26 +99,33 @@ def rank_layers(original: Path, optimized: Path, rows: Batch, workdir: Path,
     return sorted(ranked, key=lambda item: -item[1])
 
 
-def rank_alone(original: Path, units: list[str], build_alone: Callable[[str], Path], rows: Batch,
-               workdir: Path) -> list[tuple[str, float]]:
+def rank_alone(
+    original: Path, units: list[str], build_alone: Callable[[str], Path], rows: Batch, workdir: Path
+) -> list[tuple[str, float]]:
     """``units`` most sensitive first, each with the output SQNR (dB) the model loses when only
     that unit is optimized. For optimizations that change tensor shapes (removing channels), whose
     tensors cannot be matched to the original's one by one."""
     from unideploy.optimizers.measure import timing_session
 
-    expected = timing_session(str(original)).run(None, rows)
+    expected = timing_session(Path(original)).run(None, rows)
     losses = []
     for unit in units:
         path = build_alone(unit)
-        got = timing_session(str(path)).run(None, rows)
+        got = timing_session(path).run(None, rows)
         path.unlink()
         worst = min(sqnr_db([e], [g]) for e, g in zip(expected, got))
         losses.append((unit, EXACT_DB - worst))
     return sorted(losses, key=lambda item: -item[1])
 
 
-def search(ranked: list[str], build: Callable[[list[str]], Path], judge: Callable[[Path], dict[str, Any]],
-           say: Callable[[str], None], what: str, max_trials: int | None = None) -> SearchResult:
+def search(
+    ranked: list[str],
+    build: Callable[[list[str]], Path],
+    judge: Callable[[Path], dict[str, Any]],
+    say: Callable[[str], None],
+    what: str,
+    max_trials: int | None = None,
+) -> SearchResult:
     """The fewest leading layers of ``ranked`` to leave as they were (``build`` makes the model with
     them restored) for the model to fit the budget:
     doubling until it fits, then bisecting between the last count over budget and the first within.
@@ -130,8 +139,13 @@ def search(ranked: list[str], build: Callable[[list[str]], Path], judge: Callabl
         path = build(ranked[:count])
         accuracy = judge(path)
         tried[count] = (path, float(accuracy["drop_points"]), bool(accuracy["within_budget"]))
-        trials.append({"restored": count, "drop_points": accuracy["drop_points"],
-                       "within_budget": bool(accuracy["within_budget"])})
+        trials.append(
+            {
+                "restored": count,
+                "drop_points": accuracy["drop_points"],
+                "within_budget": bool(accuracy["within_budget"]),
+            }
+        )
         return tried[count][2]
 
     most = len(ranked) // 2  # beyond half the layers left as they were, the optimization gives little
@@ -155,8 +169,14 @@ def search(ranked: list[str], build: Callable[[list[str]], Path], judge: Callabl
     return SearchResult(tried[within][0], ranked[:within], True, trials)
 
 
-def search_refitted(ranked: list[str], build: Callable[[list[str], bool], Path], refitted: bool,
-                    refit_seconds: float, ctx: PassContext, what: str) -> SearchResult:
+def search_refitted(
+    ranked: list[str],
+    build: Callable[[list[str], bool], Path],
+    refitted: bool,
+    refit_seconds: float,
+    ctx: PassContext,
+    what: str,
+) -> SearchResult:
     """``search`` for pruning, where each candidate should be re-fitted (``build(restored, refit)``).
 
     A re-fit makes up for the pruned layers before it, so each candidate is re-fitted from the
@@ -166,8 +186,13 @@ def search_refitted(ranked: list[str], build: Callable[[list[str], bool], Path],
     the chosen candidate stays as judged, without one."""
     refit_each = refitted and refit_seconds * PRUNING_TRIALS <= SEARCH_REFIT_SECONDS
     result = search(ranked, lambda restored: build(restored, refit_each), ctx.judge, ctx.say, what, PRUNING_TRIALS)
-    if result.path is not None and refitted and not refit_each and result.within_budget \
-            and refit_seconds <= SEARCH_REFIT_SECONDS:
+    if (
+        result.path is not None
+        and refitted
+        and not refit_each
+        and result.within_budget
+        and refit_seconds <= SEARCH_REFIT_SECONDS
+    ):
         ctx.say(f"re-fitting the chosen candidate ({len(result.restored)} left as they were)")
         path = build(result.restored, True)
         if ctx.judge(path)["within_budget"]:

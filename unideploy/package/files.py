@@ -23,7 +23,7 @@ MAX_MEMBERS = 10_000  # packages hold tens of files (a SavedModel directory incl
 MAX_RATIO, BOMB_MIN_BYTES = 100, 1024**3
 
 
-def _hash_file(path: Path, digest: "hashlib._Hash") -> int:
+def _hash_file(path: Path, digest: hashlib._Hash) -> int:
     size = 0
     with open(path, "rb") as fh:
         while chunk := fh.read(_CHUNK):
@@ -53,7 +53,9 @@ def resolve_inside(root: Path, relpath: str) -> Path:
     candidate = (root / relpath).resolve()
     real_root = root.resolve()
     if candidate != real_root and real_root not in candidate.parents:
-        raise PackageError(f"path '{relpath}' escapes the package", "the package is malformed or malicious; do not use it")
+        raise PackageError(
+            f"path '{relpath}' escapes the package", "the package is malformed or malicious; do not use it"
+        )
     return candidate
 
 
@@ -136,8 +138,9 @@ def replace_path(staged: Path, target: Path) -> None:
 
 def write_zip(directory: Path, dest: Path) -> None:
     """Zip every file under ``directory`` into ``dest``: written beside it, then renamed."""
-    fd, tmp_zip = tempfile.mkstemp(prefix=temp_prefix(dest.parent, f".{dest.name}.", ".partial"), suffix=".partial",
-                                   dir=dest.parent)
+    fd, tmp_zip = tempfile.mkstemp(
+        prefix=temp_prefix(dest.parent, f".{dest.name}.", ".partial"), suffix=".partial", dir=dest.parent
+    )
     os.close(fd)
     try:
         with zipfile.ZipFile(tmp_zip, "w", compression=zipfile.ZIP_DEFLATED) as zf:
@@ -158,8 +161,9 @@ def extract_zip(archive: Path, dest: Path, remedy: str) -> None:
             for info in members:
                 name = info.filename
                 if name in seen:  # extraction would keep the last one, unseen by any check of the first
-                    raise PackageError(f"zip has two members named '{name}'", "the archive is malicious or broken; "
-                                       "do not use it")
+                    raise PackageError(
+                        f"zip has two members named '{name}'", "the archive is malicious or broken; do not use it"
+                    )
                 seen.add(name)
                 parts = PurePosixPath(name.replace("\\", "/")).parts
                 if name.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
@@ -173,11 +177,16 @@ def extract_zip(archive: Path, dest: Path, remedy: str) -> None:
             if total > MAX_UNPACKED_BYTES:
                 raise PackageError(f"zip '{archive}' would unpack to {total} bytes, over the limit")
             if len(members) > MAX_MEMBERS:
-                raise PackageError(f"zip '{archive}' has {len(members)} members; a package has far fewer "
-                                   f"(at most {MAX_MEMBERS})", "the archive is malicious or broken; do not use it")
+                raise PackageError(
+                    f"zip '{archive}' has {len(members)} members; a package has far fewer (at most {MAX_MEMBERS})",
+                    "the archive is malicious or broken; do not use it",
+                )
             if total > BOMB_MIN_BYTES and total > MAX_RATIO * archive.stat().st_size:
-                raise PackageError(f"zip '{archive}' would unpack to {total} bytes, {total // archive.stat().st_size}x "
-                                   "its size (a zip bomb?)", "the archive is malicious or broken; do not use it")
+                raise PackageError(
+                    f"zip '{archive}' would unpack to {total} bytes, {total // archive.stat().st_size}x "
+                    "its size (a zip bomb?)",
+                    "the archive is malicious or broken; do not use it",
+                )
             bad = zf.testzip()
             if bad is not None:
                 raise PackageError(f"zip member '{bad}' is corrupt (CRC mismatch)", f"the archive is damaged; {remedy}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -63,8 +63,13 @@ class Artifact:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "id": self.id, "path": self.path, "format": self.format, "precision": self.precision,
-            "sha256": self.sha256, "size": self.size, "runtimes": list(self.runtimes),
+            "id": self.id,
+            "path": self.path,
+            "format": self.format,
+            "precision": self.precision,
+            "sha256": self.sha256,
+            "size": self.size,
+            "runtimes": list(self.runtimes),
         }
         if self.opset is not None:
             out["opset"] = self.opset
@@ -79,12 +84,18 @@ class Artifact:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Artifact":
+    def from_dict(cls, data: dict[str, Any]) -> Artifact:
         sig = data.get("signature")
         return cls(
-            id=data["id"], path=data["path"], format=data["format"], precision=data["precision"],
-            sha256=data["sha256"], size=data["size"], runtimes=list(data["runtimes"]),
-            opset=data.get("opset"), derived_from=data.get("derived_from"),
+            id=data["id"],
+            path=data["path"],
+            format=data["format"],
+            precision=data["precision"],
+            sha256=data["sha256"],
+            size=data["size"],
+            runtimes=list(data["runtimes"]),
+            opset=data.get("opset"),
+            derived_from=data.get("derived_from"),
             signature=Signature.from_dict(sig) if sig else None,
             targets=data.get("targets"),
             files=data.get("files"),
@@ -114,7 +125,7 @@ class Manifest:
     samples: list[SampleSet] = field(default_factory=list)
     optimizations: list[dict[str, Any]] = field(default_factory=list)
     validation: dict[str, dict[str, Any]] = field(default_factory=dict)
-    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     description: str | None = None
     # Artifacts a stage left out, each {artifact, stage, reason, fix}: shown by the CLI, kept here.
     omitted: list[dict[str, str]] = field(default_factory=list)
@@ -156,7 +167,7 @@ class Manifest:
             data["omitted"] = [dict(o) for o in self.omitted]
         return data
 
-    def copy(self) -> "Manifest":
+    def copy(self) -> Manifest:
         return Manifest.from_json(self.to_json())
 
     def to_json(self) -> str:
@@ -165,7 +176,7 @@ class Manifest:
         return json.dumps(data, indent=2, sort_keys=False) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> "Manifest":
+    def from_json(cls, text: str) -> Manifest:
         try:
             data = json.loads(text)
         except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested beyond any manifest

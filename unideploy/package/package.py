@@ -38,7 +38,7 @@ class Package:
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | Path) -> "Package":
+    def open(cls, path: str | Path) -> Package:
         origin = Path(path)
         if not origin.exists():
             raise InputError(f"package '{origin}' does not exist")
@@ -58,7 +58,7 @@ class Package:
         )
 
     @classmethod
-    def _open_root(cls, root: Path, origin: Path, tempdir: Path | None) -> "Package":
+    def _open_root(cls, root: Path, origin: Path, tempdir: Path | None) -> Package:
         manifest_path = root / MANIFEST_NAME
         if not manifest_path.is_file():
             raise PackageError(
@@ -87,8 +87,9 @@ class Package:
         for relpath in sorted(present):
             if (self.root / relpath).is_symlink():  # even one pointing inside: it could be swapped
                 resolve_inside(self.root, relpath)  # one pointing outside is named as such
-                raise PackageError(f"package file '{relpath}' is a symbolic link", "packages may not contain links; "
-                                   "export it again")
+                raise PackageError(
+                    f"package file '{relpath}' is a symbolic link", "packages may not contain links; export it again"
+                )
         for relpath, sha256, size in entries:
             path = resolve_inside(self.root, relpath)
             if not path.exists():
@@ -135,7 +136,7 @@ class Package:
             shutil.rmtree(self._tempdir, ignore_errors=True)
             self._tempdir = None
 
-    def __enter__(self) -> "Package":
+    def __enter__(self) -> Package:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -15,9 +15,9 @@ old signature does not carry over, and it must be signed again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from unideploy.errors import InputError, MissingDependencyError, PackageError, first_line
 from unideploy.package.files import write_zip
@@ -34,8 +34,10 @@ class TrustedSigners:
 
     def __post_init__(self) -> None:
         if (self.key is None) == (not self.chain):
-            raise InputError("trust either a public key or a certificate chain",
-                             "pass --trusted-key PUBLIC.pem, or --trusted-chain CA.pem (repeatable)")
+            raise InputError(
+                "trust either a public key or a certificate chain",
+                "pass --trusted-key PUBLIC.pem, or --trusted-chain CA.pem (repeatable)",
+            )
         for path in (self.key, *self.chain):
             if path is not None and not Path(path).is_file():
                 raise InputError(f"trusted key or certificate '{path}' does not exist")
@@ -45,19 +47,28 @@ def _library():
     try:
         from model_signing import hashing, signing, verifying
     except ImportError as exc:
-        raise MissingDependencyError("signing packages needs the OpenSSF model-signing library",
-                                     "pip install 'unideploy[sign]'") from exc
+        raise MissingDependencyError(
+            "signing packages needs the OpenSSF model-signing library", "pip install 'unideploy[sign]'"
+        ) from exc
     return hashing, signing, verifying
 
 
 def _hashing_config(hashing):
     # every file but the signature itself; links are refused (packages never hold any)
-    return hashing.Config().use_file_serialization(allow_symlinks=False).set_ignored_paths(
-        paths=[SIGNATURE_NAME], ignore_git_paths=False)
+    return (
+        hashing.Config()
+        .use_file_serialization(allow_symlinks=False)
+        .set_ignored_paths(paths=[SIGNATURE_NAME], ignore_git_paths=False)
+    )
 
 
-def sign_package(path: str | Path, key: str | Path, certificate: str | Path | None = None,
-                 chain: Sequence[str | Path] = (), password: str | None = None) -> Path:
+def sign_package(
+    path: str | Path,
+    key: str | Path,
+    certificate: str | Path | None = None,
+    chain: Sequence[str | Path] = (),
+    password: str | None = None,
+) -> Path:
     """Sign the package at ``path`` (a directory or a zip) in place; return the signature's path
     inside it. The package is checked first: a corrupt package is never signed."""
     hashing, signing, _ = _library()
@@ -67,13 +78,16 @@ def sign_package(path: str | Path, key: str | Path, certificate: str | Path | No
     config = signing.Config().set_hashing_config(_hashing_config(hashing))
     try:
         if certificate is not None:
-            config.use_certificate_signer(private_key=key, signing_certificate=Path(certificate),
-                                          certificate_chain=[Path(c) for c in chain])
+            config.use_certificate_signer(
+                private_key=key, signing_certificate=Path(certificate), certificate_chain=[Path(c) for c in chain]
+            )
         else:
             config.use_elliptic_key_signer(private_key=key, password=password)
     except (ValueError, TypeError, OSError) as exc:
-        raise InputError(f"cannot sign with '{key}': {first_line(exc)}",
-                         "use an elliptic-curve private key in PEM (and its certificate, if any)") from exc
+        raise InputError(
+            f"cannot sign with '{key}': {first_line(exc)}",
+            "use an elliptic-curve private key in PEM (and its certificate, if any)",
+        ) from exc
     with Package.open(path) as package:
         partial = package.root.parent / f".{package.root.name}.{SIGNATURE_NAME}.partial"  # outside the package
         try:
@@ -100,6 +114,7 @@ def verify_signature(package: Package, trusted: TrustedSigners) -> None:
     try:
         config.verify(package.root, signature)
     except Exception as exc:  # the library raises ValueError and its crypto back ends their own errors
-        raise PackageError(f"package '{package.origin}' fails its signature check: {first_line(exc)}",
-                           "it was signed by another key, or changed after signing; sign it again if you "
-                           "made the change") from exc
+        raise PackageError(
+            f"package '{package.origin}' fails its signature check: {first_line(exc)}",
+            "it was signed by another key, or changed after signing; sign it again if you made the change",
+        ) from exc

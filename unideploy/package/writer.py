@@ -28,8 +28,10 @@ def check_destination(dest: Path, overwrite: bool) -> None:
     if dest.exists() and not overwrite:
         raise InputError(f"'{dest}' already exists", "choose another -o path or pass --force")
     if dest.exists() and (dest.suffix.lower() == ".zip") == dest.is_dir():
-        raise InputError(f"'{dest}' exists and is a {'directory' if dest.is_dir() else 'file'}",
-                         "remove it or choose another -o path")
+        raise InputError(
+            f"'{dest}' exists and is a {'directory' if dest.is_dir() else 'file'}",
+            "remove it or choose another -o path",
+        )
 
 
 class PackageWriter:
@@ -74,11 +76,12 @@ class PackageWriter:
                 artifact.files.append({"path": relpath, "sha256": sha256, "size": size})
         return artifact
 
-    def add_samples(self, relpath: str, batch_size: int, inputs: dict[str, np.ndarray],
-                    outputs: dict[str, np.ndarray]) -> SampleSet:
+    def add_samples(
+        self, relpath: str, batch_size: int, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
+    ) -> SampleSet:
         target = self._target(relpath)
         with open(target, "wb") as fh:
-            np.savez_compressed(fh, **samples_to_npz_dict(inputs, outputs))
+            np.savez_compressed(fh, **samples_to_npz_dict(inputs, outputs))  # type: ignore[arg-type]  # numpy stub: **arrays read as allow_pickle
         sha256, size = digest_path(target)
         return SampleSet(relpath, batch_size, sha256, size)
 
@@ -95,11 +98,12 @@ class PackageWriter:
     def abort(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
 
-    def __enter__(self) -> "PackageWriter":
+    def __enter__(self) -> PackageWriter:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is not None:
             self.abort()
 
@@ -108,8 +112,15 @@ class PackageWriter:
 AddedArtifact = tuple[Artifact, Path, dict[str, Path], dict[str, Any]]
 
 
-def extend_package(package: Package, package_path: str | Path, output: str | Path, added: list[AddedArtifact],
-                   overwrite: bool = False, first: bool = False, omitted: list[dict[str, str]] | None = None) -> Path:
+def extend_package(
+    package: Package,
+    package_path: str | Path,
+    output: str | Path,
+    added: list[AddedArtifact],
+    overwrite: bool = False,
+    first: bool = False,
+    omitted: list[dict[str, str]] | None = None,
+) -> Path:
     """Write ``output``: ``package`` with ``added`` replacing artifacts of the same ids (listed before
     the others when ``first``: artifacts to be preferred where they can run), and ``omitted`` saying
     what the stage left out and why. ``output`` may be the package itself: the stages that add

@@ -8,9 +8,10 @@ through this class, so adding an engine is one file plus one registry line
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -72,10 +73,10 @@ class Runtime(ABC):
     def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         return self._run(self.signature.validate_inputs(inputs))
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (an optional hook: most engines hold nothing to release)
         """Release engine resources; the default has none to release."""
 
-    def __enter__(self) -> "Runtime":
+    def __enter__(self) -> Runtime:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -34,8 +34,11 @@ class MindSporeRuntime(Runtime):
         for module in ("mindspore_lite", "mindspore"):
             if _installed(module):
                 return Availability(True, f"{module} is installed")
-        return Availability(False, "neither mindspore_lite nor mindspore is installed",
-                            "pip install 'unideploy[mindspore]' (or mindspore-lite on Ascend/edge images)")
+        return Availability(
+            False,
+            "neither mindspore_lite nor mindspore is installed",
+            "pip install 'unideploy[mindspore]' (or mindspore-lite on Ascend/edge images)",
+        )
 
     def _load(self) -> None:
         self._lock = threading.Lock()  # one call at a time per loaded model, as in both engines' docs
@@ -43,8 +46,10 @@ class MindSporeRuntime(Runtime):
         if self.engine == "mindspore-lite":
             self._load_lite()
         elif self.path.suffix == ".ms":
-            raise PackageError(f"'{self.path.name}' is a MindSpore Lite model and mindspore_lite is not installed",
-                               "install mindspore-lite, or run the package's MindIR or ONNX artifact")
+            raise PackageError(
+                f"'{self.path.name}' is a MindSpore Lite model and mindspore_lite is not installed",
+                "install mindspore-lite, or run the package's MindIR or ONNX artifact",
+            )
         else:
             self._load_graph_cell()
 
@@ -56,8 +61,10 @@ class MindSporeRuntime(Runtime):
             try:
                 self.cell = ms.nn.GraphCell(ms.load(str(self.path)))
             except (RuntimeError, ValueError, TypeError) as exc:
-                raise PackageError(f"MindSpore cannot load '{self.path.name}': {first_line(exc)}",
-                                   "the MindIR file is corrupt or from an incompatible MindSpore") from exc
+                raise PackageError(
+                    f"MindSpore cannot load '{self.path.name}': {first_line(exc)}",
+                    "the MindIR file is corrupt or from an incompatible MindSpore",
+                ) from exc
         self._tensor = ms.Tensor
 
     def _load_lite(self) -> None:
@@ -85,8 +92,9 @@ class MindSporeRuntime(Runtime):
         except (RuntimeError, ValueError, TypeError) as exc:
             raise RuntimeFailure(f"{self.engine} failed: {first_line(exc)}") from exc
         if len(results) != len(self.signature.outputs):
-            raise RuntimeFailure(f"the model returned {len(results)} outputs, the signature lists "
-                                 f"{len(self.signature.outputs)}")
+            raise RuntimeFailure(
+                f"the model returned {len(results)} outputs, the signature lists {len(self.signature.outputs)}"
+            )
         return dict(zip(self.signature.output_names, results))
 
     def _run_graph_cell(self, ordered: list[np.ndarray]) -> list[np.ndarray]:

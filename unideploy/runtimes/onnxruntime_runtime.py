@@ -31,26 +31,32 @@ def choose_providers(device: str, available: list[str]) -> list[str]:
         return ["CPUExecutionProvider"]
     if device == "gpu" and not gpu:
         raise MissingDependencyError(
-            "no GPU execution provider in this onnxruntime build "
-            f"(available: {', '.join(available)})",
+            f"no GPU execution provider in this onnxruntime build (available: {', '.join(available)})",
             "pip install onnxruntime-gpu on a machine with a CUDA GPU, or use --device cpu",
         )
-    return gpu + ["CPUExecutionProvider"]
+    return [*gpu, "CPUExecutionProvider"]
 
 
 def tensorrt_provider_options(spec: EngineSpec, cache_dir: Path) -> dict[str, Any]:
     """The recipe as options of ORT's TensorRT provider, whose engines are cached per GPU by ORT."""
+
     def shapes(which: str) -> str:
         return ",".join(f"{p.name}:{shape_text(getattr(p, which))}" for p in spec.profiles)
 
     options: dict[str, Any] = {
-        "trt_fp16_enable": spec.precision in ("fp16", "int8"), "trt_int8_enable": spec.precision == "int8",
-        "trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache_dir),
-        "trt_timing_cache_enable": True, "trt_timing_cache_path": str(cache_dir),
+        "trt_fp16_enable": spec.precision in ("fp16", "int8"),
+        "trt_int8_enable": spec.precision == "int8",
+        "trt_engine_cache_enable": True,
+        "trt_engine_cache_path": str(cache_dir),
+        "trt_timing_cache_enable": True,
+        "trt_timing_cache_path": str(cache_dir),
     }
     if spec.profiles:
-        options.update(trt_profile_min_shapes=shapes("min"), trt_profile_opt_shapes=shapes("opt"),
-                       trt_profile_max_shapes=shapes("max"))
+        options.update(
+            trt_profile_min_shapes=shapes("min"),
+            trt_profile_opt_shapes=shapes("opt"),
+            trt_profile_max_shapes=shapes("max"),
+        )
     if spec.workspace_mib:
         options["trt_max_workspace_size"] = spec.workspace_mib << 20
     return options
@@ -60,19 +66,25 @@ def recipe_providers(spec: EngineSpec, device: str, available: list[str], cache_
     """Providers for a TensorRT recipe: a GPU one or none at all, since the recipe exists to run
     on a GPU; the CPU provider stays last for the few nodes GPU providers leave to it."""
     if device == "cpu":
-        raise MissingDependencyError("a TensorRT artifact runs on GPUs, and the CPU was asked for",
-                                     "run the onnx-fp32 artifact on the CPU (--artifact onnx-fp32)")
+        raise MissingDependencyError(
+            "a TensorRT artifact runs on GPUs, and the CPU was asked for",
+            "run the onnx-fp32 artifact on the CPU (--artifact onnx-fp32)",
+        )
     if spec.int8 == "calibrated":
-        raise MissingDependencyError("this int8 recipe is calibrated by TensorRT itself when its engine is built, "
-                                     "which ONNX Runtime cannot do",
-                                     "install TensorRT, or export with --int8-variant symmetric for explicit int8")
+        raise MissingDependencyError(
+            "this int8 recipe is calibrated by TensorRT itself when its engine is built, which ONNX Runtime cannot do",
+            "install TensorRT, or export with --int8-variant symmetric for explicit int8",
+        )
     gpu = [p for p in GPU_PROVIDERS if p in available]
     if not gpu:
-        raise MissingDependencyError("a TensorRT artifact needs the TensorRT runtime or onnxruntime-gpu on a CUDA GPU, "
-                                     f"and neither is usable here (onnxruntime providers: {', '.join(available)})",
-                                     "'deploy doctor' says what is missing; the onnx-fp32 artifact runs on the CPU")
-    return [(p, tensorrt_provider_options(spec, cache_dir)) if p == "TensorrtExecutionProvider" else p
-            for p in gpu] + ["CPUExecutionProvider"]
+        raise MissingDependencyError(
+            "a TensorRT artifact needs the TensorRT runtime or onnxruntime-gpu on a CUDA GPU, "
+            f"and neither is usable here (onnxruntime providers: {', '.join(available)})",
+            "'deploy doctor' says what is missing; the onnx-fp32 artifact runs on the CPU",
+        )
+    return [(p, tensorrt_provider_options(spec, cache_dir)) if p == "TensorrtExecutionProvider" else p for p in gpu] + [
+        "CPUExecutionProvider"
+    ]
 
 
 _ORT_NOISE = (
@@ -145,8 +157,12 @@ class OnnxRuntime(Runtime):
 
     def describe(self) -> dict[str, Any]:
         recipe = {"precision": self.spec.precision, "profiles": self.spec.profile_text()} if self.spec else {}
-        return {"runtime": self.name, "providers": self.session.get_providers(),
-                "threads": self.options.threads or "auto", **recipe}
+        return {
+            "runtime": self.name,
+            "providers": self.session.get_providers(),
+            "threads": self.options.threads or "auto",
+            **recipe,
+        }
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.spec is not None:
@@ -159,4 +175,3 @@ class OnnxRuntime(Runtime):
 
     def close(self) -> None:
         self.__dict__.pop("session", None)
-

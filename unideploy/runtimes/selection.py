@@ -14,8 +14,9 @@ from unideploy.package import Artifact, Package
 from unideploy.runtimes import RUNTIMES, Runtime, RuntimeOptions
 
 
-def runtime_for(artifact: Artifact, runtime: str | None = None, target: str | None = None,
-                device: str = "auto") -> type[Runtime]:
+def runtime_for(
+    artifact: Artifact, runtime: str | None = None, target: str | None = None, device: str = "auto"
+) -> type[Runtime]:
     """The first available runtime that can run ``artifact`` (or the named one) for ``target``."""
     names = [runtime] if runtime else artifact.runtimes
     reasons = []
@@ -40,16 +41,18 @@ def runtime_for(artifact: Artifact, runtime: str | None = None, target: str | No
     )
 
 
-def open_runtime(package: Package, artifact_id: str | None = None, runtime: str | None = None,
-                 options: RuntimeOptions | None = None, target: str | None = None) -> tuple[Artifact, Runtime]:
+def open_runtime(
+    package: Package,
+    artifact_id: str | None = None,
+    runtime: str | None = None,
+    options: RuntimeOptions | None = None,
+    target: str | None = None,
+) -> tuple[Artifact, Runtime]:
     """Load the requested artifact (or the first one this machine can run for ``target``)."""
     options = options or RuntimeOptions()
     if target == "gpu" and options.device == "auto":
         options = replace(options, device="gpu")  # a GPU target never quietly runs on the CPU
-    if artifact_id:
-        candidates = [package.manifest.artifact(artifact_id)]
-    else:
-        candidates = list(package.manifest.artifacts)
+    candidates = [package.manifest.artifact(artifact_id)] if artifact_id else list(package.manifest.artifacts)
     errors: list[MissingDependencyError] = []
     for artifact in candidates:
         try:

@@ -11,7 +11,8 @@ channels-first layout, so callers keep using the package signature.
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -49,8 +50,10 @@ class TFLiteRuntime(Runtime):
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if self._channels_last:
-            inputs = {k: _to_model_layout(v, self._channels_last[k]) if k in self._channels_last else v
-                      for k, v in inputs.items()}
+            inputs = {
+                k: _to_model_layout(v, self._channels_last[k]) if k in self._channels_last else v
+                for k, v in inputs.items()
+            }
         return super().run(inputs)
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -80,16 +83,21 @@ def signature_names(interpreter: Any, signature: Signature, file_name: str) -> t
         raise PackageError(f"'{file_name}' has no signature", "convert it with a signature (SavedModel)")
     key, names = next(iter(signatures.items()))
     if set(names["inputs"]) != set(signature.input_names):
-        raise PackageError(f"'{file_name}' takes inputs {sorted(names['inputs'])} but the signature lists "
-                           f"{sorted(signature.input_names)}", "the package is inconsistent; export it again")
+        raise PackageError(
+            f"'{file_name}' takes inputs {sorted(names['inputs'])} but the signature lists "
+            f"{sorted(signature.input_names)}",
+            "the package is inconsistent; export it again",
+        )
     model, wanted = names["outputs"], signature.output_names
     if set(model) == set(wanted):
         return key, {name: name for name in model}
     positional = [f"output_{i}" for i in range(len(wanted))]
     if sorted(model) == positional:
         return key, dict(zip(positional, wanted))
-    raise PackageError(f"'{file_name}' returns outputs {sorted(model)} but the signature lists {wanted}",
-                       "the package is inconsistent; export it again")
+    raise PackageError(
+        f"'{file_name}' returns outputs {sorted(model)} but the signature lists {wanted}",
+        "the package is inconsistent; export it again",
+    )
 
 
 def _to_model_layout(value: Any, spec: TensorSpec) -> Any:

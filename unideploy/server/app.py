@@ -4,12 +4,15 @@ dataplane and registry, plus the repository watcher. SIGINT/SIGTERM drain in-fli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from unideploy.errors import InputError
@@ -30,10 +33,12 @@ SHUTDOWN_GRACE_S = 10.0
 class Server:
     def __init__(self, config: ServerConfig) -> None:
         self.remote = None
-        repository, model_name = config.repository, config.model_name
-        if is_remote(repository):  # mirrored into a local folder the registry watches (server/remote.py)
-            self.remote = RemoteRepository.mirrored(str(repository), model_name)
+        model_name = config.model_name
+        if is_remote(config.repository):  # mirrored into a local folder the registry watches (server/remote.py)
+            self.remote = RemoteRepository.mirrored(str(config.repository), model_name)
             repository, model_name = self.remote.mirror, None  # one model is mirrored as REPO/<name>/
+        else:
+            repository = Path(config.repository)
         scan(repository, model_name)  # a missing repository is a user error, before any port opens
         self.config = config
         self.metrics = ServerMetrics()
@@ -47,34 +52,46 @@ class Server:
         import uvicorn
 
         from unideploy.server.grpc_service import TRANSPORT_SLACK, add_servicer
+
         started = time.perf_counter()
         cfg = self.config
         # Both ports are taken before any model loads: a busy port fails fast, with its name.
         http_socket = _listen(cfg.host, cfg.http_port, "--http-port")
         transport = cfg.max_request_bytes * TRANSPORT_SLACK
-        grpc_server = grpc.aio.server(options=[("grpc.max_receive_message_length", transport),
-                                               ("grpc.max_send_message_length", transport)])
+        grpc_server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", transport), ("grpc.max_send_message_length", transport)]
+        )
         add_servicer(grpc_server, self.dataplane, cfg.inference_token, cfg.repository_token, cfg.max_request_bytes)
         address = f"{cfg.host}:{cfg.grpc_port}"
         try:
-            if cfg.tls_cert:
+            if cfg.tls_cert and cfg.tls_key:
                 credentials = grpc.ssl_server_credentials([(cfg.tls_key.read_bytes(), cfg.tls_cert.read_bytes())])
                 grpc_server.add_secure_port(address, credentials)
             else:
                 grpc_server.add_insecure_port(address)
         except RuntimeError as exc:
             http_socket.close()
-            raise InputError(f"cannot listen on {address} for gRPC (port in use or address not available)",
-                             "choose another --grpc-port or stop what uses it") from exc
+            raise InputError(
+                f"cannot listen on {address} for gRPC (port in use or address not available)",
+                "choose another --grpc-port or stop what uses it",
+            ) from exc
         await self.registry.sync()
         await grpc_server.start()
-        http = uvicorn.Server(uvicorn.Config(
-            self.rest_app(), host=cfg.host, port=cfg.http_port, log_level="warning", access_log=False, lifespan="off",
-            limit_concurrency=cfg.max_connections, timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-            log_config=None,  # uvicorn logs through our JSON handler
-            ssl_certfile=str(cfg.tls_cert) if cfg.tls_cert else None,
-            ssl_keyfile=str(cfg.tls_key) if cfg.tls_key else None))
-        http.install_signal_handlers = lambda: None  # ours below stop both frontends together
+        http = _uvicorn_server()(
+            uvicorn.Config(
+                self.rest_app(),
+                host=cfg.host,
+                port=cfg.http_port,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+                limit_concurrency=cfg.max_connections,
+                timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
+                log_config=None,  # uvicorn logs through our JSON handler
+                ssl_certfile=str(cfg.tls_cert) if cfg.tls_cert else None,
+                ssl_keyfile=str(cfg.tls_key) if cfg.tls_key else None,
+            )
+        )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stop.set)
@@ -86,8 +103,15 @@ class Server:
             await grpc_server.stop(0)
             http_task.result()
             raise SystemExit(1)
-        log.info("serving %s on http://%s:%d and grpc %s, ready in %.2fs (%d model(s))", cfg.repository, cfg.host,
-                 cfg.http_port, address, time.perf_counter() - started, len(self.registry.ready_models()))
+        log.info(
+            "serving %s on http://%s:%d and grpc %s, ready in %.2fs (%d model(s))",
+            cfg.repository,
+            cfg.host,
+            cfg.http_port,
+            address,
+            time.perf_counter() - started,
+            len(self.registry.ready_models()),
+        )
         await self._stop.wait()
         log.info("shutting down: draining in-flight requests")
         if watch_task:
@@ -96,12 +120,13 @@ class Server:
         await asyncio.gather(http_task, grpc_server.stop(SHUTDOWN_GRACE_S), return_exceptions=True)
         await self.close()
 
-    def rest_app(self) -> "Starlette":
+    def rest_app(self) -> Starlette:
         from unideploy.server.rest import create_app
 
         cfg = self.config
-        return create_app(self.dataplane, cfg.max_request_bytes, cfg.inference_token, cfg.repository_token,
-                          cfg.body_timeout_s)
+        return create_app(
+            self.dataplane, cfg.max_request_bytes, cfg.inference_token, cfg.repository_token, cfg.body_timeout_s
+        )
 
     async def close(self) -> None:
         """Unload every model and remove the remote mirror (in-flight requests have drained)."""
@@ -122,6 +147,19 @@ class Server:
                 log.exception("repository scan failed; will try again")
 
 
+def _uvicorn_server() -> type:
+    """uvicorn's server without its own SIGINT/SIGTERM handlers: ours stop both frontends together
+    (uvicorn would stop REST first and re-raise the signal only once it has drained)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server
+
+
 def _listen(host: str, port: int, option: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and
@@ -132,8 +170,9 @@ def _listen(host: str, port: int, option: str) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise InputError(f"cannot listen on {host}:{port} for REST: {exc.strerror}",
-                         f"choose another {option} or stop what uses it") from exc
+        raise InputError(
+            f"cannot listen on {host}:{port} for REST: {exc.strerror}", f"choose another {option} or stop what uses it"
+        ) from exc
     return sock
 
 
@@ -141,8 +180,12 @@ class JsonLogFormatter(logging.Formatter):
     """One JSON object per line, for log shippers."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": self.formatTime(record), "level": record.levelname, "logger": record.name,
-                 "message": record.getMessage()}
+        entry = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)

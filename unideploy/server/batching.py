@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -42,8 +42,9 @@ class BatchResult:
 
 
 class DynamicBatcher:
-    def __init__(self, run: Callable[[Tensors], Tensors], executor: Executor, max_batch_size: int,
-                 max_delay_s: float) -> None:
+    def __init__(
+        self, run: Callable[[Tensors], Tensors], executor: Executor, max_batch_size: int, max_delay_s: float
+    ) -> None:
         self._run = run
         self._executor = executor
         self.max_batch_size = max_batch_size
@@ -64,15 +65,18 @@ class DynamicBatcher:
             first = await self._queue.get()
             group, rows = [first], first.rows
             deadline = first.enqueued + self.max_delay_s
-            leftovers = []
+            leftovers: list[_Pending] = []
             while rows < self.max_batch_size:
                 timeout = deadline - time.perf_counter()
                 if self._queue.empty() and (len(group) + len(leftovers) == 1 or timeout <= 0):
                     break  # alone (no concurrent traffic), or waited long enough
                 try:
-                    item = self._queue.get_nowait() if not self._queue.empty() else \
-                        await asyncio.wait_for(self._queue.get(), timeout)
-                except asyncio.TimeoutError:
+                    item = (
+                        self._queue.get_nowait()
+                        if not self._queue.empty()
+                        else await asyncio.wait_for(self._queue.get(), timeout)
+                    )
+                except TimeoutError:
                     break
                 if item.key == first.key and rows + item.rows <= self.max_batch_size:
                     group.append(item)
@@ -85,8 +89,11 @@ class DynamicBatcher:
 
     async def _execute(self, group: list[_Pending], rows: int) -> None:
         start = time.perf_counter()
-        merged = group[0].inputs if len(group) == 1 else {
-            name: np.concatenate([p.inputs[name] for p in group]) for name in group[0].inputs}
+        merged = (
+            group[0].inputs
+            if len(group) == 1
+            else {name: np.concatenate([p.inputs[name] for p in group]) for name in group[0].inputs}
+        )
         try:
             outputs = await asyncio.get_running_loop().run_in_executor(self._executor, self._run, merged)
         except Exception as exc:  # the runtime's failure belongs to every request in the batch
@@ -97,7 +104,7 @@ class DynamicBatcher:
         compute = time.perf_counter() - start
         offset = 0
         for p in group:
-            part = {k: v[offset:offset + p.rows] for k, v in outputs.items()} if len(group) > 1 else outputs
+            part = {k: v[offset : offset + p.rows] for k, v in outputs.items()} if len(group) > 1 else outputs
             offset += p.rows
             if not p.future.done():
                 p.future.set_result(BatchResult(part, start - p.enqueued, compute, rows))

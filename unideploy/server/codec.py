@@ -8,7 +8,8 @@ REST JSON, REST binary (``Inference-Header-Content-Length``) and gRPC (``content
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,17 +29,34 @@ class Unavailable(InputError):
 
 
 V2_TO_NUMPY = {
-    "BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
-    "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
-    "FP16": "float16", "FP32": "float32", "FP64": "float64",
+    "BOOL": "bool",
+    "UINT8": "uint8",
+    "UINT16": "uint16",
+    "UINT32": "uint32",
+    "UINT64": "uint64",
+    "INT8": "int8",
+    "INT16": "int16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "FP16": "float16",
+    "FP32": "float32",
+    "FP64": "float64",
 }
 NUMPY_TO_V2 = {v: k for k, v in V2_TO_NUMPY.items()}
 
 # gRPC InferTensorContents field per datatype (FP16 travels only as raw bytes).
 GRPC_CONTENTS = {
-    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
-    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
 }
 
 
@@ -47,8 +65,9 @@ MAX_DIM = 2**31 - 1
 
 def numpy_dtype(datatype: Any, tensor: str) -> np.dtype:
     if not isinstance(datatype, str) or datatype not in V2_TO_NUMPY:
-        raise BadRequest(f"input '{tensor}' has unsupported datatype {datatype!r}",
-                         f"use one of: {', '.join(V2_TO_NUMPY)}")
+        raise BadRequest(
+            f"input '{tensor}' has unsupported datatype {datatype!r}", f"use one of: {', '.join(V2_TO_NUMPY)}"
+        )
     return np.dtype(V2_TO_NUMPY[datatype])
 
 
@@ -62,7 +81,7 @@ def check_shape(shape: Any, tensor: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def from_json_data(data: Any, datatype: str, shape: Sequence[int], tensor: str) -> np.ndarray:
+def from_json_data(data: Any, datatype: Any, shape: Sequence[int], tensor: str) -> np.ndarray:
     """JSON ``data`` (flat or nested, row-major) to an array of ``shape``."""
     dtype = numpy_dtype(datatype, tensor)
     try:
@@ -88,12 +107,14 @@ def _shaped(flat: np.ndarray, shape: Sequence[int], tensor: str) -> np.ndarray:
         raise BadRequest(f"input '{tensor}' cannot have shape {list(shape)}: {exc}") from exc
 
 
-def from_bytes(raw: bytes, datatype: str, shape: Sequence[int], tensor: str) -> np.ndarray:
+def from_bytes(raw: bytes, datatype: Any, shape: Sequence[int], tensor: str) -> np.ndarray:
     """Raw little-endian row-major bytes (binary extension, raw_input_contents) to an array."""
     dtype = numpy_dtype(datatype, tensor).newbyteorder("<")
     expected = math.prod(shape) * dtype.itemsize
     if len(raw) != expected:
-        raise BadRequest(f"input '{tensor}' has {len(raw)} bytes of data, but {datatype} {list(shape)} needs {expected}")
+        raise BadRequest(
+            f"input '{tensor}' has {len(raw)} bytes of data, but {datatype} {list(shape)} needs {expected}"
+        )
     return _shaped(np.frombuffer(raw, dtype=dtype), shape, tensor)
 
 

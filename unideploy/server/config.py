@@ -59,7 +59,7 @@ class ServerConfig:
     trusted_chain: tuple[Path, ...] = ()
 
     @classmethod
-    def from_file(cls, path: Path, **overrides: Any) -> "ServerConfig":
+    def from_file(cls, path: Path, **overrides: Any) -> ServerConfig:
         data = load_yaml(path)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
@@ -76,10 +76,11 @@ class ServerConfig:
         self.trusted_key = Path(self.trusted_key) if self.trusted_key else None
         self.trusted_chain = tuple(Path(c) for c in self.trusted_chain or ())
         if (self.trusted_key or self.trusted_chain) and not self.require_signed:
-            raise InputError("--trusted-key and --trusted-chain apply with --require-signed",
-                             "add --require-signed, or drop them")
+            raise InputError(
+                "--trusted-key and --trusted-chain apply with --require-signed", "add --require-signed, or drop them"
+            )
 
-    def trusted_signers(self) -> "TrustedSigners | None":
+    def trusted_signers(self) -> TrustedSigners | None:
         """Who versions must be signed by, or None when signatures are not required."""
         if not self.require_signed:
             return None
@@ -108,7 +109,7 @@ class ModelSettings:
             return versions
         if self.policy == "specific":
             return [v for v in versions if v in self.specific]
-        return versions[-self.latest:]
+        return versions[-self.latest :]
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -133,8 +134,8 @@ def model_settings(model_dir: Path) -> ModelSettings:
         if not isinstance(policy, dict) or len(policy) != 1:
             raise ValueError("version_policy takes one of latest, all, specific")
         kind, value = next(iter(policy.items()))
-        replicas = data.get("replicas", 1)
-        replicas = replicas if isinstance(replicas, dict) else {"min": replicas, "max": replicas}
+        count = data.get("replicas", 1)
+        replicas: dict[str, Any] = count if isinstance(count, dict) else {"min": count, "max": count}
         if set(replicas) - {"min", "max", "target_concurrency"}:
             raise ValueError("replicas takes a count, or min, max and target_concurrency")
         target = replicas.get("target_concurrency")
@@ -147,14 +148,15 @@ def model_settings(model_dir: Path) -> ModelSettings:
             artifact=str(data["artifact"]) if data.get("artifact") is not None else None,
             spin=str(data.get("spin", "run")),
             threads=int(data["threads"]) if data.get("threads") is not None else None,
-            min_replicas=int(replicas.get("min", 1)), max_replicas=int(replicas.get("max", replicas.get("min", 1))),
+            min_replicas=int(replicas.get("min", 1)),
+            max_replicas=int(replicas.get("max", replicas.get("min", 1))),
             target_concurrency=int(target) if target is not None else None,
         )
         if kind not in ("latest", "all", "specific") or settings.latest < 1 or settings.max_batch_size < 1:
             raise ValueError(f"bad version_policy {policy!r} or max_batch_size")
         if settings.spin not in SPIN_POLICIES:
             raise ValueError(f"spin must be one of {', '.join(SPIN_POLICIES)}, not {settings.spin!r}")
-        if settings.threads is not None and settings.threads < 1 or settings.max_queue_delay_ms < 0:
+        if (settings.threads is not None and settings.threads < 1) or settings.max_queue_delay_ms < 0:
             raise ValueError("threads must be at least 1 and max_queue_delay_ms at least 0")
         if not 1 <= settings.min_replicas <= settings.max_replicas or (target is not None and int(target) < 1):
             raise ValueError("replicas need 1 <= min <= max, and target_concurrency at least 1")

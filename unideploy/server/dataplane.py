@@ -9,14 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 import unideploy
 from unideploy.errors import InputError, UnideployError
-from unideploy.server.codec import BadRequest, NotFound, NUMPY_TO_V2
+from unideploy.server.codec import NUMPY_TO_V2, BadRequest, NotFound
 from unideploy.server.metrics import ServerMetrics
 from unideploy.server.models import ModelRegistry, ServedVersion
 from unideploy.server.routing import parse_routing
@@ -82,21 +83,34 @@ class DataPlane:
         batched = served.signature.has_dynamic_batch
         dims = lambda spec: [d if isinstance(d, int) else -1 for d in (spec.shape[1:] if batched else spec.shape)]  # noqa: E731
         config: dict[str, Any] = {
-            "name": name, "platform": f"unideploy_{served.runtime.name}", "backend": served.runtime.name,
+            "name": name,
+            "platform": f"unideploy_{served.runtime.name}",
+            "backend": served.runtime.name,
             "max_batch_size": model.settings.max_batch_size if batched else 0,
-            "input": [{"name": t.name, "data_type": f"TYPE_{NUMPY_TO_V2[t.dtype]}", "dims": dims(t)}
-                      for t in served.signature.inputs],
-            "output": [{"name": t.name, "data_type": f"TYPE_{NUMPY_TO_V2[t.dtype]}", "dims": dims(t)}
-                       for t in served.signature.outputs],
+            "input": [
+                {"name": t.name, "data_type": f"TYPE_{NUMPY_TO_V2[t.dtype]}", "dims": dims(t)}
+                for t in served.signature.inputs
+            ],
+            "output": [
+                {"name": t.name, "data_type": f"TYPE_{NUMPY_TO_V2[t.dtype]}", "dims": dims(t)}
+                for t in served.signature.outputs
+            ],
         }
         if served.batcher:
             config["dynamic_batching"] = {"max_queue_delay_microseconds": int(served.batcher.max_delay_s * 1e6)}
         return config
 
     # -- inference ---------------------------------------------------------------------------
-    async def infer(self, name: str, version: str | None, inputs: dict[str, np.ndarray],
-                    requested: list[str] | None, headers: Mapping[str, str], protocol: str,
-                    decode_s: float = 0.0) -> InferResult:
+    async def infer(
+        self,
+        name: str,
+        version: str | None,
+        inputs: dict[str, np.ndarray],
+        requested: list[str] | None,
+        headers: Mapping[str, str],
+        protocol: str,
+        decode_s: float = 0.0,
+    ) -> InferResult:
         """Run a decoded request (``decode_s``: the seconds its protocol took to decode it). The
         protocol calls ``encoded`` once the response is encoded, which records the total."""
         try:
@@ -109,9 +123,16 @@ class DataPlane:
             raise
         return result
 
-    async def _infer(self, name: str, version: str | None, inputs: dict[str, np.ndarray],
-                     requested: list[str] | None, headers: Mapping[str, str], protocol: str,
-                     decode_s: float) -> InferResult:
+    async def _infer(
+        self,
+        name: str,
+        version: str | None,
+        inputs: dict[str, np.ndarray],
+        requested: list[str] | None,
+        headers: Mapping[str, str],
+        protocol: str,
+        decode_s: float,
+    ) -> InferResult:
         start = time.perf_counter()
         variant = None
         model = self.registry.models.get(name)
@@ -121,14 +142,18 @@ class DataPlane:
         served = self.registry.get(name, version)
         rows = max((np.shape(v)[0] for v in inputs.values() if np.ndim(v)), default=0)
         if rows > self.max_request_rows:  # a few bytes per row can still be millions of runtime rows
-            raise BadRequest(f"request of {rows} rows exceeds the limit of {self.max_request_rows}",
-                             "send it in smaller batches, or raise --max-request-rows")
+            raise BadRequest(
+                f"request of {rows} rows exceeds the limit of {self.max_request_rows}",
+                "send it in smaller batches, or raise --max-request-rows",
+            )
         arrays = served.signature.validate_inputs(inputs)
         if requested:
             unknown = [o for o in requested if o not in served.signature.output_names]
             if unknown:
-                raise BadRequest(f"unknown output(s) {', '.join(map(repr, unknown))}",
-                                 f"model '{name}' has: {', '.join(served.signature.output_names)}")
+                raise BadRequest(
+                    f"unknown output(s) {', '.join(map(repr, unknown))}",
+                    f"model '{name}' has: {', '.join(served.signature.output_names)}",
+                )
         outputs, queue_s, compute_s = await self._run(served, arrays)
         if requested:
             outputs = {k: outputs[k] for k in requested}
@@ -137,7 +162,9 @@ class DataPlane:
         self.metrics.latency.labels(*labels, "decode").observe(decode_s)
         self.metrics.latency.labels(*labels, "queue").observe(queue_s)
         self.metrics.latency.labels(*labels, "compute").observe(compute_s)
-        if variant is not None and model.routing.shadow_version:  # routed (not a named version): copy it
+        if (
+            variant is not None and model is not None and model.routing and model.routing.shadow_version
+        ):  # routed (not a named version): copy it
             self._shadow(name, model.routing.shadow_version, arrays)
         return InferResult(name, served.version, variant, outputs, start - decode_s)
 
@@ -147,7 +174,9 @@ class DataPlane:
         self.metrics.latency.labels(*labels, "encode").observe(encode_s)
         self.metrics.latency.labels(*labels, "total").observe(time.perf_counter() - result.received)
 
-    async def _run(self, served: ServedVersion, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, float]:
+    async def _run(
+        self, served: ServedVersion, arrays: dict[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], float, float]:
         served.in_flight += 1
         served.drained.clear()
         try:
@@ -156,7 +185,9 @@ class DataPlane:
                 self.metrics.batch_rows.labels(served.model, served.version).observe(result.batch_rows)
                 return result.outputs, result.queue_s, result.compute_s
             start = time.perf_counter()
-            outputs = await asyncio.get_running_loop().run_in_executor(self.registry.executor, served.runtime.run, arrays)
+            outputs = await asyncio.get_running_loop().run_in_executor(
+                self.registry.executor, served.runtime.run, arrays
+            )
             self.metrics.batch_rows.labels(served.model, served.version).observe(next(iter(arrays.values())).shape[0])
             return outputs, 0.0, time.perf_counter() - start
         finally:
@@ -166,6 +197,7 @@ class DataPlane:
 
     def _shadow(self, name: str, version: str, arrays: dict[str, np.ndarray]) -> None:
         """Send a copy to the shadow version; its answer is measured and discarded."""
+
         async def copy() -> None:
             start = time.perf_counter()
             try:
@@ -222,4 +254,3 @@ class DataPlane:
         tmp.replace(path)
         await self.registry.sync(only=name)
         return routing.to_dict()
-

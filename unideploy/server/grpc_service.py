@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hmac
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 
@@ -37,14 +38,17 @@ TRANSPORT_SLACK = 2
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlane, inference_token: str | None, repository_token: str | None,
-                 max_request_bytes: int) -> None:
+    def __init__(
+        self, dataplane: DataPlane, inference_token: str | None, repository_token: str | None, max_request_bytes: int
+    ) -> None:
         self.max_request_bytes = max_request_bytes
         self.dataplane = dataplane
         self.inference_token = inference_token
         self.repository_token = repository_token
 
-    async def _call(self, context: grpc.aio.ServicerContext, token: str | None, work: Callable[[], Awaitable[Any]]) -> Any:
+    async def _call(
+        self, context: grpc.aio.ServicerContext, token: str | None, work: Callable[[], Awaitable[Any]]
+    ) -> Any:
         if token is not None:
             given = dict(context.invocation_metadata()).get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
@@ -55,60 +59,85 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(_code(exc), str(exc))
 
     # -- health and metadata -----------------------------------------------------------------
-    async def ServerLive(self, request, context):  # noqa: N802 (gRPC method names)
+    async def ServerLive(self, request, context):
         return pb.ServerLiveResponse(live=self.dataplane.live())
 
-    async def ServerReady(self, request, context):  # noqa: N802
+    async def ServerReady(self, request, context):
         return pb.ServerReadyResponse(ready=self.dataplane.ready())
 
-    async def ModelReady(self, request, context):  # noqa: N802
+    async def ModelReady(self, request, context):
         async def work():
             return pb.ModelReadyResponse(ready=self.dataplane.model_ready(request.name, request.version or None))
+
         return await self._call(context, self.inference_token, work)
 
-    async def ServerMetadata(self, request, context):  # noqa: N802
+    async def ServerMetadata(self, request, context):
         async def work():
             return pb.ServerMetadataResponse(**self.dataplane.server_metadata())
+
         return await self._call(context, self.inference_token, work)
 
-    async def ModelMetadata(self, request, context):  # noqa: N802
+    async def ModelMetadata(self, request, context):
         async def work():
             meta = self.dataplane.model_metadata(request.name, request.version or None)
             tensors = lambda items: [pb.ModelMetadataResponse.TensorMetadata(**t) for t in items]  # noqa: E731
-            return pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"],
-                                            inputs=tensors(meta["inputs"]), outputs=tensors(meta["outputs"]))
+            return pb.ModelMetadataResponse(
+                name=meta["name"],
+                versions=meta["versions"],
+                platform=meta["platform"],
+                inputs=tensors(meta["inputs"]),
+                outputs=tensors(meta["outputs"]),
+            )
+
         return await self._call(context, self.inference_token, work)
 
-    async def ModelConfig(self, request, context):  # noqa: N802
+    async def ModelConfig(self, request, context):
         async def work():
             config = self.dataplane.model_config(request.name, request.version or None)
             message = pb.ModelConfig(
-                name=config["name"], platform=config["platform"], backend=config["backend"],
+                name=config["name"],
+                platform=config["platform"],
+                backend=config["backend"],
                 max_batch_size=config["max_batch_size"],
-                input=[pb.ModelInput(name=t["name"], data_type=t["data_type"], dims=t["dims"]) for t in config["input"]],
-                output=[pb.ModelOutput(name=t["name"], data_type=t["data_type"], dims=t["dims"]) for t in config["output"]],
+                input=[
+                    pb.ModelInput(name=t["name"], data_type=t["data_type"], dims=t["dims"]) for t in config["input"]
+                ],
+                output=[
+                    pb.ModelOutput(name=t["name"], data_type=t["data_type"], dims=t["dims"]) for t in config["output"]
+                ],
             )
             if "dynamic_batching" in config:
-                message.dynamic_batching.max_queue_delay_microseconds = \
-                    config["dynamic_batching"]["max_queue_delay_microseconds"]
+                message.dynamic_batching.max_queue_delay_microseconds = config["dynamic_batching"][
+                    "max_queue_delay_microseconds"
+                ]
             return pb.ModelConfigResponse(config=message)
+
         return await self._call(context, self.inference_token, work)
 
     # -- inference ---------------------------------------------------------------------------
-    async def ModelInfer(self, request, context):  # noqa: N802
+    async def ModelInfer(self, request, context):
         size = request.ByteSize()
         if size > self.max_request_bytes:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"request of {size} bytes exceeds the limit of {self.max_request_bytes} bytes "
-                                "(the server's --max-request-bytes)")
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"request of {size} bytes exceeds the limit of {self.max_request_bytes} bytes "
+                "(the server's --max-request-bytes)",
+            )
 
         async def work():
             decoding = time.perf_counter()
             inputs = _decode_inputs(request)
             requested = [o.name for o in request.outputs]
             headers = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
-            result = await self.dataplane.infer(request.model_name, request.model_version or None, inputs,
-                                                requested or None, headers, "grpc", time.perf_counter() - decoding)
+            result = await self.dataplane.infer(
+                request.model_name,
+                request.model_version or None,
+                inputs,
+                requested or None,
+                headers,
+                "grpc",
+                time.perf_counter() - decoding,
+            )
             encoding = time.perf_counter()
             response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request.id)
             if result.variant:
@@ -118,27 +147,31 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 response.raw_output_contents.append(codec.to_bytes(array))
             self.dataplane.encoded(result, time.perf_counter() - encoding)
             return response
+
         return await self._call(context, self.inference_token, work)
 
     # -- repository --------------------------------------------------------------------------
-    async def RepositoryIndex(self, request, context):  # noqa: N802
+    async def RepositoryIndex(self, request, context):
         async def work():
             index = self.dataplane.repository_index()
             if request.ready:
                 index = [e for e in index if e["state"] == "READY"]
             return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in index])
+
         return await self._call(context, self.repository_token, work)
 
-    async def RepositoryModelLoad(self, request, context):  # noqa: N802
+    async def RepositoryModelLoad(self, request, context):
         async def work():
             await self.dataplane.registry.load(request.model_name)
             return pb.RepositoryModelLoadResponse()
+
         return await self._call(context, self.repository_token, work)
 
-    async def RepositoryModelUnload(self, request, context):  # noqa: N802
+    async def RepositoryModelUnload(self, request, context):
         async def work():
             await self.dataplane.registry.unload(request.model_name)
             return pb.RepositoryModelUnloadResponse()
+
         return await self._call(context, self.repository_token, work)
 
 
@@ -162,7 +195,13 @@ def _decode_inputs(request: Any) -> dict:
     return inputs
 
 
-def add_servicer(server: grpc.aio.Server, dataplane: DataPlane, inference_token: str | None,
-                 repository_token: str | None, max_request_bytes: int) -> None:
+def add_servicer(
+    server: grpc.aio.Server,
+    dataplane: DataPlane,
+    inference_token: str | None,
+    repository_token: str | None,
+    max_request_bytes: int,
+) -> None:
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceServicer(dataplane, inference_token, repository_token, max_request_bytes), server)
+        InferenceServicer(dataplane, inference_token, repository_token, max_request_bytes), server
+    )

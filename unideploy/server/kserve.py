@@ -61,6 +61,7 @@ class KServeRequest:
 @dataclass(frozen=True)
 class ServiceEntry:
     """One InferenceService written: what a person needs to call it."""
+
     model: str
     service: str
     storage_uri: str
@@ -68,15 +69,29 @@ class ServiceEntry:
     canary: str | None = None  # the canary manifest, applied after the stable one is ready
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "inference_service": self.service, "storage_uri": self.storage_uri,
-                "file": self.file, "canary_file": self.canary,
-                "infer_path": f"/v2/models/{self.service}/infer"}
+        return {
+            "model": self.model,
+            "inference_service": self.service,
+            "storage_uri": self.storage_uri,
+            "file": self.file,
+            "canary_file": self.canary,
+            "infer_path": f"/v2/models/{self.service}/infer",
+        }
 
 
 def runtime_args() -> list[str]:
     """The container's arguments (after ``deploy``); KServe fills ``{{.Name}}`` in."""
-    return ["serve", MODEL_DIR, "--model-name={{.Name}}", "--host", "0.0.0.0",
-            "--http-port", str(HTTP_PORT), "--grpc-port", str(GRPC_PORT)]
+    return [
+        "serve",
+        MODEL_DIR,
+        "--model-name={{.Name}}",
+        "--host",
+        "0.0.0.0",
+        "--http-port",
+        str(HTTP_PORT),
+        "--grpc-port",
+        str(GRPC_PORT),
+    ]
 
 
 def service_name(model: str) -> str:
@@ -96,8 +111,9 @@ def write_manifests(request: KServeRequest) -> tuple[str, list[ServiceEntry]]:
     serialize = _serializer()
     out = request.output
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=temp_prefix(out.parent, f".{out.name}.", ".partial"),
-                                    suffix=".partial", dir=out.parent))
+    staging = Path(
+        tempfile.mkdtemp(prefix=temp_prefix(out.parent, f".{out.name}.", ".partial"), suffix=".partial", dir=out.parent)
+    )
     try:
         for relpath, document in documents.items():
             (staging / relpath).parent.mkdir(parents=True, exist_ok=True)
@@ -114,8 +130,10 @@ def _check_request(request: KServeRequest) -> None:
     if request.storage_uri is not None:
         scheme = request.storage_uri.split("://", 1)[0] if "://" in request.storage_uri else ""
         if scheme not in STORAGE_SCHEMES:
-            raise InputError(f"--storage-uri '{request.storage_uri}' is not a location KServe's storage initializer "
-                             "fetches", f"use one of {', '.join(s + '://' for s in STORAGE_SCHEMES)}")
+            raise InputError(
+                f"--storage-uri '{request.storage_uri}' is not a location KServe's storage initializer fetches",
+                f"use one of {', '.join(s + '://' for s in STORAGE_SCHEMES)}",
+            )
 
 
 def _documents(request: KServeRequest) -> tuple[dict[str, Any], list[ServiceEntry]]:
@@ -135,8 +153,10 @@ def _documents(request: KServeRequest) -> tuple[dict[str, Any], list[ServiceEntr
     for name, model in models.items():
         service = service_name(name)
         if service in names:
-            raise InputError(f"models '{names[service]}' and '{name}' both become InferenceService '{service}'",
-                             "rename one of the model folders")
+            raise InputError(
+                f"models '{names[service]}' and '{name}' both become InferenceService '{service}'",
+                "rename one of the model folders",
+            )
         names[service] = name
         if is_package:
             stable, canary = (base, None)
@@ -170,24 +190,37 @@ def _storage_uris(request: KServeRequest, base: str, model: ModelSource) -> tupl
     routing = load_routing(model.directory) if request.routing == "kserve" else None
     if routing is None:
         if scheme not in FOLDER_SCHEMES:
-            raise InputError(f"{scheme}:// storage holds one file or image, not model '{model.name}''s folder of "
-                             "versions", f"use {', '.join(s + '://' for s in FOLDER_SCHEMES)} for a repository, or "
-                             "run 'deploy kserve' on one package")
+            raise InputError(
+                f"{scheme}:// storage holds one file or image, not model '{model.name}''s folder of versions",
+                f"use {', '.join(s + '://' for s in FOLDER_SCHEMES)} for a repository, or "
+                "run 'deploy kserve' on one package",
+            )
         return folder, None
-    unsupported = [what for what, used in (("a sticky header", routing.sticky_header), ("a shadow version",
-                   routing.shadow_version), ("more than two variants", len(routing.variants) > 2)) if used]
+    unsupported = [
+        what
+        for what, used in (
+            ("a sticky header", routing.sticky_header),
+            ("a shadow version", routing.shadow_version),
+            ("more than two variants", len(routing.variants) > 2),
+        )
+        if used
+    ]
     if unsupported or len(routing.variants) < 2:
-        raise InputError(f"model '{model.name}': routing.yaml uses {' and '.join(unsupported) or 'one variant'}, "
-                         "which KServe's canary rollout cannot express",
-                         "use --routing server (the default) to route inside unideploy's server")
+        raise InputError(
+            f"model '{model.name}': routing.yaml uses {' and '.join(unsupported) or 'one variant'}, "
+            "which KServe's canary rollout cannot express",
+            "use --routing server (the default) to route inside unideploy's server",
+        )
     stable, candidate = sorted(routing.variants, key=lambda v: int(v.version))
     percent = round(100 * candidate.weight / (stable.weight + candidate.weight))
 
     def version_uri(version: str) -> str:
         source = model.versions.get(version)
         if source is None:
-            raise InputError(f"model '{model.name}': routing.yaml names version {version}, which is not in "
-                             f"{model.directory}", "add that version or fix routing.yaml")
+            raise InputError(
+                f"model '{model.name}': routing.yaml names version {version}, which is not in {model.directory}",
+                "add that version or fix routing.yaml",
+            )
         return f"{folder}/{source.path.name}"
 
     return version_uri(stable.version), (version_uri(candidate.version), percent)
@@ -198,51 +231,78 @@ def _runtime(request: KServeRequest) -> Any:
     gpu = request.gpu
     limits = {"cpu": request.cpu, "memory": request.memory, **({"nvidia.com/gpu": "1"} if gpu else {})}
     container = k8s.V1Container(
-        name="kserve-container", image=request.image, command=["deploy"], args=runtime_args(),
+        name="kserve-container",
+        image=request.image,
+        command=["deploy"],
+        args=runtime_args(),
         env=[k8s.V1EnvVar(name="UNIDEPLOY_ENGINE_CACHE", value=f"{ENGINE_CACHE_MOUNT}/engines")] if gpu else None,
         resources=k8s.V1ResourceRequirements(requests={"cpu": request.cpu, "memory": request.memory}, limits=limits),
-        readiness_probe=k8s.V1Probe(http_get=k8s.V1HTTPGetAction(path="/v2/health/ready", port=HTTP_PORT),
-                                    period_seconds=5, failure_threshold=3),
-        liveness_probe=k8s.V1Probe(http_get=k8s.V1HTTPGetAction(path="/v2/health/live", port=HTTP_PORT),
-                                   period_seconds=10, failure_threshold=3),
+        readiness_probe=k8s.V1Probe(
+            http_get=k8s.V1HTTPGetAction(path="/v2/health/ready", port=HTTP_PORT), period_seconds=5, failure_threshold=3
+        ),
+        liveness_probe=k8s.V1Probe(
+            http_get=k8s.V1HTTPGetAction(path="/v2/health/live", port=HTTP_PORT), period_seconds=10, failure_threshold=3
+        ),
         security_context=k8s.V1SecurityContext(
-            allow_privilege_escalation=False, privileged=False, run_as_non_root=True, run_as_user=IMAGE_USER[gpu],
-            capabilities=k8s.V1Capabilities(drop=["ALL"])),
-        volume_mounts=[k8s.V1VolumeMount(name=ENGINE_CACHE_VOLUME, mount_path=ENGINE_CACHE_MOUNT)] if gpu else None)
+            allow_privilege_escalation=False,
+            privileged=False,
+            run_as_non_root=True,
+            run_as_user=IMAGE_USER[gpu],
+            capabilities=k8s.V1Capabilities(drop=["ALL"]),
+        ),
+        volume_mounts=[k8s.V1VolumeMount(name=ENGINE_CACHE_VOLUME, mount_path=ENGINE_CACHE_MOUNT)] if gpu else None,
+    )
     spec = kserve.V1alpha1ServingRuntimeSpec(
         annotations={"prometheus.kserve.io/port": str(HTTP_PORT), "prometheus.kserve.io/path": "/metrics"},
-        supported_model_formats=[kserve.V1alpha1SupportedModelFormat(
-            name=MODEL_FORMAT, version=FORMAT_VERSION, auto_select=not gpu, priority=1)],
-        protocol_versions=["v2", "grpc-v2"], containers=[container],
-        volumes=[k8s.V1Volume(name=ENGINE_CACHE_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource())] if gpu else None)
+        supported_model_formats=[
+            kserve.V1alpha1SupportedModelFormat(
+                name=MODEL_FORMAT, version=FORMAT_VERSION, auto_select=not gpu, priority=1
+            )
+        ],
+        protocol_versions=["v2", "grpc-v2"],
+        containers=[container],
+        volumes=[k8s.V1Volume(name=ENGINE_CACHE_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource())] if gpu else None,
+    )
     return kserve.V1alpha1ClusterServingRuntime(
         api_version=f"{kserve.constants.KSERVE_GROUP}/{kserve.constants.KSERVE_V1ALPHA1_VERSION}",
-        kind="ClusterServingRuntime", metadata=k8s.V1ObjectMeta(name=_runtime_name(gpu)), spec=spec)
+        kind="ClusterServingRuntime",
+        metadata=k8s.V1ObjectMeta(name=_runtime_name(gpu)),
+        spec=spec,
+    )
 
 
 def _runtime_name(gpu: bool) -> str:
     return f"{RUNTIME_NAME}-gpu" if gpu else RUNTIME_NAME
 
 
-def _inference_service(request: KServeRequest, service: str, storage_uri: str, scaling: Any,
-                       canary_percent: int | None = None) -> Any:
+def _inference_service(
+    request: KServeRequest, service: str, storage_uri: str, scaling: Any, canary_percent: int | None = None
+) -> Any:
     kserve, k8s = _sdk()
     autoscale = scaling.target_concurrency is not None
     predictor = kserve.V1beta1PredictorSpec(
         model=kserve.V1beta1ModelSpec(
             model_format=kserve.V1beta1ModelFormat(name=MODEL_FORMAT, version=FORMAT_VERSION),
-            name="kserve-container", runtime=_runtime_name(request.gpu), protocol_version="v2",
-            storage_uri=storage_uri),
-        min_replicas=scaling.min_replicas, max_replicas=scaling.max_replicas,
+            name="kserve-container",
+            runtime=_runtime_name(request.gpu),
+            protocol_version="v2",
+            storage_uri=storage_uri,
+        ),
+        min_replicas=scaling.min_replicas,
+        max_replicas=scaling.max_replicas,
         scale_metric="concurrency" if autoscale else None,
         scale_target=scaling.target_concurrency if autoscale else None,
-        canary_traffic_percent=canary_percent)
-    metadata = k8s.V1ObjectMeta(name=service, namespace=request.namespace,
-                                annotations={"serving.kserve.io/enable-prometheus-scraping": "true"})
+        canary_traffic_percent=canary_percent,
+    )
+    metadata = k8s.V1ObjectMeta(
+        name=service, namespace=request.namespace, annotations={"serving.kserve.io/enable-prometheus-scraping": "true"}
+    )
     return kserve.V1beta1InferenceService(
         api_version=f"{kserve.constants.KSERVE_GROUP}/{kserve.constants.KSERVE_V1BETA1_VERSION}",
-        kind=kserve.constants.KSERVE_KIND_INFERENCESERVICE, metadata=metadata,
-        spec=kserve.V1beta1InferenceServiceSpec(predictor=predictor))
+        kind=kserve.constants.KSERVE_KIND_INFERENCESERVICE,
+        metadata=metadata,
+        spec=kserve.V1beta1InferenceServiceSpec(predictor=predictor),
+    )
 
 
 def _sdk() -> tuple[Any, Any]:

@@ -12,19 +12,45 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         labels = ("model", "version", "variant")
-        self.requests = Counter("unideploy_requests", "Inference requests answered",
-                                labels + ("protocol",), registry=self.registry)
-        self.failures = Counter("unideploy_request_failures", "Inference requests refused or failed",
-                                ("model", "protocol", "reason"), registry=self.registry)
-        self.latency = Histogram("unideploy_request_duration_seconds", "Request latency by stage",
-                                 labels + ("stage",), buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.batch_rows = Histogram("unideploy_batch_rows", "Rows per runtime call after dynamic batching",
-                                    ("model", "version"), buckets=BATCH_BUCKETS, registry=self.registry)
-        self.shadow = Histogram("unideploy_shadow_duration_seconds", "Latency of shadow-variant copies",
-                                ("model", "version"), buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.shadow_failures = Counter("unideploy_shadow_failures", "Shadow copies that failed",
-                                       ("model", "version"), registry=self.registry)
-        self.load_failures = Counter("unideploy_model_load_failures", "Versions that failed to load",
-                                     ("model", "version"), registry=self.registry)
-        self.ready = Gauge("unideploy_model_ready", "1 while a model version serves", ("model", "version"),
-                           registry=self.registry)
+        self.requests = Counter(
+            "unideploy_requests", "Inference requests answered", (*labels, "protocol"), registry=self.registry
+        )
+        self.failures = Counter(
+            "unideploy_request_failures",
+            "Inference requests refused or failed",
+            ("model", "protocol", "reason"),
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "unideploy_request_duration_seconds",
+            "Request latency by stage",
+            (*labels, "stage"),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.batch_rows = Histogram(
+            "unideploy_batch_rows",
+            "Rows per runtime call after dynamic batching",
+            ("model", "version"),
+            buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.shadow = Histogram(
+            "unideploy_shadow_duration_seconds",
+            "Latency of shadow-variant copies",
+            ("model", "version"),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.shadow_failures = Counter(
+            "unideploy_shadow_failures", "Shadow copies that failed", ("model", "version"), registry=self.registry
+        )
+        self.load_failures = Counter(
+            "unideploy_model_load_failures",
+            "Versions that failed to load",
+            ("model", "version"),
+            registry=self.registry,
+        )
+        self.ready = Gauge(
+            "unideploy_model_ready", "1 while a model version serves", ("model", "version"), registry=self.registry
+        )

@@ -68,8 +68,14 @@ class ServedModel:
 
 
 class ModelRegistry:
-    def __init__(self, repository: Path, executor: Executor, metrics: ServerMetrics,
-                 trusted: TrustedSigners | None = None, model_name: str | None = None) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        executor: Executor,
+        metrics: ServerMetrics,
+        trusted: TrustedSigners | None = None,
+        model_name: str | None = None,
+    ) -> None:
         self.repository = repository
         self.model_name = model_name  # REPO is this one model (server/repository.py)
         self.trusted = trusted  # when set, only versions signed by these are loaded
@@ -85,13 +91,16 @@ class ModelRegistry:
         model = self.models.get(name)
         if model is None or not model.versions:
             if model is not None and model.failures:
-                raise Unavailable(f"model '{name}' has no version that loaded: "
-                                  + "; ".join(f"version {v}: {r}" for v, (_, r) in model.failures.items()))
+                raise Unavailable(
+                    f"model '{name}' has no version that loaded: "
+                    + "; ".join(f"version {v}: {r}" for v, (_, r) in model.failures.items())
+                )
             raise NotFound(f"unknown model '{name}'", f"models: {', '.join(sorted(self.ready_models())) or 'none'}")
         if version:
             if version not in model.versions:
-                raise NotFound(f"model '{name}' has no version '{version}' loaded",
-                               f"loaded versions: {', '.join(model.versions)}")
+                raise NotFound(
+                    f"model '{name}' has no version '{version}' loaded", f"loaded versions: {', '.join(model.versions)}"
+                )
             return model.versions[version]
         return model.versions[max(model.versions, key=int)]
 
@@ -131,9 +140,16 @@ class ModelRegistry:
         while True:
             usable = [v for v in source.versions if v in model.versions or not self._failed(model, source.versions[v])]
             wanted = set(source.settings.select(usable)) | {v for v in routed if v in usable}
-            pending = [v for v in sorted(wanted, key=int) if not self._failed(model, source.versions[v]) and (
-                v not in model.versions or model.versions[v].source.fingerprint != source.versions[v].fingerprint
-                or model.versions[v].settings != model.settings)]
+            pending = [
+                v
+                for v in sorted(wanted, key=int)
+                if not self._failed(model, source.versions[v])
+                and (
+                    v not in model.versions
+                    or model.versions[v].source.fingerprint != source.versions[v].fingerprint
+                    or model.versions[v].settings != model.settings
+                )
+            ]
             if not pending:
                 break
             for version in pending:
@@ -157,20 +173,30 @@ class ModelRegistry:
             reason = str(exc) if isinstance(exc, UnideployError) else f"{type(exc).__name__}: {exc}"
             model.failures[src.version] = ((src.fingerprint, model.settings), reason)
             self.metrics.load_failures.labels(model.name, src.version).inc()
-            log.error("model %s version %s failed to load, previous version keeps serving: %s",
-                      model.name, src.version, reason)
+            log.error(
+                "model %s version %s failed to load, previous version keeps serving: %s",
+                model.name,
+                src.version,
+                reason,
+            )
             return
         rows = min(model.settings.max_batch_size, served.runtime.max_batch_size or model.settings.max_batch_size)
         if served.batcher is None and rows > 1 and served.signature.has_dynamic_batch:
             # never merged past what the engine was built for (a TensorRT profile's max batch)
-            served.batcher = DynamicBatcher(served.runtime.run, self.executor, rows,
-                                            model.settings.max_queue_delay_ms / 1000.0)
+            served.batcher = DynamicBatcher(
+                served.runtime.run, self.executor, rows, model.settings.max_queue_delay_ms / 1000.0
+            )
         old = model.versions.get(src.version)
         model.versions[src.version] = served  # visible only now, warmed
         model.failures.pop(src.version, None)
         self.metrics.ready.labels(model.name, src.version).set(1)
-        log.info("model %s version %s ready in %.2fs (%s)", model.name, src.version, time.perf_counter() - start,
-                 "replaced" if old else "new")
+        log.info(
+            "model %s version %s ready in %.2fs (%s)",
+            model.name,
+            src.version,
+            time.perf_counter() - start,
+            "replaced" if old else "new",
+        )
         if old is not None:
             await self._retire(model, old)
 
@@ -212,8 +238,9 @@ class ModelRegistry:
         if name not in self.models:
             raise NotFound(f"model '{name}' is not in the repository")
         if not self.models[name].versions:
-            raise Unavailable(f"model '{name}' could not be loaded: "
-                              + "; ".join(r for _, r in self.models[name].failures.values()))
+            raise Unavailable(
+                f"model '{name}' could not be loaded: " + "; ".join(r for _, r in self.models[name].failures.values())
+            )
 
     async def unload(self, name: str) -> None:
         if name not in self.models:

@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import signal
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unideploy.errors import InputError, MissingDependencyError
@@ -49,15 +50,17 @@ def deployment_options(settings: ModelSettings) -> dict[str, Any]:
         options["num_replicas"] = settings.min_replicas
     else:
         options["autoscaling_config"] = {
-            "min_replicas": settings.min_replicas, "max_replicas": settings.max_replicas,
-            "target_ongoing_requests": settings.target_concurrency or DEFAULT_TARGET_ONGOING}
+            "min_replicas": settings.min_replicas,
+            "max_replicas": settings.max_replicas,
+            "target_ongoing_requests": settings.target_concurrency or DEFAULT_TARGET_ONGOING,
+        }
     return options
 
 
 class ModelReplica:
     """One replica of one model: the server's registry, dataplane and REST routes, in a Ray actor."""
 
-    async def __init__(self, config: ServerConfig) -> None:
+    async def __init__(self, config: ServerConfig) -> None:  # type: ignore[misc]  # Ray actors allow it
         import asyncio
 
         from unideploy.server.app import Server
@@ -67,7 +70,7 @@ class ModelReplica:
         watching = config.poll_interval_s > 0
         self.watcher = asyncio.get_running_loop().create_task(self.server.watch()) if watching else None
 
-    def __serve_build_asgi_app__(self) -> "ASGIApp":
+    def __serve_build_asgi_app__(self) -> ASGIApp:
         return _whole_path(self.server.rest_app())
 
     def ready(self) -> bool:
@@ -79,10 +82,11 @@ class ModelReplica:
         await self.server.close()
 
 
-def _whole_path(app: "ASGIApp") -> "ASGIApp":
+def _whole_path(app: ASGIApp) -> ASGIApp:
     """Ray's proxy sets the application's route prefix as the ASGI root path, which Starlette strips
     before matching; the server's routes are whole paths (``/v2/models/{name}/infer``)."""
-    async def whole_path(scope: "Scope", receive: "Receive", send: "Send") -> None:
+
+    async def whole_path(scope: Scope, receive: Receive, send: Send) -> None:
         await app({**scope, "root_path": ""}, receive, send)
 
     return whole_path
@@ -94,7 +98,7 @@ class Front:
     def __init__(self, models: list[str]) -> None:
         self.models = models
 
-    def __serve_build_asgi_app__(self) -> "ASGIApp":
+    def __serve_build_asgi_app__(self) -> ASGIApp:
         from ray import serve
         from starlette.applications import Starlette
         from starlette.requests import Request
@@ -118,20 +122,25 @@ class Front:
         async def metadata(request: Request) -> Response:
             return JSONResponse(server_metadata())
 
-        return Starlette(routes=[Route("/v2/health/live", live), Route("/v2/health/ready", ready),
-                                 Route("/v2", metadata)])
+        return Starlette(
+            routes=[Route("/v2/health/live", live), Route("/v2/health/ready", ready), Route("/v2", metadata)]
+        )
 
 
 def serve_on_ray(config: ServerConfig, address: str | None = None) -> None:
     """Run every model of ``config.repository`` on Ray Serve until SIGINT/SIGTERM; ``address``: a
     running cluster (``ray://`` or ``auto``), else ``$RAY_ADDRESS``, else a local one started here."""
     if is_remote(config.repository):
-        raise InputError("deploy serve --ray takes a local repository folder",
-                         "mount the bucket where the replicas run, or serve it without --ray")
-    models = scan(config.repository, config.model_name)
+        raise InputError(
+            "deploy serve --ray takes a local repository folder",
+            "mount the bucket where the replicas run, or serve it without --ray",
+        )
+    models = scan(Path(config.repository), config.model_name)
     if not models:
-        raise InputError(f"model repository '{config.repository}' holds no models",
-                         "create REPO/<model>/<version>/ holding packages from 'deploy export'")
+        raise InputError(
+            f"model repository '{config.repository}' holds no models",
+            "create REPO/<model>/<version>/ holding packages from 'deploy export'",
+        )
     try:
         import ray
         from ray import serve
@@ -143,12 +152,17 @@ def serve_on_ray(config: ServerConfig, address: str | None = None) -> None:
         replica = serve.ingress()(ModelReplica)
         for name, source in models.items():
             one_model = dataclasses.replace(config, repository=source.directory, model_name=name)
-            deployment = serve.deployment(replica, **deployment_options(source.settings))
+            deployment = serve.deployment(**deployment_options(source.settings))(replica)
             serve.run(deployment.bind(one_model), name=app_name(name), route_prefix=f"/v2/models/{name}")
-        front = serve.deployment(serve.ingress()(Front), name="front", ray_actor_options={"num_cpus": 0})
+        front = serve.deployment(name="front", ray_actor_options={"num_cpus": 0})(serve.ingress()(Front))
         serve.run(front.bind(list(models)), name=FRONT_APP, route_prefix="/")
-        log.info("serving %s on Ray Serve at http://%s:%d (%d model(s))", config.repository, config.host,
-                 config.http_port, len(models))
+        log.info(
+            "serving %s on Ray Serve at http://%s:%d (%d model(s))",
+            config.repository,
+            config.host,
+            config.http_port,
+            len(models),
+        )
         _wait_for_signal()
         log.info("shutting down: draining in-flight requests")
     finally:

@@ -38,15 +38,17 @@ class RemoteRepository:
         except ImportError as exc:
             raise MissingDependencyError(f"serving from '{url}' needs {exc.name}", REMOTE_INSTALL) from exc
         except ValueError as exc:  # a protocol fsspec does not know
-            raise InputError(f"cannot open the model repository '{url}': {first_line(exc)}",
-                             "use s3://bucket/prefix, gs://bucket/prefix or a local folder") from exc
+            raise InputError(
+                f"cannot open the model repository '{url}': {first_line(exc)}",
+                "use s3://bucket/prefix, gs://bucket/prefix or a local folder",
+            ) from exc
         self.url, self.mirror = url, mirror
         self.model_name = model_name  # the URL is this one model's folder: mirrored as <mirror>/<name>/
         self.root = self.root.rstrip("/")
         self._mirrored: dict[str, tuple] = {}  # "model/1", "model/1.zip", "model/model.yaml" -> fingerprint
 
     @classmethod
-    def mirrored(cls, url: str, model_name: str | None = None) -> "RemoteRepository":
+    def mirrored(cls, url: str, model_name: str | None = None) -> RemoteRepository:
         """The repository at ``url`` mirrored into a new private temporary folder, synced once (a
         missing bucket is refused here, the folder removed); a mirror a killed server left behind
         is removed when the next one starts."""
@@ -67,14 +69,18 @@ class RemoteRepository:
         try:
             found = self.fs.find(self.root, detail=True)
         except (FileNotFoundError, PermissionError, OSError) as exc:
-            raise InputError(f"cannot list the model repository '{self.url}': {first_line(exc)}",
-                             "check the bucket, the prefix and the credentials in the environment") from exc
+            raise InputError(
+                f"cannot list the model repository '{self.url}': {first_line(exc)}",
+                "check the bucket, the prefix and the credentials in the environment",
+            ) from exc
         if not found and not self.fs.isdir(self.root):
-            raise InputError(f"model repository '{self.url}' does not exist or is empty",
-                             "upload REPO/<model>/<version>/ packages from 'deploy export' under that prefix")
+            raise InputError(
+                f"model repository '{self.url}' does not exist or is empty",
+                "upload REPO/<model>/<version>/ packages from 'deploy export' under that prefix",
+            )
         entries: dict[str, dict[str, dict[str, Any]]] = {}
         for path, info in found.items():
-            parts = path[len(self.root):].strip("/").split("/")
+            parts = path[len(self.root) :].strip("/").split("/")
             parts = [self.model_name, *parts] if self.model_name else parts
             if info.get("type", "file") != "file" or not _served(parts):
                 continue
@@ -128,8 +134,9 @@ def _served(parts: list[str]) -> bool:
     entry = parts[1]
     if len(parts) > 2:
         return entry.isascii() and entry.isdigit()
-    return entry in ("model.yaml", "routing.yaml") or (entry.endswith(".zip") and entry[:-4].isascii()
-                                                        and entry[:-4].isdigit())
+    return entry in ("model.yaml", "routing.yaml") or (
+        entry.endswith(".zip") and entry[:-4].isascii() and entry[:-4].isdigit()
+    )
 
 
 def _version_tag(info: dict[str, Any]) -> str:

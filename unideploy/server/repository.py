@@ -52,7 +52,7 @@ def _versions_on_disk(directory: Path) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for entry in directory.iterdir():
         name = entry.stem if entry.is_file() and entry.suffix == ".zip" else entry.name
-        if entry.name.startswith(".") or not (name.isascii() and name.isdigit()):  # not "²" or "١"
+        if entry.name.startswith(".") or not (name.isascii() and name.isdigit()):  # not "²" or "١"  # noqa: RUF003
             continue  # model.yaml, routing.yaml, staging directories
         if entry.is_dir() or entry.suffix == ".zip":
             found[str(int(name))] = entry
@@ -68,8 +68,11 @@ def _single_package(directory: Path, name: str | None) -> ModelSource:
         model = {}
     model = model if isinstance(model, dict) else {}
     named = name or model.get("name")
-    name = named if isinstance(named, str) and MODEL_NAME.match(named) else \
-        (directory.resolve().name if MODEL_NAME.match(directory.resolve().name) else "model")
+    name = (
+        named
+        if isinstance(named, str) and MODEL_NAME.match(named)
+        else (directory.resolve().name if MODEL_NAME.match(directory.resolve().name) else "model")
+    )
     declared = str(model.get("version", ""))
     version = str(int(declared)) if declared.isascii() and declared.isdigit() else "1"
     source = VersionSource(name, version, directory, _fingerprint(directory))
@@ -95,11 +98,15 @@ def _model(directory: Path, name: str) -> ModelSource:
 def scan(repository: Path, model_name: str | None = None) -> dict[str, ModelSource]:
     """The models REPO holds; with ``model_name``, REPO is that one model's folder or package."""
     if not repository.is_dir():
-        raise InputError(f"model repository '{repository}' is not a directory",
-                         "create REPO/<model>/<version>/ holding packages from 'deploy export'")
+        raise InputError(
+            f"model repository '{repository}' is not a directory",
+            "create REPO/<model>/<version>/ holding packages from 'deploy export'",
+        )
     if model_name is not None and not MODEL_NAME.match(model_name):
-        raise InputError(f"model name '{model_name}' is not usable in a URL path",
-                         "use letters, digits, '.', '_' and '-', starting with a letter or digit")
+        raise InputError(
+            f"model name '{model_name}' is not usable in a URL path",
+            "use letters, digits, '.', '_' and '-', starting with a letter or digit",
+        )
     if (repository / MANIFEST_NAME).is_file():
         single = _single_package(repository, model_name)
         return {single.name: single}
@@ -108,9 +115,10 @@ def scan(repository: Path, model_name: str | None = None) -> dict[str, ModelSour
         if not model.versions:
             inner = sorted(p.name for p in repository.iterdir() if p.is_dir() and _versions_on_disk(p))
             if inner:
-                raise InputError(f"'{repository}' holds a repository of models ({', '.join(inner)}), not the "
-                                 f"versions of one model", "drop --model-name to serve them all, or point at "
-                                 "one model's folder")
+                raise InputError(
+                    f"'{repository}' holds a repository of models ({', '.join(inner)}), not the versions of one model",
+                    "drop --model-name to serve them all, or point at one model's folder",
+                )
         return {model_name: model}
     dirs = sorted(p for p in repository.iterdir() if p.is_dir() and MODEL_NAME.match(p.name))
     return {d.name: _model(d, d.name) for d in dirs}

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
 import orjson
@@ -53,8 +54,13 @@ def _status(exc: UnideployError) -> int:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: str | None,
-               repository_token: str | None, body_timeout_s: float = 30.0) -> Starlette:
+def create_app(
+    dataplane: DataPlane,
+    max_request_bytes: int,
+    inference_token: str | None,
+    repository_token: str | None,
+    body_timeout_s: float = 30.0,
+) -> Starlette:
     def guarded(handler: Handler, token: str | None) -> Handler:
         async def endpoint(request: Request) -> Response:
             if token is not None:
@@ -65,6 +71,7 @@ def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: st
                 return await handler(request)
             except UnideployError as exc:
                 return _error(_status(exc), str(exc))
+
         return endpoint
 
     async def read_body(request: Request) -> bytes:
@@ -80,7 +87,9 @@ def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: st
                         raise BadRequest(f"request body exceeds the limit of {max_request_bytes} bytes")
                     chunks.append(chunk)
         except TimeoutError:
-            raise RequestTimeout(f"request body did not arrive within {body_timeout_s:g} s ({size} bytes came)") from None
+            raise RequestTimeout(
+                f"request body did not arrive within {body_timeout_s:g} s ({size} bytes came)"
+            ) from None
         return b"".join(chunks)
 
     def version_of(request: Request) -> str | None:
@@ -102,8 +111,9 @@ def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: st
 
     async def model_ready(request: Request) -> Response:
         is_ready = dataplane.model_ready(request.path_params["model"], version_of(request))
-        return JSONResponse({"name": request.path_params["model"], "ready": is_ready},
-                            status_code=200 if is_ready else 503)
+        return JSONResponse(
+            {"name": request.path_params["model"], "ready": is_ready}, status_code=200 if is_ready else 503
+        )
 
     async def model_config(request: Request) -> Response:
         return JSONResponse(dataplane.model_config(request.path_params["model"], version_of(request)))
@@ -117,11 +127,19 @@ def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: st
         length = request.headers.get(HEADER_LENGTH)
         decoding = time.perf_counter()
         # a large JSON body takes milliseconds to decode: off the event loop, other requests go on
-        decoded = await asyncio.to_thread(_parse, body, length) if len(body) > DECODE_INLINE_BYTES \
-            else _parse(body, length)
+        decoded = (
+            await asyncio.to_thread(_parse, body, length) if len(body) > DECODE_INLINE_BYTES else _parse(body, length)
+        )
         inputs, requested, binary_outputs, request_id = decoded
-        result = await dataplane.infer(request.path_params["model"], version_of(request), inputs,
-                                       requested or None, request.headers, "rest", time.perf_counter() - decoding)
+        result = await dataplane.infer(
+            request.path_params["model"],
+            version_of(request),
+            inputs,
+            requested or None,
+            request.headers,
+            "rest",
+            time.perf_counter() - decoding,
+        )
         encoding = time.perf_counter()
         response: dict[str, Any] = {"model_name": result.model, "model_version": result.version, "outputs": []}
         if request_id is not None:
@@ -194,7 +212,9 @@ def create_app(dataplane: DataPlane, max_request_bytes: int, inference_token: st
     return Starlette(routes=routes)
 
 
-def _parse(body: bytes, header_length: str | None) -> tuple[dict[str, np.ndarray], list[str], Callable[[str], bool], Any]:
+def _parse(
+    body: bytes, header_length: str | None
+) -> tuple[dict[str, np.ndarray], list[str], Callable[[str], bool], Any]:
     return _decode_request(*_split_body(body, header_length))
 
 
@@ -217,7 +237,9 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any],
     return _json(body[:cut]), body[cut:]
 
 
-def _decode_request(header: dict[str, Any], binary: bytes) -> tuple[dict[str, np.ndarray], list[str], Callable[[str], bool], Any]:
+def _decode_request(
+    header: dict[str, Any], binary: bytes
+) -> tuple[dict[str, np.ndarray], list[str], Callable[[str], bool], Any]:
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("request has no 'inputs' list")
@@ -237,8 +259,10 @@ def _decode_request(header: dict[str, Any], binary: bytes) -> tuple[dict[str, np
         size = params.get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
-                raise BadRequest(f"input '{name}' binary_data_size {size!r} does not fit the {len(binary)} binary bytes")
-            inputs[name] = codec.from_bytes(binary[offset:offset + size], datatype, shape, name)
+                raise BadRequest(
+                    f"input '{name}' binary_data_size {size!r} does not fit the {len(binary)} binary bytes"
+                )
+            inputs[name] = codec.from_bytes(binary[offset : offset + size], datatype, shape, name)
             offset += size
         elif "data" in item:
             inputs[name] = codec.from_json_data(item["data"], datatype, shape, name)
@@ -247,8 +271,10 @@ def _decode_request(header: dict[str, Any], binary: bytes) -> tuple[dict[str, np
     if offset != len(binary):
         raise BadRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     outputs = header.get("outputs") or []
-    if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
-                                                and isinstance(o.get("parameters") or {}, dict) for o in outputs):
+    if not isinstance(outputs, list) or not all(
+        isinstance(o, dict) and isinstance(o.get("name"), str) and isinstance(o.get("parameters") or {}, dict)
+        for o in outputs
+    ):
         raise BadRequest("'outputs' must be a list of objects with a 'name' (and 'parameters', if any, an object)")
     params = header.get("parameters") or {}
     if not isinstance(params, dict):

@@ -17,9 +17,10 @@ import hashlib
 import math
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from unideploy.errors import InputError
 
@@ -61,8 +62,9 @@ class Routing:
         return self.variants[-1]
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"variants": [{"name": v.name, "version": v.version, "weight": v.weight}
-                                            for v in self.variants]}
+        out: dict[str, Any] = {
+            "variants": [{"name": v.name, "version": v.version, "weight": v.weight} for v in self.variants]
+        }
         if self.sticky_header:
             out["sticky_header"] = self.sticky_header
         if self.shadow_version:
@@ -72,8 +74,10 @@ class Routing:
 
 def _check_version(version: Any, where: str) -> None:
     """A version is a folder name of ASCII digits, never a path."""
-    if isinstance(version, bool) or not (isinstance(version, int) and version >= 0
-                                         or isinstance(version, str) and version.isascii() and version.isdigit()):
+    if isinstance(version, bool) or not (
+        (isinstance(version, int) and version >= 0)
+        or (isinstance(version, str) and version.isascii() and version.isdigit())
+    ):
         raise InputError(f"{where}: version {version!r} must be a version number (a folder of ASCII digits)")
 
 
@@ -87,8 +91,10 @@ def parse_routing(data: Any, where: str) -> Routing:
             raise InputError(f"{where}: each variant needs name, version and weight, got {item!r}")
         weight = item["weight"]
         if not isinstance(item["name"], str) or not VARIANT_NAME.fullmatch(item["name"]):
-            raise InputError(f"{where}: variant name {item['name']!r} must be 1-64 of A-Z a-z 0-9 . _ - "
-                             "(it travels in a response header)")
+            raise InputError(
+                f"{where}: variant name {item['name']!r} must be 1-64 of A-Z a-z 0-9 . _ - "
+                "(it travels in a response header)"
+            )
         if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not math.isfinite(weight) or weight < 0:
             raise InputError(f"{where}: variant '{item['name']}' has an invalid weight {weight!r}")
         _check_version(item["version"], f"{where}: variant '{item['name']}'")

@@ -38,8 +38,9 @@ def test_mindir_translates_to_onnx_matching_graph_cell(mindir_models, name, tmp_
         inputs = {}
         for spec in manifest.signature.inputs:
             shape = (7, *spec.shape[1:])
-            inputs[spec.name] = (rng.integers(0, 10, shape) if spec.dtype.startswith("int")
-                                 else rng.standard_normal(shape)).astype(spec.dtype)
+            inputs[spec.name] = (
+                rng.integers(0, 10, shape) if spec.dtype.startswith("int") else rng.standard_normal(shape)
+            ).astype(spec.dtype)
         got = unideploy.run(package, inputs, artifact="onnx-fp32")
     expected = graph_cell_outputs(src, list(inputs.values()))
     assert len(got) == len(expected)
@@ -77,8 +78,17 @@ def test_keep_native_only_packages_the_mindir_alone_and_it_runs(mindir_models, t
 def test_keep_native_only_is_refused_for_sources_without_a_native_runtime(tmp_path):
     model = tmp_path / "m.onnx"
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
-    onnx.save(onnx.helper.make_model(onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "g", [x],
-              [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])), str(model))
+    onnx.save(
+        onnx.helper.make_model(
+            onnx.helper.make_graph(
+                [onnx.helper.make_node("Relu", ["x"], ["y"])],
+                "g",
+                [x],
+                [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+            )
+        ),
+        str(model),
+    )
     with pytest.raises(InputError, match="--keep-native-only needs a source that runs natively"):
         unideploy.export(model, tmp_path / "pkg", keep_native_only=True)
 

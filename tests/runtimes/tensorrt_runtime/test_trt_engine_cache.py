@@ -13,17 +13,32 @@ PROFILES = [InputProfile("x", (1, 3), (8, 3), (32, 3))]
 
 
 def key(**changes) -> EngineKey:
-    fields = dict(onnx_sha256="a" * 64, precision="fp16", profiles=PROFILES, gpu="NVIDIA H100 80GB HBM3",
-                  compute_capability="9.0", tensorrt="10.13.0", workspace_mib=None, calibration_sha256=None)
+    fields = {
+        "onnx_sha256": "a" * 64,
+        "precision": "fp16",
+        "profiles": PROFILES,
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "compute_capability": "9.0",
+        "tensorrt": "10.13.0",
+        "workspace_mib": None,
+        "calibration_sha256": None,
+    }
     fields.update(changes)
     return EngineKey.make(**fields)
 
 
 def test_every_field_of_the_key_changes_its_digest():
     base = key()
-    variants = [key(onnx_sha256="b" * 64), key(precision="int8"), key(gpu="NVIDIA A100-SXM4-80GB"),
-                key(compute_capability="8.0"), key(tensorrt="10.14.1"), key(workspace_mib=1024),
-                key(calibration_sha256="c" * 64), key(profiles=[InputProfile("x", (1, 3), (8, 3), (64, 3))])]
+    variants = [
+        key(onnx_sha256="b" * 64),
+        key(precision="int8"),
+        key(gpu="NVIDIA A100-SXM4-80GB"),
+        key(compute_capability="8.0"),
+        key(tensorrt="10.14.1"),
+        key(workspace_mib=1024),
+        key(calibration_sha256="c" * 64),
+        key(profiles=[InputProfile("x", (1, 3), (8, 3), (64, 3))]),
+    ]
     digests = {base.digest} | {v.digest for v in variants}
     assert len(digests) == len(variants) + 1
     assert key().digest == base.digest  # and it is stable
@@ -40,7 +55,9 @@ def test_a_stored_plan_is_a_hit_for_its_own_key_only(tmp_path):
     plan, why = cache.load(key(gpu="NVIDIA A100-SXM4-80GB", tensorrt="10.14.1"))
     assert plan is None
     assert "built for another setup" in why
-    assert "gpu: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA A100-SXM4-80GB'" in why and "tensorrt: '10.13.0' -> '10.14.1'" in why
+    assert (
+        "gpu: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA A100-SXM4-80GB'" in why and "tensorrt: '10.13.0' -> '10.14.1'" in why
+    )
 
     plan, why = cache.load(key(onnx_sha256="d" * 64))
     assert plan is None and "no engine for this model" in why

@@ -11,14 +11,19 @@ from unideploy.runtimes.tensorrt.spec import check_shapes
 from unideploy.signature import Signature, TensorSpec
 
 IMAGES = Signature((TensorSpec("x", "float32", ("batch", 3, 32, 32)),), (TensorSpec("y", "float32", ("batch", 10)),))
-TOKENS = Signature((TensorSpec("ids", "int64", ("batch", "seq")), TensorSpec("mask", "float32", ("batch", "seq"))),
-                   (TensorSpec("logits", "float32", ("batch", 2)),))
+TOKENS = Signature(
+    (TensorSpec("ids", "int64", ("batch", "seq")), TensorSpec("mask", "float32", ("batch", "seq"))),
+    (TensorSpec("logits", "float32", ("batch", 2)),),
+)
 
 
 def test_a_dynamic_batch_alone_gets_the_default_range_and_fixed_dims_stay_fixed():
     (profile,) = build_profiles(IMAGES)
     assert (profile.min, profile.opt, profile.max) == (
-        (DEFAULT_BATCH[0], 3, 32, 32), (DEFAULT_BATCH[1], 3, 32, 32), (DEFAULT_BATCH[2], 3, 32, 32))
+        (DEFAULT_BATCH[0], 3, 32, 32),
+        (DEFAULT_BATCH[1], 3, 32, 32),
+        (DEFAULT_BATCH[2], 3, 32, 32),
+    )
     static = Signature((TensorSpec("x", "float32", (4, 3, 32, 32)),))
     (fixed,) = build_profiles(static)
     assert fixed.min == fixed.opt == fixed.max == (4, 3, 32, 32)
@@ -37,15 +42,18 @@ def test_given_ranges_are_used_and_one_shape_means_a_fixed_profile():
     assert parse_profile("x:2x3") == ("x", ((2, 3), (2, 3), (2, 3)))
 
 
-@pytest.mark.parametrize("given, message", [
-    (["ids"], "not NAME:MIN,OPT,MAX"),
-    (["ids:1xa,2x2,3x3"], "not whole numbers"),
-    (["ids:1x8,4x64"], "needs 1 or 3 shapes"),
-    (["ids:1x8x2,4x64x2,16x128x2", "mask:1x8,4x64,16x128"], "rank 3"),
-    (["ids:4x64,1x8,16x128", "mask:4x64,1x8,16x128"], "min <= opt <= max"),
-    (["ids:0x8,4x64,16x128", "mask:0x8,4x64,16x128"], "at least 1"),
-    (["nope:1x1"], "unknown input"),
-])
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        (["ids"], "not NAME:MIN,OPT,MAX"),
+        (["ids:1xa,2x2,3x3"], "not whole numbers"),
+        (["ids:1x8,4x64"], "needs 1 or 3 shapes"),
+        (["ids:1x8x2,4x64x2,16x128x2", "mask:1x8,4x64,16x128"], "rank 3"),
+        (["ids:4x64,1x8,16x128", "mask:4x64,1x8,16x128"], "min <= opt <= max"),
+        (["ids:0x8,4x64,16x128", "mask:0x8,4x64,16x128"], "at least 1"),
+        (["nope:1x1"], "unknown input"),
+    ],
+)
 def test_bad_profiles_are_refused_with_the_reason(given, message):
     with pytest.raises(InputError, match=message):
         build_profiles(TOKENS, given)

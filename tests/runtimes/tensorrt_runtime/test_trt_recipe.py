@@ -16,8 +16,14 @@ PROFILES = (InputProfile("ids", (1, 8), (4, 64), (16, 128)), InputProfile("mask"
 
 
 def recipe(precision: str = "fp16", **changes) -> EngineSpec:
-    fields = dict(onnx="model.onnx", onnx_sha256="a" * 64, precision=precision, profiles=PROFILES,
-                  int8="explicit" if precision == "int8" else None, workspace_mib=512)
+    fields = {
+        "onnx": "model.onnx",
+        "onnx_sha256": "a" * 64,
+        "precision": precision,
+        "profiles": PROFILES,
+        "int8": "explicit" if precision == "int8" else None,
+        "workspace_mib": 512,
+    }
     fields.update(changes)
     return EngineSpec(**fields)
 

@@ -18,11 +18,55 @@ WRAPPABLE_DTYPES = ("float32", "int32", "int64", "uint8", "int8")
 
 # Words that are reserved in Kotlin or Swift: an identifier equal to one gets a suffix.
 _RESERVED = {
-    "as", "break", "case", "catch", "class", "continue", "default", "do", "else", "enum", "extension", "false",
-    "for", "fun", "func", "if", "import", "in", "init", "interface", "internal", "is", "let", "nil", "null",
-    "object", "operator", "package", "private", "protocol", "public", "repeat", "return", "self", "static",
-    "struct", "super", "switch", "this", "throw", "throws", "true", "try", "typealias", "val", "var", "when",
-    "where", "while",
+    "as",
+    "break",
+    "case",
+    "catch",
+    "class",
+    "continue",
+    "default",
+    "do",
+    "else",
+    "enum",
+    "extension",
+    "false",
+    "for",
+    "fun",
+    "func",
+    "if",
+    "import",
+    "in",
+    "init",
+    "interface",
+    "internal",
+    "is",
+    "let",
+    "nil",
+    "null",
+    "object",
+    "operator",
+    "package",
+    "private",
+    "protocol",
+    "public",
+    "repeat",
+    "return",
+    "self",
+    "static",
+    "struct",
+    "super",
+    "switch",
+    "this",
+    "throw",
+    "throws",
+    "true",
+    "try",
+    "typealias",
+    "val",
+    "var",
+    "when",
+    "where",
+    "while",
 }
 
 
@@ -81,20 +125,35 @@ class Wrapped:
         return seen
 
 
-def wrapped(model_name: str, runtime: str, model_file: str, signature: Signature,
-            output_names: dict[str, str] | None = None, signature_key: str | None = None) -> Wrapped:
+def wrapped(
+    model_name: str,
+    runtime: str,
+    model_file: str,
+    signature: Signature,
+    output_names: dict[str, str] | None = None,
+    signature_key: str | None = None,
+) -> Wrapped:
     """Describe a model file for the generators; ``output_names`` maps the file's names to the package's."""
     for spec in (*signature.inputs, *signature.outputs):
         if spec.dtype not in WRAPPABLE_DTYPES:
-            raise InputError(f"tensor '{spec.name}' is {spec.dtype}; mobile wrappers type {', '.join(WRAPPABLE_DTYPES)}",
-                             "export the model with inputs and outputs of one of those dtypes")
+            raise InputError(
+                f"tensor '{spec.name}' is {spec.dtype}; mobile wrappers type {', '.join(WRAPPABLE_DTYPES)}",
+                "export the model with inputs and outputs of one of those dtypes",
+            )
     by_package = {v: k for k, v in (output_names or {}).items()}
-    inputs = tuple(WrappedTensor(t.name, t.name, identifier(t.name), t.dtype, t.shape, t.layout) for t in signature.inputs)
-    outputs = tuple(WrappedTensor(t.name, by_package.get(t.name, t.name), identifier(t.name), t.dtype, t.shape)
-                    for t in signature.outputs)
+    inputs = tuple(
+        WrappedTensor(t.name, t.name, identifier(t.name), t.dtype, t.shape, t.layout) for t in signature.inputs
+    )
+    outputs = tuple(
+        WrappedTensor(t.name, by_package.get(t.name, t.name), identifier(t.name), t.dtype, t.shape)
+        for t in signature.outputs
+    )
     model = Wrapped(type_name(model_name), runtime, model_file, inputs, outputs, signature_key)
     idents = [t.ident for t in inputs] + [identifier(d) for d in model.dims]
     if len(set(idents)) != len(idents) or len({t.ident for t in outputs}) != len(outputs):
-        raise InputError(f"tensor names {signature.input_names + signature.output_names} do not give distinct "
-                         "identifiers in Kotlin and Swift", "re-export with distinct tensor names")
+        raise InputError(
+            f"tensor names {signature.input_names + signature.output_names} do not give distinct "
+            "identifiers in Kotlin and Swift",
+            "re-export with distinct tensor names",
+        )
     return model

@@ -6,6 +6,7 @@ needs them as tensors, so that attributes (axes, perms, flags) can be read direc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -48,20 +49,24 @@ class OnnxBuilder:
         """``value`` as an ONNX value: a name stays a name, a constant becomes an initializer."""
         if isinstance(value, Tensor):
             return value
-        if value is None or isinstance(value, (tuple, list)) and any(isinstance(v, Tensor) for v in value):
+        if value is None or (isinstance(value, (tuple, list)) and any(isinstance(v, Tensor) for v in value)):
             raise ExportError(f"expected a tensor or a constant, got {value!r}")
         return self.initializer(np.asarray(value, dtype=dtype), hint)
 
-    def op(self, op_type: str, inputs: list[str], hint: str, rank: int | None = None, **attrs: Any) -> Tensor:
+    def op(self, op_type: str, inputs: Sequence[str], hint: str, rank: int | None = None, **attrs: Any) -> Tensor:
         """Append one node with one output."""
         return self.multi_op(op_type, inputs, hint, 1, rank, **attrs)[0]
 
-    def multi_op(self, op_type: str, inputs: list[str], hint: str, outputs: int, rank: int | None = None,
-                 **attrs: Any) -> list[Tensor]:
+    def multi_op(
+        self, op_type: str, inputs: Sequence[str], hint: str, outputs: int, rank: int | None = None, **attrs: Any
+    ) -> list[Tensor]:
         """Append one node with ``outputs`` outputs, all of rank ``rank``."""
         names = [self.fresh(f"{hint}_{op_type}" if i == 0 else f"{hint}_{op_type}_{i}") for i in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=names[0],
-                                           **{k: v for k, v in attrs.items() if v is not None}))
+        self.nodes.append(
+            helper.make_node(
+                op_type, list(inputs), names, name=names[0], **{k: v for k, v in attrs.items() if v is not None}
+            )
+        )
         if rank is not None:
             self.ranks.update(dict.fromkeys(names, rank))
         return [Tensor(n) for n in names]

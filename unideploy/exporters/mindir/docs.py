@@ -1,6 +1,6 @@
 """Generate docs/mindir-operators.md from the operator table, so the docs cannot drift from it.
 
-    python -m unideploy.exporters.mindir.docs > docs/mindir-operators.md
+python -m unideploy.exporters.mindir.docs > docs/mindir-operators.md
 """
 
 from __future__ import annotations
@@ -23,10 +23,17 @@ def operators_markdown() -> str:
         "| MindSpore primitive | ONNX | Notes |",
         "| --- | --- | --- |",
     ]
-    lines += [f"| {op.name} | {op.onnx} | {op.notes} |".replace(" |  |", " | |") for op in
-              sorted(OPS.values(), key=lambda o: o.name.lower())]
-    lines += ["", "## Graph plumbing (resolved, no ONNX node)", "", "| MindSpore primitive | What it does |",
-              "| --- | --- |"]
+    lines += [
+        f"| {op.name} | {op.onnx} | {op.notes} |".replace(" |  |", " | |")
+        for op in sorted(OPS.values(), key=lambda o: o.name.lower())
+    ]
+    lines += [
+        "",
+        "## Graph plumbing (resolved, no ONNX node)",
+        "",
+        "| MindSpore primitive | What it does |",
+        "| --- | --- |",
+    ]
     lines += [f"| {name} | {what} |" for name, what in PLUMBING.items()]
     lines += ["| Constant | a value node: attributes, shapes and scalars are read from it |"]
     return "\n".join(lines) + "\n"

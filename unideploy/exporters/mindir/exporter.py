@@ -64,15 +64,21 @@ class MindIRExporter(Exporter):
             try:
                 onnx.checker.check_model(model, full_check=True)
             except Exception as exc:
-                raise ExportError(f"the translated ONNX model is invalid: {first_line(exc)}",
-                                  "report the model; --keep-native-only packages the MindIR artifact alone") from exc
+                raise ExportError(
+                    f"the translated ONNX model is invalid: {first_line(exc)}",
+                    "report the model; --keep-native-only packages the MindIR artifact alone",
+                ) from exc
             onnx_path = workdir / "model.onnx"
             onnx.save(model, str(onnx_path))
 
         versions = {"mindspore": importlib.metadata.version("mindspore"), "onnx": onnx.__version__}
         return ConvertedModel(
-            onnx_path=onnx_path, signature=signature, run_source=runtime.run,
-            conversion_path="native MindIR only (--keep-native-only)" if options.native_only else
-            f"unideploy MindIR translator (opset {OPSET}, {graph.producer})",
-            library_versions=versions, opset=OPSET,
+            onnx_path=onnx_path,
+            signature=signature,
+            run_source=runtime.run,
+            conversion_path="native MindIR only (--keep-native-only)"
+            if options.native_only
+            else f"unideploy MindIR translator (opset {OPSET}, {graph.producer})",
+            library_versions=versions,
+            opset=OPSET,
         )

@@ -8,8 +8,9 @@ generated from this table (``python -m unideploy.exporters.mindir.docs``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -22,9 +23,18 @@ OPSET = 17  # LayerNormalization needs 17; ReduceMean still takes axes as an att
 
 # MindSpore TypeId (Cast's dtype argument) -> ONNX
 TYPE_IDS = {
-    30: TensorProto.BOOL, 32: TensorProto.INT8, 33: TensorProto.INT16, 34: TensorProto.INT32,
-    35: TensorProto.INT64, 37: TensorProto.UINT8, 38: TensorProto.UINT16, 39: TensorProto.UINT32,
-    40: TensorProto.UINT64, 42: TensorProto.FLOAT16, 43: TensorProto.FLOAT, 44: TensorProto.DOUBLE,
+    30: TensorProto.BOOL,
+    32: TensorProto.INT8,
+    33: TensorProto.INT16,
+    34: TensorProto.INT32,
+    35: TensorProto.INT64,
+    37: TensorProto.UINT8,
+    38: TensorProto.UINT16,
+    39: TensorProto.UINT32,
+    40: TensorProto.UINT64,
+    42: TensorProto.FLOAT16,
+    43: TensorProto.FLOAT,
+    44: TensorProto.DOUBLE,
     45: TensorProto.BFLOAT16,
 }
 PAD_MODES = {0: "pad", 1: "same", 2: "valid"}  # MindSpore's enum for pad_mode arguments
@@ -62,12 +72,14 @@ class Ctx:
             return self.call.attrs[attr]
         return default
 
-    def emit(self, op_type: str, inputs: list[str], rank: int | None = None, **attrs: Any) -> Tensor:
+    def emit(self, op_type: str, inputs: Sequence[str], rank: int | None = None, **attrs: Any) -> Tensor:
         return self.b.op(op_type, inputs, self.hint, self.rank if rank is None else rank, **attrs)
 
     def fail(self, why: str) -> None:
-        raise ExportError(f"MindIR operator {self.call.op} ('{self.hint}'): {why}",
-                          "re-run with --keep-native-only to package the MindIR artifact alone")
+        raise ExportError(
+            f"MindIR operator {self.call.op} ('{self.hint}'): {why}",
+            "re-run with --keep-native-only to package the MindIR artifact alone",
+        )
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,7 @@ def op(*names: str, onnx: str, notes: str = "") -> Callable[[Callable[[Ctx], Any
         for name in names:
             OPS[name] = Op(name, onnx, fn, notes)
         return fn
+
     return register
 
 
@@ -120,10 +133,15 @@ def conv2d(ctx: Ctx) -> Tensor:
         total = [d * (k - 1) for d, k in zip(dilations, weights.shape[2:])]
         top, left, bottom, right = total[0] // 2, total[1] // 2, total[0] - total[0] // 2, total[1] - total[1] // 2
         mode = "pad"
-    return ctx.emit("Conv", [ctx.x(0), ctx.x(1)], strides=strides, dilations=dilations,
-                    group=int(a.get("group", a.get("groups", 1))),
-                    auto_pad="SAME_UPPER" if mode == "same" else None,
-                    pads=[top, left, bottom, right] if mode == "pad" else None)
+    return ctx.emit(
+        "Conv",
+        [ctx.x(0), ctx.x(1)],
+        strides=strides,
+        dilations=dilations,
+        group=int(a.get("group", a.get("groups", 1))),
+        auto_pad="SAME_UPPER" if mode == "same" else None,
+        pads=[top, left, bottom, right] if mode == "pad" else None,
+    )
 
 
 def _pool(ctx: Ctx, onnx_op: str) -> Tensor:
@@ -133,8 +151,9 @@ def _pool(ctx: Ctx, onnx_op: str) -> Tensor:
     _require_nchw(ctx, ctx.arg(4, "format", "NCHW") if "format" in ctx.call.attrs else ctx.arg(4, None, 0))
     if mode not in ("same", "valid"):
         ctx.fail(f"pad mode '{mode}' is not supported for pooling")
-    return ctx.emit(onnx_op, [ctx.x(0)], kernel_shape=kernel, strides=strides,
-                    auto_pad="SAME_UPPER" if mode == "same" else "VALID")
+    return ctx.emit(
+        onnx_op, [ctx.x(0)], kernel_shape=kernel, strides=strides, auto_pad="SAME_UPPER" if mode == "same" else "VALID"
+    )
 
 
 @op("MaxPool", onnx="MaxPool", notes="pad modes same/valid; NCHW")
@@ -176,8 +195,18 @@ def _unary(onnx_op: str) -> Callable[[Ctx], Tensor]:
     return lambda ctx: ctx.emit(onnx_op, [ctx.x(0)])
 
 
-for _ms, _onnx in {"ReLU": "Relu", "Sigmoid": "Sigmoid", "Tanh": "Tanh", "Erf": "Erf", "Sqrt": "Sqrt",
-                   "Abs": "Abs", "Exp": "Exp", "Log": "Log", "Neg": "Neg", "Reciprocal": "Reciprocal"}.items():
+for _ms, _onnx in {
+    "ReLU": "Relu",
+    "Sigmoid": "Sigmoid",
+    "Tanh": "Tanh",
+    "Erf": "Erf",
+    "Sqrt": "Sqrt",
+    "Abs": "Abs",
+    "Exp": "Exp",
+    "Log": "Log",
+    "Neg": "Neg",
+    "Reciprocal": "Reciprocal",
+}.items():
     op(_ms, onnx=_onnx)(_unary(_onnx))
 
 
@@ -216,8 +245,12 @@ def layer_norm(ctx: Ctx) -> tuple[Any, ...]:
     rank = ctx.rank
     if begin_norm % rank != begin_params % rank:
         ctx.fail(f"begin_norm_axis {begin_norm} differs from begin_params_axis {begin_params}")
-    y = ctx.emit("LayerNormalization", [ctx.x(0), ctx.x(1), ctx.x(2)], axis=begin_norm,
-                 epsilon=float(ctx.arg(5, "epsilon", 1e-7)))
+    y = ctx.emit(
+        "LayerNormalization",
+        [ctx.x(0), ctx.x(1), ctx.x(2)],
+        axis=begin_norm,
+        epsilon=float(ctx.arg(5, "epsilon", 1e-7)),
+    )
     return (y, None, None)
 
 
@@ -227,7 +260,7 @@ def _swap_last(ctx: Ctx, value: Tensor) -> Tensor:
     if weights is not None:  # a Dense weight: stored transposed, so optimizers see a plain MatMul weight
         return ctx.b.initializer(np.ascontiguousarray(np.swapaxes(weights, -1, -2)), ctx.hint)
     rank = ctx.b.rank(value)
-    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+    perm = [*list(range(rank - 2)), rank - 1, rank - 2]
     return ctx.b.op("Transpose", [value], ctx.hint, rank, perm=perm)
 
 
@@ -258,8 +291,17 @@ def _binary(onnx_op: str) -> Callable[[Ctx], Tensor]:
     return lambda ctx: ctx.emit(onnx_op, [ctx.x(0), ctx.x(1)])
 
 
-for _ms, _onnx in {"Add": "Add", "Sub": "Sub", "Mul": "Mul", "Div": "Div", "Pow": "Pow", "Muls": "Mul",
-                   "Divs": "Div", "Maximum": "Max", "Minimum": "Min"}.items():
+for _ms, _onnx in {
+    "Add": "Add",
+    "Sub": "Sub",
+    "Mul": "Mul",
+    "Div": "Div",
+    "Pow": "Pow",
+    "Muls": "Mul",
+    "Divs": "Div",
+    "Maximum": "Max",
+    "Minimum": "Min",
+}.items():
     op(_ms, onnx=_onnx, notes="scalar second operand" if _ms in ("Muls", "Divs") else "")(_binary(_onnx))
 
 
@@ -338,8 +380,9 @@ def concat(ctx: Ctx) -> Tensor:
     parts = ctx.args[0]
     if not isinstance(parts, tuple):
         ctx.fail("expected a tuple of tensors")
-    return ctx.emit("Concat", [ctx.b.tensor(p, ctx.dtype, f"{ctx.hint}_part") for p in parts],
-                    axis=int(ctx.arg(1, "axis", 0)))
+    return ctx.emit(
+        "Concat", [ctx.b.tensor(p, ctx.dtype, f"{ctx.hint}_part") for p in parts], axis=int(ctx.arg(1, "axis", 0))
+    )
 
 
 @op("Tile", onnx="Tile")
@@ -358,8 +401,11 @@ def split(ctx: Ctx) -> tuple[Tensor, ...]:
     size = ctx.call.out[0].shape[axis] if ctx.call.out else -1
     if size < 0:
         ctx.fail(f"splitting dynamic axis {axis} is not supported")
-    return tuple(ctx.b.multi_op("Split", [ctx.x(0), ctx.b.ints([size] * parts, f"{ctx.hint}_split")], ctx.hint,
-                                parts, ctx.rank, axis=axis))
+    return tuple(
+        ctx.b.multi_op(
+            "Split", [ctx.x(0), ctx.b.ints([size] * parts, f"{ctx.hint}_split")], ctx.hint, parts, ctx.rank, axis=axis
+        )
+    )
 
 
 @op("PadV3", onnx="Pad", notes="constant, reflect and edge modes")
@@ -397,7 +443,16 @@ def strided_slice(ctx: Ctx) -> Tensor:
     x = ctx.x(0)
     rank = ctx.b.rank(x)
     axes = list(range(len(begin)))
-    out = ctx.emit("Slice", [x, ctx.b.ints(begin, "starts"), ctx.b.ints(end, "ends"), ctx.b.ints(axes, "axes"),
-                             ctx.b.ints(strides, "steps")], rank=rank)
+    out = ctx.emit(
+        "Slice",
+        [
+            x,
+            ctx.b.ints(begin, "starts"),
+            ctx.b.ints(end, "ends"),
+            ctx.b.ints(axes, "axes"),
+            ctx.b.ints(strides, "steps"),
+        ],
+        rank=rank,
+    )
     squeezed = [axis for axis in axes if shrink >> axis & 1]
     return ctx.emit("Squeeze", [out, ctx.b.ints(squeezed, "shrink")]) if squeezed else out

@@ -18,8 +18,19 @@ from unideploy.errors import ExportError, InputError, first_line
 
 # mind_ir TensorProto.DataType -> numpy
 TENSOR_DTYPES = {
-    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
-    10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 17: "float64",
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    4: "uint16",
+    5: "int16",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+    12: "uint32",
+    13: "uint64",
+    17: "float64",
 }
 
 
@@ -73,8 +84,10 @@ def tensor_value(proto: Any) -> np.ndarray:
     if dtype is None:
         raise ExportError(f"MindIR tensor '{proto.name}' has a data type ({proto.data_type}) unideploy cannot read")
     if proto.HasField("external_data"):
-        raise ExportError(f"MindIR tensor '{proto.name}' keeps its data in an external file",
-                          "export the model with its weights inside the .mindir (models under 1 GB)")
+        raise ExportError(
+            f"MindIR tensor '{proto.name}' keeps its data in an external file",
+            "export the model with its weights inside the .mindir (models under 1 GB)",
+        )
     shape = tuple(int(d) for d in proto.dims)
     if proto.raw_data:
         array = np.frombuffer(proto.raw_data, dtype=dtype)
@@ -87,14 +100,20 @@ def tensor_value(proto: Any) -> np.ndarray:
     else:
         array = np.zeros(0, dtype=dtype)
     if array.size != int(np.prod(shape)):
-        raise ExportError(f"MindIR tensor '{proto.name}' holds {array.size} values for shape {list(shape)}",
-                          "the file is truncated or corrupt; export it again")
+        raise ExportError(
+            f"MindIR tensor '{proto.name}' holds {array.size} values for shape {list(shape)}",
+            "the file is truncated or corrupt; export it again",
+        )
     return array.reshape(shape).copy()
 
 
 def tensor_info(name: str, proto: Any) -> TensorInfo:
-    return TensorInfo(short_name(name), TENSOR_DTYPES.get(proto.data_type, f"type{proto.data_type}"),
-                      tuple(int(d) for d in proto.dims), name)
+    return TensorInfo(
+        short_name(name),
+        TENSOR_DTYPES.get(proto.data_type, f"type{proto.data_type}"),
+        tuple(int(d) for d in proto.dims),
+        name,
+    )
 
 
 def attribute_value(attr: Any) -> Any:
@@ -145,11 +164,15 @@ def read_mindir(path: Path) -> MindIRGraph:
     try:
         model.ParseFromString(Path(path).read_bytes())
     except Exception as exc:
-        raise InputError(f"'{path}' is not a readable MindIR file: {first_line(exc)}",
-                         "export it again with mindspore.export(..., file_format='MINDIR')") from exc
+        raise InputError(
+            f"'{path}' is not a readable MindIR file: {first_line(exc)}",
+            "export it again with mindspore.export(..., file_format='MINDIR')",
+        ) from exc
     if not model.HasField("graph") or not model.graph.output:
-        raise InputError(f"'{path}' is not a MindIR model (it has no graph)",
-                         "export it again with mindspore.export(..., file_format='MINDIR')")
+        raise InputError(
+            f"'{path}' is not a MindIR model (it has no graph)",
+            "export it again with mindspore.export(..., file_format='MINDIR')",
+        )
     graph = model.graph
     primitives = {p.name: p for p in model.primitives}
     result = MindIRGraph(
@@ -169,16 +192,24 @@ def read_mindir(path: Path) -> MindIRGraph:
         if not node.op_type.startswith("REF::"):
             result.subgraph_calls.append(node.op_type)
             continue
-        prim = primitives.get(node.op_type[len("REF::"):])
+        prim = primitives.get(node.op_type[len("REF::") :])
         if prim is None:
-            raise InputError(f"'{path}' calls primitive '{node.op_type}', which the file does not define",
-                             "the file is corrupt; export it again")
+            raise InputError(
+                f"'{path}' calls primitive '{node.op_type}', which the file does not define",
+                "the file is corrupt; export it again",
+            )
         shape = attrs.get("shape")
         out = [tensor_info(node.output[0], t) for t in _shape_tensors(shape)] if shape is not None else []
-        result.calls.append(Call(
-            op=prim.op_type, name=node.name, inputs=list(node.input), output=node.output[0],
-            attrs={a.name: attribute_value(a) for a in prim.attribute
-                   if a.name not in ("input_names", "output_names")},
-            out=out,
-        ))
+        result.calls.append(
+            Call(
+                op=prim.op_type,
+                name=node.name,
+                inputs=list(node.input),
+                output=node.output[0],
+                attrs={
+                    a.name: attribute_value(a) for a in prim.attribute if a.name not in ("input_names", "output_names")
+                },
+                out=out,
+            )
+        )
     return result

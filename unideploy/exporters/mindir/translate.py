@@ -58,7 +58,8 @@ def translate(graph: MindIRGraph, signature: Signature) -> onnx.ModelProto:
         raise ExportError(
             f"the MindIR model uses operators unideploy cannot translate to ONNX: {', '.join(missing)}",
             f"supported: {', '.join(sorted(OPS))}. Re-run with --keep-native-only to package the MindIR "
-            "artifact alone (it runs on MindSpore / MindSpore Lite)")
+            "artifact alone (it runs on MindSpore / MindSpore Lite)",
+        )
     b = OnnxBuilder()
     values: dict[str, Any] = dict(graph.constants)
     for info, spec in zip(graph.inputs, signature.inputs):
@@ -72,8 +73,10 @@ def translate(graph: MindIRGraph, signature: Signature) -> onnx.ModelProto:
         try:
             args = [values[name] for name in call.inputs]
         except KeyError as exc:
-            raise ExportError(f"MindIR call '{short_name(call.output)}' reads '{exc.args[0]}', which nothing defines",
-                              "the file is corrupt; export it again") from exc
+            raise ExportError(
+                f"MindIR call '{short_name(call.output)}' reads '{exc.args[0]}', which nothing defines",
+                "the file is corrupt; export it again",
+            ) from exc
         if call.op in PLUMBING:
             values[call.output] = _plumbing(call, args)
         else:
@@ -81,8 +84,9 @@ def translate(graph: MindIRGraph, signature: Signature) -> onnx.ModelProto:
 
     results = [leaf for name in graph.outputs for leaf in _flatten(values[name])]
     if len(results) != len(signature.outputs):
-        raise ExportError(f"the MindIR graph returns {len(results)} tensors, its signature lists "
-                          f"{len(signature.outputs)}")
+        raise ExportError(
+            f"the MindIR graph returns {len(results)} tensors, its signature lists {len(signature.outputs)}"
+        )
     for value, spec in zip(results, signature.outputs):
         source = b.tensor(value, spec.dtype, f"{spec.name}_const")
         b.nodes.append(helper.make_node("Identity", [source], [spec.name], name=f"{spec.name}_out"))
@@ -92,9 +96,18 @@ def translate(graph: MindIRGraph, signature: Signature) -> onnx.ModelProto:
         return helper.make_tensor_value_info(spec.name, elem, list(spec.shape))
 
     b.prune([spec.name for spec in signature.outputs])
-    onnx_graph = helper.make_graph(b.nodes, "mindir", [value_info(s) for s in signature.inputs],
-                                   [value_info(s) for s in signature.outputs], b.initializers)
-    model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="unideploy", doc_string=f"translated from MindIR ({graph.producer})")
+    onnx_graph = helper.make_graph(
+        b.nodes,
+        "mindir",
+        [value_info(s) for s in signature.inputs],
+        [value_info(s) for s in signature.outputs],
+        b.initializers,
+    )
+    model = helper.make_model(
+        onnx_graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        producer_name="unideploy",
+        doc_string=f"translated from MindIR ({graph.producer})",
+    )
     model.ir_version = 8  # opset 17 needs IR 8; keeps the model loadable by older runtimes
     return model

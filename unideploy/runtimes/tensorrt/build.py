@@ -68,6 +68,8 @@ def build_engine(spec: EngineSpec, timing_cache: Path) -> bytes:
     try:
         return bytes(EngineBytesFromNetwork(network, config, save_timing_cache=str(timing_cache))())
     except PolygraphyException as exc:
-        raise ExportError(f"TensorRT could not build an engine from '{spec.onnx}': {first_line(exc, 600)}",
-                          "an operator TensorRT does not support, or too small a --trt-workspace; "
-                          "the onnx-fp32 artifact still runs on ONNX Runtime") from exc
+        raise ExportError(
+            f"TensorRT could not build an engine from '{spec.onnx}': {first_line(exc, 600)}",
+            "an operator TensorRT does not support, or too small a --trt-workspace; "
+            "the onnx-fp32 artifact still runs on ONNX Runtime",
+        ) from exc

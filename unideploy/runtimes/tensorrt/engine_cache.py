@@ -12,9 +12,10 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from unideploy.runtimes.tensorrt.profiles import InputProfile
 
@@ -38,11 +39,27 @@ class EngineKey:
     calibration_sha256: str | None = None  # int8 built with a calibrator: the data it saw
 
     @classmethod
-    def make(cls, onnx_sha256: str, precision: str, profiles: list[InputProfile], gpu: str,
-             compute_capability: str, tensorrt: str, workspace_mib: int | None = None,
-             calibration_sha256: str | None = None) -> "EngineKey":
-        return cls(onnx_sha256, precision, tuple((p.name, (p.min, p.opt, p.max)) for p in profiles), gpu,
-                   compute_capability, tensorrt, workspace_mib, calibration_sha256)
+    def make(
+        cls,
+        onnx_sha256: str,
+        precision: str,
+        profiles: list[InputProfile],
+        gpu: str,
+        compute_capability: str,
+        tensorrt: str,
+        workspace_mib: int | None = None,
+        calibration_sha256: str | None = None,
+    ) -> EngineKey:
+        return cls(
+            onnx_sha256,
+            precision,
+            tuple((p.name, (p.min, p.opt, p.max)) for p in profiles),
+            gpu,
+            compute_capability,
+            tensorrt,
+            workspace_mib,
+            calibration_sha256,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -80,8 +97,11 @@ class EngineCache:
         others = [_read_json(p) for p in sorted(self.directory.glob("*.json"))]
         others = [o for o in others if o.get("onnx_sha256") == key.onnx_sha256]
         if others:
-            return None, (f"the engine in {self.directory} was built for another setup ("
-                          + "; ".join(key.differences(others[0])) + ")")
+            return None, (
+                f"the engine in {self.directory} was built for another setup ("
+                + "; ".join(key.differences(others[0]))
+                + ")"
+            )
         return None, f"no engine for this model in {self.directory}"
 
     def store(self, key: EngineKey, plan: bytes) -> Path:
@@ -97,9 +117,9 @@ class EngineCache:
         return self.directory / f"{digest}.plan", self.directory / f"{digest}.json"
 
 
-
-def cached_or_built(key: EngineKey, shipped: EngineCache | None, cache: EngineCache,
-                    build: Callable[[str], bytes]) -> tuple[bytes, str]:
+def cached_or_built(
+    key: EngineKey, shipped: EngineCache | None, cache: EngineCache, build: Callable[[str], bytes]
+) -> tuple[bytes, str]:
     """The plan for ``key``: one shipped in the package, else one cached on this machine, else a
     new build (stored in ``cache``; ``build`` is told why); with a sentence saying which it was."""
     reasons = []

@@ -52,8 +52,10 @@ class EngineExecution:
         for name, dtype in self.output_dtypes.items():
             shape = tuple(self.context.get_tensor_shape(name))
             if any(d < 0 for d in shape):
-                raise RuntimeFailure(f"output '{name}' has a data-dependent shape {list(shape)}, which this runtime "
-                                     "does not support; run the onnx-fp32 artifact on ONNX Runtime")
+                raise RuntimeFailure(
+                    f"output '{name}' has a data-dependent shape {list(shape)}, which this runtime "
+                    "does not support; run the onnx-fp32 artifact on ONNX Runtime"
+                )
             outputs[name] = (self._device(name, shape, dtype), np.empty(shape, dtype))
         if not self.context.execute_async_v3(self.stream.ptr):
             raise RuntimeFailure("TensorRT could not enqueue the inference (see the TensorRT log above)")

@@ -11,9 +11,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from unideploy.errors import InputError
 from unideploy.package import Artifact, Manifest
@@ -50,13 +50,16 @@ def tensorrt_qdq_problem(onnx_path: Path) -> str | None:
             continue
         zero_point = numpy_helper.to_array(constants[node.input[2]])
         if zero_point.dtype.name != "int8" or zero_point.any():
-            return (f"its activations are quantized to {zero_point.dtype.name} with non-zero zero points "
-                    "(asymmetric); TensorRT takes symmetric int8 only")
+            return (
+                f"its activations are quantized to {zero_point.dtype.name} with non-zero zero points "
+                "(asymmetric); TensorRT takes symmetric int8 only"
+            )
     return None
 
 
-def plan_build(manifest: Manifest, precision: str, artifact_path: Callable[[Artifact], Path],
-               has_calibration: bool) -> BuildPlan:
+def plan_build(
+    manifest: Manifest, precision: str, artifact_path: Callable[[Artifact], Path], has_calibration: bool
+) -> BuildPlan:
     """``artifact_path(artifact) -> Path`` locates artifacts (the package knows where)."""
     if precision not in PRECISIONS:
         raise InputError(f"unknown TensorRT precision '{precision}'", f"use one of: {', '.join(PRECISIONS)}")
@@ -67,17 +70,27 @@ def plan_build(manifest: Manifest, precision: str, artifact_path: Callable[[Arti
         for artifact in (a for a in onnx if a.precision == "int8"):
             refused[artifact.id] = tensorrt_qdq_problem(artifact_path(artifact))
             if refused[artifact.id] is None:
-                return BuildPlan(artifact, "int8", True, True, False,
-                                 f"explicit quantization from the QDQ artifact '{artifact.id}'")
+                return BuildPlan(
+                    artifact, "int8", True, True, False, f"explicit quantization from the QDQ artifact '{artifact.id}'"
+                )
         not_usable = "".join(f"; '{k}' cannot be used: {why}" for k, why in refused.items())
         if base is not None and has_calibration:
-            return BuildPlan(base, "int8", True, True, True,
-                             f"TensorRT's entropy calibrator over the calibration data, on '{base.id}'{not_usable}")
-        raise InputError("TensorRT int8 needs a symmetric QDQ int8 artifact in the package or calibration data"
-                         + not_usable,
-                         "add --quantize int8 --int8-variant symmetric --calibration DATA (explicit, accuracy-checked),"
-                         " or just --calibration DATA (TensorRT calibrates when the engine is built)")
+            return BuildPlan(
+                base,
+                "int8",
+                True,
+                True,
+                True,
+                f"TensorRT's entropy calibrator over the calibration data, on '{base.id}'{not_usable}",
+            )
+        raise InputError(
+            "TensorRT int8 needs a symmetric QDQ int8 artifact in the package or calibration data" + not_usable,
+            "add --quantize int8 --int8-variant symmetric --calibration DATA (explicit, accuracy-checked),"
+            " or just --calibration DATA (TensorRT calibrates when the engine is built)",
+        )
     if base is None:
-        raise InputError("the package has no fp32 ONNX artifact to build a TensorRT engine from",
-                         "export the model again (every export writes one)")
+        raise InputError(
+            "the package has no fp32 ONNX artifact to build a TensorRT engine from",
+            "export the model again (every export writes one)",
+        )
     return BuildPlan(base, precision, precision == "fp16", False, False, f"from '{base.id}'")

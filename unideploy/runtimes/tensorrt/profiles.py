@@ -44,8 +44,9 @@ def parse_profile(text: str) -> tuple[str, tuple[tuple[int, ...], ...]]:
     try:
         parsed = tuple(tuple(int(d) for d in s.split("x")) for s in shapes.split(","))
     except ValueError:
-        raise InputError(f"--trt-profile '{text}' has a shape that is not whole numbers joined by 'x'",
-                         f"for example {example}") from None
+        raise InputError(
+            f"--trt-profile '{text}' has a shape that is not whole numbers joined by 'x'", f"for example {example}"
+        ) from None
     if len(parsed) == 1:
         parsed = parsed * 3
     if len(parsed) != 3:
@@ -59,8 +60,9 @@ def build_profiles(signature: Signature, given: list[str] | None = None) -> list
     overrides = dict(parse_profile(text) for text in given or [])
     unknown = set(overrides) - set(signature.input_names)
     if unknown:
-        raise InputError(f"--trt-profile names unknown input(s) {sorted(unknown)}",
-                         f"inputs: {', '.join(signature.input_names)}")
+        raise InputError(
+            f"--trt-profile names unknown input(s) {sorted(unknown)}", f"inputs: {', '.join(signature.input_names)}"
+        )
     profiles = [_profile(spec, overrides.get(spec.name)) for spec in signature.inputs]
     _check_shared_dims(signature, profiles)
     return profiles
@@ -77,9 +79,11 @@ def _check_shared_dims(signature: Signature, profiles: list[InputProfile]) -> No
             ranges = (profile.min[axis], profile.opt[axis], profile.max[axis])
             first = seen.setdefault(str(dim), (spec.name, ranges))
             if first[1] != ranges:
-                raise InputError(f"dimension '{dim}' is {'/'.join(map(str, first[1]))} (min/opt/max) for "
-                                 f"'{first[0]}' but {'/'.join(map(str, ranges))} for '{spec.name}'",
-                                 "give every input that shares a dimension the same range in --trt-profile")
+                raise InputError(
+                    f"dimension '{dim}' is {'/'.join(map(str, first[1]))} (min/opt/max) for "
+                    f"'{first[0]}' but {'/'.join(map(str, ranges))} for '{spec.name}'",
+                    "give every input that shares a dimension the same range in --trt-profile",
+                )
 
 
 def _profile(spec: TensorSpec, given: tuple[tuple[int, ...], ...] | None) -> InputProfile:
@@ -87,8 +91,10 @@ def _profile(spec: TensorSpec, given: tuple[tuple[int, ...], ...] | None) -> Inp
         low, opt, high = given
         for shape in given:
             if len(shape) != len(spec.shape):
-                raise InputError(f"--trt-profile for '{spec.name}' has rank {len(shape)}, the input has rank "
-                                 f"{len(spec.shape)} ({spec.shape_text()})")
+                raise InputError(
+                    f"--trt-profile for '{spec.name}' has rank {len(shape)}, the input has rank "
+                    f"{len(spec.shape)} ({spec.shape_text()})"
+                )
             for axis, (d, want) in enumerate(zip(shape, spec.shape)):
                 if isinstance(want, int) and d != want:
                     raise InputError(f"--trt-profile for '{spec.name}': dimension {axis} is fixed at {want}, not {d}")
@@ -97,14 +103,16 @@ def _profile(spec: TensorSpec, given: tuple[tuple[int, ...], ...] | None) -> Inp
         if not all(a <= b <= c for a, b, c in zip(low, opt, high)):
             raise InputError(f"--trt-profile for '{spec.name}' must satisfy min <= opt <= max in every dimension")
         return InputProfile(spec.name, low, opt, high)
-    dims = []
-    for axis, d in enumerate(spec.shape):
-        if isinstance(d, int):
-            dims.append((d, d, d))
+    dims: list[tuple[int, int, int]] = []
+    for axis, dim in enumerate(spec.shape):
+        if isinstance(dim, int):
+            dims.append((dim, dim, dim))
         elif axis == 0:
             dims.append(DEFAULT_BATCH)
         else:
-            raise InputError(f"input '{spec.name}' has the dynamic dimension '{d}' ({spec.shape_text()}), which "
-                             "needs a range for TensorRT",
-                             f"give --trt-profile {spec.name}:MIN,OPT,MAX (shapes like 1x16,8x128,32x512)")
+            raise InputError(
+                f"input '{spec.name}' has the dynamic dimension '{dim}' ({spec.shape_text()}), which "
+                "needs a range for TensorRT",
+                f"give --trt-profile {spec.name}:MIN,OPT,MAX (shapes like 1x16,8x128,32x512)",
+            )
     return InputProfile(spec.name, *(tuple(col) for col in zip(*dims)))

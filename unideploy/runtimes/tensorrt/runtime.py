@@ -28,8 +28,10 @@ from unideploy.runtimes.tensorrt.spec import EngineSpec, check_shapes
 
 log = logging.getLogger("unideploy.tensorrt")
 
-INSTALL_HINT = ("pip install 'unideploy[gpu]' tensorrt-cu12 --extra-index-url https://pypi.nvidia.com "
-                "(TensorRT wheels come from NVIDIA's index)")
+INSTALL_HINT = (
+    "pip install 'unideploy[gpu]' tensorrt-cu12 --extra-index-url https://pypi.nvidia.com "
+    "(TensorRT wheels come from NVIDIA's index)"
+)
 
 
 def cuda_device(gpus: list[Gpu]) -> Gpu:
@@ -61,8 +63,10 @@ class TensorRTRuntime(Runtime):
 
     def _load(self) -> None:
         if self.options.device == "cpu":
-            raise MissingDependencyError("TensorRT runs on NVIDIA GPUs only, and the CPU was asked for",
-                                         "use --device auto or gpu, or run another artifact on the CPU")
+            raise MissingDependencyError(
+                "TensorRT runs on NVIDIA GPUs only, and the CPU was asked for",
+                "use --device auto or gpu, or run another artifact on the CPU",
+            )
         found, gpus = self._probe()
         if not found.ok:
             raise MissingDependencyError(f"TensorRT cannot run here: {found.detail}", found.fix)
@@ -74,31 +78,49 @@ class TensorRTRuntime(Runtime):
         quiet_polygraphy()
         self.spec = EngineSpec.load(self.path)
         self.gpu = cuda_device(gpus)
-        self.key = key = EngineKey.make(self.spec.onnx_sha256, self.spec.precision, list(self.spec.profiles), self.gpu.name,
-                             self.gpu.compute_capability, trt.__version__, self.spec.workspace_mib,
-                             self.spec.calibration_sha256)
+        self.key = key = EngineKey.make(
+            self.spec.onnx_sha256,
+            self.spec.precision,
+            list(self.spec.profiles),
+            self.gpu.name,
+            self.gpu.compute_capability,
+            trt.__version__,
+            self.spec.workspace_mib,
+            self.spec.calibration_sha256,
+        )
         cache = EngineCache(self.options.engine_cache)
         shipped = EngineCache(self.spec.engines_dir) if self.spec.engines_dir.is_dir() else None
         timing_cache = cache.directory / f"timing-{key.gpu.replace(' ', '_')}-trt{key.tensorrt}.cache"
 
         def build(why: str) -> bytes:
-            log.warning("building a TensorRT %s engine for %s on %s (%s); this happens once per GPU model",
-                        self.spec.precision, self.path.name, self.gpu.name, why)
+            log.warning(
+                "building a TensorRT %s engine for %s on %s (%s); this happens once per GPU model",
+                self.spec.precision,
+                self.path.name,
+                self.gpu.name,
+                why,
+            )
             return build_engine(self.spec, timing_cache)
 
         plan, self.engine_source = cached_or_built(key, shipped, cache, build)
         try:
             engine = EngineFromBytes(plan)()
         except Exception as exc:  # Polygraphy/TensorRT raise their own types
-            raise PackageError(f"TensorRT could not load the engine for '{self.path.name}': {first_line(exc)}",
-                               f"delete it from {cache.directory} to rebuild it") from exc
-        names = {engine.get_tensor_name(i): engine.get_tensor_mode(engine.get_tensor_name(i))
-                 for i in range(engine.num_io_tensors)}
+            raise PackageError(
+                f"TensorRT could not load the engine for '{self.path.name}': {first_line(exc)}",
+                f"delete it from {cache.directory} to rebuild it",
+            ) from exc
+        names = {
+            engine.get_tensor_name(i): engine.get_tensor_mode(engine.get_tensor_name(i))
+            for i in range(engine.num_io_tensors)
+        }
         inputs = {n for n, mode in names.items() if mode == trt.TensorIOMode.INPUT}
         if inputs != set(self.signature.input_names) or not set(self.signature.output_names) <= set(names):
-            raise PackageError(f"the TensorRT engine's tensors {sorted(names)} do not match the signature "
-                               f"({self.signature.input_names} -> {self.signature.output_names})",
-                               "the package is inconsistent; export it again")
+            raise PackageError(
+                f"the TensorRT engine's tensors {sorted(names)} do not match the signature "
+                f"({self.signature.input_names} -> {self.signature.output_names})",
+                "the package is inconsistent; export it again",
+            )
         self._engine = engine
         self._execution = EngineExecution(engine, self.signature.output_names)
         self._lock = threading.Lock()
@@ -108,10 +130,16 @@ class TensorRTRuntime(Runtime):
         return self.spec.max_batch_size
 
     def describe(self) -> dict[str, Any]:
-        return {"runtime": self.name, "device": self.gpu.name, "compute_capability": self.gpu.compute_capability,
-                "tensorrt": self.key.tensorrt, "precision": self.spec.precision,
-                **({"int8": self.spec.int8} if self.spec.int8 else {}),
-                "profiles": self.spec.profile_text(), "engine": self.engine_source}
+        return {
+            "runtime": self.name,
+            "device": self.gpu.name,
+            "compute_capability": self.gpu.compute_capability,
+            "tensorrt": self.key.tensorrt,
+            "precision": self.spec.precision,
+            **({"int8": self.spec.int8} if self.spec.int8 else {}),
+            "profiles": self.spec.profile_text(),
+            "engine": self.engine_source,
+        }
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         check_shapes(self.spec.profiles, inputs)

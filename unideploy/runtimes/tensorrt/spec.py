@@ -68,11 +68,17 @@ class EngineSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "format": SPEC_FORMAT, "format_version": SPEC_VERSION, "onnx": self.onnx, "onnx_sha256": self.onnx_sha256,
-            "precision": self.precision, "int8": self.int8,
+            "format": SPEC_FORMAT,
+            "format_version": SPEC_VERSION,
+            "onnx": self.onnx,
+            "onnx_sha256": self.onnx_sha256,
+            "precision": self.precision,
+            "int8": self.int8,
             "profiles": {p.name: p.to_dict() for p in self.profiles},
-            "workspace_mib": self.workspace_mib, "calibration": self.calibration,
-            "calibration_sha256": self.calibration_sha256, "engines": self.engines,
+            "workspace_mib": self.workspace_mib,
+            "calibration": self.calibration,
+            "calibration_sha256": self.calibration_sha256,
+            "engines": self.engines,
         }
 
     def write(self, path: Path) -> Path:
@@ -80,34 +86,44 @@ class EngineSpec:
         return path
 
     @classmethod
-    def load(cls, path: Path) -> "EngineSpec":
+    def load(cls, path: Path) -> EngineSpec:
         """Read a recipe and check that it and the files it names are whole, inside its folder,
         and match their checksums: the key of every engine built from it rests on them."""
         path = Path(path)
         try:
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PackageError(f"TensorRT recipe '{path.name}' cannot be read: {exc}",
-                               "the package is damaged; export it again") from exc
+            raise PackageError(
+                f"TensorRT recipe '{path.name}' cannot be read: {exc}", "the package is damaged; export it again"
+            ) from exc
         if not isinstance(data, dict) or data.get("format") != SPEC_FORMAT:
             raise PackageError(f"'{path.name}' is not a unideploy TensorRT recipe")
         if data.get("format_version") != SPEC_VERSION:
-            raise PackageError(f"TensorRT recipe '{path.name}' has format version {data.get('format_version')!r}; "
-                               f"this unideploy reads version {SPEC_VERSION}", "upgrade unideploy or export again")
+            raise PackageError(
+                f"TensorRT recipe '{path.name}' has format version {data.get('format_version')!r}; "
+                f"this unideploy reads version {SPEC_VERSION}",
+                "upgrade unideploy or export again",
+            )
         try:
             spec = cls(
-                onnx=_inside(data["onnx"], path), onnx_sha256=str(data["onnx_sha256"]),
+                onnx=_inside(data["onnx"], path),
+                onnx_sha256=str(data["onnx_sha256"]),
                 precision=str(data["precision"]),
-                profiles=tuple(InputProfile(name, tuple(p["min"]), tuple(p["opt"]), tuple(p["max"]))
-                               for name, p in data["profiles"].items()),
-                int8=data.get("int8"), workspace_mib=data.get("workspace_mib"),
+                profiles=tuple(
+                    InputProfile(name, tuple(p["min"]), tuple(p["opt"]), tuple(p["max"]))
+                    for name, p in data["profiles"].items()
+                ),
+                int8=data.get("int8"),
+                workspace_mib=data.get("workspace_mib"),
                 calibration=_inside(data["calibration"], path) if data.get("calibration") else None,
                 calibration_sha256=data.get("calibration_sha256"),
-                engines=_inside(data.get("engines", "engines"), path), root=path.parent,
+                engines=_inside(data.get("engines", "engines"), path),
+                root=path.parent,
             )
         except (KeyError, TypeError, AttributeError) as exc:
-            raise PackageError(f"TensorRT recipe '{path.name}' lacks or mangles field {exc}",
-                               "the package is damaged; export it again") from None
+            raise PackageError(
+                f"TensorRT recipe '{path.name}' lacks or mangles field {exc}", "the package is damaged; export it again"
+            ) from None
         spec.check()
         return spec
 
@@ -118,15 +134,17 @@ class EngineSpec:
             raise PackageError(f"TensorRT recipe: precision {self.precision} with int8 mode {self.int8!r}")
         if self.int8 == "calibrated" and not self.calibration:
             raise PackageError("TensorRT recipe: calibrated int8 names no calibration data")
-        files = [(self.onnx_path, self.onnx_sha256)]
+        files: list[tuple[Path, str | None]] = [(self.onnx_path, self.onnx_sha256)]
         if self.calibration_path is not None:
             files.append((self.calibration_path, self.calibration_sha256))
         for file, expected in files:
             if not file.is_file():
                 raise PackageError(f"TensorRT recipe: '{file.name}' is missing", "the package is incomplete")
             if digest_path(file)[0] != expected:
-                raise PackageError(f"TensorRT recipe: '{file.name}' does not match its checksum",
-                                   "the package was modified after export; export it again")
+                raise PackageError(
+                    f"TensorRT recipe: '{file.name}' does not match its checksum",
+                    "the package was modified after export; export it again",
+                )
 
 
 def _inside(relpath: Any, spec_path: Path) -> str:
@@ -134,8 +152,10 @@ def _inside(relpath: Any, spec_path: Path) -> str:
     text = str(relpath)
     pure = PurePosixPath(text)
     if not text or pure.is_absolute() or ".." in pure.parts or "\\" in text:
-        raise PackageError(f"TensorRT recipe '{spec_path.name}' names '{text}', outside its folder",
-                           "the package was tampered with; do not use it")
+        raise PackageError(
+            f"TensorRT recipe '{spec_path.name}' names '{text}', outside its folder",
+            "the package was tampered with; do not use it",
+        )
     return text
 
 

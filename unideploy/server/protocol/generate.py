@@ -17,12 +17,21 @@ HERE = Path(__file__).parent
 def main() -> None:
     from grpc_tools import protoc
 
-    code = protoc.main(["protoc", f"-I{HERE}", f"--python_out={HERE}", f"--grpc_python_out={HERE}",
-                        str(HERE / "grpc_predict_v2.proto")])
+    code = protoc.main(
+        [
+            "protoc",
+            f"-I{HERE}",
+            f"--python_out={HERE}",
+            f"--grpc_python_out={HERE}",
+            str(HERE / "grpc_predict_v2.proto"),
+        ]
+    )
     if code:
         raise SystemExit(code)
     stub = HERE / "grpc_predict_v2_pb2_grpc.py"  # make its import of the messages package-relative
-    stub.write_text(re.sub(r"^import grpc_predict_v2_pb2", "from . import grpc_predict_v2_pb2", stub.read_text(), flags=re.M))
+    stub.write_text(
+        re.sub(r"^import grpc_predict_v2_pb2", "from . import grpc_predict_v2_pb2", stub.read_text(), flags=re.M)
+    )
 
 
 if __name__ == "__main__":
