@@ -21,6 +21,9 @@ class UnideployError(Exception):
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
+    def __reduce__(self) -> tuple[type, tuple[str, str | None]]:  # crosses process boundaries whole
+        return type(self), (self.message, self.hint)
+
 
 class InputError(UnideployError):
     """Bad user input: arguments, files, tensors that do not match a signature."""

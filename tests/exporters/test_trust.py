@@ -42,6 +42,38 @@ def test_torchscript_that_touches_files_is_refused_before_it_runs(tmp_path):
     assert target.exists()  # the user vouched for it, and it did what it does
 
 
+def test_a_trusted_model_runs_in_a_process_of_its_own_with_a_private_working_directory(tmp_path):
+    """What a trusted model writes by relative path lands in a private folder that is removed, not
+    in the user's working directory; the export still proves the package."""
+    torch.jit.save(torch.jit.script(_MapsAFile("relative-file")), str(tmp_path / "model.pt"))
+    result = deploy(
+        "export",
+        tmp_path / "model.pt",
+        "-o",
+        tmp_path / "pkg",
+        "--input-shape",
+        "x:2x4",
+        "--trust-source",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "relative-file").exists()
+    with unideploy.open_package(tmp_path / "pkg") as pkg:
+        assert pkg.manifest.validation["onnx-fp32"]["passed"]
+
+
+def test_a_trusted_model_that_ends_its_process_leaves_no_package(tmp_path):
+    keras = pytest.importorskip("keras", reason="the tensorflow extra is not installed")
+    x = keras.Input((4,), name="x")
+    # symbolic when the model is built and traced; a concrete tensor when the exporter runs it
+    quits = lambda t: (__import__("os")._exit(7), t)[1] if type(t).__name__ == "EagerTensor" else t  # noqa: E731
+    y = keras.layers.Lambda(quits, name="quits")(x)
+    keras.Model(x, y).save(tmp_path / "quits.keras")
+    result = deploy("export", tmp_path / "quits.keras", "-o", tmp_path / "pkg", "--trust-source")
+    assert_one_line_error(result, 1, r"the process running 'quits.keras' ended \(exit 7\) before it finished")
+    assert not (tmp_path / "pkg").exists() and not list(tmp_path.glob(".pkg.*"))
+
+
 class _WithSamples(torch.nn.Module):
     def forward(self, x):
         return torch.relu(x) * 2

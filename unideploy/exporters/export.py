@@ -9,19 +9,24 @@ from __future__ import annotations
 import re
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnxruntime
 
 import unideploy
 from unideploy.errors import InputError, MissingDependencyError
 from unideploy.exporters import EXPORTERS, Exporter, ExportOptions
+from unideploy.exporters.base import ConvertedModel
 from unideploy.exporters.onnx_io import declare_signature
 from unideploy.exporters.shapes import resolve_signature, settle_outputs
 from unideploy.package import Artifact, Manifest, PackageWriter
 from unideploy.package.files import digest_path
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.samples import batch_size_of, example_batches, synthetic_batches
+from unideploy.signature import Signature
 from unideploy.targets import require_target
 from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, require_passed, validate
 
@@ -81,19 +86,12 @@ def export(
         PackageWriter(output, overwrite=overwrite) as writer,
         tempfile.TemporaryDirectory(prefix="unideploy-export-") as tmp,
     ):
-        say(f"converting {src.name} with the {exporter_cls.name} exporter")
-        converted = exporter_cls().convert(src, Path(tmp), options)
-        signature, sizes = resolve_signature(converted.signature, options, converted.size_hints)
-
-        say("running the source model on reference samples")
-        if options.example_inputs is not None:
-            batches = example_batches(signature.validate_inputs(options.example_inputs), signature)
+        if options.trust_source:  # the scan's refusal was waived: the framework runs in a process of its own
+            say(f"converting {src.name} with the {exporter_cls.name} exporter and running it, in a separate process")
+            ran = run_source_isolated(exporter_cls, src, Path(tmp), options, atol, rtol)
         else:
-            batches = synthetic_batches(signature, sizes)
-        references = [(batch, converted.run_source(batch)) for batch in batches]
-        signature = settle_outputs(signature, references)
-        if converted.onnx_path is not None:
-            declare_signature(converted.onnx_path, signature)
+            ran = run_source(exporter_cls, src, Path(tmp), options, atol, rtol, say)
+        converted, signature, references = ran.converted, ran.signature, ran.references
 
         artifacts, validation = [], {}
         if converted.onnx_path is not None:
@@ -138,12 +136,9 @@ def export(
         if exporter_cls.keeps_source:
             source["path"] = source_path = f"source/{src.name}"
             writer.add_file(src, source_path)
-        if exporter_cls.native_format:
+        if ran.native_validation is not None:
             native = _native_artifact(exporter_cls, src, source_sha, source_size)
-            say(f"validating the native {native.format} artifact on {native.runtimes[0]}")
-            with RUNTIMES.get(native.runtimes[0])(src, signature, RuntimeOptions(device="cpu")) as runtime:
-                validation[native.id] = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
-            require_passed(validation[native.id], f"the native {native.format} artifact")
+            validation[native.id] = ran.native_validation
             artifacts.append(native)
         names = [f"samples/batch{batch_size_of(inputs)}" for inputs, _ in references]
         samples = [
@@ -162,6 +157,63 @@ def export(
             validation=validation,
         )
         return writer.commit(manifest)
+
+
+@dataclass
+class SourceRun:
+    """What running the source framework gave: the conversion (without its handle on the framework),
+    the settled signature, the reference pairs, and the native artifact's validation, if any."""
+
+    converted: ConvertedModel
+    signature: Signature
+    references: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]
+    native_validation: dict[str, Any] | None
+
+
+def run_source(
+    exporter_cls: type[Exporter],
+    src: Path,
+    workdir: Path,
+    options: ExportOptions,
+    atol: float,
+    rtol: float,
+    say: Progress,
+) -> SourceRun:
+    """Every step that runs the source framework: conversion, the reference outputs, and the
+    validation of a native artifact (the source itself, run by its framework's runtime)."""
+    say(f"converting {src.name} with the {exporter_cls.name} exporter")
+    converted = exporter_cls().convert(src, workdir, options)
+    signature, sizes = resolve_signature(converted.signature, options, converted.size_hints)
+
+    say("running the source model on reference samples")
+    if options.example_inputs is not None:
+        batches = example_batches(signature.validate_inputs(options.example_inputs), signature)
+    else:
+        batches = synthetic_batches(signature, sizes)
+    references = [(batch, converted.run_source(batch)) for batch in batches]
+    signature = settle_outputs(signature, references)
+    if converted.onnx_path is not None:
+        declare_signature(converted.onnx_path, signature)
+    native_validation = None
+    if exporter_cls.native_format:
+        runtime_name = exporter_cls.framework
+        say(f"validating the native {exporter_cls.native_format} artifact on {runtime_name}")
+        with RUNTIMES.get(runtime_name)(src, signature, RuntimeOptions(device="cpu")) as runtime:
+            native_validation = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
+        require_passed(native_validation, f"the native {exporter_cls.native_format} artifact")
+    return SourceRun(replace(converted, run_source=_ran_elsewhere), signature, references, native_validation)
+
+
+def _ran_elsewhere(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    raise RuntimeError("the source model ran in the export's source process; its outputs are the references")
+
+
+def run_source_isolated(
+    exporter_cls: type[Exporter], src: Path, workdir: Path, options: ExportOptions, atol: float, rtol: float
+) -> SourceRun:
+    from unideploy.exporters.source_process import run_in_process
+
+    return run_in_process(exporter_cls.name, src, workdir, options, atol, rtol)
 
 
 def _native_artifact(exporter_cls: type[Exporter], src: Path, sha256: str, size: int) -> Artifact:
