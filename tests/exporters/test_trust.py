@@ -62,6 +62,16 @@ def test_a_trusted_model_runs_in_a_process_of_its_own_with_a_private_working_dir
         assert pkg.manifest.validation["onnx-fp32"]["passed"]
 
 
+def test_errors_in_the_source_process_reach_the_user_as_they_would_in_process(tmp_path):
+    torch.jit.save(torch.jit.script(_WithSamples()), str(tmp_path / "model.pt"))
+    np.savez(tmp_path / "example.npz", x=np.ones((2, 5), np.float32))  # not the declared 2x4
+    args = ("export", tmp_path / "model.pt", "-o", tmp_path / "pkg", "--input-shape", "x:2x4")
+    args += ("--example-input", tmp_path / "example.npz")
+    in_process, isolated = deploy(*args), deploy(*args, "--trust-source")
+    assert_one_line_error(isolated, 2, r"'x'")
+    assert (isolated.returncode, isolated.stderr) == (in_process.returncode, in_process.stderr)  # type and hint kept
+
+
 def test_a_trusted_model_that_ends_its_process_leaves_no_package(tmp_path):
     keras = pytest.importorskip("keras", reason="the tensorflow extra is not installed")
     x = keras.Input((4,), name="x")
