@@ -46,10 +46,29 @@ def test_config_file_with_unknown_setting(repo, tmp_path):
     assert result.returncode == 2 and "unknown setting(s) colour" in one_line(result)
 
 
-def test_config_file_settings_and_overrides(tmp_path):
+def test_config_file_settings_and_overrides(tmp_path, monkeypatch):
+    """The command line wins over UNIDEPLOY_* variables, which win over the file, then the defaults."""
     (tmp_path / "server.yaml").write_text(yaml.safe_dump({"http_port": 9000, "grpc_port": 9001, "workers": 2}))
-    config = ServerConfig.from_file(tmp_path / "server.yaml", repository=tmp_path, grpc_port=7001, host=None)
-    assert (config.http_port, config.grpc_port, config.workers, config.host) == (9000, 7001, 2, "127.0.0.1")
+    monkeypatch.setenv("UNIDEPLOY_WORKERS", "3")
+    monkeypatch.setenv("UNIDEPLOY_GRPC_PORT", "8500")
+    monkeypatch.setenv("UNIDEPLOY_INFERENCE_TOKEN", "")  # empty means unset
+    config = ServerConfig.load(tmp_path / "server.yaml", repository=tmp_path, grpc_port=7001, host=None)
+    assert (config.http_port, config.grpc_port, config.workers, config.host) == (9000, 7001, 3, "127.0.0.1")
+    assert config.inference_token is None and config.repository == tmp_path
+
+
+def test_bad_server_settings_are_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("UNIDEPLOY_HTTP_PORT", "eighty")
+    with pytest.raises(InputError, match="http_port: Input should be a valid integer"):
+        ServerConfig.load(None, repository=tmp_path)
+
+
+def test_misspelt_model_yaml_key_is_named_with_the_valid_ones(tmp_path):
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"max_batch_sise": 4}))
+    with pytest.raises(
+        InputError, match=r"unknown setting\(s\) max_batch_sise \(known: version_policy, max_batch_size"
+    ):
+        model_settings(tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -137,10 +156,10 @@ def test_accepted_connections_get_tcp_nodelay():
 
 def test_signature_settings_must_come_together(tmp_path):
     with pytest.raises(InputError, match="apply with --require-signed"):
-        ServerConfig(tmp_path, trusted_key=tmp_path / "release.pub")
+        ServerConfig(repository=tmp_path, trusted_key=tmp_path / "release.pub")
     with pytest.raises(InputError, match="trust either a public key or a certificate chain"):
-        ServerConfig(tmp_path, require_signed=True).trusted_signers()
-    assert ServerConfig(tmp_path).trusted_signers() is None
+        ServerConfig(repository=tmp_path, require_signed=True).trusted_signers()
+    assert ServerConfig(repository=tmp_path).trusted_signers() is None
 
 
 def test_one_package_as_the_whole_repository_serves_as_kserve_mounts_it(digits, tmp_path):

@@ -301,9 +301,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Bearer tokens come from UNIDEPLOY_INFERENCE_TOKEN / UNIDEPLOY_REPOSITORY_TOKEN (or the config
-    file), never from the command line, where every user of the machine can read them."""
-    import os
-
+    file), never from the command line, where every user of the machine can read them; every
+    setting can come from UNIDEPLOY_<SETTING> (server/config.py)."""
     try:
         from unideploy.server.app import serve
         from unideploy.server.config import ServerConfig
@@ -311,27 +310,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from unideploy.errors import MissingDependencyError
 
         raise MissingDependencyError(f"the server needs {exc.name}", "pip install 'unideploy[serve]'") from exc
-    overrides = {
-        "model_name": args.model_name,
-        "host": args.host,
-        "http_port": args.http_port,
-        "grpc_port": args.grpc_port,
-        "poll_interval_s": args.poll_interval,
-        "max_request_bytes": args.max_request_bytes,
-        "max_request_rows": args.max_request_rows,
-        "tls_cert": Path(args.tls_cert) if args.tls_cert else None,
-        "tls_key": Path(args.tls_key) if args.tls_key else None,
-        "workers": args.workers,
-        "inference_token": os.environ.get("UNIDEPLOY_INFERENCE_TOKEN") or None,  # empty means unset
-        "repository_token": os.environ.get("UNIDEPLOY_REPOSITORY_TOKEN") or None,
-        "require_signed": args.require_signed,
-        "trusted_key": Path(args.trusted_key) if args.trusted_key else None,
-        "trusted_chain": tuple(Path(c) for c in args.trusted_chain) or None,
-    }
-    if args.config:
-        config = ServerConfig.from_file(Path(args.config), repository=args.repository, **overrides)
-    else:
-        config = ServerConfig(args.repository, **{k: v for k, v in overrides.items() if v is not None})
+    config = ServerConfig.load(
+        Path(args.config) if args.config else None,
+        repository=args.repository,
+        model_name=args.model_name,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        poll_interval_s=args.poll_interval,
+        max_request_bytes=args.max_request_bytes,
+        max_request_rows=args.max_request_rows,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        workers=args.workers,
+        require_signed=args.require_signed,
+        trusted_key=args.trusted_key,
+        trusted_chain=tuple(args.trusted_chain) or None,
+    )
     if args.ray or args.ray_address:
         from unideploy.server.ray_serve import serve_on_ray
 

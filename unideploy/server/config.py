@@ -1,26 +1,25 @@
-"""Server settings: command line, optional config file, and per-model files in the repository.
+"""Server settings, as typed settings models: each field documented once, every file checked
+against them (an unknown or misspelt key is an error that names it and the valid ones).
 
-Per model, ``REPO/<model>/model.yaml`` may set::
-
-    version_policy: {latest: 2}        # or {all: true}, or {specific: [1, 3]}; default latest 1
-    max_batch_size: 32                 # dynamic batching: rows merged into one runtime call
-    max_queue_delay_ms: 0              # how long a request may wait for others to join it; 0:
-                                       # only requests that queued while the model was busy merge
-    artifact: onnx-int8                # which artifact of each package to serve (default: the
-                                       # first one this machine can run, i.e. the fp32 ONNX one)
-    spin: run                          # ONNX Runtime's worker threads busy-wait within a run only
-                                       # (default); always: between runs too; never
-    threads: 2                         # intra-op threads per run (default: one per core)
-    replicas: 2                        # scale-out (deploy kserve, deploy serve --ray): a fixed count,
-                                       # or {min: 1, max: 4, target_concurrency: 8} to autoscale on
-                                       # requests in flight per replica; default 1
+- ``ServerConfig``: ``deploy serve``'s options. The command line wins over ``UNIDEPLOY_<FIELD>``
+  environment variables (``UNIDEPLOY_HTTP_PORT=9000``, and the two tokens, which belong there
+  rather than on a command line every user can read), which win over ``--config FILE`` (YAML),
+  which wins over the defaults.
+- ``ModelFile``: ``REPO/<model>/model.yaml``, read into the ``ModelSettings`` the server uses.
+- ``routing.yaml``: ``server/routing.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from unideploy.errors import InputError
 from unideploy.runtimes.base import SPIN_POLICIES
@@ -30,6 +29,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_REQUEST_ROWS = 4096
+ENV_PREFIX = "UNIDEPLOY_"
 
 
 def is_remote(repository: str | Path) -> bool:
@@ -37,48 +37,108 @@ def is_remote(repository: str | Path) -> bool:
     return isinstance(repository, str) and "://" in repository
 
 
-@dataclass
-class ServerConfig:
-    repository: Path | str  # a local folder, or a URL (s3://bucket/prefix, gs://...): server/remote.py
-    model_name: str | None = None  # the repository is this one model's folder or package (KServe's /mnt/models)
-    host: str = "127.0.0.1"
-    http_port: int = 8000
-    grpc_port: int = 8001
-    poll_interval_s: float = 2.0  # 0 disables watching the repository
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    max_request_rows: int = DEFAULT_MAX_REQUEST_ROWS  # rows (the batch dimension) of one request, both protocols
-    inference_token: str | None = None  # bearer token for inference and metadata
-    repository_token: str | None = None  # bearer token for the repository and routing APIs
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    workers: int = 4  # threads running models
-    body_timeout_s: float = 30.0  # a REST body that has not fully arrived by then is answered 408
-    max_connections: int = 512  # REST connections at once (more are answered 503): stays below the usual 1,024 fds
-    require_signed: bool = False  # load only versions signed by trusted_key / trusted_chain (package/signing.py)
-    trusted_key: Path | None = None
-    trusted_chain: tuple[Path, ...] = ()
+def settings_error(where: str, exc: ValidationError, model: type[BaseModel]) -> InputError:
+    """A validation failure as one line: unknown keys by name with the valid ones, then each bad value."""
+    unknown = [".".join(map(str, e["loc"])) for e in exc.errors() if e["type"] == "extra_forbidden"]
+    problems = [
+        (f"{'.'.join(map(str, e['loc']))}: " if e["loc"] else "")
+        + (str(e["ctx"]["error"]) if e["type"] == "value_error" else e["msg"])
+        for e in exc.errors()
+        if e["type"] != "extra_forbidden"
+    ]
+    parts = ([f"unknown setting(s) {', '.join(unknown)}"] if unknown else []) + problems
+    return InputError(f"{where}: {'; '.join(parts)}", f"known: {', '.join(model.model_fields)}" if unknown else None)
+
+
+_FILE_VALUES: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("config_file", default=None)
+
+
+class _ConfigFile(PydanticBaseSettingsSource):
+    """The ``--config`` file's values, below the environment's."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return (_FILE_VALUES.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_VALUES.get() or {})
+
+
+@contextmanager
+def _file_values(values: dict[str, Any]) -> Iterator[None]:
+    token = _FILE_VALUES.set(values)
+    try:
+        yield
+    finally:
+        _FILE_VALUES.reset(token)
+
+
+class ServerConfig(BaseSettings):
+    """``deploy serve``'s settings (``docs/server.md``)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    repository: Path | str = Field(description="a local folder, or a URL (s3://bucket/prefix, gs://...)")
+    model_name: str | None = Field(None, description="the repository is this one model's folder or package")
+    host: str = Field("127.0.0.1", description="address both frontends listen on")
+    http_port: int = Field(8000, ge=0, le=65535, description="REST port")
+    grpc_port: int = Field(8001, ge=0, le=65535, description="gRPC port")
+    poll_interval_s: float = Field(2.0, ge=0, description="seconds between repository scans; 0 turns watching off")
+    max_request_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, ge=1, description="largest request body, both protocols")
+    max_request_rows: int = Field(DEFAULT_MAX_REQUEST_ROWS, ge=1, description="most rows (batch dimension) per request")
+    inference_token: str | None = Field(None, description="bearer token for inference and metadata")
+    repository_token: str | None = Field(None, description="bearer token for the repository and routing APIs")
+    tls_cert: Path | None = Field(None, description="PEM certificate: both ports over TLS (with tls_key)")
+    tls_key: Path | None = Field(None, description="PEM private key for tls_cert")
+    workers: int = Field(4, ge=1, description="threads running models")
+    body_timeout_s: float = Field(30.0, gt=0, description="a REST body not fully arrived by then is answered 408")
+    max_connections: int = Field(512, ge=1, description="REST connections at once (more are answered 503)")
+    require_signed: bool = Field(False, description="load only versions signed by trusted_key or trusted_chain")
+    trusted_key: Path | None = Field(None, description="public key versions must be signed with")
+    trusted_chain: tuple[Path, ...] = Field((), description="certificate chain a signing certificate must lead to")
 
     @classmethod
-    def from_file(cls, path: Path, **overrides: Any) -> ServerConfig:
-        data = load_yaml(path)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise InputError(f"{path}: unknown setting(s) {', '.join(unknown)}", f"known: {', '.join(sorted(known))}")
-        data.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**data)
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _ConfigFile(settings_cls)
 
-    def __post_init__(self) -> None:
-        if not is_remote(self.repository):
-            self.repository = Path(self.repository)
+    @classmethod
+    def load(cls, config_file: Path | None = None, **options: Any) -> ServerConfig:
+        """Settings from the command line's ``options`` (None: not given), the environment and
+        ``config_file``; any problem is one InputError naming the setting."""
+        given = {k: v for k, v in options.items() if v is not None}
+        values = load_yaml(config_file) if config_file is not None else {}
+        where = str(config_file) if config_file is not None else "server settings"
+        try:
+            with _file_values(values):
+                return cls(**given)
+        except ValidationError as exc:
+            raise settings_error(where, exc, cls) from None
+
+    @field_validator("inference_token", "repository_token", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return value or None
+
+    @field_validator("repository", mode="after")
+    @classmethod
+    def _local_path(cls, value: Path | str) -> Path | str:
+        return value if is_remote(value) else Path(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ServerConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InputError("TLS needs both --tls-cert and --tls-key")
-        self.trusted_key = Path(self.trusted_key) if self.trusted_key else None
-        self.trusted_chain = tuple(Path(c) for c in self.trusted_chain or ())
         if (self.trusted_key or self.trusted_chain) and not self.require_signed:
             raise InputError(
                 "--trusted-key and --trusted-chain apply with --require-signed", "add --require-signed, or drop them"
             )
+        return self
 
     def trusted_signers(self) -> TrustedSigners | None:
         """Who versions must be signed by, or None when signatures are not required."""
@@ -91,6 +151,8 @@ class ServerConfig:
 
 @dataclass(frozen=True)
 class ModelSettings:
+    """What the server does with one model, read from its ``model.yaml`` (``ModelFile``)."""
+
     policy: str = "latest"  # latest, all, specific
     latest: int = 1
     specific: tuple[str, ...] = ()
@@ -112,6 +174,93 @@ class ModelSettings:
         return versions[-self.latest :]
 
 
+class StrictModel(BaseModel):
+    """A settings file's model: unknown keys and non-finite numbers are errors."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class VersionPolicy(StrictModel):
+    """Exactly one of: the newest N versions, all of them, or the ones named."""
+
+    latest: int | None = Field(None, ge=1, description="serve the newest N versions")
+    all: bool | None = Field(None, description="serve every version on disk")
+    specific: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="serve these versions")
+
+    @model_validator(mode="after")
+    def _one(self) -> VersionPolicy:
+        if sum(v is not None for v in (self.latest, self.all, self.specific)) != 1:
+            raise ValueError("give one of latest, all, specific")
+        return self
+
+
+class Replicas(StrictModel):
+    """Scale-out bounds (``deploy kserve``, ``deploy serve --ray``)."""
+
+    min: int = Field(1, ge=1, description="replicas always running")
+    max: int | None = Field(None, ge=1, description="most replicas (default: min)")
+    target_concurrency: int | None = Field(None, ge=1, description="requests in flight per replica to scale on")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Replicas:
+        if self.max is not None and self.max < self.min:
+            raise ValueError("max must be at least min")
+        return self
+
+
+class ModelFile(StrictModel):
+    """``REPO/<model>/model.yaml``: every key optional; edits reload the model's versions."""
+
+    version_policy: VersionPolicy = Field(
+        default_factory=lambda: VersionPolicy(latest=1),
+        description="which versions serve: {latest: N}, {all: true} or {specific: [...]}",
+    )
+    max_batch_size: int = Field(32, ge=1, description="dynamic batching: rows merged into one runtime call")
+    max_queue_delay_ms: float = Field(
+        0.0,
+        ge=0,
+        description="how long a request may wait for others to join it "
+        "(0: only requests that queued while the model was busy merge)",
+    )
+    artifact: str | None = Field(
+        None, description="which artifact of each package to serve (default: the first one this machine can run)"
+    )
+    spin: str = Field(
+        "run",
+        description="ONNX Runtime's worker threads busy-wait within a run only (run), "
+        "between runs too (always), or never",
+    )
+    threads: int | None = Field(None, ge=1, description="intra-op threads per run (default: one per core)")
+    replicas: Annotated[int, Field(ge=1)] | Replicas = Field(
+        1, description="scale-out: a fixed count, or {min, max, target_concurrency}"
+    )
+
+    @field_validator("spin")
+    @classmethod
+    def _spin_policy(cls, value: str) -> str:
+        if value not in SPIN_POLICIES:
+            raise ValueError(f"spin must be one of {', '.join(SPIN_POLICIES)}")
+        return value
+
+    def settings(self) -> ModelSettings:
+        policy = self.version_policy
+        kind = "latest" if policy.latest is not None else "all" if policy.all is not None else "specific"
+        replicas = self.replicas if isinstance(self.replicas, Replicas) else Replicas(min=self.replicas)
+        return ModelSettings(
+            policy=kind,
+            latest=policy.latest or 1,
+            specific=tuple(str(v) for v in policy.specific or ()),
+            max_batch_size=self.max_batch_size,
+            max_queue_delay_ms=self.max_queue_delay_ms,
+            artifact=self.artifact,
+            spin=self.spin,
+            threads=self.threads,
+            min_replicas=replicas.min,
+            max_replicas=replicas.max or replicas.min,
+            target_concurrency=replicas.target_concurrency,
+        )
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
@@ -128,38 +277,7 @@ def model_settings(model_dir: Path) -> ModelSettings:
     path = model_dir / "model.yaml"
     if not path.exists():
         return ModelSettings()
-    data = load_yaml(path)
-    policy = data.get("version_policy", {"latest": 1})
     try:
-        if not isinstance(policy, dict) or len(policy) != 1:
-            raise ValueError("version_policy takes one of latest, all, specific")
-        kind, value = next(iter(policy.items()))
-        count = data.get("replicas", 1)
-        replicas: dict[str, Any] = count if isinstance(count, dict) else {"min": count, "max": count}
-        if set(replicas) - {"min", "max", "target_concurrency"}:
-            raise ValueError("replicas takes a count, or min, max and target_concurrency")
-        target = replicas.get("target_concurrency")
-        settings = ModelSettings(
-            policy=kind,
-            latest=int(value) if kind == "latest" else 1,
-            specific=tuple(str(v) for v in value) if kind == "specific" else (),
-            max_batch_size=int(data.get("max_batch_size", 32)),
-            max_queue_delay_ms=float(data.get("max_queue_delay_ms", 0.0)),
-            artifact=str(data["artifact"]) if data.get("artifact") is not None else None,
-            spin=str(data.get("spin", "run")),
-            threads=int(data["threads"]) if data.get("threads") is not None else None,
-            min_replicas=int(replicas.get("min", 1)),
-            max_replicas=int(replicas.get("max", replicas.get("min", 1))),
-            target_concurrency=int(target) if target is not None else None,
-        )
-        if kind not in ("latest", "all", "specific") or settings.latest < 1 or settings.max_batch_size < 1:
-            raise ValueError(f"bad version_policy {policy!r} or max_batch_size")
-        if settings.spin not in SPIN_POLICIES:
-            raise ValueError(f"spin must be one of {', '.join(SPIN_POLICIES)}, not {settings.spin!r}")
-        if (settings.threads is not None and settings.threads < 1) or settings.max_queue_delay_ms < 0:
-            raise ValueError("threads must be at least 1 and max_queue_delay_ms at least 0")
-        if not 1 <= settings.min_replicas <= settings.max_replicas or (target is not None and int(target) < 1):
-            raise ValueError("replicas need 1 <= min <= max, and target_concurrency at least 1")
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"{path}: {exc}") from exc
-    return settings
+        return ModelFile.model_validate(load_yaml(path)).settings()
+    except ValidationError as exc:
+        raise settings_error(str(path), exc, ModelFile) from None

@@ -15,7 +15,6 @@ The model folders must be readable wherever replicas run (one machine, or a shar
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
 import threading
@@ -151,7 +150,7 @@ def serve_on_ray(config: ServerConfig, address: str | None = None) -> None:
         serve.start(http_options={"host": config.host, "port": config.http_port})
         replica = serve.ingress()(ModelReplica)
         for name, source in models.items():
-            one_model = dataclasses.replace(config, repository=source.directory, model_name=name)
+            one_model = config.model_copy(update={"repository": source.directory, "model_name": name})
             deployment = serve.deployment(**deployment_options(source.settings))(replica)
             serve.run(deployment.bind(one_model), name=app_name(name), route_prefix=f"/v2/models/{name}")
         front = serve.deployment(name="front", ray_actor_options={"num_cpus": 0})(serve.ingress()(Front))

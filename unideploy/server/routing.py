@@ -14,15 +14,16 @@ A request naming a version explicitly bypasses routing.
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from unideploy.errors import InputError
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+
+from unideploy.server.config import StrictModel, load_yaml, settings_error
 
 ROUTING_FILE = "routing.yaml"
 VARIANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -72,54 +73,66 @@ class Routing:
         return out
 
 
-def _check_version(version: Any, where: str) -> None:
+def _version(value: Any) -> str:
     """A version is a folder name of ASCII digits, never a path."""
-    if isinstance(version, bool) or not (
-        (isinstance(version, int) and version >= 0)
-        or (isinstance(version, str) and version.isascii() and version.isdigit())
+    if isinstance(value, bool) or not (
+        (isinstance(value, int) and value >= 0) or (isinstance(value, str) and value.isascii() and value.isdigit())
     ):
-        raise InputError(f"{where}: version {version!r} must be a version number (a folder of ASCII digits)")
+        raise ValueError(f"version {value!r} must be a version number (a folder of ASCII digits)")
+    return str(int(value))
+
+
+Version = Annotated[str, BeforeValidator(_version)]
+
+
+class VariantFile(StrictModel):
+    name: str = Field(description="1-64 of A-Z a-z 0-9 . _ - (it travels in a response header)")
+    version: Version = Field(description="the version this variant serves")
+    weight: Annotated[float, Field(strict=True, ge=0)] = Field(description="share of unversioned traffic")
+
+    @field_validator("name")
+    @classmethod
+    def _header_safe(cls, name: str) -> str:
+        if not VARIANT_NAME.fullmatch(name):
+            raise ValueError(
+                f"variant name {name!r} must be 1-64 of A-Z a-z 0-9 . _ - (it travels in a response header)"
+            )
+        return name
+
+
+class ShadowFile(StrictModel):
+    version: Version = Field(description="gets a copy of routed traffic; its answers are measured and discarded")
+
+
+class RoutingFile(StrictModel):
+    """``REPO/<model>/routing.yaml``, and the body of the routing API's PUT."""
+
+    variants: list[VariantFile] = Field(description="named versions with weights")
+    sticky_header: str | None = Field(None, description="same value of this header, same variant")
+    shadow: ShadowFile | None = Field(None, description="a version that gets a copy of the traffic")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RoutingFile:
+        if not self.variants:
+            raise ValueError("routing needs a non-empty 'variants' list")
+        names = [v.name for v in self.variants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a variant name is used twice: {', '.join(names)}")
+        if sum(v.weight for v in self.variants) <= 0:
+            raise ValueError("variant weights add up to zero")
+        return self
 
 
 def parse_routing(data: Any, where: str) -> Routing:
     """Validate a routing document (from routing.yaml or the API); InputError names the problem."""
-    if not isinstance(data, dict) or not isinstance(data.get("variants"), list) or not data["variants"]:
-        raise InputError(f"{where}: routing needs a non-empty 'variants' list")
-    variants, names = [], set()
-    for item in data["variants"]:
-        if not isinstance(item, dict) or not {"name", "version", "weight"} <= set(item):
-            raise InputError(f"{where}: each variant needs name, version and weight, got {item!r}")
-        weight = item["weight"]
-        if not isinstance(item["name"], str) or not VARIANT_NAME.fullmatch(item["name"]):
-            raise InputError(
-                f"{where}: variant name {item['name']!r} must be 1-64 of A-Z a-z 0-9 . _ - "
-                "(it travels in a response header)"
-            )
-        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not math.isfinite(weight) or weight < 0:
-            raise InputError(f"{where}: variant '{item['name']}' has an invalid weight {weight!r}")
-        _check_version(item["version"], f"{where}: variant '{item['name']}'")
-        if str(item["name"]) in names:
-            raise InputError(f"{where}: variant name '{item['name']}' is used twice")
-        names.add(str(item["name"]))
-        variants.append(Variant(item["name"], str(int(item["version"])), float(weight)))
-    if sum(v.weight for v in variants) <= 0:
-        raise InputError(f"{where}: variant weights add up to zero")
-    unknown = set(data) - {"variants", "sticky_header", "shadow"}
-    if unknown:
-        raise InputError(f"{where}: unknown routing key(s) {', '.join(sorted(unknown))}")
-    shadow = data.get("shadow")
-    if shadow is not None and (not isinstance(shadow, dict) or "version" not in shadow):
-        raise InputError(f"{where}: shadow must be a mapping with a version")
-    if shadow is not None:
-        _check_version(shadow["version"], f"{where}: shadow")
-    sticky = data.get("sticky_header")
-    if sticky is not None and not isinstance(sticky, str):
-        raise InputError(f"{where}: sticky_header must be a header name")
-    return Routing(tuple(variants), sticky, str(int(shadow["version"])) if shadow else None)
+    try:
+        doc = RoutingFile.model_validate(data)
+    except ValidationError as exc:
+        raise settings_error(where, exc, RoutingFile) from None
+    variants = tuple(Variant(v.name, v.version, v.weight) for v in doc.variants)
+    return Routing(variants, doc.sticky_header, doc.shadow.version if doc.shadow else None)
 
 
 def load_routing(model_dir: Path) -> Routing | None:
-    from unideploy.server.config import load_yaml
-
     path = model_dir / ROUTING_FILE
     return parse_routing(load_yaml(path), str(path)) if path.exists() else None
