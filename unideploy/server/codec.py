@@ -13,20 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from unideploy.errors import InputError
-
-
-class BadRequest(InputError):
-    """A request the server refuses with 400 / INVALID_ARGUMENT."""
-
-
-class NotFound(InputError):
-    """An unknown model or version: 404 / NOT_FOUND."""
-
-
-class Unavailable(InputError):
-    """A model that exists but cannot serve now: 503 / UNAVAILABLE."""
-
+from unideploy.server.errors import BadRequest
 
 V2_TO_NUMPY = {
     "BOOL": "bool",

@@ -17,10 +17,11 @@ import numpy as np
 
 import unideploy
 from unideploy.errors import InputError, UnideployError
-from unideploy.server.codec import NUMPY_TO_V2, BadRequest, NotFound
+from unideploy.server.codec import NUMPY_TO_V2
+from unideploy.server.errors import BadRequest
 from unideploy.server.metrics import ServerMetrics
 from unideploy.server.models import ModelRegistry, ServedVersion
-from unideploy.server.routing import parse_routing
+from unideploy.server.repository_api import RepositoryAPI
 
 log = logging.getLogger("unideploy.server")
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics_metrics", "ab_routing"]
@@ -42,6 +43,7 @@ class InferResult:
 class DataPlane:
     def __init__(self, registry: ModelRegistry, metrics: ServerMetrics, max_request_rows: int) -> None:
         self.registry = registry
+        self.repository = RepositoryAPI(registry)  # the repository and routing extensions
         self.metrics = metrics
         self.max_request_rows = max_request_rows
         self._shadow_tasks: set[asyncio.Task] = set()
@@ -210,47 +212,3 @@ class DataPlane:
         task = asyncio.get_running_loop().create_task(copy())
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
-
-    # -- repository and routing --------------------------------------------------------------
-    def repository_index(self) -> list[dict[str, Any]]:
-        index = []
-        for name, source in self.registry.scan().items():
-            model = self.registry.models.get(name)
-            for version in source.versions:
-                entry = {"name": name, "version": version, "state": "UNAVAILABLE", "reason": ""}
-                if model and version in model.versions:
-                    entry["state"] = "READY"
-                elif model and version in model.failures:
-                    entry["reason"] = model.failures[version][1]
-                elif name in self.registry.unloaded:
-                    entry["reason"] = "unloaded"
-                else:
-                    entry["reason"] = "not selected by the version policy"
-                index.append(entry)
-        return index
-
-    def routing(self, name: str) -> dict[str, Any] | None:
-        if name not in self.registry.models:
-            raise NotFound(f"unknown model '{name}'")
-        routing = self.registry.models[name].routing
-        return routing.to_dict() if routing else None
-
-    async def set_routing(self, name: str, document: Any) -> dict[str, Any]:
-        """Replace a model's routing (written to its routing.yaml, so it survives restarts)."""
-        import yaml
-
-        from unideploy.server.routing import ROUTING_FILE
-
-        if name not in self.registry.models:
-            raise NotFound(f"unknown model '{name}'")
-        routing = parse_routing(document, "routing")
-        model_dir = self.registry.repository / name
-        missing = [v for v in routing.versions if not any((model_dir / c).exists() for c in (v, f"{v}.zip"))]
-        if missing:
-            raise BadRequest(f"routing names version(s) {', '.join(missing)} of '{name}', which the repository lacks")
-        path = model_dir / ROUTING_FILE
-        tmp = path.with_name(f".{ROUTING_FILE}.partial")
-        tmp.write_text(yaml.safe_dump(routing.to_dict(), sort_keys=False))
-        tmp.replace(path)
-        await self.registry.sync(only=name)
-        return routing.to_dict()

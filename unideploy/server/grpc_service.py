@@ -7,30 +7,18 @@ outputs always go back as ``raw_output_contents``, which is all ``tritonclient.g
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
-from unideploy.errors import InputError, UnideployError
+from unideploy.errors import UnideployError
 from unideploy.server import codec
-from unideploy.server.codec import BadRequest, NotFound, Unavailable
 from unideploy.server.dataplane import DataPlane
+from unideploy.server.errors import BadRequest, TooLarge, check_token, grpc_code
 from unideploy.server.protocol import grpc_predict_v2_pb2 as pb
 from unideploy.server.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
-
-
-def _code(exc: UnideployError) -> grpc.StatusCode:
-    if isinstance(exc, NotFound):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(exc, Unavailable):
-        return grpc.StatusCode.UNAVAILABLE
-    if isinstance(exc, InputError):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    return grpc.StatusCode.INTERNAL
-
 
 # gRPC's own receive limit sits this far above --max-request-bytes, so that a message just over the
 # limit reaches ModelInfer and gets the same message as REST instead of gRPC's generic one
@@ -49,14 +37,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _call(
         self, context: grpc.aio.ServicerContext, token: str | None, work: Callable[[], Awaitable[Any]]
     ) -> Any:
-        if token is not None:
-            given = dict(context.invocation_metadata()).get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         try:
+            check_token(token, dict(context.invocation_metadata()).get("authorization", ""))
             return await work()
         except UnideployError as exc:
-            await context.abort(_code(exc), str(exc))
+            await context.abort(getattr(grpc.StatusCode, grpc_code(exc)), str(exc))
 
     # -- health and metadata -----------------------------------------------------------------
     async def ServerLive(self, request, context):
@@ -116,15 +101,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ---------------------------------------------------------------------------
     async def ModelInfer(self, request, context):
-        size = request.ByteSize()
-        if size > self.max_request_bytes:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"request of {size} bytes exceeds the limit of {self.max_request_bytes} bytes "
-                "(the server's --max-request-bytes)",
-            )
-
         async def work():
+            size = request.ByteSize()
+            if size > self.max_request_bytes:
+                raise TooLarge(
+                    f"request of {size} bytes exceeds the limit of {self.max_request_bytes} bytes "
+                    "(the server's --max-request-bytes)"
+                )
             decoding = time.perf_counter()
             inputs = _decode_inputs(request)
             requested = [o.name for o in request.outputs]
@@ -153,23 +136,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- repository --------------------------------------------------------------------------
     async def RepositoryIndex(self, request, context):
         async def work():
-            index = self.dataplane.repository_index()
-            if request.ready:
-                index = [e for e in index if e["state"] == "READY"]
+            index = self.dataplane.repository.index(request.ready)
             return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in index])
 
         return await self._call(context, self.repository_token, work)
 
     async def RepositoryModelLoad(self, request, context):
         async def work():
-            await self.dataplane.registry.load(request.model_name)
+            await self.dataplane.repository.load(request.model_name)
             return pb.RepositoryModelLoadResponse()
 
         return await self._call(context, self.repository_token, work)
 
     async def RepositoryModelUnload(self, request, context):
         async def work():
-            await self.dataplane.registry.unload(request.model_name)
+            await self.dataplane.repository.unload(request.model_name)
             return pb.RepositoryModelUnloadResponse()
 
         return await self._call(context, self.repository_token, work)

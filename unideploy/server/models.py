@@ -23,8 +23,8 @@ from unideploy.runtimes import RuntimeOptions
 from unideploy.runtimes.base import Runtime
 from unideploy.runtimes.selection import open_runtime
 from unideploy.server.batching import DynamicBatcher
-from unideploy.server.codec import NotFound, Unavailable
 from unideploy.server.config import ModelSettings
+from unideploy.server.errors import NotFound, Unavailable
 from unideploy.server.metrics import ServerMetrics
 from unideploy.server.repository import ModelSource, VersionSource, scan
 from unideploy.server.routing import Routing, load_routing

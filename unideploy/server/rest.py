@@ -9,7 +9,6 @@ Outputs come back binary when the request asks (per output ``binary_data``, or
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,10 +21,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from unideploy.errors import InputError, UnideployError
+from unideploy.errors import UnideployError
 from unideploy.server import codec
-from unideploy.server.codec import BadRequest, NotFound, Unavailable
 from unideploy.server.dataplane import DataPlane
+from unideploy.server.errors import BadRequest, RequestTimeout, TooLarge, check_token, http_status
 
 HEADER_LENGTH = "inference-header-content-length"
 DECODE_INLINE_BYTES = 256 * 1024  # bodies above this are decoded on a worker thread
@@ -33,22 +32,6 @@ DECODE_INLINE_BYTES = 256 * 1024  # bodies above this are decoded on a worker th
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
-
-
-class RequestTimeout(BadRequest):
-    """A client that stopped sending its body."""
-
-
-def _status(exc: UnideployError) -> int:
-    if isinstance(exc, RequestTimeout):
-        return 408
-    if isinstance(exc, NotFound):
-        return 404
-    if isinstance(exc, Unavailable):
-        return 503
-    if isinstance(exc, InputError):
-        return 400
-    return 500
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -63,28 +46,25 @@ def create_app(
 ) -> Starlette:
     def guarded(handler: Handler, token: str | None) -> Handler:
         async def endpoint(request: Request) -> Response:
-            if token is not None:
-                given = request.headers.get("authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                    return _error(401, "missing or wrong bearer token")
             try:
+                check_token(token, request.headers.get("authorization", ""))
                 return await handler(request)
             except UnideployError as exc:
-                return _error(_status(exc), str(exc))
+                return _error(http_status(exc), str(exc))
 
         return endpoint
 
     async def read_body(request: Request) -> bytes:
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > max_request_bytes):
-            raise BadRequest(f"request body of {declared} bytes exceeds the limit of {max_request_bytes}")
+            raise TooLarge(f"request body of {declared} bytes exceeds the limit of {max_request_bytes}")
         chunks, size = [], 0
         try:
             async with asyncio.timeout(body_timeout_s):  # a body shorter than its Content-Length waits no longer
                 async for chunk in request.stream():
                     size += len(chunk)
                     if size > max_request_bytes:
-                        raise BadRequest(f"request body exceeds the limit of {max_request_bytes} bytes")
+                        raise TooLarge(f"request body exceeds the limit of {max_request_bytes} bytes")
                     chunks.append(chunk)
         except TimeoutError:
             raise RequestTimeout(
@@ -171,22 +151,21 @@ def create_app(
     async def repository_index(request: Request) -> Response:
         body = await read_body(request)
         ready_only = bool(_json(body).get("ready", False)) if body.strip() else False
-        index = dataplane.repository_index()
-        return JSONResponse([e for e in index if e["state"] == "READY"] if ready_only else index)
+        return JSONResponse(dataplane.repository.index(ready_only))
 
     async def load(request: Request) -> Response:
-        await dataplane.registry.load(request.path_params["model"])
+        await dataplane.repository.load(request.path_params["model"])
         return JSONResponse({})
 
     async def unload(request: Request) -> Response:
-        await dataplane.registry.unload(request.path_params["model"])
+        await dataplane.repository.unload(request.path_params["model"])
         return JSONResponse({})
 
     async def routing(request: Request) -> Response:
         name = request.path_params["model"]
         if request.method == "GET":
-            return JSONResponse(dataplane.routing(name) or {})
-        return JSONResponse(await dataplane.set_routing(name, _json(await read_body(request))))
+            return JSONResponse(dataplane.repository.routing(name) or {})
+        return JSONResponse(await dataplane.repository.set_routing(name, _json(await read_body(request))))
 
     inference = lambda h: guarded(h, inference_token)  # noqa: E731
     repository = lambda h: guarded(h, repository_token)  # noqa: E731
