@@ -18,7 +18,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ from server import clients, drive, per_thread
 import unideploy
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from serving import Load, ray_replicas, start_server, stop_server
+from serving import Load, kill_a_replica, ray_replicas, start_server, stop_server
 
 console = Console(stderr=True)
 CONCURRENCY = 8
@@ -59,19 +58,10 @@ def kill_one(repo: Path, work: Path, x: np.ndarray) -> dict:
         server.wait_for(lambda: len(ray_replicas("cnn")) == 2, timeout=120, what="2 replicas")
         load = Load(server, x, model="cnn")
         load.start()
-        load.more(30)
-        victim, before = ray_replicas("cnn")[0], len(load.results)
-        killed = time.monotonic()
-        victim.kill()
-        server.wait_for(
-            lambda: len([p for p in ray_replicas("cnn") if p.pid != victim.pid]) == 2,
-            timeout=120,
-            what="a replacement replica",
-        )
-        recovered = time.monotonic() - killed
-        load.more(30)
-        failed = load.finish()
-        return {"requests": len(load.results) - before, "failed": len(failed), "recovery_s": round(recovered, 1)}
+        try:
+            return kill_a_replica(server, "cnn", load, settle=30)
+        finally:
+            load.finish()
     finally:
         stop_server(server)
 

@@ -113,6 +113,38 @@ def ray_replicas(model: str) -> list:
     return [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(title)]
 
 
+def two_versions(root: Path, package: Path, model: str, weights: tuple[float, float], settings: dict) -> Path:
+    """``root/<model>/`` holding ``package`` as versions 1 and 2, a weighted split between them
+    (variants control and candidate) and ``settings`` as its model.yaml."""
+    import yaml
+
+    for version in ("1", "2"):
+        shutil.copytree(package, root / model / version)
+    variants = [{"name": n, "version": v, "weight": w} for n, v, w in zip(("control", "candidate"), (1, 2), weights)]
+    (root / model / "routing.yaml").write_text(yaml.safe_dump({"variants": variants}))
+    (root / model / "model.yaml").write_text(yaml.safe_dump(settings))
+    return root
+
+
+def kill_a_replica(server: RunningServer, model: str, load: Load, settle: int) -> dict:
+    """With ``load`` running, SIGKILL one of two Ray Serve replicas of ``model``: the requests
+    answered from then until ``settle`` more after a replacement runs, those that failed, and
+    the seconds until the replacement ran."""
+    load.more(settle)
+    victim, before = ray_replicas(model)[0], len(load.results)
+    killed = time.monotonic()
+    victim.kill()
+    server.wait_for(
+        lambda: len([p for p in ray_replicas(model) if p.pid != victim.pid]) == 2,
+        timeout=120,
+        what="a replacement replica",
+    )
+    recovered = time.monotonic() - killed
+    load.more(settle)
+    failed = load.finish()
+    return {"requests": len(load.results) - before, "failed": len(failed), "recovery_s": round(recovered, 1)}
+
+
 MAX_REQUESTS, MAX_SECONDS = 20_000, 90
 
 

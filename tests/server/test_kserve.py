@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 import yaml
-from serving import DEPLOY, RunningServer, free_port, stop_server
+from serving import DEPLOY, RunningServer, free_port, stop_server, two_versions
 
 from unideploy.package import Package
 from unideploy.server.kserve import MODEL_DIR, runtime_args, service_name
@@ -42,23 +42,13 @@ def round_trip(path: Path) -> dict:
 @pytest.fixture(scope="module")
 def kserve_repo(digits, tmp_path_factory) -> Path:
     """The digits package as versions 1 and 2 of 'digits_cnn', with routing and scaling settings."""
-    root = tmp_path_factory.mktemp("kserve-repo")
-    for version in ("1", "2"):
-        shutil.copytree(digits["package"], root / "digits_cnn" / version)
-    (root / "digits_cnn" / "routing.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "variants": [
-                    {"name": "control", "version": 1, "weight": 90},
-                    {"name": "candidate", "version": 2, "weight": 10},
-                ]
-            }
-        )
+    return two_versions(
+        tmp_path_factory.mktemp("kserve-repo"),
+        digits["package"],
+        "digits_cnn",
+        (90, 10),
+        {"replicas": {"min": 1, "max": 4, "target_concurrency": 8}},
     )
-    (root / "digits_cnn" / "model.yaml").write_text(
-        yaml.safe_dump({"replicas": {"min": 1, "max": 4, "target_concurrency": 8}})
-    )
-    return root
 
 
 def test_manifests_are_kserve_objects(kserve_repo, tmp_path):

@@ -3,14 +3,12 @@ Protocol and A/B routing from two replicas, a replica killed under load, and a c
 
 from __future__ import annotations
 
-import shutil
 import signal
 import time
 
 import numpy as np
 import pytest
-import yaml
-from serving import Load, ray_replicas, start_server, stop_server
+from serving import Load, kill_a_replica, ray_replicas, start_server, stop_server, two_versions
 
 from unideploy.package import Package
 from unideploy.server.config import ModelSettings
@@ -23,20 +21,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def ray_server(digits, tmp_path_factory):
     """Versions 1 and 2 of the digits model with a weighted split, two replicas of one thread each."""
-    root = tmp_path_factory.mktemp("ray-repo")
-    for version in ("1", "2"):
-        shutil.copytree(digits["package"], root / "digits" / version)
-    (root / "digits" / "routing.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "variants": [
-                    {"name": "control", "version": 1, "weight": 50},
-                    {"name": "candidate", "version": 2, "weight": 50},
-                ]
-            }
-        )
+    root = two_versions(
+        tmp_path_factory.mktemp("ray-repo"), digits["package"], "digits", (50, 50), {"replicas": 2, "threads": 1}
     )
-    (root / "digits" / "model.yaml").write_text(yaml.safe_dump({"replicas": 2, "threads": 1}))
     server = start_server(root, root.parent, "--ray", ready_within=240)
     try:
         server.wait_for(lambda: len(ray_replicas("digits")) == 2, timeout=60, what="two replicas")
@@ -84,26 +71,14 @@ def test_a_replica_killed_under_load(ray_server, digits):
     load = Load(ray_server, np.load(digits["data"])["x"][:1].astype(np.float32))
     load.start()
     try:
-        load.more(50)
-        victim = ray_replicas("digits")[0]
-        served_before = len(load.results)
-        killed = time.monotonic()
-        victim.kill()
-        ray_server.wait_for(
-            lambda: len([p for p in ray_replicas("digits") if p.pid != victim.pid]) == 2,
-            timeout=120,
-            what="a replacement replica",
-        )
-        recovered = time.monotonic() - killed
-        load.more(50)
+        killed = kill_a_replica(ray_server, "digits", load, settle=50)
     finally:
-        failed = load.finish()
-    after_kill = len(load.results) - served_before
+        load.finish()
     print(
-        f"replica killed under load: {len(failed)} of {after_kill} requests failed, "
-        f"a replacement was running {recovered:.1f} s later"
+        f"replica killed under load: {killed['failed']} of {killed['requests']} requests failed, "
+        f"a replacement was running {killed['recovery_s']} s later"
     )
-    assert len(failed) <= 2, failed[:3]  # the requests in flight on the killed replica, if any
+    assert killed["failed"] <= 2  # the requests in flight on the killed replica, if any
     assert all(status == 200 for status, _, _ in load.results[-50:])
 
 
