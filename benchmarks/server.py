@@ -4,10 +4,13 @@ Models: a ResNet-18-shaped CNN at 1x3x224x224 and MiniLM-L6 (batch 1, seq 128), 
 through unideploy. For each: p50/p99 latency and throughput at concurrency 1 and 8, in process
 and over REST binary, REST JSON and gRPC (tritonclient, the clients users run), plus the server's
 cold start and memory. The server runs under its default policy and under the one it replaced
-(``POLICIES``); ``--blocks`` repeats everything, interleaved, so the spread shows the noise. Needs
-the bench and serve extras (`make bench` runs it).
+(``POLICIES``); under the default policy, Triton's perf_analyzer drives it too (``pa-grpc``,
+``pa-http``: benchmarks/perf_analyzer.py), and MLServer serves the same ONNX files as a peer
+(``mlserver``: benchmarks/mlserver_peer.py), each left out with the reason where it cannot run.
+``--blocks`` repeats everything, interleaved, so the spread shows the noise. Needs the bench and
+serve extras (`make bench` runs it).
 
-    python benchmarks/server.py [--seconds S] [--blocks N] [--markdown]
+    python benchmarks/server.py [--seconds S] [--blocks N] [--no-peers] [--markdown]
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import mlserver_peer
 import numpy as np
+import perf_analyzer
 import yaml
 from models import imagenet_cnn_torchscript, minilm_torchscript
 from rich.console import Console
@@ -31,7 +36,7 @@ from rich.console import Console
 import unideploy
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from serving import start_server, stop_server
+from serving import free_port, start_server, stop_server
 
 console = Console(stderr=True)
 CONCURRENCY = (1, 8)
@@ -165,9 +170,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=6.0, help="per measurement")
     parser.add_argument("--blocks", type=int, default=1, help="repeat every measurement, interleaved")
+    parser.add_argument("--no-peers", action="store_true", help="leave out perf_analyzer and MLServer")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="unideploy-serve-bench-"))
+    left_out: list[str] = []
+    analyzer = perf_analyzer.ensure() if not args.no_peers else "--no-peers"
+    if isinstance(analyzer, str):
+        left_out.append(f"perf_analyzer: {analyzer}")
+    mlserver = mlserver_peer.ensure() if not args.no_peers else "--no-peers"
+    if isinstance(mlserver, str):
+        left_out.append(f"MLServer: {mlserver}")
     try:
         console.log("building the models")
         repo = work / "repo"
@@ -210,22 +223,102 @@ def main() -> None:
                                     }
                                 )
                     peak_rss = rss_mb(server.process.pid) if first else peak_rss
+                    if policy == DEFAULT_POLICY and not isinstance(analyzer, str):
+                        rows += perf_analyzer_rows(analyzer, server, inputs, block, args.seconds, work)
                 finally:
                     stop_server(server)
+            if not isinstance(mlserver, str):
+                rows += mlserver_rows(mlserver, repo, inputs, block, args.seconds, work)
         baseline_rss = in_process_rss([repo / "cnn" / "1", repo / "minilm" / "1"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    report(rows, cold_start, server_rss, peak_rss, baseline_rss, args.markdown)
+    report(rows, cold_start, server_rss, peak_rss, baseline_rss, args.markdown, left_out)
+
+
+def perf_analyzer_rows(
+    tool: tuple[Path, dict[str, str]],
+    server,
+    inputs: dict[str, dict[str, np.ndarray]],
+    block: int,
+    seconds: float,
+    work: Path,
+) -> list[dict]:
+    """perf_analyzer against the running server: both models, both protocols, both concurrencies."""
+    rows = []
+    for model, arrays in inputs.items():
+        shapes = {} if model == "cnn" else {name: list(a.shape[1:]) for name, a in arrays.items()}  # seq is dynamic
+        for protocol, url in (("grpc", server.grpc), ("http", server.http.removeprefix("http://"))):
+            for c in CONCURRENCY:
+                console.log(f"block {block}: {model}, perf_analyzer {protocol}, concurrency {c}")
+                measured = perf_analyzer.measure(tool, url, protocol, model, c, seconds, shapes, work)
+                rows.append(
+                    {
+                        "block": block,
+                        "server": DEFAULT_POLICY,
+                        "model": model,
+                        "path": f"pa-{protocol}",
+                        "concurrency": c,
+                        **measured,
+                    }
+                )
+    return rows
+
+
+def mlserver_rows(
+    command: Path, repo: Path, inputs: dict[str, dict[str, np.ndarray]], block: int, seconds: float, work: Path
+) -> list[dict]:
+    """MLServer on the same ONNX files, through the same tritonclient clients (JSON over REST)."""
+    from serving import RunningServer
+
+    http_port, grpc_port = free_port(), free_port()
+    models = {m: repo / m / "1" / "artifacts" / "model.onnx" for m in inputs}
+    process = mlserver_peer.start(command, models, work, http_port, grpc_port)
+    peer = RunningServer(
+        repo, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process, work / "mlserver.log"
+    )
+    rows = []
+    try:
+        for model, arrays in inputs.items():
+            paths = clients(peer, model, arrays)
+            for name in ("rest-json", "grpc"):
+                for c in CONCURRENCY:
+                    console.log(f"block {block}: {model}, MLServer {name}, concurrency {c}")
+                    rows.append(
+                        {
+                            "block": block,
+                            "server": "mlserver",
+                            "model": model,
+                            "path": name,
+                            "concurrency": c,
+                            **drive(per_thread(paths[name], c), c, seconds),
+                        }
+                    )
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    return rows
 
 
 def report(
-    rows: list[dict], cold_start: float, server_rss: float, peak_rss: float, baseline_rss: float, markdown: bool
+    rows: list[dict],
+    cold_start: float,
+    server_rss: float,
+    peak_rss: float,
+    baseline_rss: float,
+    markdown: bool,
+    left_out: list[str],
 ) -> None:
     def find(model: str, path: str, c: int, block: int, server: str = "") -> dict:
         return next(
             r
             for r in rows
             if (r["model"], r["path"], r["concurrency"], r["block"], r["server"]) == (model, path, c, block, server)
+        )
+
+    def has(model: str, path: str, c: int, block: int, server: str) -> bool:
+        return any(
+            (r["model"], r["path"], r["concurrency"], r["block"], r["server"]) == (model, path, c, block, server)
+            for r in rows
         )
 
     lines = [
@@ -250,9 +343,34 @@ def report(
                     f"{ratio:.3f}x",
                 )
             )
+        for model, limit in (("cnn", 1.15), ("minilm", 1.05)):
+            single = find(model, "in-process", 1, block)
+            for path in ("pa-grpc", "pa-http"):
+                if has(model, path, 1, block, DEFAULT_POLICY):
+                    ratio = find(model, path, 1, block, DEFAULT_POLICY)["p50_ms"] / single["p50_ms"]
+                    results.append(
+                        (
+                            f"block {block}: perf_analyzer {path[3:]} p50 within {limit}x of in-process "
+                            f"({model}, concurrency 1)",
+                            ratio <= limit,
+                            f"{ratio:.3f}x",
+                        )
+                    )
+            if has(model, "rest-json", 1, block, "mlserver"):
+                ours, theirs = (find(model, "rest-json", 1, block, s)["p50_ms"] for s in (DEFAULT_POLICY, "mlserver"))
+                results.append(
+                    (
+                        f"block {block}: REST JSON p50 no slower than MLServer's ({model}, concurrency 1)",
+                        ours <= theirs,
+                        f"{ours} vs {theirs} ms",
+                    )
+                )
         for model in ("cnn", "minilm"):
             single = find(model, "in-process", 1, block)
-            best8 = max(find(model, p, 8, block, DEFAULT_POLICY)["throughput"] for p in ("rest-binary", "grpc"))
+            paths = [
+                p for p in ("rest-binary", "grpc", "pa-grpc", "pa-http") if has(model, p, 8, block, DEFAULT_POLICY)
+            ]
+            best8 = max(find(model, p, 8, block, DEFAULT_POLICY)["throughput"] for p in paths)
             results.append(
                 (
                     f"block {block}: throughput at concurrency 8 >= in-process single-stream ({model})",
@@ -272,6 +390,7 @@ def report(
         "\n".join(lines)
         + "\n\n"
         + "\n".join(f"- {'met' if ok else 'MISSED'}: {n} (measured {v})" for n, ok, v in results)
+        + "".join(f"\n- left out: {why}" for why in left_out)
     )
     if markdown:
         print(text)

@@ -1,0 +1,87 @@
+"""Triton's perf_analyzer as the load generator for `deploy serve` (benchmarks/server.py).
+
+perf_analyzer is the C++ client Triton's own numbers come from; it drives any server that speaks
+the Open Inference Protocol and answers Triton's model-config request, as `deploy serve` does.
+Its binary ships inside the tritonclient 2.49.0 manylinux wheel (later wheels need a newer glibc);
+it links libcudart.so.12 (from the nvidia-cuda-runtime-cu12 wheel, no GPU needed) and Debian's
+libb64 (`apt-get install libb64-0d`). `ensure` fetches both wheels with pip into a cache folder and
+unpacks the two files; where that cannot happen it says why, and the benchmark leaves the rows out.
+"""
+
+from __future__ import annotations
+
+import csv
+import ctypes.util
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+TRITONCLIENT = "tritonclient==2.49.0"
+CUDART = "nvidia-cuda-runtime-cu12"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "unideploy" / "perf_analyzer"
+
+
+def ensure(cache: Path = CACHE) -> tuple[Path, dict[str, str]] | str:
+    """The perf_analyzer binary and the environment it runs in, or why it cannot run here."""
+    binary, libs = cache / "perf_analyzer", cache / "lib"
+    if not binary.exists() or not (libs / "libcudart.so.12").exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        fetched = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", str(cache), TRITONCLIENT, CUDART],
+            capture_output=True,
+            text=True,
+        )
+        if fetched.returncode != 0:
+            return f"pip could not download {TRITONCLIENT} and {CUDART}: {fetched.stderr.strip()[-300:]}"
+        libs.mkdir(exist_ok=True)
+        for wheel in cache.glob("*.whl"):
+            with zipfile.ZipFile(wheel) as zf:
+                for name in zf.namelist():
+                    if name.endswith("/bin/perf_analyzer"):
+                        binary.write_bytes(zf.read(name))
+                        binary.chmod(0o755)
+                    elif name.endswith("/libcudart.so.12"):
+                        (libs / "libcudart.so.12").write_bytes(zf.read(name))
+    if ctypes.util.find_library("b64") is None:
+        return "perf_analyzer needs Debian's libb64 (apt-get install libb64-0d)"
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{libs}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    return binary, env
+
+
+def measure(
+    tool: tuple[Path, dict[str, str]],
+    url: str,
+    protocol: str,
+    model: str,
+    concurrency: int,
+    seconds: float,
+    shapes: dict[str, list[int]],
+    work: Path,
+) -> dict[str, float]:
+    """p50/p99 latency (ms) and throughput of batch-1 requests at ``concurrency``, zeros as input
+    (valid token ids; latency does not depend on the values), over ``protocol`` (grpc or http: its
+    HTTP client sends binary tensors)."""
+    binary, env = tool
+    out = work / f"pa-{model}-{protocol}-{concurrency}.csv"
+    command = [str(binary), "-m", model, "-u", url, "-i", protocol, "-b", "1", "--input-data", "zero"]
+    command += [
+        "--concurrency-range",
+        f"{concurrency}:{concurrency}",
+        "--measurement-interval",
+        str(int(seconds * 1000)),
+    ]
+    command += ["--max-trials", "5", "-f", str(out)]
+    for name, dims in shapes.items():
+        command += ["--shape", f"{name}:{','.join(map(str, dims))}"]
+    ran = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    if ran.returncode != 0:
+        raise RuntimeError(f"perf_analyzer failed: {(ran.stderr or ran.stdout).strip()[-500:]}")
+    with open(out) as fh:
+        row = next(csv.DictReader(fh))
+    return {
+        "p50_ms": round(float(row["p50 latency"]) / 1000, 2),
+        "p99_ms": round(float(row["p99 latency"]) / 1000, 2),
+        "throughput": round(float(row["Inferences/Second"]), 1),
+    }
