@@ -43,6 +43,7 @@ def _optimize_request(args: argparse.Namespace) -> OptimizeRequest:
         metric=tuple(args.metric or ("auto",)),
         min_cosine=args.min_cosine,
         artifact=getattr(args, "artifact", None),
+        passes=tuple(args.passes or ()),
     )
 
 

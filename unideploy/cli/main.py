@@ -250,12 +250,22 @@ def _add_trust_options(p: argparse.ArgumentParser, note: str = "") -> None:
 
 
 def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
+    from unideploy.optimizers import PASSES
     from unideploy.optimizers.accuracy import METRICS
     from unideploy.optimizers.optimize import DEFAULT_BUDGET_POINTS
     from unideploy.optimizers.prune_magnitude import SCOPES
 
     g = p.add_argument_group("optimization" + ("" if required else " (optional, applied after export)"))
     g.add_argument("--quantize", choices=["int8", "fp16"], help="INT8 (variant picked per model) or FP16")
+    g.add_argument(
+        "--pass",
+        dest="passes",
+        action="append",
+        metavar="NAME",
+        choices=PASSES.names(),
+        help=f"an optimizer pass by name with its defaults, repeatable ({', '.join(PASSES.names())}, "
+        "and those packages add through the unideploy.optimizers entry points)",
+    )
     g.add_argument(
         "--prune",
         type=float,

@@ -12,9 +12,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from unideploy.optimizers.optimize import OptimizeRequest
 
 from unideploy.registry import Availability, modules_availability
 from unideploy.signature import Signature
@@ -60,14 +63,32 @@ class PassResult:
     notes: list[str] = field(default_factory=list)  # what a user must know (e.g. fp16 on CPU)
 
 
+STAGES = ("prune", "quantize")  # the order passes run in: quantizing a pruned model keeps its zeros
+
+
 class OptimizerPass(ABC):
+    """A pass describes itself: how a request asks for it (``from_request``), where it runs in the
+    chain (``stage``) and how its artifact is named (``tag``). ``optimize`` iterates the registry, so
+    a pass added through the ``unideploy.optimizers`` entry points is requested by name (``--pass
+    NAME``) with no core file edited."""
+
     name: ClassVar[str]
-    stage: ClassVar[str]  # "prune" runs before "quantize"
+    stage: ClassVar[str]  # one of STAGES
     required_modules: ClassVar[tuple[str, ...]] = ("onnx", "onnxruntime")
 
     @classmethod
     def availability(cls) -> Availability:
         return modules_availability(cls.required_modules, None)
+
+    @classmethod
+    def from_request(cls, request: OptimizeRequest) -> OptimizerPass | None:
+        """This pass as ``request`` asks for it, or None. By default: named in ``--pass``, with the
+        defaults of its constructor."""
+        return cls() if cls.name in request.passes else None
+
+    def tag(self) -> str:
+        """Its part of the optimized artifact's id (``onnx-<tag>-<tag>``)."""
+        return self.name
 
     @abstractmethod
     def apply(self, model: Path, ctx: PassContext) -> PassResult:

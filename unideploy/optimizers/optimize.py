@@ -19,7 +19,7 @@ import numpy as np
 from unideploy.errors import AccuracyBudgetError, ExportError, InputError, first_line
 from unideploy.optimizers import PASSES, OptimizerPass, PassContext
 from unideploy.optimizers.accuracy import choose_metrics, compare, describe
-from unideploy.optimizers.base import Evaluation
+from unideploy.optimizers.base import STAGES, Evaluation
 from unideploy.optimizers.data import Dataset, load_dataset, split, synthetic_dataset
 from unideploy.optimizers.measure import latency, size_effects, timing_session
 from unideploy.package import Artifact, Package, PackageWriter
@@ -48,54 +48,34 @@ class OptimizeRequest:
     metric: str | tuple[str, ...] = "auto"  # one for every output, and/or OUTPUT=NAME items
     min_cosine: float | None = None  # the budget of cosine-judged outputs (default: 1 - budget/100)
     artifact: str | None = None  # the artifact to start from (default: the fp32 ONNX one)
+    passes: tuple[str, ...] = ()  # passes asked for by name (--pass), e.g. one added through an entry point
 
     @property
     def requested(self) -> bool:
-        return bool(self.quantize or self.prune)
-
-
-def _pass(name: str) -> Callable[..., OptimizerPass]:
-    """A registered pass class, constructed with its own parameters."""
-    return PASSES.get(name)
+        return bool(self.quantize or self.prune or self.passes)
 
 
 def build_passes(request: OptimizeRequest) -> list[OptimizerPass]:
-    passes: list[OptimizerPass] = []
-    if request.prune is not None:
-        if request.prune_method == "magnitude":
-            passes.append(_pass("prune-magnitude")(request.prune, request.prune_scope, request.refit))
-        elif request.prune_method == "channels":
-            passes.append(_pass("prune-channels")(request.prune, request.refit))
-        else:
-            raise InputError(f"unknown pruning method '{request.prune_method}'", "use magnitude or channels")
-    if request.quantize == "int8":
-        passes.append(
-            _pass("quantize-int8")(request.int8_variant, request.calibration_method, request.quantize_sensitive)
-        )
-    elif request.quantize == "fp16":
-        passes.append(PASSES.get("quantize-fp16")())
-    elif request.quantize is not None:
+    """The passes ``request`` asks for, each chosen by the pass itself, in stage order."""
+    for name in request.passes:
+        PASSES.get(name)  # an unknown name is refused, naming the known ones
+    passes = [p for _, cls in PASSES if (p := cls.from_request(request)) is not None]
+    chosen = {p.stage for p in passes}
+    if request.prune is not None and "prune" not in chosen:
+        raise InputError(f"unknown pruning method '{request.prune_method}'", "use magnitude or channels")
+    if request.quantize is not None and "quantize" not in chosen:
         raise InputError(f"unknown quantization '{request.quantize}'", "use int8 or fp16")
     if not passes:
-        raise InputError("nothing to optimize", "pass --quantize int8|fp16 and/or --prune SPARSITY")
+        raise InputError("nothing to optimize", "pass --quantize int8|fp16, --prune SPARSITY and/or --pass NAME")
     if request.min_cosine is not None and not -1.0 <= request.min_cosine <= 1.0:
         raise InputError(f"--min-cosine {request.min_cosine:g} is not a cosine similarity", "give a value in [-1, 1]")
     if request.max_accuracy_drop < 0:
         raise InputError("--max-accuracy-drop cannot be negative")
-    return passes
+    return sorted(passes, key=lambda p: STAGES.index(p.stage) if p.stage in STAGES else len(STAGES))
 
 
-def _artifact_id(passes: list[OptimizerPass], request: OptimizeRequest) -> str:
-    tags = []
-    sparsity = request.prune or 0.0
-    for p in passes:
-        if p.name == "prune-magnitude":
-            tags.append(f"sparse{round(sparsity * 100)}")
-        elif p.name == "prune-channels":
-            tags.append(f"slim{round(sparsity * 100)}")
-        else:
-            tags.append(p.name.removeprefix("quantize-"))
-    return "onnx-" + "-".join(tags)
+def _artifact_id(passes: list[OptimizerPass]) -> str:
+    return "onnx-" + "-".join(p.tag() for p in passes)
 
 
 def _base_artifact(package: Package, artifact_id: str | None) -> Artifact:
@@ -220,7 +200,7 @@ def optimize(
                 f"{describe(final.accuracy)}{tried}; the package was not changed",
                 "raise --max-accuracy-drop, give more or better calibration data, or choose a milder optimization",
             )
-        artifact_id = _artifact_id(passes, request)
+        artifact_id = _artifact_id(passes)
         record = _source_tolerance(package, current, signature)
         effects = {**size_effects(base_path, current), "latency_ms": {str(b): v for b, v in final.latency_ms.items()}}
         data_info = {

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -29,6 +30,9 @@ from unideploy.optimizers.graph import REFIT_ROWS, first_rows, input_statistics,
 from unideploy.optimizers.prune_magnitude import check_fraction
 from unideploy.optimizers.sensitivity import comparison_rows, rank_alone, search_refitted
 from unideploy.quiet import quiet
+
+if TYPE_CHECKING:
+    from unideploy.optimizers.optimize import OptimizeRequest
 
 CHANNEL_MULTIPLE = 8
 STATISTICS_ROWS = 64  # calibration rows the channels are measured on
@@ -87,6 +91,18 @@ class ChannelPruning(OptimizerPass):
     def __init__(self, ratio: float, refit: bool = True) -> None:
         self.ratio = check_fraction(ratio, "--prune channel ratio")
         self.refit = refit
+
+    @classmethod
+    def from_request(cls, request: OptimizeRequest) -> ChannelPruning | None:
+        named = cls.name in request.passes
+        if request.prune is None or (request.prune_method != "channels" and not named):
+            if named:
+                raise InputError(f"the {cls.name} pass needs --prune RATIO")
+            return None
+        return cls(request.prune, request.refit)
+
+    def tag(self) -> str:
+        return f"slim{round(self.ratio * 100)}"
 
     def apply(self, model_path: Path, ctx: PassContext) -> PassResult:
         model, original = load_for_pruning(basic_optimized(model_path, ctx.workdir / "prune-channels-input.onnx"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -36,6 +37,9 @@ from unideploy.optimizers.graph import (
 )
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search_refitted
 from unideploy.quiet import quiet
+
+if TYPE_CHECKING:
+    from unideploy.optimizers.optimize import OptimizeRequest
 
 SCOPES = ("row", "tensor", "global")
 
@@ -56,6 +60,18 @@ class MagnitudePruning(OptimizerPass):
             raise InputError(f"unknown pruning scope '{scope}'", f"use one of: {', '.join(SCOPES)}")
         self.scope = scope
         self.refit = refit
+
+    @classmethod
+    def from_request(cls, request: OptimizeRequest) -> MagnitudePruning | None:
+        named = cls.name in request.passes
+        if request.prune is None or (request.prune_method != "magnitude" and not named):
+            if named:
+                raise InputError(f"the {cls.name} pass needs --prune SPARSITY")
+            return None
+        return cls(request.prune, request.prune_scope, request.refit)
+
+    def tag(self) -> str:
+        return f"sparse{round(self.sparsity * 100)}"
 
     def apply(self, model_path: Path, ctx: PassContext) -> PassResult:
         model, original = load_for_pruning(model_path)

@@ -19,7 +19,7 @@ found and kept in fp32 by the same search as INT8's (``sensitivity.py``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -31,6 +31,9 @@ from unideploy.optimizers.graph import consumers, intermediate_tensors, name_nod
 from unideploy.optimizers.quantize_int8 import INT8_OPS
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search
 from unideploy.quiet import quiet
+
+if TYPE_CHECKING:
+    from unideploy.optimizers.optimize import OptimizeRequest
 
 FP16_MAX = 65504.0
 HEADROOM = 2.0  # activations above FP16_MAX / HEADROOM on calibration rows may overflow on others
@@ -98,6 +101,13 @@ def _skip_fp16_round_trips(model: onnx.ModelProto, in_fp32: set[str]) -> None:
 class Fp16Conversion(OptimizerPass):
     name = "quantize-fp16"
     stage = "quantize"
+
+    @classmethod
+    def from_request(cls, request: OptimizeRequest) -> Fp16Conversion | None:
+        return cls() if request.quantize == "fp16" or cls.name in request.passes else None
+
+    def tag(self) -> str:
+        return "fp16"
 
     def apply(self, model_path: Path, ctx: PassContext) -> PassResult:
         model = name_nodes(onnx.load(str(model_path)))

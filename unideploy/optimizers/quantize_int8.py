@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -37,6 +37,9 @@ from unideploy.optimizers.base import Batch, Evaluation, OptimizerPass, PassCont
 from unideploy.optimizers.graph import gemm_to_matmul, name_nodes
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search
 from unideploy.quiet import quiet
+
+if TYPE_CHECKING:
+    from unideploy.optimizers.optimize import OptimizeRequest
 
 VARIANTS = ("auto", "static", "dynamic", "symmetric")
 CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
@@ -134,6 +137,15 @@ class Int8Quantization(OptimizerPass):
         self.variant = variant
         self.calibration_method = calibration_method
         self.quantize_sensitive = quantize_sensitive
+
+    @classmethod
+    def from_request(cls, request: OptimizeRequest) -> Int8Quantization | None:
+        if request.quantize != "int8" and cls.name not in request.passes:
+            return None
+        return cls(request.int8_variant, request.calibration_method, request.quantize_sensitive)
+
+    def tag(self) -> str:
+        return "int8"
 
     def apply(self, model_path: Path, ctx: PassContext) -> PassResult:
         from onnxruntime.quantization.shape_inference import quant_pre_process
