@@ -265,6 +265,10 @@ def test_runtime_container_serves_what_the_storage_initializer_leaves(kserve_rep
             np.testing.assert_allclose(np.reshape(output["data"], expected.shape), expected, rtol=1e-4, atol=1e-5)
             if layout == "model-folder":  # routing.yaml came along and routes inside the server
                 assert answer.headers.get("x-unideploy-variant") in ("control", "candidate")
+                # and the routing API writes the model's own routing.yaml: /mnt/models is the model
+                only_candidate = {"variants": [{"name": "candidate", "version": "2", "weight": 1}]}
+                assert http.put(f"/v2/models/{service}/routing", json=only_candidate).status_code == 200
+                assert yaml.safe_load((mnt / "routing.yaml").read_text())["variants"][0]["name"] == "candidate"
     finally:
         stop_server(server)
 

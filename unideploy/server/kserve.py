@@ -178,7 +178,8 @@ def _package_model(source: Path) -> dict[str, ModelSource]:
     from unideploy.package import Package
     from unideploy.server.config import ModelSettings
 
-    name = Package.open(source).manifest.name
+    with Package.open(source) as package:
+        name = package.manifest.name
     return {name: ModelSource(name, source, ModelSettings(), {})}
 
 

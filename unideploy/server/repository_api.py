@@ -49,10 +49,11 @@ class RepositoryAPI:
         """Replace a model's routing (written to its routing.yaml, so it survives restarts)."""
         import yaml
 
-        if name not in self.registry.models:
+        source = self.registry.scan().get(name)
+        if name not in self.registry.models or source is None:
             raise NotFound(f"unknown model '{name}'")
         routing = parse_routing(document, "routing")
-        model_dir = self.registry.repository / name
+        model_dir = source.directory  # REPO/<name>, or REPO itself when it is one model (--model-name)
         missing = [v for v in routing.versions if not any((model_dir / c).exists() for c in (v, f"{v}.zip"))]
         if missing:
             raise BadRequest(f"routing names version(s) {', '.join(missing)} of '{name}', which the repository lacks")
