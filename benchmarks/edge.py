@@ -86,7 +86,7 @@ def digits(work: Path) -> dict[str, Any]:
         work / "digits.udp",
         example_inputs={"x": x_train[:8]},
         target="edge",
-        edge_calibration=work / "calibration.npz",
+        target_options={"calibration": work / "calibration.npz"},
     ).close()
 
     def accuracy(runtime: Runtime) -> float:
@@ -128,7 +128,7 @@ def minilm(work: Path) -> dict[str, Any]:
         work / "minilm.udp",
         example_inputs={k: v[:4] for k, v in arrays.items()},
         target="edge",
-        edge_calibration=work / "sentences_cal.npz",
+        target_options={"calibration": work / "sentences_cal.npz"},
     ).close()
     with unideploy.open_package(work / "minilm.udp") as package:
         reference = next(iter(unideploy.run(package, validation, artifact="onnx-fp32").values()))

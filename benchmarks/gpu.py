@@ -26,7 +26,6 @@ from rich.console import Console
 
 import unideploy
 from unideploy.errors import MissingDependencyError
-from unideploy.gpu.build import GpuRequest
 from unideploy.optimizers.measure import interleaved_latency
 from unideploy.runtimes import RUNTIMES, Runtime, RuntimeOptions
 from unideploy.runtimes.onnxruntime_runtime import GPU_PROVIDERS
@@ -116,9 +115,11 @@ def cnn(work: Path) -> dict[str, Any]:
         work / "cnn.udp",
         input_shapes=["x:1x3x224x224"],
         target="gpu",
-        gpu=GpuRequest(
-            ("fp32", "fp16", "int8"), ["x:1x3x224x224,8x3x224x224,32x3x224x224"], calibration=work / "calibration.npz"
-        ),
+        target_options={
+            "trt_precision": ("fp32", "fp16", "int8"),
+            "trt_profile": ["x:1x3x224x224,8x3x224x224,32x3x224x224"],
+            "calibration": work / "calibration.npz",
+        },
     ).close()
     held_out = {"x": images[64:96]}
     with unideploy.open_package(work / "cnn.udp") as package:
@@ -150,9 +151,11 @@ def minilm(work: Path) -> dict[str, Any]:
         work / "minilm.udp",
         example_inputs={k: v[:4] for k, v in arrays.items()},
         target="gpu",
-        gpu=GpuRequest(
-            ("fp32", "fp16", "int8"), [f"{name}:{profile}" for name in arrays], calibration=work / "calibration.npz"
-        ),
+        target_options={
+            "trt_precision": ("fp32", "fp16", "int8"),
+            "trt_profile": [f"{name}:{profile}" for name in arrays],
+            "calibration": work / "calibration.npz",
+        },
     ).close()
     with unideploy.open_package(work / "minilm.udp") as package:
         reference = next(iter(unideploy.run(package, validation, artifact="onnx-fp32", device="cpu").values()))

@@ -31,7 +31,8 @@ def export(
     """Export a model file to a verified package (optimized too, if asked) and return it opened.
 
     ``kwargs`` are those of :func:`unideploy.exporters.export.export` (name, version, exporter,
-    target, atol, rtol, overwrite).
+    target, atol, rtol, overwrite), and ``target_options``: the target stage's options by name
+    (``calibration``; ``trt_precision``, ``trt_profile``, ``trt_workspace``; targets.py).
     """
     from unideploy.exporters import ExportOptions
     from unideploy.pipeline import export_package

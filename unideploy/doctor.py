@@ -36,7 +36,7 @@ def diagnose() -> list[Finding]:
         findings.append(Finding("runtime", name, found.ok, found.detail, found.fix))
     findings.append(_gpu_finding())
     for target in TARGETS.values():
-        if target.stage_available:
+        if target.included:
             findings.append(Finding("target", target.name, True, target.description + _runs_elsewhere(target.name)))
         else:
             findings.append(

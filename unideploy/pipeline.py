@@ -7,15 +7,14 @@ destination: a refused optimization or a failed edge conversion leaves nothing b
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from unideploy.edge.build import build_edge
 from unideploy.exporters.export import export
-from unideploy.gpu.build import GpuRequest, build_gpu
 from unideploy.optimizers.optimize import OptimizeRequest, optimize
 from unideploy.package.writer import check_destination
+from unideploy.targets import require_target
 
 Stage = Callable[[Path, Path, bool], Path]  # (package, destination, overwrite) -> written package
 
@@ -27,23 +26,19 @@ def export_package(
     optimization: OptimizeRequest | None = None,
     overwrite: bool = False,
     progress: Callable[[str], None] | None = None,
-    edge_calibration: str | Path | None = None,
-    gpu: GpuRequest | None = None,
+    target_options: Mapping[str, Any] | None = None,
     **export_kwargs: Any,
 ) -> Path:
-    """``edge_calibration``: data for the int8 TFLite artifact of ``target="edge"``; ``gpu``: the
-    TensorRT precisions, profiles and workspace of ``target="gpu"`` (default: fp16)."""
+    """``target_options``: the export options of ``target``'s stage by name (``calibration`` for
+    the int8 TFLite of ``edge``; ``trt_precision``, ``trt_profile``, ``trt_workspace`` and
+    ``calibration`` for ``gpu``; targets.py)."""
     stages: list[Stage] = []
     if optimization is not None:
         stages.append(lambda pkg, dest, force: optimize(pkg, optimization, dest, overwrite=force, progress=progress))
-    if export_kwargs.get("target") == "edge":
-        stages.append(
-            lambda pkg, dest, force: build_edge(
-                pkg, dest, overwrite=force, progress=progress, calibration=edge_calibration
-            )
-        )
-    if export_kwargs.get("target") == "gpu":
-        stages.append(lambda pkg, dest, force: build_gpu(pkg, dest, gpu, overwrite=force, progress=progress))
+    target_stage = require_target(export_kwargs.get("target", "cpu")).load_stage()
+    if target_stage is not None:
+        options = dict(target_options or {})
+        stages.append(lambda pkg, dest, force: target_stage(pkg, dest, options, overwrite=force, progress=progress))
     if not stages:
         return export(src, output, overwrite=overwrite, progress=progress, **export_kwargs)
     check_destination(Path(output), overwrite)

@@ -1,14 +1,30 @@
 """Deployment targets: which artifacts a package needs for where it will run.
 
-Each target names the stage that produces its artifacts. Stages arrive with their own issues;
-a target whose stage is missing is refused up front, before any work, with what to use instead.
+A target describes itself: the runtimes that serve it, the stage that adds its artifacts to an
+exported package (``"module:function"``, imported only when that target is asked for) and the
+export options that belong to it. The pipeline (``pipeline.py``), ``deploy doctor`` and the CLI
+iterate over ``TARGETS``, so a package adds a target through the ``unideploy.targets`` entry
+points (a ``Target`` object) with no core file edited. A target whose stage is not included is
+refused up front, before any work, with what to use instead.
+
+A stage is called as ``stage(package, output, options, overwrite=..., progress=...)`` with
+``options`` the export options by name (``calibration``, ``trt_precision``, ...), and returns the
+package it wrote.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
 
-from unideploy.errors import MissingDependencyError
+from unideploy.errors import InputError, MissingDependencyError, UnideployError
+
+Stage = Callable[..., Path]
+GROUP = "unideploy.targets"
 
 
 @dataclass(frozen=True)
@@ -16,33 +32,74 @@ class Target:
     name: str
     description: str
     runtimes: tuple[str, ...]
-    stage_available: bool
+    stage: str | None = None  # "module:function" adding this target's artifacts; None: the export alone
+    options: tuple[str, ...] = ()  # export options (argparse dests) that apply to this target only
+    included: bool = True  # False: this version of unideploy has no stage for it yet
+
+    def load_stage(self) -> Stage | None:
+        if self.stage is None:
+            return None
+        module, _, attr = self.stage.partition(":")
+        try:
+            stage: Stage = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise UnideployError(f"the stage of target '{self.name}' ({self.stage}) cannot be loaded: {exc}") from exc
+        return stage
 
 
-TARGETS = {
-    "cpu": Target("cpu", "ONNX artifact for ONNX Runtime on CPU servers", ("onnxruntime",), True),
-    "gpu": Target(
+BUILTIN = (
+    Target("cpu", "ONNX artifact for ONNX Runtime on CPU servers", ("onnxruntime",)),
+    Target(
         "gpu",
         "TensorRT engine recipes (fp16/int8/fp32), built and cached per GPU; ONNX Runtime "
         "TensorRT/CUDA providers where TensorRT is absent",
         ("tensorrt", "onnxruntime"),
-        True,
+        stage="unideploy.gpu.build:target_stage",
+        options=("trt_precision", "trt_profile", "trt_workspace"),
     ),
-    "edge": Target(
+    Target(
         "edge",
         "ORT-mobile and TFLite (fp32, fp16, int8) artifacts for phones and edge boxes",
         ("tflite", "onnxruntime"),
-        True,
+        stage="unideploy.edge.build:target_stage",
     ),
-    "ascend": Target("ascend", "MindIR / MindSpore Lite artifacts for Ascend NPUs", ("mindspore-lite",), False),
-}
+    Target("ascend", "MindIR / MindSpore Lite artifacts for Ascend NPUs", ("mindspore-lite",), included=False),
+)
+
+
+def _targets() -> dict[str, Target]:
+    found = {t.name: t for t in BUILTIN}
+    for ep in entry_points(group=GROUP):
+        if ep.name in found:
+            continue
+        try:
+            target = ep.load()
+        except Exception:  # a broken plug-in must not break the CLI: deploy doctor names it
+            continue
+        if isinstance(target, Target):
+            found[ep.name] = target
+    return found
+
+
+TARGETS = _targets()
 
 
 def require_target(name: str) -> Target:
+    if name not in TARGETS:
+        raise InputError(f"unknown target '{name}'", f"choose one of: {', '.join(sorted(TARGETS))}")
     target = TARGETS[name]
-    if not target.stage_available:
+    if not target.included:
         raise MissingDependencyError(
             f"target '{name}' ({target.description}) needs a stage this version of unideploy does not include yet",
             "export with --target cpu or edge; a MindIR source's package keeps its .mindir, which MindSpore runs",
         )
     return target
+
+
+def check_options(target: str, given: Mapping[str, Any]) -> None:
+    """Refuse options that belong to another target (``given``: option name -> value, None if unset)."""
+    for other in TARGETS.values():
+        stray = [o for o in other.options if given.get(o) and other.name != target]
+        if stray:
+            flags = ", ".join("--" + o.replace("_", "-") for o in other.options)
+            raise InputError(f"{flags} apply to --target {other.name} only")

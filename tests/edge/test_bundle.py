@@ -26,7 +26,7 @@ def digits_edge(digits, tmp_path_factory) -> Path:
         out,
         example_inputs={"x": np.load(digits["data"])["x"][:8]},
         target="edge",
-        edge_calibration=digits["data"],
+        target_options={"calibration": digits["data"]},
     ).close()
     return out
 

@@ -299,7 +299,7 @@ def test_attention_encoder_reaches_tflite_in_every_precision_and_its_bundle_veri
         tmp_path / "edge",
         input_shapes=shapes,
         target="edge",
-        edge_calibration=tmp_path / "sentences.npz",
+        target_options={"calibration": tmp_path / "sentences.npz"},
     ) as package:
         assert [a.id for a in package.manifest.artifacts if a.format == "tflite"] == [
             "tflite-fp32",

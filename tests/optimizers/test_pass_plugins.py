@@ -5,6 +5,7 @@ accuracy guard, and names its artifact, with no core file edited."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from console import assert_one_line_error, deploy
@@ -52,7 +53,7 @@ def pass_plugin(tmp_path, monkeypatch):
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rounding-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[unideploy.optimizers]\nround-weights = rounding_plugin:RoundedWeights\n")
-    monkeypatch.setenv("PYTHONPATH", str(plugins))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")])))
     return plugins
 
 

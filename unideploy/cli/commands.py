@@ -49,10 +49,10 @@ def _optimize_request(args: argparse.Namespace) -> OptimizeRequest:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from unideploy.exporters import ExportOptions
-    from unideploy.gpu.build import GpuRequest
     from unideploy.pipeline import export_package
     from unideploy.samples import load_npz_inputs
     from unideploy.signature import parse_input_shape
+    from unideploy.targets import TARGETS, check_options
 
     options = ExportOptions(
         input_shapes=[parse_input_shape(s) for s in args.input_shape],
@@ -64,14 +64,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         trust_source=args.trust_source,
     )
     request = _optimize_request(args)
-    gpu_options = (args.trt_precision, args.trt_profile, args.trt_workspace)
-    if args.target != "gpu" and any(gpu_options):
-        raise InputError("--trt-precision, --trt-profile and --trt-workspace apply to --target gpu only")
-    gpu = (
-        GpuRequest(tuple(args.trt_precision or ("fp16",)), args.trt_profile, args.trt_workspace, args.calibration)
-        if args.target == "gpu"
-        else None
-    )
+    target_options = {o: getattr(args, o, None) for t in TARGETS.values() for o in t.options}
+    check_options(args.target, target_options)  # options of another target are refused before any work
     with render.status("exporting") as status:
         path = export_package(
             args.source,
@@ -86,8 +80,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             overwrite=args.force,
             optimization=request if request.requested else None,
             progress=lambda msg: status.update(msg),
-            edge_calibration=args.calibration if args.target == "edge" else None,
-            gpu=gpu,
+            target_options={**target_options, "calibration": args.calibration},
         )
     return _show_package(path, args.json, render.export_summary)
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -327,3 +328,15 @@ def build_edge(
 
         say("writing the package")
         return extend_package(package, package_path, output, added, overwrite, omitted=omitted)
+
+
+def target_stage(
+    package: Path,
+    output: Path,
+    options: Mapping[str, Any],
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """``--target edge`` (targets.py): the edge artifacts; int8 TFLite with ``options["calibration"]``."""
+    return build_edge(package, output, overwrite=overwrite, progress=progress, calibration=options.get("calibration"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -214,3 +214,22 @@ def build_gpu(
 
         say("writing the package")
         return extend_package(package, package_path, output, added, overwrite, first=True)
+
+
+def target_stage(
+    package: Path,
+    output: Path,
+    options: Mapping[str, Any],
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """``--target gpu`` (targets.py): TensorRT recipes from ``trt_precision`` (default fp16),
+    ``trt_profile``, ``trt_workspace`` and ``calibration``."""
+    request = GpuRequest(
+        tuple(options.get("trt_precision") or ("fp16",)),
+        list(options.get("trt_profile") or []),
+        options.get("trt_workspace"),
+        options.get("calibration"),
+    )
+    return build_gpu(package, output, request, overwrite=overwrite, progress=progress)
