@@ -21,3 +21,16 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, patter
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert "Traceback" not in result.stderr
     assert re.search(pattern, lines[0]), lines[0]
+
+
+def plugin_distribution(folder: Path, module: str, source: str, group: str, entry: str) -> Path:
+    """A real (tiny) distribution in ``folder``: ``module``.py holding ``source`` and an entry point
+    ``entry`` ("name = module:attr") in ``group``. Put ``folder`` on PYTHONPATH (processes the test
+    starts) or sys.path (this one) to install it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{module}.py").write_text(source)
+    dist = folder / f"{module}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{group}]\n{entry}\n")
+    return folder

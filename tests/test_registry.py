@@ -7,6 +7,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from console import plugin_distribution
 
 from unideploy.errors import UnideployError
 from unideploy.registry import Registry
@@ -38,11 +39,9 @@ PLUGIN = textwrap.dedent("""
 @pytest.fixture
 def installed_plugin(tmp_path, monkeypatch):
     """A real (tiny) distribution on sys.path declaring a ``unideploy.runtimes`` entry point."""
-    (tmp_path / "doubler_plugin.py").write_text(PLUGIN)
-    dist = tmp_path / "doubler_plugin-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: doubler-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[unideploy.runtimes]\ndoubler = doubler_plugin:DoublingRuntime\n")
+    plugin_distribution(
+        tmp_path, "doubler_plugin", PLUGIN, "unideploy.runtimes", "doubler = doubler_plugin:DoublingRuntime"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
     sys.modules.pop("doubler_plugin", None)

@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from console import assert_one_line_error, deploy
+from console import assert_one_line_error, deploy, plugin_distribution
 
 from unideploy.package import Package
 
@@ -34,13 +34,9 @@ TARGET = Target("tiny-npu", "a vendor's NPU, served from the ONNX artifact", ("o
 
 @pytest.fixture
 def target_plugin(tmp_path, monkeypatch):
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / "tiny_target.py").write_text(PLUGIN)
-    dist = plugins / "tiny_target-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-target\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[unideploy.targets]\ntiny-npu = tiny_target:TARGET\n")
+    plugins = plugin_distribution(
+        tmp_path / "plugins", "tiny_target", PLUGIN, "unideploy.targets", "tiny-npu = tiny_target:TARGET"
+    )
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")])))
     return plugins
 

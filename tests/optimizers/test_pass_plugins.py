@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from console import assert_one_line_error, deploy
+from console import assert_one_line_error, deploy, plugin_distribution
 
 from unideploy.package import Package
 
@@ -46,13 +46,8 @@ class RoundedWeights(OptimizerPass):
 @pytest.fixture
 def pass_plugin(tmp_path, monkeypatch):
     """A real (tiny) distribution on the path of the processes the test starts."""
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / "rounding_plugin.py").write_text(PLUGIN)
-    dist = plugins / "rounding_plugin-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rounding-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[unideploy.optimizers]\nround-weights = rounding_plugin:RoundedWeights\n")
+    entry = "round-weights = rounding_plugin:RoundedWeights"
+    plugins = plugin_distribution(tmp_path / "plugins", "rounding_plugin", PLUGIN, "unideploy.optimizers", entry)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")])))
     return plugins
 
