@@ -17,7 +17,8 @@ import yaml
 from serving import DEPLOY, RunningServer, free_port, stop_server, two_versions
 
 from unideploy.package import Package
-from unideploy.server.kserve import MODEL_DIR, runtime_args, service_name
+from unideploy.server.kserve import MODEL_DIR, runtime_args
+from unideploy.server.repository import service_name
 
 IMAGE = "registry.example.com/unideploy:0.1"
 
@@ -235,27 +236,31 @@ def run_runtime_container(manifests: Path, mnt: Path, service: str, tmp_path: Pa
     return server
 
 
-@pytest.mark.parametrize("layout", ["model-folder", "package"])
+@pytest.mark.parametrize("layout", ["model-folder", "repository", "package"])
 def test_runtime_container_serves_what_the_storage_initializer_leaves(kserve_repo, digits, tmp_path, layout):
-    """storageUri of a model folder (all versions, routing.yaml) or of one package (a .zip is
-    unpacked by the storage initializer): /mnt/models serves as the InferenceService's name."""
+    """storageUri of a model folder (all versions, routing.yaml), of a whole repository (the model
+    whose Kubernetes name the service has) or of one package (a .zip is unpacked by the storage
+    initializer): /mnt/models serves as the InferenceService's name."""
     manifests = tmp_path / "manifests"
-    source = kserve_repo if layout == "model-folder" else digits["package"]
+    source = digits["package"] if layout == "package" else kserve_repo
     result = kserve(
         str(source), "--image", IMAGE, "--storage-uri", "s3://bucket/models", "-o", str(manifests), "--json"
     )
     assert result.returncode == 0, result.stderr
     service = json.loads(result.stdout)["services"][0]["inference_service"]
-    assert service == (service_name("digits_cnn") if layout == "model-folder" else "digits")
+    assert service == ("digits" if layout == "package" else service_name("digits_cnn"))
     mnt = tmp_path / "mnt" / "models"
-    shutil.copytree(kserve_repo / "digits_cnn" if layout == "model-folder" else digits["package"], mnt)
+    shutil.copytree(
+        {"model-folder": kserve_repo / "digits_cnn", "repository": kserve_repo}.get(layout, digits["package"]), mnt
+    )
+    model_dir = mnt / "digits_cnn" if layout == "repository" else mnt
     with Package.open(digits["package"]) as package:
         sample = package.reference_samples()[-1]
     server = run_runtime_container(manifests, mnt, service, tmp_path)
     try:
         with server.client() as http:
             metadata = http.get(f"/v2/models/{service}").json()
-            assert metadata["versions"] == (["1", "2"] if layout == "model-folder" else ["1"])
+            assert metadata["versions"] == (["1"] if layout == "package" else ["1", "2"])
             ((name, x),) = sample.inputs.items()
             body = {"inputs": [{"name": name, "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}
             answer = http.post(f"/v2/models/{service}/infer", json=body)
@@ -263,17 +268,17 @@ def test_runtime_container_serves_what_the_storage_initializer_leaves(kserve_rep
             (output,) = answer.json()["outputs"]
             expected = sample.outputs[output["name"]]
             np.testing.assert_allclose(np.reshape(output["data"], expected.shape), expected, rtol=1e-4, atol=1e-5)
-            if layout == "model-folder":  # routing.yaml came along and routes inside the server
+            if layout != "package":  # routing.yaml came along and routes inside the server
                 assert answer.headers.get("x-unideploy-variant") in ("control", "candidate")
                 # and the routing API writes the model's own routing.yaml: /mnt/models is the model
                 only_candidate = {"variants": [{"name": "candidate", "version": "2", "weight": 1}]}
                 assert http.put(f"/v2/models/{service}/routing", json=only_candidate).status_code == 200
-                assert yaml.safe_load((mnt / "routing.yaml").read_text())["variants"][0]["name"] == "candidate"
+                assert yaml.safe_load((model_dir / "routing.yaml").read_text())["variants"][0]["name"] == "candidate"
     finally:
         stop_server(server)
 
 
-def test_model_name_on_a_repository_of_models_is_refused(kserve_repo, tmp_path):
+def test_a_model_name_a_repository_does_not_hold_is_refused(kserve_repo, tmp_path):
     result = subprocess.run(
         [
             DEPLOY,
@@ -290,4 +295,4 @@ def test_model_name_on_a_repository_of_models_is_refused(kserve_repo, tmp_path):
         text=True,
         timeout=120,
     )
-    assert result.returncode == 2 and "holds a repository of models (digits_cnn)" in result.stderr, result.stderr
+    assert result.returncode == 2 and "holds a repository of models (digits_cnn) and none is named 'x'" in result.stderr

@@ -14,7 +14,6 @@ Everything is built from the KServe SDK's own models, so field names and types a
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from unideploy.package.files import replace_path, temp_prefix
 from unideploy.package.manifest import FORMAT_VERSION as PACKAGE_FORMAT_VERSION
 from unideploy.package.manifest import MANIFEST_NAME
 from unideploy.package.writer import check_destination
-from unideploy.server.repository import ModelSource, scan
+from unideploy.server.repository import ModelSource, scan, service_name
 from unideploy.server.routing import load_routing
 
 RUNTIME_NAME = "unideploy"
@@ -92,14 +91,6 @@ def runtime_args() -> list[str]:
         "--grpc-port",
         str(GRPC_PORT),
     ]
-
-
-def service_name(model: str) -> str:
-    """A model name as a Kubernetes resource name (a DNS-1035 label: lowercase letters, digits and
-    '-', starting with a letter, at most 63 characters)."""
-    name = re.sub(r"[^a-z0-9-]+", "-", model.lower()).strip("-")
-    name = name if name[:1].isalpha() else f"m-{name}"
-    return name[:63].rstrip("-")
 
 
 def write_manifests(request: KServeRequest) -> tuple[str, list[ServiceEntry]]:

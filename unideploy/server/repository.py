@@ -7,8 +7,9 @@ initializer leaves a single model's ``storageUri`` in ``/mnt/models``: it serves
 its manifest names, at its manifest's version when that is a whole number, else version 1.
 
 Given a model name (``deploy serve REPO --model-name NAME``, which KServe's runtime passes as
-``{{.Name}}``), REPO is one model: its ``<version>/`` folders with their ``model.yaml`` and
-``routing.yaml`` (TF Serving's layout under ``/mnt/models``), or one package, served as NAME.
+``{{.Name}}``), one model is served as NAME: REPO itself (its ``<version>/`` folders with their
+``model.yaml`` and ``routing.yaml``, TF Serving's layout under ``/mnt/models``, or one package),
+or, where REPO is a repository, its model named NAME or whose Kubernetes name NAME is.
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ class ModelSource:
     directory: Path
     settings: ModelSettings
     versions: dict[str, VersionSource]  # every version on disk, oldest first
+
+
+def service_name(model: str) -> str:
+    """A model name as a Kubernetes resource name (a DNS-1035 label: lowercase letters, digits and
+    '-', starting with a letter, at most 63 characters): what KServe passes as ``--model-name``."""
+    name = re.sub(r"[^a-z0-9-]+", "-", model.lower()).strip("-")
+    name = name if name[:1].isalpha() else f"m-{name}"
+    return name[:63].rstrip("-")
 
 
 def _fingerprint(path: Path) -> tuple:
@@ -112,13 +121,16 @@ def scan(repository: Path, model_name: str | None = None) -> dict[str, ModelSour
         return {single.name: single}
     if model_name is not None:
         model = _model(repository, model_name)
-        if not model.versions:
-            inner = sorted(p.name for p in repository.iterdir() if p.is_dir() and _versions_on_disk(p))
-            if inner:
+        inner = sorted(p for p in repository.iterdir() if p.is_dir() and _versions_on_disk(p))
+        if not model.versions and inner:  # a repository: the model named so, or whose service name that is
+            named = [p for p in inner if model_name in (p.name, service_name(p.name))]
+            if not named:
                 raise InputError(
-                    f"'{repository}' holds a repository of models ({', '.join(inner)}), not the versions of one model",
-                    "drop --model-name to serve them all, or point at one model's folder",
+                    f"'{repository}' holds a repository of models ({', '.join(p.name for p in inner)}) and none "
+                    f"is named '{model_name}'",
+                    "drop --model-name to serve them all, or name one of them",
                 )
+            model = _model(named[0], model_name)
         return {model_name: model}
     dirs = sorted(p for p in repository.iterdir() if p.is_dir() and MODEL_NAME.match(p.name))
     return {d.name: _model(d, d.name) for d in dirs}
