@@ -19,6 +19,7 @@ import numpy as np
 if TYPE_CHECKING:
     from unideploy.optimizers.optimize import OptimizeRequest
 
+from unideploy.errors import InputError
 from unideploy.registry import Availability, modules_availability
 from unideploy.signature import Signature
 
@@ -89,6 +90,15 @@ class OptimizerPass(ABC):
     def tag(self) -> str:
         """Its part of the optimized artifact's id (``onnx-<tag>-<tag>``)."""
         return self.name
+
+    @classmethod
+    def asked_share(cls, request: OptimizeRequest, method: str, what: str) -> float | None:
+        """The share a pruning pass is asked to remove (``--prune``) when ``request`` chooses it by
+        ``--prune-method`` or ``--pass``; named by ``--pass`` without ``--prune`` is an error."""
+        named = cls.name in request.passes
+        if request.prune is None and named:
+            raise InputError(f"the {cls.name} pass needs --prune {what}")
+        return request.prune if request.prune_method == method or named else None
 
     @abstractmethod
     def apply(self, model: Path, ctx: PassContext) -> PassResult:

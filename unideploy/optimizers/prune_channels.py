@@ -94,12 +94,8 @@ class ChannelPruning(OptimizerPass):
 
     @classmethod
     def from_request(cls, request: OptimizeRequest) -> ChannelPruning | None:
-        named = cls.name in request.passes
-        if request.prune is None or (request.prune_method != "channels" and not named):
-            if named:
-                raise InputError(f"the {cls.name} pass needs --prune RATIO")
-            return None
-        return cls(request.prune, request.refit)
+        ratio = cls.asked_share(request, "channels", "RATIO")
+        return None if ratio is None else cls(ratio, request.refit)
 
     def tag(self) -> str:
         return f"slim{round(self.ratio * 100)}"

@@ -63,12 +63,8 @@ class MagnitudePruning(OptimizerPass):
 
     @classmethod
     def from_request(cls, request: OptimizeRequest) -> MagnitudePruning | None:
-        named = cls.name in request.passes
-        if request.prune is None or (request.prune_method != "magnitude" and not named):
-            if named:
-                raise InputError(f"the {cls.name} pass needs --prune SPARSITY")
-            return None
-        return cls(request.prune, request.prune_scope, request.refit)
+        sparsity = cls.asked_share(request, "magnitude", "SPARSITY")
+        return None if sparsity is None else cls(sparsity, request.prune_scope, request.refit)
 
     def tag(self) -> str:
         return f"sparse{round(self.sparsity * 100)}"
