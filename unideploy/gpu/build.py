@@ -29,7 +29,7 @@ from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.runtimes.tensorrt.precision import PRECISIONS, BuildPlan, plan_build
 from unideploy.runtimes.tensorrt.profiles import build_profiles
 from unideploy.runtimes.tensorrt.spec import SPEC_SUFFIX, EngineSpec
-from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, require_passed, validate
+from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, largest_reference, require_passed, validate
 
 Progress = Callable[[str], None]
 ARTIFACTS = PurePosixPath("artifacts")
@@ -50,15 +50,7 @@ class GpuRequest:
 def engine_tolerance(plan: BuildPlan, manifest: Manifest, references: list[tuple[dict, dict]]) -> dict[str, Any]:
     """The tolerance an engine is held to against the source model, at export or on the serving
     GPU: what its precision can keep, on the scale of this model's outputs."""
-    largest = max(
-        (
-            float(np.abs(out).max())
-            for _, outputs in references
-            for out in outputs.values()
-            if out.size and np.issubdtype(out.dtype, np.floating)
-        ),
-        default=1.0,
-    )
+    largest = largest_reference(references)
     if plan.precision == "fp32":
         onnx = manifest.validation.get(plan.artifact.id, {})
         atol = max(DEFAULT_ATOL, 10 * max((o["max_abs_error"] for o in onnx.get("outputs", {}).values()), default=0))

@@ -84,9 +84,9 @@ def _base_artifact(package: Package, artifact_id: str | None) -> Artifact:
         if artifact.format != "onnx":
             raise InputError(f"artifact '{artifact_id}' is {artifact.format}; optimizers work on ONNX artifacts")
         return artifact
-    for artifact in package.manifest.artifacts:
-        if artifact.format == "onnx" and artifact.precision == "fp32" and artifact.derived_from is None:
-            return artifact
+    base = package.manifest.base_onnx()
+    if base is not None:
+        return base
     raise InputError("the package has no fp32 ONNX artifact to optimize", "name one with --artifact")
 
 

@@ -130,6 +130,14 @@ class Manifest:
     # Artifacts a stage left out, each {artifact, stage, reason, fix}: shown by the CLI, kept here.
     omitted: list[dict[str, str]] = field(default_factory=list)
 
+    def base_onnx(self) -> Artifact | None:
+        """The fp32 ONNX the exporter wrote, which every later stage (optimizers, edge, GPU,
+        Ascend) starts from."""
+        return next(
+            (a for a in self.artifacts if a.format == "onnx" and a.precision == "fp32" and a.derived_from is None),
+            None,
+        )
+
     def artifact(self, artifact_id: str) -> Artifact:
         for artifact in self.artifacts:
             if artifact.id == artifact_id:

@@ -1,6 +1,9 @@
 """MindSpore Lite for .ms and MindIR artifacts, or MindSpore itself for MindIR on CPU.
 
-``mindspore_lite`` is what Ascend and edge images ship; it is used whenever it is installed.
+``mindspore_lite`` is what Ascend and edge images ship; it is used whenever it is installed. A
+MindSpore Lite recipe (``--target ascend``, ``mindspore_lite.py``) runs its converted model, shipped
+beside it or converted on first load with ``converter_lite`` into the engine cache; where
+``mindspore_lite`` is absent the recipe is passed over and the package's MindIR runs instead.
 Where only ``mindspore`` is (a training machine, this project's CI), MindIR artifacts run through
 ``nn.GraphCell(mindspore.load(...))`` in GRAPH_MODE (PYNATIVE fails its first op under numpy 2).
 Both take inputs positionally, in the order of the package signature.
@@ -10,14 +13,17 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from unideploy.errors import PackageError, RuntimeFailure, first_line
+from unideploy.errors import ExportError, MissingDependencyError, PackageError, RuntimeFailure, first_line
 from unideploy.quiet import quiet
 from unideploy.registry import Availability
 from unideploy.runtimes.base import Runtime
+from unideploy.runtimes.mindspore_lite import LiteRecipe, is_recipe
+from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
 
 
 def _installed(module: str) -> bool:
@@ -26,7 +32,7 @@ def _installed(module: str) -> bool:
 
 class MindSporeRuntime(Runtime):
     name = "mindspore"
-    formats = ("mindir", "ms")
+    formats = ("mindir", "ms", "mindspore-lite")
     targets = ("cpu", "edge", "ascend")
 
     @classmethod
@@ -43,6 +49,13 @@ class MindSporeRuntime(Runtime):
     def _load(self) -> None:
         self._lock = threading.Lock()  # one call at a time per loaded model, as in both engines' docs
         self.engine = "mindspore-lite" if _installed("mindspore_lite") else "mindspore"
+        if is_recipe(self.path):
+            if self.engine != "mindspore-lite":
+                raise MissingDependencyError(
+                    f"'{self.path.name}' is a MindSpore Lite recipe and mindspore_lite is not installed",
+                    "install MindSpore Lite on the serving machine; the package's MindIR runs through MindSpore here",
+                )
+            self.path = self._converted(LiteRecipe.load(self.path))
         if self.engine == "mindspore-lite":
             self._load_lite()
         elif self.path.suffix == ".ms":
@@ -52,6 +65,20 @@ class MindSporeRuntime(Runtime):
             )
         else:
             self._load_graph_cell()
+
+    def _converted(self, recipe: LiteRecipe) -> Path:
+        """The recipe's converted model: shipped beside it, or converted now into the engine cache."""
+        shipped = recipe.root / recipe.output
+        if shipped.is_file():
+            return shipped
+        cache = self.options.engine_cache or default_cache_dir()
+        folder = cache / f"mindspore-lite-{recipe.device}-{recipe.mindir_sha256[:16]}"
+        if (folder / recipe.output).is_file():
+            return folder / recipe.output
+        try:
+            return recipe.convert(folder)
+        except ExportError as exc:
+            raise PackageError(exc.message, exc.hint) from exc
 
     def _load_graph_cell(self) -> None:
         with quiet():
@@ -71,7 +98,7 @@ class MindSporeRuntime(Runtime):
         import mindspore_lite as mslite
 
         context = mslite.Context()
-        context.target = ["ascend" if self.options.device == "gpu" else "cpu"]  # Ascend is the accelerator here
+        context.target = ["ascend" if self.options.device == "gpu" or "-ascend." in self.path.name else "cpu"]
         if self.options.threads:
             context.cpu.thread_num = self.options.threads
         model_type = mslite.ModelType.MINDIR_LITE if self.path.suffix == ".ms" else mslite.ModelType.MINDIR

@@ -64,7 +64,7 @@ def plan_build(
     if precision not in PRECISIONS:
         raise InputError(f"unknown TensorRT precision '{precision}'", f"use one of: {', '.join(PRECISIONS)}")
     onnx = [a for a in manifest.artifacts if a.format == "onnx"]
-    base = next((a for a in onnx if a.precision == "fp32" and a.derived_from is None), None)
+    base = manifest.base_onnx()
     if precision == "int8":
         refused = {}
         for artifact in (a for a in onnx if a.precision == "int8"):

