@@ -32,7 +32,8 @@ from zoo_models import ROOT, ZooModel, zoo
 sys.path.append(str(ROOT / "tests"))  # after benchmarks/: its models.py is the benchmarks' own
 from serving import start_server, stop_server
 
-STAGES = ("export", "verify", "int8", "fp16", "prune", "edge", "bundle-android", "bundle-ios", "gpu", "serve")
+STAGES = ("export", "verify", "int8", "fp16", "prune", "edge", "bundle-android", "bundle-ios", "gpu", "ascend", "serve")
+MS_VENV = ".venv-ms"  # --target ascend needs MindSpore, whose protobuf >= 7 keeps it out of the main venv
 EDGE_ARTIFACTS = ("ort-fp32", "tflite-fp32", "tflite-fp16", "tflite-int8")
 STAGE_TIMEOUT_S = 900
 console = Console(stderr=True)
@@ -164,6 +165,9 @@ STAGE_RUNNERS: dict[str, Callable[[ZooModel, Path, Path, Path], Cell]] = {
     "gpu": lambda m, src, data, w: _deploy(
         m.venv, "export", src, "-o", w / "gpu", *m.export_args, "--target", "gpu", *m.gpu_args
     )[0],
+    "ascend": lambda m, src, data, w: _deploy(
+        MS_VENV, "export", src, "-o", w / "ascend", *m.export_args, "--target", "ascend"
+    )[0],
     "serve": _serve,
 }
 
@@ -185,7 +189,7 @@ def run_model(model: ZooModel, stages: tuple[str, ...], work: Path) -> dict[str,
             stage != "export"
             and "export" in cells
             and cells["export"].status != "pass"
-            and stage not in ("edge", "gpu")
+            and stage not in ("edge", "gpu", "ascend")
         ):
             cells[stage] = Cell("blocked", "export did not pass")
             continue

@@ -113,6 +113,27 @@ class Signature:
             tuple(TensorSpec.from_dict(t) for t in data["outputs"]),
         )
 
+    def output_mismatches(self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> list[str]:
+        """Output dims that contradict the signature: a fixed size that differs, or a named dim
+        (``batch``) of another size than the inputs gave it. For engines whose results can come
+        back with a stale shape."""
+        sizes = {
+            dim: value.shape[axis]
+            for spec in self.inputs
+            if spec.name in inputs
+            for axis, (dim, value) in enumerate(zip(spec.shape, [inputs[spec.name]] * len(spec.shape)))
+            if isinstance(dim, str) and axis < value.ndim
+        }
+        wrong = []
+        for spec in self.outputs:
+            value = outputs.get(spec.name)
+            if value is None:
+                continue
+            expected = tuple(sizes.get(d, "?") if isinstance(d, str) else d for d in spec.shape)
+            if len(expected) != value.ndim or any(e != "?" and e != got for e, got in zip(expected, value.shape)):
+                wrong.append(f"'{spec.name}' has shape {tuple(value.shape)}, expected {expected}")
+        return wrong
+
     def validate_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Check named inputs against the signature and return them as numpy arrays.
 

@@ -173,3 +173,22 @@ def test_a_real_imagenet_cnn_keeps_its_predictions_on_real_photos(tmp_path):
     assert (onnx_out.argmax(1) == mindir_out.argmax(1)).all()
     np.testing.assert_allclose(mindir_out, onnx_out, atol=1e-3)
     assert json.loads((tmp_path / "pkg" / "manifest.json").read_text())["validation"]["mindir"]["passed"]
+
+
+def test_a_mindir_that_keeps_a_stale_shape_is_refused_with_the_reason(tmp_path):
+    """PP-OCRv4's recogniser (real weights from rapidocr): the MindIR MindSpore writes is right at
+    the first width it runs and keeps that width's shape for one Conv2D when the next call is
+    wider or narrower. The check at two sizes catches it; nothing is written."""
+    from console import deploy
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import zoo_models
+
+    model = zoo_models.MODELS_DIR / "rapidocr_onnxruntime" / "models" / "ch_PP-OCRv4_rec_infer.onnx"
+    if not model.is_file():
+        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
+    out = tmp_path / "rec"
+    result = deploy("export", model, "-o", out, "--input-shape", "x:1,3,48,width=320", "--target", "ascend")
+    assert result.returncode == 1, result.stderr
+    assert "does not reproduce the model" in result.stderr and "wrong shape" in result.stderr
+    assert not out.exists() and not list(tmp_path.glob(".rec*"))

@@ -20,7 +20,7 @@ from typing import Any
 import onnx
 
 from unideploy.ascend.network import export_mindir, require_supported
-from unideploy.errors import ExportError, MissingDependencyError, ValidationError
+from unideploy.errors import ExportError, MissingDependencyError, RuntimeFailure, ValidationError
 from unideploy.package import Artifact, Package
 from unideploy.package.manifest import Manifest
 from unideploy.package.writer import AddedArtifact, extend_package
@@ -144,9 +144,9 @@ def build_ascend(
         say("checking the MindIR against the reference outputs with MindSpore")
         try:
             record = _check_mindir(mindir, manifest, references)
-        except ValidationError as exc:
+        except (ValidationError, RuntimeFailure) as exc:
             raise ExportError(
-                f"{exc.message}; MindSpore's dynamic shapes give a wrong result for this network",
+                f"the MindIR MindSpore exported does not reproduce the model: {exc.message}",
                 "export with --target cpu or edge; the ONNX artifact is unaffected",
             ) from exc
         added: list[AddedArtifact] = []

@@ -23,6 +23,7 @@ from onnx import numpy_helper
 from unideploy.ascend.ops import MS_DTYPES, OPS, Ctx, Static
 from unideploy.errors import ExportError, first_line
 from unideploy.quiet import quiet
+from unideploy.runtimes.mindspore_runtime import keep_dumps_out_of_cwd
 from unideploy.signature import Signature
 
 MODULE_NAME = "unideploy_ascend_network"
@@ -246,6 +247,7 @@ def export_mindir(
 ) -> Path:
     """Write ``path`` (.mindir) with ``mindspore.export``; every dynamic dim of the signature stays
     dynamic. Returns the path written."""
+    keep_dumps_out_of_cwd()
     with quiet():
         import mindspore as ms
 

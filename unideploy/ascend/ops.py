@@ -32,6 +32,7 @@ MS_DTYPES = {
     TensorProto.BOOL: "ms.bool_",
 }
 INT64_MAX = np.iinfo(np.int64).max
+LOWEST = float(np.finfo(np.float32).min)  # max pooling's padding value (generated code has no -inf)
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,7 @@ def max_pool(ctx: Ctx) -> str:
         ctx.fail("the Indices output is not supported")
     kernel, strides = ctx.attr("kernel_shape"), ctx.attr("strides", [1, 1])
     dilations = ctx.attr("dilations", [1, 1])
-    x, sym = _padded(ctx, ctx.t(0), _explicit_pads(ctx, kernel, strides, dilations), value=float("-inf"))
+    x, sym = _padded(ctx, ctx.t(0), _explicit_pads(ctx, kernel, strides, dilations), value=LOWEST)
     return (
         f"ops.max_pool2d({x}, {_tuple(kernel)}, {_tuple(strides)}, padding={_tuple(sym or (0, 0))}, "
         f"dilation={_tuple(dilations)}, ceil_mode={bool(ctx.attr('ceil_mode', 0))})"
@@ -483,24 +484,27 @@ def shape(ctx: Ctx) -> str:
     return expr if (start, end) in ((0, rank), (0, None)) else f"{expr}[{start}:{end}]"
 
 
-def _reshape_target(ctx: Ctx, target: list[int]) -> str:
-    """A constant Reshape target: ONNX's 0 (copy that dim) resolved against the input's shape."""
+def _reshape_target(ctx: Ctx, target: list[int]) -> str | None:
+    """A constant Reshape target as a tuple, ONNX's 0 (copy that dim) resolved against the input's
+    shape; None where a copied dim is dynamic beside a -1 (then it is resolved at run time)."""
     shape = ctx.shape(0) or ()
     if ctx.attr("allowzero", 0) or 0 not in target:
         return _tuple(target)
     resolved = [shape[i] if v == 0 and i < len(shape) else v for i, v in enumerate(target)]
     if any(v is None for v in resolved):
         if -1 in target or sum(v is None for v in resolved) > 1:
-            ctx.fail("a 0 (copy) at a dynamic dim beside a -1 cannot be resolved")
+            return None
         resolved = [-1 if v is None else v for v in resolved]
-    return _tuple(resolved)  # type: ignore[arg-type]
+    return _tuple([int(v) for v in resolved if v is not None])
 
 
 @op("Reshape", mindspore="ops.reshape", notes="constant or computed target shape; 0 copies a dim")
 def reshape(ctx: Ctx) -> str:
     x = ctx.t(0)
     if ctx.is_static(1):
-        return f"ops.reshape({x}, {_reshape_target(ctx, ctx.ints(1))})"
+        resolved = _reshape_target(ctx, ctx.ints(1))
+        if resolved is not None:
+            return f"ops.reshape({x}, {resolved})"
     target = ctx.t(1)
     if not ctx.attr("allowzero", 0):  # a computed 0 copies the input's dim at that position
         length, rank = (ctx.shape(1) or (None,))[0], ctx.rank(0)
@@ -614,13 +618,22 @@ def slice_(ctx: Ctx) -> str:
     axes = ctx.ints(3) if ctx.has(3) else list(range(len(starts)))
     steps = ctx.ints(4) if ctx.has(4) else [1] * len(starts)
     index = [":"] * rank
+    expr = ctx.t(0)
     for start, end, axis, step in zip(starts, ends, axes, steps):
-        lo = "" if (start == 0 and step > 0) else str(start)
+        if step < 0:  # backwards: the positions, picked now from the fixed size of that axis
+            size = (ctx.shape(0) or (None,) * rank)[_axis(axis, rank)]
+            if size is None:
+                ctx.fail("a negative step on a dynamic axis")
+            picked = np.arange(int(size or 0))[slice(max(start, -(1 << 62)), max(end, -(1 << 62)), step)]
+            where = ctx.net.parameter(picked.astype(np.int64), f"{ctx.node.output[0]}_axis{axis}")
+            expr = f"ops.gather({expr}, {where}, {_axis(axis, rank)})"
+            continue
+        lo = "" if start == 0 else str(start)
         hi = "" if abs(end) >= INT64_MAX // 2 or (end >= (1 << 31) - 1 and step > 0) else str(end)
         index[_axis(axis, rank)] = f"{lo}:{hi}" + (f":{step}" if step != 1 else "")
     while index and index[-1] == ":":
         index.pop()
-    return f"{ctx.t(0)}[{', '.join(index) or '...'}]"
+    return f"{expr}[{', '.join(index)}]" if index else expr
 
 
 def _dynamic_slice(ctx: Ctx, rank: int) -> str:
@@ -681,24 +694,44 @@ def pad(ctx: Ctx) -> str:
     return f"ops.pad({ctx.t(0)}, {_tuple(pairs)}, mode='{mode}'{extra})"
 
 
-@op("Resize", "Upsample", mindspore="ops.interpolate", notes="nearest (asymmetric, floor) and bilinear; 4-D")
+def _repeats(transform: str, rounding: str, scale: float) -> bool:
+    """Whether nearest upsampling by an integer ``scale`` picks each input pixel ``scale`` times:
+    with half-pixel centres the source position never lies half-way, so either rounding works;
+    with asymmetric coordinates, floor does, and round-half-down does at 2x."""
+    if transform in ("half_pixel", "pytorch_half_pixel"):
+        return rounding in ("round_prefer_floor", "round_prefer_ceil")
+    return transform == "asymmetric" and (rounding == "floor" or (rounding == "round_prefer_floor" and scale <= 2))
+
+
+@op(
+    "Resize",
+    "Upsample",
+    mindspore="ops.repeat_interleave / ops.ResizeNearestNeighborV2 / ops.ResizeBilinearV2",
+    notes="4-D; nearest (asymmetric, floor; integer scales on any size), linear (half_pixel, align_corners)",
+)
 def resize(ctx: Ctx) -> str:
     _spatial2d(ctx)
     mode = ctx.attr("mode", "nearest")
-    transform = ctx.attr("coordinate_transformation_mode", "half_pixel" if mode == "linear" else "asymmetric")
-    if mode == "nearest" and (transform != "asymmetric" or ctx.attr("nearest_mode", "floor") != "floor"):
-        ctx.fail(f"nearest resize with {transform}/{ctx.attr('nearest_mode')} is not supported")
-    if mode == "linear" and transform not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
-        ctx.fail(f"linear resize with {transform} is not supported")
     if mode not in ("nearest", "linear"):
         ctx.fail(f"mode '{mode}' is not supported")
+    upsample = ctx.node.op_type == "Upsample"  # before opset 10: asymmetric coordinates, floor
+    transform = "asymmetric" if upsample else ctx.attr("coordinate_transformation_mode", "half_pixel")
+    rounding = "floor" if upsample else ctx.attr("nearest_mode", "round_prefer_floor")
+    if mode == "linear" and transform not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
+        ctx.fail(f"linear resize with {transform} coordinates is not supported")
     scales_at = 1 if ctx.node.op_type == "Upsample" else 2
     x, shape = ctx.t(0), ctx.shape(0) or (None,) * 4
+    axes = [_axis(a, 4) for a in ctx.attr("axes", [0, 1, 2, 3])]
+    if axes not in ([0, 1, 2, 3], [2, 3]):
+        ctx.fail(f"resizing axes {axes} is not supported (only the spatial ones)")
+    lead = [1.0, 1.0] if axes == [2, 3] else []
     if ctx.has(scales_at) and ctx.is_static(scales_at) and ctx.const(scales_at).size:
-        scales = [float(s) for s in ctx.const(scales_at).reshape(-1)]
+        scales = lead + [float(s) for s in ctx.const(scales_at).reshape(-1)]
         if scales[:2] != [1.0, 1.0]:
             ctx.fail("only the spatial axes may be resized")
         if mode == "nearest" and all(s.is_integer() for s in scales[2:]):
+            if not _repeats(transform, rounding, max(scales[2:])):
+                ctx.fail(f"nearest resize with {transform} coordinates and {rounding} rounding is not supported")
             # integer nearest upsampling (YOLO and FPN necks) repeats rows and columns: exact, and
             # valid for any input size (ops.interpolate takes no scale_factor for nearest)
             for axis, scale in ((2, int(scales[2])), (3, int(scales[3]))):
@@ -706,11 +739,15 @@ def resize(ctx: Ctx) -> str:
             return x
         if any(d is None for d in shape[2:]):
             ctx.fail("a fractional or linear scale on a dynamic spatial size is not supported")
-        target = f"size={_tuple([int(d * s) for d, s in zip(shape[2:], scales[2:])])}"  # type: ignore[operator]
+        size = _tuple([int(d * s) for d, s in zip(shape[2:], scales[2:])])  # type: ignore[operator]
     elif ctx.has(3) and ctx.is_static(3):
-        target = f"size={_tuple(ctx.ints(3)[2:])}"
+        size = _tuple(ctx.ints(3)[-2:])
     else:
         ctx.fail("computed resize sizes are not supported")
-    ms_mode = "nearest" if mode == "nearest" else "bilinear"
-    corners = ", align_corners=True" if transform == "align_corners" else ""
-    return f"ops.interpolate({x}, {target}, mode='{ms_mode}'{corners})"
+    # the resize primitives: ops.interpolate compiles checks a MindIR with a dynamic batch cannot run
+    if mode == "nearest":
+        if (transform, rounding) != ("asymmetric", "floor"):
+            ctx.fail(f"nearest resize to a fractional size needs asymmetric/floor, not {transform}/{rounding}")
+        return f"ops.ResizeNearestNeighborV2(False, False)({x}, {size})"
+    corners = transform == "align_corners"
+    return f"ops.ResizeBilinearV2({corners}, {not corners})({x}, {size})"

@@ -12,6 +12,8 @@ Both take inputs positionally, in the order of the package signature.
 from __future__ import annotations
 
 import importlib.util
+import os
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,12 @@ from unideploy.registry import Availability
 from unideploy.runtimes.base import Runtime
 from unideploy.runtimes.mindspore_lite import LiteRecipe, is_recipe
 from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
+
+
+def keep_dumps_out_of_cwd() -> None:
+    """MindSpore writes ``rank_0/om/analyze_fail.ir`` into the working directory when a graph fails
+    to compile, unless ``MS_OM_PATH`` says where: a user's folder is not the place."""
+    os.environ.setdefault("MS_OM_PATH", str(Path(tempfile.gettempdir()) / "unideploy-mindspore"))
 
 
 def _installed(module: str) -> bool:
@@ -81,6 +89,7 @@ class MindSporeRuntime(Runtime):
             raise PackageError(exc.message, exc.hint) from exc
 
     def _load_graph_cell(self) -> None:
+        keep_dumps_out_of_cwd()
         with quiet():
             import mindspore as ms
 
@@ -122,7 +131,14 @@ class MindSporeRuntime(Runtime):
             raise RuntimeFailure(
                 f"the model returned {len(results)} outputs, the signature lists {len(self.signature.outputs)}"
             )
-        return dict(zip(self.signature.output_names, results))
+        outputs = dict(zip(self.signature.output_names, results))
+        wrong = self.signature.output_mismatches(inputs, outputs)
+        if wrong:  # a loaded MindIR can keep the shapes of an earlier call for some networks
+            raise RuntimeFailure(
+                f"{self.engine} returned outputs of the wrong shape for these inputs: {'; '.join(wrong)}",
+                "MindSpore reused the shapes of an earlier call; run the package's ONNX artifact instead",
+            )
+        return outputs
 
     def _run_graph_cell(self, ordered: list[np.ndarray]) -> list[np.ndarray]:
         out = self.cell(*[self._tensor(a) for a in ordered])
