@@ -192,3 +192,13 @@ def test_a_mindir_that_keeps_a_stale_shape_is_refused_with_the_reason(tmp_path):
     assert result.returncode == 1, result.stderr
     assert "does not reproduce the model" in result.stderr and "wrong shape" in result.stderr
     assert not out.exists() and not list(tmp_path.glob(".rec*"))
+
+
+def test_doctor_reports_the_ascend_target_usable_and_what_serving_needs():
+    from console import deploy
+
+    result = deploy("doctor", "--json")
+    assert result.returncode == 0, result.stderr
+    findings = {(f["kind"], f["name"]): f for f in json.loads(result.stdout)["findings"]}
+    ascend = findings[("target", "ascend")]
+    assert ascend["ok"] and "CANN" in ascend["detail"] and "converter_lite" in ascend["detail"]

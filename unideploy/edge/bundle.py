@@ -29,7 +29,7 @@ from unideploy.edge.coreml import COREML_PRECISION, coreml_availability, torchsc
 from unideploy.edge.platforms import PLATFORMS, CodeFile, namespace_for
 from unideploy.errors import ExportError, InputError, PackageError
 from unideploy.package import Manifest, Package, PackageWriter
-from unideploy.package.files import all_files, digest_path, extract_zip, resolve_inside, write_zip
+from unideploy.package.files import all_files, digest_path, extract_zip, read_format_document, resolve_inside, write_zip
 from unideploy.package.writer import check_destination
 from unideploy.verify import ArtifactCheck, verify_package
 
@@ -409,18 +409,9 @@ def _check_files(root: Path, entries: list[dict[str, Any]], package_dir: str) ->
 
 
 def _read_document(root: Path) -> dict[str, Any]:
-    try:
-        document = json.loads((root / BUNDLE_MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PackageError(f"{BUNDLE_MANIFEST} cannot be read: {exc}", "build the bundle again") from exc
-    if not isinstance(document, dict) or document.get("format") != BUNDLE_FORMAT:
-        raise PackageError(f"{BUNDLE_MANIFEST} is not a unideploy bundle manifest", "build the bundle again")
-    if document.get("format_version") != BUNDLE_VERSION:
-        raise PackageError(
-            f"bundle format version {document.get('format_version')!r} is not supported "
-            f"(this unideploy reads version {BUNDLE_VERSION})",
-            "upgrade unideploy or rebuild the bundle",
-        )
+    document = read_format_document(
+        root / BUNDLE_MANIFEST, BUNDLE_FORMAT, BUNDLE_VERSION, "bundle", "build the bundle again"
+    )
     missing = [k for k in ("platform", "package", "files", "code", "models") if k not in document]
     if missing:
         raise PackageError(f"{BUNDLE_MANIFEST} lacks {', '.join(missing)}", "build the bundle again")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import glob
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ import stat
 import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from unideploy.errors import PackageError
 
@@ -46,6 +48,25 @@ def digest_path(path: Path) -> tuple[str, int]:
         digest.update(file.relative_to(path).as_posix().encode() + b"\0")
         size += _hash_file(file, digest)
     return digest.hexdigest(), size
+
+
+def read_format_document(path: Path, fmt: str, version: int, what: str, again: str) -> dict[str, Any]:
+    """One of unideploy's JSON documents (an engine recipe, a bundle manifest): readable, of format
+    ``fmt``, at the version this unideploy reads. ``what`` names it for people ("TensorRT recipe"),
+    ``again`` is how to make it anew ("export it again")."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PackageError(f"{what} '{path.name}' cannot be read: {exc}", f"the file is damaged; {again}") from exc
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise PackageError(f"'{path.name}' is not a unideploy {what}", again)
+    if data.get("format_version") != version:
+        raise PackageError(
+            f"{what} format version {data.get('format_version')!r} is not supported "
+            f"(this unideploy reads version {version})",
+            f"upgrade unideploy, or {again}",
+        )
+    return data
 
 
 def resolve_inside(root: Path, relpath: str) -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from unideploy.errors import ExportError, PackageError
-from unideploy.package.files import digest_path
+from unideploy.package.files import digest_path, read_format_document
 from unideploy.signature import Signature
 
 RECIPE_FORMAT = "unideploy-mindspore-lite-recipe"
@@ -108,20 +108,7 @@ class LiteRecipe:
     def load(cls, path: Path) -> LiteRecipe:
         """Read a recipe and check it names a MindIR inside its folder that matches its checksum."""
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PackageError(
-                f"MindSpore Lite recipe '{path.name}' cannot be read: {exc}", "the package is damaged; export it again"
-            ) from exc
-        if not isinstance(data, dict) or data.get("format") != RECIPE_FORMAT:
-            raise PackageError(f"'{path.name}' is not a unideploy MindSpore Lite recipe")
-        if data.get("format_version") != RECIPE_VERSION:
-            raise PackageError(
-                f"MindSpore Lite recipe '{path.name}' has format version {data.get('format_version')!r}; "
-                f"this unideploy reads version {RECIPE_VERSION}",
-                "upgrade unideploy or export again",
-            )
+        data = read_format_document(path, RECIPE_FORMAT, RECIPE_VERSION, "MindSpore Lite recipe", "export it again")
         try:
             recipe = cls(
                 str(data["device"]),

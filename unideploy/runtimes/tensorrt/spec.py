@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from unideploy.errors import InputError, PackageError
-from unideploy.package.files import digest_path
+from unideploy.package.files import digest_path, read_format_document
 from unideploy.runtimes.tensorrt.profiles import InputProfile, shape_text
 
 SPEC_FORMAT = "unideploy-tensorrt-engine"
@@ -90,20 +90,7 @@ class EngineSpec:
         """Read a recipe and check that it and the files it names are whole, inside its folder,
         and match their checksums: the key of every engine built from it rests on them."""
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise PackageError(
-                f"TensorRT recipe '{path.name}' cannot be read: {exc}", "the package is damaged; export it again"
-            ) from exc
-        if not isinstance(data, dict) or data.get("format") != SPEC_FORMAT:
-            raise PackageError(f"'{path.name}' is not a unideploy TensorRT recipe")
-        if data.get("format_version") != SPEC_VERSION:
-            raise PackageError(
-                f"TensorRT recipe '{path.name}' has format version {data.get('format_version')!r}; "
-                f"this unideploy reads version {SPEC_VERSION}",
-                "upgrade unideploy or export again",
-            )
+        data = read_format_document(path, SPEC_FORMAT, SPEC_VERSION, "TensorRT recipe", "export it again")
         try:
             spec = cls(
                 onnx=_inside(data["onnx"], path),
