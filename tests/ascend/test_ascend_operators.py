@@ -43,6 +43,16 @@ CASES: dict[str, tuple] = {
         [weights("w", 3, 1, 3, 3)],
     ),
     "conv-same-upper": ([node("Conv", ["x", "w"], auto_pad="SAME_UPPER", strides=[2, 2])], [weights("w", 2, 3, 3, 3)]),
+    "same-upper-on-dynamic-sizes": (  # MTCNN's PNet: fully convolutional, TensorFlow's "same"
+        [
+            node("Conv", ["x", "w"], ["c"], auto_pad="SAME_UPPER", strides=[2, 2]),
+            node("MaxPool", ["c"], ["m"], auto_pad="SAME_UPPER", kernel_shape=[2, 2], strides=[2, 2]),
+            node("AveragePool", ["m"], ["a"], auto_pad="SAME_UPPER", kernel_shape=[3, 3], strides=[2, 2]),
+            node("Conv", ["a", "w1"], auto_pad="SAME_LOWER"),  # stride 1: pads fixed whatever the size
+        ],
+        [weights("w", 2, 3, 3, 3), weights("w1", 2, 2, 3, 3)],
+        [("x", F, [3, "h", "w"])],
+    ),
     "conv-transpose": (
         [node("ConvTranspose", ["x", "w", "b"], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])],
         [weights("w", 3, 2, 3, 3), weights("b", 2)],
@@ -321,10 +331,12 @@ def _model(case: tuple) -> tuple[onnx.ModelProto, Signature]:
 
 def _inputs(signature: Signature, batch: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(batch)
+    sizes = {"h": 9 + batch, "w": 14 - batch}  # dynamic spatial dims: odd and even, per call
+    shapes = {s.name: (batch, *(sizes.get(d, d) for d in s.shape[1:])) for s in signature.inputs}
     return {
-        s.name: rng.integers(0, 50, (batch, *s.shape[1:]))
+        s.name: rng.integers(0, 50, shapes[s.name])
         if s.dtype == "int64"
-        else rng.standard_normal((batch, *s.shape[1:])).astype(np.float32)
+        else rng.standard_normal(shapes[s.name]).astype(np.float32)
         for s in signature.inputs
     }
 

@@ -145,19 +145,25 @@ def _tuple(values: Sequence[int]) -> str:
 
 
 # -- convolution, pooling, normalization -------------------------------------------------------
-def _explicit_pads(ctx: Ctx, kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int]) -> list[int]:
-    """ONNX pads [begin..., end...] for the two spatial axes, auto_pad resolved."""
+def _explicit_pads(
+    ctx: Ctx, kernel: Sequence[int], strides: Sequence[int], dilations: Sequence[int]
+) -> list[int] | None:
+    """ONNX pads [begin..., end...] for the two spatial axes, auto_pad resolved; None for
+    SAME_UPPER on a dynamic size, where they depend on the size: MindSpore's own "same" mode
+    (TensorFlow's, the same rule) pads at run time then."""
     auto = ctx.attr("auto_pad", "NOTSET")
     if auto in ("NOTSET", "VALID"):
         return list(ctx.attr("pads", [0, 0, 0, 0])) if auto == "NOTSET" else [0, 0, 0, 0]
-    shape = ctx.shape(0)
-    if shape is None or any(d is None for d in shape[2:]):
-        ctx.fail(f"auto_pad {auto} on a dynamic spatial size (give --input-shape, or pads in the model)")
-    assert shape is not None
+    shape = ctx.shape(0) or (None,) * 4
+    dynamic = any(d is None for d in shape[2:])
+    if dynamic and any(s != 1 for s in strides):
+        if auto == "SAME_UPPER":
+            return None
+        ctx.fail(f"auto_pad {auto} with strides on a dynamic spatial size (give --input-shape, or pads in the model)")
     begin, end = [], []
     for size, k, s, d in zip(shape[2:], kernel, strides, dilations):
-        assert size is not None
-        total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        # at stride 1 the padding does not depend on the size
+        total = (k - 1) * d if s == 1 else max((-(-int(size or 0) // s) - 1) * s + (k - 1) * d + 1 - int(size or 0), 0)
         small, large = total // 2, total - total // 2
         begin.append(large if auto == "SAME_LOWER" else small)
         end.append(small if auto == "SAME_LOWER" else large)
@@ -185,10 +191,14 @@ def conv(ctx: Ctx) -> str:
     weight = ctx.static_dims(1, "kernel")
     kernel = weight[2:]
     strides, dilations = ctx.attr("strides", [1, 1]), ctx.attr("dilations", [1, 1])
-    top, left, bottom, right = _explicit_pads(ctx, kernel, strides, dilations)
+    pads = _explicit_pads(ctx, kernel, strides, dilations)
+    padding = "pad_mode='same'"
+    if pads is not None:
+        top, left, bottom, right = pads
+        padding = f"pad_mode='pad', pad={_tuple((top, bottom, left, right))}"
     expr = (
-        f"ops.Conv2D({weight[0]}, {_tuple(kernel)}, pad_mode='pad', pad={_tuple((top, bottom, left, right))}, "
-        f"stride={_tuple(strides)}, dilation={_tuple(dilations)}, group={ctx.attr('group', 1)})({ctx.t(0)}, {ctx.t(1)})"
+        f"ops.Conv2D({weight[0]}, {_tuple(kernel)}, {padding}, stride={_tuple(strides)}, "
+        f"dilation={_tuple(dilations)}, group={ctx.attr('group', 1)})({ctx.t(0)}, {ctx.t(1)})"
     )
     return f"ops.bias_add({expr}, {ctx.t(2)})" if ctx.has(2) else expr
 
@@ -233,7 +243,12 @@ def max_pool(ctx: Ctx) -> str:
         ctx.fail("the Indices output is not supported")
     kernel, strides = ctx.attr("kernel_shape"), ctx.attr("strides", [1, 1])
     dilations = ctx.attr("dilations", [1, 1])
-    x, sym = _padded(ctx, ctx.t(0), _explicit_pads(ctx, kernel, strides, dilations), value=LOWEST)
+    pads = _explicit_pads(ctx, kernel, strides, dilations)
+    if pads is None:
+        if dilations != [1, 1] or ctx.attr("ceil_mode", 0):
+            ctx.fail("SAME_UPPER with dilation or ceil_mode on a dynamic spatial size is not supported")
+        return f"ops.MaxPool({_tuple(kernel)}, {_tuple(strides)}, 'SAME')({ctx.t(0)})"
+    x, sym = _padded(ctx, ctx.t(0), pads, value=LOWEST)
     return (
         f"ops.max_pool2d({x}, {_tuple(kernel)}, {_tuple(strides)}, padding={_tuple(sym or (0, 0))}, "
         f"dilation={_tuple(dilations)}, ceil_mode={bool(ctx.attr('ceil_mode', 0))})"
@@ -244,7 +259,12 @@ def max_pool(ctx: Ctx) -> str:
 def average_pool(ctx: Ctx) -> str:
     _spatial2d(ctx)
     kernel, strides = ctx.attr("kernel_shape"), ctx.attr("strides", [1, 1])
-    top, left, bottom, right = _explicit_pads(ctx, kernel, strides, [1, 1])
+    pads = _explicit_pads(ctx, kernel, strides, [1, 1])
+    if pads is None:
+        if ctx.attr("count_include_pad", 0) or ctx.attr("ceil_mode", 0):
+            ctx.fail("SAME_UPPER with count_include_pad or ceil_mode on a dynamic spatial size is not supported")
+        return f"ops.AvgPool({_tuple(kernel)}, {_tuple(strides)}, 'SAME')({ctx.t(0)})"
+    top, left, bottom, right = pads
     return (
         f"ops.avg_pool2d({ctx.t(0)}, {_tuple(kernel)}, {_tuple(strides)}, padding={_tuple((top, bottom, left, right))}, "
         f"ceil_mode={bool(ctx.attr('ceil_mode', 0))}, count_include_pad={bool(ctx.attr('count_include_pad', 0))})"
