@@ -37,7 +37,7 @@ def verify_package(package: Package, runtime: str | None = None, device: str = "
     Integrity was checked when the package was opened; an artifact no runtime here can execute
     is reported as skipped with the reason, never silently passed.
     """
-    samples = [(s.inputs, s.outputs) for s in package.reference_samples()]
+    samples = package.reference_pairs()
     checks = []
     for artifact in package.manifest.artifacts:
         try:

@@ -304,6 +304,27 @@ CASES: dict[str, tuple] = {
         [("ids", TensorProto.INT64, [6])],
     ),
     "gather-scalar-index": ([node("Gather", ["x", "i"], axis=1)], [const("i", -1, np.int64)], [TOKENS]),
+    "lstm-forward-with-states": (
+        [node("LSTM", ["x", "w", "r", "b", "", "h", "c"], ["y"], hidden_size=6)],
+        [
+            weights("w", 1, 24, 16),
+            weights("r", 1, 24, 6),
+            weights("b", 1, 48),
+            weights("h", 1, 1, 6),
+            weights("c", 1, 1, 6),
+        ],
+        [("x", F, [1, 16])],  # [seq, batch, input]: the dynamic first dim is the sequence here
+    ),
+    "lstm-bidirectional-last-state": (
+        [node("LSTM", ["x", "w", "r", "b"], ["", "y"], hidden_size=5, direction="bidirectional")],
+        [weights("w", 2, 20, 16), weights("r", 2, 20, 5), weights("b", 2, 40)],
+        [("x", F, [3, 16])],
+    ),
+    "lstm-reverse": (
+        [node("LSTM", ["x", "w", "r"], ["y"], hidden_size=4, direction="reverse")],
+        [weights("w", 1, 16, 16), weights("r", 1, 16, 4)],
+        [("x", F, [2, 16])],
+    ),
     "cast-int": ([node("Cast", ["x"], ["i"], to=TensorProto.INT64), node("Cast", ["i"], to=F)], [], [TOKENS]),
 }
 

@@ -139,7 +139,7 @@ def build_ascend(
         )
     with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-ascend-") as tmp:
         work, manifest = Path(tmp), package.manifest
-        references = [(s.inputs, s.outputs) for s in package.reference_samples()]
+        references = package.reference_pairs()
         mindir, native = _mindir(package, work, say)
         say("checking the MindIR against the reference outputs with MindSpore")
         try:

@@ -115,6 +115,31 @@ class Ctx:
 
 Emit = Callable[[Ctx], "str | list[str]"]
 
+# Functions the generated module defines beside the network (MindSpore compiles calls to them too).
+SUPPORT = """
+def lstm_direction(x, h0, c0, weights, input_size, hidden, reverse):
+    if reverse:
+        x = ops.ReverseV2((0,))(x)
+    y, h, c, _, _ = ops.LSTM(input_size, hidden, 1, True, False, 0.0)(x, h0, c0, weights)
+    if reverse:
+        y = ops.ReverseV2((0,))(y)
+    return ops.expand_dims(y, 1), h, c
+
+
+def lstm_states(x, hidden, directions):
+    return ops.tile(ops.zeros_like(x[0:1, :, 0:1]), (directions, 1, hidden))
+
+
+def lstm(x, h0, c0, weights, input_size, hidden, reverse):
+    return lstm_direction(x, h0, c0, weights, input_size, hidden, reverse)
+
+
+def lstm_bidirectional(x, h0, c0, forward, backward, input_size, hidden):
+    y1, h1, c1 = lstm_direction(x, h0[0:1], c0[0:1], forward, input_size, hidden, False)
+    y2, h2, c2 = lstm_direction(x, h0[1:2], c0[1:2], backward, input_size, hidden, True)
+    return ops.cat((y1, y2), 1), ops.cat((h1, h2), 0), ops.cat((c1, c2), 0)
+"""
+
 
 @dataclass(frozen=True)
 class MsOp:
@@ -391,6 +416,49 @@ for _onnx, _ms in BINARY.items():
 def div(ctx: Ctx) -> str:
     mode = ", rounding_mode='trunc'" if "int" in ctx.out_dtype() else ""
     return f"ops.div({ctx.t(0)}, {ctx.t(1)}{mode})"
+
+
+@op(
+    "LSTM",
+    mindspore="ops.LSTM (per direction)",
+    notes="forward, reverse, bidirectional; default activations, no clip or peepholes, full-length sequences",
+)
+def lstm(ctx: Ctx) -> str:
+    hidden = int(ctx.attr("hidden_size"))
+    direction = ctx.attr("direction", "forward")
+    if ctx.attr("activations") not in (
+        None,
+        [b"Sigmoid", b"Tanh", b"Tanh"] * (2 if direction == "bidirectional" else 1),
+    ):
+        ctx.fail("only the default activations (Sigmoid, Tanh, Tanh) are supported")
+    if ctx.attr("clip") is not None or ctx.attr("input_forget", 0) or ctx.has(7):
+        ctx.fail("clip, input_forget and peepholes are not supported")
+    if ctx.has(4):
+        ctx.fail("sequence_lens is not supported (sequences must be full length)")
+    if ctx.attr("layout", 0):
+        ctx.fail("layout=1 (batch first) is not supported")
+    w, r = ctx.const(1, "W"), ctx.const(2, "R")
+    b = ctx.const(3, "B") if ctx.has(3) else np.zeros((w.shape[0], 8 * hidden), w.dtype)
+    gates = np.array([0, 2, 3, 1])  # ONNX orders the gates i, o, f, c; MindSpore i, f, c, o
+    weights = []
+    for d in range(w.shape[0]):
+
+        def order(m: np.ndarray) -> np.ndarray:
+            return m.reshape(4, hidden, *m.shape[1:])[gates].reshape(m.shape)
+
+        flat = [order(w[d]).ravel(), order(r[d]).ravel(), order(b[d, : 4 * hidden] + b[d, 4 * hidden :]).ravel()]
+        weights.append(ctx.net.parameter(np.concatenate(flat).reshape(-1, 1, 1), f"{ctx.node.output[0]}_lstm{d}"))
+    x = ctx.t(0)
+    states = f"lstm_states({x}, {hidden}, {w.shape[0]})"
+    h0 = ctx.t(5) if ctx.has(5) else states
+    c0 = ctx.t(6) if ctx.has(6) else states
+    size = w.shape[2]
+    if direction == "bidirectional":
+        call = f"lstm_bidirectional({x}, {h0}, {c0}, {weights[0]}, {weights[1]}, {size}, {hidden})"
+    else:
+        call = f"lstm({x}, {h0}, {c0}, {weights[0]}, {size}, {hidden}, {direction == 'reverse'})"
+    outputs = len(ctx.node.output)  # Y, Y_h, Y_c: a node lists the first one, two or three
+    return f"{call}[0]" if outputs == 1 else call if outputs == 3 else f"{call}[:2]"
 
 
 @op("Max", "Min", mindspore="ops.maximum / ops.minimum", notes="any number of inputs")

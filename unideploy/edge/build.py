@@ -282,7 +282,7 @@ def build_edge(
         work = Path(tmp)
         manifest = package.manifest
         base = manifest.base_onnx()
-        references = [(s.inputs, s.outputs) for s in package.reference_samples()]
+        references = package.reference_pairs()
         framework = manifest.source["framework"]
         added: list[AddedArtifact] = []
         omitted = []

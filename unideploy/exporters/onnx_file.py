@@ -20,6 +20,7 @@ from unideploy.exporters.onnx_io import (
     MAX_INLINE_BYTES,
     constants_to_initializers,
     declare_signature,
+    opset_of,
     save_model,
     set_io_dims,
 )
@@ -83,7 +84,7 @@ class OnnxFileExporter(Exporter):
                 f"ONNX Runtime cannot run '{src.name}': {exc.message}",
                 "the model uses an operator or opset this onnxruntime does not implement",
             ) from exc
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        opset = opset_of(model)
         return ConvertedModel(
             onnx_path=onnx_path,
             signature=signature,

@@ -20,6 +20,11 @@ MAX_INLINE_BYTES = 2**31 - 1
 EXTERNAL_DATA_NAME = "model.onnx.data"
 
 
+def opset_of(model: onnx.ModelProto, default: int = 0) -> int:
+    """The default-domain opset a model imports (``default`` when it names none)."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default)
+
+
 def rename_values(model: onnx.ModelProto, mapping: Mapping[str, str]) -> None:
     """Rename tensors everywhere they appear (graph inputs/outputs, node inputs/outputs)."""
     graph = model.graph

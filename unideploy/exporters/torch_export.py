@@ -16,6 +16,7 @@ import numpy as np
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
+from unideploy.exporters.onnx_io import opset_of
 from unideploy.exporters.shapes import apply_input_shapes, readable_dims
 from unideploy.exporters.torchscript import flatten_outputs, output_names_for, unsupported_operator
 from unideploy.quiet import quiet
@@ -92,7 +93,7 @@ class TorchExportExporter(Exporter):
                 )
             return {n: t.detach().cpu().numpy() for n, t in zip(output_names, result)}
 
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        opset = opset_of(model)
         return ConvertedModel(
             onnx_path=onnx_path,
             signature=signature,

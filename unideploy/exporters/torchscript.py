@@ -16,7 +16,7 @@ import numpy as np
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
-from unideploy.exporters.onnx_io import set_io_dims
+from unideploy.exporters.onnx_io import opset_of, set_io_dims
 from unideploy.quiet import quiet
 from unideploy.samples import random_tensor
 from unideploy.signature import BATCH_DIM, TensorSpec, signature_from_onnx
@@ -72,7 +72,7 @@ class TorchScriptExporter(Exporter):
         except Exception as exc:
             raise ExportError(f"the exporter wrote an invalid ONNX model: {exc}") from exc
         model = onnx.load(str(onnx_path))
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), opset)
+        opset = opset_of(model, opset)
         signature = signature_from_onnx(model)
 
         def run_source(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

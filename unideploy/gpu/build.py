@@ -145,7 +145,7 @@ def build_gpu(
     with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-gpu-") as tmp:
         work, manifest = Path(tmp), package.manifest
         profiles = build_profiles(manifest.signature, request.profiles)
-        references = [(s.inputs, s.outputs) for s in package.reference_samples()]
+        references = package.reference_pairs()
         calibration = None
         added: list[AddedArtifact] = []
         for precision in dict.fromkeys(request.precisions):

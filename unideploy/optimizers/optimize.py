@@ -22,7 +22,8 @@ from unideploy.optimizers.accuracy import choose_metrics, compare, describe
 from unideploy.optimizers.base import STAGES, Evaluation
 from unideploy.optimizers.data import Dataset, load_dataset, split, synthetic_dataset
 from unideploy.optimizers.measure import latency, size_effects, timing_session
-from unideploy.package import Artifact, Package, PackageWriter
+from unideploy.package import Artifact, Package
+from unideploy.package.writer import extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.validation import measured_tolerance_record
 
@@ -215,45 +216,41 @@ def optimize(
             notes.append("accuracy was measured on synthetic inputs only: it says little about real data")
 
         say("writing the package")
-        destination = Path(output) if output else Path(package_path)
-        same = destination.resolve() == Path(package_path).resolve()
-        with PackageWriter(destination, overwrite=overwrite or same) as writer:
-            manifest = writer.add_package(package)
-            artifact = writer.add_artifact(
-                current,
-                Artifact(
-                    id=artifact_id,
-                    path=f"artifacts/model.{artifact_id.removeprefix('onnx-')}.onnx",
-                    format="onnx",
-                    precision=precision,
-                    sha256="",
-                    size=0,
-                    runtimes=list(base.runtimes),
-                    opset=base.opset,
-                    derived_from=base.id,
-                    targets=targets,
-                ),
-            )
-            manifest.artifacts = [a for a in manifest.artifacts if a.id != artifact_id] + [artifact]
-            manifest.optimizations = [o for o in manifest.optimizations if o.get("artifact") != artifact_id] + [
-                {
-                    "name": "+".join(s["name"] for s in steps),
-                    "artifact": artifact_id,
-                    "derived_from": base.id,
-                    "passes": steps,
-                    "data": data_info,
-                    "accuracy": final.accuracy,
-                    "effects": effects,
-                    "notes": notes,
-                }
-            ]
-            manifest.validation[artifact_id] = record
-            return writer.commit(manifest)
+        artifact = Artifact(
+            id=artifact_id,
+            path=f"artifacts/model.{artifact_id.removeprefix('onnx-')}.onnx",
+            format="onnx",
+            precision=precision,
+            sha256="",
+            size=0,
+            runtimes=list(base.runtimes),
+            opset=base.opset,
+            derived_from=base.id,
+            targets=targets,
+        )
+        made = {
+            "name": "+".join(s["name"] for s in steps),
+            "artifact": artifact_id,
+            "derived_from": base.id,
+            "passes": steps,
+            "data": data_info,
+            "accuracy": final.accuracy,
+            "effects": effects,
+            "notes": notes,
+        }
+        return extend_package(
+            package,
+            package_path,
+            output or package_path,
+            [(artifact, current, {}, record)],
+            overwrite,
+            optimizations=[made],
+        )
 
 
 def _source_tolerance(package: Package, model: Path, signature: Any) -> dict[str, Any]:
     """Errors of the optimized model against the source framework's reference outputs, with the
     tolerance ``deploy verify`` will hold it to from now on."""
-    references = [(s.inputs, s.outputs) for s in package.reference_samples()]
+    references = package.reference_pairs()
     with RUNTIMES.get("onnxruntime")(model, signature, RuntimeOptions(device="cpu")) as runtime:
         return measured_tolerance_record(runtime.run, references, package.manifest.source["framework"])

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from unideploy.errors import ExportError, InputError, first_line
+from unideploy.exporters.onnx_io import opset_of
 from unideploy.optimizers.base import Batch, Evaluation, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import gemm_to_matmul, name_nodes
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search
@@ -158,7 +159,7 @@ class Int8Quantization(OptimizerPass):
             ctx.say(f"quantization pre-processing skipped: {first_line(exc)}")
             prepared = Path(model_path)
         model = onnx.load(str(prepared))
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        opset = opset_of(model)
         if opset < PER_CHANNEL_OPSET:
             model = _upgrade_opset(model, opset)
             prepared = ctx.workdir / f"int8-opset{PER_CHANNEL_OPSET}.onnx"

@@ -122,6 +122,10 @@ class Package:
     def reference_samples(self) -> list[ReferenceSample]:
         return [self._load_samples(s) for s in self.manifest.samples]
 
+    def reference_pairs(self) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+        """(inputs, source outputs) per stored sample: what every artifact is validated against."""
+        return [(s.inputs, s.outputs) for s in self.reference_samples()]
+
     def _load_samples(self, sample_set: SampleSet) -> ReferenceSample:
         inputs: dict[str, np.ndarray] = {}
         outputs: dict[str, np.ndarray] = {}

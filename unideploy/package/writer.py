@@ -120,11 +120,13 @@ def extend_package(
     overwrite: bool = False,
     first: bool = False,
     omitted: list[dict[str, str]] | None = None,
+    optimizations: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write ``output``: ``package`` with ``added`` replacing artifacts of the same ids (listed before
-    the others when ``first``: artifacts to be preferred where they can run), and ``omitted`` saying
-    what the stage left out and why. ``output`` may be the package itself: the stages that add
-    artifacts (edge, GPU) update in place too."""
+    the others when ``first``: artifacts to be preferred where they can run), ``omitted`` saying
+    what the stage left out and why, and ``optimizations`` the records of how optimized artifacts
+    were made (replacing those of the same artifacts). ``output`` may be the package itself: every
+    stage that adds artifacts (optimizers, edge, GPU, Ascend) can update in place."""
     destination = Path(output)
     same = destination.resolve() == Path(package_path).resolve()
     with PackageWriter(destination, overwrite=overwrite or same) as writer:
@@ -139,4 +141,7 @@ def extend_package(
         if omitted:
             stages = {o["stage"] for o in omitted}
             updated.omitted = [o for o in updated.omitted if o["stage"] not in stages] + omitted
+        if optimizations:
+            made = {o["artifact"] for o in optimizations}
+            updated.optimizations = [o for o in updated.optimizations if o.get("artifact") not in made] + optimizations
         return writer.commit(updated)
