@@ -14,13 +14,14 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import ValidationError
+from unideploy.package.manifest import OutputErrors, ValidationRecord
 from unideploy.samples import batch_size_of
 from unideploy.signature import CHANNELS_LAST, Signature
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
 
-Record = dict[str, Any]
+Record = ValidationRecord
 
 
 def compare_output(expected: np.ndarray, actual: np.ndarray, atol: float, rtol: float) -> dict[str, Any]:
@@ -53,7 +54,7 @@ def validate(
     reference: str,
 ) -> Record:
     """Run every (inputs, expected outputs) pair and merge the worst errors per output."""
-    outputs: dict[str, dict[str, Any]] = {}
+    outputs: dict[str, OutputErrors] = {}
     batch_sizes = []
     for inputs, expected in samples:
         actual = run(inputs)

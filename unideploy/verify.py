@@ -3,11 +3,12 @@ reference outputs of the source framework."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from unideploy.errors import MissingDependencyError
 from unideploy.package import Package
+from unideploy.package.manifest import ValidationRecord
 from unideploy.runtimes import RuntimeOptions
 from unideploy.runtimes.selection import runtime_for
 from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, failure_text, fitted, validate
@@ -19,7 +20,7 @@ class ArtifactCheck:
     status: str  # "passed", "failed" or "skipped"
     runtime: str | None = None
     reason: str | None = None
-    record: dict[str, Any] = field(default_factory=dict)
+    record: ValidationRecord | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,8 +49,8 @@ def verify_package(package: Package, runtime: str | None = None, device: str = "
         except MissingDependencyError as exc:  # no runtime here, or (on load) no GPU for a GPU artifact
             checks.append(ArtifactCheck(artifact.id, "skipped", reason=exc.message))
             continue
-        stored = package.manifest.validation.get(artifact.id, {})
-        atol, rtol = stored.get("atol", DEFAULT_ATOL), stored.get("rtol", DEFAULT_RTOL)
+        stored = package.manifest.validation.get(artifact.id)
+        atol, rtol = (stored["atol"], stored["rtol"]) if stored else (DEFAULT_ATOL, DEFAULT_RTOL)
         with engine:
             run, fit = fitted(engine.run, package.manifest.signature_of(artifact), samples)
             if not fit:

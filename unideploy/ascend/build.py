@@ -22,7 +22,7 @@ import onnx
 from unideploy.ascend.network import export_mindir, require_supported
 from unideploy.errors import ExportError, MissingDependencyError, RuntimeFailure, ValidationError
 from unideploy.package import Artifact, Package
-from unideploy.package.manifest import Manifest
+from unideploy.package.manifest import Manifest, Tolerance, ValidationRecord
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.runtimes.mindspore_lite import CONVERTER, DEVICES, LiteRecipe
@@ -33,7 +33,7 @@ ASCEND_RELATIVE = 1e-2  # the NPU computes convolutions and matrix products in f
 MINDIR_PATH = "artifacts/model.mindir"
 
 
-def lite_tolerance(device: str, mindir_record: Mapping[str, Any], references: list) -> dict[str, Any]:
+def lite_tolerance(device: str, mindir_record: ValidationRecord, references: list) -> Tolerance:
     """What a converted model is held to against the source: fp16 on the Ascend NPU, the MindIR's
     own error (ten times over) for the fp32 ``.ms`` of edge devices."""
     if device == "ascend":
@@ -69,7 +69,7 @@ def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact
     return export_mindir(model, manifest.signature, work / "model.mindir", work, example), None
 
 
-def _check_mindir(path: Path, manifest: Manifest, references: list) -> dict[str, Any]:
+def _check_mindir(path: Path, manifest: Manifest, references: list) -> ValidationRecord:
     with RUNTIMES.get("mindspore")(path, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
         record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=manifest.source["framework"])
     require_passed(record, "the MindIR artifact (run by MindSpore on the CPU)")
@@ -80,7 +80,7 @@ def _lite_artifacts(
     mindir: Path,
     packaged_as: str,
     manifest: Manifest,
-    mindir_record: Mapping[str, Any],
+    mindir_record: ValidationRecord,
     references: list,
     work: Path,
     say: Progress,
@@ -101,7 +101,7 @@ def _lite_artifacts(
             say(f"converting with {CONVERTER} for {device}")
             converted = recipe.convert(folder)
             companions[f"{beside}/{recipe.output}"] = converted
-        record = {
+        record: ValidationRecord = {
             "deferred": f"MindSpore Lite cannot run where the package was made (mindspore_lite is not on PyPI for "
             f"this Python); the converted model is checked on the {device} machine ('deploy verify' there)",
             **tolerance,

@@ -19,6 +19,7 @@ from rich.table import Table
 from unideploy.bench import Tick
 from unideploy.doctor import Finding
 from unideploy.package import Package
+from unideploy.package.manifest import OptimizationRecord
 from unideploy.verify import ArtifactCheck
 
 if TYPE_CHECKING:
@@ -169,7 +170,7 @@ def verify(package: Package, checks: list[ArtifactCheck], signature_checked: boo
     for col in ("artifact", "runtime", "result", "max abs err", "max rel err", "detail"):
         table.add_column(col)
     for c in checks:
-        outputs = c.record.get("outputs", {}).values()
+        outputs = (c.record.get("outputs", {}) if c.record else {}).values()
         abs_err = _fmt(max((o["max_abs_error"] for o in outputs), default=0.0)) if c.record else ""
         rel_err = _fmt(max((o["max_rel_error"] for o in outputs), default=0.0)) if c.record else ""
         table.add_row(c.artifact, c.runtime or "", _status(c.status), abs_err, rel_err, escape(c.reason or ""))
@@ -318,7 +319,7 @@ def _metric_detail(o: dict[str, Any]) -> str:
     return f"relative error {o['relative_error']:.4g}"
 
 
-def optimization(package: Package, record: dict[str, Any]) -> None:
+def optimization(package: Package, record: OptimizationRecord) -> None:
     acc, eff = record["accuracy"], record["effects"]
     out.print(
         f"[bold green]Added[/] {record['artifact']} to {escape(str(package.origin))} "

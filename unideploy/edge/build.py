@@ -40,6 +40,7 @@ from unideploy.errors import (
 )
 from unideploy.exporters.onnx_io import copy_model
 from unideploy.package import Artifact, Package
+from unideploy.package.manifest import OmittedRecord, Precision
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.signature import CHANNELS_LAST, Signature, to_channels_last
@@ -150,7 +151,7 @@ def _onnx2tf(
 
 def _tflite_artifacts(
     package: Package, base: Artifact | None, work: Path, calibration: str | Path | None, references: list, say: Progress
-) -> tuple[list[AddedArtifact], list[dict[str, str]]]:
+) -> tuple[list[AddedArtifact], list[OmittedRecord]]:
     """TFLite fp32 (held to the default tolerance), fp16 and int8 (each through the accuracy guard,
     left out with its numbers when over budget)."""
     from unideploy.optimizers.accuracy import compare, describe
@@ -162,7 +163,8 @@ def _tflite_artifacts(
     found = tflite.availability()
     if not found.ok:
         raise MissingDependencyError(f"the edge target needs LiteRT: {found.detail}", found.fix)
-    source_dir = package.root / manifest.source["path"] if manifest.source.get("path") else None
+    kept = manifest.source.get("path")
+    source_dir = package.root / kept if kept else None
     fixed = None  # the input sizes onnx2tf converts at, where the model has dynamic non-batch dims
     refold: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, constants folded
     if framework == "tensorflow" and source_dir and source_dir.is_dir():
@@ -178,16 +180,16 @@ def _tflite_artifacts(
     else:
         raise ExportError("the package has no ONNX artifact to convert from")
     added: list[AddedArtifact] = []
-    omitted: list[dict[str, str]] = []
+    omitted: list[OmittedRecord] = []
     guard = None  # (inputs, fp32 outputs, labels), loaded when the first non-exact artifact needs it
     signature = None  # the model's own signature (layout), known once fp32 is converted
     # int8: full integer from the calibration data; where that does not convert, run (LiteRT's
     # integer Div refuses a divisor quantized to zero, as in attention's LayerNorm and pooling) or
     # hold the budget, dynamic range (int8 weights, float activations), as ONNX Runtime's INT8 does
-    variants = [("fp32", "fp32"), ("fp16", "fp16")] + (
-        [("int8", "int8"), ("int8", "int8-dynamic")] if calibration else []
-    )
-    failed: dict[str, list[tuple[str, UnideployError]]] = {}
+    variants: list[tuple[Precision, str]] = [("fp32", "fp32"), ("fp16", "fp16")]
+    if calibration:
+        variants += [("int8", "int8"), ("int8", "int8-dynamic")]
+    failed: dict[Precision, list[tuple[str, UnideployError]]] = {}
     made: set[str] = set()  # precisions added: the dynamic-range int8 runs only where full integer did not
     while variants:
         precision, mode = variants.pop(0)
@@ -285,7 +287,7 @@ def build_edge(
         references = package.reference_pairs()
         framework = manifest.source["framework"]
         added: list[AddedArtifact] = []
-        omitted = []
+        omitted: list[OmittedRecord] = []
 
         if base is not None:
             say("converting to ONNX Runtime's mobile format (.ort)")

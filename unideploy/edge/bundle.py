@@ -173,7 +173,8 @@ def _wrapped_models(package: Package, chosen: list[Any]) -> list[Wrapped]:
 def _add_coreml(package: Package, staging: Path, name: str, document: dict[str, Any]) -> None:
     """A Core ML model beside the others when the source is TorchScript and coremltools is here."""
     source = package.manifest.source
-    if source["framework"] != "torchscript" or not source.get("path"):
+    kept = source.get("path")
+    if source["framework"] != "torchscript" or not kept:
         return
     found = coreml_availability()
     if not found.ok:
@@ -181,9 +182,7 @@ def _add_coreml(package: Package, staging: Path, name: str, document: dict[str, 
         return
     relpath = f"ios/{name}.mlpackage"
     try:
-        torchscript_to_mlpackage(
-            resolve_inside(package.root, source["path"]), package.manifest.signature, staging / relpath
-        )
+        torchscript_to_mlpackage(resolve_inside(package.root, kept), package.manifest.signature, staging / relpath)
     except ExportError as exc:
         document["notes"].append(f"no Core ML model: {exc.message}")
         return
@@ -214,8 +213,9 @@ def _bundle_document(
     manifest = package.manifest
     models = []
     for artifact in chosen:
-        record = manifest.validation.get(artifact.id, {})
-        errors = [o["max_abs_error"] for o in record.get("outputs", {}).values()]
+        record = manifest.validation.get(artifact.id)
+        outputs = record.get("outputs", {}) if record else {}
+        errors = [o["max_abs_error"] for o in outputs.values()]
         models.append(
             {
                 "artifact": artifact.id,

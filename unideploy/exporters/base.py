@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from unideploy.package.manifest import ArtifactFormat
 from unideploy.registry import Availability, modules_availability
 from unideploy.signature import InputShape, Signature
 
@@ -64,7 +65,7 @@ class Exporter(ABC):
     keeps_source: ClassVar[bool] = True  # store the source file in the package (later targets convert from it)
     # The artifact format of a source that runs as it is (MindIR on MindSpore): the packaged source
     # is then also listed as an artifact, validated on the runtime registered under the same name.
-    native_format: ClassVar[str | None] = None
+    native_format: ClassVar[ArtifactFormat | None] = None
 
     @classmethod
     def availability(cls) -> Availability:

@@ -11,7 +11,6 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnxruntime
@@ -24,6 +23,7 @@ from unideploy.exporters.onnx_io import declare_signature
 from unideploy.exporters.shapes import resolve_signature, settle_outputs
 from unideploy.package import Artifact, Manifest, PackageWriter
 from unideploy.package.files import digest_path
+from unideploy.package.manifest import SourceRecord, ValidationRecord
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.samples import batch_size_of, example_batches, synthetic_batches
 from unideploy.signature import Signature
@@ -93,7 +93,8 @@ def export(
             ran = run_source(exporter_cls, src, Path(tmp), options, atol, rtol, say)
         converted, signature, references = ran.converted, ran.signature, ran.references
 
-        artifacts, validation = [], {}
+        artifacts: list[Artifact] = []
+        validation: dict[str, ValidationRecord] = {}
         if converted.onnx_path is not None:
             say("validating the ONNX artifact on ONNX Runtime")
             with RUNTIMES.get("onnxruntime")(converted.onnx_path, signature, RuntimeOptions(device="cpu")) as runtime:
@@ -119,7 +120,7 @@ def export(
 
         say("writing the package")
         source_sha, source_size = digest_path(src)
-        source = {
+        source: SourceRecord = {
             "framework": exporter_cls.framework,
             "file_name": src.name,
             "sha256": source_sha,
@@ -167,7 +168,7 @@ class SourceRun:
     converted: ConvertedModel
     signature: Signature
     references: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]
-    native_validation: dict[str, Any] | None
+    native_validation: ValidationRecord | None
 
 
 def run_source(

@@ -24,6 +24,7 @@ import numpy as np
 from unideploy.errors import InputError
 from unideploy.package import Artifact, Manifest, Package
 from unideploy.package.files import digest_path
+from unideploy.package.manifest import Tolerance, ValidationRecord
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.runtimes.tensorrt.precision import PRECISIONS, BuildPlan, plan_build
@@ -47,13 +48,15 @@ class GpuRequest:
     calibration: str | Path | None = None  # for int8 without a symmetric QDQ artifact
 
 
-def engine_tolerance(plan: BuildPlan, manifest: Manifest, references: list[tuple[dict, dict]]) -> dict[str, Any]:
+def engine_tolerance(plan: BuildPlan, manifest: Manifest, references: list[tuple[dict, dict]]) -> Tolerance:
     """The tolerance an engine is held to against the source model, at export or on the serving
     GPU: what its precision can keep, on the scale of this model's outputs."""
     largest = largest_reference(references)
     if plan.precision == "fp32":
-        onnx = manifest.validation.get(plan.artifact.id, {})
-        atol = max(DEFAULT_ATOL, 10 * max((o["max_abs_error"] for o in onnx.get("outputs", {}).values()), default=0))
+        measured = manifest.validation.get(plan.artifact.id)
+        outputs = measured.get("outputs", {}) if measured else {}
+        worst = max((o["max_abs_error"] for o in outputs.values()), default=0.0)
+        atol = max(DEFAULT_ATOL, 10 * worst)
         return {
             "atol": atol,
             "rtol": DEFAULT_RTOL,
@@ -66,10 +69,10 @@ def engine_tolerance(plan: BuildPlan, manifest: Manifest, references: list[tuple
             "tolerance_basis": f"fp16: {FP16_RELATIVE:.0%} of the largest reference output",
         }
     if not plan.calibrate:
-        qdq = manifest.validation.get(plan.artifact.id, {})
+        qdq = manifest.validation.get(plan.artifact.id)
         return {
-            "atol": 2 * qdq.get("atol", DEFAULT_ATOL),
-            "rtol": 2 * qdq.get("rtol", DEFAULT_RTOL),
+            "atol": 2 * (qdq["atol"] if qdq else DEFAULT_ATOL),
+            "rtol": 2 * (qdq["rtol"] if qdq else DEFAULT_RTOL),
             "tolerance_basis": f"explicit int8: twice the tolerance of '{plan.artifact.id}' on ONNX Runtime",
         }
     return {
@@ -159,6 +162,7 @@ def build_gpu(
             companions: dict[str, Path] = (
                 {f"{ARTIFACTS}/{CALIBRATION_FILE}": calibration} if calibration and spec.calibration else {}
             )
+            record: ValidationRecord
             if found.ok:
                 say(f"building and checking the TensorRT {precision} engine on this GPU")
                 cache = work / "engines" / precision
@@ -191,7 +195,7 @@ def build_gpu(
                         f"tensorrt-{precision}",
                         f"{ARTIFACTS}/{spec_path.name}",
                         "tensorrt",
-                        precision,
+                        plan.precision,
                         "",
                         0,
                         ["tensorrt", "onnxruntime"],

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from unideploy.optimizers.optimize import OptimizeRequest
 
 from unideploy.errors import InputError
+from unideploy.package.manifest import Precision, TargetName
 from unideploy.registry import Availability, modules_availability
 from unideploy.signature import Signature
 
@@ -59,8 +60,8 @@ class PassContext:
 class PassResult:
     path: Path
     params: dict[str, Any]  # what was done, including choices and their reasons
-    precision: str | None = None  # the precision the model now has; None: unchanged
-    targets: list[str] | None = None  # deployment targets the result is meant for, when narrower
+    precision: Precision | None = None  # the precision the model now has; None: unchanged
+    targets: list[TargetName] | None = None  # deployment targets the result is meant for, when narrower
     notes: list[str] = field(default_factory=list)  # what a user must know (e.g. fp16 on CPU)
 
 

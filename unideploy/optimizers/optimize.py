@@ -23,6 +23,7 @@ from unideploy.optimizers.base import STAGES, Evaluation
 from unideploy.optimizers.data import Dataset, load_dataset, split, synthetic_dataset
 from unideploy.optimizers.measure import latency, size_effects, timing_session
 from unideploy.package import Artifact, Package
+from unideploy.package.manifest import OptimizationRecord, ValidationRecord
 from unideploy.package.writer import extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.validation import measured_tolerance_record
@@ -228,7 +229,7 @@ def optimize(
             derived_from=base.id,
             targets=targets,
         )
-        made = {
+        made: OptimizationRecord = {
             "name": "+".join(s["name"] for s in steps),
             "artifact": artifact_id,
             "derived_from": base.id,
@@ -248,7 +249,7 @@ def optimize(
         )
 
 
-def _source_tolerance(package: Package, model: Path, signature: Any) -> dict[str, Any]:
+def _source_tolerance(package: Package, model: Path, signature: Any) -> ValidationRecord:
     """Errors of the optimized model against the source framework's reference outputs, with the
     tolerance ``deploy verify`` will hold it to from now on."""
     references = package.reference_pairs()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, TypeGuard, get_args
 
 from unideploy.errors import InputError, PackageError
 from unideploy.signature import Signature
@@ -20,6 +20,82 @@ FORMAT = "unideploy-package"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "signature.sig"  # written by `deploy sign` (package/signing.py); not listed in the manifest
+
+
+# The values manifest.schema.json allows, as types: a stage that names another fails the type check.
+ArtifactFormat = Literal["onnx", "ort", "tflite", "tensorrt", "mindir", "mindspore-lite", "savedmodel", "torchscript"]
+Precision = Literal["fp32", "fp16", "bf16", "int8", "mixed"]
+TargetName = Literal["cpu", "gpu", "edge", "ascend"]
+
+
+def is_precision(value: str) -> TypeGuard[Precision]:
+    return value in get_args(Precision)
+
+
+class SourceRecord(TypedDict):
+    """Where the model came from and how it became ONNX."""
+
+    framework: str
+    file_name: str
+    sha256: str
+    exporter: str
+    library_versions: dict[str, str]
+    path: NotRequired[str | None]  # the source file's place in the package, where it is kept
+    size: NotRequired[int]
+    conversion_path: NotRequired[str]
+
+
+class OutputErrors(TypedDict):
+    max_abs_error: float
+    max_rel_error: float
+    mismatched: int
+
+
+class ValidationRecord(TypedDict):
+    """An artifact's proof: its worst errors per output against the source's reference outputs,
+    the tolerance they were held to, and the batch sizes run. A record whose artifact can only run
+    elsewhere has ``deferred`` (the reason) and the tolerance, and nothing measured yet."""
+
+    atol: float
+    rtol: float
+    passed: NotRequired[bool]
+    reference: NotRequired[str]
+    batch_sizes: NotRequired[list[int]]
+    outputs: NotRequired[dict[str, OutputErrors]]
+    tolerance_basis: NotRequired[str]
+    accuracy: NotRequired[dict[str, Any]]  # a non-exact artifact's guard verdict (edge fp16/int8)
+    quantization: NotRequired[str]  # an edge int8 artifact's kind (full integer or dynamic range)
+    deferred: NotRequired[str]
+
+
+class Tolerance(TypedDict):
+    """What an artifact that can only be checked where it runs will be held to there, and why."""
+
+    atol: float
+    rtol: float
+    tolerance_basis: str
+
+
+class OptimizationRecord(TypedDict):
+    """How an optimized artifact was made, measured and judged."""
+
+    name: str
+    artifact: str
+    derived_from: str
+    passes: list[dict[str, Any]]
+    data: dict[str, Any]
+    accuracy: dict[str, Any]
+    effects: dict[str, Any]
+    notes: list[str]
+
+
+class OmittedRecord(TypedDict):
+    """An artifact a stage left out: the CLI shows why and what to do."""
+
+    artifact: str
+    stage: str
+    reason: str
+    fix: str
 
 
 @lru_cache(maxsize=1)
@@ -50,15 +126,15 @@ class Artifact:
 
     id: str
     path: str
-    format: str
-    precision: str
+    format: ArtifactFormat
+    precision: Precision
     sha256: str
     size: int
     runtimes: list[str]
     opset: int | None = None
     derived_from: str | None = None
     signature: Signature | None = None  # only where it differs from the package's (e.g. NHWC)
-    targets: list[str] | None = None  # where it is meant to run, when narrower than everywhere (fp16: gpu, edge)
+    targets: list[TargetName] | None = None  # where it is meant to run, when narrower than everywhere (fp16: gpu, edge)
     files: list[dict[str, Any]] | None = None  # companion files shipped with it ({path, sha256, size})
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,16 +195,16 @@ class SampleSet:
 class Manifest:
     name: str
     version: str
-    source: dict[str, Any]
+    source: SourceRecord
     signature: Signature
     artifacts: list[Artifact] = field(default_factory=list)
     samples: list[SampleSet] = field(default_factory=list)
-    optimizations: list[dict[str, Any]] = field(default_factory=list)
-    validation: dict[str, dict[str, Any]] = field(default_factory=dict)
+    optimizations: list[OptimizationRecord] = field(default_factory=list)
+    validation: dict[str, ValidationRecord] = field(default_factory=dict)
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     description: str | None = None
     # Artifacts a stage left out, each {artifact, stage, reason, fix}: shown by the CLI, kept here.
-    omitted: list[dict[str, str]] = field(default_factory=list)
+    omitted: list[OmittedRecord] = field(default_factory=list)
 
     def base_onnx(self) -> Artifact | None:
         """The fp32 ONNX the exporter wrote, which every later stage (optimizers, edge, GPU,

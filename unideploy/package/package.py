@@ -77,8 +77,9 @@ class Package:
         """Check every listed file's presence, size and sha256, and refuse unlisted files."""
         m = self.manifest
         entries: list[tuple[str, str, int | None]] = []
-        if m.source.get("path"):
-            entries.append((m.source["path"], m.source["sha256"], m.source.get("size")))
+        kept = m.source.get("path")
+        if kept:
+            entries.append((kept, m.source["sha256"], m.source.get("size")))
         entries += [(a.path, a.sha256, a.size) for a in m.artifacts]
         entries += [(f["path"], f["sha256"], f["size"]) for a in m.artifacts for f in a.files or ()]
         entries += [(s.path, s.sha256, s.size) for s in m.samples]

@@ -13,13 +13,21 @@ import shutil
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import numpy as np
 
 from unideploy.errors import InputError
 from unideploy.package.files import digest_path, replace_path, temp_prefix, write_zip
-from unideploy.package.manifest import MANIFEST_NAME, SIGNATURE_NAME, Artifact, Manifest, SampleSet
+from unideploy.package.manifest import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    Artifact,
+    Manifest,
+    OmittedRecord,
+    OptimizationRecord,
+    SampleSet,
+    ValidationRecord,
+)
 from unideploy.package.package import Package, samples_to_npz_dict
 
 
@@ -109,7 +117,7 @@ class PackageWriter:
 
 
 # (artifact, its file, companion files by package path, its validation record)
-AddedArtifact = tuple[Artifact, Path, dict[str, Path], dict[str, Any]]
+AddedArtifact = tuple[Artifact, Path, dict[str, Path], ValidationRecord]
 
 
 def extend_package(
@@ -119,8 +127,8 @@ def extend_package(
     added: list[AddedArtifact],
     overwrite: bool = False,
     first: bool = False,
-    omitted: list[dict[str, str]] | None = None,
-    optimizations: list[dict[str, Any]] | None = None,
+    omitted: list[OmittedRecord] | None = None,
+    optimizations: list[OptimizationRecord] | None = None,
 ) -> Path:
     """Write ``output``: ``package`` with ``added`` replacing artifacts of the same ids (listed before
     the others when ``first``: artifacts to be preferred where they can run), ``omitted`` saying

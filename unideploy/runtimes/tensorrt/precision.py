@@ -17,6 +17,7 @@ from pathlib import Path
 
 from unideploy.errors import InputError
 from unideploy.package import Artifact, Manifest
+from unideploy.package.manifest import Precision, is_precision
 
 PRECISIONS = ("fp32", "fp16", "int8")
 _DYNAMIC_INT8 = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
@@ -25,7 +26,7 @@ _DYNAMIC_INT8 = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
 @dataclass(frozen=True)
 class BuildPlan:
     artifact: Artifact  # the ONNX the engine is parsed from
-    precision: str
+    precision: Precision
     fp16: bool  # builder flags
     int8: bool
     calibrate: bool  # needs the entropy calibrator (implicit int8)
@@ -61,7 +62,7 @@ def plan_build(
     manifest: Manifest, precision: str, artifact_path: Callable[[Artifact], Path], has_calibration: bool
 ) -> BuildPlan:
     """``artifact_path(artifact) -> Path`` locates artifacts (the package knows where)."""
-    if precision not in PRECISIONS:
+    if precision not in PRECISIONS or not is_precision(precision):
         raise InputError(f"unknown TensorRT precision '{precision}'", f"use one of: {', '.join(PRECISIONS)}")
     onnx = [a for a in manifest.artifacts if a.format == "onnx"]
     base = manifest.base_onnx()
