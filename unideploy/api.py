@@ -36,18 +36,14 @@ def export(
     """
     from unideploy.exporters import ExportOptions
     from unideploy.pipeline import export_package
-    from unideploy.samples import load_npz_inputs
-    from unideploy.signature import parse_input_shape
 
-    if isinstance(example_inputs, (str, Path)):
-        example_inputs = load_npz_inputs(str(example_inputs))
-    options = ExportOptions(
-        input_shapes=[parse_input_shape(s) for s in input_shapes],
-        example_inputs=dict(example_inputs) if example_inputs is not None else None,
+    options = ExportOptions.from_user(
+        input_shapes=input_shapes,
+        example_inputs=example_inputs,
         static_shapes=static_shapes,
         opset=opset,
         signature=signature,
-        native_only=keep_native_only,
+        keep_native_only=keep_native_only,
         trust_source=trust_source,
     )
     return Package.open(export_package(src, output, options=options, optimization=optimization, **kwargs))

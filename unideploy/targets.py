@@ -79,7 +79,7 @@ BUILTIN = (
         "MindIR rebuilt through MindSpore (checked on its CPU) and MindSpore Lite conversion recipes for Ascend "
         "NPUs and .ms edge models",
         ("mindspore",),
-        stage="unideploy.ascend.build:target_stage",
+        stage="unideploy.ascend.build:build_ascend",
         requires=("mindspore",),
         extra="mindspore",
         serving="an Ascend machine with CANN and MindSpore Lite (mindspore_lite, converter_lite) converts and runs "

@@ -128,9 +128,15 @@ def _lite_artifacts(
 
 
 def build_ascend(
-    package_path: str | Path, output: str | Path, overwrite: bool = False, progress: Progress | None = None
+    package_path: str | Path,
+    output: str | Path,
+    options: Mapping[str, Any] | None = None,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
 ) -> Path:
-    """Write ``output``: the package with its MindIR artifact and MindSpore Lite recipes."""
+    """Write ``output``: the package with its MindIR artifact and MindSpore Lite recipes. The
+    stage of ``--target ascend`` (targets.py), which has no options of its own."""
     say = progress or (lambda _msg: None)
     if not RUNTIMES.get("mindspore").availability().ok:
         raise MissingDependencyError(
@@ -169,15 +175,3 @@ def build_ascend(
         )
         say("writing the package")
         return extend_package(package, package_path, output, added, overwrite)
-
-
-def target_stage(
-    package: Path,
-    output: Path,
-    options: Mapping[str, Any],
-    *,
-    overwrite: bool = False,
-    progress: Progress | None = None,
-) -> Path:
-    """``--target ascend`` (targets.py): the MindIR and the MindSpore Lite recipes; no options."""
-    return build_ascend(package, output, overwrite=overwrite, progress=progress)

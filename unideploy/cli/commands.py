@@ -50,17 +50,15 @@ def _optimize_request(args: argparse.Namespace) -> OptimizeRequest:
 def cmd_export(args: argparse.Namespace) -> int:
     from unideploy.exporters import ExportOptions
     from unideploy.pipeline import export_package
-    from unideploy.samples import load_npz_inputs
-    from unideploy.signature import parse_input_shape
     from unideploy.targets import TARGETS, check_options
 
-    options = ExportOptions(
-        input_shapes=[parse_input_shape(s) for s in args.input_shape],
-        example_inputs=load_npz_inputs(args.example_input) if args.example_input else None,
+    options = ExportOptions.from_user(
+        input_shapes=args.input_shape,
+        example_inputs=args.example_input,
         static_shapes=args.static_shapes,
         opset=args.opset,
         signature=args.signature,
-        native_only=args.keep_native_only,
+        keep_native_only=args.keep_native_only,
         trust_source=args.trust_source,
     )
     request = _optimize_request(args)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import zipfile
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -31,6 +31,35 @@ class ExportOptions:
     signature: str | None = None  # SavedModel signature to export (default: serving_default)
     native_only: bool = False  # package the source's native artifact alone, without ONNX (MindIR)
     trust_source: bool = False  # run a model that holds file-system or Python-calling operations (trust.py)
+
+    @classmethod
+    def from_user(
+        cls,
+        *,
+        input_shapes: Sequence[str] = (),
+        example_inputs: Mapping[str, np.ndarray] | str | Path | None = None,
+        static_shapes: bool = False,
+        opset: int | None = None,
+        signature: str | None = None,
+        keep_native_only: bool = False,
+        trust_source: bool = False,
+    ) -> ExportOptions:
+        """From what a user gives, the same for ``deploy export``'s flags and ``unideploy.export``'s
+        keywords: ``--input-shape`` texts parsed, an example-input ``.npz`` path loaded."""
+        from unideploy.samples import load_npz_inputs
+        from unideploy.signature import parse_input_shape
+
+        if isinstance(example_inputs, (str, Path)):
+            example_inputs = load_npz_inputs(str(example_inputs))
+        return cls(
+            input_shapes=[parse_input_shape(s) for s in input_shapes],
+            example_inputs=dict(example_inputs) if example_inputs is not None else None,
+            static_shapes=static_shapes,
+            opset=opset,
+            signature=signature,
+            native_only=keep_native_only,
+            trust_source=trust_source,
+        )
 
 
 @dataclass
