@@ -18,9 +18,9 @@ import pytest
 from console import assert_one_line_error, deploy
 
 from unideploy.errors import MissingDependencyError, PackageError
+from unideploy.gpu.precision import tensorrt_qdq_problem
 from unideploy.package import Package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
-from unideploy.runtimes.tensorrt.precision import tensorrt_qdq_problem
 from unideploy.runtimes.tensorrt.spec import EngineSpec
 
 pytestmark = pytest.mark.skipif(

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import InputError
+from unideploy.gpu.precision import PRECISIONS, BuildPlan, plan_build
 from unideploy.package import Artifact, Manifest, Package
 from unideploy.package.files import digest_path
 from unideploy.package.manifest import Tolerance, ValidationRecord
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
-from unideploy.runtimes.tensorrt.precision import PRECISIONS, BuildPlan, plan_build
 from unideploy.runtimes.tensorrt.profiles import build_profiles
 from unideploy.runtimes.tensorrt.spec import SPEC_SUFFIX, EngineSpec
 from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, largest_reference, require_passed, validate
