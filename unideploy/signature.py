@@ -291,6 +291,11 @@ _CHANNELS_FIRST_OPS = {
 _CHANNELS_FIRST_LAYOUTS = {3: "NCW", 4: "NCHW", 5: "NCDHW"}
 
 
+def default_output_names(count: int) -> list[str]:
+    """Names for outputs a model leaves unnamed: ``output``, or ``output_0``, ``output_1``, ..."""
+    return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
+
+
 def _dim_name(text: str) -> str:
     """Make a dynamic-dimension name an identifier, as the manifest schema requires."""
     name = re.sub(r"[^A-Za-z0-9_]", "_", text)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from unideploy.errors import InputError
-from unideploy.package import Artifact, Manifest, Package, PackageWriter
+from unideploy.package import Artifact, Manifest, Package, PackageWriter, PlannedArtifact
 from unideploy.signature import Signature, TensorSpec
 
 
@@ -28,7 +28,7 @@ def _write(dest, tmp_path, fail: bool = False, overwrite: bool = False):
     blob = tmp_path / "blob.onnx"
     blob.write_bytes(b"fake model bytes")
     with PackageWriter(dest, overwrite) as writer:
-        artifact = writer.add_artifact(blob, Artifact("a", "artifacts/m.onnx", "onnx", "fp32", "", 0, ["onnxruntime"]))
+        artifact = writer.add_artifact(blob, PlannedArtifact("a", "artifacts/m.onnx", "onnx", "fp32", ["onnxruntime"]))
         x = np.ones((1, 2), np.float32)
         samples = [writer.add_samples("samples/batch1.npz", 1, {"x": x}, {"y": x})]
         if fail:
@@ -67,7 +67,7 @@ def test_manifest_that_breaks_the_schema_is_never_written(tmp_path):
     blob = tmp_path / "blob.onnx"
     blob.write_bytes(b"x")
     with pytest.raises(PackageError, match="schema"), PackageWriter(tmp_path / "pkg") as writer:
-        artifact = writer.add_artifact(blob, Artifact("bad id!", "artifacts/m.onnx", "onnx", "fp32", "", 0, []))
+        artifact = writer.add_artifact(blob, PlannedArtifact("bad id!", "artifacts/m.onnx", "onnx", "fp32", []))
         writer.commit(_manifest(artifact, []))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blob.onnx"]
 

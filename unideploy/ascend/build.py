@@ -21,7 +21,7 @@ import onnx
 
 from unideploy.ascend.network import export_mindir, require_supported
 from unideploy.errors import ExportError, MissingDependencyError, RuntimeFailure, ValidationError
-from unideploy.package import Artifact, Package
+from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.manifest import Manifest, Tolerance, ValidationRecord
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
@@ -108,13 +108,11 @@ def _lite_artifacts(
         }
         added.append(
             (
-                Artifact(
+                PlannedArtifact(
                     f"mindspore-lite-{device}",
                     f"{beside}/{path.name}",
                     "mindspore-lite",
                     "fp16" if device == "ascend" else "fp32",
-                    "",
-                    0,
                     ["mindspore"],
                     derived_from=mindir_id,
                     targets=["ascend" if device == "ascend" else "edge"],
@@ -157,13 +155,11 @@ def build_ascend(
             ) from exc
         added: list[AddedArtifact] = []
         if native is None:
-            artifact = Artifact(
+            artifact = PlannedArtifact(
                 "mindir",
                 MINDIR_PATH,
                 "mindir",
                 "fp32",
-                "",
-                0,
                 ["mindspore"],
                 derived_from=manifest.base_onnx().id,  # type: ignore[union-attr]  # _mindir found it
                 targets=["ascend", "cpu"],

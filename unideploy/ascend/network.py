@@ -22,7 +22,7 @@ from onnx import numpy_helper
 
 from unideploy.ascend.ops import MS_DTYPES, OPS, SUPPORT, Ctx, Static
 from unideploy.errors import ExportError, first_line
-from unideploy.exporters.onnx_io import opset_of
+from unideploy.exporters.onnx_io import cpu_session, opset_of
 from unideploy.quiet import quiet
 from unideploy.runtimes.mindspore_runtime import keep_dumps_out_of_cwd
 from unideploy.signature import Signature
@@ -105,7 +105,6 @@ class NetworkSource:
         """Where shape inference gives up (computed Reshape targets in exporters' output), run
         the model once on an example to learn each value's rank and type; every dim stays
         dynamic, as nothing proves it fixed."""
-        import onnxruntime as ort
 
         def vague(name: str) -> bool:
             shape = self.shapes.get(name)
@@ -120,9 +119,7 @@ class NetworkSource:
         probe = onnx.ModelProto()
         probe.CopyFrom(model)
         probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in unknown)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = cpu_session(probe.SerializeToString(), optimization="none")
         for name, value in zip(unknown, session.run(unknown, dict(example))):
             value = np.asarray(value)
             shape_tensor = value.ndim == 1 and value.dtype == np.int64

@@ -39,7 +39,7 @@ from unideploy.errors import (
     first_line,
 )
 from unideploy.exporters.onnx_io import copy_model
-from unideploy.package import Artifact, Package
+from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.manifest import OmittedRecord, Precision
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
@@ -239,13 +239,11 @@ def _tflite_artifacts(
             continue
         added.append(
             (
-                Artifact(
+                PlannedArtifact(
                     f"tflite-{precision}",
                     f"artifacts/model.{precision}.tflite",
                     "tflite",
                     precision,
-                    "",
-                    0,
                     ["tflite"],
                     derived_from=base.id if base else None,
                     signature=signature,
@@ -297,13 +295,11 @@ def build_edge(
             require_passed(record, "the ORT-format artifact")
             added.append(
                 (
-                    Artifact(
+                    PlannedArtifact(
                         "ort-fp32",
                         "artifacts/model.ort",
                         "ort",
                         "fp32",
-                        "",
-                        0,
                         ["onnxruntime"],
                         derived_from=base.id,
                         targets=["edge"],

@@ -28,7 +28,7 @@ from unideploy.edge.codegen.wrapped import Wrapped, wrapped
 from unideploy.edge.coreml import COREML_PRECISION, coreml_availability, torchscript_to_mlpackage
 from unideploy.edge.platforms import PLATFORMS, CodeFile, namespace_for
 from unideploy.errors import ExportError, InputError, PackageError
-from unideploy.package import Manifest, Package, PackageWriter
+from unideploy.package import Artifact, Manifest, Package, PackageWriter
 from unideploy.package.files import all_files, digest_path, extract_zip, read_format_document, resolve_inside, write_zip
 from unideploy.package.writer import check_destination
 from unideploy.verify import ArtifactCheck, verify_package
@@ -132,7 +132,7 @@ def _mobile_artifacts(package: Package, wanted: list[str] | None) -> list[Any]:
     return [a for a in mobile if a.id in wanted]
 
 
-def _write_model_package(package: Package, chosen: list[Any], dest: Path) -> None:
+def _write_model_package(package: Package, chosen: list[Artifact], dest: Path) -> None:
     """A package with only ``chosen`` and the reference samples (the source model stays out)."""
     manifest = package.manifest.copy()
     ids = {a.id for a in chosen}
@@ -142,7 +142,7 @@ def _write_model_package(package: Package, chosen: list[Any], dest: Path) -> Non
         manifest.artifacts = []
         for artifact in chosen:
             companions = {f["path"]: resolve_inside(package.root, f["path"]) for f in artifact.files or ()}
-            manifest.artifacts.append(writer.add_artifact(package.path_of(artifact), artifact, companions))
+            manifest.artifacts.append(writer.add_artifact(package.path_of(artifact), artifact.planned(), companions))
         manifest.validation = {k: v for k, v in manifest.validation.items() if k in ids}
         manifest.source = {**manifest.source, "path": None}
         manifest.source.pop("size", None)

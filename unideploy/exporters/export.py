@@ -21,7 +21,7 @@ from unideploy.exporters import EXPORTERS, Exporter, ExportOptions
 from unideploy.exporters.base import ConvertedModel
 from unideploy.exporters.onnx_io import declare_signature
 from unideploy.exporters.shapes import resolve_signature, settle_outputs
-from unideploy.package import Artifact, Manifest, PackageWriter
+from unideploy.package import Artifact, Manifest, PackageWriter, PlannedArtifact
 from unideploy.package.files import digest_path
 from unideploy.package.manifest import SourceRecord, ValidationRecord
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
@@ -103,13 +103,11 @@ def export(
             artifacts.append(
                 writer.add_artifact(
                     converted.onnx_path,
-                    Artifact(
+                    PlannedArtifact(
                         id="onnx-fp32",
                         path="artifacts/model.onnx",
                         format="onnx",
                         precision="fp32",
-                        sha256="",
-                        size=0,
                         runtimes=["onnxruntime"],
                         opset=converted.opset,
                     ),

@@ -18,10 +18,10 @@ from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
 from unideploy.exporters.onnx_io import opset_of
 from unideploy.exporters.shapes import apply_input_shapes, readable_dims
-from unideploy.exporters.torchscript import flatten_outputs, output_names_for, unsupported_operator
+from unideploy.exporters.torchscript import flatten_outputs, unsupported_operator
 from unideploy.quiet import quiet
 from unideploy.samples import random_tensor
-from unideploy.signature import Signature, TensorSpec, signature_from_onnx
+from unideploy.signature import Signature, TensorSpec, default_output_names, signature_from_onnx
 
 
 class TorchExportExporter(Exporter):
@@ -56,7 +56,7 @@ class TorchExportExporter(Exporter):
                 f"({', '.join(f'{n}: {list(a.shape)}' for n, a in example.items())}): {first_line(exc)}",
                 "give sizes within the ranges the program was exported with",
             ) from exc
-        output_names = output_names_for(outputs)
+        output_names = default_output_names(len(outputs))
         onnx_path = workdir / "model.onnx"
         try:
             with quiet():

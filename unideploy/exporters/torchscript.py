@@ -19,7 +19,7 @@ from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zi
 from unideploy.exporters.onnx_io import opset_of, set_io_dims
 from unideploy.quiet import quiet
 from unideploy.samples import random_tensor
-from unideploy.signature import BATCH_DIM, TensorSpec, signature_from_onnx
+from unideploy.signature import BATCH_DIM, TensorSpec, default_output_names, signature_from_onnx
 
 DEFAULT_OPSET = 17
 
@@ -48,7 +48,7 @@ class TorchScriptExporter(Exporter):
 
         with torch.no_grad():
             outputs = flatten_outputs(module(*args))
-        output_names = output_names_for(outputs)
+        output_names = default_output_names(len(outputs))
         batch = args[0].shape[0] if args[0].dim() else None
         for name, out in zip(output_names, outputs):
             if not options.static_shapes and out.dim() and out.shape[0] == batch:
@@ -168,10 +168,6 @@ def flatten_outputs(result: Any) -> list[Any]:
         f"forward() returns {type(result).__name__}; only a tensor or a tuple/list of tensors can be exported",
         "wrap the model so forward() returns tensors",
     )
-
-
-def output_names_for(outputs: list[Any]) -> list[str]:
-    return ["output"] if len(outputs) == 1 else [f"output_{i}" for i in range(len(outputs))]
 
 
 def _export_legacy(

@@ -23,7 +23,7 @@ import numpy as np
 
 from unideploy.errors import InputError
 from unideploy.gpu.precision import PRECISIONS, BuildPlan, plan_build
-from unideploy.package import Artifact, Manifest, Package
+from unideploy.package import Manifest, Package, PlannedArtifact
 from unideploy.package.files import digest_path
 from unideploy.package.manifest import Tolerance, ValidationRecord
 from unideploy.package.writer import AddedArtifact, extend_package
@@ -191,13 +191,11 @@ def build_gpu(
                 }
             added.append(
                 (
-                    Artifact(
+                    PlannedArtifact(
                         f"tensorrt-{precision}",
                         f"{ARTIFACTS}/{spec_path.name}",
                         "tensorrt",
                         plan.precision,
-                        "",
-                        0,
                         ["tensorrt", "onnxruntime"],
                         derived_from=plan.artifact.id,
                         targets=["gpu"],

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from unideploy.exporters.onnx_io import cpu_session
 from unideploy.samples import resize_batch
 
 
@@ -47,13 +48,7 @@ def timing_session(model: Path | bytes) -> Any:
     """A CPU session fit for comparisons: its worker threads do not spin after a run. With spinning
     (ORT's default), several sessions taking turns slow each other down, unevenly (measured 2x on
     2 cores), which would make an unchanged model look faster or slower than it is."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    source = model if isinstance(model, bytes) else str(model)
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    return cpu_session(model, spin=False)
 
 
 def interleaved_latency(

@@ -22,7 +22,7 @@ from unideploy.optimizers.accuracy import choose_metrics, compare, describe
 from unideploy.optimizers.base import STAGES, Evaluation
 from unideploy.optimizers.data import Dataset, load_dataset, split, synthetic_dataset
 from unideploy.optimizers.measure import latency, size_effects, timing_session
-from unideploy.package import Artifact, Package
+from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.manifest import OptimizationRecord, ValidationRecord
 from unideploy.package.writer import extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
@@ -217,13 +217,11 @@ def optimize(
             notes.append("accuracy was measured on synthetic inputs only: it says little about real data")
 
         say("writing the package")
-        artifact = Artifact(
+        artifact = PlannedArtifact(
             id=artifact_id,
             path=f"artifacts/model.{artifact_id.removeprefix('onnx-')}.onnx",
             format="onnx",
             precision=precision,
-            sha256="",
-            size=0,
             runtimes=list(base.runtimes),
             opset=base.opset,
             derived_from=base.id,

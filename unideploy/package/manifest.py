@@ -120,6 +120,23 @@ def check_schema(data: Any) -> None:
         raise PackageError(f"{MANIFEST_NAME} does not match the package schema at {where}: {error.message}")
 
 
+@dataclass(frozen=True)
+class PlannedArtifact:
+    """An artifact a stage has made and not yet written: everything but what only the written
+    file can tell (checksum, size, companion files), which the writer adds as it makes the
+    ``Artifact`` (``PackageWriter.add_artifact``)."""
+
+    id: str
+    path: str
+    format: ArtifactFormat
+    precision: Precision
+    runtimes: list[str]
+    opset: int | None = None
+    derived_from: str | None = None
+    signature: Signature | None = None  # only where it differs from the package's (e.g. NHWC)
+    targets: list[TargetName] | None = None
+
+
 @dataclass
 class Artifact:
     """One runnable form of the model inside the package (ONNX, TFLite, a TensorRT plan, ...)."""
@@ -136,6 +153,20 @@ class Artifact:
     signature: Signature | None = None  # only where it differs from the package's (e.g. NHWC)
     targets: list[TargetName] | None = None  # where it is meant to run, when narrower than everywhere (fp16: gpu, edge)
     files: list[dict[str, Any]] | None = None  # companion files shipped with it ({path, sha256, size})
+
+    def planned(self) -> PlannedArtifact:
+        """This artifact as a stage hands it to a writer (to copy it into another package)."""
+        return PlannedArtifact(
+            self.id,
+            self.path,
+            self.format,
+            self.precision,
+            list(self.runtimes),
+            self.opset,
+            self.derived_from,
+            self.signature,
+            self.targets,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -25,6 +25,7 @@ from unideploy.package.manifest import (
     Manifest,
     OmittedRecord,
     OptimizationRecord,
+    PlannedArtifact,
     SampleSet,
     ValidationRecord,
 )
@@ -74,15 +75,32 @@ class PackageWriter:
                 self.add_file(item, item.name)
         return package.manifest.copy()
 
-    def add_artifact(self, src: str | Path, artifact: Artifact, companions: dict[str, Path] | None = None) -> Artifact:
-        """Add an artifact, and files that ship with it (package path -> file), all checksummed."""
-        artifact.sha256, artifact.size = self.add_file(src, artifact.path)
+    def add_artifact(
+        self, src: str | Path, planned: PlannedArtifact, companions: dict[str, Path] | None = None
+    ) -> Artifact:
+        """Add an artifact, and files that ship with it (package path -> file); return its manifest
+        entry, checksums included."""
+        sha256, size = self.add_file(src, planned.path)
+        files = None
         if companions:
-            artifact.files = []
+            files = []
             for relpath, file in companions.items():
-                sha256, size = self.add_file(file, relpath)
-                artifact.files.append({"path": relpath, "sha256": sha256, "size": size})
-        return artifact
+                file_sha256, file_size = self.add_file(file, relpath)
+                files.append({"path": relpath, "sha256": file_sha256, "size": file_size})
+        return Artifact(
+            id=planned.id,
+            path=planned.path,
+            format=planned.format,
+            precision=planned.precision,
+            sha256=sha256,
+            size=size,
+            runtimes=list(planned.runtimes),
+            opset=planned.opset,
+            derived_from=planned.derived_from,
+            signature=planned.signature,
+            targets=planned.targets,
+            files=files,
+        )
 
     def add_samples(
         self, relpath: str, batch_size: int, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
@@ -117,7 +135,7 @@ class PackageWriter:
 
 
 # (artifact, its file, companion files by package path, its validation record)
-AddedArtifact = tuple[Artifact, Path, dict[str, Path], ValidationRecord]
+AddedArtifact = tuple[PlannedArtifact, Path, dict[str, Path], ValidationRecord]
 
 
 def extend_package(

@@ -19,7 +19,7 @@ from unideploy.exporters.mindir.ops import OPSET
 from unideploy.exporters.mindir.reader import MindIRGraph, TensorInfo, read_mindir
 from unideploy.exporters.mindir.translate import translate
 from unideploy.runtimes.mindspore_runtime import MindSporeRuntime
-from unideploy.signature import BATCH_DIM, Dim, Signature, TensorSpec
+from unideploy.signature import BATCH_DIM, Dim, Signature, TensorSpec, default_output_names
 
 
 def _spec(name: str, info: TensorInfo, named: dict[int, str]) -> TensorSpec:
@@ -36,8 +36,7 @@ def signature_of(graph: MindIRGraph, options: ExportOptions) -> Signature:
     named = {s.name: s.dim_names for s in options.input_shapes}
     inputs = tuple(_spec(i.name, i, named.get(i.name, {})) for i in graph.inputs)
     outs = graph.output_infos
-    names = ["output"] if len(outs) == 1 else [f"output_{i}" for i in range(len(outs))]
-    return Signature(inputs, tuple(_spec(n, info, {}) for n, info in zip(names, outs)))
+    return Signature(inputs, tuple(_spec(n, info, {}) for n, info in zip(default_output_names(len(outs)), outs)))
 
 
 class MindIRExporter(Exporter):
