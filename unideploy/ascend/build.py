@@ -20,7 +20,7 @@ from typing import Any
 import onnx
 
 from unideploy.ascend.network import export_mindir, require_supported
-from unideploy.errors import ExportError, MissingDependencyError, RuntimeFailure, ValidationError
+from unideploy.errors import ExportError, RuntimeFailure, ValidationError
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.manifest import Manifest, Tolerance, ValidationRecord
 from unideploy.package.writer import AddedArtifact, extend_package
@@ -50,10 +50,9 @@ def lite_tolerance(device: str, mindir_record: ValidationRecord, references: lis
     }
 
 
-def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact | None]:
-    """The MindIR to ship and check: the package's own (a MindIR source), or one rebuilt from its
-    fp32 ONNX. Returns its path and, for a source's own, its artifact (whose folder the recipes
-    share: a recipe names its MindIR beside it)."""
+def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact | PlannedArtifact]:
+    """The MindIR to ship and check, and its artifact: the package's own (a MindIR source), or a
+    new one rebuilt from its fp32 ONNX (the recipes lie beside whichever it is)."""
     manifest = package.manifest
     native = next((a for a in manifest.artifacts if a.format == "mindir"), None)
     if native is not None and manifest.source.get("framework") == "mindspore":
@@ -66,7 +65,11 @@ def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact
     require_supported(model)  # every unknown operator named, before any work
     say("rebuilding the ONNX graph as a MindSpore network and exporting MindIR")
     example = package.reference_samples()[0].inputs
-    return export_mindir(model, manifest.signature, work / "model.mindir", work, example), None
+    path = export_mindir(model, manifest.signature, work / "model.mindir", work, example)
+    planned = PlannedArtifact(
+        "mindir", MINDIR_PATH, "mindir", "fp32", ["mindspore"], derived_from=base.id, targets=["ascend", "cpu"]
+    )
+    return path, planned
 
 
 def _check_mindir(path: Path, manifest: Manifest, references: list) -> ValidationRecord:
@@ -78,18 +81,17 @@ def _check_mindir(path: Path, manifest: Manifest, references: list) -> Validatio
 
 def _lite_artifacts(
     mindir: Path,
-    packaged_as: str,
+    of: Artifact | PlannedArtifact,
     manifest: Manifest,
     mindir_record: ValidationRecord,
     references: list,
     work: Path,
     say: Progress,
-    mindir_id: str = "mindir",
 ) -> list[AddedArtifact]:
-    """One recipe per MindSpore Lite device, each beside the MindIR at ``packaged_as``."""
-    folder, beside = work / "lite", PurePosixPath(packaged_as).parent
+    """One recipe per MindSpore Lite device, each beside the MindIR artifact ``of``."""
+    folder, beside = work / "lite", PurePosixPath(of.path).parent
     folder.mkdir()
-    staged = folder / PurePosixPath(packaged_as).name
+    staged = folder / PurePosixPath(of.path).name
     shutil.copyfile(mindir, staged)
     added = []
     for device in DEVICES:
@@ -97,13 +99,14 @@ def _lite_artifacts(
         path = recipe.write(folder)
         companions = {f"{beside}/{recipe.config}": folder / recipe.config} if recipe.config else {}
         tolerance = lite_tolerance(device, mindir_record, references)
+        where = f"{CONVERTER} is not on PATH here: the {device} machine converts the recipe"
         if shutil.which(CONVERTER):
             say(f"converting with {CONVERTER} for {device}")
-            converted = recipe.convert(folder)
-            companions[f"{beside}/{recipe.output}"] = converted
+            companions[f"{beside}/{recipe.output}"] = recipe.convert(folder)
+            where = "the converted model ships beside the recipe"
         record: ValidationRecord = {
-            "deferred": f"MindSpore Lite cannot run where the package was made (mindspore_lite is not on PyPI for "
-            f"this Python); the converted model is checked on the {device} machine ('deploy verify' there)",
+            "deferred": f"{where}; it runs on MindSpore Lite, and is checked on the {device} machine "
+            "('deploy verify' there)",
             **tolerance,
         }
         added.append(
@@ -114,7 +117,7 @@ def _lite_artifacts(
                     "mindspore-lite",
                     "fp16" if device == "ascend" else "fp32",
                     ["mindspore"],
-                    derived_from=mindir_id,
+                    derived_from=of.id,
                     targets=["ascend" if device == "ascend" else "edge"],
                 ),
                 path,
@@ -135,16 +138,11 @@ def build_ascend(
 ) -> Path:
     """Write ``output``: the package with its MindIR artifact and MindSpore Lite recipes. The
     stage of ``--target ascend`` (targets.py), which has no options of its own."""
-    say = progress or (lambda _msg: None)
-    if not RUNTIMES.get("mindspore").availability().ok:
-        raise MissingDependencyError(
-            "--target ascend builds and checks the MindIR with MindSpore, which is not installed",
-            "pip install 'unideploy[mindspore]'",
-        )
+    say = progress or (lambda _msg: None)  # MindSpore's presence: checked up front (targets.py)
     with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-ascend-") as tmp:
         work, manifest = Path(tmp), package.manifest
         references = package.reference_pairs()
-        mindir, native = _mindir(package, work, say)
+        mindir, of = _mindir(package, work, say)
         say("checking the MindIR against the reference outputs with MindSpore")
         try:
             record = _check_mindir(mindir, manifest, references)
@@ -153,21 +151,7 @@ def build_ascend(
                 f"the MindIR MindSpore exported does not reproduce the model: {exc.message}",
                 "export with --target cpu or edge; the ONNX artifact is unaffected",
             ) from exc
-        added: list[AddedArtifact] = []
-        if native is None:
-            artifact = PlannedArtifact(
-                "mindir",
-                MINDIR_PATH,
-                "mindir",
-                "fp32",
-                ["mindspore"],
-                derived_from=manifest.base_onnx().id,  # type: ignore[union-attr]  # _mindir found it
-                targets=["ascend", "cpu"],
-            )
-            added.append((artifact, mindir, {}, record))
-        packaged_as = native.path if native is not None else MINDIR_PATH
-        added += _lite_artifacts(
-            mindir, packaged_as, manifest, record, references, work, say, (native or added[0][0]).id
-        )
+        added: list[AddedArtifact] = [(of, mindir, {}, record)] if isinstance(of, PlannedArtifact) else []
+        added += _lite_artifacts(mindir, of, manifest, record, references, work, say)
         say("writing the package")
         return extend_package(package, package_path, output, added, overwrite)

@@ -323,10 +323,9 @@ def layer_norm(ctx: Ctx) -> str:
     rank = ctx.rank(0)
     axis = _axis(ctx.attr("axis", -1), rank)
     normalized = ctx.static_dims(1, "scale (the normalized axes)")
-    bias = ctx.t(2) if ctx.has(2) else "None"
     eps = float(ctx.attr("epsilon", 1e-5))
-    if bias == "None":
-        bias = ctx.net.parameter(np.zeros(normalized, np.float32), f"{ctx.node.name}_zero_bias")
+    zeros = np.zeros(normalized, np.float32)  # the primitive takes a bias always
+    bias = ctx.t(2) if ctx.has(2) else ctx.net.parameter(zeros, f"{ctx.node.name}_zero_bias")
     # the LayerNorm primitive: ops.layer_norm becomes LayerNormExt, which has no CPU kernel
     return f"ops.LayerNorm({axis}, {axis}, {eps!r})({ctx.t(0)}, {ctx.t(1)}, {bias})[0]"
 

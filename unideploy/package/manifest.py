@@ -7,7 +7,7 @@ format version 1; ``docs/package-format.md`` explains it for people.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from functools import lru_cache
 from importlib import resources
@@ -154,19 +154,15 @@ class Artifact:
     targets: list[TargetName] | None = None  # where it is meant to run, when narrower than everywhere (fp16: gpu, edge)
     files: list[dict[str, Any]] | None = None  # companion files shipped with it ({path, sha256, size})
 
+    @classmethod
+    def written(cls, planned: PlannedArtifact, sha256: str, size: int, files: list[dict[str, Any]] | None) -> Artifact:
+        """The manifest entry of ``planned`` once its file is written (``PackageWriter.add_artifact``)."""
+        shared = {f.name: getattr(planned, f.name) for f in fields(PlannedArtifact)}
+        return cls(**shared, sha256=sha256, size=size, files=files)
+
     def planned(self) -> PlannedArtifact:
         """This artifact as a stage hands it to a writer (to copy it into another package)."""
-        return PlannedArtifact(
-            self.id,
-            self.path,
-            self.format,
-            self.precision,
-            list(self.runtimes),
-            self.opset,
-            self.derived_from,
-            self.signature,
-            self.targets,
-        )
+        return PlannedArtifact(**{f.name: getattr(self, f.name) for f in fields(PlannedArtifact)})
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -87,20 +87,7 @@ class PackageWriter:
             for relpath, file in companions.items():
                 file_sha256, file_size = self.add_file(file, relpath)
                 files.append({"path": relpath, "sha256": file_sha256, "size": file_size})
-        return Artifact(
-            id=planned.id,
-            path=planned.path,
-            format=planned.format,
-            precision=planned.precision,
-            sha256=sha256,
-            size=size,
-            runtimes=list(planned.runtimes),
-            opset=planned.opset,
-            derived_from=planned.derived_from,
-            signature=planned.signature,
-            targets=planned.targets,
-            files=files,
-        )
+        return Artifact.written(planned, sha256, size, files)
 
     def add_samples(
         self, relpath: str, batch_size: int, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
