@@ -1,5 +1,6 @@
 """The metric follows the output: class scores by top-1 (accuracy with labels), embeddings by
-cosine, detector heads by their detections (test_detections.py), maps and boxes by relative error; per-output overrides and the cosine budget."""
+cosine, detector heads by their detections (test_detections.py), probability maps by the IoU of
+their foreground, boxes and other regressions by relative error; per-output overrides and the cosine budget."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from console import assert_one_line_error, deploy
 
 from unideploy.errors import InputError
-from unideploy.optimizers.accuracy import choose_metrics, compare, output_metric
+from unideploy.optimizers.accuracy import choose_metrics, compare, describe, output_metric
 
 rng = np.random.default_rng(0)
 
@@ -28,7 +29,10 @@ def test_each_kind_of_output_gets_its_metric_and_a_reason():
     assert output_metric("sentence_embedding", rng.standard_normal((8, 384)))[0] == "cosine"
     ctc = np.exp(rng.standard_normal((8, 40, 97)))
     assert output_metric("softmax", ctc / ctc.sum(-1, keepdims=True))[0] == "top1"  # OCR: per position
-    assert output_metric("heatmap", rng.random((8, 1, 32, 32)))[0] == "relerr"
+    assert output_metric("text_map", rng.random((8, 1, 32, 32)))[0] == "mask"  # probabilities per pixel
+    assert output_metric("heatmap", rng.standard_normal((8, 1, 32, 32)))[0] == "relerr"
+    assert output_metric("387", rng.standard_normal((32, 1, 97)))[0] == "top1"  # CTC logits [T, N, C]
+    assert output_metric("last_hidden_state", rng.standard_normal((8, 16, 64)))[0] == "relerr"
     assert output_metric("boxes", rng.random((8, 2100, 4)) * 320)[0] == "relerr"
     assert output_metric("output0", rng.random((8, 84, 2100)))[0] == "detection"  # YOLOv8: [N, 4+80, anchors]
     assert output_metric("ids", np.arange(8)[:, None])[0] == "top1"
@@ -129,3 +133,22 @@ def test_cli_metric_per_output_and_the_reason_are_recorded(digits_package, digit
         "logits=cosine",
     )
     assert_one_line_error(bad, 2, "names output 'logits', which the model does not produce")
+
+
+def test_a_probability_map_is_judged_by_the_foreground_it_marks():
+    """A text detector's map: noise on the background that crosses no threshold is a large relative
+    error and no change to what the application sees; a region lost is."""
+    reference = np.full((4, 1, 64, 64), 0.02)
+    reference[:, :, 10:20, 5:60] = 0.9  # a text line per image
+    reference[:, :, 40:50, 5:30] = 0.7
+    noisy = reference + rng.uniform(0.0, 0.1, reference.shape)  # background 0.02 -> up to 0.12
+    result = compare([{"map": reference}], [{"map": noisy}], None, "auto", 1.0)
+    entry = result["outputs"]["map"]
+    assert entry["metric"] == "mask" and entry["mask_iou"] == 1.0 and result["within_budget"]
+    assert entry["relative_error"] > 0.01  # relerr would have refused it
+    faded = reference.copy()
+    faded[:, :, 40:50, 5:30] = 0.4  # the second line drops below 0.5 (still above 0.3)
+    entry = compare([{"map": reference}], [{"map": faded}], None, "auto", 1.0)["outputs"]["map"]
+    assert entry["mask_iou_by_threshold"] == {"0.3": 1.0, "0.5": pytest.approx(550 / 800)}
+    assert entry["mask_iou"] == pytest.approx(550 / 800) and not entry["within_budget"]
+    assert "mask IoU 0.6875" in describe({"outputs": {"map": entry}})

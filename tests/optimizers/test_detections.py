@@ -30,6 +30,23 @@ def yolov8_heads() -> np.ndarray:
     return np.concatenate([session.run(None, {"images": images[i : i + 1]})[0] for i in range(len(images))])
 
 
+@pytest.fixture(scope="module")
+def yolox_heads() -> np.ndarray:
+    """ddddocr's character detector (YOLOX, exported without its decoder) on real text scans:
+    [N, 3549, 6], boxes as grid offsets at strides 8/16/32 of a 416 x 416 input."""
+    pytest.importorskip("skimage", reason="the dev extra is not installed")
+    sys.path.append(str(BENCHMARKS))
+    import onnxruntime as ort
+    import zoo_models
+
+    if not zoo_models.MODELS_DIR.is_dir():
+        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
+    path = zoo_models.shipped("ddddocr/common_det.onnx")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    images = zoo_models.nchw(zoo_models.text_scans(6), 416, 416) * 255.0
+    return np.concatenate([session.run(None, {"images": images[i : i + 1]})[0] for i in range(len(images))])
+
+
 def _rows(heads: np.ndarray) -> list[dict[str, np.ndarray]]:
     return [{"output0": heads[i : i + 1]} for i in range(len(heads))]
 
@@ -62,6 +79,26 @@ def test_a_lost_object_and_a_changed_class_count_against(yolov8_heads):
     entry = result["outputs"]["output0"]
     assert entry["detections_fp32"] - entry["detections_matched"] >= 2 and not entry["within_budget"]
     assert "detections kept" in describe(result)
+
+
+def test_a_real_yolox_head_is_decoded_on_its_grids_and_judged_by_its_detections(yolox_heads):
+    metric, why = output_metric("output", yolox_heads)
+    assert metric == "detection" and "YOLOX" in why and "8/16/32" in why
+    layout = detections.layout(yolox_heads)
+    found = [detections.detect(layout, head)[0] for head in yolox_heads]
+    assert sum(map(len, found)) >= 20  # characters on printed pages
+    boxes = np.concatenate(found)
+    # decoded on the right grids: boxes lie on the 416 x 416 image, character-sized
+    assert boxes.min() > -8 and boxes.max() < 424
+    sizes = boxes[:, 2:] - boxes[:, :2]
+    assert 4 < np.median(sizes) < 100
+    # every candidate box on one detected character loses its objectness: one detection lost
+    row = next(i for i, f in enumerate(found) if len(f))
+    changed = yolox_heads.copy()
+    candidates, _ = layout.boxes_scores(changed[row])
+    changed[row, detections.iou(found[row][0], candidates) > 0.3, 4] = 0.0
+    entry = compare(_rows(yolox_heads), _rows(changed), None, "auto", 1.0)["outputs"]["output0"]
+    assert entry["metric"] == "detection" and entry["detections_fp32"] - entry["detections_matched"] == 1
 
 
 def _yolov5_head(boxes: list[tuple[float, float, float, float, float, int]], anchors: int = 300) -> np.ndarray:

@@ -314,8 +314,8 @@ def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
         metavar="[OUTPUT=]NAME",
         help=f"how outputs are judged, repeatable: {', '.join(METRICS)} (for every output, or OUTPUT=NAME "
         "for one); auto (default) picks per output: top1 for class scores (accuracy with labels), "
-        "cosine for embeddings, detection for YOLO-style detector heads, "
-        "relerr for boxes/maps/regression",
+        "cosine for embeddings, detection for YOLO-style detector heads, mask for probability maps, "
+        "relerr for boxes/heatmaps/regression",
     )
     g.add_argument(
         "--min-cosine",

@@ -316,6 +316,8 @@ def _metric_detail(o: dict[str, Any]) -> str:
         return f"top-1 agreement {o['top1_agreement']:.4f}"
     if metric == "detection":
         return f"{o['detections_matched']} of {o['detections_fp32']} detections kept, {o['detections']} found"
+    if metric == "mask":
+        return f"mask IoU {o['mask_iou']:.4f} (worst of thresholds {', '.join(o['mask_iou_by_threshold'])})"
     return f"relative error {o['relative_error']:.4g}"
 
 

@@ -5,14 +5,18 @@ Each output is judged by the metric that fits what it holds, chosen from its sha
 
 - ``accuracy``: labelled top-1 accuracy (needs ``labels``; the first class-score output),
   drop = fp32 accuracy - accuracy;
-- ``top1``: class scores or probabilities (a sequence of them too, as OCR and token models give):
-  share of rows (positions) whose argmax matches fp32's; integer outputs: share of equal values;
+- ``top1``: class scores or probabilities (a sequence of them too, as OCR and token models give:
+  ``[N, T, C]`` with more classes than positions, not named like embeddings or boxes): share of rows (positions) whose argmax matches
+  fp32's; integer outputs: share of equal values;
 - ``cosine``: embeddings (unit-length rows, or names that say so): drop = 1 - mean cosine of each
   row with fp32's, bounded by ``--min-cosine`` (default: 1 - budget/100); the worst row is kept;
 - ``detection``: a detector head with decoded boxes (YOLOv8- or YOLOv5-style): share of fp32's
   detections, after threshold and NMS, that the optimized model reproduces (``detections.py``);
-- ``relerr``: boxes, masks, heatmaps and other regressions: L2 error relative to the L2 norm of
-  the fp32 outputs, over all validation rows.
+- ``mask``: probability maps (a text detector's or a segmenter's ``[N, 1, H, W]`` in [0, 1]): the
+  IoU of the foreground each model marks, at every threshold in ``MASK_THRESHOLDS`` (the range
+  post-processing binarizes at), the worst one counting;
+- ``relerr``: boxes, heatmaps and other regressions: L2 error relative to the L2 norm of the fp32
+  outputs, over all validation rows.
 
 Every drop is in percentage points of its metric; an optimization passes when every output's drop
 is within its budget (``--max-accuracy-drop``, or ``--min-cosine`` for cosine).
@@ -29,9 +33,11 @@ import numpy as np
 from unideploy.errors import InputError
 from unideploy.optimizers import detections
 
-METRICS = ("auto", "accuracy", "top1", "cosine", "detection", "relerr")
+METRICS = ("auto", "accuracy", "top1", "cosine", "detection", "mask", "relerr")
+MASK_THRESHOLDS = (0.3, 0.5)  # DB text detection binarizes at 0.3; a probability's own midpoint is 0.5
 _EMBEDDING_NAME = re.compile(r"(?i)embed|pool|sentence|feature|vector|hidden|encod")
 _CLASS_NAME = re.compile(r"(?i)logit|prob|score|class|label|softmax")
+_REGRESSION_NAME = re.compile(r"(?i)box|coord|landmark|offset|delta|regress|depth|flow|point")
 
 
 def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
@@ -54,10 +60,46 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
             f"{head.name} detector head: agreement of the detections after score >= "
             f"{detections.SCORE_THRESHOLD} and NMS (same class, IoU >= {detections.MATCH_IOU})",
         )
+    if _probability_map(ref):
+        return (
+            "mask",
+            f"{'x'.join(map(str, ref.shape[1:]))} probability map: IoU of the foreground at "
+            f"{' and '.join(map(str, MASK_THRESHOLDS))}",
+        )
+    if (
+        ref.ndim == 3
+        and ref.shape[-1] > max(ref.shape[1], 1)
+        and not detections.shaped_layouts(ref)
+        and not (_EMBEDDING_NAME.search(name) and not _CLASS_NAME.search(name))
+        and not _REGRESSION_NAME.search(name)
+    ):
+        return "top1", f"positions are scores over {ref.shape[-1]} classes: top-1 agreement per position"
     return (
         "relerr",
         f"{'x'.join(map(str, ref.shape[1:])) or 'scalar'} values per row (boxes, maps, regression): relative error",
     )
+
+
+def _probability_map(ref: np.ndarray) -> bool:
+    """Values in [0, 1] over spatial positions with some foreground at every threshold, in no
+    layout a detector head could have."""
+    return (
+        ref.ndim >= 3
+        and bool((ref >= -1e-6).all() and (ref <= 1 + 1e-6).all())
+        and bool((ref >= max(MASK_THRESHOLDS)).any())
+        and not detections.shaped_layouts(ref)
+    )
+
+
+def _mask_ious(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """IoU of the foreground (>= threshold) the two maps mark, over all rows, per threshold; where
+    neither marks any, they agree."""
+    ious = {}
+    for threshold in MASK_THRESHOLDS:
+        fa, fb = a >= threshold, b >= threshold
+        union = int(np.logical_or(fa, fb).sum())
+        ious[str(threshold)] = float(np.logical_and(fa, fb).sum() / union) if union else 1.0
+    return ious
 
 
 def _probabilities(ref: np.ndarray) -> bool:
@@ -192,6 +234,10 @@ def compare(
         elif kind == "detection":
             entry.update(detections.agreement(_head(n, r), r, c))
             drop = 1.0 - entry["detection_agreement"]
+        elif kind == "mask":
+            entry["mask_iou_by_threshold"] = _mask_ious(r, c)
+            entry["mask_iou"] = min(entry["mask_iou_by_threshold"].values())
+            drop = 1.0 - entry["mask_iou"]
         else:
             drop = entry["relative_error"]
         entry["drop_points"] = round(max(drop, 0.0) * 100.0, 4)
@@ -235,5 +281,7 @@ def describe(accuracy: dict[str, Any]) -> str:
             text += f", top-1 agreement {o['top1_agreement']:.4f}"
         elif o["metric"] == "detection":
             text += f", {o['detections_matched']} of {o['detections_fp32']} detections kept ({o['detections']} found)"
+        elif o["metric"] == "mask":
+            text += f", mask IoU {o['mask_iou']:.4f}"
         parts.append(text)
     return "; ".join(parts)

@@ -6,13 +6,15 @@ non-maximum suppression. This metric does what the application does to both mode
 (score threshold, class-aware NMS, at most ``MAX_DETECTIONS`` per image) and counts the fp32
 detections the optimized model reproduces: same class, IoU >= ``MATCH_IOU``.
 
-Layouts recognised, boxes already decoded to (cx, cy, w, h) in pixels:
+Layouts recognised:
 
-- YOLOv8 / Ultralytics export: ``[N, 4 + C, anchors]``, class scores in [0, 1], no objectness;
-- YOLOv5-style: ``[N, anchors, 5 + C]``, objectness then class scores, each in [0, 1].
-
-Heads that leave boxes as grid offsets (YOLOX exported without its decoder) are not recognised
-and stay with the relative error.
+- YOLOv8 / Ultralytics export: ``[N, 4 + C, anchors]``, boxes decoded to (cx, cy, w, h) pixels,
+  class scores in [0, 1], no objectness;
+- YOLOv5-style: ``[N, anchors, 5 + C]``, decoded boxes, objectness then class scores in [0, 1];
+- YOLOX as its ONNX export leaves it (``decode_in_inference=False``): ``[N, anchors, 5 + C]``
+  with boxes as grid offsets and log sizes, decoded here as YOLOX's own post-processing does.
+  The grids are found from the anchor count, so the input must be square (strides 8/16/32, or
+  8/16/32/64 for P6 models): ``anchors = 21 n^2`` or ``85 n^2``.
 """
 
 from __future__ import annotations
@@ -26,42 +28,81 @@ NMS_IOU = 0.45
 MATCH_IOU = 0.5
 MAX_DETECTIONS = 100
 MIN_ANCHORS = 100  # a head has many more candidate boxes than attributes per box
+YOLOX_STRIDES = ((8, 16, 32), (8, 16, 32, 64))
+MAX_LOG_SIZE = 10.0  # a YOLOX box's log width/height: beyond it, exp() means the values are not sizes
 
 
 @dataclass(frozen=True)
 class Layout:
-    anchors_last: bool  # [N, 4 + C, anchors] (YOLOv8) rather than [N, anchors, 5 + C] (YOLOv5)
+    anchors_last: bool  # [N, 4 + C, anchors] (YOLOv8) rather than [N, anchors, 5 + C] (YOLOv5, YOLOX)
+    strides: tuple[int, ...] = ()  # YOLOX: boxes are grid offsets at these strides, to decode
 
     @property
     def name(self) -> str:
+        if self.strides:
+            return f"YOLOX-style [N, anchors, 5+classes], grid offsets at strides {'/'.join(map(str, self.strides))}"
         return "YOLOv8-style [N, 4+classes, anchors]" if self.anchors_last else "YOLOv5-style [N, anchors, 5+classes]"
 
     def boxes_scores(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(boxes [A, 4] as x1 y1 x2 y2, class scores [A, C]) of one image's head."""
         attrs = row.T if self.anchors_last else row
         attrs = attrs.astype(np.float64)
+        if self.strides:
+            grid, stride = _grid(len(attrs), self.strides)
+            attrs = attrs.copy()
+            attrs[:, :2] = (attrs[:, :2] + grid) * stride[:, None]
+            attrs[:, 2:4] = np.exp(np.clip(attrs[:, 2:4], None, MAX_LOG_SIZE)) * stride[:, None]
         cx, cy, w, h = attrs[:, 0], attrs[:, 1], attrs[:, 2], attrs[:, 3]
         boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
         scores = attrs[:, 4:] if self.anchors_last else attrs[:, 4:5] * (attrs[:, 5:] if attrs.shape[1] > 5 else 1.0)
         return boxes, scores
 
 
-def layout(ref: np.ndarray) -> Layout | None:
-    """The head layout of fp32 outputs ``ref``, or None where they do not look like decoded
-    detections (or hold no detection above the threshold to compare)."""
+def shaped_layouts(ref: np.ndarray) -> list[Layout]:
+    """The layouts whose geometry and value ranges ``ref`` fits (many candidate boxes of a few
+    attributes, decoded boxes non-negative or YOLOX's log sizes bounded, scores in [0, 1]),
+    whether or not it holds a detection."""
     if ref.ndim != 3 or not np.issubdtype(ref.dtype, np.floating) or not np.isfinite(ref).all():
-        return None
-    for candidate in (Layout(anchors_last=True), Layout(anchors_last=False)):
+        return []
+    fitting = []
+    yolox = [Layout(False, strides) for strides in YOLOX_STRIDES if _square_grids(ref.shape[1], strides)]
+    for candidate in (Layout(anchors_last=True), Layout(anchors_last=False), *yolox):
         attrs = np.moveaxis(ref, 1, 2) if candidate.anchors_last else ref
         anchors, width = attrs.shape[1], attrs.shape[2]
         if width < 5 or anchors < max(MIN_ANCHORS, 8 * width):
             continue
         boxes, scores = attrs[..., :4], attrs[..., 4:]
-        if (boxes < -1e-3).any() or (scores < -1e-6).any() or (scores > 1 + 1e-6).any():
+        if (scores < -1e-6).any() or (scores > 1 + 1e-6).any():
             continue
-        if any(len(detect(candidate, row)[0]) for row in ref):
-            return candidate
-    return None
+        if (np.abs(boxes[..., 2:]).max() <= MAX_LOG_SIZE) if candidate.strides else not (boxes < -1e-3).any():
+            fitting.append(candidate)
+    return fitting
+
+
+def _square_grids(anchors: int, strides: tuple[int, ...]) -> int:
+    """The side in cells of the coarsest grid when ``anchors`` are the cells of square grids at
+    ``strides`` (each twice the last), else 0."""
+    cells = sum(4**i for i in range(len(strides)))  # per cell of the coarsest grid
+    side = round((anchors / cells) ** 0.5)
+    return side if side and side * side * cells == anchors else 0
+
+
+def _grid(anchors: int, strides: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Each anchor's (x, y) cell and its stride, finest grid first (YOLOX's order)."""
+    side = _square_grids(anchors, strides) * 2 ** (len(strides) - 1)
+    cells, stride = [], []
+    for i, s in enumerate(strides):
+        n = side // 2**i
+        ys, xs = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+        cells.append(np.stack([xs.ravel(), ys.ravel()], axis=1))
+        stride.append(np.full(n * n, s))
+    return np.concatenate(cells).astype(np.float64), np.concatenate(stride).astype(np.float64)
+
+
+def layout(ref: np.ndarray) -> Layout | None:
+    """The head layout of fp32 outputs ``ref``, or None where they do not look like decoded
+    detections (or hold no detection above the threshold to compare)."""
+    return next((c for c in shaped_layouts(ref) if any(len(detect(c, row)[0]) for row in ref)), None)
 
 
 def detect(layout_: Layout, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
