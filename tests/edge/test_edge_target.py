@@ -263,6 +263,83 @@ def test_shape_arithmetic_over_a_dynamic_batch_reaches_tflite_at_batch_1(tmp_pat
         assert {c.artifact: c.status for c in verify_package(package)}["tflite-fp32"] == "passed"
 
 
+def _bidirectional_lstm(path) -> None:
+    """A CRNN's tail, as ddddocr's OCR model has it: a bidirectional LSTM whose initial states are
+    zeros sized from the input's batch, then a per-step classifier."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    hidden, features, steps = 16, 4, 8
+
+    def const(name, value, dtype=np.float32):
+        return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["time_major"], perm=[1, 0, 2]),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Gather", ["shape", "first"], ["batch"], axis=0),
+        helper.make_node("Concat", ["directions", "batch", "width"], ["state_shape"], axis=0),
+        helper.make_node("ConstantOfShape", ["state_shape"], ["zeros"], value=zero),
+        helper.make_node(
+            "LSTM",
+            ["time_major", "W", "R", "B", "", "zeros", "zeros"],
+            ["Y"],
+            direction="bidirectional",
+            hidden_size=hidden,
+        ),
+        helper.make_node("Transpose", ["Y"], ["batch_major"], perm=[2, 0, 1, 3]),
+        helper.make_node("Reshape", ["batch_major", "flat"], ["both"]),
+        helper.make_node("MatMul", ["both", "head"], ["y"]),
+    ]
+    weights = [
+        const("first", [0], np.int64),
+        const("directions", [2], np.int64),
+        const("width", [hidden], np.int64),
+        const("flat", [0, steps, 2 * hidden], np.int64),
+        const("W", rng.standard_normal((2, 4 * hidden, features)) * 0.3),
+        const("R", rng.standard_normal((2, 4 * hidden, hidden)) * 0.3),
+        const("B", rng.standard_normal((2, 8 * hidden)) * 0.1),
+        const("head", rng.standard_normal((2 * hidden, 5))),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "crnn_tail",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", steps, features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", steps, 5])],
+        weights,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_bidirectional_lstm_reaches_tflite_and_a_calibrator_crash_costs_only_int8(tmp_path):
+    """onnx2tf's simplifier drops an LSTM's all-zero initial states, and its bidirectional LSTM
+    then fails ("'NoneType' object is not subscriptable"): converted again with constants folded
+    by ONNX Runtime and no simplifier, it gets a TFLite that matches. TensorFlow's int8 calibrator
+    then segfaults on the LSTM: it runs in a process of its own, so the export goes on without
+    int8 and says why."""
+    _bidirectional_lstm(tmp_path / "crnn.onnx")
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(5).standard_normal((32, 8, 4)).astype(np.float32))
+    args = ("export", tmp_path / "crnn.onnx", "-o", tmp_path / "edge", "--target", "edge")
+    result = deploy(*args, "--calibration", tmp_path / "calib.npz")
+    assert result.returncode == 0, result.stderr
+    assert "tflite-int8" in result.stdout and "killed by SIGSEGV" in " ".join(result.stdout.split())
+    with unideploy.open_package(tmp_path / "edge") as package:
+        assert {"tflite-fp32", "tflite-fp16"} <= {a.id for a in package.manifest.artifacts}
+        (omitted,) = package.manifest.omitted
+        assert (
+            omitted["artifact"] == "tflite-int8" and "int8 calibration ended (killed by SIGSEGV)" in omitted["reason"]
+        )
+        x = np.random.default_rng(3).standard_normal((1, 8, 4)).astype(np.float32)
+        np.testing.assert_allclose(
+            unideploy.run(package, {"x": x}, artifact="tflite-fp32")["y"],
+            unideploy.run(package, {"x": x}, artifact="onnx-fp32")["y"],
+            atol=1e-4,
+        )
+        assert {c.artifact: c.status for c in verify_package(package)}["tflite-fp32"] == "passed"
+
+
 SENTENCES = [
     "the model runs on the phone",
     "a conversion must not change the outputs",

@@ -126,24 +126,31 @@ def _onnx2tf(
 
     Shape arithmetic onnx2tf cannot trace gets two more tries: at batch 1, where its simplifier
     folds what depends on the batch (torch.export's ``as_strided`` becomes a Range over it), then
-    with ONNX Runtime's constant folding first (MiniLM's attention mask and scale). ``folded_only``:
-    that last try alone, for a model whose unfolded conversion ran wrong."""
+    with ONNX Runtime's constant folding first (MiniLM's attention mask and scale), then folded and
+    with onnx2tf's simplifier off (it drops the all-zero initial states of ddddocr's LSTM).
+    ``folded_only``: the folded tries alone, for a model whose unfolded conversion ran wrong."""
     fixed = fixed_signature(signature, sample)  # dynamic non-batch dims: converted at the sample's sizes
     pinned = fixed_signature(signature, sample, batch_too=True)
     attempts = (
-        [] if folded_only else [(fixed, False)] + ([(pinned, False)] if fixed is None and pinned is not None else [])
+        []
+        if folded_only
+        else [(fixed, False, True)] + ([(pinned, False, True)] if fixed is None and pinned is not None else [])
     )
-    attempts.append((pinned or fixed, True))
+    attempts += [(pinned or fixed, True, True), (pinned or fixed, True, False)]
     failures: list[ExportError] = []
-    for shapes, folded in attempts:
-        how = (" with constants folded" if folded else "") + (f" at {_shapes(shapes)}" if shapes else "")
+    for shapes, folded, simplified in attempts:
+        how = (
+            (" with constants folded" if folded else "")
+            + ("" if simplified else " and no onnxsim")
+            + (f" at {_shapes(shapes)}" if shapes else "")
+        )
         say(
             f"onnx2tf failed ({failures[-1].message}): converting again{how}"
             if failures
             else f"converting ONNX to TensorFlow with onnx2tf{how}"
         )
         try:
-            return onnx_to_saved_model(onnx_path, work, shapes, folded), shapes, folded
+            return onnx_to_saved_model(onnx_path, work, shapes, folded, simplified), shapes, folded
         except ExportError as failed:
             failures.append(failed)
     raise failures[0]  # what onnx2tf found in the model as it is

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from unideploy import child_process
 from unideploy.errors import ExportError, MissingDependencyError, first_line
 from unideploy.exporters.onnx_io import basic_optimized, copy_model, declare_signature
 from unideploy.quiet import quiet
@@ -30,14 +31,18 @@ from unideploy.signature import CHANNELS_LAST, Signature, TensorSpec, channels_l
 ONNX2TF_INSTALL = "pip install 'unideploy[edge]' && pip install --no-deps 'onnx2tf==1.29.24'"
 
 
-def onnx_to_saved_model(onnx_path: Path, workdir: Path, fixed: Signature | None = None, folded: bool = False) -> Path:
+def onnx_to_saved_model(
+    onnx_path: Path, workdir: Path, fixed: Signature | None = None, folded: bool = False, simplified: bool = True
+) -> Path:
     """Convert with onnx2tf; ``erf`` becomes pseudo-ops LiteRT's builtins run (no FlexErf).
 
     ``fixed``: input shapes to convert at, for models whose dynamic spatial or sequence dims onnx2tf
     cannot trace (a detector's Concat across strides fails at the sizes it guesses). ``folded``:
     declare them in the model and fold its constants with ONNX Runtime first, where onnx2tf's own
     simplifier leaves shape arithmetic it cannot convert (a transformer's attention mask and
-    scale)."""
+    scale). ``simplified``: let onnx2tf run onnxsim on its input; it drops an LSTM's all-zero initial
+    states, which onnx2tf's LSTM then cannot do without (ddddocr's CRNN), so after folding it may be
+    left out."""
     try:
         with quiet():
             import onnx2tf
@@ -61,6 +66,7 @@ def onnx_to_saved_model(onnx_path: Path, workdir: Path, fixed: Signature | None 
                 non_verbose=True,
                 replace_to_pseudo_operators=["erf"],
                 output_signaturedefs=True,
+                not_use_onnxsim=not simplified,
                 overwrite_input_shape=[f"{t.name}:{','.join(map(str, t.shape))}" for t in fixed.inputs]
                 if fixed
                 else None,
@@ -136,7 +142,34 @@ def saved_model_to_tflite(
     saved_model: Path, precision: str, workdir: Path, calibration: list[dict[str, np.ndarray]] | None = None
 ) -> Path:
     """fp32, fp16 (weights), int8 (full integer: needs ``calibration`` batches in the model's own
-    layout) or int8-dynamic (int8 weights, activations quantized on the fly)."""
+    layout) or int8-dynamic (int8 weights, activations quantized on the fly).
+
+    Full-integer conversion runs in a process of its own: TensorFlow's calibrator runs the model in
+    native code that can crash (a segfault on ddddocr's LSTM), and that must cost the int8
+    artifact, not the export."""
+    if precision == "int8":
+        blob: bytes = child_process.call(
+            _converted,
+            saved_model.resolve(),
+            precision,
+            calibration,
+            workdir=workdir,
+            what="TensorFlow's int8 calibration",
+            hint="TensorFlow's calibrator cannot run this model; its other TFLite artifacts are unaffected",
+        )
+    else:
+        blob = _converted(saved_model, precision, calibration)
+    if precision == "int8-dynamic" and not _has_int8_tensors(blob):
+        raise ExportError(
+            "dynamic range quantization left every weight in float (the converter skips weights of under 1,024 values)",
+            "use tflite-fp32 or tflite-fp16 on this model",
+        )
+    path = workdir / f"model.{precision}.tflite"
+    path.write_bytes(blob)
+    return path
+
+
+def _converted(saved_model: Path, precision: str, calibration: list[dict[str, np.ndarray]] | None) -> bytes:
     with quiet():
         import tensorflow as tf
 
@@ -157,17 +190,10 @@ def saved_model_to_tflite(
         elif precision == "int8-dynamic":
             converter.optimizations = [tf.lite.Optimize.DEFAULT]
         try:
-            blob = converter.convert()
+            blob: bytes = converter.convert()
         except Exception as exc:
             raise ExportError(f"TFLite conversion ({precision}) failed: {first_line(exc)}") from exc
-    if precision == "int8-dynamic" and not _has_int8_tensors(blob):
-        raise ExportError(
-            "dynamic range quantization left every weight in float (the converter skips weights of under 1,024 values)",
-            "use tflite-fp32 or tflite-fp16 on this model",
-        )
-    path = workdir / f"model.{precision}.tflite"
-    path.write_bytes(blob)
-    return path
+    return blob
 
 
 def _has_int8_tensors(blob: bytes) -> bool:
