@@ -265,7 +265,7 @@ def signature_from_onnx(model: Any) -> Signature:
                 dims.append(int(d.dim_param))
             else:  # a name, an expression, -1 or 0, or nothing: dynamic (readable names: exporters/shapes.py)
                 named = d.dim_param if any(c.isalnum() for c in d.dim_param) else ""  # Paddle writes "?"
-                dims.append(_dim_name(named) or _dim_name(f"{value.name}_dim{axis}"))
+                dims.append(dim_identifier(named) or unnamed_dim(value.name, axis))
         layout = _CHANNELS_FIRST_LAYOUTS.get(len(dims)) if value.name in channels_first else None
         return TensorSpec(value.name, np.dtype(dtype).name, tuple(dims), layout)
 
@@ -296,7 +296,14 @@ def default_output_names(count: int) -> list[str]:
     return ["output"] if count == 1 else [f"output_{i}" for i in range(count)]
 
 
-def _dim_name(text: str) -> str:
-    """Make a dynamic-dimension name an identifier, as the manifest schema requires."""
-    name = re.sub(r"[^A-Za-z0-9_]", "_", text)
-    return f"d_{name}" if name and name[0].isdigit() else name
+def dim_identifier(text: str) -> str:
+    """A dynamic dimension's name made an identifier, as the manifest schema requires: other
+    characters become underscores, and a leading digit gets ``d_``; empty where nothing is left."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", text).strip("_")
+    return f"d_{name}" if name[:1].isdigit() else name
+
+
+def unnamed_dim(tensor: str, axis: int) -> str:
+    """The name of a dynamic dim its model leaves unnamed (every exporter's; ``--input-shape`` and
+    ``exporters/shapes.py`` may give it a better one)."""
+    return dim_identifier(f"{tensor}_dim{axis}")

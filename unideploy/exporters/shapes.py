@@ -24,7 +24,7 @@ import numpy as np
 from unideploy.errors import InputError
 from unideploy.exporters.base import ExportOptions
 from unideploy.samples import dynamic_dims
-from unideploy.signature import BATCH_DIM, Dim, Signature, TensorSpec
+from unideploy.signature import BATCH_DIM, Dim, Signature, TensorSpec, dim_identifier, unnamed_dim
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 # Names converters make up, which tell a user nothing: tf2onnx's unk__N, paddle2onnx's
@@ -50,11 +50,6 @@ def _rename(signature: Signature, mapping: Mapping[str, Dim]) -> Signature:
     return Signature(tuple(spec(t) for t in signature.inputs), tuple(spec(t) for t in signature.outputs))
 
 
-def _safe(text: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9_]", "_", text).strip("_") or "t"
-    return f"t_{name}" if name[0].isdigit() else name
-
-
 def readable_dims(signature: Signature) -> Signature:
     """Rename converter-made dynamic dims; a model's own identifiers are kept. One old name maps
     to one new name everywhere, so dims the model ties together stay tied."""
@@ -74,9 +69,8 @@ def readable_dims(signature: Signature) -> Signature:
                     candidates = [BATCH_DIM]  # shared on purpose: inputs agree on their batch
                 else:
                     role = _SPATIAL_NAMES.get(spec.layout or "", {}).get(axis) if is_input else None
-                    base = _safe(spec.name)
                     candidates = ([role] if role and single_image else []) + [
-                        f"{base}_{role}" if role else f"{base}_dim{axis}"
+                        dim_identifier(f"{spec.name}_{role}") if role else unnamed_dim(spec.name, axis)
                     ]
                     candidates += [f"{candidates[-1]}_{i}" for i in range(2, 100)]
                 for candidate in candidates:
@@ -236,7 +230,7 @@ def settle_outputs(
             elif len(set(sizes)) == 1 and declared not in varied:
                 dims.append(int(sizes[0]))
             else:  # a size of the model's own, or one that changed with no input dim
-                dims.append(declared if isinstance(declared, str) else _safe(f"{spec.name}_dim{axis}"))
+                dims.append(declared if isinstance(declared, str) else unnamed_dim(spec.name, axis))
         outputs.append(TensorSpec(spec.name, spec.dtype, tuple(dims), spec.layout))
     return Signature(signature.inputs, tuple(outputs))
 

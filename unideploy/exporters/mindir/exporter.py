@@ -19,14 +19,14 @@ from unideploy.exporters.mindir.ops import OPSET
 from unideploy.exporters.mindir.reader import MindIRGraph, TensorInfo, read_mindir
 from unideploy.exporters.mindir.translate import translate
 from unideploy.runtimes.mindspore_runtime import MindSporeRuntime
-from unideploy.signature import BATCH_DIM, Dim, Signature, TensorSpec, default_output_names
+from unideploy.signature import BATCH_DIM, Dim, Signature, TensorSpec, default_output_names, unnamed_dim
 
 
 def _spec(name: str, info: TensorInfo, named: dict[int, str]) -> TensorSpec:
     if info.dtype not in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"):
         raise ExportError(f"MindIR tensor '{name}' has an unsupported dtype ({info.dtype})")
     dims: list[Dim] = [
-        size if size >= 0 else named.get(axis) or (BATCH_DIM if axis == 0 else f"{name}_dim{axis}")
+        size if size >= 0 else named.get(axis) or (BATCH_DIM if axis == 0 else unnamed_dim(name, axis))
         for axis, size in enumerate(info.shape)
     ]
     return TensorSpec(name, info.dtype, tuple(dims))
