@@ -315,7 +315,10 @@ def _metric_detail(o: dict[str, Any]) -> str:
     if metric == "top1":
         return f"top-1 agreement {o['top1_agreement']:.4f}"
     if metric == "detection":
-        return f"{o['detections_matched']} of {o['detections_fp32']} detections kept, {o['detections']} found"
+        return (
+            f"AP {o['detection_ap']:.4f} against fp32's, {o['detections_matched']} of {o['detections_fp32']} "
+            f"detections kept, {o['detections']} found"
+        )
     if metric == "mask":
         return f"mask IoU {o['mask_iou']:.4f} (worst of thresholds {', '.join(o['mask_iou_by_threshold'])})"
     return f"relative error {o['relative_error']:.4g}"

@@ -10,8 +10,8 @@ Each output is judged by the metric that fits what it holds, chosen from its sha
   fp32's; integer outputs: share of equal values;
 - ``cosine``: embeddings (unit-length rows, or names that say so): drop = 1 - mean cosine of each
   row with fp32's, bounded by ``--min-cosine`` (default: 1 - budget/100); the worst row is kept;
-- ``detection``: a detector head with decoded boxes (YOLOv8- or YOLOv5-style): share of fp32's
-  detections, after threshold and NMS, that the optimized model reproduces (``detections.py``);
+- ``detection``: a YOLO-style detector head: average precision of the optimized model's
+  detections with fp32's (after threshold and NMS) as the ground truth (``detections.py``);
 - ``mask``: probability maps (a text detector's or a segmenter's ``[N, 1, H, W]`` in [0, 1]): the
   IoU of the foreground each model marks, at every threshold in ``MASK_THRESHOLDS`` (the range
   post-processing binarizes at), the worst one counting;
@@ -57,8 +57,8 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
     if (head := detections.layout(ref)) is not None:
         return (
             "detection",
-            f"{head.name} detector head: agreement of the detections after score >= "
-            f"{detections.SCORE_THRESHOLD} and NMS (same class, IoU >= {detections.MATCH_IOU})",
+            f"{head.name} detector head: AP@{detections.MATCH_IOU} of the detections against fp32's "
+            f"(score >= {detections.SCORE_THRESHOLD}, NMS)",
         )
     if _probability_map(ref):
         return (
@@ -233,7 +233,7 @@ def compare(
             drop = 1.0 - entry["cosine_mean"]
         elif kind == "detection":
             entry.update(detections.agreement(_head(n, r), r, c))
-            drop = 1.0 - entry["detection_agreement"]
+            drop = 1.0 - entry["detection_ap"]
         elif kind == "mask":
             entry["mask_iou_by_threshold"] = _mask_ious(r, c)
             entry["mask_iou"] = min(entry["mask_iou_by_threshold"].values())
@@ -280,7 +280,10 @@ def describe(accuracy: dict[str, Any]) -> str:
         elif o["metric"] == "top1":
             text += f", top-1 agreement {o['top1_agreement']:.4f}"
         elif o["metric"] == "detection":
-            text += f", {o['detections_matched']} of {o['detections_fp32']} detections kept ({o['detections']} found)"
+            text += (
+                f", AP {o['detection_ap']:.4f} against fp32's, {o['detections_matched']} of "
+                f"{o['detections_fp32']} detections kept ({o['detections']} found)"
+            )
         elif o["metric"] == "mask":
             text += f", mask IoU {o['mask_iou']:.4f}"
         parts.append(text)

@@ -3,8 +3,9 @@
 A detector's raw head holds thousands of candidate boxes, nearly all of them background; the
 relative error over all of them says little about what a user sees after thresholding and
 non-maximum suppression. This metric does what the application does to both models' outputs
-(score threshold, class-aware NMS, at most ``MAX_DETECTIONS`` per image) and counts the fp32
-detections the optimized model reproduces: same class, IoU >= ``MATCH_IOU``.
+(score threshold, class-aware NMS, at most ``MAX_DETECTIONS`` per image) and measures the
+optimized model's average precision (IoU >= ``MATCH_IOU``, same class) with fp32's detections as
+the ground truth: the mAP@0.5 a user would measure, against fp32 instead of labels.
 
 Layouts recognised:
 
@@ -23,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCORE_THRESHOLD = 0.25  # Ultralytics' and YOLOv5's default confidence
+SCORE_THRESHOLD = 0.25  # Ultralytics' and YOLOv5's default confidence: fp32's detections, the truth
+EVAL_SCORE_THRESHOLD = 0.001  # COCO's and Ultralytics' evaluations rank detections down to this score
 NMS_IOU = 0.45
 MATCH_IOU = 0.5
 MAX_DETECTIONS = 100
@@ -105,11 +107,14 @@ def layout(ref: np.ndarray) -> Layout | None:
     return next((c for c in shaped_layouts(ref) if any(len(detect(c, row)[0]) for row in ref)), None)
 
 
-def detect(layout_: Layout, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One image's detections after the threshold and class-aware NMS: (boxes [K, 4], classes [K])."""
+def detect(
+    layout_: Layout, row: np.ndarray, threshold: float = SCORE_THRESHOLD
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One image's detections after the score threshold and class-aware NMS, best first:
+    (boxes [K, 4], classes [K], scores [K])."""
     boxes, scores = layout_.boxes_scores(row)
     classes, best = scores.argmax(axis=1), scores.max(axis=1)
-    keep = np.flatnonzero(best >= SCORE_THRESHOLD)
+    keep = np.flatnonzero(best >= threshold)
     keep = keep[np.argsort(-best[keep], kind="stable")]
     chosen: list[int] = []
     for i in keep:
@@ -118,7 +123,7 @@ def detect(layout_: Layout, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             chosen.append(int(i))
             if len(chosen) == MAX_DETECTIONS:
                 break
-    return boxes[chosen], classes[chosen]
+    return boxes[chosen], classes[chosen], best[chosen]
 
 
 def iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
@@ -134,25 +139,50 @@ def _area(boxes: np.ndarray) -> np.ndarray:
 
 
 def agreement(layout_: Layout, reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
-    """Detections matched (same class, IoU >= ``MATCH_IOU``, each used once) over the larger of the
-    two models' counts, summed over images: a missed and an extra detection both count against."""
-    matched = larger = found_ref = found_cand = 0
+    """Average precision of the optimized model's detections with fp32's as the ground truth.
+
+    fp32's detections at ``SCORE_THRESHOLD`` are the truth; the optimized model's are ranked by
+    score down to ``EVAL_SCORE_THRESHOLD``, as COCO's and Ultralytics' evaluations keep them, and
+    each is matched, best first within its image, to an unmatched truth of its class with IoU >=
+    ``MATCH_IOU``. AP is the area under that ranking's precision-recall curve (every point, with
+    precision made non-increasing): a confident detection missed or invented costs much, one whose
+    score moved across the threshold costs little, as it does to the mAP a user measures. The
+    counts at the threshold are kept for the message."""
+    ranked: list[tuple[float, bool]] = []
+    truths = matched = found = 0
     for ref_row, cand_row in zip(reference, candidate):
-        ref_boxes, ref_classes = detect(layout_, ref_row)
-        cand_boxes, cand_classes = detect(layout_, cand_row)
-        free = np.ones(len(cand_boxes), bool)
-        for box, cls in zip(ref_boxes, ref_classes):
-            options = np.flatnonzero(free & (cand_classes == cls))
+        truth_boxes, truth_classes, _ = detect(layout_, ref_row)
+        boxes, classes, scores = detect(layout_, cand_row, EVAL_SCORE_THRESHOLD)
+        truths += len(truth_boxes)
+        free = np.ones(len(truth_boxes), bool)
+        for box, cls, score in zip(boxes, classes, scores):
+            options = np.flatnonzero(free & (truth_classes == cls))
+            hit = False
             if len(options):
-                overlaps = iou(box, cand_boxes[options])
+                overlaps = iou(box, truth_boxes[options])
                 if overlaps.max() >= MATCH_IOU:
                     free[options[overlaps.argmax()]] = False
-                    matched += 1
-        larger += max(len(ref_boxes), len(cand_boxes))
-        found_ref, found_cand = found_ref + len(ref_boxes), found_cand + len(cand_boxes)
+                    hit = True
+            ranked.append((float(score), hit))
+            if score >= SCORE_THRESHOLD:
+                found, matched = found + 1, matched + hit
     return {
-        "detection_agreement": matched / larger if larger else 1.0,
-        "detections_fp32": found_ref,
-        "detections": found_cand,
+        "detection_ap": _average_precision(ranked, truths),
+        "detections_fp32": truths,
+        "detections": found,
         "detections_matched": matched,
     }
+
+
+def _average_precision(ranked: list[tuple[float, bool]], truths: int) -> float:
+    if not truths:
+        return 1.0 if not any(score >= SCORE_THRESHOLD for score, _ in ranked) else 0.0
+    hits = np.array([hit for _, hit in sorted(ranked, key=lambda r: -r[0])], bool)
+    if not len(hits):
+        return 0.0
+    true_positives = np.cumsum(hits)
+    precision = true_positives / np.arange(1, len(hits) + 1)
+    recall = true_positives / truths
+    envelope = np.maximum.accumulate(precision[::-1])[::-1]
+    steps = np.diff(np.concatenate([[0.0], recall]))
+    return float((steps * envelope).sum())
