@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import report
-from models import imagenet_cnn_torchscript, minilm_torchscript
+from bench_models import imagenet_cnn_torchscript, minilm_torchscript
 from rich.console import Console
 
 import unideploy

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import report
-from models import digits_torchscript, minilm_torchscript
+from bench_models import digits_torchscript, minilm_torchscript
 from rich.console import Console
 
 import unideploy

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from models import imagenet_cnn_torchscript
+from bench_models import imagenet_cnn_torchscript
 from rich.console import Console
 from server import clients, drive, per_thread
 

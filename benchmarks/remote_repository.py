@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from models import digits_torchscript
+from bench_models import digits_torchscript
 from rich.console import Console
 
 import unideploy

@@ -30,7 +30,7 @@ import mlserver_peer
 import numpy as np
 import perf_analyzer
 import yaml
-from models import imagenet_cnn_torchscript, minilm_torchscript
+from bench_models import imagenet_cnn_torchscript, minilm_torchscript
 from rich.console import Console
 
 import unideploy

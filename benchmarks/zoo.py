@@ -29,7 +29,7 @@ import numpy as np
 from rich.console import Console
 from zoo_models import ROOT, ZooModel, zoo
 
-sys.path.append(str(ROOT / "tests"))  # after benchmarks/: its models.py is the benchmarks' own
+sys.path.append(str(ROOT / "tests"))  # for serving.py
 from serving import start_server, stop_server
 
 STAGES = ("export", "verify", "int8", "fp16", "prune", "edge", "bundle-android", "bundle-ios", "gpu", "ascend", "serve")

@@ -29,7 +29,10 @@ def test_each_kind_of_output_gets_its_metric_and_a_reason():
     assert output_metric("sentence_embedding", rng.standard_normal((8, 384)))[0] == "cosine"
     ctc = np.exp(rng.standard_normal((8, 40, 97)))
     assert output_metric("softmax", ctc / ctc.sum(-1, keepdims=True))[0] == "top1"  # OCR: per position
-    assert output_metric("text_map", rng.random((8, 1, 32, 32)))[0] == "mask"  # probabilities per pixel
+    text_map = (rng.random((8, 1, 32, 32)) > 0.8) * rng.uniform(0.9, 1.0, (8, 1, 32, 32))
+    assert output_metric("text_map", text_map)[0] == "mask"  # decided probabilities per pixel
+    assert output_metric("image", rng.random((8, 1, 32, 32)))[0] == "relerr"  # intensities in [0, 1]
+    assert output_metric("rgb", (rng.random((8, 3, 32, 32)) > 0.5) * 1.0)[0] == "relerr"  # not one channel
     assert output_metric("heatmap", rng.standard_normal((8, 1, 32, 32)))[0] == "relerr"
     assert output_metric("387", rng.standard_normal((32, 1, 97)))[0] == "top1"  # CTC logits [T, N, C]
     assert output_metric("last_hidden_state", rng.standard_normal((8, 16, 64)))[0] == "relerr"

@@ -12,7 +12,8 @@ Each output is judged by the metric that fits what it holds, chosen from its sha
   row with fp32's, bounded by ``--min-cosine`` (default: 1 - budget/100); the worst row is kept;
 - ``detection``: a YOLO-style detector head: average precision of the optimized model's
   detections with fp32's (after threshold and NMS) as the ground truth (``detections.py``);
-- ``mask``: probability maps (a text detector's or a segmenter's ``[N, 1, H, W]`` in [0, 1]): the
+- ``mask``: probability maps (a text detector's or a segmenter's ``[N, 1, H, W]`` in [0, 1], near
+  0 or 1 almost everywhere, unlike an image): the
   IoU of the foreground each model marks, at every threshold in ``MASK_THRESHOLDS`` (the range
   post-processing binarizes at), the worst one counting;
 - ``relerr``: boxes, heatmaps and other regressions: L2 error relative to the L2 norm of the fp32
@@ -35,6 +36,7 @@ from unideploy.optimizers import detections
 
 METRICS = ("auto", "accuracy", "top1", "cosine", "detection", "mask", "relerr")
 MASK_THRESHOLDS = (0.3, 0.5)  # DB text detection binarizes at 0.3; a probability's own midpoint is 0.5
+MAX_UNDECIDED = 0.1  # the share of a probability map's values that may lie between 0.1 and 0.9
 _EMBEDDING_NAME = re.compile(r"(?i)embed|pool|sentence|feature|vector|hidden|encod")
 _CLASS_NAME = re.compile(r"(?i)logit|prob|score|class|label|softmax")
 _REGRESSION_NAME = re.compile(r"(?i)box|coord|landmark|offset|delta|regress|depth|flow|point")
@@ -81,12 +83,16 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
 
 
 def _probability_map(ref: np.ndarray) -> bool:
-    """Values in [0, 1] over spatial positions with some foreground at every threshold, in no
-    layout a detector head could have."""
+    """One channel of values in [0, 1] over spatial positions, nearly all of them decided (a
+    sigmoid's map is near 0 or 1 almost everywhere: PP-OCRv4's text map has 0.2 % of its pixels
+    between 0.1 and 0.9; an image or a depth map in [0, 1] has most), with some foreground, in
+    no layout a detector head could have."""
+    values = ref.astype(np.float64)
     return (
-        ref.ndim >= 3
-        and bool((ref >= -1e-6).all() and (ref <= 1 + 1e-6).all())
-        and bool((ref >= max(MASK_THRESHOLDS)).any())
+        (ref.ndim == 3 or (ref.ndim == 4 and 1 in (ref.shape[1], ref.shape[-1])))
+        and bool((values >= -1e-6).all() and (values <= 1 + 1e-6).all())
+        and bool((values >= max(MASK_THRESHOLDS)).any())
+        and float(((values > 0.1) & (values < 0.9)).mean()) <= MAX_UNDECIDED
         and not detections.shaped_layouts(ref)
     )
 
