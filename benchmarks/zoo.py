@@ -259,8 +259,9 @@ def report(models: list[ZooModel], results: dict[str, dict[str, Cell]], stages: 
         lines.append(f"| {model.name} | {model.family} | {model.package} | {model.licence} | `{options}`{gpu} |")
     lines += [
         "",
-        "Timings are wall-clock seconds on the project's 2-core machine, one run; they include process "
-        "start-up and framework imports, as a user's command does.",
+        "Timings are wall-clock seconds on the project's 2-core machine; they include process start-up and "
+        "framework imports, as a user's command does. Cells kept from an earlier run (`--previous`) keep "
+        "that run's time, and a run beside other work is slower: compare cells, not seconds.",
         "",
     ]
     return "\n".join(lines)
