@@ -5,17 +5,18 @@ Each output is judged by the metric that fits what it holds, chosen from its sha
 
 - ``accuracy``: labelled top-1 accuracy (needs ``labels``; the first class-score output),
   drop = fp32 accuracy - accuracy;
-- ``top1``: class scores or probabilities (a sequence of them too, as OCR and token models give:
-  ``[N, T, C]`` with more classes than positions, not named like embeddings or boxes): share of rows (positions) whose argmax matches
-  fp32's; integer outputs: share of equal values;
+- ``top1``: class scores or probabilities, and sequences of them as OCR and token models give
+  (raw scores ``[N, T, C]`` with more classes than positions, not named like embeddings or
+  boxes): share of rows (positions) whose argmax matches fp32's; integer outputs: share of equal
+  values;
 - ``cosine``: embeddings (unit-length rows, or names that say so): drop = 1 - mean cosine of each
   row with fp32's, bounded by ``--min-cosine`` (default: 1 - budget/100); the worst row is kept;
 - ``detection``: a YOLO-style detector head: average precision of the optimized model's
   detections with fp32's (after threshold and NMS) as the ground truth (``detections.py``);
 - ``mask``: probability maps (a text detector's or a segmenter's ``[N, 1, H, W]`` in [0, 1], near
-  0 or 1 almost everywhere, unlike an image): the
-  IoU of the foreground each model marks, at every threshold in ``MASK_THRESHOLDS`` (the range
-  post-processing binarizes at), the worst one counting;
+  0 or 1 almost everywhere, unlike an image): the IoU of the foreground each model marks, at
+  every threshold in ``MASK_THRESHOLDS`` (the range post-processing binarizes at), the worst
+  one counting;
 - ``relerr``: boxes, heatmaps and other regressions: L2 error relative to the L2 norm of the fp32
   outputs, over all validation rows.
 
