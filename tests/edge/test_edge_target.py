@@ -219,14 +219,18 @@ def test_dynamic_height_and_width_reach_tflite_at_the_sample_size(tmp_path):
         assert {c.artifact: c.status for c in verify_package(package)}["tflite-fp32"] == "passed"
 
 
+def _const(name: str, value, dtype=np.int64):
+    """An ONNX initializer for the graphs these tests build by hand."""
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+
 def test_shape_arithmetic_over_a_dynamic_batch_reaches_tflite_at_batch_1(tmp_path):
     """torch.export lowers ``as_strided`` to flat indices from a Range over the batch, which onnx2tf
     cannot trace with the batch dynamic; converted again at batch 1, the simplifier folds it away."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    def const(name, value, dtype=np.int64):
-        return numpy_helper.from_array(np.asarray(value, dtype), name)
+    from onnx import TensorProto, helper
 
     nodes = [
         helper.make_node("Shape", ["x"], ["shape"]),
@@ -240,14 +244,14 @@ def test_shape_arithmetic_over_a_dynamic_batch_reaches_tflite_at_batch_1(tmp_pat
         helper.make_node("MatMul", ["strided", "w"], ["y"]),
     ]
     weights = [
-        const("zero", [0]),
-        const("start", 0),
-        const("step", 1),
-        const("width", 4),
-        const("axis1", [1]),
-        const("cols", np.arange(4)),
-        const("flat", [-1]),
-        const("w", np.random.default_rng(0).standard_normal((4, 3)), np.float32),
+        _const("zero", [0]),
+        _const("start", 0),
+        _const("step", 1),
+        _const("width", 4),
+        _const("axis1", [1]),
+        _const("cols", np.arange(4)),
+        _const("flat", [-1]),
+        _const("w", np.random.default_rng(0).standard_normal((4, 3)), np.float32),
     ]
     graph = helper.make_graph(
         nodes,
@@ -267,13 +271,10 @@ def _bidirectional_lstm(path) -> None:
     """A CRNN's tail, as ddddocr's OCR model has it: a bidirectional LSTM whose initial states are
     zeros sized from the input's batch, then a per-step classifier."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper
 
     rng = np.random.default_rng(0)
     hidden, features, steps = 16, 4, 8
-
-    def const(name, value, dtype=np.float32):
-        return numpy_helper.from_array(np.asarray(value, dtype), name)
 
     zero = helper.make_tensor("zero", TensorProto.FLOAT, [1], [0.0])
     nodes = [
@@ -294,14 +295,14 @@ def _bidirectional_lstm(path) -> None:
         helper.make_node("MatMul", ["both", "head"], ["y"]),
     ]
     weights = [
-        const("first", [0], np.int64),
-        const("directions", [2], np.int64),
-        const("width", [hidden], np.int64),
-        const("flat", [0, steps, 2 * hidden], np.int64),
-        const("W", rng.standard_normal((2, 4 * hidden, features)) * 0.3),
-        const("R", rng.standard_normal((2, 4 * hidden, hidden)) * 0.3),
-        const("B", rng.standard_normal((2, 8 * hidden)) * 0.1),
-        const("head", rng.standard_normal((2 * hidden, 5))),
+        _const("first", [0]),
+        _const("directions", [2]),
+        _const("width", [hidden]),
+        _const("flat", [0, steps, 2 * hidden]),
+        _const("W", rng.standard_normal((2, 4 * hidden, features)) * 0.3, np.float32),
+        _const("R", rng.standard_normal((2, 4 * hidden, hidden)) * 0.3, np.float32),
+        _const("B", rng.standard_normal((2, 8 * hidden)) * 0.1, np.float32),
+        _const("head", rng.standard_normal((2 * hidden, 5)), np.float32),
     ]
     graph = helper.make_graph(
         nodes,

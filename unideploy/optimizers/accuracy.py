@@ -57,13 +57,14 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
         if _EMBEDDING_NAME.search(name) and not _CLASS_NAME.search(name):
             return "cosine", f"'{name}' names {ref.shape[-1]}-d embeddings: cosine similarity"
         return "top1", f"rows are scores over {ref.shape[-1]} classes: top-1 agreement"
-    if (head := detections.layout(ref)) is not None:
+    shaped = detections.shaped_layouts(ref)  # a detector head's layout, with or without a detection
+    if (head := detections.layout(ref, shaped)) is not None:
         return (
             "detection",
             f"{head.name} detector head: AP@{detections.MATCH_IOU} of the detections against fp32's "
             f"(score >= {detections.SCORE_THRESHOLD}, NMS)",
         )
-    if _probability_map(ref):
+    if not shaped and _probability_map(ref):
         return (
             "mask",
             f"{'x'.join(map(str, ref.shape[1:]))} probability map: IoU of the foreground at "
@@ -72,7 +73,7 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
     if (
         ref.ndim == 3
         and ref.shape[-1] > max(ref.shape[1], 1)
-        and not detections.shaped_layouts(ref)
+        and not shaped
         and not (_EMBEDDING_NAME.search(name) and not _CLASS_NAME.search(name))
         and not _REGRESSION_NAME.search(name)
     ):
@@ -86,15 +87,13 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
 def _probability_map(ref: np.ndarray) -> bool:
     """One channel of values in [0, 1] over spatial positions, nearly all of them decided (a
     sigmoid's map is near 0 or 1 almost everywhere: PP-OCRv4's text map has 0.2 % of its pixels
-    between 0.1 and 0.9; an image or a depth map in [0, 1] has most), with some foreground, in
-    no layout a detector head could have."""
+    between 0.1 and 0.9; an image or a depth map in [0, 1] has most), with some foreground."""
     values = ref.astype(np.float64)
     return (
         (ref.ndim == 3 or (ref.ndim == 4 and 1 in (ref.shape[1], ref.shape[-1])))
         and bool((values >= -1e-6).all() and (values <= 1 + 1e-6).all())
         and bool((values >= max(MASK_THRESHOLDS)).any())
         and float(((values > 0.1) & (values < 0.9)).mean()) <= MAX_UNDECIDED
-        and not detections.shaped_layouts(ref)
     )
 
 

@@ -20,6 +20,7 @@ Layouts recognised:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,6 +82,7 @@ def shaped_layouts(ref: np.ndarray) -> list[Layout]:
     return fitting
 
 
+@functools.cache
 def _square_grids(anchors: int, strides: tuple[int, ...]) -> int:
     """The side in cells of the coarsest grid when ``anchors`` are the cells of square grids at
     ``strides`` (each twice the last), else 0."""
@@ -89,8 +91,10 @@ def _square_grids(anchors: int, strides: tuple[int, ...]) -> int:
     return side if side and side * side * cells == anchors else 0
 
 
+@functools.cache
 def _grid(anchors: int, strides: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Each anchor's (x, y) cell and its stride, finest grid first (YOLOX's order)."""
+    """Each anchor's (x, y) cell and its stride, finest grid first (YOLOX's order); made once per
+    head geometry, as every image's rows decode on the same grids (callers never write to it)."""
     side = _square_grids(anchors, strides) * 2 ** (len(strides) - 1)
     cells, stride = [], []
     for i, s in enumerate(strides):
@@ -101,10 +105,12 @@ def _grid(anchors: int, strides: tuple[int, ...]) -> tuple[np.ndarray, np.ndarra
     return np.concatenate(cells).astype(np.float64), np.concatenate(stride).astype(np.float64)
 
 
-def layout(ref: np.ndarray) -> Layout | None:
-    """The head layout of fp32 outputs ``ref``, or None where they do not look like decoded
-    detections (or hold no detection above the threshold to compare)."""
-    return next((c for c in shaped_layouts(ref) if any(len(detect(c, row)[0]) for row in ref)), None)
+def layout(ref: np.ndarray, shaped: list[Layout] | None = None) -> Layout | None:
+    """The head layout of fp32 outputs ``ref``, or None where they do not look like detections
+    (or hold no detection above the threshold to compare); ``shaped``: its ``shaped_layouts``,
+    where the caller has them."""
+    candidates = shaped_layouts(ref) if shaped is None else shaped
+    return next((c for c in candidates if any(len(detect(c, row)[0]) for row in ref)), None)
 
 
 def detect(
