@@ -1,6 +1,6 @@
 """The metric follows the output: class scores by top-1 (accuracy with labels), embeddings by
-cosine, detector heads by their detections (test_detections.py), probability maps by the IoU of
-their foreground, boxes and other regressions by relative error; per-output overrides and the cosine budget."""
+cosine, detector heads by their detections (test_detections.py), probability maps by the regions
+or the foreground they mark, boxes and other regressions by relative error; per-output overrides and the cosine budget."""
 
 from __future__ import annotations
 
@@ -29,8 +29,10 @@ def test_each_kind_of_output_gets_its_metric_and_a_reason():
     assert output_metric("sentence_embedding", rng.standard_normal((8, 384)))[0] == "cosine"
     ctc = np.exp(rng.standard_normal((8, 40, 97)))
     assert output_metric("softmax", ctc / ctc.sum(-1, keepdims=True))[0] == "top1"  # OCR: per position
-    text_map = (rng.random((8, 1, 32, 32)) > 0.8) * rng.uniform(0.9, 1.0, (8, 1, 32, 32))
-    assert output_metric("text_map", text_map)[0] == "mask"  # decided probabilities per pixel
+    assert output_metric("text_map", _text_map())[0] == "regions"  # decided probabilities, lines apart
+    segment = np.zeros((8, 1, 32, 32))
+    segment[:, :, 4:20, 4:20] = 1.0
+    assert output_metric("person", segment)[0] == "mask"  # one region per map
     assert output_metric("image", rng.random((8, 1, 32, 32)))[0] == "relerr"  # intensities in [0, 1]
     assert output_metric("rgb", (rng.random((8, 3, 32, 32)) > 0.5) * 1.0)[0] == "relerr"  # not one channel
     assert output_metric("heatmap", rng.standard_normal((8, 1, 32, 32)))[0] == "relerr"
@@ -138,20 +140,90 @@ def test_cli_metric_per_output_and_the_reason_are_recorded(digits_package, digit
     assert_one_line_error(bad, 2, "names output 'logits', which the model does not produce")
 
 
-def test_a_probability_map_is_judged_by_the_foreground_it_marks():
-    """A text detector's map: noise on the background that crosses no threshold is a large relative
-    error and no change to what the application sees; a region lost is."""
+def _text_map() -> np.ndarray:
     reference = np.full((4, 1, 64, 64), 0.02)
-    reference[:, :, 10:20, 5:60] = 0.9  # a text line per image
+    reference[:, :, 10:20, 5:60] = 0.9  # two text lines per image
     reference[:, :, 40:50, 5:30] = 0.7
+    return reference
+
+
+def test_a_text_map_is_judged_by_the_regions_post_processing_finds():
+    """A text detector's map: noise on the background that crosses no threshold is a large relative
+    error and no change to what the application sees; a region lost, split or merged is."""
+    reference = _text_map()
     noisy = reference + rng.uniform(0.0, 0.1, reference.shape)  # background 0.02 -> up to 0.12
     result = compare([{"map": reference}], [{"map": noisy}], None, "auto", 1.0)
     entry = result["outputs"]["map"]
-    assert entry["metric"] == "mask" and entry["mask_iou"] == 1.0 and result["within_budget"]
+    assert entry["metric"] == "regions" and "2.0 separate regions per map" in entry["why"]
+    assert entry["region_hmean"] == 1.0 and entry["regions_fp32"] == 8 and result["within_budget"]
     assert entry["relative_error"] > 0.01  # relerr would have refused it
+    thinner = reference.copy()
+    thinner[:, :, 10, 5:60] = thinner[:, :, 40, 5:30] = 0.02  # a border row lost: the same boxes
+    entry = compare([{"map": reference}], [{"map": thinner}], None, "auto", 1.0)["outputs"]["map"]
+    assert entry["region_hmean"] == 1.0 and entry["mask_iou"] == pytest.approx(720 / 800)
     faded = reference.copy()
     faded[:, :, 40:50, 5:30] = 0.4  # the second line drops below 0.5 (still above 0.3)
     entry = compare([{"map": reference}], [{"map": faded}], None, "auto", 1.0)["outputs"]["map"]
-    assert entry["mask_iou_by_threshold"] == {"0.3": 1.0, "0.5": pytest.approx(550 / 800)}
-    assert entry["mask_iou"] == pytest.approx(550 / 800) and not entry["within_budget"]
-    assert "mask IoU 0.6875" in describe({"outputs": {"map": entry}})
+    assert entry["region_threshold"] == 0.5 and entry["regions_matched"] == entry["regions"] == 4
+    assert entry["region_hmean"] == pytest.approx(2 * 4 / (8 + 4)) and not entry["within_budget"]
+    merged = reference.copy()
+    merged[:, :, 20:40, 5:30] = 0.9  # the two lines run into one region: neither box survives
+    entry = compare([{"map": reference}], [{"map": merged}], None, "auto", 1.0)["outputs"]["map"]
+    assert entry["regions"] == 4 and entry["regions_matched"] == 0 and entry["drop_points"] == 100.0
+    specks = reference.copy()
+    specks[:, :, 30, 30] = specks[:, :, 55:57, 50:60] = 0.95  # smaller than DB keeps (a side < 3 px)
+    entry = compare([{"map": reference}], [{"map": specks}], None, "auto", 1.0)["outputs"]["map"]
+    assert entry["region_hmean"] == 1.0
+    assert "hmean 0.0000: 0 of 8 regions kept (4 found at 0.3)" in describe(
+        {"outputs": {"map": compare([{"map": reference}], [{"map": merged}], None, "auto", 1.0)["outputs"]["map"]}}
+    )
+
+
+def test_a_map_with_one_segment_per_image_is_judged_by_its_pixels():
+    """A segmenter's one region per image keeps IoU > 0.5 through a large loss of its border: its
+    pixels are what the application reads."""
+    reference = np.full((4, 1, 64, 64), 0.02)
+    reference[:, :, 8:56, 8:56] = 0.95
+    shrunk = reference.copy()
+    shrunk[:, :, 8:16] = 0.02
+    entry = compare([{"map": reference}], [{"map": shrunk}], None, "auto", 1.0)["outputs"]["map"]
+    assert entry["metric"] == "mask" and entry["mask_iou"] == pytest.approx(40 / 48)
+    assert not entry["within_budget"] and "mask IoU 0.8333" in describe({"outputs": {"map": entry}})
+    asked = compare([{"map": reference}], [{"map": shrunk}], None, "map=regions", 1.0)["outputs"]["map"]
+    assert asked["metric"] == "regions" and asked["region_hmean"] == 1.0  # IoU 0.83 > 0.5: matched
+
+
+def _ctc_logits(texts: list[list[int]], shift: int = 0, positions: int = 12, classes: int = 20) -> np.ndarray:
+    """Logits [N, T, C] whose greedy CTC decoding is each text: character i at position 2i + shift,
+    the blank (class 0) everywhere else, so repeated characters stay apart."""
+    logits = np.zeros((len(texts), positions, classes))
+    logits[:, :, 0] = 5.0
+    for row, text in enumerate(texts):
+        for i, char in enumerate(text):
+            logits[row, 2 * i + shift] = 0.0
+            logits[row, 2 * i + shift, char] = 5.0
+    return logits + rng.uniform(0.0, 0.5, logits.shape)
+
+
+def test_ctc_outputs_are_judged_by_the_text_they_decode_to():
+    """An OCR recognizer: characters moved to the next position are the same text (per-position top-1
+    would count every one of them); a character lost is one edit in the character error rate."""
+    texts = [[1, 2, 3], [4, 4, 5], [2]]
+    reference = _ctc_logits(texts)
+    metric, why = output_metric("softmax_11.tmp_0", reference)
+    assert metric == "text" and "class 0, the blank" in why
+    moved = compare([{"y": reference}], [{"y": _ctc_logits(texts, shift=1)}], None, "auto", 1.0)["outputs"]["y"]
+    assert moved["metric"] == "text" and moved["character_error_rate"] == 0.0 and moved["within_budget"]
+    assert moved["top1_agreement"] < 0.8
+    lost = compare([{"y": reference}], [{"y": _ctc_logits([[1, 2, 3], [4, 5], [2]])}], None, "auto", 1.0)
+    entry = lost["outputs"]["y"]
+    assert entry["character_error_rate"] == pytest.approx(1 / 7) and entry["texts_changed"] == 1
+    assert not lost["within_budget"] and "character error rate 0.1429 (1 of 3 texts read differently" in describe(lost)
+    # a CRNN exported at batch 1 gives [T, 1, C]: one text per batch
+    per_text = [{"y": reference[i][:, None]} for i in range(3)]
+    candidates = [{"y": _ctc_logits([t])[0][:, None]} for t in ([1, 2, 3], [4, 5], [2])]
+    assert compare(per_text, candidates, None, "auto", 1.0)["outputs"]["y"]["character_error_rate"] == pytest.approx(
+        1 / 7
+    )
+    with pytest.raises(InputError, match="not a CTC sequence"):
+        compare([{"y": rng.standard_normal((4, 10))}], [{"y": rng.standard_normal((4, 10))}], None, "y=text", 1.0)

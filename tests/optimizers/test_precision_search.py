@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 import unideploy
@@ -142,3 +143,44 @@ def test_pruning_over_budget_leaves_its_most_sensitive_layers_dense(digits_packa
         assert 1 <= len(params["dense_layers"]) < params["search"]["ranked_layers"]
         assert 0 < params["achieved_sparsity"] < 0.9
         assert record["accuracy"]["within_budget"]
+
+
+def test_int8_keeps_a_concat_of_boxes_and_probabilities_in_fp32(digits, tmp_path):
+    """YOLOv8's head concatenates box coordinates (up to the image size) with class probabilities
+    in [0, 1]: one int8 scale for both leaves the probabilities no level (each 0 or ~2.5). The Concat
+    stays fp32, says why, and the probabilities come out as fp32 gives them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = {
+        "to_boxes": (rng.standard_normal((64, 4)) * 40.0).astype(np.float32),
+        "to_scores": rng.standard_normal((64, 12)).astype(np.float32) * 0.5,
+    }
+    nodes = [
+        helper.make_node("Flatten", ["x"], ["flat"]),
+        helper.make_node("MatMul", ["flat", "to_boxes"], ["boxes"]),
+        helper.make_node("MatMul", ["flat", "to_scores"], ["logits"]),
+        helper.make_node("Sigmoid", ["logits"], ["scores"]),
+        helper.make_node("Concat", ["boxes", "scores"], ["output0"], axis=1, name="head_concat"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 8, 8])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["batch", 16])],
+        [numpy_helper.from_array(w, name) for name, w in weights.items()],
+    )
+    onnx_path = tmp_path / "head.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(onnx_path))
+    unideploy.export(onnx_path, tmp_path / "head.udp").close()
+
+    with unideploy.optimize(
+        tmp_path / "head.udp", quantize="int8", int8_variant="static", calibration=digits["data"]
+    ) as pkg:
+        kept = pkg.manifest.optimizations[-1]["passes"][0]["params"]["fp32_layers"]
+        assert kept[0]["node"] == "head_concat" and "ranges differ" in kept[0]["why"], kept
+        with np.load(digits["data"]) as d:
+            x = d["x"][:64]
+        fp32 = unideploy.run(pkg, {"x": x}, artifact="onnx-fp32")["output0"]
+        int8 = unideploy.run(pkg, {"x": x}, artifact="onnx-int8")["output0"]
+    assert np.abs(int8[:, 4:] - fp32[:, 4:]).max() < 0.05  # the probabilities, quantized on their own scale

@@ -58,3 +58,26 @@ def test_efficientnet_lite0_keeps_its_predictions_with_30_percent_pruned_before_
         record = pkg.manifest.optimizations[-1]
         assert record["passes"][0]["params"]["achieved_sparsity"] >= 0.3
         assert record["accuracy"]["outputs"]["output"]["top1_agreement"] >= 0.5, record["accuracy"]
+
+
+def test_a_model_quantized_already_is_refused_with_what_to_prune_instead(tmp_path):
+    """ONNX Runtime's dynamic quantization leaves DynamicQuantizeLinear + MatMulInteger and no float
+    weight (ddddocr's recognizer ships that way)."""
+    from console import assert_one_line_error, deploy
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    weight = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="dense")],
+        "quantized",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "float.onnx"))
+    quantize_dynamic(str(tmp_path / "float.onnx"), str(tmp_path / "int8.onnx"), weight_type=QuantType.QInt8)
+    unideploy.export(tmp_path / "int8.onnx", tmp_path / "pkg").close()
+    np.savez(tmp_path / "data.npz", x=np.random.default_rng(1).standard_normal((32, 16)).astype(np.float32))
+    result = deploy("optimize", tmp_path / "pkg", "--prune", "0.3", "--calibration", tmp_path / "data.npz")
+    assert_one_line_error(result, 2, r"already quantized \(DynamicQuantizeLinear, MatMulInteger\)")
+    assert "prune the float model, then quantize it" in result.stdout + result.stderr

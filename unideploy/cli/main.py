@@ -313,8 +313,9 @@ def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
         action="append",
         metavar="[OUTPUT=]NAME",
         help=f"how outputs are judged, repeatable: {', '.join(METRICS)} (for every output, or OUTPUT=NAME "
-        "for one); auto (default) picks per output: top1 for class scores (accuracy with labels), "
-        "cosine for embeddings, detection for YOLO-style detector heads, mask for probability maps, "
+        "for one); auto (default) picks per output: top1 for class scores (accuracy with labels), text "
+        "for CTC sequences (OCR), cosine for embeddings, detection for YOLO-style detector heads, regions "
+        "(text, instances) or mask (one segment) for probability maps, "
         "relerr for boxes/heatmaps/regression",
     )
     g.add_argument(

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from unideploy.bench import Tick
 from unideploy.doctor import Finding
+from unideploy.optimizers.accuracy import detail
 from unideploy.package import Package
 from unideploy.package.manifest import OptimizationRecord
 from unideploy.verify import ArtifactCheck
@@ -305,25 +306,6 @@ def _channel_report(params: dict[str, Any]) -> None:
         out.print(f"  left whole: {escape(_some(layers))}: {escape(why)}")
 
 
-def _metric_detail(o: dict[str, Any]) -> str:
-    """What an output's metric measured, in words."""
-    metric = o["metric"]
-    if metric == "accuracy":
-        return f"accuracy {o['accuracy_fp32']:.4f} -> {o['accuracy']:.4f}"
-    if metric == "cosine":
-        return f"cosine mean {o['cosine_mean']:.5f}, worst {o['cosine_min']:.5f}"
-    if metric == "top1":
-        return f"top-1 agreement {o['top1_agreement']:.4f}"
-    if metric == "detection":
-        return (
-            f"AP {o['detection_ap']:.4f} against fp32's, {o['detections_matched']} of {o['detections_fp32']} "
-            f"detections kept, {o['detections']} found"
-        )
-    if metric == "mask":
-        return f"mask IoU {o['mask_iou']:.4f} (worst of thresholds {', '.join(o['mask_iou_by_threshold'])})"
-    return f"relative error {o['relative_error']:.4g}"
-
-
 def optimization(package: Package, record: OptimizationRecord) -> None:
     acc, eff = record["accuracy"], record["effects"]
     out.print(
@@ -339,6 +321,8 @@ def optimization(package: Package, record: OptimizationRecord) -> None:
             _channel_report(params)
         restored = params.get("fp32_layers") or params.get("dense_layers") or params.get("whole_groups")
         names = [layer["node"] for layer in restored or [] if "sqnr_loss_db" in layer]  # those the search kept
+        for layer in [layer for layer in restored or [] if "why" in layer][:SHOWN_LAYERS]:  # kept for a reason
+            out.print(f"  kept {escape(layer['node'])} in fp32: {escape(layer['why'])}")
         if names and "ranked_layers" in search:
             out.print(
                 f"  left {len(names)} of {search['ranked_layers']} {search.get('units', 'layers')} "
@@ -359,7 +343,7 @@ def optimization(package: Package, record: OptimizationRecord) -> None:
             f"{o['drop_points']:.2f}",
             f"{o['budget_points']:g}",
             "[green]within[/]" if o["within_budget"] else "[red]over[/]",
-            _metric_detail(o),
+            detail(o),
         )
     out.print(table)
     for name, o in acc["outputs"].items():

@@ -83,27 +83,29 @@ def _to_ort(onnx_path: Path, workdir: Path) -> tuple[Path, Path]:
 
 
 def _calibration_batches(path: str | Path, source: Signature, model: Signature) -> list[dict[str, np.ndarray]]:
-    """The user's calibration data, in the TFLite model's own layout."""
-    from unideploy.optimizers.data import load_dataset
+    """The half of the user's data that calibrates (``split``: the guard judges on the other), in
+    the TFLite model's own layout."""
+    from unideploy.optimizers.data import load_dataset, split
 
     layouts = {t.name: t.layout for t in model.inputs}
     return [
         {k: to_channels_last(v) if layouts.get(k) == CHANNELS_LAST else v for k, v in batch.items()}
-        for batch in load_dataset(path, source).batches()
+        for batch in split(load_dataset(path, source))[0].batches()
     ]
 
 
 def _guard_data(
     package: Package, base: Artifact | None, calibration: str | Path | None, references: list
 ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], np.ndarray | None]:
-    """What the accuracy guard judges edge artifacts on: the user's data (with its labels) against the
-    fp32 ONNX artifact's outputs, or else the package's reference samples against the source's."""
-    from unideploy.optimizers.data import load_dataset
+    """What the accuracy guard judges edge artifacts on: the half of the user's data that int8 was not
+    calibrated on (with its labels) against the fp32 ONNX artifact's outputs, or else the package's
+    reference samples against the source's."""
+    from unideploy.optimizers.data import load_dataset, split
 
     if calibration is None or base is None:
         return [inputs for inputs, _ in references], [dict(outputs) for _, outputs in references], None
     manifest = package.manifest
-    data = load_dataset(calibration, manifest.signature)
+    data = split(load_dataset(calibration, manifest.signature))[1]
     batches = data.batches(manifest.fixed_batch)
     with RUNTIMES.get("onnxruntime")(package.path_of(base), manifest.signature, RuntimeOptions(device="cpu")) as fp32:
         return batches, [fp32.run(b) for b in batches], data.labels

@@ -9,14 +9,18 @@ Each output is judged by the metric that fits what it holds, chosen from its sha
   (raw scores ``[N, T, C]`` with more classes than positions, not named like embeddings or
   boxes): share of rows (positions) whose argmax matches fp32's; integer outputs: share of equal
   values;
+- ``text``: those sequences when most positions hold one class, CTC's blank (an OCR recognizer's
+  output on text): character error rate of the greedy-decoded text against fp32's (``ctc.py``);
 - ``cosine``: embeddings (unit-length rows, or names that say so): drop = 1 - mean cosine of each
   row with fp32's, bounded by ``--min-cosine`` (default: 1 - budget/100); the worst row is kept;
 - ``detection``: a YOLO-style detector head: average precision of the optimized model's
   detections with fp32's (after threshold and NMS) as the ground truth (``detections.py``);
-- ``mask``: probability maps (a text detector's or a segmenter's ``[N, 1, H, W]`` in [0, 1], near
-  0 or 1 almost everywhere, unlike an image): the IoU of the foreground each model marks, at
-  every threshold in ``MASK_THRESHOLDS`` (the range post-processing binarizes at), the worst
-  one counting;
+- ``regions`` and ``mask``: probability maps (a text detector's or a segmenter's ``[N, 1, H, W]``
+  in [0, 1], near 0 or 1 almost everywhere, unlike an image), judged at every threshold in
+  ``maps.THRESHOLDS`` (the range post-processing binarizes at), the worst one counting: maps
+  that hold several separate regions each (text lines, words, cells) by the regions matched one
+  to one (ICDAR's hmean at IoU 0.5: the boxes a DB detector's post-processing makes), the others
+  (one segment per image) by the IoU of the foreground each model marks (``maps.py``);
 - ``relerr``: boxes, heatmaps and other regressions: L2 error relative to the L2 norm of the fp32
   outputs, over all validation rows.
 
@@ -33,11 +37,9 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.optimizers import detections
+from unideploy.optimizers import ctc, detections, maps
 
-METRICS = ("auto", "accuracy", "top1", "cosine", "detection", "mask", "relerr")
-MASK_THRESHOLDS = (0.3, 0.5)  # DB text detection binarizes at 0.3; a probability's own midpoint is 0.5
-MAX_UNDECIDED = 0.1  # the share of a probability map's values that may lie between 0.1 and 0.9
+METRICS = ("auto", "accuracy", "top1", "text", "cosine", "detection", "regions", "mask", "relerr")
 _EMBEDDING_NAME = re.compile(r"(?i)embed|pool|sentence|feature|vector|hidden|encod")
 _CLASS_NAME = re.compile(r"(?i)logit|prob|score|class|label|softmax")
 _REGRESSION_NAME = re.compile(r"(?i)box|coord|landmark|offset|delta|regress|depth|flow|point")
@@ -49,6 +51,8 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
         return "top1", "integer values (labels or ids): share of equal values"
     values = ref.astype(np.float64)
     if _probabilities(ref):
+        if (text := _ctc(ref)) is not None:
+            return text
         what = "rows" if ref.ndim == 2 else "positions"
         return "top1", f"{what} are probabilities over {ref.shape[-1]} classes: top-1 agreement"
     if ref.ndim == 2 and ref.shape[-1] >= 2:
@@ -64,12 +68,15 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
             f"{head.name} detector head: AP@{detections.MATCH_IOU} of the detections against fp32's "
             f"(score >= {detections.SCORE_THRESHOLD}, NMS)",
         )
-    if not shaped and _probability_map(ref):
-        return (
-            "mask",
-            f"{'x'.join(map(str, ref.shape[1:]))} probability map: IoU of the foreground at "
-            f"{' and '.join(map(str, MASK_THRESHOLDS))}",
-        )
+    if not shaped and maps.is_probability_map(ref):
+        shape, thresholds = "x".join(map(str, ref.shape[1:])), " and ".join(map(str, maps.THRESHOLDS))
+        if (regions := maps.mean_regions(ref)) >= maps.MIN_REGIONS_PER_MAP:
+            return (
+                "regions",
+                f"{shape} probability map with {regions:.1f} separate regions per map (text, instances): "
+                f"hmean of the regions matched at IoU {maps.REGION_IOU}, binarized at {thresholds}",
+            )
+        return "mask", f"{shape} probability map: IoU of the foreground at {thresholds}"
     if (
         ref.ndim == 3
         and ref.shape[-1] > max(ref.shape[1], 1)
@@ -77,35 +84,23 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
         and not (_EMBEDDING_NAME.search(name) and not _CLASS_NAME.search(name))
         and not _REGRESSION_NAME.search(name)
     ):
-        return "top1", f"positions are scores over {ref.shape[-1]} classes: top-1 agreement per position"
+        return _ctc(ref) or ("top1", f"positions are scores over {ref.shape[-1]} classes: top-1 agreement per position")
     return (
         "relerr",
         f"{'x'.join(map(str, ref.shape[1:])) or 'scalar'} values per row (boxes, maps, regression): relative error",
     )
 
 
-def _probability_map(ref: np.ndarray) -> bool:
-    """One channel of values in [0, 1] over spatial positions, nearly all of them decided (a
-    sigmoid's map is near 0 or 1 almost everywhere: PP-OCRv4's text map has 0.2 % of its pixels
-    between 0.1 and 0.9; an image or a depth map in [0, 1] has most), with some foreground."""
-    values = ref.astype(np.float64)
+def _ctc(ref: np.ndarray) -> tuple[str, str] | None:
+    """A sequence of class scores whose positions mostly hold one class (CTC's blank) decodes to text."""
+    if (blank := ctc.blank_class(ref)) is None:
+        return None
+    share = float((ref.argmax(-1) == blank).mean())
     return (
-        (ref.ndim == 3 or (ref.ndim == 4 and 1 in (ref.shape[1], ref.shape[-1])))
-        and bool((values >= -1e-6).all() and (values <= 1 + 1e-6).all())
-        and bool((values >= max(MASK_THRESHOLDS)).any())
-        and float(((values > 0.1) & (values < 0.9)).mean()) <= MAX_UNDECIDED
+        "text",
+        f"CTC scores over {ref.shape[-1]} classes per position (class {blank}, the blank, at {share:.0%} of "
+        "them): character error rate of the greedy-decoded text",
     )
-
-
-def _mask_ious(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
-    """IoU of the foreground (>= threshold) the two maps mark, over all rows, per threshold; where
-    neither marks any, they agree."""
-    ious = {}
-    for threshold in MASK_THRESHOLDS:
-        fa, fb = a >= threshold, b >= threshold
-        union = int(np.logical_or(fa, fb).sum())
-        ious[str(threshold)] = float(np.logical_and(fa, fb).sum() / union) if union else 1.0
-    return ious
 
 
 def _probabilities(ref: np.ndarray) -> bool:
@@ -235,15 +230,20 @@ def compare(
             drop = entry["accuracy_fp32"] - entry["accuracy"]
         elif kind == "top1":
             drop = 1.0 - agreement
+        elif kind == "text":
+            entry.update(ctc.error_rate([b[n] for b in reference], [b[n] for b in candidate], _blank(n, r)))
+            drop = entry["character_error_rate"]
         elif kind == "cosine":
             drop = 1.0 - entry["cosine_mean"]
         elif kind == "detection":
             entry.update(detections.agreement(_head(n, r), r, c))
             drop = 1.0 - entry["detection_ap"]
-        elif kind == "mask":
-            entry["mask_iou_by_threshold"] = _mask_ious(r, c)
+        elif kind in ("mask", "regions"):
+            entry["mask_iou_by_threshold"] = maps.mask_ious(r, c)
             entry["mask_iou"] = min(entry["mask_iou_by_threshold"].values())
-            drop = 1.0 - entry["mask_iou"]
+            if kind == "regions":
+                entry.update(maps.region_agreement(r, c))
+            drop = 1.0 - entry["region_hmean" if kind == "regions" else "mask_iou"]
         else:
             drop = entry["relative_error"]
         entry["drop_points"] = round(max(drop, 0.0) * 100.0, 4)
@@ -274,23 +274,50 @@ def _head(name: str, ref: np.ndarray) -> detections.Layout:
     return head
 
 
+def detail(o: dict[str, Any]) -> str:
+    """What one output's metric measured, in words (messages and the CLI's table)."""
+    metric = o["metric"]
+    if metric == "accuracy":
+        return f"accuracy {o['accuracy_fp32']:.4f} -> {o['accuracy']:.4f}"
+    if metric == "cosine":
+        return f"cosine mean {o['cosine_mean']:.5f}, worst row {o['cosine_min']:.5f}"
+    if metric == "top1":
+        return f"top-1 agreement {o['top1_agreement']:.4f}"
+    if metric == "text":
+        return (
+            f"character error rate {o['character_error_rate']:.4f} ({o['texts_changed']} of {o['texts']} texts "
+            f"read differently; top-1 per position {o['top1_agreement']:.4f})"
+        )
+    if metric == "detection":
+        return (
+            f"AP {o['detection_ap']:.4f} against fp32's, {o['detections_matched']} of "
+            f"{o['detections_fp32']} detections kept ({o['detections']} found)"
+        )
+    if metric == "regions":
+        return (
+            f"hmean {o['region_hmean']:.4f}: {o['regions_matched']} of {o['regions_fp32']} regions kept "
+            f"({o['regions']} found at {o['region_threshold']}), pixel IoU {o['mask_iou']:.4f}"
+        )
+    if metric == "mask":
+        return f"mask IoU {o['mask_iou']:.4f} (worst of thresholds {', '.join(o['mask_iou_by_threshold'])})"
+    return f"relative error {o['relative_error']:.4g}"
+
+
+def _blank(name: str, ref: np.ndarray) -> int:
+    blank = ctc.blank_class(ref)
+    if blank is None:
+        raise InputError(
+            f"--metric text: output '{name}' {list(ref.shape)} is not a CTC sequence of class scores, or "
+            "decodes to no text on the validation data",
+            f"it needs [N, T, C] (or [T, 1, C]) scores with one class, the blank, best at >= "
+            f"{ctc.MIN_BLANK_SHARE:.0%} of positions and others too; use --metric top1 for per-position agreement",
+        )
+    return blank
+
+
 def describe(accuracy: dict[str, Any]) -> str:
     """One line of numbers for messages: each output's metric, drop and budget."""
-    parts = []
-    for name, o in accuracy["outputs"].items():
-        text = f"{name}: {o['metric']} drop {o['drop_points']:.2f} points (budget {o['budget_points']:g})"
-        if o["metric"] == "accuracy":
-            text += f", accuracy {o['accuracy_fp32']:.4f} -> {o['accuracy']:.4f}"
-        elif o["metric"] == "cosine":
-            text += f", cosine mean {o['cosine_mean']:.5f}, worst row {o['cosine_min']:.5f}"
-        elif o["metric"] == "top1":
-            text += f", top-1 agreement {o['top1_agreement']:.4f}"
-        elif o["metric"] == "detection":
-            text += (
-                f", AP {o['detection_ap']:.4f} against fp32's, {o['detections_matched']} of "
-                f"{o['detections_fp32']} detections kept ({o['detections']} found)"
-            )
-        elif o["metric"] == "mask":
-            text += f", mask IoU {o['mask_iou']:.4f}"
-        parts.append(text)
-    return "; ".join(parts)
+    return "; ".join(
+        f"{name}: {o['metric']} drop {o['drop_points']:.2f} points (budget {o['budget_points']:g}), {detail(o)}"
+        for name, o in accuracy["outputs"].items()
+    )

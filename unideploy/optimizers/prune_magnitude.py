@@ -35,6 +35,7 @@ from unideploy.optimizers.graph import (
     load_for_pruning,
     refit_all,
 )
+from unideploy.optimizers.quantize_int8 import QUANTIZED_OPS
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search_refitted
 from unideploy.quiet import quiet
 
@@ -73,6 +74,13 @@ class MagnitudePruning(OptimizerPass):
         model, original = load_for_pruning(model_path)
         layers = linear_layers(model)
         if not layers:
+            quantized = sorted({n.op_type for n in original.graph.node if n.op_type in QUANTIZED_OPS})
+            if quantized:
+                raise InputError(
+                    f"the model is already quantized ({', '.join(quantized)}): its weights are integers, and "
+                    "pruning works on float Conv/Gemm/MatMul weights",
+                    "prune the float model, then quantize it (deploy optimize --prune ... --quantize int8)",
+                )
             raise InputError("the model has no Conv/Gemm/MatMul weights to prune")
         masks = self._masks(original, layers, ctx)
         model = self._pruned(original, layers, masks)

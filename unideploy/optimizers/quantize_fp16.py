@@ -28,7 +28,7 @@ from onnx import numpy_helper
 from unideploy.errors import ExportError, first_line
 from unideploy.optimizers.base import Batch, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import consumers, intermediate_tensors, name_nodes
-from unideploy.optimizers.quantize_int8 import INT8_OPS
+from unideploy.optimizers.quantize_int8 import QUANTIZED_OPS
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search
 from unideploy.quiet import quiet
 
@@ -37,19 +37,6 @@ if TYPE_CHECKING:
 
 FP16_MAX = 65504.0
 HEADROOM = 2.0  # activations above FP16_MAX / HEADROOM on calibration rows may overflow on others
-QUANTIZED_INPUT_OPS = sorted(
-    INT8_OPS
-    | {
-        "DynamicQuantizeLSTM",
-        "QLinearAdd",
-        "QLinearMul",
-        "QLinearSigmoid",
-        "QLinearGlobalAveragePool",
-        "QLinearConcat",
-        "QAttention",
-        "DequantizeLinear",
-    }
-)
 
 
 def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, workdir: Path) -> dict[str, str]:
@@ -156,7 +143,7 @@ def _convert(model: onnx.ModelProto, in_fp32: list[str], out: Path) -> Path:
             converted,
             keep_io_types=True,
             node_block_list=in_fp32,
-            op_block_list=DEFAULT_OP_BLOCK_LIST + QUANTIZED_INPUT_OPS,
+            op_block_list=DEFAULT_OP_BLOCK_LIST + sorted(QUANTIZED_OPS),
         )
     except Exception as exc:
         raise ExportError(f"FP16 conversion failed: {first_line(exc)}") from exc

@@ -15,9 +15,14 @@
   the explicit quantization TensorRT builds (``--target gpu --trt-precision int8``). Not in
   ``auto``: on CPUs it is no faster than ``static`` and a little less exact.
 
-When a calibrated variant (``static``, ``symmetric``) exceeds the accuracy budget, the layers most
-sensitive to quantization are kept in fp32 until it fits (``sensitivity.py``); the report names
-them and what they cost in speed.
+A Concat whose inputs hold values on very different ranges (YOLOv8's head: box coordinates up to
+the image size beside class probabilities in [0, 1]) would quantize them all with one scale, which
+leaves the narrow input a few levels or none (every probability 0 or 2.5): calibrated variants
+keep such a Concat in fp32 from the start, and the report says why. When a calibrated variant
+(``static``, ``symmetric``) exceeds the accuracy budget, the layers most sensitive to quantization
+are kept in fp32 until it fits (``sensitivity.py``; their SQNR is measured on the whole tensor,
+which the wide input dominates, so it cannot find a mixed-range Concat); the report names them and
+what they cost in speed.
 
 ``auto`` builds ``static`` and ``dynamic``, measures each against fp32 (accuracy on validation data and latency at
 batch 1 and a large batch) and keeps the fastest one within the accuracy budget, saying why.
@@ -30,6 +35,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx
 
 from unideploy.errors import ExportError, InputError, first_line
@@ -67,6 +73,9 @@ STATIC_OPS = [
     "Split",
     "Gather",
 ]
+# A Concat whose inputs' calibrated ranges differ this much leaves the narrowest fewer than 256 / 16
+# levels of a shared uint8 scale: kept in fp32.
+MIXED_RANGE_RATIO = 16.0
 # A searched INT8 model no faster than fp32 must at least be this much smaller to be worth adding.
 WORTHWHILE_SIZE = 0.75
 # Operators whose presence shows that quantization happened.
@@ -78,6 +87,18 @@ INT8_OPS = {
     "QLinearConv",
     "QLinearMatMul",
     "ConvInteger",
+}
+# Operators that take or make quantized tensors: a model holding them was quantized already (ORT's
+# dynamic quantization leaves ConvInteger, MatMulInteger and DynamicQuantizeLSTM).
+QUANTIZED_OPS = INT8_OPS | {
+    "DynamicQuantizeLSTM",
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearSigmoid",
+    "QLinearGlobalAveragePool",
+    "QLinearConcat",
+    "QAttention",
+    "DequantizeLinear",
 }
 
 
@@ -119,6 +140,36 @@ def _upgrade_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
             f"cannot be converted: {first_line(exc)}",
             "re-export the model at opset 13 or later, or use --quantize fp16",
         ) from exc
+
+
+def _calibration_cache(ctx: PassContext, variant: str) -> Path:
+    return ctx.workdir / f"calibration-{variant}.json"
+
+
+def mixed_range_concats(model: onnx.ModelProto, cache: Path) -> dict[str, str]:
+    """Concat nodes whose inputs' calibrated ranges (the cache ``quantize_static`` wrote) differ by
+    ``MIXED_RANGE_RATIO`` or more, with why each must stay fp32."""
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    if not cache.is_file():
+        return {}
+    ranges = load_tensors_data(cache).data
+    mixed = {}
+    for node in model.graph.node:
+        if node.op_type != "Concat" or not node.name:  # nodes_to_exclude names nodes
+            continue
+        spans = [
+            float(np.max(ranges[i].range_value[1]) - np.min(ranges[i].range_value[0]))
+            for i in node.input
+            if i in ranges
+        ]
+        if len(spans) > 1 and min(spans) > 0 and max(spans) / min(spans) >= MIXED_RANGE_RATIO:
+            mixed[node.name] = (
+                f"Concat of inputs whose ranges differ {max(spans) / min(spans):.0f}x (widest {max(spans):.4g}, "
+                f"narrowest {min(spans):.4g}): one int8 scale would leave the narrowest "
+                f"{255 * min(spans) / max(spans):.1f} of 255 levels"
+            )
+    return mixed
 
 
 class Int8Quantization(OptimizerPass):
@@ -195,8 +246,10 @@ class Int8Quantization(OptimizerPass):
             try:
                 source = dynamic_source if variant == "dynamic" else prepared
                 built[variant] = self._build(variant, source, ctx, reduce_range, dynamic_nodes)
-                if variant != "dynamic" and not ctx.judge(built[variant])["within_budget"]:
-                    built[variant], searched[variant] = self._search(variant, source, built[variant], ctx, reduce_range)
+                if variant != "dynamic":
+                    built[variant], record = self._calibrated(variant, source, built[variant], ctx, reduce_range)
+                    if record:
+                        searched[variant] = record
             except ExportError as exc:
                 if self.variant != "auto":
                     raise
@@ -224,12 +277,30 @@ class Int8Quantization(OptimizerPass):
                 "reduce_range": reduce_range,
                 **searched.get(variant, {}),
                 # what the search found for a variant not chosen (auto), for the refusal to say
-                "other_searches": {v: r["search"] for v, r in searched.items() if v != variant},
+                "other_searches": {v: r["search"] for v, r in searched.items() if v != variant and "search" in r},
             },
         )
 
-    def _search(
+    def _calibrated(
         self, variant: str, source: Path, quantized: Path, ctx: PassContext, reduce_range: bool
+    ) -> tuple[Path, dict[str, Any]]:
+        """A calibrated variant with its mixed-range Concats in fp32, searched when over budget; the
+        record names the layers kept in fp32 and why (empty: none)."""
+        mixed = mixed_range_concats(onnx.load(str(source)), _calibration_cache(ctx, variant))
+        record: dict[str, Any] = {}
+        if mixed:
+            ctx.say(f"{len(mixed)} Concat(s) of inputs on different ranges stay fp32")
+            quantized = self._build(variant, source, ctx, reduce_range, [], list(mixed))
+        if not ctx.judge(quantized)["within_budget"]:
+            quantized, record = self._search(variant, source, quantized, ctx, reduce_range, list(mixed))
+        if mixed:
+            record["fp32_layers"] = [{"node": n, "why": why} for n, why in mixed.items()] + record.get(
+                "fp32_layers", []
+            )
+        return quantized, record
+
+    def _search(
+        self, variant: str, source: Path, quantized: Path, ctx: PassContext, reduce_range: bool, fp32: list[str]
     ) -> tuple[Path, dict[str, Any]]:
         """Keep the most sensitive layers in fp32 until the model fits the budget (see sensitivity.py)."""
         ctx.say(f"INT8 {variant} is over the accuracy budget: ranking layers by quantization sensitivity")
@@ -247,7 +318,7 @@ class Int8Quantization(OptimizerPass):
             return quantized, {"fp32_layers": [], "search": {"skipped": first_line(exc)}}
         result = search(
             [name for name, _ in ranked],
-            lambda exclude: self._build(variant, source, ctx, reduce_range, [], exclude),
+            lambda exclude: self._build(variant, source, ctx, reduce_range, [], [*fp32, *exclude]),
             ctx.judge,
             ctx.say,
             "INT8",
@@ -311,7 +382,7 @@ class Int8Quantization(OptimizerPass):
                         "entropy": CalibrationMethod.Entropy,
                         "percentile": CalibrationMethod.Percentile,
                     }[self.calibration_method]
-                    cache = ctx.workdir / f"calibration-{variant}.json"  # every search candidate reuses it
+                    cache = _calibration_cache(ctx, variant)  # every search candidate reuses it
                     quantize_static(
                         str(prepared),
                         str(out),
