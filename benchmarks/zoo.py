@@ -35,7 +35,7 @@ from serving import start_server, stop_server
 STAGES = ("export", "verify", "int8", "fp16", "prune", "edge", "bundle-android", "bundle-ios", "gpu", "ascend", "serve")
 MS_VENV = ".venv-ms"  # --target ascend needs MindSpore, whose protobuf >= 7 keeps it out of the main venv
 EDGE_ARTIFACTS = ("ort-fp32", "tflite-fp32", "tflite-fp16", "tflite-int8")
-STAGE_TIMEOUT_S = 900
+STAGE_TIMEOUT_S = 1800  # MiniLM's edge stage takes about 15 minutes on 2 quiet cores
 console = Console(stderr=True)
 
 

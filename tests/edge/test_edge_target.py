@@ -152,6 +152,7 @@ def test_edge_int8_that_breaks_top1_is_left_out_with_its_numbers(tmp_path):
     assert result.returncode == 0, result.stderr
     shown = " ".join(result.stdout.split())  # full integer over budget; dynamic range has nothing to quantize
     assert "left out tflite-int8 (edge): full integer, calibrated: over the accuracy budget" in shown
+    assert "; full integer, calibrated, with the layers quantization hurts most in float: 1 quantized layer(s)" in shown
     assert (
         "; dynamic range: int8 weights, float activations: dynamic range quantization left every weight in "
         "float" in shown
@@ -163,6 +164,42 @@ def test_edge_int8_that_breaks_top1_is_left_out_with_its_numbers(tmp_path):
         assert "top1 drop" in omitted["reason"] and "budget 1" in omitted["reason"]
         if "tflite-fp16" in ids:  # kept only because it held the same guard
             assert package.manifest.validation["tflite-fp16"]["accuracy"]["within_budget"]
+
+
+class DeadUnit(torch.nn.Module):
+    """A hidden unit ReLU never lets through, weighed by 40 in every class: fp32 never sees it, but
+    each class's int8 weight scale comes from that 40 and rounds its real weights to a few levels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.hidden = torch.nn.Linear(16, 64)
+        self.classes = torch.nn.Linear(64, 10)
+        with torch.no_grad():
+            self.hidden.bias[63] = -1000.0
+            self.classes.weight[:, 63] = 40.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classes(torch.relu(self.hidden(x)))
+
+
+def test_edge_int8_keeps_the_layer_quantization_breaks_in_float(tmp_path):
+    torch.jit.save(torch.jit.script(DeadUnit().eval()), str(tmp_path / "dead.pt"))
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(3).standard_normal((128, 16)).astype(np.float32))
+    args = ("export", tmp_path / "dead.pt", "-o", tmp_path / "edge", "--input-shape", "x:1x16", "--target", "edge")
+    result = deploy(*args, "--calibration", tmp_path / "calib.npz")
+    assert result.returncode == 0, result.stderr
+    shown = " ".join(result.stdout.split())
+    assert "tflite-int8 (full integer, calibrated, with the layers quantization hurts most in float)" in shown
+    with unideploy.open_package(tmp_path / "edge") as package:
+        record = package.manifest.validation["tflite-int8"]
+        assert record["search"]["trials"] == [{"float_layers": 1, "drop_points": 0.0}], record["search"]
+        assert record["accuracy"]["within_budget"] and len(record["float_layers"]) == 1
+        assert f"left 1 of {record['search']['ranked_layers']} layers in float, the most error-prone first" in shown
+        x = np.random.default_rng(6).standard_normal((32, 16)).astype(np.float32)
+        expected = unideploy.run(package, {"x": x}, artifact="onnx-fp32")["output"]
+        got = unideploy.run(package, {"x": x}, artifact="tflite-int8")["output"]
+        assert (got.argmax(1) == expected.argmax(1)).mean() >= 0.9  # rows the guard has not seen
 
 
 def test_onnx_with_node_names_tensorflow_refuses_still_reaches_tflite(tmp_path):

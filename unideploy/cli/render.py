@@ -18,7 +18,7 @@ from rich.table import Table
 
 from unideploy.bench import Tick
 from unideploy.doctor import Finding
-from unideploy.optimizers.accuracy import detail
+from unideploy.optimizers.accuracy import describe, detail
 from unideploy.package import Package
 from unideploy.package.manifest import OptimizationRecord
 from unideploy.verify import ArtifactCheck
@@ -117,7 +117,25 @@ def export_summary(package: Package) -> None:
     )
     out.print(_signature_table(package))
     out.print(_artifact_table(package))
+    _guarded(package)
     _omitted(package)
+
+
+def _guarded(package: Package) -> None:
+    """The accuracy guard's verdict on each non-exact artifact an export added (edge fp16/int8)."""
+    m = package.manifest
+    for a in m.artifacts:
+        record = m.validation.get(a.id)
+        if record is None or "accuracy" not in record:
+            continue
+        kind = f" ({record['quantization']})" if record.get("quantization") else ""
+        acc = record["accuracy"]
+        out.print(f"{a.id}{escape(kind)}: within the accuracy budget on {acc['rows']} rows: {escape(describe(acc))}")
+        if layers := [layer["tensor"] for layer in record.get("float_layers", [])]:
+            out.print(
+                f"  left {len(layers)} of {record['search']['ranked_layers']} layers in float, the most "
+                f"error-prone first: {escape(_some(layers))}"
+            )
 
 
 def _omitted(package: Package) -> None:

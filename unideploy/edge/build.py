@@ -27,6 +27,7 @@ from unideploy.edge.tflite import (
     fixed_signature,
     onnx_to_saved_model,
     saved_model_to_tflite,
+    selective_int8,
     tflite_signature,
 )
 from unideploy.errors import (
@@ -109,6 +110,41 @@ def _guard_data(
     batches = data.batches(manifest.fixed_batch)
     with RUNTIMES.get("onnxruntime")(package.path_of(base), manifest.signature, RuntimeOptions(device="cpu")) as fp32:
         return batches, [fp32.run(b) for b in batches], data.labels
+
+
+def _fewest_float_layers(
+    saved_model: Path,
+    work: Path,
+    data: list[dict[str, np.ndarray]],
+    judge: Callable[[Path], dict[str, Any]],
+    say: Progress,
+) -> tuple[Path, dict[str, Any]]:
+    """Full-integer int8 with the fewest of its most error-prone layers in float that holds the
+    budget (``tflite.selective_int8`` makes the candidates), and the record of the search."""
+    from unideploy.optimizers.accuracy import describe
+
+    say("full-integer int8 is over the accuracy budget: ranking its layers by quantization error")
+    ranked, candidates = selective_int8(saved_model, work, data)
+    if not candidates:
+        raise AccuracyBudgetError(f"{len(ranked)} quantized layer(s): too few to keep some in float")
+    trials: list[dict[str, Any]] = []
+    accuracy: dict[str, Any] = {}
+    for count, path in candidates:
+        say(f"TFLite int8 with the {count} most error-prone layer(s) in float")
+        accuracy = judge(path)
+        trials.append({"float_layers": count, "drop_points": accuracy["drop_points"]})
+        if accuracy["within_budget"]:
+            return path, {
+                "accuracy": accuracy,
+                "float_layers": [{"tensor": name, "error_steps": round(steps, 3)} for name, steps in ranked[:count]],
+                "search": {"ranked_layers": len(ranked), "trials": trials},
+            }
+    raise AccuracyBudgetError(
+        f"over the accuracy budget even with {trials[-1]['float_layers'] if trials else 0} of {len(ranked)} "
+        f"layers in float (the most error-prone first; more than half would leave little int8): "
+        f"{describe(accuracy) if accuracy else 'no candidate'}",
+        "give more representative --calibration data",
+    )
 
 
 def _shapes(signature: Signature) -> str:
@@ -200,6 +236,17 @@ def _tflite_artifacts(
         variants += [("int8", "int8"), ("int8", "int8-dynamic")]
     failed: dict[Precision, list[tuple[str, UnideployError]]] = {}
     made: set[str] = set()  # precisions added: the dynamic-range int8 runs only where full integer did not
+
+    def accuracy_of(run: Callable, fitting: list) -> dict[str, Any]:
+        nonlocal guard
+        guard = guard or _guard_data(package, base, calibration, fitting)
+        return compare(guard[1], [run(b) for b in guard[0]], guard[2], "auto", DEFAULT_BUDGET_POINTS)
+
+    def judge(path: Path) -> dict[str, Any]:
+        spec = tflite_signature(path, fixed or manifest.signature) or fixed or manifest.signature
+        with tflite(path, spec) as runtime:
+            return accuracy_of(*fitted(runtime.run, spec, references))
+
     while variants:
         precision, mode = variants.pop(0)
         if precision in made:
@@ -207,9 +254,13 @@ def _tflite_artifacts(
         say(f"converting to TFLite ({mode}, {route})")
         try:
             data = None
-            if mode == "int8" and calibration is not None:  # int8 is planned only with calibration data
+            searched: dict[str, Any] = {}  # int8-selective: the layers left in float, the trials, the accuracy
+            if mode in ("int8", "int8-selective") and calibration is not None:  # planned only with calibration
                 data = _calibration_batches(calibration, manifest.signature, signature or manifest.signature)
-            path = saved_model_to_tflite(saved_model, mode, work, data)
+            if mode == "int8-selective":  # planned only after full integer, calibrated, was over budget
+                path, searched = _fewest_float_layers(saved_model, work, data or [], judge, say)
+            else:
+                path = saved_model_to_tflite(saved_model, mode, work, data)
             signature = tflite_signature(path, fixed or manifest.signature) or fixed
             with tflite(path, signature or manifest.signature) as runtime:
                 # an artifact made at one input size is proven on the samples of that size
@@ -226,8 +277,7 @@ def _tflite_artifacts(
                     require_passed(record, "the TFLite fp32 artifact")
                 else:
                     say(f"judging TFLite {mode} against fp32")
-                    guard = guard or _guard_data(package, base, calibration, fitting)
-                    accuracy = compare(guard[1], [run(b) for b in guard[0]], guard[2], "auto", DEFAULT_BUDGET_POINTS)
+                    accuracy = searched.pop("accuracy", None) or accuracy_of(run, fitting)
                     if not accuracy["within_budget"]:
                         raise AccuracyBudgetError(
                             f"over the accuracy budget on {accuracy['rows']} rows: {describe(accuracy)}",
@@ -239,11 +289,15 @@ def _tflite_artifacts(
                     record["accuracy"] = accuracy
                     if precision == "int8":
                         record["quantization"] = TFLITE_INT8[mode]
+                        if searched:
+                            record["float_layers"], record["search"] = searched["float_layers"], searched["search"]
         except (AccuracyBudgetError, ExportError, RuntimeFailure) as exc:
             if precision == "fp32":
                 raise
             # a reduced-precision variant that does not convert, run or hold the budget is left out
             failed.setdefault(precision, []).append((mode, exc))
+            if mode == "int8" and isinstance(exc, AccuracyBudgetError):  # before dynamic range: still int8 kernels
+                variants.insert(0, ("int8", "int8-selective"))
             say(f"TFLite {mode} left out: {exc.message}")
             continue
         added.append(

@@ -11,12 +11,17 @@ model's layout. Where the layout differs from the source, the artifact's signatu
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
+import itertools
+import math
 import os
 import re
 import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -135,7 +140,12 @@ def _scripts_on_path() -> Iterator[None]:
         os.environ["PATH"] = before
 
 
-TFLITE_INT8 = {"int8": "full integer, calibrated", "int8-dynamic": "dynamic range: int8 weights, float activations"}
+TFLITE_INT8 = {
+    "int8": "full integer, calibrated",
+    "int8-selective": "full integer, calibrated, with the layers quantization hurts most in float",
+    "int8-dynamic": "dynamic range: int8 weights, float activations",
+}
+DEBUG_ROWS = 16  # calibration rows the quantization debugger measures every layer's error on
 
 
 def saved_model_to_tflite(
@@ -173,20 +183,13 @@ def _converted(saved_model: Path, precision: str, calibration: list[dict[str, np
     with quiet():
         import tensorflow as tf
 
-        converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
+        if precision == "int8":
+            converter = _int8_converter(tf, saved_model, calibration or [])
+        else:
+            converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
         if precision == "fp16":
             converter.optimizations = [tf.lite.Optimize.DEFAULT]
             converter.target_spec.supported_types = [tf.float16]
-        elif precision == "int8":
-
-            def representative() -> Iterator[dict[str, np.ndarray]]:
-                for batch in calibration or []:
-                    for row in range(len(next(iter(batch.values())))):
-                        yield {k: v[row : row + 1] for k, v in batch.items()}
-
-            converter.optimizations = [tf.lite.Optimize.DEFAULT]
-            converter.representative_dataset = representative
-            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
         elif precision == "int8-dynamic":
             converter.optimizations = [tf.lite.Optimize.DEFAULT]
         try:
@@ -194,6 +197,104 @@ def _converted(saved_model: Path, precision: str, calibration: list[dict[str, np
         except Exception as exc:
             raise ExportError(f"TFLite conversion ({precision}) failed: {first_line(exc)}") from exc
     return blob
+
+
+def _int8_converter(tf: Any, saved_model: Path, calibration: list[dict[str, np.ndarray]]) -> Any:
+    """A converter to full-integer int8 kernels (float input and output), calibrated row by row."""
+    converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = lambda: _rows(calibration)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    return converter
+
+
+def _rows(batches: list[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+    for batch in batches:
+        for row in range(len(next(iter(batch.values())))):
+            yield {k: v[row : row + 1] for k, v in batch.items()}
+
+
+def selective_int8(
+    saved_model: Path, workdir: Path, calibration: list[dict[str, np.ndarray]]
+) -> tuple[list[tuple[str, float]], list[tuple[int, Path]]]:
+    """Full-integer int8 with the layers quantization hurts most left in float, for a model whose
+    plain int8 is over the accuracy budget: TensorFlow's quantization debugger calibrates once,
+    measures every layer's error on ``DEBUG_ROWS`` rows in units of its own int8 step (RMSE /
+    scale, the ranking TensorFlow's guide to the debugger uses), and re-quantizes with the worst
+    1, 2, 4, ... layers denylisted, and then half of them (beyond, little int8 is left). Returns the
+    ranking (tensor, error in steps) and the candidates, fewest float layers first, for the caller
+    to judge. In a child process, as the calibrator can crash (``saved_model_to_tflite``)."""
+    ranked, blobs = child_process.call(
+        _selective_candidates,
+        saved_model.resolve(),
+        calibration,
+        workdir=workdir,
+        what="TensorFlow's int8 calibration",
+        hint="TensorFlow's calibrator cannot run this model; its other TFLite artifacts are unaffected",
+    )
+    candidates = []
+    for count, blob in blobs:
+        path = workdir / f"model.int8-float{count}.tflite"
+        path.write_bytes(blob)
+        candidates.append((count, path))
+    return ranked, candidates
+
+
+def _selective_candidates(
+    saved_model: Path, calibration: list[dict[str, np.ndarray]]
+) -> tuple[list[tuple[str, float]], list[tuple[int, bytes]]]:
+    with quiet():
+        import tensorflow as tf
+        from ai_edge_litert.interpreter import Interpreter
+
+        converter = _int8_converter(tf, saved_model, calibration)
+        # the layers left in float need float kernels beside the int8 ones
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8, tf.lite.OpsSet.TFLITE_BUILTINS]
+        rows = list(itertools.islice(_rows(calibration), DEBUG_ROWS))
+        order: list[str] = []  # the debugger feeds inputs as a list, in the model's input order
+
+        def debug_rows() -> Iterator[list[np.ndarray]]:
+            return ([row[name] for name in order] for row in rows)
+
+        try:
+            debugger = tf.lite.experimental.QuantizationDebugger(converter=converter, debug_dataset=debug_rows)
+            details = Interpreter(model_content=debugger.quant_model).get_input_details()
+            order[:] = [_row_key(d["name"], rows[0]) for d in details]
+            debugger.run()
+            dump = io.StringIO()
+            debugger.layer_statistics_dump(dump)
+            dump.seek(0)
+            errors = [
+                (row["tensor_name"], math.sqrt(float(row["mean_squared_error"])) / float(row["scale"]))
+                for row in csv.DictReader(dump)
+                if float(row["scale"]) > 0
+            ]
+            ranked = sorted(errors, key=lambda item: -item[1])
+            blobs = []
+            for count in _float_counts(len(ranked)):
+                denied = [name for name, _ in ranked[:count]]
+                debugger.options = tf.lite.experimental.QuantizationDebugOptions(denylisted_nodes=denied)
+                blobs.append((count, debugger.get_nondebug_quantized_model()))
+        except Exception as exc:
+            raise ExportError(f"TFLite int8 with layers in float could not be made: {first_line(exc)}") from exc
+    return ranked, blobs
+
+
+def _float_counts(layers: int) -> list[int]:
+    """1, 2, 4, ... and then half the layers (at least half stay int8): 63 layers give 1 to 16, 31."""
+    half = layers // 2
+    counts = [2**i for i in range(half.bit_length()) if 2**i < half]
+    return [*counts, half] if half else []
+
+
+def _row_key(detail_name: str, row: dict[str, np.ndarray]) -> str:
+    """The data's input for an interpreter input (``serving_default_x:0`` is ``x``)."""
+    name = detail_name.removeprefix("serving_default_").rsplit(":", 1)[0]
+    if name in row:
+        return name
+    if len(row) == 1:
+        return next(iter(row))
+    raise ExportError(f"the TFLite model's input '{detail_name}' matches none of the data's: {', '.join(row)}")
 
 
 def _has_int8_tensors(blob: bytes) -> bool:

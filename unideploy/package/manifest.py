@@ -65,6 +65,8 @@ class ValidationRecord(TypedDict):
     tolerance_basis: NotRequired[str]
     accuracy: NotRequired[dict[str, Any]]  # a non-exact artifact's guard verdict (edge fp16/int8)
     quantization: NotRequired[str]  # an edge int8 artifact's kind (full integer or dynamic range)
+    float_layers: NotRequired[list[dict[str, Any]]]  # an int8 TFLite's layers left in float, worst first
+    search: NotRequired[dict[str, Any]]  # how many were ranked, and each candidate tried
     deferred: NotRequired[str]
 
 
