@@ -128,7 +128,7 @@ def _fewest_float_layers(
     if not candidates:
         raise AccuracyBudgetError(f"{len(ranked)} quantized layer(s): too few to keep some in float")
     trials: list[dict[str, Any]] = []
-    accuracy: dict[str, Any] = {}
+    closest: tuple[int, dict[str, Any]] | None = None  # the candidate with the smallest drop
     for count, path in candidates:
         say(f"TFLite int8 with the {count} most error-prone layer(s) in float")
         accuracy = judge(path)
@@ -139,10 +139,12 @@ def _fewest_float_layers(
                 "float_layers": [{"tensor": name, "error_steps": round(steps, 3)} for name, steps in ranked[:count]],
                 "search": {"ranked_layers": len(ranked), "trials": trials},
             }
+        if closest is None or accuracy["drop_points"] < closest[1]["drop_points"]:
+            closest = (count, accuracy)
+    assert closest is not None  # candidates is not empty
     raise AccuracyBudgetError(
-        f"over the accuracy budget even with {trials[-1]['float_layers'] if trials else 0} of {len(ranked)} "
-        f"layers in float (the most error-prone first; more than half would leave little int8): "
-        f"{describe(accuracy) if accuracy else 'no candidate'}",
+        f"over the accuracy budget with 1 to {len(ranked) // 2} of {len(ranked)} layers in float (the most "
+        f"error-prone first; more would leave little int8); closest, {closest[0]} in float: {describe(closest[1])}",
         "give more representative --calibration data",
     )
 

@@ -16,11 +16,11 @@ Each output is judged by the metric that fits what it holds, chosen from its sha
 - ``detection``: a YOLO-style detector head: average precision of the optimized model's
   detections with fp32's (after threshold and NMS) as the ground truth (``detections.py``);
 - ``regions`` and ``mask``: probability maps (a text detector's or a segmenter's ``[N, 1, H, W]``
-  in [0, 1], near 0 or 1 almost everywhere, unlike an image), judged at every threshold in
-  ``maps.THRESHOLDS`` (the range post-processing binarizes at), the worst one counting: maps
-  that hold several separate regions each (text lines, words, cells) by the regions matched one
-  to one (ICDAR's hmean at IoU 0.5: the boxes a DB detector's post-processing makes), the others
-  (one segment per image) by the IoU of the foreground each model marks (``maps.py``);
+  in [0, 1], near 0 or 1 almost everywhere, unlike an image): maps that hold several separate
+  regions each (text lines, words, cells) by the regions matched one to one (ICDAR's hmean at
+  IoU 0.5 of the regions a DB detector's post-processing finds at its threshold, 0.3), the others
+  (one segment per image) by the IoU of the foreground each model marks at every threshold in
+  ``maps.THRESHOLDS``, the worst one counting (``maps.py``);
 - ``relerr``: boxes, heatmaps and other regressions: L2 error relative to the L2 norm of the fp32
   outputs, over all validation rows.
 
@@ -74,7 +74,7 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
             return (
                 "regions",
                 f"{shape} probability map with {regions:.1f} separate regions per map (text, instances): "
-                f"hmean of the regions matched at IoU {maps.REGION_IOU}, binarized at {thresholds}",
+                f"hmean of the regions matched at IoU {maps.REGION_IOU}, binarized at {maps.REGION_THRESHOLD}",
             )
         return "mask", f"{shape} probability map: IoU of the foreground at {thresholds}"
     if (

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-THRESHOLDS = (0.3, 0.5)  # DB text detection binarizes at 0.3; a probability's own midpoint is 0.5
+THRESHOLDS = (0.3, 0.5)  # pixels: DB text detection binarizes at 0.3; a probability's own midpoint is 0.5
+REGION_THRESHOLD = 0.3  # regions: where DB's post-processing binarizes (PaddleOCR's and RapidOCR's det_db_thresh)
 MAX_UNDECIDED = 0.1  # the share of a probability map's values that may lie between 0.1 and 0.9
 REGION_IOU = 0.5  # ICDAR's match: IoU above it (two regions can each match at most one this way)
 MIN_REGION_SIDE = 3  # DB's post-processing drops regions whose box has a shorter side
@@ -35,7 +36,7 @@ def is_probability_map(ref: np.ndarray) -> bool:
 
 def mean_regions(ref: np.ndarray) -> float:
     """Separate regions per map, over the maps that mark any (at DB's threshold)."""
-    counts = [int(np.count_nonzero(_region_areas(_label(m >= THRESHOLDS[0])))) for m in _maps(ref)]
+    counts = [int(np.count_nonzero(_region_areas(_label(m >= REGION_THRESHOLD)))) for m in _maps(ref)]
     marked = [c for c in counts if c]
     return float(np.mean(marked)) if marked else 0.0
 
@@ -52,27 +53,22 @@ def mask_ious(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
 
 
 def region_agreement(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
-    """The regions of ``b`` (optimized) matched to those of ``a`` (fp32) at each threshold; the
-    threshold with the lowest harmonic mean is reported."""
-    worst: dict[str, Any] = {}
-    for threshold in THRESHOLDS:
-        truth = found = matched = 0
-        for ma, mb in zip(_maps(a), _maps(b), strict=True):
-            la, lb = _label(ma >= threshold), _label(mb >= threshold)
-            areas_a, areas_b = _region_areas(la), _region_areas(lb)
-            truth += int(np.count_nonzero(areas_a))
-            found += int(np.count_nonzero(areas_b))
-            matched += _matches(la, lb, areas_a, areas_b)
-        hmean = 1.0 if truth == found == 0 else 2.0 * matched / (truth + found)
-        if not worst or hmean < worst["region_hmean"]:
-            worst = {
-                "region_hmean": hmean,
-                "regions_fp32": truth,
-                "regions": found,
-                "regions_matched": matched,
-                "region_threshold": threshold,
-            }
-    return worst
+    """The regions of ``b`` (optimized) matched to those of ``a`` (fp32), both binarized where the
+    post-processing does: a region splitting or merging at another threshold changes no box."""
+    truth = found = matched = 0
+    for ma, mb in zip(_maps(a), _maps(b), strict=True):
+        la, lb = _label(ma >= REGION_THRESHOLD), _label(mb >= REGION_THRESHOLD)
+        areas_a, areas_b = _region_areas(la), _region_areas(lb)
+        truth += int(np.count_nonzero(areas_a))
+        found += int(np.count_nonzero(areas_b))
+        matched += _matches(la, lb, areas_a, areas_b)
+    return {
+        "region_hmean": 1.0 if truth == found == 0 else 2.0 * matched / (truth + found),
+        "regions_fp32": truth,
+        "regions": found,
+        "regions_matched": matched,
+        "region_threshold": REGION_THRESHOLD,
+    }
 
 
 def _maps(ref: np.ndarray) -> np.ndarray:
