@@ -41,12 +41,10 @@ def error_rate(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray],
         for a, b in zip(_positions(ref), _positions(cand), strict=True):
             truth, read = _decode(a, blank), _decode(b, blank)
             distance = Levenshtein.distance(truth, read)
-            edits, characters, texts, changed = (
-                edits + distance,
-                characters + len(truth),
-                texts + 1,
-                changed + (distance > 0),
-            )
+            edits += distance
+            characters += len(truth)
+            texts += 1
+            changed += distance > 0
     return {
         "character_error_rate": edits / max(characters, 1),
         "texts": texts,
