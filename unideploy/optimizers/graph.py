@@ -27,6 +27,8 @@ DAMPINGS = (1e-3, 1e-2, 1e-1, 1.0)  # pulls toward the pruned weights tried, rel
 HOLDOUT_EVERY = 5  # every 5th row of a layer's re-fit data is held out to choose the damping
 CHOICE_ROWS = 32  # output rows the damping is chosen on (each distinct mask costs a solve)
 REFIT_ROWS = 512  # calibration rows used for re-fitting (more costs time, rarely accuracy)
+SHARED_MASKS = 4  # rows per distinct mask from which rows are solved per mask, not each on its own
+SOLVE_CHUNK_BYTES = 64 * 2**20  # the stack of per-row systems solved in one call
 
 
 def attributes(node: onnx.NodeProto) -> dict:
@@ -185,12 +187,37 @@ def linear_layers(model: onnx.ModelProto) -> list[Layer]:
 
 
 def _session(model: onnx.ModelProto, tensors: list[str]) -> Any:
-    """A session on a copy of ``model`` that also outputs intermediate tensors."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    outputs = {o.name for o in copy.graph.output}
-    copy.graph.output.extend(onnx.ValueInfoProto(name=t) for t in dict.fromkeys(tensors) if t not in outputs)
-    return timing_session(copy.SerializeToString())
+    """A session computing ``tensors`` of ``model``, and only the nodes they depend on. ONNX
+    Runtime runs every node of a graph whatever outputs are asked for, and the re-fit asks for one
+    layer's input at a time: cut there, an early layer costs a fraction of a whole pass."""
+    graph = model.graph
+    needed = set(tensors)
+    nodes = []
+    for node in reversed(graph.node):
+        if needed.intersection(node.output):
+            nodes.append(node)
+            needed.update(node.input)
+            needed.update(_outer_names(node))
+    needed.update(i.name for i in graph.input)  # an input with an initializer as its default stays optional
+    cut = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
+    cut.graph.name = graph.name
+    cut.graph.node.extend(reversed(nodes))
+    cut.graph.input.extend(graph.input)
+    cut.graph.initializer.extend(i for i in graph.initializer if i.name in needed)
+    cut.graph.output.extend(onnx.ValueInfoProto(name=t) for t in dict.fromkeys(tensors))
+    return timing_session(cut.SerializeToString())
+
+
+def _outer_names(node: onnx.NodeProto) -> set[str]:
+    """Every tensor name read inside ``node``'s subgraphs (If/Loop/Scan bodies may read the
+    enclosing graph's tensors without listing them as inputs)."""
+    names: set[str] = set()
+    for attribute in node.attribute:
+        for body in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+            for inner in body.node:
+                names.update(inner.input)
+                names.update(_outer_names(inner))
+    return names
 
 
 def input_statistics(
@@ -287,17 +314,60 @@ def refit(
 def _solve(
     gram: np.ndarray, target: np.ndarray, prior: np.ndarray, keep: np.ndarray, damping: float, rows: np.ndarray
 ) -> np.ndarray:
-    """Least-squares weights for output ``rows`` (zero outside ``keep``), pulled toward ``prior``."""
+    """Least-squares weights for output ``rows`` (zero outside ``keep``), pulled toward ``prior``.
+
+    Row r's kept weights solve (G_SS + pI) w_S = b_S over its kept inputs S. Rows sharing a mask
+    (structured pruning) share one solve. An unstructured mask gives every row its own S: there
+    the system is inverted once for all inputs, H = (G + pI)^-1, and each row's solution is pulled
+    back to zero on its pruned inputs P by the Lagrange multipliers of w_P = 0:
+    w = Hb - H[:, P] (H_PP)^-1 (Hb)_P. Where fewer inputs are pruned than kept (sparsity under
+    50 %) that solves a |P|-sized system per row instead of |S| (at 30 %, 12x fewer operations);
+    the rows are solved in stacks (``SOLVE_CHUNK_BYTES``), not one call each."""
     pull = damping * max(float(np.mean(np.diag(gram))), 1e-12)
+    system = gram + np.eye(len(gram)) * pull
+    rhs = target[:, rows] + pull * prior[rows].T  # [K, rows]: b of every row
+    masks = keep[rows]
+    patterns, rows_of = np.unique(masks, axis=0, return_inverse=True)
     solved = np.zeros((len(rows), keep.shape[1]))
-    patterns, rows_of = np.unique(keep[rows], axis=0, return_inverse=True)  # structured masks: one solve
-    for p, pattern in enumerate(patterns):
-        mine = np.flatnonzero(rows_of.ravel() == p)
-        if pattern.any():
-            system = gram[np.ix_(pattern, pattern)] + np.eye(int(pattern.sum())) * pull
-            rhs = target[np.ix_(pattern, rows[mine])] + pull * prior[np.ix_(rows[mine], pattern)].T
-            solved[np.ix_(mine, pattern)] = np.linalg.solve(system, rhs).T
-    return solved
+    if len(patterns) * SHARED_MASKS <= len(rows):
+        for p, pattern in enumerate(patterns):
+            mine = np.flatnonzero(rows_of.ravel() == p)
+            if pattern.any():
+                solved[np.ix_(mine, pattern)] = np.linalg.solve(
+                    system[np.ix_(pattern, pattern)], rhs[np.ix_(pattern, mine)]
+                ).T
+        return solved
+    pruned_counts = (~masks).sum(1)
+    inverse = np.linalg.inv(system) if (2 * pruned_counts <= masks.shape[1]).any() else None
+    for count in np.unique(pruned_counts):
+        group = np.flatnonzero(pruned_counts == count)
+        kept = masks.shape[1] - int(count)
+        if kept == 0:
+            continue
+        if count == 0 and inverse is not None:
+            solved[group] = rhs[:, group].T @ inverse
+            continue
+        by_pruned = inverse is not None and count <= kept
+        inputs = np.nonzero(~masks[group] if by_pruned else masks[group])[1].reshape(len(group), -1)
+        size = max(inputs.shape[1], 1)
+        chunk = max(1, SOLVE_CHUNK_BYTES // (8 * size * (size + masks.shape[1])))
+        for start in range(0, len(group), chunk):
+            mine, idx = group[start : start + chunk], inputs[start : start + chunk]
+            if by_pruned:
+                free = rhs[:, mine].T @ inverse  # unconstrained solutions (H is symmetric)
+                across = inverse[idx]  # H[P_r, :] of each row r
+                multipliers = np.linalg.solve(
+                    np.take_along_axis(across, idx[:, None, :], 2), np.take_along_axis(free, idx, 1)[..., None]
+                )[..., 0]
+                solved[mine] = free - np.einsum("rp,rpk->rk", multipliers, across)
+            else:
+                weights = np.linalg.solve(
+                    system[idx[:, :, None], idx[:, None, :]], np.take_along_axis(rhs[:, mine].T, idx, 1)[..., None]
+                )[..., 0]
+                block = np.zeros((len(mine), masks.shape[1]))
+                np.put_along_axis(block, idx, weights, 1)
+                solved[mine] = block
+    return solved * masks
 
 
 def refit_all(

@@ -1,0 +1,112 @@
+"""The re-fit's building blocks: the constrained least-squares solve and the cut sessions."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from unideploy.optimizers.graph import _session, _solve
+
+
+def _one_row_at_a_time(gram, target, prior, keep, damping, rows):
+    """The definition: each row's kept weights solve (G_SS + pI) w_S = b_S on their own."""
+    pull = damping * float(np.mean(np.diag(gram)))
+    out = np.zeros((len(rows), keep.shape[1]))
+    for i, r in enumerate(rows):
+        kept = keep[r]
+        if kept.any():
+            system = gram[np.ix_(kept, kept)] + np.eye(int(kept.sum())) * pull
+            out[i, kept] = np.linalg.solve(system, target[kept, r] + pull * prior[r, kept])
+    return out
+
+
+@pytest.mark.parametrize("sparsity", [0.0, 0.3, 0.5, 0.8, 1.0])
+@pytest.mark.parametrize("damping", [1e-3, 1.0])
+def test_solve_matches_one_row_at_a_time_at_any_sparsity(sparsity, damping):
+    """Below 50 % the rows are solved through the inverse and the pruned inputs' multipliers,
+    above it on their kept inputs; both must be the per-row solution, with rows of different
+    counts (one row left whole, one emptied) and pruned weights exactly zero."""
+    rng = np.random.default_rng(0)
+    k, r = 48, 30
+    features = rng.normal(size=(400, k)) @ rng.normal(size=(k, k))  # correlated inputs, like im2col
+    gram, target, prior = features.T @ features, rng.normal(size=(k, r)) * 50, rng.normal(size=(r, k))
+    keep = rng.random((r, k)) >= sparsity
+    keep[3], keep[5] = True, False
+    rows = np.arange(r)
+    got = _solve(gram, target, prior, keep, damping, rows)
+    want = _one_row_at_a_time(gram, target, prior, keep, damping, rows)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * np.abs(want).max())
+    assert not got[~keep].any()
+
+
+def test_solve_shared_masks_and_a_subset_of_rows():
+    rng = np.random.default_rng(1)
+    k, r = 32, 24
+    features = rng.normal(size=(300, k))
+    gram, target, prior = features.T @ features, rng.normal(size=(k, r)), rng.normal(size=(r, k))
+    structured = np.tile(rng.random(k) > 0.5, (r, 1))  # channel pruning: one mask for every row
+    np.testing.assert_allclose(
+        _solve(gram, target, prior, structured, 1e-2, np.arange(r)),
+        _one_row_at_a_time(gram, target, prior, structured, 1e-2, np.arange(r)),
+        atol=1e-10,
+    )
+    keep, rows = rng.random((r, k)) >= 0.3, np.arange(0, r, 5)
+    np.testing.assert_allclose(
+        _solve(gram, target, prior, keep, 1e-3, rows),
+        _one_row_at_a_time(gram, target, prior, keep, 1e-3, rows),
+        atol=1e-10,
+    )
+
+
+def _model_with_branch() -> onnx.ModelProto:
+    """x -> Relu -> a; a -> Neg -> b; an If whose branches read the outer ``a``; and a Reshape of
+    ``b`` that cannot run (6 values into 7), which no cut session may include."""
+    flag = numpy_helper.from_array(np.array(True), "flag")
+    wrong = numpy_helper.from_array(np.array([7], np.int64), "wrong")
+    then_branch = helper.make_graph(
+        [helper.make_node("Identity", ["a"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)],
+    )
+    else_branch = helper.make_graph(
+        [helper.make_node("Neg", ["a"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)],
+    )
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Neg", ["a"], ["b"], name="neg"),
+        helper.make_node("If", ["flag"], ["c"], name="if", then_branch=then_branch, else_branch=else_branch),
+        helper.make_node("Add", ["c", "b"], ["d"], name="add"),
+        helper.make_node("Reshape", ["b", "wrong"], ["broken"], name="broken"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [
+            helper.make_tensor_value_info("d", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("broken", TensorProto.FLOAT, None),
+        ],
+        [flag, wrong],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_session_computes_only_what_the_tensors_need():
+    model = _model_with_branch()
+    x = {"x": np.array([[-1.0, 2.0, 3.0], [4.0, -5.0, 6.0]], np.float32)}
+    relu = np.maximum(x["x"], 0)
+    (b,) = _session(model, ["b"]).run(["b"], x)
+    np.testing.assert_array_equal(b, -relu)
+    c, a = _session(model, ["c", "a"]).run(["c", "a"], x)  # the If reads `a` from the enclosing graph
+    np.testing.assert_array_equal(c, relu)
+    np.testing.assert_array_equal(a, relu)
+    (d,) = _session(model, ["d"]).run(["d"], x)
+    np.testing.assert_array_equal(d, 0 * relu)
+    with pytest.raises(Exception, match="(?i)reshape"):
+        _session(model, ["broken"]).run(["broken"], x)
