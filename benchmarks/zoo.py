@@ -148,7 +148,15 @@ def _serve(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
 def _optimize(*options: str) -> Callable[[ZooModel, Path, Path, Path], Cell]:
     def stage(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
         out = work / options[1]
-        return _deploy(".venv", "optimize", work / "pkg", "-o", out, "--force", *options, "--calibration", data)[0]
+        cell = _deploy(".venv", "optimize", work / "pkg", "-o", out, "--force", *options, "--calibration", data)[0]
+        if cell.status == "pass" and options[0] == "--prune":
+            params = _manifest(out)["optimizations"][-1]["passes"][0]["params"]
+            dense = len(params.get("dense_layers", []))
+            cell.reason = (
+                f"{params['achieved_sparsity']:.1%} of the weights pruned ({options[1]} asked), "
+                f"{dense} of {params['layers']} layers left dense"
+            )
+        return cell
 
     return stage
 
@@ -246,6 +254,14 @@ def report(models: list[ZooModel], results: dict[str, dict[str, Cell]], stages: 
         for stage, cell in results.get(model.name, {}).items():
             if cell.status != "pass":
                 lines.append(f"- **{model.name}** / {stage} ({cell.status}): {cell.reason}")
+    kept = [
+        f"- **{model.name}** / {stage}: {cell.reason}"
+        for model in models
+        for stage, cell in results.get(model.name, {}).items()
+        if stage == "prune" and cell.status == "pass" and cell.reason
+    ]
+    if kept:
+        lines += ["", "## What the pruning that passed reached", "", *kept]
     lines += [
         "",
         "## The models",

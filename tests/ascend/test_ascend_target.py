@@ -194,6 +194,26 @@ def test_a_mindir_that_keeps_a_stale_shape_is_refused_with_the_reason(tmp_path):
     assert not out.exists() and not list(tmp_path.glob(".rec*"))
 
 
+def test_a_model_onnx_runtime_quantized_is_rebuilt_from_its_float_form_and_judged(tmp_path):
+    """ddddocr's recognizer ships with ONNX Runtime's dynamic INT8 (ConvInteger, MatMulInteger,
+    DynamicQuantizeLSTM), none of which MindSpore has: it is rebuilt from the graph made float
+    again, and as that no longer rounds activations to 8 bits, the MindIR is judged by the
+    accuracy guard against the quantized model instead of the exact tolerance."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import zoo_models
+
+    model = zoo_models.MODELS_DIR / "ddddocr" / "common_old.onnx"
+    if not model.is_file():
+        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
+    with unideploy.export(
+        model, tmp_path / "pkg", input_shapes=["input1:1,1,64,image_width=256"], target="ascend"
+    ) as package:
+        record = package.manifest.validation["mindir"]
+        assert record["dequantized"] == ["ConvInteger", "DynamicQuantizeLSTM", "MatMulInteger"]
+        assert record["passed"] and record["accuracy"]["within_budget"], record["accuracy"]
+        assert {c.artifact: c.status for c in verify_package(package)}["mindir"] == "passed"
+
+
 def test_doctor_reports_the_ascend_target_usable_and_what_serving_needs():
     from console import deploy
 

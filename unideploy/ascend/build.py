@@ -21,12 +21,20 @@ import onnx
 
 from unideploy.ascend.network import export_mindir, require_supported
 from unideploy.errors import ExportError, RuntimeFailure, ValidationError
+from unideploy.exporters.dequantize import float_onnx
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.manifest import Manifest, Tolerance, ValidationRecord
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.runtimes.mindspore_lite import CONVERTER, DEVICES, LiteRecipe
-from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, largest_reference, require_passed, validate
+from unideploy.validation import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    largest_reference,
+    measured_tolerance_record,
+    require_passed,
+    validate,
+)
 
 Progress = Callable[[str], None]
 ASCEND_RELATIVE = 1e-2  # the NPU computes convolutions and matrix products in fp16 by default
@@ -50,18 +58,20 @@ def lite_tolerance(device: str, mindir_record: ValidationRecord, references: lis
     }
 
 
-def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact | PlannedArtifact]:
+def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact | PlannedArtifact, list[str]]:
     """The MindIR to ship and check, and its artifact: the package's own (a MindIR source), or a
-    new one rebuilt from its fp32 ONNX (the recipes lie beside whichever it is)."""
+    new one rebuilt from its fp32 ONNX (the recipes lie beside whichever it is); and ONNX Runtime's
+    dynamic INT8 operators made float to rebuild it."""
     manifest = package.manifest
     native = next((a for a in manifest.artifacts if a.format == "mindir"), None)
     if native is not None and manifest.source.get("framework") == "mindspore":
         say("reusing the MindIR the model was exported from")
-        return package.path_of(native), native
+        return package.path_of(native), native, []
     base = manifest.base_onnx()
     if base is None:
         raise ExportError("the package has no fp32 ONNX artifact to rebuild in MindSpore", "export the model again")
-    model = onnx.load(str(package.path_of(base)))
+    source, undone = float_onnx(package.path_of(base), work, say)
+    model = onnx.load(str(source))
     require_supported(model)  # every unknown operator named, before any work
     say("rebuilding the ONNX graph as a MindSpore network and exporting MindIR")
     example = package.reference_samples()[0].inputs
@@ -69,13 +79,31 @@ def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact
     planned = PlannedArtifact(
         "mindir", MINDIR_PATH, "mindir", "fp32", ["mindspore"], derived_from=base.id, targets=["ascend", "cpu"]
     )
-    return path, planned
+    return path, planned, undone
 
 
-def _check_mindir(path: Path, manifest: Manifest, references: list) -> ValidationRecord:
+def _check_mindir(path: Path, manifest: Manifest, references: list, undone: list[str]) -> ValidationRecord:
+    """The MindIR against the reference outputs: to the default tolerance, or, rebuilt from a
+    dequantized graph (whose activations are no longer rounded to 8 bits), by the accuracy guard."""
+    from unideploy.optimizers.accuracy import compare, describe
+    from unideploy.optimizers.optimize import DEFAULT_BUDGET_POINTS
+
+    framework = manifest.source["framework"]
     with RUNTIMES.get("mindspore")(path, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
-        record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=manifest.source["framework"])
-    require_passed(record, "the MindIR artifact (run by MindSpore on the CPU)")
+        if not undone:
+            record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
+            require_passed(record, "the MindIR artifact (run by MindSpore on the CPU)")
+            return record
+        expected = [dict(outputs) for _, outputs in references]
+        accuracy = compare(expected, [runtime.run(i) for i, _ in references], None, "auto", DEFAULT_BUDGET_POINTS)
+        if not accuracy["within_budget"]:
+            raise ExportError(
+                f"the MindIR of the model with its INT8 made float ({', '.join(undone)}) is over the accuracy "
+                f"budget on the {accuracy['rows']} reference rows: {describe(accuracy)}",
+                "convert the float model (before ONNX Runtime's quantization) for --target ascend",
+            )
+        record = measured_tolerance_record(runtime.run, references, framework)
+    record["accuracy"], record["dequantized"] = accuracy, undone
     return record
 
 
@@ -142,10 +170,10 @@ def build_ascend(
     with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-ascend-") as tmp:
         work, manifest = Path(tmp), package.manifest
         references = package.reference_pairs()
-        mindir, of = _mindir(package, work, say)
+        mindir, of, undone = _mindir(package, work, say)
         say("checking the MindIR against the reference outputs with MindSpore")
         try:
-            record = _check_mindir(mindir, manifest, references)
+            record = _check_mindir(mindir, manifest, references, undone)
         except (ValidationError, RuntimeFailure) as exc:
             raise ExportError(
                 f"the MindIR MindSpore exported does not reproduce the model: {exc.message}",

@@ -39,6 +39,7 @@ from unideploy.errors import (
     ValidationError,
     first_line,
 )
+from unideploy.exporters.dequantize import float_onnx
 from unideploy.exporters.onnx_io import copy_model
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.manifest import OmittedRecord, Precision
@@ -212,14 +213,16 @@ def _tflite_artifacts(
         raise MissingDependencyError(f"the edge target needs LiteRT: {found.detail}", found.fix)
     kept = manifest.source.get("path")
     source_dir = package.root / kept if kept else None
+    undone: list[str] = []  # ONNX Runtime's dynamic INT8 operators made float for onnx2tf
     fixed = None  # the input sizes onnx2tf converts at, where the model has dynamic non-batch dims
     refold: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, constants folded
     if framework == "tensorflow" and source_dir and source_dir.is_dir():
         saved_model, route = source_dir, "TensorFlow's converter"
     elif base is not None:
+        onnx_path, undone = float_onnx(package.path_of(base), work, say)
 
         def convert(folded_only: bool = False) -> tuple[Path, Signature | None, bool]:
-            return _onnx2tf(package.path_of(base), work, manifest.signature, references[0][0], say, folded_only)
+            return _onnx2tf(onnx_path, work, manifest.signature, references[0][0], say, folded_only)
 
         saved_model, fixed, folded = convert()
         refold = None if folded else lambda: convert(folded_only=True)
@@ -267,7 +270,7 @@ def _tflite_artifacts(
             with tflite(path, signature or manifest.signature) as runtime:
                 # an artifact made at one input size is proven on the samples of that size
                 run, fitting = fitted(runtime.run, signature or manifest.signature, references)
-                if precision == "fp32":  # a conversion that should be exact is held to the default
+                if precision == "fp32" and not undone:  # a conversion that should be exact: the default
                     record = validate(run, fitting, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
                     if not record["passed"] and refold is not None:
                         # TFLite's converter can mis-compile what onnx2tf left as shape arithmetic
@@ -278,16 +281,24 @@ def _tflite_artifacts(
                         continue
                     require_passed(record, "the TFLite fp32 artifact")
                 else:
-                    say(f"judging TFLite {mode} against fp32")
+                    say(f"judging TFLite {mode} against the ONNX model")
                     accuracy = searched.pop("accuracy", None) or accuracy_of(run, fitting)
                     if not accuracy["within_budget"]:
+                        made_float = (
+                            f"TFLite fp32 of the graph with ONNX Runtime's INT8 made float ({', '.join(undone)}): "
+                        )
                         raise AccuracyBudgetError(
-                            f"over the accuracy budget on {accuracy['rows']} rows: {describe(accuracy)}",
-                            "give more representative --calibration data"
-                            if precision == "int8"
-                            else "use tflite-fp32 on this model",
+                            f"{made_float if precision == 'fp32' else ''}over the accuracy budget on "
+                            f"{accuracy['rows']} rows: {describe(accuracy)}",
+                            {
+                                "int8": "give more representative --calibration data",
+                                "fp16": "use tflite-fp32 on this model",
+                                "fp32": "its activations need ONNX Runtime's INT8: convert the float model",
+                            }[precision],
                         )
                     record = measured_tolerance_record(run, fitting, framework)
+                    if undone:
+                        record["dequantized"] = undone
                     record["accuracy"] = accuracy
                     if precision == "int8":
                         record["quantization"] = TFLITE_INT8[mode]
@@ -378,7 +389,7 @@ def build_edge(
             tflite_added, tflite_omitted = _tflite_artifacts(package, base, work, calibration, references, say)
             added += tflite_added
             omitted += tflite_omitted
-        except (ExportError, ValidationError) as exc:  # the package stays usable without TFLite; it says why
+        except (ExportError, ValidationError, AccuracyBudgetError) as exc:  # usable without TFLite; it says why
             omitted.append(
                 {
                     "artifact": "tflite-*",

@@ -100,6 +100,29 @@ def save_model(model: onnx.ModelProto, path: Path, external: bool = False) -> No
         onnx.save(model, str(path))
 
 
+def upstream(graph: onnx.GraphProto, tensors: Sequence[str]) -> list[onnx.NodeProto]:
+    """The nodes of ``graph`` that ``tensors`` depend on, in graph order."""
+    needed = set(tensors)
+    nodes = []
+    for node in reversed(graph.node):
+        if needed.intersection(node.output):
+            nodes.append(node)
+            needed |= names_read([node])
+    return nodes[::-1]
+
+
+def names_read(nodes: Sequence[onnx.NodeProto]) -> set[str]:
+    """Every tensor name ``nodes`` read, inside their subgraphs too (If/Loop/Scan bodies may read
+    the enclosing graph's tensors without listing them as inputs)."""
+    names: set[str] = set()
+    for node in nodes:
+        names.update(node.input)
+        for attribute in node.attribute:
+            for body in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+                names |= names_read(body.node)
+    return names
+
+
 def cpu_session(
     model: Path | bytes, *, optimization: str = "all", spin: bool = True, save_optimized: Path | None = None
 ) -> Any:

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from unideploy.exporters.onnx_io import names_read, upstream
 from unideploy.optimizers.base import Batch
 from unideploy.optimizers.measure import timing_session
 
@@ -191,33 +192,16 @@ def _session(model: onnx.ModelProto, tensors: list[str]) -> Any:
     Runtime runs every node of a graph whatever outputs are asked for, and the re-fit asks for one
     layer's input at a time: cut there, an early layer costs a fraction of a whole pass."""
     graph = model.graph
-    needed = set(tensors)
-    nodes = []
-    for node in reversed(graph.node):
-        if needed.intersection(node.output):
-            nodes.append(node)
-            needed.update(node.input)
-            needed.update(_outer_names(node))
-    needed.update(i.name for i in graph.input)  # an input with an initializer as its default stays optional
+    nodes = upstream(graph, tensors)
+    # an input with an initializer as its default stays optional
+    needed = names_read(nodes) | {i.name for i in graph.input} | set(tensors)
     cut = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
     cut.graph.name = graph.name
-    cut.graph.node.extend(reversed(nodes))
+    cut.graph.node.extend(nodes)
     cut.graph.input.extend(graph.input)
     cut.graph.initializer.extend(i for i in graph.initializer if i.name in needed)
     cut.graph.output.extend(onnx.ValueInfoProto(name=t) for t in dict.fromkeys(tensors))
     return timing_session(cut.SerializeToString())
-
-
-def _outer_names(node: onnx.NodeProto) -> set[str]:
-    """Every tensor name read inside ``node``'s subgraphs (If/Loop/Scan bodies may read the
-    enclosing graph's tensors without listing them as inputs)."""
-    names: set[str] = set()
-    for attribute in node.attribute:
-        for body in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-            for inner in body.node:
-                names.update(inner.input)
-                names.update(_outer_names(inner))
-    return names
 
 
 def input_statistics(
@@ -338,16 +322,17 @@ def _solve(
                 ).T
         return solved
     pruned_counts = (~masks).sum(1)
-    inverse = np.linalg.inv(system) if (2 * pruned_counts <= masks.shape[1]).any() else None
+    # rows with fewer pruned inputs than kept are solved through the inverse
+    inverse = np.linalg.inv(system) if (2 * pruned_counts <= masks.shape[1]).any() else np.empty((0, 0))
     for count in np.unique(pruned_counts):
         group = np.flatnonzero(pruned_counts == count)
         kept = masks.shape[1] - int(count)
         if kept == 0:
             continue
-        if count == 0 and inverse is not None:
+        if count == 0:
             solved[group] = rhs[:, group].T @ inverse
             continue
-        by_pruned = inverse is not None and count <= kept
+        by_pruned = count <= kept
         inputs = np.nonzero(~masks[group] if by_pruned else masks[group])[1].reshape(len(group), -1)
         size = max(inputs.shape[1], 1)
         chunk = max(1, SOLVE_CHUNK_BYTES // (8 * size * (size + masks.shape[1])))

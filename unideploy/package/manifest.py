@@ -67,6 +67,7 @@ class ValidationRecord(TypedDict):
     quantization: NotRequired[str]  # an edge int8 artifact's kind (full integer or dynamic range)
     float_layers: NotRequired[list[dict[str, Any]]]  # an int8 TFLite's layers left in float, worst first
     search: NotRequired[dict[str, Any]]  # how many were ranked, and each candidate tried
+    dequantized: NotRequired[list[str]]  # the source's dynamic INT8 operators made float to convert it
     deferred: NotRequired[str]
 
 

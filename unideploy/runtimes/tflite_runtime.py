@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import PackageError, RuntimeFailure, first_line
+from unideploy.quiet import quiet
 from unideploy.registry import Availability, modules_availability
 from unideploy.runtimes.base import Runtime
 from unideploy.signature import CHANNELS_LAST, Signature, TensorSpec, to_channels_last
@@ -34,12 +35,14 @@ class TFLiteRuntime(Runtime):
     def _load(self) -> None:
         from ai_edge_litert.interpreter import Interpreter
 
-        try:
-            self.interpreter = Interpreter(model_path=str(self.path), num_threads=self.options.threads)
-        except (ValueError, RuntimeError) as exc:
-            raise PackageError(f"LiteRT cannot load '{self.path.name}': {first_line(exc)}") from exc
-        key, self._outputs = signature_names(self.interpreter, self.signature, self.path.name)
-        self.runner = self.interpreter.get_signature_runner(key)
+        with quiet():  # LiteRT's native log line on its XNNPACK delegate goes to fd 2
+            try:
+                self.interpreter = Interpreter(model_path=str(self.path), num_threads=self.options.threads)
+            except (ValueError, RuntimeError) as exc:
+                raise PackageError(f"LiteRT cannot load '{self.path.name}': {first_line(exc)}") from exc
+            key, self._outputs = signature_names(self.interpreter, self.signature, self.path.name)
+            self.interpreter.allocate_tensors()  # where the delegate is applied, and logs it
+            self.runner = self.interpreter.get_signature_runner(key)
         self._channels_last = {t.name: t for t in self.signature.inputs if t.layout == CHANNELS_LAST}
         # outputs the converter left channels-last go back to the source's channels-first layout
         self._channels_first_outputs = {t.name for t in self.signature.outputs if t.layout == CHANNELS_LAST}
