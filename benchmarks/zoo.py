@@ -153,7 +153,7 @@ def _optimize(*options: str) -> Callable[[ZooModel, Path, Path, Path], Cell]:
             params = _manifest(out)["optimizations"][-1]["passes"][0]["params"]
             dense = len(params.get("dense_layers", []))
             cell.reason = (
-                f"{params['achieved_sparsity']:.1%} of the weights pruned ({options[1]} asked), "
+                f"{params['achieved_sparsity']:.1%} of the weights pruned ({float(options[1]):.0%} asked), "
                 f"{dense} of {params['layers']} layers left dense"
             )
         return cell
