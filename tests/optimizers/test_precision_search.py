@@ -4,6 +4,7 @@ real digits."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,9 @@ import onnx
 import pytest
 
 import unideploy
-from unideploy.optimizers.sensitivity import search
+from unideploy.optimizers.base import PassContext
+from unideploy.optimizers.sensitivity import PRUNING_TRIALS, SEARCH_REFIT_SECONDS, search, search_refitted
+from unideploy.signature import Signature
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed")
 
@@ -79,6 +82,41 @@ def test_search_hands_the_closest_candidate_to_the_guard_when_nothing_fits():
     result = search(["a", "b", "c"], lambda exclude: Path(f"{len(exclude)}.onnx"), judge, lambda _m: None, "test")
     assert not result.within_budget and result.restored == ["a"]  # at most half the layers are left as they were
     assert search(["only"], lambda exclude: Path("x.onnx"), judge, lambda _m: None, "test").path is None
+
+
+def _pruning_candidates() -> tuple[list[tuple[int, bool]], PassContext, Callable[[list[str], bool], Path]]:
+    """A pruning search's collaborators: a candidate with n layers dense loses 20 - 2n points
+    un-refitted and 14 - 2n re-fitted (a re-fit recovers part of what the layers before it lost)."""
+    built: list[tuple[int, bool]] = []
+
+    def build(dense: list[str], refit: bool) -> Path:
+        built.append((len(dense), refit))
+        return Path(f"{len(dense)}-{int(refit)}.onnx")
+
+    def judge(path: Path) -> dict:
+        dense, refit = map(int, path.stem.split("-"))
+        drop = (14.0 if refit else 20.0) - 2 * dense
+        return {"drop_points": drop, "within_budget": drop <= 1.0}
+
+    ctx = PassContext(Signature(inputs=()), [], Path("."), evaluate=lambda _p: None, judge=judge)
+    return built, ctx, build
+
+
+def test_a_pruning_search_refits_the_candidates_it_judges_where_affordable():
+    built, ctx, build = _pruning_candidates()
+    result = search_refitted([f"layer{i}" for i in range(20)], build, True, 10.0, ctx, "test")
+    assert result.within_budget and len(result.restored) == 7  # the fewest dense: 14 - 2 x 7 = 0 points
+    assert all(refit for _, refit in built) and len(built) <= PRUNING_TRIALS
+
+
+def test_where_refits_cost_too_much_the_closest_candidate_is_refitted_before_the_guard():
+    """Six un-refitted candidates all over budget: the closest is re-fitted, so what the guard
+    refuses (or accepts) is what a re-fit reaches, not the un-refitted numbers."""
+    slow = SEARCH_REFIT_SECONDS / 2  # two re-fits affordable: fewer than MIN_REFIT_TRIALS
+    built, ctx, build = _pruning_candidates()
+    result = search_refitted([f"layer{i}" for i in range(10)], build, True, slow, ctx, "test")
+    assert [refit for _, refit in built[:-1]] == [False] * (len(built) - 1) and built[-1] == (5, True)
+    assert result.path == Path("5-1.onnx") and not result.within_budget  # 4 points re-fitted, against 10
 
 
 class _Loud(torch.nn.Module):

@@ -184,21 +184,20 @@ def search_refitted(
     worse than it is (EfficientNet-Lite0 at 30 %: 25 points lost against 9-12 re-fitted). Each
     candidate is re-fitted from the original, as many candidates as ``SEARCH_REFIT_SECONDS`` pays
     for (at most ``PRUNING_TRIALS``). Where that is fewer than ``MIN_REFIT_TRIALS``, candidates are
-    judged without it and only the one chosen is re-fitted, and kept if it still fits; where one
-    re-fit alone takes longer than that, the chosen candidate stays as judged, without one."""
+    judged without it and the one chosen (the first within budget, else the closest) is re-fitted
+    and judged again: kept if it fits, or if none did and it comes closer, so that a refusal gives
+    the numbers of what a re-fit reaches. Where one re-fit alone takes longer than that, the
+    candidate stays as judged, without one."""
     affordable = int(SEARCH_REFIT_SECONDS // max(refit_seconds, 1e-3)) if refitted else 0
     refit_each = affordable >= MIN_REFIT_TRIALS
     trials = min(PRUNING_TRIALS, affordable) if refit_each else PRUNING_TRIALS
     result = search(ranked, lambda restored: build(restored, refit_each), ctx.judge, ctx.say, what, trials)
-    if (
-        result.path is not None
-        and refitted
-        and not refit_each
-        and result.within_budget
-        and refit_seconds <= SEARCH_REFIT_SECONDS
-    ):
+    if result.path is not None and refitted and not refit_each and refit_seconds <= SEARCH_REFIT_SECONDS:
         ctx.say(f"re-fitting the chosen candidate ({len(result.restored)} left as they were)")
         path = build(result.restored, True)
-        if ctx.judge(path)["within_budget"]:
-            result.path = path
+        judged = ctx.judge(path)
+        if judged["within_budget"] or (
+            not result.within_budget and judged["drop_points"] < ctx.judge(result.path)["drop_points"]
+        ):
+            result.path, result.within_budget = path, bool(judged["within_budget"])
     return result
