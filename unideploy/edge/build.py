@@ -284,12 +284,11 @@ def _tflite_artifacts(
                     say(f"judging TFLite {mode} against the ONNX model")
                     accuracy = searched.pop("accuracy", None) or accuracy_of(run, fitting)
                     if not accuracy["within_budget"]:
-                        made_float = (
-                            f"TFLite fp32 of the graph with ONNX Runtime's INT8 made float ({', '.join(undone)}): "
-                        )
+                        over = f"over the accuracy budget on {accuracy['rows']} rows: {describe(accuracy)}"
+                        if precision == "fp32":  # only where the graph was dequantized
+                            over = f"TFLite fp32 of the graph with ONNX Runtime's INT8 made float ({', '.join(undone)}): {over}"
                         raise AccuracyBudgetError(
-                            f"{made_float if precision == 'fp32' else ''}over the accuracy budget on "
-                            f"{accuracy['rows']} rows: {describe(accuracy)}",
+                            over,
                             {
                                 "int8": "give more representative --calibration data",
                                 "fp16": "use tflite-fp32 on this model",

@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from unideploy.errors import ExportError
-from unideploy.exporters.onnx_io import names_read, save_model, upstream
+from unideploy.exporters.onnx_io import consumers, names_read, save_model, upstream
 
 DYNAMIC_INT8_OPS = ("ConvInteger", "MatMulInteger", "DynamicQuantizeLSTM")
 _LSTM_ATTRIBUTES = (
@@ -45,10 +45,7 @@ class _Graph:
 
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.producer = {out: node for node in graph.node for out in node.output}
-        self.readers: dict[str, list[onnx.NodeProto]] = {}
-        for node in graph.node:
-            for tensor in node.input:
-                self.readers.setdefault(tensor, []).append(node)
+        self.readers = consumers(graph)
         self.constants = {i.name: i for i in graph.initializer}
 
     def value(self, name: str) -> np.ndarray | None:

@@ -100,6 +100,15 @@ def save_model(model: onnx.ModelProto, path: Path, external: bool = False) -> No
         onnx.save(model, str(path))
 
 
+def consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """Tensor name -> the nodes that read it."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for tensor in node.input:
+            readers.setdefault(tensor, []).append(node)
+    return readers
+
+
 def upstream(graph: onnx.GraphProto, tensors: Sequence[str]) -> list[onnx.NodeProto]:
     """The nodes of ``graph`` that ``tensors`` depend on, in graph order."""
     needed = set(tensors)

@@ -25,7 +25,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from unideploy.optimizers.graph import Layer, attributes, consumers, get_array, initializers, linear_layers, set_array
+from unideploy.exporters.onnx_io import consumers
+from unideploy.optimizers.graph import Layer, attributes, get_array, initializers, linear_layers, set_array
 
 NORMALIZATIONS = {"BatchNormalization", "InstanceNormalization"}
 CHANNELWISE = {

@@ -48,15 +48,6 @@ def set_array(model: onnx.ModelProto, name: str, array: np.ndarray) -> None:
     initializers(model)[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(array), name))
 
 
-def consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    """Tensor name -> the nodes that read it."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for tensor in node.input:
-            readers.setdefault(tensor, []).append(node)
-    return readers
-
-
 def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Give every node a unique name, so nodes can be selected and matched across copies."""
     seen: set[str] = set()

@@ -26,8 +26,9 @@ import onnx
 from onnx import numpy_helper
 
 from unideploy.errors import ExportError, first_line
+from unideploy.exporters.onnx_io import consumers
 from unideploy.optimizers.base import Batch, OptimizerPass, PassContext, PassResult
-from unideploy.optimizers.graph import consumers, intermediate_tensors, name_nodes
+from unideploy.optimizers.graph import intermediate_tensors, name_nodes
 from unideploy.optimizers.quantize_int8 import QUANTIZED_OPS
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search
 from unideploy.quiet import quiet

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 import onnx
 
+from unideploy.exporters.onnx_io import consumers
 from unideploy.optimizers.base import Batch, PassContext
-from unideploy.optimizers.graph import consumers, intermediate_tensors
+from unideploy.optimizers.graph import intermediate_tensors
 
 FOLDED_ACTIVATIONS = ("Relu", "Clip")  # QDQ removes them into the layer before
 SENSITIVITY_ROWS = 2  # rows the two models are compared on, with every tensor kept in memory
