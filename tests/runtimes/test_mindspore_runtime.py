@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from unideploy.errors import PackageError
+from unideploy.errors import PackageError, RuntimeFailure
 from unideploy.runtimes import RUNTIMES
 from unideploy.signature import Signature, TensorSpec
 
@@ -35,6 +35,15 @@ def test_runs_mindir_at_any_batch_size_on_graph_cell(unsupported_mindir):
         for batch in (1, 5):
             x = np.random.default_rng(batch).standard_normal((batch, 6)).astype(np.float32)
             np.testing.assert_allclose(runtime.run({"x": x})["output"], cell(ms.Tensor(x)).asnumpy(), atol=1e-6)
+
+
+def test_outputs_of_another_shape_than_the_signature_says_are_a_runtime_failure(unsupported_mindir):
+    """Every output's shape is checked against the signature and the inputs, so an engine that
+    answers with the shape of an earlier call fails loudly instead of serving it."""
+    lying = Signature(SIGNATURE.inputs, (TensorSpec("output", "float32", ("batch", 7)),))
+    stale = r"wrong shape.*'output' has shape \(2, 6\), expected \(2, 7\)"
+    with RUNTIMES.get("mindspore")(unsupported_mindir, lying) as runtime, pytest.raises(RuntimeFailure, match=stale):
+        runtime.run({"x": np.zeros((2, 6), np.float32)})
 
 
 def test_corrupt_mindir_is_a_package_error(tmp_path):

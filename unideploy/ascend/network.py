@@ -20,11 +20,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from unideploy.ascend.ops import MS_DTYPES, OPS, SUPPORT, Ctx, Static
+from unideploy.ascend.ops import OPS, SUPPORT, Ctx, Static
 from unideploy.errors import ExportError, first_line
 from unideploy.exporters.onnx_io import cpu_session, opset_of
 from unideploy.quiet import quiet
-from unideploy.runtimes.mindspore_runtime import keep_dumps_out_of_cwd
+from unideploy.runtimes.mindspore_runtime import keep_dumps_out_of_cwd, placeholders
 from unideploy.signature import Signature
 
 MODULE_NAME = "unideploy_ascend_network"
@@ -252,19 +252,11 @@ def export_mindir(
 
         ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
         network = build_network(model, signature, workdir, example)
-        dtypes = {name: getattr(ms, code.split(".")[1]) for name, code in _NP_TO_MS.items()}
-        placeholders = [
-            ms.Tensor(shape=[d if isinstance(d, int) else None for d in spec.shape], dtype=dtypes[spec.dtype])
-            for spec in signature.inputs
-        ]
         try:
-            ms.export(network, *placeholders, file_name=str(path.with_suffix("")), file_format="MINDIR")
+            ms.export(network, *placeholders(ms, signature), file_name=str(path.with_suffix("")), file_format="MINDIR")
         except (RuntimeError, ValueError, TypeError) as exc:
             raise ExportError(
                 f"MindSpore could not compile the rebuilt network: {first_line(exc)}",
                 "report the model; --target cpu or edge serve the ONNX artifact meanwhile",
             ) from exc
     return path.with_suffix(".mindir")
-
-
-_NP_TO_MS = {np.dtype(onnx.helper.tensor_dtype_to_np_dtype(k)).name: v for k, v in MS_DTYPES.items()}

@@ -26,12 +26,25 @@ from unideploy.registry import Availability
 from unideploy.runtimes.base import Runtime
 from unideploy.runtimes.mindspore_lite import LiteRecipe, is_recipe
 from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
+from unideploy.signature import Signature
 
 
 def keep_dumps_out_of_cwd() -> None:
     """MindSpore writes ``rank_0/om/analyze_fail.ir`` into the working directory when a graph fails
     to compile, unless ``MS_OM_PATH`` says where: a user's folder is not the place."""
     os.environ.setdefault("MS_OM_PATH", str(Path(tempfile.gettempdir()) / "unideploy-mindspore"))
+
+
+def placeholders(ms: Any, signature: Signature) -> list[Any]:
+    """MindSpore tensors standing for the signature's inputs, ``None`` for each dynamic dim: what
+    ``mindspore.export`` writes a MindIR for, and what a loaded MindIR is compiled for."""
+    return [
+        ms.Tensor(
+            shape=[d if isinstance(d, int) else None for d in spec.shape],
+            dtype=getattr(ms, "bool_" if spec.dtype == "bool" else spec.dtype),
+        )
+        for spec in signature.inputs
+    ]
 
 
 def _installed(module: str) -> bool:
@@ -101,6 +114,11 @@ class MindSporeRuntime(Runtime):
                     f"MindSpore cannot load '{self.path.name}': {first_line(exc)}",
                     "the MindIR file is corrupt or from an incompatible MindSpore",
                 ) from exc
+            if any(not isinstance(d, int) for spec in self.signature.inputs for d in spec.shape):
+                # Compiled for its first call's shapes, a loaded graph keeps some of them (a Concat
+                # of a branch of known size and one whose size is computed from a tensor, as in
+                # PP-OCRv4's recogniser); compiled for the signature's dynamic dims, it does not.
+                self.cell.set_inputs(*placeholders(ms, self.signature))
         self._tensor = ms.Tensor
 
     def _load_lite(self) -> None:
