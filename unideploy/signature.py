@@ -103,6 +103,11 @@ class Signature:
     def has_dynamic_batch(self) -> bool:
         return bool(self.inputs) and all(t.shape and isinstance(t.shape[0], str) for t in self.inputs)
 
+    @property
+    def has_dynamic_inputs(self) -> bool:
+        """Whether any input dim is dynamic, the batch included."""
+        return any(isinstance(d, str) for t in self.inputs for d in t.shape)
+
     def to_dict(self) -> dict[str, Any]:
         return {"inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs]}
 

@@ -309,9 +309,7 @@ def fixed_signature(signature: Signature, sample: dict[str, np.ndarray], batch_t
     dims other than the batch (or ``batch_too``, any dynamic dim); mobile models run at one input size."""
     from unideploy.samples import dynamic_dims
 
-    if not dynamic_dims(signature) and not (
-        batch_too and any(isinstance(d, str) for t in signature.inputs for d in t.shape)
-    ):
+    if not dynamic_dims(signature) and not (batch_too and signature.has_dynamic_inputs):
         return None
     inputs = tuple(
         TensorSpec(t.name, t.dtype, (1, *sample[t.name].shape[1:]) if t.shape else (), t.layout)

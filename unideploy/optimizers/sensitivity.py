@@ -197,8 +197,7 @@ def search_refitted(
         ctx.say(f"re-fitting the chosen candidate ({len(result.restored)} left as they were)")
         path = build(result.restored, True)
         judged = ctx.judge(path)
-        if judged["within_budget"] or (
-            not result.within_budget and judged["drop_points"] < ctx.judge(result.path)["drop_points"]
-        ):
+        chosen = next(t["drop_points"] for t in result.trials if t["restored"] == len(result.restored))
+        if judged["within_budget"] or (not result.within_budget and judged["drop_points"] < chosen):
             result.path, result.within_budget = path, bool(judged["within_budget"])
     return result

@@ -114,7 +114,7 @@ class MindSporeRuntime(Runtime):
                     f"MindSpore cannot load '{self.path.name}': {first_line(exc)}",
                     "the MindIR file is corrupt or from an incompatible MindSpore",
                 ) from exc
-            if any(not isinstance(d, int) for spec in self.signature.inputs for d in spec.shape):
+            if self.signature.has_dynamic_inputs:
                 # Compiled for its first call's shapes, a loaded graph keeps some of them (a Concat
                 # of a branch of known size and one whose size is computed from a tensor, as in
                 # PP-OCRv4's recogniser); compiled for the signature's dynamic dims, it does not.
