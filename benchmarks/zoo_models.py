@@ -112,6 +112,17 @@ def text_lines(count: int, aspect: float) -> list[np.ndarray]:
     return out
 
 
+def face_windows(count: int) -> list[np.ndarray]:
+    """Grayscale uint8 windows from scikit-image's ``lfw_subset`` (Labeled Faces in the Wild: 100
+    face crops and 100 windows without a face, 25x25), faces and non-faces in turn: what a cascade
+    face detector's last stage judges, the windows its earlier stages propose."""
+    from skimage import data
+
+    windows = (data.lfw_subset() * 255.0).round().astype(np.uint8)
+    half = len(windows) // 2
+    return interleaved(list(windows[:half]), list(windows[half:]))[:count]
+
+
 def interleaved(*groups: list[np.ndarray]) -> list[np.ndarray]:
     """One item of each group in turn: calibration takes the first half of the data and validation
     the rest, so each half gets its share of every kind of input."""
@@ -195,7 +206,21 @@ def imagenet_photos(count: int, size: int = 224) -> np.ndarray:
 
 def mtcnn_keras(work: Path, which: str) -> Path:
     """One MTCNN network (``pnet``: any image size; ``onet``: 48x48 faces) with the ``mtcnn``
-    package's weights, rebuilt as a functional Keras model of standard layers and saved as .keras."""
+    package's weights, rebuilt as a functional Keras model of standard layers and saved as .keras.
+    Built in a process of its own: the package's networks subclass ``tf.keras`` layers, which
+    resolve to Keras 2 (tf_keras) for the rest of a process once onnx2tf has been imported there
+    (it sets TF_USE_LEGACY_KERAS, which child processes inherit), as in a test run after the edge tests."""
+    import subprocess
+
+    path = work / f"mtcnn_{which}.keras"
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    subprocess.run(
+        [sys.executable, __file__, "mtcnn", which, str(path)], check=True, capture_output=True, text=True, env=env
+    )
+    return path
+
+
+def _save_mtcnn(which: str, path: Path) -> None:
     import keras
 
     _importable()
@@ -209,9 +234,7 @@ def mtcnn_keras(work: Path, which: str) -> Path:
     net.set_weights(load_weights(str(shipped(f"mtcnn/assets/weights/{which}.lz4"))))
     image = keras.Input(shape, name="image")
     outputs = net.call(image)  # the subclass's layers on a symbolic input: a functional graph
-    path = work / f"mtcnn_{which}.keras"
     keras.Model(image, list(outputs)).save(path)
-    return path
 
 
 def minilm(work: Path) -> Path:
@@ -314,11 +337,13 @@ def zoo() -> list[ZooModel]:
         ),
         ZooModel(
             "mtcnn-onet",
-            "face landmark CNN, 48x48 (Keras 3 .keras)",
+            "face landmark CNN, 48x48 windows (Keras 3 .keras)",
             "mtcnn 1.0.0",
             "MIT",
             lambda w: mtcnn_keras(w, "onet"),
-            lambda w: _save_npz(w / "data.npz", image=(np.moveaxis(nchw(photos(48), 48, 48), 1, -1) - 0.5) / 0.5),
+            lambda w: _save_npz(
+                w / "data.npz", image=(np.moveaxis(nchw(face_windows(200), 48, 48), 1, -1) - 0.5) / 0.5
+            ),
         ),
         ZooModel(
             "mtcnn-pnet",
@@ -424,3 +449,7 @@ def zoo() -> list[ZooModel]:
             ["--trt-profile", "input1:1x1x64x64,1x1x64x256,1x1x64x1024"],
         ),
     ]
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["mtcnn"]:  # mtcnn_keras's own process
+    _save_mtcnn(sys.argv[2], Path(sys.argv[3]))

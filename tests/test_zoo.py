@@ -65,3 +65,17 @@ def test_yolov8_reaches_every_tflite_artifact_with_its_boxes_right(tmp_path):
     manifest = zoo._manifest(tmp_path / "edge")
     assert {"tflite-fp32", "tflite-fp16", "tflite-int8"} <= {a["id"] for a in manifest["artifacts"]}
     assert manifest["validation"]["tflite-int8"]["accuracy"]["outputs"]["output0"]["metric"] == "detection"
+
+
+def test_mtcnn_onet_int8_is_judged_at_the_faces_it_finds(tmp_path):
+    """O-Net on Labeled Faces in the Wild windows, faces and non-faces in turn: its box offsets and
+    landmarks are judged in units of the window at the windows fp32 calls faces (every held-out
+    face, no non-face), not by their relative error over background windows too."""
+    cells = zoo.run_model(MODELS["mtcnn-onet"], ("export", "int8"), tmp_path)
+    assert cells["int8"].status == "pass", cells["int8"].reason
+    int8 = next(o for o in zoo._manifest(tmp_path / "int8")["optimizations"] if o["artifact"] == "onnx-int8")
+    outputs = int8["accuracy"]["outputs"]
+    assert outputs["fc6-3"]["metric"] == "top1" and outputs["fc6-3"]["top1_agreement"] == 1.0
+    for name in ("fc6-1", "fc6-2"):  # box offsets, landmarks
+        assert outputs[name]["metric"] == "coords" and outputs[name]["windows"] == 50, outputs[name]
+        assert outputs[name]["drop_points"] <= 1.0

@@ -257,6 +257,38 @@ def test_dynamic_height_and_width_reach_tflite_at_the_sample_size(tmp_path):
         assert {c.artifact: c.status for c in verify_package(package)}["tflite-fp32"] == "passed"
 
 
+def test_keras_source_reaches_tflite_in_its_own_layout_at_any_size(tmp_path):
+    """A .keras file is TensorFlow's own: TFLite comes from its SavedModel with TensorFlow's
+    converter, taking the model's channels-last input as it is (onnx2tf read the ONNX graph's NHWC
+    input as NCHW and moved its width to the end: [1, 48, 3, 48] for a 48x48 RGB face), and keeps
+    dynamic height and width that LiteRT sizes per call (3x3 convolutions cannot be prepared at
+    the placeholder 1x1 size)."""
+    keras = pytest.importorskip("keras")
+    image = keras.Input((None, None, 3), name="image")
+    x = keras.layers.Conv2D(6, 3, activation="relu")(image)
+    x = keras.layers.MaxPooling2D(2)(x)
+    x = keras.layers.Conv2D(4, 3)(x)
+    keras.Model(image, x).save(tmp_path / "fcn.keras")
+    rng = np.random.default_rng(6)
+    np.savez(tmp_path / "calib.npz", image=rng.uniform(-1, 1, (32, 24, 32, 3)).astype(np.float32))
+    with unideploy.export(
+        tmp_path / "fcn.keras",
+        tmp_path / "edge",
+        input_shapes=["image:1,height=24,width=32,3"],
+        target="edge",
+        target_options={"calibration": tmp_path / "calib.npz"},
+    ) as package:
+        artifacts = {a.id: a for a in package.manifest.artifacts}
+        assert {"tflite-fp32", "tflite-fp16", "tflite-int8"} <= set(artifacts), package.manifest.omitted
+        assert all(artifacts[a].signature is None for a in ("tflite-fp32", "tflite-int8"))  # the source's layout
+        model = keras.saving.load_model(tmp_path / "fcn.keras")
+        for shape in ((1, 24, 32, 3), (2, 40, 56, 3)):
+            x = rng.uniform(-1, 1, shape).astype(np.float32)
+            got = unideploy.run(package, {"image": x}, artifact="tflite-fp32")
+            np.testing.assert_allclose(next(iter(got.values())), np.asarray(model(x)), atol=1e-4)
+        assert {c.artifact: c.status for c in verify_package(package)}["tflite-int8"] == "passed"
+
+
 def _const(name: str, value, dtype=np.int64):
     """An ONNX initializer for the graphs these tests build by hand."""
     from onnx import numpy_helper

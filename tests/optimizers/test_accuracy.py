@@ -1,6 +1,7 @@
 """The metric follows the output: class scores by top-1 (accuracy with labels), embeddings by
 cosine, detector heads by their detections (test_detections.py), probability maps by the regions
-or the foreground they mark, boxes and other regressions by relative error; per-output overrides and the cosine budget."""
+or the foreground they mark, coordinates per window beside class probabilities in units of the
+window where fp32 detects, boxes and other regressions by relative error; per-output overrides and the cosine budget."""
 
 from __future__ import annotations
 
@@ -43,20 +44,62 @@ def test_each_kind_of_output_gets_its_metric_and_a_reason():
     assert output_metric("ids", np.arange(8)[:, None])[0] == "top1"
 
 
+def _face_probabilities(faces: np.ndarray) -> np.ndarray:
+    """[N, 2] probabilities (class 0 the background), the face class winning where ``faces``."""
+    face = np.where(faces, 0.9, 0.1)
+    return np.stack([1.0 - face, face], axis=-1)
+
+
 def test_raw_values_beside_class_probabilities_are_regressions():
-    """MTCNN's O-Net: face probabilities, 4 box offsets and 10 landmark coordinates. Top-1 of the
-    coordinates would flip on noise that moves no landmark."""
-    scores = rng.standard_normal((8, 2))
+    """Values beside class probabilities that are too large to be coordinates in units of their
+    window (pixels, sizes): relative error. Top-1 of them would flip on noise that moves nothing."""
     outputs = {
-        "prob": np.exp(scores) / np.exp(scores).sum(1, keepdims=True),
-        "box": rng.standard_normal((8, 4)),
-        "landmarks": rng.standard_normal((8, 10)),
+        "prob": _face_probabilities(np.arange(8) % 2 == 0),
+        "box": 50.0 * rng.standard_normal((8, 4)),
+        "landmarks": 50.0 * rng.standard_normal((8, 10)),
     }
     chosen = choose_metrics("auto", outputs, has_labels=False)
     assert chosen["prob"][0] == "top1"
     assert chosen["box"][0] == chosen["landmarks"][0] == "relerr" and "'prob'" in chosen["box"][1]
     assert choose_metrics("auto", {"logits": outputs["landmarks"]}, has_labels=False)["logits"][0] == "top1"
     assert choose_metrics(["box=top1"], outputs, has_labels=False)["box"][0] == "top1"  # asked for: kept
+
+
+@pytest.mark.parametrize("layout", ["rows", "positions"])
+def test_window_coordinates_are_judged_in_window_units_at_the_windows_fp32_detects(layout):
+    """MTCNN: per window, face probabilities and, beside them, box offsets and landmarks in units of
+    the window (O-Net: rows; P-Net: every position of a map). The application drops the coordinates
+    of background windows: noise there changes nothing, noise at a face moves its box."""
+    faces = np.arange(64) % 4 == 0
+    shape = (64,) if layout == "rows" else (4, 4, 4)
+    prob = _face_probabilities(faces).reshape(*shape, 2)
+    box = (0.1 * rng.standard_normal((64, 4))).reshape(*shape, 4)
+    noise = np.where(faces[:, None], 0.003, 0.5) * rng.choice([-1.0, 1.0], (64, 4))
+    chosen = choose_metrics("auto", {"prob": prob, "box": box}, has_labels=False)
+    assert chosen["box"][0] == "coords" and "16 windows" in chosen["box"][1] and "'prob'" in chosen["box"][1]
+
+    result = compare(
+        [{"prob": prob, "box": box}], [{"prob": prob, "box": box + noise.reshape(box.shape)}], None, "auto", 1.0
+    )
+    entry = result["outputs"]["box"]
+    assert entry["windows"] == 16 and entry["windows_total"] == 64
+    assert entry["drop_points"] == pytest.approx(0.3) and result["within_budget"]
+    assert entry["relative_error"] > 1.0  # relerr over every window would have refused it
+    assert "off by 0.30% of the window on average" in describe(result)
+
+    shifted = box + np.where(faces[:, None], 0.02, 0.0).reshape(*shape, 1)  # faces' edges move 2 %
+    result = compare([{"prob": prob, "box": box}], [{"prob": prob, "box": shifted}], None, "auto", 1.0)
+    assert result["deciding_output"] == "box" and result["drop_points"] == pytest.approx(2.0)
+    assert not result["within_budget"]
+
+
+def test_coords_needs_windows_classed_as_objects():
+    box = 0.1 * rng.standard_normal((8, 4))
+    background = _face_probabilities(np.zeros(8, dtype=bool))
+    assert choose_metrics("auto", {"prob": background, "box": box}, False)["box"][0] == "relerr"  # none detected
+    for outputs in ({"box": box}, {"prob": background, "box": box}):
+        with pytest.raises(InputError, match="--metric coords: output 'box'.*use --metric relerr"):
+            compare([outputs], [outputs], None, ["box=coords"], 1.0)
 
 
 def test_embeddings_are_judged_by_cosine_not_top1():

@@ -316,6 +316,7 @@ def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
         "for one); auto (default) picks per output: top1 for class scores (accuracy with labels), text "
         "for CTC sequences (OCR), cosine for embeddings, detection for YOLO-style detector heads, regions "
         "(text, instances) or mask (one segment) for probability maps, "
+        "coords for coordinates per window beside class probabilities (MTCNN's box offsets and landmarks), "
         "relerr for boxes/heatmaps/regression",
     )
     g.add_argument(

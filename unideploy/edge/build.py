@@ -33,6 +33,7 @@ from unideploy.edge.tflite import (
 from unideploy.errors import (
     AccuracyBudgetError,
     ExportError,
+    InputError,
     MissingDependencyError,
     RuntimeFailure,
     UnideployError,
@@ -150,6 +151,20 @@ def _fewest_float_layers(
     )
 
 
+def _keras_saved_model(source: Path, work: Path, say: Progress) -> Path | None:
+    """The serving SavedModel of the package's Keras source, which TensorFlow's converter takes in
+    the model's own channels-last layout (onnx2tf would read the ONNX graph's NHWC input as NCHW and
+    move what it takes for channels last); None where Keras' safe mode cannot load it (Lambda
+    layers), and onnx2tf converts the ONNX model instead."""
+    from unideploy.exporters.keras import serving_saved_model
+
+    try:
+        return serving_saved_model(source, work / "keras")[1]
+    except InputError as exc:
+        say(f"converting from ONNX instead: {exc.message}")
+        return None
+
+
 def _shapes(signature: Signature) -> str:
     return ", ".join(f"{t.name} {t.shape_text()}" for t in signature.inputs)
 
@@ -218,6 +233,13 @@ def _tflite_artifacts(
     refold: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, constants folded
     if framework == "tensorflow" and source_dir and source_dir.is_dir():
         saved_model, route = source_dir, "TensorFlow's converter"
+    elif (
+        framework == "keras"
+        and source_dir
+        and source_dir.is_file()
+        and (kept_keras := _keras_saved_model(source_dir, work, say))
+    ):
+        saved_model, route = kept_keras, "Keras' SavedModel + TensorFlow's converter"
     elif base is not None:
         onnx_path, undone = float_onnx(package.path_of(base), work, say)
 

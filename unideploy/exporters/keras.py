@@ -37,18 +37,9 @@ class KerasExporter(Exporter):
         if options.signature:
             raise InputError("--signature applies to SavedModel directories; a .keras file has one serving function")
         trust.check(trust.keras_findings(src), src, options.trust_source)
-        with quiet():
-            import keras
+        model, saved_model = serving_saved_model(src, workdir, options.trust_source)
+        import keras  # loaded quietly by serving_saved_model
 
-            try:  # safe mode refuses Lambda layers' bytecode; the user vouched for it with --trust-source
-                model = keras.saving.load_model(str(src), compile=False, safe_mode=not options.trust_source)
-            except Exception as exc:
-                raise InputError(
-                    f"'{src}' cannot be loaded by Keras {keras.__version__}: {first_line(exc)}",
-                    "save it with model.save('model.keras') from Keras 3",
-                ) from exc
-            saved_model = workdir / "saved_model"
-            model.export(str(saved_model), format="tf_saved_model", verbose=False)
         converted = SavedModelExporter().convert(saved_model, workdir, options)
         names = _output_names(model, converted.signature)
         onnx_model = onnx.load(str(converted.onnx_path))
@@ -79,6 +70,26 @@ class KerasExporter(Exporter):
             library_versions={**converted.library_versions, "keras": keras.__version__},
             opset=converted.opset,
         )
+
+
+def serving_saved_model(src: Path, workdir: Path, trust_source: bool = False) -> tuple[Any, Path]:
+    """The Keras model in ``src`` and the serving SavedModel Keras writes for it (under ``workdir``):
+    the ONNX export starts from it, and so does TFLite, with TensorFlow's own converter, keeping the
+    model's channels-last layout. Safe mode refuses Lambda layers' bytecode unless the user vouched
+    for the file (``--trust-source``)."""
+    with quiet():
+        import keras
+
+        try:
+            model = keras.saving.load_model(str(src), compile=False, safe_mode=not trust_source)
+        except Exception as exc:
+            raise InputError(
+                f"'{src}' cannot be loaded by Keras {keras.__version__}: {first_line(exc)}",
+                "save it with model.save('model.keras') from Keras 3",
+            ) from exc
+        saved_model = workdir / "saved_model"
+        model.export(str(saved_model), format="tf_saved_model", verbose=False)
+    return model, saved_model
 
 
 def _output_names(model: Any, signature: Signature) -> dict[str, str]:

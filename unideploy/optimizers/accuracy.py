@@ -21,6 +21,9 @@ Each output is judged by the metric that fits what it holds, chosen from its sha
   IoU 0.5 of the regions a DB detector's post-processing finds at its threshold, 0.3), the others
   (one segment per image) by the IoU of the foreground each model marks at every threshold in
   ``maps.THRESHOLDS``, the worst one counting (``maps.py``);
+- ``coords``: coordinates per candidate window beside class probabilities whose class 0 is the
+  background (MTCNN's box offsets and landmarks, in units of the window): mean absolute error in %
+  of the window at the windows fp32 classes as objects (``coords.py``);
 - ``relerr``: boxes, heatmaps and other regressions: L2 error relative to the L2 norm of the fp32
   outputs, over all validation rows.
 
@@ -37,9 +40,9 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.optimizers import ctc, detections, maps
+from unideploy.optimizers import coords, ctc, detections, maps
 
-METRICS = ("auto", "accuracy", "top1", "text", "cosine", "detection", "regions", "mask", "relerr")
+METRICS = ("auto", "accuracy", "top1", "text", "cosine", "detection", "regions", "mask", "coords", "relerr")
 _EMBEDDING_NAME = re.compile(r"(?i)embed|pool|sentence|feature|vector|hidden|encod")
 _CLASS_NAME = re.compile(r"(?i)logit|prob|score|class|label|softmax")
 _REGRESSION_NAME = re.compile(r"(?i)box|coord|landmark|offset|delta|regress|depth|flow|point")
@@ -143,17 +146,28 @@ def choose_metrics(
     for name, ref in reference.items():
         chosen[name] = output_metric(name, ref) if name in auto else (per_output.get(name, default), "as requested")
     # A detector head gives class probabilities and, beside them, raw boxes or landmarks: those
-    # are regressions, whatever their width (MTCNN: probabilities, 4 box offsets, 10 landmarks).
+    # are coordinates or regressions, whatever their width (MTCNN: probabilities, 4 box offsets,
+    # 10 landmarks, per window).
     classes = next((n for n in auto if _probabilities(reference[n])), None)
     for name in auto:
         ref = reference[name]
         if (
-            classes
-            and name != classes
-            and chosen[name][0] == "top1"
-            and not _probabilities(ref)
-            and np.issubdtype(ref.dtype, np.floating)
+            not classes
+            or name == classes
+            or chosen[name][0] not in ("top1", "relerr")
+            or _probabilities(ref)
+            or not np.issubdtype(ref.dtype, np.floating)
         ):
+            continue
+        if coords.in_window_units(ref, reference[classes]):
+            windows = int(coords.detected(reference[classes]).sum())
+            chosen[name] = (
+                "coords",
+                f"{ref.shape[-1]} coordinates per window beside the class probabilities of '{classes}' (box "
+                f"offsets, landmarks, in units of the window): mean error in % of the window, at the {windows} "
+                "windows fp32 classes as objects",
+            )
+        elif chosen[name][0] == "top1":
             chosen[name] = (
                 "relerr",
                 f"raw values beside the class probabilities of '{classes}' (boxes, landmarks, "
@@ -244,6 +258,9 @@ def compare(
             if kind == "regions":
                 entry.update(maps.region_agreement(r, c))
             drop = 1.0 - entry["region_hmean" if kind == "regions" else "mask_iou"]
+        elif kind == "coords":
+            entry.update(coords.agreement(r, c, _window_classes(n, ref)))
+            drop = entry["coord_error"]
         else:
             drop = entry["relative_error"]
         entry["drop_points"] = round(max(drop, 0.0) * 100.0, 4)
@@ -274,6 +291,22 @@ def _head(name: str, ref: np.ndarray) -> detections.Layout:
     return head
 
 
+def _window_classes(name: str, outputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The class probabilities whose windows output ``name`` holds coordinates of."""
+    values = outputs[name]
+    for other, classes in outputs.items():
+        if other != name and _probabilities(classes) and coords.in_window_units(values, classes):
+            return classes
+    raise InputError(
+        f"--metric coords: output '{name}' {list(values.shape)} has no class probabilities beside it with one "
+        "row per window, or its values are not coordinates in units of the window, or no window is classed "
+        "as an object on the validation data",
+        f"it needs another output of the same leading shape with probabilities over classes (class "
+        f"{coords.BACKGROUND} the background) and values within +-{coords.MAX_UNITS:g}; use --metric relerr "
+        "for other outputs",
+    )
+
+
 def detail(o: dict[str, Any]) -> str:
     """What one output's metric measured, in words (messages and the CLI's table)."""
     metric = o["metric"]
@@ -300,6 +333,11 @@ def detail(o: dict[str, Any]) -> str:
         )
     if metric == "mask":
         return f"mask IoU {o['mask_iou']:.4f} (worst of thresholds {', '.join(o['mask_iou_by_threshold'])})"
+    if metric == "coords":
+        return (
+            f"coordinates off by {o['coord_error']:.2%} of the window on average, worst window "
+            f"{o['coord_error_worst']:.2%}, at the {o['windows']} of {o['windows_total']} windows fp32 detects"
+        )
     return f"relative error {o['relative_error']:.4g}"
 
 

@@ -41,7 +41,13 @@ class TFLiteRuntime(Runtime):
             except (ValueError, RuntimeError) as exc:
                 raise PackageError(f"LiteRT cannot load '{self.path.name}': {first_line(exc)}") from exc
             key, self._outputs = signature_names(self.interpreter, self.signature, self.path.name)
-            self.interpreter.allocate_tensors()  # where the delegate is applied, and logs it
+            try:
+                self.interpreter.allocate_tensors()  # where the delegate is applied, and logs it
+            except RuntimeError as exc:
+                # dynamic dims stand at 1 until a call sizes them: a 3x3 convolution cannot be
+                # prepared on a 1x1 image, and the signature runner prepares it per call instead
+                if not self.signature.has_dynamic_inputs:
+                    raise PackageError(f"LiteRT cannot prepare '{self.path.name}': {first_line(exc)}") from exc
             self.runner = self.interpreter.get_signature_runner(key)
         self._channels_last = {t.name: t for t in self.signature.inputs if t.layout == CHANNELS_LAST}
         # outputs the converter left channels-last go back to the source's channels-first layout
