@@ -215,6 +215,8 @@ def optimize(
         }
         if data_info["synthetic"]:
             notes.append("accuracy was measured on synthetic inputs only: it says little about real data")
+        if precision == "int8" and (slower := _slower(final.latency_ms)):
+            notes.append(_slower_int8_note(artifact_id, slower, effects["size_ratio"]))
 
         say("writing the package")
         artifact = PlannedArtifact(
@@ -245,6 +247,31 @@ def optimize(
             overwrite,
             optimizations=[made],
         )
+
+
+SLOWER = 0.95  # a speedup under this at every batch size is more than the timing's noise
+
+
+def _slower(latency_ms: dict[int, dict[str, float]]) -> str:
+    """'0.65x at batch 1, 0.84x at batch 64' when the optimized model is slower at every batch size
+    measured, else ''."""
+    if not latency_ms or any(v["speedup"] >= SLOWER for v in latency_ms.values()):
+        return ""
+    return ", ".join(f"{v['speedup']:.2f}x at batch {b}" for b, v in latency_ms.items())
+
+
+def _slower_int8_note(artifact_id: str, slower: str, size_ratio: float) -> str:
+    """INT8 is asked for speed: where it runs slower, the user hears it, and why it may. A note, not
+    a refusal: a package is often built on another CPU than the one that serves it."""
+    from unideploy.optimizers.quantize_int8 import cpu_has_vnni
+
+    size = f"is smaller ({size_ratio:.0%} of fp32)" if size_ratio < 1.0 else f"is no smaller ({size_ratio:.0%} of fp32)"
+    why = (
+        "a CPU with an int8 dot-product instruction (VNNI) may run it faster"
+        if not cpu_has_vnni()
+        else "keep fp32 here"
+    )
+    return f"{artifact_id} runs slower than fp32 on this CPU ({slower}) and {size}; {why}"
 
 
 def _source_tolerance(package: Package, model: Path, signature: Any) -> ValidationRecord:
