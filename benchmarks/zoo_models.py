@@ -210,14 +210,21 @@ def mtcnn_keras(work: Path, which: str) -> Path:
     Built in a process of its own: the package's networks subclass ``tf.keras`` layers, which
     resolve to Keras 2 (tf_keras) for the rest of a process once onnx2tf has been imported there
     (it sets TF_USE_LEGACY_KERAS, which child processes inherit), as in a test run after the edge tests."""
-    import subprocess
-
     path = work / f"mtcnn_{which}.keras"
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    subprocess.run(
-        [sys.executable, __file__, "mtcnn", which, str(path)], check=True, capture_output=True, text=True, env=env
-    )
+    _child([sys.executable, __file__, "mtcnn", which, str(path)], env)
     return path
+
+
+def _child(command: list[str], env: dict[str, str] | None = None) -> None:
+    """Run a model builder in a process of its own; its failure is raised with the last line it
+    wrote, which the zoo prints as the cell's reason."""
+    import subprocess
+
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"{Path(command[1]).name} exited {done.returncode}: {last}")
 
 
 def _save_mtcnn(which: str, path: Path) -> None:
@@ -248,8 +255,6 @@ def minilm(work: Path) -> Path:
 def mindspore_digits(work: Path) -> Path:
     """A LeNet-style CNN trained here on scikit-learn's digits with MindSpore, saved as MindIR
     (no MindSpore model ships in a package): runs in the MindSpore venv."""
-    import subprocess
-
     script = ROOT / "benchmarks" / "zoo_mindspore.py"
     python = ROOT / ".venv-ms" / "bin" / "python"
     if not python.exists():
@@ -262,7 +267,7 @@ def mindspore_digits(work: Path) -> Path:
         x=(digits.images[:-128] / 16.0).astype(np.float32)[:, None],
         labels=digits.target[:-128].astype(np.int64),
     )
-    subprocess.run([str(python), str(script), str(work)], check=True, capture_output=True, text=True)
+    _child([str(python), str(script), str(work)])
     return work / "digits_lenet.mindir"
 
 

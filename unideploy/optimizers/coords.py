@@ -43,16 +43,16 @@ def in_window_units(values: np.ndarray, classes: np.ndarray) -> bool:
 
 
 def agreement(reference: np.ndarray, candidate: np.ndarray, classes: np.ndarray) -> dict[str, Any]:
-    """Mean absolute coordinate error at the windows fp32 detects, in units of the window, and the
-    worst window's (its own mean over its coordinates)."""
+    """Mean absolute coordinate error at the windows fp32 detects (at least one: ``in_window_units``),
+    in units of the window, and the worst window's (its own mean over its coordinates)."""
     windows = detected(classes).reshape(-1)
     width = reference.shape[-1]
     ref = reference.reshape(-1, width)[windows].astype(np.float64)
     cand = candidate.reshape(-1, width)[windows].astype(np.float64)
     per_window = np.abs(ref - cand).mean(axis=1)
     return {
-        "coord_error": float(per_window.mean()) if len(per_window) else 0.0,
-        "coord_error_worst": float(per_window.max(initial=0.0)),
+        "coord_error": float(per_window.mean()),
+        "coord_error_worst": float(per_window.max()),
         "windows": int(windows.sum()),
         "windows_total": int(windows.size),
     }
