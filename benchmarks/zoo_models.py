@@ -208,20 +208,19 @@ def mtcnn_keras(work: Path, which: str) -> Path:
     """One MTCNN network (``pnet``: any image size; ``onet``: 48x48 faces) with the ``mtcnn``
     package's weights, rebuilt as a functional Keras model of standard layers and saved as .keras.
     Built in a process of its own: the package's networks subclass ``tf.keras`` layers, which
-    resolve to Keras 2 (tf_keras) for the rest of a process once onnx2tf has been imported there
-    (it sets TF_USE_LEGACY_KERAS, which child processes inherit), as in a test run after the edge tests."""
+    resolve to Keras 2 (tf_keras) for the rest of a process once onnx2tf has run there, as in a
+    test run after the edge tests."""
     path = work / f"mtcnn_{which}.keras"
-    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    _child([sys.executable, __file__, "mtcnn", which, str(path)], env)
+    _child([sys.executable, __file__, "mtcnn", which, str(path)])
     return path
 
 
-def _child(command: list[str], env: dict[str, str] | None = None) -> None:
+def _child(command: list[str]) -> None:
     """Run a model builder in a process of its own; its failure is raised with the last line it
     wrote, which the zoo prints as the cell's reason."""
     import subprocess
 
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise RuntimeError(f"{Path(command[1]).name} exited {done.returncode}: {last}")

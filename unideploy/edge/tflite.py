@@ -47,7 +47,16 @@ def onnx_to_saved_model(
     simplifier leaves shape arithmetic it cannot convert (a transformer's attention mask and
     scale). ``simplified``: let onnx2tf run onnxsim on its input; it drops an LSTM's all-zero initial
     states, which onnx2tf's LSTM then cannot do without (ddddocr's CRNN), so after folding it may be
-    left out."""
+    left out.
+
+    onnx2tf builds with Keras 2 (tf_keras) and, when imported, sets TF_USE_LEGACY_KERAS for the
+    whole process: the variable holds only while it runs, so that what the caller starts afterwards
+    (a Keras 3 script, a model builder) does not inherit it."""
+    with _environment(TF_USE_LEGACY_KERAS="1"):
+        return _onnx2tf(onnx_path, workdir, fixed, folded, simplified)
+
+
+def _onnx2tf(onnx_path: Path, workdir: Path, fixed: Signature | None, folded: bool, simplified: bool) -> Path:
     try:
         with quiet():
             import onnx2tf
@@ -64,7 +73,11 @@ def onnx_to_saved_model(
     _scope_safe_node_names(private)
     _test_images_offline(workdir)
     try:
-        with quiet(), _scripts_on_path(), contextlib.chdir(workdir):
+        # onnx2tf simplifies its input by running the ``onnxsim`` command; when ``deploy`` runs from a
+        # venv that is not activated, that command is only found beside this Python. Without it
+        # onnx2tf goes on unsimplified and fails on shape arithmetic (EfficientNet's padding, MiniLM's masks).
+        scripts = os.pathsep.join(p for p in (str(Path(sys.executable).parent), os.environ.get("PATH")) if p)
+        with quiet(), _environment(PATH=scripts), contextlib.chdir(workdir):
             onnx2tf.convert(
                 input_onnx_file_path=str(private),
                 output_folder_path=str(out),
@@ -126,18 +139,18 @@ def _test_images_offline(workdir: Path) -> None:
 
 
 @contextlib.contextmanager
-def _scripts_on_path() -> Iterator[None]:
-    """onnx2tf simplifies its input by running the ``onnxsim`` command; when ``deploy`` runs from a
-    venv that is not activated, that command is only found beside this Python. Without it
-    onnx2tf goes on unsimplified and fails on shape arithmetic (EfficientNet's padding, MiniLM's
-    masks)."""
-    scripts = str(Path(sys.executable).parent)
-    before = os.environ.get("PATH", "")
-    os.environ["PATH"] = os.pathsep.join([scripts, before]) if before else scripts
+def _environment(**values: str) -> Iterator[None]:
+    """Set environment variables while onnx2tf runs, then put back what was there (or nothing)."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        os.environ["PATH"] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 TFLITE_INT8 = {
