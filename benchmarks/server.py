@@ -2,7 +2,8 @@
 
 Models: a ResNet-18-shaped CNN at 1x3x224x224 and MiniLM-L6 (batch 1, seq 128), both exported
 through unideploy. For each: p50/p99 latency and throughput at concurrency 1 and 8, in process
-and over REST binary, REST JSON and gRPC (tritonclient, the clients users run), plus the server's
+and over REST binary, REST JSON and gRPC (tritonclient, the clients users run), each with the
+share of the cores the model's process and the client used (``with_cpu``), plus the server's
 cold start and memory. The server runs under its default policy and under the one it replaced
 (``POLICIES``); under the default policy, Triton's perf_analyzer drives it too (``pa-grpc``,
 ``pa-http``: benchmarks/perf_analyzer.py), and MLServer serves the same ONNX files as a peer
