@@ -13,17 +13,21 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 
+from unideploy.environment import environment
+
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
     if os.environ.get("UNIDEPLOY_DEBUG"):
         yield
         return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    with tempfile.TemporaryFile() as sink, warnings.catch_warnings():
+    # TensorFlow reads its log level once, at its first log line (importing it writes some, inside
+    # this block); programs the user starts afterwards get their own setting back.
+    level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3")
+    with tempfile.TemporaryFile() as sink, warnings.catch_warnings(), environment(TF_CPP_MIN_LOG_LEVEL=level):
         warnings.simplefilter("ignore")
         os.dup2(sink.fileno(), 1)
         os.dup2(sink.fileno(), 2)

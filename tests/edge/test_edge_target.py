@@ -43,14 +43,16 @@ def test_savedmodel_to_edge_gives_ort_and_tflite_that_match_tensorflow(saved_mod
 
 
 def test_torchscript_to_edge_gives_ort_and_nhwc_tflite_through_onnx2tf(torch_models, tmp_path, monkeypatch):
-    """A TorchScript CNN reaches .ort and NHWC TFLite, and onnx2tf's TF_USE_LEGACY_KERAS does not
-    outlive the conversion (a Keras 3 program started afterwards would inherit it, Keras 2 as tf.keras)."""
+    """A TorchScript CNN reaches .ort and NHWC TFLite, and the environment onnx2tf sets does not
+    outlive the conversion: a Keras 3 program started afterwards would inherit TF_USE_LEGACY_KERAS
+    (Keras 2 as tf.keras), and TF_CPP_MIN_LOG_LEVEL would silence its TensorFlow logs."""
     monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
     path, shapes = torch_models["cnn_scripted"]
     rng = np.random.default_rng(4)
     np.savez(tmp_path / "calib.npz", x=rng.standard_normal((64, 1, 8, 8)).astype(np.float32))
     package = unideploy.export(path, tmp_path / "edge", input_shapes=shapes, target="edge")
-    assert "TF_USE_LEGACY_KERAS" not in os.environ
+    assert "TF_USE_LEGACY_KERAS" not in os.environ and "TF_CPP_MIN_LOG_LEVEL" not in os.environ
     with package:
         artifacts = {a.id: a for a in package.manifest.artifacts}
         assert list(artifacts) == ["onnx-fp32", "ort-fp32", "tflite-fp32", "tflite-fp16"]  # int8 needs calibration

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from unideploy import child_process
+from unideploy.environment import environment
 from unideploy.errors import ExportError, MissingDependencyError, first_line
 from unideploy.exporters.onnx_io import basic_optimized, copy_model, declare_signature
 from unideploy.quiet import quiet
@@ -49,10 +50,10 @@ def onnx_to_saved_model(
     states, which onnx2tf's LSTM then cannot do without (ddddocr's CRNN), so after folding it may be
     left out.
 
-    onnx2tf builds with Keras 2 (tf_keras) and, when imported, sets TF_USE_LEGACY_KERAS for the
-    whole process: the variable holds only while it runs, so that what the caller starts afterwards
-    (a Keras 3 script, a model builder) does not inherit it."""
-    with _environment(TF_USE_LEGACY_KERAS="1"):
+    onnx2tf builds with Keras 2 (tf_keras) and, when imported, sets TF_USE_LEGACY_KERAS and
+    TF_CPP_MIN_LOG_LEVEL for the whole process: both hold only while it runs, so that what the
+    caller starts afterwards (a Keras 3 script, a model builder) inherits neither."""
+    with environment(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL=None):
         return _onnx2tf(onnx_path, workdir, fixed, folded, simplified)
 
 
@@ -77,7 +78,7 @@ def _onnx2tf(onnx_path: Path, workdir: Path, fixed: Signature | None, folded: bo
         # venv that is not activated, that command is only found beside this Python. Without it
         # onnx2tf goes on unsimplified and fails on shape arithmetic (EfficientNet's padding, MiniLM's masks).
         scripts = os.pathsep.join(p for p in (str(Path(sys.executable).parent), os.environ.get("PATH")) if p)
-        with quiet(), _environment(PATH=scripts), contextlib.chdir(workdir):
+        with quiet(), environment(PATH=scripts), contextlib.chdir(workdir):
             onnx2tf.convert(
                 input_onnx_file_path=str(private),
                 output_folder_path=str(out),
@@ -136,21 +137,6 @@ def _test_images_offline(workdir: Path) -> None:
         np.stack([(x * (i + 1) / 20) % 1.0, (y * (20 - i) / 20) % 1.0, (x + y) / 2.0], axis=-1) for i in range(20)
     ]
     np.save(workdir / ONNX2TF_TEST_IMAGES, np.stack(frames).astype(np.float32))
-
-
-@contextlib.contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    """Set environment variables while onnx2tf runs, then put back what was there (or nothing)."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 TFLITE_INT8 = {
