@@ -58,3 +58,26 @@ def test_options_of_another_target_are_refused_before_any_work(torch_models, tmp
     result = deploy("export", path, "-o", tmp_path / "pkg", "--input-shape", shapes[0], "--trt-precision", "fp16")
     assert_one_line_error(result, 2, r"--trt-precision, --trt-profile, --trt-workspace apply to --target gpu only")
     assert not (tmp_path / "pkg").exists()
+
+
+def test_a_target_whose_stage_modules_are_missing_is_refused_before_any_work(torch_models, tmp_path, monkeypatch):
+    """As on a core install (no edge extra): the edge target names what it lacks and the whole install
+    command (the extra, then onnx2tf without its pins) before converting anything, and doctor agrees."""
+    hidden = tmp_path / "without-edge"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text(
+        "import sys\nsys.modules.update(ai_edge_litert=None, tensorflow=None)  # as if not installed\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hidden), os.environ.get("PYTHONPATH")])))
+    path, shapes = torch_models["cnn_scripted"]
+    result = deploy("export", path, "-o", tmp_path / "pkg", "--input-shape", shapes[0], "--target", "edge")
+    assert_one_line_error(
+        result,
+        2,
+        r"target 'edge' needs ai_edge_litert, tensorflow, which are not installed "
+        r"\(pip install 'unideploy\[edge\]' && pip install --no-deps 'onnx2tf==[\d.]+'\)",
+    )
+    assert not (tmp_path / "pkg").exists()
+    findings = json.loads(deploy("doctor", "--json").stdout)["findings"]
+    edge = next(f for f in findings if f["kind"] == "target" and f["name"] == "edge")
+    assert not edge["ok"] and "pip install --no-deps 'onnx2tf" in edge["fix"], edge

@@ -38,14 +38,16 @@ class Target:
     requires: tuple[str, ...] = ()  # modules the stage imports (checked before any work)
     extra: str | None = None  # the unideploy extra that installs them
     serving: str = ""  # what the machine that serves the target's artifacts needs, for deploy doctor
+    install: str = ""  # the install command, where the extra alone does not install everything the stage uses
 
     def missing(self) -> list[str]:
         """The modules this target's stage needs that are not installed here."""
         return [m for m in self.requires if importlib.util.find_spec(m) is None]
 
     def install_hint(self) -> str:
-        missing = self.missing()
-        return f"pip install 'unideploy[{self.extra}]'" if self.extra else f"pip install {' '.join(missing)}"
+        if self.install:
+            return self.install
+        return f"pip install 'unideploy[{self.extra}]'" if self.extra else f"pip install {' '.join(self.missing())}"
 
     def load_stage(self) -> Stage | None:
         if self.stage is None:
@@ -57,6 +59,10 @@ class Target:
             raise UnideployError(f"the stage of target '{self.name}' ({self.stage}) cannot be loaded: {exc}") from exc
         return stage
 
+
+# onnx2tf pins an old stack (numpy 1.26, protobuf 4, tensorflow 2.19): its own dependencies come
+# from the edge extra at current versions, and onnx2tf itself without them.
+EDGE_INSTALL = "pip install 'unideploy[edge]' && pip install --no-deps 'onnx2tf==1.29.24'"
 
 BUILTIN = (
     Target("cpu", "ONNX artifact for ONNX Runtime on CPU servers", ("onnxruntime",)),
@@ -73,6 +79,11 @@ BUILTIN = (
         "ORT-mobile and TFLite (fp32, fp16, int8) artifacts for phones and edge boxes",
         ("tflite", "onnxruntime"),
         stage="unideploy.edge.build:target_stage",
+        # LiteRT checks every TFLite artifact and TensorFlow's converter writes them, from any source;
+        # onnx2tf is needed only from ONNX and says so when it is missing
+        requires=("ai_edge_litert", "tensorflow"),
+        extra="edge",
+        install=EDGE_INSTALL,
     ),
     Target(
         "ascend",
@@ -112,7 +123,8 @@ def require_target(name: str) -> Target:
     missing = target.missing()
     if missing:
         raise MissingDependencyError(
-            f"target '{name}' needs {', '.join(missing)}, which is not installed", target.install_hint()
+            f"target '{name}' needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed",
+            target.install_hint(),
         )
     return target
 

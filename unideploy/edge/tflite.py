@@ -31,10 +31,7 @@ from unideploy.errors import ExportError, MissingDependencyError, first_line
 from unideploy.exporters.onnx_io import basic_optimized, copy_model, declare_signature
 from unideploy.quiet import quiet
 from unideploy.signature import CHANNELS_LAST, Signature, TensorSpec, channels_last
-
-# onnx2tf pins an old stack (numpy 1.26, protobuf 4, tensorflow 2.19): its own dependencies come
-# from the edge extra at current versions, and onnx2tf itself without them.
-ONNX2TF_INSTALL = "pip install 'unideploy[edge]' && pip install --no-deps 'onnx2tf==1.29.24'"
+from unideploy.targets import EDGE_INSTALL
 
 
 def onnx_to_saved_model(
@@ -62,7 +59,7 @@ def _onnx2tf(onnx_path: Path, workdir: Path, fixed: Signature | None, folded: bo
         with quiet():
             import onnx2tf
     except ImportError as exc:
-        raise MissingDependencyError(f"TFLite from ONNX needs onnx2tf: {first_line(exc)}", ONNX2TF_INSTALL) from exc
+        raise MissingDependencyError(f"TFLite from ONNX needs onnx2tf: {first_line(exc)}", EDGE_INSTALL) from exc
     out = workdir / "onnx2tf"
     shutil.rmtree(out, ignore_errors=True)  # a retry at fixed sizes starts clean
     private = workdir / "onnx2tf-input.onnx"  # onnx2tf rewrites its input file (onnxsim), so never the package's
