@@ -34,3 +34,14 @@ def plugin_distribution(folder: Path, module: str, source: str, group: str, entr
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text(f"[{group}]\n{entry}\n")
     return folder
+
+
+def without_modules(folder: Path, *modules: str) -> str:
+    """A PYTHONPATH under which the processes a test starts find none of ``modules``, as on an
+    install without the extra that brings them (a ``sitecustomize`` in ``folder`` hides them)."""
+    import os
+
+    folder.mkdir(parents=True, exist_ok=True)
+    hidden = ", ".join(f"{m!r}: None" for m in modules)
+    (folder / "sitecustomize.py").write_text(f"import sys\n\nsys.modules.update({{{hidden}}})\n")
+    return os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))

@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from console import assert_one_line_error, deploy, plugin_distribution
+from console import assert_one_line_error, deploy, plugin_distribution, without_modules
 
 from unideploy.package import Package
 
@@ -63,12 +63,7 @@ def test_options_of_another_target_are_refused_before_any_work(torch_models, tmp
 def test_a_target_whose_stage_modules_are_missing_is_refused_before_any_work(torch_models, tmp_path, monkeypatch):
     """As on a core install (no edge extra): the edge target names what it lacks and the whole install
     command (the extra, then onnx2tf without its pins) before converting anything, and doctor agrees."""
-    hidden = tmp_path / "without-edge"
-    hidden.mkdir()
-    (hidden / "sitecustomize.py").write_text(
-        "import sys\nsys.modules.update(ai_edge_litert=None, tensorflow=None)  # as if not installed\n"
-    )
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(hidden), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("PYTHONPATH", without_modules(tmp_path / "without-edge", "ai_edge_litert", "tensorflow"))
     path, shapes = torch_models["cnn_scripted"]
     result = deploy("export", path, "-o", tmp_path / "pkg", "--input-shape", shapes[0], "--target", "edge")
     assert_one_line_error(

@@ -8,12 +8,13 @@ from dataclasses import asdict, dataclass
 from unideploy.exporters import EXPORTERS
 from unideploy.optimizers import PASSES
 from unideploy.runtimes import RUNTIMES
+from unideploy.server import availability as server_availability
 from unideploy.targets import TARGETS
 
 
 @dataclass
 class Finding:
-    kind: str  # exporter, optimizer, runtime, device, target
+    kind: str  # exporter, optimizer, runtime, device, target, server
     name: str
     ok: bool
     detail: str
@@ -35,6 +36,8 @@ def diagnose() -> list[Finding]:
         found = RUNTIMES.get(name).availability()
         findings.append(Finding("runtime", name, found.ok, found.detail, found.fix))
     findings.append(_gpu_finding())
+    found = server_availability()
+    findings.append(Finding("server", "serve", found.ok, found.detail, found.fix))
     for target in TARGETS.values():
         missing = target.missing()
         if missing:

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from console import assert_one_line_error, deploy
+from console import assert_one_line_error, deploy, without_modules
 
 
 def test_export_inspect_run_verify_bench_round_trip(torch_models, tmp_path):
@@ -53,6 +53,7 @@ def test_doctor_reports_each_plugin_with_a_fix(tmp_path):
     assert findings[("runtime", "onnxruntime")]["ok"]
     assert findings[("exporter", "torchscript")]["ok"]
     assert ("device", "gpu") in findings
+    assert findings[("server", "serve")]["ok"]
     assert not findings[("target", "ascend")]["ok"] and findings[("target", "ascend")]["fix"]
     tensorrt = findings[("runtime", "tensorrt")]
     if not tensorrt["ok"]:  # the target still works: packages are made here, engines on the GPU
@@ -61,6 +62,17 @@ def test_doctor_reports_each_plugin_with_a_fix(tmp_path):
             findings[("target", "gpu")]["ok"]
             and "built and checked on the serving GPU" in findings[("target", "gpu")]["detail"]
         )
+
+
+def test_serve_without_the_serve_extra_names_what_is_missing(cnn_package, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", without_modules(tmp_path / "core-only", "uvicorn", "grpc"))
+    assert_one_line_error(
+        deploy("serve", cnn_package),
+        2,
+        r"the server needs the serve extra: missing Python module\(s\): uvicorn, grpc \(pip install 'unideploy\[serve\]'\)",
+    )
+    server = next(f for f in json.loads(deploy("doctor", "--json").stdout)["findings"] if f["kind"] == "server")
+    assert not server["ok"] and server["fix"] == "pip install 'unideploy[serve]'"
 
 
 def test_verify_fails_on_a_tampered_package(cnn_package):

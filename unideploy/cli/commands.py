@@ -295,13 +295,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Bearer tokens come from UNIDEPLOY_INFERENCE_TOKEN / UNIDEPLOY_REPOSITORY_TOKEN (or the config
     file), never from the command line, where every user of the machine can read them; every
     setting can come from UNIDEPLOY_<SETTING> (server/config.py)."""
-    try:
-        from unideploy.server.app import serve
-        from unideploy.server.config import ServerConfig
-    except ImportError as exc:
-        from unideploy.errors import MissingDependencyError
+    from unideploy.errors import MissingDependencyError
+    from unideploy.server import availability
 
-        raise MissingDependencyError(f"the server needs {exc.name}", "pip install 'unideploy[serve]'") from exc
+    found = availability()
+    if not found.ok:
+        raise MissingDependencyError(f"the server needs the serve extra: {found.detail}", found.fix)
+    from unideploy.server.app import serve
+    from unideploy.server.config import ServerConfig
+
     config = ServerConfig.load(
         Path(args.config) if args.config else None,
         repository=args.repository,
