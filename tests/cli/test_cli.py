@@ -69,7 +69,7 @@ def test_serve_without_the_serve_extra_names_what_is_missing(cnn_package, tmp_pa
     assert_one_line_error(
         deploy("serve", cnn_package),
         2,
-        r"the server needs the serve extra: missing Python module\(s\): uvicorn, grpc \(pip install 'unideploy\[serve\]'\)",
+        r"deploy serve needs the serve extra: missing Python module\(s\): uvicorn, grpc \(pip install 'unideploy\[serve\]'\)",
     )
     server = next(f for f in json.loads(deploy("doctor", "--json").stdout)["findings"] if f["kind"] == "server")
     assert not server["ok"] and server["fix"] == "pip install 'unideploy[serve]'"

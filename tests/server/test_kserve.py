@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 import yaml
+from console import assert_one_line_error, without_modules
 from serving import DEPLOY, RunningServer, free_port, stop_server, two_versions
 
 from unideploy.package import Package
@@ -155,6 +156,20 @@ def test_what_kserve_cannot_express_or_fetch_is_refused(kserve_repo, tmp_path):
     (tmp_path / "out").mkdir()
     result = kserve(str(kserve_repo), "--image", IMAGE, "-o", str(tmp_path / "out"))
     assert result.returncode == 2 and "--force" in result.stderr
+
+
+def test_without_its_extra_deploy_kserve_names_what_to_install(kserve_repo, tmp_path, monkeypatch):
+    """As on an install with neither the kserve extra nor the serve extra (the settings classes that
+    read model.yaml come with either): one line, before anything is read or written."""
+    monkeypatch.setenv("PYTHONPATH", without_modules(tmp_path / "core-only", "kserve", "pydantic_settings"))
+    result = kserve(str(kserve_repo), "--image", IMAGE, "-o", str(tmp_path / "out"))
+    assert_one_line_error(
+        result,
+        2,
+        r"deploy kserve needs the kserve extra: missing Python module\(s\): kserve, pydantic_settings "
+        r"\(pip install 'unideploy\[kserve\]'\)",
+    )
+    assert not (tmp_path / "out").exists()
 
 
 CRD_DIR = os.environ.get("KSERVE_CRD_DIR")

@@ -258,6 +258,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_kserve(args: argparse.Namespace) -> int:
+    from unideploy.server import require
+
+    require("kserve", "deploy kserve")
     from unideploy.server.kserve import KServeRequest, write_manifests
 
     request = KServeRequest(
@@ -295,12 +298,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Bearer tokens come from UNIDEPLOY_INFERENCE_TOKEN / UNIDEPLOY_REPOSITORY_TOKEN (or the config
     file), never from the command line, where every user of the machine can read them; every
     setting can come from UNIDEPLOY_<SETTING> (server/config.py)."""
-    from unideploy.errors import MissingDependencyError
-    from unideploy.server import availability
+    from unideploy.server import require
 
-    found = availability()
-    if not found.ok:
-        raise MissingDependencyError(f"the server needs the serve extra: {found.detail}", found.fix)
+    require("serve", "deploy serve")
     from unideploy.server.app import serve
     from unideploy.server.config import ServerConfig
 

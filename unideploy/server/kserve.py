@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unideploy.errors import InputError, MissingDependencyError
+from unideploy.errors import InputError
 from unideploy.package.files import replace_path, temp_prefix
 from unideploy.package.manifest import FORMAT_VERSION as PACKAGE_FORMAT_VERSION
 from unideploy.package.manifest import MANIFEST_NAME
 from unideploy.package.writer import check_destination
+from unideploy.server import require
 from unideploy.server.repository import ModelSource, scan, service_name
 from unideploy.server.routing import load_routing
 
@@ -40,9 +41,6 @@ IMAGE_USER = {False: 1000, True: 1001}  # the unideploy user's uid in docker/Doc
 STORAGE_SCHEMES = ("s3", "gs", "pvc", "https", "http", "oci")
 FOLDER_SCHEMES = ("s3", "gs", "pvc")
 ROUTING_MODES = ("server", "kserve")
-KSERVE_INSTALL = "pip install 'unideploy[kserve]'"
-
-
 @dataclass(frozen=True)
 class KServeRequest:
     source: Path  # a repository (REPO/<model>/<version>/) or one package (directory or .zip)
@@ -299,11 +297,10 @@ def _inference_service(
 
 def _sdk() -> tuple[Any, Any]:
     """The KServe SDK and the Kubernetes client models it builds on."""
-    try:
-        import kserve
-        from kubernetes import client
-    except ImportError as exc:
-        raise MissingDependencyError(f"'deploy kserve' needs the KServe SDK ({exc.name})", KSERVE_INSTALL) from exc
+    require("kserve", "deploy kserve")
+    import kserve
+    from kubernetes import client
+
     return kserve, client
 
 
