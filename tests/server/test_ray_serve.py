@@ -83,6 +83,9 @@ def test_a_replica_killed_under_load(ray_server, digits):
 
 
 def test_sigterm_stops_the_cluster(ray_server):
+    """Even with a second signal close behind the first (Ctrl-C pressed twice, or reaching the server
+    and its supervisor alike), which once deadlocked the server inside its own signal handler."""
+    ray_server.process.send_signal(signal.SIGINT)
     ray_server.process.send_signal(signal.SIGTERM)
     assert ray_server.process.wait(timeout=90) == 0
     deadline = time.monotonic() + 30

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -174,7 +175,14 @@ def serve_on_ray(config: ServerConfig, address: str | None = None) -> None:
 
 
 def _wait_for_signal() -> None:
-    stop = threading.Event()
+    """Until SIGINT or SIGTERM, then ignore both: the shutdown that follows is bounded. The handler
+    only records the signal; one that sets a threading.Event takes that Event's lock, and a second
+    signal arriving while it is held (Ctrl-C pressed twice, or reaching this process and its
+    supervisor alike) deadlocked the process inside its own handler."""
+    received: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+        signal.signal(sig, lambda number, _frame: received.append(number))
+    while not received:
+        time.sleep(0.2)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
