@@ -11,7 +11,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from console import assert_one_line_error, deploy
+from console import assert_one_line_error, deploy, without_modules
 
 from unideploy.package.files import digest_path
 
@@ -76,6 +76,15 @@ def test_a_file_that_is_not_a_private_key_is_refused_and_nothing_is_signed(digit
 
 def test_unsigned_package_is_refused_when_a_signature_is_required(digits_package, keys):
     assert_one_line_error(deploy("verify", digits_package, "--trusted-key", keys["public"]), 2, "is not signed")
+
+
+def test_without_the_sign_extra_requiring_signatures_stops_before_serving(digits_package, keys, tmp_path, monkeypatch):
+    """Not a server that starts and refuses every version: one line naming the extra, before any port opens."""
+    monkeypatch.setenv("PYTHONPATH", without_modules(tmp_path / "no-sign", "model_signing"))
+    missing = r"checking signatures needs the sign extra: .*model_signing \(pip install 'unideploy\[sign\]'\)"
+    assert_one_line_error(deploy("verify", digits_package, "--trusted-key", keys["public"]), 2, missing)
+    served = deploy("serve", digits_package, "--require-signed", "--trusted-key", keys["public"], "--http-port", "0")
+    assert_one_line_error(served, 2, missing)
 
 
 def test_zip_package_is_signed_inside_the_archive(digits_package, keys, tmp_path):

@@ -23,6 +23,7 @@ from unideploy.errors import InputError, MissingDependencyError, PackageError, f
 from unideploy.package.files import write_zip
 from unideploy.package.manifest import SIGNATURE_NAME
 from unideploy.package.package import Package
+from unideploy.registry import modules_availability
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,10 @@ class TrustedSigners:
         for path in (self.key, *self.chain):
             if path is not None and not Path(path).is_file():
                 raise InputError(f"trusted key or certificate '{path}' does not exist")
+        # checked here, where trust is declared: a server would otherwise start and refuse every version
+        found = modules_availability(("model_signing",), "sign")
+        if not found.ok:
+            raise MissingDependencyError(f"checking signatures needs the sign extra: {found.detail}", found.fix)
 
 
 def _library():
