@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
@@ -113,17 +115,22 @@ def example_batches(example: Mapping[str, np.ndarray], signature: Signature) -> 
 
 
 def load_npz_inputs(path: str, what: str = "--example-input") -> dict[str, np.ndarray]:
-    """Read named arrays from an .npz file, refusing pickles and empty files."""
+    """Read named arrays from an .npz file, refusing pickles, lone .npy arrays and empty files."""
+    how = "write it with numpy.savez(path, name=array, ...), one name per model input"
+    if not Path(path).is_file():
+        raise InputError(f"{what} file '{path}' does not exist")
+    if not zipfile.is_zipfile(path):  # np.load would read a .npy as one unnamed array, anything else as a pickle
+        with open(path, "rb") as fh:
+            npy = fh.read(6) == b"\x93NUMPY"
+        kind = (
+            "a single .npy array, not an .npz of named arrays" if npy else "not an .npz archive (a zip of .npy arrays)"
+        )
+        raise InputError(f"{what} file '{path}' is {kind}", how)
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except FileNotFoundError as exc:
-        raise InputError(f"{what} file '{path}' does not exist") from exc
-    except (ValueError, OSError, EOFError) as exc:
-        raise InputError(
-            f"{what} file '{path}' is not a readable .npz archive: {exc}",
-            "write it with numpy.savez(path, name=array, ...)",
-        ) from exc
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{what} file '{path}' is not a readable .npz archive: {exc}", how) from exc
     if not arrays:
         raise InputError(f"{what} file '{path}' holds no arrays")
     for name, array in arrays.items():

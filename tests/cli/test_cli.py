@@ -114,7 +114,8 @@ def test_verify_fails_when_reference_outputs_no_longer_match(cnn_package):
         (["export", "{cnn}", "-o", "x", "--example-input", "nofile.npz"], 2, "'nofile.npz' does not exist"),
         (["run", "{pkg}", "--input", "{bad_dtype}"], 2, "input 'x' has dtype float64, expected float32"),
         (["run", "{pkg}", "--input", "{wrong_name}"], 2, "unknown input\\(s\\) 'image'"),
-        (["run", "{pkg}", "--input", "{not_npz}"], 2, "not a readable .npz"),
+        (["run", "{pkg}", "--input", "{not_npz}"], 2, r"not an \.npz archive \(a zip of \.npy arrays\)"),
+        (["run", "{pkg}", "--input", "{npy}"], 2, r"is a single \.npy array, not an \.npz of named arrays"),
         (["run", "{pkg}", "--input", "{bad_dtype}", "--runtime", "tvm"], 2, "unknown runtime 'tvm'"),
         (["run", "{pkg}", "--input", "{bad_dtype}", "--artifact", "nope"], 2, "no artifact 'nope'"),
         (["bench", "{static}", "--batch-size", "3"], 2, "fixed batch size of 2"),
@@ -124,6 +125,7 @@ def test_bad_input_gives_one_line_errors(args, code, pattern, torch_models, cnn_
     np.savez(tmp_path / "bad_dtype.npz", x=np.zeros((1, 1, 8, 8)))
     np.savez(tmp_path / "wrong_name.npz", image=np.zeros((1, 1, 8, 8), np.float32))
     (tmp_path / "not.npz").write_text("hello")
+    np.save(tmp_path / "one.npy", np.zeros((1, 1, 8, 8), np.float32))  # an unnamed array (was an internal error)
     static = tmp_path / "static.udp"
     if "{static}" in args:
         src, shapes = torch_models["cnn_scripted"]
@@ -134,6 +136,7 @@ def test_bad_input_gives_one_line_errors(args, code, pattern, torch_models, cnn_
         "bad_dtype": tmp_path / "bad_dtype.npz",
         "wrong_name": tmp_path / "wrong_name.npz",
         "not_npz": tmp_path / "not.npz",
+        "npy": tmp_path / "one.npy",
         "static": static,
     }
     result = deploy(*[a.format(**names) for a in args], cwd=tmp_path)

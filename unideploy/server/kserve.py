@@ -41,6 +41,8 @@ IMAGE_USER = {False: 1000, True: 1001}  # the unideploy user's uid in docker/Doc
 STORAGE_SCHEMES = ("s3", "gs", "pvc", "https", "http", "oci")
 FOLDER_SCHEMES = ("s3", "gs", "pvc")
 ROUTING_MODES = ("server", "kserve")
+
+
 @dataclass(frozen=True)
 class KServeRequest:
     source: Path  # a repository (REPO/<model>/<version>/) or one package (directory or .zip)
