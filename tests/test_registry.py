@@ -66,3 +66,15 @@ def test_broken_entry_point_is_reported_not_crashing(tmp_path, monkeypatch):
     registry: Registry[Runtime] = Registry("runtime", "unideploy.runtimes", builtin={})
     with pytest.raises(UnideployError, match="runtime plug-in 'broken' .* cannot be loaded"):
         registry.get("broken")
+
+
+def test_module_versions_are_read_from_their_distributions():
+    """Where the distribution is named like the module it is read directly; where it is not
+    (grpc from grpcio) the installed packages are mapped to their modules."""
+    from importlib.metadata import version
+
+    from unideploy.registry import module_version
+
+    assert module_version("onnxruntime") == f"onnxruntime {version('onnxruntime')}"
+    assert module_version("yaml") == f"yaml {version('pyyaml')}"
+    assert module_version("no_such_module_anywhere") == "no_such_module_anywhere"

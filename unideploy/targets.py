@@ -15,7 +15,6 @@ package it wrote.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from unideploy.errors import InputError, MissingDependencyError, UnideployError
+from unideploy.registry import missing_modules
 
 Stage = Callable[..., Path]
 GROUP = "unideploy.targets"
@@ -42,7 +42,7 @@ class Target:
 
     def missing(self) -> list[str]:
         """The modules this target's stage needs that are not installed here."""
-        return [m for m in self.requires if importlib.util.find_spec(m) is None]
+        return missing_modules(self.requires)
 
     def install_hint(self) -> str:
         if self.install:
