@@ -57,7 +57,10 @@ def test_versions_come_and_go_without_a_failed_request(reload_server, digits, to
         reload_server.wait_for(lambda: load.latest()[2] == expected_other, what="the replaced version 2")
         # 3. a corrupt version 3 appears: it is refused, version 2 keeps serving
         (model_dir / "3.zip").write_bytes(b"PK\x03\x04 this is not a package")
-        reload_server.wait_for(lambda: "version 3 failed to load" in reload_server.log.read_text(), what="the refusal")
+        reload_server.wait_for(
+            lambda: "version 3 failed to load (version(s) 2 keep serving)" in reload_server.log.read_text(),
+            what="the refusal, naming what serves",
+        )
         load.more()
     finally:
         failed = load.finish()

@@ -173,10 +173,12 @@ class ModelRegistry:
             reason = str(exc) if isinstance(exc, UnideployError) else f"{type(exc).__name__}: {exc}"
             model.failures[src.version] = ((src.fingerprint, model.settings), reason)
             self.metrics.load_failures.labels(model.name, src.version).inc()
+            serving = sorted(model.versions, key=int)
             log.error(
-                "model %s version %s failed to load, previous version keeps serving: %s",
+                "model %s version %s failed to load (%s): %s",
                 model.name,
                 src.version,
+                f"version(s) {', '.join(serving)} keep serving" if serving else "no version of it serves",
                 reason,
             )
             return
