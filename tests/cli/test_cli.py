@@ -71,6 +71,13 @@ def test_serve_without_the_serve_extra_names_what_is_missing(cnn_package, tmp_pa
         2,
         r"deploy serve needs the serve extra: missing Python module\(s\): uvicorn, grpc \(pip install 'unideploy\[serve\]'\)",
     )
+    monkeypatch.setenv("PYTHONPATH", without_modules(tmp_path / "no-ray", "ray"))
+    assert_one_line_error(
+        deploy("serve", cnn_package, "--ray"),
+        2,
+        r"deploy serve --ray needs the ray extra: missing Python module\(s\): ray \(pip install 'unideploy\[ray\]'\)",
+    )
+    monkeypatch.setenv("PYTHONPATH", without_modules(tmp_path / "core-only", "uvicorn", "grpc"))
     server = next(f for f in json.loads(deploy("doctor", "--json").stdout)["findings"] if f["kind"] == "server")
     assert not server["ok"] and server["fix"] == "pip install 'unideploy[serve]'"
 

@@ -300,7 +300,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     setting can come from UNIDEPLOY_<SETTING> (server/config.py)."""
     from unideploy.server import require
 
-    require("serve", "deploy serve")
+    on_ray = bool(args.ray or args.ray_address)
+    require("ray" if on_ray else "serve", "deploy serve --ray" if on_ray else "deploy serve")
     from unideploy.server.app import serve
     from unideploy.server.config import ServerConfig
 

@@ -8,8 +8,10 @@ from unideploy.registry import Availability, missing_modules, modules_availabili
 
 # What each extra installs that its command imports (checked without importing them): the server's
 # modules import one another freely, so a command checks its extra once, before the first import.
+SERVE = ("uvicorn", "starlette", "grpc", "prometheus_client", "yaml", "orjson", "pydantic_settings")
 EXTRA_MODULES = {
-    "serve": ("uvicorn", "starlette", "grpc", "prometheus_client", "yaml", "orjson", "pydantic_settings"),
+    "serve": SERVE,
+    "ray": (*SERVE, "ray"),  # deploy serve --ray: the server's core in each Ray Serve replica
     # deploy kserve reads model.yaml and routing.yaml with the server's own settings classes
     "kserve": ("kserve", "kubernetes", "yaml", "pydantic_settings"),
 }
