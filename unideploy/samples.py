@@ -117,8 +117,10 @@ def example_batches(example: Mapping[str, np.ndarray], signature: Signature) -> 
 def load_npz_inputs(path: str, what: str = "--example-input") -> dict[str, np.ndarray]:
     """Read named arrays from an .npz file, refusing pickles, lone .npy arrays and empty files."""
     how = "write it with numpy.savez(path, name=array, ...), one name per model input"
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise InputError(f"{what} file '{path}' does not exist")
+    if not Path(path).is_file():
+        raise InputError(f"{what} '{path}' is a directory, not an .npz file", how)
     if not zipfile.is_zipfile(path):  # np.load would read a .npy as one unnamed array, anything else as a pickle
         with open(path, "rb") as fh:
             npy = fh.read(6) == b"\x93NUMPY"
