@@ -78,3 +78,18 @@ def test_module_versions_are_read_from_their_distributions():
     assert module_version("onnxruntime") == f"onnxruntime {version('onnxruntime')}"
     assert module_version("yaml") == f"yaml {version('pyyaml')}"
     assert module_version("no_such_module_anywhere") == "no_such_module_anywhere"
+
+
+def test_availability_gates_read_no_versions_until_a_person_asks():
+    """Choosing a runtime or checking an extra asks only whether the modules are there; the version
+    strings deploy doctor prints are read when ``detail`` is, because a module whose distribution
+    has another name (grpc from grpcio) costs a scan of every installed package."""
+    from unideploy import registry
+    from unideploy.server import availability
+
+    registry._distributions.cache_clear()
+    found = availability("serve")
+    assert found.ok
+    assert registry._distributions.cache_info().misses == 0
+    assert f"grpc {registry.version('grpcio')}" in found.detail
+    assert registry._distributions.cache_info().misses == 1

@@ -66,11 +66,22 @@ class Registry(Generic[T]):
 
 @dataclass(frozen=True)
 class Availability:
-    """Whether a plug-in can work on this machine; if not, why and the command that fixes it."""
+    """Whether a plug-in can work on this machine; if not, why and the command that fixes it.
+
+    The versions of ``modules`` are read only when ``detail`` is: a gate that asks only ``ok``
+    (choosing a runtime at a server's cold start) must not pay for mapping every installed package
+    to its modules, which a module whose distribution has another name (pynvml from
+    nvidia-ml-py, grpc from grpcio) costs."""
 
     ok: bool
-    detail: str
+    note: str = ""
     fix: str | None = None
+    modules: tuple[str, ...] = ()
+
+    @property
+    def detail(self) -> str:
+        versions = ", ".join(module_version(m) for m in self.modules)
+        return "; ".join(part for part in (versions, self.note) if part)
 
 
 def missing_modules(modules: tuple[str, ...]) -> list[str]:
@@ -84,7 +95,7 @@ def modules_availability(modules: tuple[str, ...], extra: str | None) -> Availab
     if missing:
         fix = f"pip install 'unideploy[{extra}]'" if extra else f"pip install {' '.join(missing)}"
         return Availability(False, f"missing Python module(s): {', '.join(missing)}", fix)
-    return Availability(True, ", ".join(module_version(m) for m in modules))
+    return Availability(True, modules=modules)
 
 
 @lru_cache(maxsize=1)

@@ -114,7 +114,9 @@ class OnnxRuntime(Runtime):
             return found
         import onnxruntime
 
-        return Availability(True, f"{found.detail}; providers: {', '.join(onnxruntime.get_available_providers())}")
+        return Availability(
+            True, f"providers: {', '.join(onnxruntime.get_available_providers())}", modules=found.modules
+        )
 
     def _load(self) -> None:
         import onnxruntime as ort

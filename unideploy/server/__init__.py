@@ -4,7 +4,7 @@ manifests for KServe."""
 from __future__ import annotations
 
 from unideploy.errors import MissingDependencyError
-from unideploy.registry import Availability, missing_modules, modules_availability
+from unideploy.registry import Availability, modules_availability
 
 # What each extra installs that its command imports (checked without importing them): the server's
 # modules import one another freely, so a command checks its extra once, before the first import.
@@ -22,9 +22,7 @@ def availability(extra: str = "serve") -> Availability:
 
 
 def require(extra: str, command: str) -> None:
-    """Stop before the first import when the extra is missing. Only whether each module is there is
-    checked: reading their versions, as ``availability`` does for deploy doctor, costs a server's
-    cold start 0.4 s (grpc's distribution is grpcio: found by scanning every installed package)."""
-    if missing_modules(EXTRA_MODULES[extra]):
-        found = availability(extra)  # with a module missing it reads no versions, only names them
+    """Stop before the first import when the extra is missing, naming every module it lacks."""
+    found = availability(extra)
+    if not found.ok:
         raise MissingDependencyError(f"{command} needs the {extra} extra: {found.detail}", found.fix)

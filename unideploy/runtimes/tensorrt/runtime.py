@@ -59,7 +59,7 @@ class TensorRTRuntime(Runtime):
         gpus, detail = find_gpus()
         if not gpus:
             return Availability(False, detail, "run on a machine with an NVIDIA GPU and its driver"), []
-        return Availability(True, f"{found.detail}; {detail}"), gpus
+        return Availability(True, detail, modules=found.modules), gpus
 
     def _load(self) -> None:
         if self.options.device == "cpu":
