@@ -85,6 +85,11 @@ def test_without_the_sign_extra_requiring_signatures_stops_before_serving(digits
     assert_one_line_error(deploy("verify", digits_package, "--trusted-key", keys["public"]), 2, missing)
     served = deploy("serve", digits_package, "--require-signed", "--trusted-key", keys["public"], "--http-port", "0")
     assert_one_line_error(served, 2, missing)
+    signed = deploy("sign", digits_package, "--key", keys["private"])
+    assert_one_line_error(
+        signed, 2, r"signing packages needs the sign extra: .*model_signing \(pip install 'unideploy\[sign\]'\)"
+    )
+    assert not (digits_package / "signature.sig").exists()
 
 
 def test_zip_package_is_signed_inside_the_archive(digits_package, keys, tmp_path):

@@ -43,18 +43,20 @@ class TrustedSigners:
             if path is not None and not Path(path).is_file():
                 raise InputError(f"trusted key or certificate '{path}' does not exist")
         # checked here, where trust is declared: a server would otherwise start and refuse every version
-        found = modules_availability(("model_signing",), "sign")
-        if not found.ok:
-            raise MissingDependencyError(f"checking signatures needs the sign extra: {found.detail}", found.fix)
+        _require_library("checking signatures")
 
 
-def _library():
-    try:
-        from model_signing import hashing, signing, verifying
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "signing packages needs the OpenSSF model-signing library", "pip install 'unideploy[sign]'"
-        ) from exc
+def _require_library(action: str) -> None:
+    """Stop, naming the sign extra, when the OpenSSF model-signing library is not installed."""
+    found = modules_availability(("model_signing",), "sign")
+    if not found.ok:
+        raise MissingDependencyError(f"{action} needs the sign extra: {found.detail}", found.fix)
+
+
+def _library(action: str):
+    _require_library(action)
+    from model_signing import hashing, signing, verifying
+
     return hashing, signing, verifying
 
 
@@ -76,7 +78,7 @@ def sign_package(
 ) -> Path:
     """Sign the package at ``path`` (a directory or a zip) in place; return the signature's path
     inside it. The package is checked first: a corrupt package is never signed."""
-    hashing, signing, _ = _library()
+    hashing, signing, _ = _library("signing packages")
     path, key = Path(path), Path(key)
     if not key.is_file():
         raise InputError(f"private key '{key}' does not exist")
@@ -107,7 +109,7 @@ def sign_package(
 
 def verify_signature(package: Package, trusted: TrustedSigners) -> None:
     """Raise PackageError unless the package is signed by ``trusted`` and every file matches."""
-    hashing, _, verifying = _library()
+    hashing, _, verifying = _library("checking signatures")
     signature = package.root / SIGNATURE_NAME
     if not signature.is_file():
         raise PackageError(f"package '{package.origin}' is not signed", "sign it with 'deploy sign PKG --key KEY'")
