@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # MindSpore needs protobuf >= 7, the server tests' tritonclient < 7: MindSpore tests get a venv of their own.
 MS_VENV ?= .venv-ms
-MINDSPORE_TESTS := tests/exporters/mindir tests/runtimes/test_mindspore_runtime.py tests/edge/test_edge_mindir.py tests/ascend
+MINDSPORE_TESTS := tests/exporters/mindir tests/runtimes/test_mindspore_runtime.py tests/edge/test_edge_mindir.py tests/ascend tests/test_extras.py
 # Outside this project's machines, PIP_EXTRA="--extra-index-url https://download.pytorch.org/whl/cpu"
 # fetches the small CPU build of torch instead of the CUDA one.
 PIP_EXTRA ?=

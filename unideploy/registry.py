@@ -98,6 +98,19 @@ def modules_availability(modules: tuple[str, ...], extra: str | None) -> Availab
     return Availability(True, modules=modules)
 
 
+@dataclass(frozen=True)
+class ExtraModules:
+    """The modules a feature that is not a plug-in imports (Core ML conversion, the Kotlin parser,
+    signing), and the extra that installs them: declared beside the feature, so that
+    tests/test_extras.py can check that the extra brings them."""
+
+    extra: str
+    modules: tuple[str, ...]
+
+    def availability(self) -> Availability:
+        return modules_availability(self.modules, self.extra)
+
+
 @lru_cache(maxsize=1)
 def _distributions() -> dict[str, list[str]]:
     return dict(packages_distributions())

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import unideploy
-from unideploy.edge.codegen.check import checker_availability, syntax_errors
+from unideploy.edge.codegen.check import PARSERS, syntax_errors
 from unideploy.edge.codegen.wrapped import Wrapped, wrapped
-from unideploy.edge.coreml import COREML_PRECISION, coreml_availability, torchscript_to_mlpackage
+from unideploy.edge.coreml import COREML, COREML_PRECISION, torchscript_to_mlpackage
 from unideploy.edge.platforms import PLATFORMS, CodeFile, namespace_for
 from unideploy.errors import ExportError, InputError, PackageError
 from unideploy.package import Artifact, Manifest, Package, PackageWriter
@@ -176,7 +176,7 @@ def _add_coreml(package: Package, staging: Path, name: str, document: dict[str, 
     kept = source.get("path")
     if source["framework"] != "torchscript" or not kept:
         return
-    found = coreml_availability()
+    found = COREML.availability()
     if not found.ok:
         document["notes"].append(f"no Core ML model: {found.detail} ({found.fix})")
         return
@@ -422,7 +422,7 @@ def _check_code(root: Path, item: dict[str, Any]) -> CodeCheck:
     language = item["language"]
     if language == "text":
         return CodeCheck(item["path"], language, "skipped", "not source code")
-    found = checker_availability(language)
+    found = PARSERS[language].availability()
     if not found.ok:
         return CodeCheck(item["path"], language, "skipped", f"no {language} parser: {found.detail} ({found.fix})")
     errors = syntax_errors(resolve_inside(root, item["path"]).read_text(encoding="utf-8"), language)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from unideploy.errors import ExportError, first_line
 from unideploy.quiet import quiet
-from unideploy.registry import Availability, modules_availability
+from unideploy.registry import ExtraModules
 from unideploy.signature import Signature
 
 # Core ML's ML program default: fp16 compute, the precision the Neural Engine runs.
@@ -21,8 +21,7 @@ COREML_PRECISION = "fp16"
 MAX_DYNAMIC_DIM = 256
 
 
-def coreml_availability() -> Availability:
-    return modules_availability(("coremltools",), "bundle")
+COREML = ExtraModules("bundle", ("coremltools",))
 
 
 def torchscript_to_mlpackage(source: Path, signature: Signature, dest: Path) -> Path:

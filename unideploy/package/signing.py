@@ -23,7 +23,7 @@ from unideploy.errors import InputError, MissingDependencyError, PackageError, f
 from unideploy.package.files import write_zip
 from unideploy.package.manifest import SIGNATURE_NAME
 from unideploy.package.package import Package
-from unideploy.registry import modules_availability
+from unideploy.registry import ExtraModules
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,12 @@ class TrustedSigners:
         _require_library("checking signatures")
 
 
+SIGNING = ExtraModules("sign", ("model_signing",))
+
+
 def _require_library(action: str) -> None:
     """Stop, naming the sign extra, when the OpenSSF model-signing library is not installed."""
-    found = modules_availability(("model_signing",), "sign")
+    found = SIGNING.availability()
     if not found.ok:
         raise MissingDependencyError(f"{action} needs the sign extra: {found.detail}", found.fix)
 

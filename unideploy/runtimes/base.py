@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from unideploy.registry import Availability
+from unideploy.registry import Availability, modules_availability
 from unideploy.signature import Signature
 
 
@@ -40,6 +40,8 @@ class Runtime(ABC):
     name: ClassVar[str]
     formats: ClassVar[tuple[str, ...]]  # artifact formats this runtime executes
     targets: ClassVar[tuple[str, ...]]  # deployment targets it serves: cpu, gpu, edge, ascend
+    required_modules: ClassVar[tuple[str, ...]] = ()
+    extra: ClassVar[str | None] = None  # the pip extra that installs required_modules
 
     def __init__(self, path: Path, signature: Signature, options: RuntimeOptions | None = None) -> None:
         self.path = Path(path)
@@ -48,9 +50,9 @@ class Runtime(ABC):
         self._load()
 
     @classmethod
-    @abstractmethod
     def availability(cls) -> Availability:
         """Cheap check (no heavy import) of whether this runtime can work here."""
+        return modules_availability(cls.required_modules, cls.extra)
 
     @abstractmethod
     def _load(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import MissingDependencyError, PackageError, RuntimeFailure, first_line
-from unideploy.registry import Availability, modules_availability
+from unideploy.registry import Availability
 from unideploy.runtimes.base import Runtime
 from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
 from unideploy.runtimes.tensorrt.profiles import shape_text
@@ -106,10 +106,11 @@ class OnnxRuntime(Runtime):
     name = "onnxruntime"
     formats = ("onnx", "ort", "tensorrt")
     targets = ("cpu", "gpu", "edge")
+    required_modules = ("onnxruntime",)
 
     @classmethod
     def availability(cls) -> Availability:
-        found = modules_availability(("onnxruntime",), None)
+        found = super().availability()
         if not found.ok:
             return found
         import onnxruntime

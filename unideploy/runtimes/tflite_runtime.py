@@ -18,7 +18,6 @@ import numpy as np
 
 from unideploy.errors import PackageError, RuntimeFailure, first_line
 from unideploy.quiet import quiet
-from unideploy.registry import Availability, modules_availability
 from unideploy.runtimes.base import Runtime
 from unideploy.signature import CHANNELS_LAST, Signature, TensorSpec, to_channels_last
 
@@ -27,10 +26,8 @@ class TFLiteRuntime(Runtime):
     name = "tflite"
     formats = ("tflite",)
     targets = ("edge", "cpu")
-
-    @classmethod
-    def availability(cls) -> Availability:
-        return modules_availability(("ai_edge_litert",), "edge")
+    required_modules = ("ai_edge_litert",)
+    extra = "edge"
 
     def _load(self) -> None:
         from ai_edge_litert.interpreter import Interpreter

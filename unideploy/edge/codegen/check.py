@@ -8,13 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from unideploy.registry import Availability, modules_availability
+from unideploy.registry import ExtraModules
 
 GRAMMARS = {"kotlin": "tree_sitter_kotlin", "swift": "tree_sitter_swift"}
-
-
-def checker_availability(language: str) -> Availability:
-    return modules_availability(("tree_sitter", GRAMMARS[language]), "bundle")
+PARSERS = {language: ExtraModules("bundle", ("tree_sitter", grammar)) for language, grammar in GRAMMARS.items()}
 
 
 def syntax_errors(source: str, language: str) -> list[str]:
