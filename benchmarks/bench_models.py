@@ -102,7 +102,8 @@ def digits_torchscript(work: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
 
 def imagenet_cnn_torchscript(work: Path) -> Path:
     """A ResNet-18-shaped CNN for 1x3x224x224 inputs (random weights: latency does not depend on
-    their values; no pretrained ImageNet CNN ships in a package here)."""
+    their values): a compute-bound stand-in. The real ImageNet CNN, EfficientNet-Lite0 with its
+    weights, comes from the zoo's packages (zoo_models.py)."""
     import torch
     from torch import nn
 

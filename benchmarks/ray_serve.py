@@ -1,6 +1,6 @@
 """What a second Ray Serve replica buys: `deploy serve REPO --ray` with 1 and 2 replicas, one run.
 
-The ResNet-18-shaped CNN of benchmarks/server.py (1x3x224x224, batch 1 requests), each replica
+The ResNet-18-shaped CNN of bench_models.py (1x3x224x224, batch 1 requests), each replica
 one intra-op thread on one reserved CPU (``threads: 1`` in model.yaml), dynamic batching on as by
 default; tritonclient's REST binary client at concurrency 8 from this machine. Blocks alternate 1
 and 2 replicas so the spread shows the noise; the ratio is of throughputs in the same block. The

@@ -1,7 +1,9 @@
 """What serving costs: `deploy serve` against in-process ONNX Runtime on the same models, one run.
 
-Models: a ResNet-18-shaped CNN at 1x3x224x224 and MiniLM-L6 (batch 1, seq 128), both exported
-through unideploy. For each: p50/p99 latency and throughput at concurrency 1 and 8, in process
+Models: EfficientNet-Lite0 with its ImageNet weights at 1x3x224x224 (a MobileNet-class CNN; a
+real photo is the request) and MiniLM-L6 (batch 1, seq 128), both exported through unideploy
+(``--cnn resnet18-shaped``: the random-weight ResNet-18-shaped CNN of the tables before
+2026-11-24, compute-bound where the real CNN is not). For each: p50/p99 latency and throughput at concurrency 1 and 8, in process
 and over REST binary, REST JSON and gRPC (tritonclient, the clients users run), each with the
 share of the cores the model's process and the client used (``with_cpu``), plus the server's
 cold start and memory. The server runs under its default policy and under the one it replaced
@@ -11,7 +13,7 @@ cold start and memory. The server runs under its default policy and under the on
 ``--blocks`` repeats everything, interleaved, so the spread shows the noise. Needs the bench and
 serve extras (`make bench` runs it).
 
-    python benchmarks/server.py [--seconds S] [--blocks N] [--no-peers] [--markdown]
+    python benchmarks/server.py [--seconds S] [--blocks N] [--no-peers] [--cnn NAME] [--markdown]
 """
 
 from __future__ import annotations
@@ -201,11 +203,32 @@ def in_process_rows(repo: Path, model: str, inputs: dict[str, np.ndarray], block
     return rows
 
 
+def efficientnet_lite0(work: Path, dest: Path) -> np.ndarray:
+    """The real MobileNet-class CNN (weights from the zoo's packages); returns a photo as its request."""
+    from zoo_models import efficientnet_lite0 as traced
+    from zoo_models import imagenet_photos
+
+    unideploy.export(traced(work), dest, input_shapes=["x:1x3x224x224"]).close()
+    return imagenet_photos(1)
+
+
+def resnet18_shaped(work: Path, dest: Path) -> np.ndarray:
+    unideploy.export(imagenet_cnn_torchscript(work), dest, input_shapes=["x:1x3x224x224"]).close()
+    return np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+
+
+CNNS: dict[str, Callable[[Path, Path], np.ndarray]] = {
+    "efficientnet-lite0": efficientnet_lite0,
+    "resnet18-shaped": resnet18_shaped,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=6.0, help="per measurement")
     parser.add_argument("--blocks", type=int, default=1, help="repeat every measurement, interleaved")
     parser.add_argument("--no-peers", action="store_true", help="leave out perf_analyzer and MLServer")
+    parser.add_argument("--cnn", choices=CNNS, default="efficientnet-lite0", help="the ImageNet CNN served")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="unideploy-serve-bench-"))
@@ -219,12 +242,11 @@ def main() -> None:
     try:
         console.log("building the models")
         repo = work / "repo"
-        cnn_pt = imagenet_cnn_torchscript(work)
-        unideploy.export(cnn_pt, repo / "cnn" / "1", input_shapes=["x:1x3x224x224"]).close()
+        cnn_input = CNNS[args.cnn](work, repo / "cnn" / "1")
         minilm_pt, arrays = minilm_torchscript(work, count=8)
         unideploy.export(minilm_pt, repo / "minilm" / "1", example_inputs={k: v[:2] for k, v in arrays.items()}).close()
         inputs = {
-            "cnn": {"x": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)},
+            "cnn": {"x": cnn_input},
             "minilm": {k: np.ascontiguousarray(v[:1]) for k, v in arrays.items()},
         }
         cold_start = server_rss = peak_rss = float("nan")
