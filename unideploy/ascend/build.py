@@ -85,8 +85,7 @@ def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact
 def _check_mindir(path: Path, manifest: Manifest, references: list, undone: list[str]) -> ValidationRecord:
     """The MindIR against the reference outputs: to the default tolerance, or, rebuilt from a
     dequantized graph (whose activations are no longer rounded to 8 bits), by the accuracy guard."""
-    from unideploy.optimizers.accuracy import compare, describe
-    from unideploy.optimizers.optimize import DEFAULT_BUDGET_POINTS
+    from unideploy.optimizers.accuracy import DEFAULT_BUDGET_POINTS, compare, describe
 
     framework = manifest.source["framework"]
     with RUNTIMES.get("mindspore")(path, manifest.signature, RuntimeOptions(device="cpu")) as runtime:

@@ -251,9 +251,8 @@ def _add_trust_options(p: argparse.ArgumentParser, note: str = "") -> None:
 
 def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
     from unideploy.optimizers import PASSES
-    from unideploy.optimizers.accuracy import METRICS
-    from unideploy.optimizers.optimize import DEFAULT_BUDGET_POINTS
-    from unideploy.optimizers.prune_magnitude import SCOPES
+    from unideploy.optimizers.accuracy import DEFAULT_BUDGET_POINTS, METRICS
+    from unideploy.optimizers.base import PRUNE_SCOPES
 
     g = p.add_argument_group("optimization" + ("" if required else " (optional, applied after export)"))
     g.add_argument("--quantize", choices=["int8", "fp16"], help="INT8 (variant picked per model) or FP16")
@@ -275,8 +274,8 @@ def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
     g.add_argument("--prune-method", choices=["magnitude", "channels"], default="magnitude")
     g.add_argument(
         "--prune-scope",
-        choices=SCOPES,
-        default=SCOPES[0],
+        choices=PRUNE_SCOPES,
+        default=PRUNE_SCOPES[0],
         help="magnitude: the same share pruned in every output row (default), in every layer, "
         "or one threshold over all layers",
     )

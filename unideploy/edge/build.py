@@ -217,8 +217,7 @@ def _tflite_artifacts(
 ) -> tuple[list[AddedArtifact], list[OmittedRecord]]:
     """TFLite fp32 (held to the default tolerance), fp16 and int8 (each through the accuracy guard,
     left out with its numbers when over budget)."""
-    from unideploy.optimizers.accuracy import compare, describe
-    from unideploy.optimizers.optimize import DEFAULT_BUDGET_POINTS
+    from unideploy.optimizers.accuracy import DEFAULT_BUDGET_POINTS, compare, describe
 
     manifest = package.manifest
     framework = manifest.source["framework"]

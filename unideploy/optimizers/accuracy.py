@@ -42,6 +42,7 @@ import numpy as np
 from unideploy.errors import InputError
 from unideploy.optimizers import coords, ctc, detections, maps
 
+DEFAULT_BUDGET_POINTS = 1.0  # what a non-exact artifact may lose, in percentage points of its metric
 METRICS = ("auto", "accuracy", "top1", "text", "cosine", "detection", "regions", "mask", "coords", "relerr")
 _EMBEDDING_NAME = re.compile(r"(?i)embed|pool|sentence|feature|vector|hidden|encod")
 _CLASS_NAME = re.compile(r"(?i)logit|prob|score|class|label|softmax")

@@ -25,6 +25,8 @@ from unideploy.registry import Availability, modules_availability
 from unideploy.signature import Signature
 
 Batch = dict[str, np.ndarray]
+# magnitude pruning's scopes, here so that the CLI lists them without importing the pass (and onnx)
+PRUNE_SCOPES = ("row", "tensor", "global")
 
 
 @dataclass

@@ -18,7 +18,7 @@ import numpy as np
 
 from unideploy.errors import AccuracyBudgetError, ExportError, InputError, first_line
 from unideploy.optimizers import PASSES, OptimizerPass, PassContext
-from unideploy.optimizers.accuracy import choose_metrics, compare, describe
+from unideploy.optimizers.accuracy import DEFAULT_BUDGET_POINTS, choose_metrics, compare, describe
 from unideploy.optimizers.base import STAGES, Evaluation
 from unideploy.optimizers.data import Dataset, load_dataset, split, synthetic_dataset
 from unideploy.optimizers.measure import latency, size_effects, timing_session
@@ -29,7 +29,6 @@ from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.validation import measured_tolerance_record
 
 Progress = Callable[[str], None]
-DEFAULT_BUDGET_POINTS = 1.0
 LARGE_BATCH = 64
 
 

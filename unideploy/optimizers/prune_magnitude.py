@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 
 from unideploy.errors import InputError
-from unideploy.optimizers.base import OptimizerPass, PassContext, PassResult
+from unideploy.optimizers.base import PRUNE_SCOPES, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import (
     REFIT_ROWS,
     first_rows,
@@ -42,8 +42,6 @@ from unideploy.quiet import quiet
 if TYPE_CHECKING:
     from unideploy.optimizers.optimize import OptimizeRequest
 
-SCOPES = ("row", "tensor", "global")
-
 
 def check_fraction(value: float, what: str) -> float:
     if not 0.0 < value < 1.0:
@@ -57,8 +55,8 @@ class MagnitudePruning(OptimizerPass):
 
     def __init__(self, sparsity: float, scope: str = "row", refit: bool = True) -> None:
         self.sparsity = check_fraction(sparsity, "--prune sparsity")
-        if scope not in SCOPES:
-            raise InputError(f"unknown pruning scope '{scope}'", f"use one of: {', '.join(SCOPES)}")
+        if scope not in PRUNE_SCOPES:
+            raise InputError(f"unknown pruning scope '{scope}'", f"use one of: {', '.join(PRUNE_SCOPES)}")
         self.scope = scope
         self.refit = refit
 

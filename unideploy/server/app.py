@@ -85,6 +85,7 @@ class Server:
                 log_level="warning",
                 access_log=False,
                 lifespan="off",
+                ws="none",  # no WebSocket routes: uvicorn then never imports a WebSocket library
                 limit_concurrency=cfg.max_connections,
                 timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
                 log_config=None,  # uvicorn logs through our JSON handler
