@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from unideploy.errors import InputError
 from unideploy.server.config import ServerConfig, is_remote
 from unideploy.server.dataplane import DataPlane
+from unideploy.server.memory import release_after_bursts
 from unideploy.server.metrics import ServerMetrics
 from unideploy.server.models import ModelRegistry
 from unideploy.server.remote import RemoteRepository
@@ -104,6 +105,9 @@ class Server:
             await grpc_server.stop(0)
             http_task.result()
             raise SystemExit(1)
+        release_task = loop.create_task(
+            release_after_bursts(lambda: (self.dataplane.runs_finished, self.dataplane.runs_running))
+        )
         log.info(
             "serving %s on http://%s:%d and grpc %s, ready in %.2fs (%d model(s))",
             cfg.repository,
@@ -117,6 +121,7 @@ class Server:
         log.info("shutting down: draining in-flight requests")
         if watch_task:
             watch_task.cancel()
+        release_task.cancel()
         http.should_exit = True
         await asyncio.gather(http_task, grpc_server.stop(SHUTDOWN_GRACE_S), return_exceptions=True)
         await self.close()

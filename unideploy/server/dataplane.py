@@ -47,6 +47,8 @@ class DataPlane:
         self.metrics = metrics
         self.max_request_rows = max_request_rows
         self._shadow_tasks: set[asyncio.Task] = set()
+        self.runs_finished = 0  # runtime calls, for giving memory back once traffic stops
+        self.runs_running = 0
 
     # -- health and metadata -----------------------------------------------------------------
     def live(self) -> bool:
@@ -180,6 +182,7 @@ class DataPlane:
         self, served: ServedVersion, arrays: dict[str, np.ndarray]
     ) -> tuple[dict[str, np.ndarray], float, float]:
         served.in_flight += 1
+        self.runs_running += 1
         served.drained.clear()
         try:
             if served.batcher is not None:
@@ -194,6 +197,8 @@ class DataPlane:
             return outputs, 0.0, time.perf_counter() - start
         finally:
             served.in_flight -= 1
+            self.runs_running -= 1
+            self.runs_finished += 1
             if served.in_flight == 0:
                 served.drained.set()
 

@@ -25,6 +25,7 @@ from unideploy.runtimes.selection import open_runtime
 from unideploy.server.batching import DynamicBatcher
 from unideploy.server.config import ModelSettings
 from unideploy.server.errors import NotFound, Unavailable
+from unideploy.server.memory import release_free_memory
 from unideploy.server.metrics import ServerMetrics
 from unideploy.server.repository import ModelSource, VersionSource, scan
 from unideploy.server.routing import Routing, load_routing
@@ -201,6 +202,7 @@ class ModelRegistry:
         )
         if old is not None:
             await self._retire(model, old)
+        await asyncio.get_running_loop().run_in_executor(self.executor, release_free_memory)
 
     def _open(self, src: VersionSource, settings: ModelSettings) -> ServedVersion:
         package = Package.open(src.path)
@@ -233,6 +235,7 @@ class ModelRegistry:
         if model:
             for served in list(model.versions.values()):
                 await self._retire(model, served)
+            await asyncio.get_running_loop().run_in_executor(self.executor, release_free_memory)
 
     async def load(self, name: str) -> None:
         self.unloaded.discard(name)

@@ -1,0 +1,53 @@
+"""Memory the server has freed, given back to the system.
+
+glibc keeps what a program frees in its heaps for reuse and returns to the system only what sits
+at a heap's top. Loading a model (its protobuf, ONNX Runtime's graph work), retiring one, and a
+burst of merged batches leave tens of megabytes resident that are free: a server's RSS after a
+load depended on which heap the load had used (measured at ready with two models: 277-370 MB, and
+252-253 MB with the free pages returned). ``malloc_trim`` returns them. The server calls it after
+versions are loaded or retired, and once when traffic stops; never between requests, where each
+run would fault the pages back in (docs/server.md measured that costing 6-7 % of throughput).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+from collections.abc import Callable
+from functools import lru_cache
+
+IDLE_S = 1.0  # a quiet second after a burst of runtime calls: time to give back what they freed
+
+
+@lru_cache(maxsize=1)
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc's; musl and macOS have none
+    except AttributeError:
+        return None
+
+
+def release_free_memory() -> None:
+    """Return the free pages of every heap to the system (a no-op without glibc)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+async def release_after_bursts(
+    activity: Callable[[], tuple[int, int]],
+    interval_s: float = IDLE_S,
+    release: Callable[[], None] = release_free_memory,
+) -> None:
+    """Release once after each burst of traffic. ``activity`` gives (runtime calls finished,
+    runtime calls running); a burst has ended when a whole interval passed with none finished and
+    none running, and some finished since the last release."""
+    loop = asyncio.get_running_loop()
+    released = previous = activity()[0]
+    while True:
+        await asyncio.sleep(interval_s)
+        finished, running = activity()
+        if finished == previous and running == 0 and finished != released:
+            await loop.run_in_executor(None, release)
+            released = finished
+        previous = finished
