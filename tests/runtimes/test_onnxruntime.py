@@ -115,3 +115,22 @@ def test_selection_honours_the_target(cnn_package):
         assert artifact.id == "onnx-fp32"
         with pytest.raises(MissingDependencyError, match="onnxruntime does not serve the ascend target"):
             open_runtime(pkg, target="ascend")
+
+
+def _rss_mb() -> float:
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024
+
+
+def test_shrinking_gives_back_what_a_large_batch_grew(engine):
+    """ONNX Runtime keeps the arena a large call grew; a small run with shrinkage frees it (the
+    server does this once traffic stops), and the engine still answers the same."""
+    from unideploy.server.memory import release_free_memory
+
+    small = {"x": np.ones((1, 1, 8, 8), np.float32)}
+    expected = engine.run(small)["output"]
+    engine.run({"x": np.zeros((40_000, 1, 8, 8), np.float32)})
+    grown = _rss_mb()
+    engine.shrink(small)
+    release_free_memory()
+    assert grown - _rss_mb() > 30, f"{grown:.0f} MB after the large batch, {_rss_mb():.0f} MB after shrinking"
+    np.testing.assert_array_equal(engine.run(small)["output"], expected)

@@ -36,7 +36,7 @@ def test_memory_is_released_once_per_burst_and_never_while_calls_run():
 
     async def scenario() -> None:
         watcher = asyncio.get_running_loop().create_task(
-            release_after_bursts(lambda: (finished[0], running[0]), 0.02, lambda: released.append(finished[0]))
+            release_after_bursts(lambda: (finished[0], running[0]), lambda: released.append(finished[0]), 0.02)
         )
         await asyncio.sleep(0.1)  # idle from the start: nothing freed, nothing to release
         assert released == []

@@ -68,6 +68,11 @@ class Runtime(ABC):
         batcher never merges past it."""
         return None
 
+    def shrink(self, inputs: Mapping[str, Any]) -> None:
+        """Run ``inputs`` (a small request) and give back the memory that larger calls left the
+        engine holding; a server calls it when traffic stops. Engines that keep none do nothing."""
+        return None  # optional: most engines keep nothing to give back
+
     def describe(self) -> dict[str, Any]:
         """Engine details worth showing a user (device, providers, threads)."""
         return {"runtime": self.name}

@@ -106,7 +106,9 @@ class Server:
             http_task.result()
             raise SystemExit(1)
         release_task = loop.create_task(
-            release_after_bursts(lambda: (self.dataplane.runs_finished, self.dataplane.runs_running))
+            release_after_bursts(
+                lambda: (self.dataplane.runs_finished, self.dataplane.runs_running), self.registry.release_memory
+            )
         )
         log.info(
             "serving %s on http://%s:%d and grpc %s, ready in %.2fs (%d model(s))",

@@ -5,8 +5,9 @@ at a heap's top. Loading a model (its protobuf, ONNX Runtime's graph work), reti
 burst of merged batches leave tens of megabytes resident that are free: a server's RSS after a
 load depended on which heap the load had used (measured at ready with two models: 277-370 MB, and
 252-253 MB with the free pages returned). ``malloc_trim`` returns them. The server calls it after
-versions are loaded or retired, and once when traffic stops; never between requests, where each
-run would fault the pages back in (docs/server.md measured that costing 6-7 % of throughput).
+versions are loaded or retired, and once when traffic stops, after each engine has shrunk what
+merged batches grew (``Runtime.shrink``); never between requests, where each run would fault the
+pages back in (docs/server.md measured that costing 6-7 % of throughput).
 """
 
 from __future__ import annotations
@@ -35,9 +36,7 @@ def release_free_memory() -> None:
 
 
 async def release_after_bursts(
-    activity: Callable[[], tuple[int, int]],
-    interval_s: float = IDLE_S,
-    release: Callable[[], None] = release_free_memory,
+    activity: Callable[[], tuple[int, int]], release: Callable[[], None], interval_s: float = IDLE_S
 ) -> None:
     """Release once after each burst of traffic. ``activity`` gives (runtime calls finished,
     runtime calls running); a burst has ended when a whole interval passed with none finished and

@@ -15,6 +15,7 @@ import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from unideploy.errors import UnideployError
 from unideploy.package import Package
@@ -43,6 +44,7 @@ class ServedVersion:
     runtime: Runtime
     batcher: DynamicBatcher | None
     settings: ModelSettings  # the model.yaml it was loaded under
+    sample: dict[str, Any] = field(default_factory=dict)  # its warm-up request, run again to shrink it
     in_flight: int = 0
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -217,7 +219,7 @@ class ModelRegistry:
         except BaseException:
             package.close()
             raise
-        return ServedVersion(src.model, src.version, src, package, runtime, None, settings)
+        return ServedVersion(src.model, src.version, src, package, runtime, None, settings, sample)
 
     async def _retire(self, model: ServedModel, served: ServedVersion) -> None:
         """Stop routing to a version, let its in-flight requests finish, then close it."""
@@ -253,6 +255,18 @@ class ModelRegistry:
         self.unloaded.add(name)
         async with self._lock:
             await self._unload_model(name)
+
+    def release_memory(self) -> None:
+        """Give back what traffic left resident: each engine's growth from merged batches (a run
+        of its warm-up request that shrinks it), then the heaps' free pages. Called when traffic
+        stops (``memory.release_after_bursts``), on a worker thread."""
+        for model in list(self.models.values()):
+            for served in list(model.versions.values()):
+                try:
+                    served.runtime.shrink(served.sample)
+                except Exception as exc:  # giving memory back must never take a model down
+                    log.warning("model %s version %s could not shrink: %s", served.model, served.version, exc)
+        release_free_memory()
 
     async def close(self) -> None:
         for name in list(self.models):
