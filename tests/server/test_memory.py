@@ -10,7 +10,6 @@ import sys
 from unideploy.server.memory import release_after_bursts
 
 FRAGMENTED = """
-import sys
 from unideploy.server.memory import release_free_memory
 
 def rss_mb():

@@ -182,6 +182,7 @@ class DataPlane:
         self, served: ServedVersion, arrays: dict[str, np.ndarray]
     ) -> tuple[dict[str, np.ndarray], float, float]:
         served.in_flight += 1
+        served.ran_since_release = True
         self.runs_running += 1
         served.drained.clear()
         try:

@@ -46,6 +46,7 @@ class ServedVersion:
     settings: ModelSettings  # the model.yaml it was loaded under
     sample: dict[str, Any] = field(default_factory=dict)  # its warm-up request, run again to shrink it
     in_flight: int = 0
+    ran_since_release: bool = False  # only a version that ran since the last release has grown
     drained: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -257,11 +258,15 @@ class ModelRegistry:
             await self._unload_model(name)
 
     def release_memory(self) -> None:
-        """Give back what traffic left resident: each engine's growth from merged batches (a run
-        of its warm-up request that shrinks it), then the heaps' free pages. Called when traffic
-        stops (``memory.release_after_bursts``), on a worker thread."""
+        """Give back what traffic left resident: the growth of each engine that ran since the last
+        release (a run of its warm-up request that shrinks it; idle versions are not run), then
+        the heaps' free pages. Called when traffic stops (``memory.release_after_bursts``), on a
+        worker thread."""
         for model in list(self.models.values()):
             for served in list(model.versions.values()):
+                if not served.ran_since_release:
+                    continue
+                served.ran_since_release = False
                 try:
                     served.runtime.shrink(served.sample)
                 except Exception as exc:  # giving memory back must never take a model down
