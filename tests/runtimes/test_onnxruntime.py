@@ -121,10 +121,28 @@ def _rss_mb() -> float:
     return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024
 
 
-def test_shrinking_gives_back_what_a_large_batch_grew(engine):
+def test_shared_arena_reaches_the_session_and_answers_the_same(cnn_package):
+    """The server's engines share one process-wide arena with no per-shape memory plan."""
+    x = {"x": np.random.default_rng(0).standard_normal((3, 1, 8, 8)).astype(np.float32)}
+    with Package.open(cnn_package) as pkg:
+        _, own = open_runtime(pkg)
+        _, shared = open_runtime(pkg, options=RuntimeOptions(shared_arena=True))
+        options = shared.session.get_session_options()
+        assert options.get_session_config_entry("session.use_env_allocators") == "1"
+        assert not options.enable_mem_pattern
+        np.testing.assert_array_equal(shared.run(x)["output"], own.run(x)["output"])
+        own.close()
+        shared.close()
+
+
+@pytest.mark.parametrize("shared_arena", [False, True], ids=["own-arena", "shared-arena"])
+def test_shrinking_gives_back_what_a_large_batch_grew(cnn_package, shared_arena):
     """ONNX Runtime keeps the arena a large call grew; a small run with shrinkage frees it (the
     server does this once traffic stops), and the engine still answers the same."""
     from unideploy.server.memory import release_free_memory
+
+    pkg = Package.open(cnn_package)
+    _, engine = open_runtime(pkg, options=RuntimeOptions(shared_arena=shared_arena))
 
     small = {"x": np.ones((1, 1, 8, 8), np.float32)}
     expected = engine.run(small)["output"]
@@ -134,3 +152,5 @@ def test_shrinking_gives_back_what_a_large_batch_grew(engine):
     release_free_memory()
     assert grown - _rss_mb() > 30, f"{grown:.0f} MB after the large batch, {_rss_mb():.0f} MB after shrinking"
     np.testing.assert_array_equal(engine.run(small)["output"], expected)
+    engine.close()
+    pkg.close()

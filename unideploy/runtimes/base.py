@@ -28,6 +28,10 @@ class RuntimeOptions:
     # sections are short, but not between runs: a server's network threads need the cores then),
     # "never" (runtimes taking turns on shared cores, as benchmarks and comparisons do).
     spin: str = "always"
+    # One process-wide activation arena for every engine that honours it, grown only by what a
+    # run asks and planned per run rather than per input shape: a server holding several models
+    # whose merged batches vary in size keeps less memory this way (docs/server.md, "Memory").
+    shared_arena: bool = False
     # Where engines built for this GPU are kept (TensorRT, and ONNX Runtime's TensorRT provider);
     # None: $UNIDEPLOY_ENGINE_CACHE, else ~/.cache/unideploy/engines.
     engine_cache: Path | None = None

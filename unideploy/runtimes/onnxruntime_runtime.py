@@ -8,6 +8,7 @@ beside the TensorRT runtime's), else on the CUDA provider.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -103,6 +104,17 @@ def ort_message(exc: BaseException) -> str:
     return text[:400]
 
 
+@functools.cache
+def register_shared_arena() -> None:
+    """Register, once per process, the CPU arena that sessions with ``session.use_env_allocators``
+    share. It extends by what is requested, not by doubling: after merged batches of sizes 1-8 on
+    EfficientNet-Lite0 the server held 299 MB instead of 333 (medians of four alternating starts)."""
+    import onnxruntime as ort
+
+    cpu = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+    ort.create_and_register_allocator(cpu, ort.OrtArenaCfg({"arena_extend_strategy": 1}))  # kSameAsRequested
+
+
 class OnnxRuntime(Runtime):
     name = "onnxruntime"
     formats = ("onnx", "ort", "tensorrt")
@@ -130,6 +142,11 @@ class OnnxRuntime(Runtime):
             session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         elif self.options.spin == "run":
             session_options.add_session_config_entry("session.force_spinning_stop", "1")
+        if self.options.shared_arena:
+            register_shared_arena()
+            session_options.add_session_config_entry("session.use_env_allocators", "1")
+            # a memory plan per input shape keeps a block for each batch size seen
+            session_options.enable_mem_pattern = False
         session_options.log_severity_level = 3  # errors only; our own messages say what went wrong
         self.spec = EngineSpec.load(self.path) if is_engine_spec(self.path) else None
         if self.spec is not None:

@@ -213,7 +213,7 @@ class ModelRegistry:
             if self.trusted is not None:  # before any of its files is run
                 verify_signature(package, self.trusted)
             # No target: a GPU machine serves a package's TensorRT artifact, any other its ONNX one.
-            options = RuntimeOptions(device="auto", spin=settings.spin, threads=settings.threads)
+            options = RuntimeOptions(device="auto", spin=settings.spin, threads=settings.threads, shared_arena=True)
             _, runtime = open_runtime(package, settings.artifact, options=options)
             sample = package.reference_samples()[0].inputs
             runtime.run(sample)  # warm-up: first inference pays for allocations
