@@ -19,7 +19,7 @@ import unideploy
 from unideploy.errors import InputError, UnideployError
 from unideploy.server.codec import NUMPY_TO_V2
 from unideploy.server.errors import BadRequest
-from unideploy.server.metrics import ServerMetrics
+from unideploy.server.metrics import RequestSeries, ServerMetrics
 from unideploy.server.models import ModelRegistry, ServedVersion
 from unideploy.server.repository_api import RepositoryAPI
 
@@ -38,6 +38,7 @@ class InferResult:
     variant: str | None
     outputs: dict[str, np.ndarray]
     received: float  # perf_counter when decoding the request began: the server's total time counts from it
+    series: RequestSeries  # where its stages are recorded
 
 
 class DataPlane:
@@ -161,22 +162,21 @@ class DataPlane:
         outputs, queue_s, compute_s = await self._run(served, arrays)
         if requested:
             outputs = {k: outputs[k] for k in requested}
-        labels = (name, served.version, variant or "")
-        self.metrics.requests.labels(*labels, protocol).inc()
-        self.metrics.latency.labels(*labels, "decode").observe(decode_s)
-        self.metrics.latency.labels(*labels, "queue").observe(queue_s)
-        self.metrics.latency.labels(*labels, "compute").observe(compute_s)
+        series = self.metrics.series(name, served.version, variant or "", protocol)
+        series.requests.inc()
+        series.stages["decode"].observe(decode_s)
+        series.stages["queue"].observe(queue_s)
+        series.stages["compute"].observe(compute_s)
         if (
             variant is not None and model is not None and model.routing and model.routing.shadow_version
         ):  # routed (not a named version): copy it
             self._shadow(name, model.routing.shadow_version, arrays)
-        return InferResult(name, served.version, variant, outputs, start - decode_s)
+        return InferResult(name, served.version, variant, outputs, start - decode_s, series)
 
     def encoded(self, result: InferResult, encode_s: float) -> None:
         """Record the encoding of a response, and the request's total time in the server."""
-        labels = (result.model, result.version, result.variant or "")
-        self.metrics.latency.labels(*labels, "encode").observe(encode_s)
-        self.metrics.latency.labels(*labels, "total").observe(time.perf_counter() - result.received)
+        result.series.stages["encode"].observe(encode_s)
+        result.series.stages["total"].observe(time.perf_counter() - result.received)
 
     async def _run(
         self, served: ServedVersion, arrays: dict[str, np.ndarray]
@@ -188,13 +188,13 @@ class DataPlane:
         try:
             if served.batcher is not None:
                 result = await served.batcher.submit(arrays)
-                self.metrics.batch_rows.labels(served.model, served.version).observe(result.batch_rows)
+                self.metrics.rows(served.model, served.version).observe(result.batch_rows)
                 return result.outputs, result.queue_s, result.compute_s
             start = time.perf_counter()
             outputs = await asyncio.get_running_loop().run_in_executor(
                 self.registry.executor, served.runtime.run, arrays
             )
-            self.metrics.batch_rows.labels(served.model, served.version).observe(next(iter(arrays.values())).shape[0])
+            self.metrics.rows(served.model, served.version).observe(next(iter(arrays.values())).shape[0])
             return outputs, 0.0, time.perf_counter() - start
         finally:
             served.in_flight -= 1

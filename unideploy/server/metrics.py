@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+STAGES = ("decode", "queue", "compute", "encode", "total")
+
+
+@dataclass(frozen=True)
+class RequestSeries:
+    """The labelled series one answered request updates, looked up once per label set: resolving
+    labels takes a lock and a validation per call, seven times per request otherwise."""
+
+    requests: Any  # Counter child
+    stages: dict[str, Any]  # stage -> Histogram child
 
 
 class ServerMetrics:
@@ -54,3 +68,22 @@ class ServerMetrics:
         self.ready = Gauge(
             "unideploy_model_ready", "1 while a model version serves", ("model", "version"), registry=self.registry
         )
+        self._series: dict[tuple[str, str, str, str], RequestSeries] = {}
+        self._rows: dict[tuple[str, str], Any] = {}
+
+    def series(self, model: str, version: str, variant: str, protocol: str) -> RequestSeries:
+        key = (model, version, variant, protocol)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = RequestSeries(
+                self.requests.labels(model, version, variant, protocol),
+                {stage: self.latency.labels(model, version, variant, stage) for stage in STAGES},
+            )
+        return found
+
+    def rows(self, model: str, version: str) -> Any:
+        """The batch-size histogram of one version (every runtime call, shadow copies included)."""
+        found = self._rows.get((model, version))
+        if found is None:
+            found = self._rows[(model, version)] = self.batch_rows.labels(model, version)
+        return found

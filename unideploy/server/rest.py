@@ -170,7 +170,9 @@ def create_app(
     inference = lambda h: guarded(h, inference_token)  # noqa: E731
     repository = lambda h: guarded(h, repository_token)  # noqa: E731
     open_ = lambda h: guarded(h, None)  # noqa: E731
-    routes = [
+    routes = [  # matched in order: inference, the hot path, first
+        Route("/v2/models/{model}/infer", inference(infer), methods=["POST"]),
+        Route("/v2/models/{model}/versions/{version}/infer", inference(infer), methods=["POST"]),
         Route("/v2/health/live", open_(live)),
         Route("/v2/health/ready", open_(ready)),
         Route("/metrics", open_(metrics)),
@@ -181,8 +183,6 @@ def create_app(
         Route("/v2/models/{model}/versions/{version}/ready", inference(model_ready)),
         Route("/v2/models/{model}/config", inference(model_config)),
         Route("/v2/models/{model}/versions/{version}/config", inference(model_config)),
-        Route("/v2/models/{model}/infer", inference(infer), methods=["POST"]),
-        Route("/v2/models/{model}/versions/{version}/infer", inference(infer), methods=["POST"]),
         Route("/v2/repository/index", repository(repository_index), methods=["POST"]),
         Route("/v2/repository/models/{model}/load", repository(load), methods=["POST"]),
         Route("/v2/repository/models/{model}/unload", repository(unload), methods=["POST"]),
@@ -197,7 +197,7 @@ def _parse(
     return _decode_request(*_split_body(body, header_length))
 
 
-def _json(raw: bytes) -> dict[str, Any]:
+def _json(raw: bytes | memoryview) -> dict[str, Any]:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:  # invalid UTF-8 included
@@ -207,17 +207,18 @@ def _json(raw: bytes) -> dict[str, Any]:
     return data
 
 
-def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
+def _split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes | memoryview]:
     if header_length is None:
         return _json(body), b""
     if not header_length.isdigit() or int(header_length) > len(body):
         raise BadRequest(f"Inference-Header-Content-Length {header_length!r} does not fit a {len(body)}-byte body")
     cut = int(header_length)
-    return _json(body[:cut]), body[cut:]
+    view = memoryview(body)  # the tensors' bytes are read in place: no copy of a large body
+    return _json(view[:cut]), view[cut:]
 
 
 def _decode_request(
-    header: dict[str, Any], binary: bytes
+    header: dict[str, Any], binary: bytes | memoryview
 ) -> tuple[dict[str, np.ndarray], list[str], Callable[[str], bool], Any]:
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
