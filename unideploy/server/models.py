@@ -185,6 +185,8 @@ class ModelRegistry:
                 f"version(s) {', '.join(serving)} keep serving" if serving else "no version of it serves",
                 reason,
             )
+            # what the failed load allocated (an engine built, then dropped) goes back as after any load
+            await asyncio.get_running_loop().run_in_executor(self.executor, release_free_memory)
             return
         rows = min(model.settings.max_batch_size, served.runtime.max_batch_size or model.settings.max_batch_size)
         if served.batcher is None and rows > 1 and served.signature.has_dynamic_batch:
