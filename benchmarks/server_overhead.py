@@ -1,0 +1,127 @@
+"""What one request costs `deploy serve` when the model does next to nothing.
+
+Triton documents its own overhead this way (a trivial model, server and queue time per request);
+benchmarks/server.py measures the server against in-process ONNX Runtime on real models, where a
+14 ms CNN hides the fixed costs this isolates. Two ONNX models that only average their input,
+one taking the ImageNet CNN's 1x3x224x224 float request (600 KB) and one a 1x4 float (16 bytes),
+served as the CNN is (``max_batch_size: 8``), driven by Triton's perf_analyzer at concurrency 1
+over gRPC and HTTP (binary tensors). Per row: p50/p99 and throughput, the server's CPU time per
+request, and the server's own stage times (means from its ``/metrics``: decode, queue, the runtime
+call including the hand-off to a worker thread and back, encode). ``--blocks`` interleaves the
+repeats so their spread shows the noise. Needs the serve and bench extras and perf_analyzer
+(benchmarks/perf_analyzer.py says what it needs when it cannot run).
+
+    python benchmarks/server_overhead.py [--blocks N] [--seconds S] [--json] [--markdown]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+import perf_analyzer
+from onnx import TensorProto, helper
+from prometheus_client.parser import text_string_to_metric_families
+from report import print_result
+from server import console, cpu_seconds
+
+import unideploy
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from serving import start_server, stop_server
+
+REQUESTS = {"noop-600kb": [3, 224, 224], "noop-16b": [4]}  # per-row shape after the batch dim
+STAGES = ("decode", "queue", "compute", "encode")
+
+
+def averaging_model(dims: list[int], dest: Path) -> None:
+    """A package whose graph is one ReduceMean over every axis but the batch."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", *dims])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])
+    axes = helper.make_tensor("axes", TensorProto.INT64, [len(dims)], list(range(1, len(dims) + 1)))
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0)], "average", [x], [y], [axes]
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    source = dest.parent / "average.onnx"
+    onnx.save(model, source)
+    unideploy.export(source, dest / "1", example_inputs={"x": np.zeros((1, *dims), np.float32)}).close()
+    (dest / "model.yaml").write_text("max_batch_size: 8\n")
+
+
+def stage_sums(http: str, model: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) per stage of the server's request-duration histogram for ``model`` (0 before
+    its first request)."""
+    totals = {stage: [0.0, 0.0] for stage in STAGES}
+    for family in text_string_to_metric_families(httpx.get(f"{http}/metrics", timeout=10).text):
+        if family.name != "unideploy_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            stage = sample.labels.get("stage")
+            if sample.labels.get("model") == model and stage in totals and sample.name.endswith(("_sum", "_count")):
+                totals[stage][sample.name.endswith("_count")] = sample.value
+    return {stage: (total, count) for stage, (total, count) in totals.items()}
+
+
+def measure(tool, server, model: str, protocol: str, seconds: float, work: Path) -> dict:
+    url = server.grpc if protocol == "grpc" else server.http.removeprefix("http://")
+    before, cpu_before = stage_sums(server.http, model), cpu_seconds(server.process.pid)
+    row = perf_analyzer.measure(tool, url, protocol, model, 1, seconds, {}, work)
+    after, cpu_after = stage_sums(server.http, model), cpu_seconds(server.process.pid)
+    requests = after["decode"][1] - before["decode"][1]  # every answered request, warm-up windows included
+    stages = {f"{stage}_ms": round((after[stage][0] - before[stage][0]) / requests * 1000, 3) for stage in STAGES}
+    return {**row, "server_cpu_ms_per_request": round((cpu_after - cpu_before) / requests * 1000, 3), **stages}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=2, help="repeat every measurement, interleaved")
+    parser.add_argument("--seconds", type=float, default=3.0, help="perf_analyzer's measurement window")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    tool = perf_analyzer.ensure()
+    if isinstance(tool, str):
+        sys.exit(f"server_overhead: {tool}")
+    work = Path(tempfile.mkdtemp(prefix="unideploy-overhead-"))
+    repo = work / "repo"
+    for model, dims in REQUESTS.items():
+        (repo / model).mkdir(parents=True)
+        averaging_model(dims, repo / model)
+    server = start_server(repo, work, env={"MALLOC_ARENA_MAX": "2"})  # as docker/Dockerfile sets it
+    rows = []
+    try:
+        for block in range(1, args.blocks + 1):
+            for model in REQUESTS:
+                for protocol in ("grpc", "http"):
+                    console.log(f"block {block}: {model}, perf_analyzer {protocol}, concurrency 1")
+                    rows.append(
+                        {
+                            "row": f"{block} {model} {protocol}",
+                            **measure(tool, server, model, protocol, args.seconds, work),
+                        }
+                    )
+    finally:
+        stop_server(server)
+    result = {
+        "model": f"deploy serve, averaging models, concurrency 1 ({os.cpu_count()} cores shared with the client)",
+        "quality": "-",
+        "rows": rows,
+        "targets": [],
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_result(result, args.markdown)
+
+
+if __name__ == "__main__":
+    main()
