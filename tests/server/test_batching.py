@@ -8,13 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from unideploy.server.batching import DynamicBatcher
+from unideploy.server.batching import Caller, DynamicBatcher, inline_bytes
 
 
 def test_lone_request_does_not_wait_for_the_delay():
     async def scenario() -> int:
         with ThreadPoolExecutor(1) as pool:
-            batcher = DynamicBatcher(lambda x: {"y": x["x"] * 2}, pool, max_batch_size=8, max_delay_s=3600)
+            batcher = DynamicBatcher(Caller(lambda x: {"y": x["x"] * 2}, pool), max_batch_size=8, max_delay_s=3600)
             # a lone request must not sit out the (hour-long) delay
             result = await asyncio.wait_for(batcher.submit({"x": np.ones((1, 2), np.float32)}), timeout=30)
             batcher.close()
@@ -35,7 +35,7 @@ def test_requests_queued_during_a_run_are_merged_and_split_back():
 
     async def scenario():
         with ThreadPoolExecutor(1) as pool:
-            batcher = DynamicBatcher(run, pool, max_batch_size=8, max_delay_s=0.001)
+            batcher = DynamicBatcher(Caller(run, pool), max_batch_size=8, max_delay_s=0.001)
             first = asyncio.ensure_future(batcher.submit({"x": np.full((1, 1), 0.0, np.float32)}))
             await asyncio.sleep(0.05)
             others = [
@@ -68,7 +68,7 @@ def test_without_a_delay_only_requests_that_queued_while_busy_are_merged():
 
     async def scenario():
         with ThreadPoolExecutor(1) as pool:
-            batcher = DynamicBatcher(run, pool, max_batch_size=8, max_delay_s=0.0)
+            batcher = DynamicBatcher(Caller(run, pool), max_batch_size=8, max_delay_s=0.0)
             first = asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}))
             await asyncio.sleep(0.05)
             queued = [asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)})) for _ in range(3)]
@@ -92,7 +92,7 @@ def test_requests_with_other_shapes_are_not_merged():
 
     async def scenario():
         with ThreadPoolExecutor(1) as pool:
-            batcher = DynamicBatcher(run, pool, max_batch_size=8, max_delay_s=0.05)
+            batcher = DynamicBatcher(Caller(run, pool), max_batch_size=8, max_delay_s=0.05)
             await asyncio.gather(
                 batcher.submit({"x": np.zeros((1, 3), np.float32)}), batcher.submit({"x": np.zeros((1, 4), np.float32)})
             )
@@ -100,3 +100,29 @@ def test_requests_with_other_shapes_are_not_merged():
 
     asyncio.run(scenario())
     assert sorted(calls) == [(1, 3), (1, 4)]
+
+
+def test_a_fast_model_runs_on_the_event_loop_but_never_a_larger_call():
+    """A call no larger than a warm-up that answered within the hand-off's cost runs on the loop's
+    own thread; anything larger (a merged batch, a big request) still goes to a worker thread."""
+    threads: list[int] = []
+
+    def run(inputs):
+        threads.append(threading.get_ident())
+        return {"y": inputs["x"] + 1}
+
+    sample = {"x": np.zeros((2, 4), np.float32)}
+    assert inline_bytes(run, sample) == sample["x"].nbytes  # adding 1 to 8 floats is fast
+    assert inline_bytes(lambda inputs: threading.Event().wait(0.01) or {}, sample) == 0
+
+    async def scenario() -> int:
+        with ThreadPoolExecutor(1) as pool:
+            call = Caller(run, pool, inline_bytes(run, sample))
+            threads.clear()
+            small = await call({"x": np.ones((1, 4), np.float32)})
+            large = await call({"x": np.ones((64, 4), np.float32)})
+            assert small["y"][0, 0] == 2 and large["y"].shape == (64, 4)
+            return threading.get_ident()
+
+    loop_thread = asyncio.run(scenario())
+    assert threads[0] == loop_thread and threads[1] != loop_thread

@@ -191,9 +191,7 @@ class DataPlane:
                 self.metrics.rows(served.model, served.version).observe(result.batch_rows)
                 return result.outputs, result.queue_s, result.compute_s
             start = time.perf_counter()
-            outputs = await asyncio.get_running_loop().run_in_executor(
-                self.registry.executor, served.runtime.run, arrays
-            )
+            outputs = await served.caller(arrays)
             self.metrics.rows(served.model, served.version).observe(next(iter(arrays.values())).shape[0])
             return outputs, 0.0, time.perf_counter() - start
         finally:

@@ -23,7 +23,7 @@ from unideploy.package.signing import TrustedSigners, verify_signature
 from unideploy.runtimes import RuntimeOptions
 from unideploy.runtimes.base import Runtime
 from unideploy.runtimes.selection import open_runtime
-from unideploy.server.batching import DynamicBatcher
+from unideploy.server.batching import Caller, DynamicBatcher, inline_bytes
 from unideploy.server.config import ModelSettings
 from unideploy.server.errors import NotFound, Unavailable
 from unideploy.server.memory import release_free_memory
@@ -42,6 +42,7 @@ class ServedVersion:
     source: VersionSource
     package: Package
     runtime: Runtime
+    caller: Caller  # how its runtime is called from the event loop
     batcher: DynamicBatcher | None
     settings: ModelSettings  # the model.yaml it was loaded under
     sample: dict[str, Any] = field(default_factory=dict)  # its warm-up request, run again to shrink it
@@ -191,9 +192,7 @@ class ModelRegistry:
         rows = min(model.settings.max_batch_size, served.runtime.max_batch_size or model.settings.max_batch_size)
         if served.batcher is None and rows > 1 and served.signature.has_dynamic_batch:
             # never merged past what the engine was built for (a TensorRT profile's max batch)
-            served.batcher = DynamicBatcher(
-                served.runtime.run, self.executor, rows, model.settings.max_queue_delay_ms / 1000.0
-            )
+            served.batcher = DynamicBatcher(served.caller, rows, model.settings.max_queue_delay_ms / 1000.0)
         old = model.versions.get(src.version)
         model.versions[src.version] = served  # visible only now, warmed
         model.failures.pop(src.version, None)
@@ -219,10 +218,11 @@ class ModelRegistry:
             _, runtime = open_runtime(package, settings.artifact, options=options)
             sample = package.reference_samples()[0].inputs
             runtime.run(sample)  # warm-up: first inference pays for allocations
+            caller = Caller(runtime.run, self.executor, inline_bytes(runtime.run, sample))
         except BaseException:
             package.close()
             raise
-        return ServedVersion(src.model, src.version, src, package, runtime, None, settings, sample)
+        return ServedVersion(src.model, src.version, src, package, runtime, caller, None, settings, sample)
 
     async def _retire(self, model: ServedModel, served: ServedVersion) -> None:
         """Stop routing to a version, let its in-flight requests finish, then close it."""
