@@ -112,12 +112,14 @@ def test_a_fast_model_runs_on_the_event_loop_but_never_a_larger_call():
         return {"y": inputs["x"] + 1}
 
     sample = {"x": np.zeros((2, 4), np.float32)}
-    assert inline_bytes(run, sample) == sample["x"].nbytes  # adding 1 to 8 floats is fast
-    assert inline_bytes(lambda inputs: threading.Event().wait(0.01) or {}, sample) == 0
+    assert inline_bytes(run, sample, warm_up_s=0.001) == sample["x"].nbytes  # adding 1 to 8 floats is fast
+    assert inline_bytes(lambda inputs: threading.Event().wait(0.01) or {}, sample, warm_up_s=0.001) == 0
+    ran_again = len(threads)
+    assert inline_bytes(run, sample, warm_up_s=0.05) == 0 and len(threads) == ran_again  # a slow warm-up: no run more
 
     async def scenario() -> int:
         with ThreadPoolExecutor(1) as pool:
-            call = Caller(run, pool, inline_bytes(run, sample))
+            call = Caller(run, pool, inline_bytes(run, sample, warm_up_s=0.001))
             threads.clear()
             small = await call({"x": np.ones((1, 4), np.float32)})
             large = await call({"x": np.ones((64, 4), np.float32)})

@@ -55,16 +55,17 @@ class Caller:
         return await asyncio.get_running_loop().run_in_executor(self.executor, self.run, inputs)
 
 
-def inline_bytes(run: Callable[[Tensors], Tensors], sample: Tensors) -> int:
-    """``Caller.inline_bytes`` for a runtime, from its warm-up request run again (best of three,
-    fewer when clearly slower)."""
-    fastest = float("inf")
+def inline_bytes(run: Callable[[Tensors], Tensors], sample: Tensors, warm_up_s: float) -> int:
+    """``Caller.inline_bytes`` for a runtime whose warm-up request took ``warm_up_s``: that request
+    run again, best of three, unless the warm-up was clearly too slow (a slow model pays no run
+    more at load)."""
+    fastest = warm_up_s
     for _ in range(3):
+        if fastest > 10 * INLINE_RUN_S:
+            break
         start = time.perf_counter()
         run(sample)
         fastest = min(fastest, time.perf_counter() - start)
-        if fastest > 10 * INLINE_RUN_S:
-            break
     return sum(np.asarray(a).nbytes for a in sample.values()) if fastest < INLINE_RUN_S else 0
 
 

@@ -217,8 +217,11 @@ class ModelRegistry:
             options = RuntimeOptions(device="auto", spin=settings.spin, threads=settings.threads, shared_arena=True)
             _, runtime = open_runtime(package, settings.artifact, options=options)
             sample = package.reference_samples()[0].inputs
+            started = time.perf_counter()
             runtime.run(sample)  # warm-up: first inference pays for allocations
-            caller = Caller(runtime.run, self.executor, inline_bytes(runtime.run, sample))
+            caller = Caller(
+                runtime.run, self.executor, inline_bytes(runtime.run, sample, time.perf_counter() - started)
+            )
         except BaseException:
             package.close()
             raise
