@@ -186,8 +186,7 @@ class ModelRegistry:
                 f"version(s) {', '.join(serving)} keep serving" if serving else "no version of it serves",
                 reason,
             )
-            # what the failed load allocated (an engine built, then dropped) goes back as after any load
-            await asyncio.get_running_loop().run_in_executor(self.executor, release_free_memory)
+            await self._release_heaps()  # a failed load may have built an engine before failing
             return
         rows = min(model.settings.max_batch_size, served.runtime.max_batch_size or model.settings.max_batch_size)
         if served.batcher is None and rows > 1 and served.signature.has_dynamic_batch:
@@ -206,6 +205,10 @@ class ModelRegistry:
         )
         if old is not None:
             await self._retire(model, old)
+        await self._release_heaps()
+
+    async def _release_heaps(self) -> None:
+        """After a load (kept or failed) or an unload: the heaps give back what it freed."""
         await asyncio.get_running_loop().run_in_executor(self.executor, release_free_memory)
 
     def _open(self, src: VersionSource, settings: ModelSettings) -> ServedVersion:
@@ -243,7 +246,7 @@ class ModelRegistry:
         if model:
             for served in list(model.versions.values()):
                 await self._retire(model, served)
-            await asyncio.get_running_loop().run_in_executor(self.executor, release_free_memory)
+            await self._release_heaps()
 
     async def load(self, name: str) -> None:
         self.unloaded.discard(name)
