@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from unideploy.errors import InputError, MissingDependencyError, PackageError
 from unideploy.package import Package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
-from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime, choose_providers
+from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime, choose_providers, usable_cores
 from unideploy.runtimes.selection import open_runtime
 
 
@@ -46,6 +49,20 @@ def test_spin_policy_reaches_the_session(cnn_package, spin, entries):
                 with pytest.raises(RuntimeError, match="does not have configuration"):
                     options.get_session_config_entry(key)
         assert runtime.run({"x": np.zeros((1, 1, 8, 8), np.float32)})["output"].shape == (1, 10)
+        runtime.close()
+
+
+def test_worker_threads_are_not_pinned_to_cores(cnn_package):
+    """Left to choose its thread count, ONNX Runtime pins each worker to one core, and a caller
+    that is not the main thread (the server's) then shares that core with it."""
+    allowed = os.sched_getaffinity(0)
+    before = {task.name for task in Path("/proc/self/task").iterdir()}
+    with Package.open(cnn_package) as pkg:
+        _, runtime = open_runtime(pkg)
+        assert runtime.session.get_session_options().intra_op_num_threads == usable_cores() <= len(allowed)
+        runtime.run({"x": np.zeros((1, 1, 8, 8), np.float32)})
+        started = [int(task.name) for task in Path("/proc/self/task").iterdir() if task.name not in before]
+        assert all(os.sched_getaffinity(tid) == allowed for tid in started)
         runtime.close()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -21,6 +22,30 @@ def test_lone_request_does_not_wait_for_the_delay():
             return result.batch_rows
 
     assert asyncio.run(scenario()) == 1
+
+
+def test_batches_run_on_the_batchers_own_thread_never_the_pool():
+    """One call at a time per version, always on the same thread: a pool woke a second idle
+    worker on every call, which then took a core from the runtime's own threads."""
+    threads: list[str] = []
+
+    def run(inputs):
+        threads.append(threading.current_thread().name)
+        return {"y": inputs["x"]}
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(4, thread_name_prefix="pool") as pool:
+            batcher = DynamicBatcher(Caller(run, pool), max_batch_size=8, max_delay_s=0)
+            for _ in range(5):
+                await batcher.submit({"x": np.ones((1, 2), np.float32)})
+            batcher.close()
+
+    asyncio.run(scenario())
+    assert len(threads) == 5 and set(threads) == {threads[0]} and threads[0].startswith("unideploy-batch")
+    deadline = time.monotonic() + 10  # closing the batcher ends its thread
+    while any(t.name == threads[0] for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(t.name == threads[0] for t in threading.enumerate())
 
 
 def test_requests_queued_during_a_run_are_merged_and_split_back():

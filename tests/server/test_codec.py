@@ -28,3 +28,14 @@ def test_a_memoryview_of_the_body_is_read_in_place():
     array = codec.from_bytes(memoryview(body)[16:], "FP32", [4], "x")
     body[16:20] = np.float32(7).tobytes()
     assert array[0] == 7
+
+
+def test_only_a_large_json_part_is_decoded_off_the_event_loop():
+    """A binary body's tensors are read in place at any size: its JSON header alone decides."""
+    from unideploy.server.rest import DECODE_INLINE_BYTES, _decode_off_loop
+
+    large = b"x" * (DECODE_INLINE_BYTES + 1)
+    assert _decode_off_loop(large, None)  # all JSON
+    assert not _decode_off_loop(large, "120")  # a 120-byte header before binary tensors
+    assert _decode_off_loop(large, str(len(large)))
+    assert _decode_off_loop(large, "not a number")  # refused later, by the decoder, with its message
