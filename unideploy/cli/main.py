@@ -183,7 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tls-cert", help="PEM certificate: serve both ports over TLS (with --tls-key)")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
-    p.add_argument("--workers", type=_positive_int, default=None, help="threads running models (default: 4)")
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        help="threads running models without a batch dimension, and loads (default: 4; "
+        "a batched version runs on a thread of its own)",
+    )
     p.add_argument(
         "--require-signed",
         action="store_true",

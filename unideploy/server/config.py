@@ -89,7 +89,11 @@ class ServerConfig(BaseSettings):
     repository_token: str | None = Field(None, description="bearer token for the repository and routing APIs")
     tls_cert: Path | None = Field(None, description="PEM certificate: both ports over TLS (with tls_key)")
     tls_key: Path | None = Field(None, description="PEM private key for tls_cert")
-    workers: int = Field(4, ge=1, description="threads running models")
+    workers: int = Field(
+        4,
+        ge=1,
+        description="threads running models without a batch dimension, and loads (a batched version has its own)",
+    )
     body_timeout_s: float = Field(30.0, gt=0, description="a REST body not fully arrived by then is answered 408")
     max_connections: int = Field(512, ge=1, description="REST connections at once (more are answered 503)")
     require_signed: bool = Field(False, description="load only versions signed by trusted_key or trusted_chain")
