@@ -477,14 +477,28 @@ def test_a_model_onnx_runtime_quantized_is_converted_as_float_and_judged_against
     """onnx2tf knows neither DynamicQuantizeLSTM nor MatMulInteger: the graph goes to it with
     ONNX Runtime's dynamic INT8 made float again (exporters/dequantize.py), and its fp32 TFLite is
     then judged by the accuracy guard against the quantized model, not held to the exact tolerance.
-    On these random weights the activations ONNX Runtime rounds to 8 bits move the outputs by 5 %:
-    TFLite is left out with the numbers and what to convert instead, the .ort artifact stays
-    (ddddocr's recognizer, judged by its text, is in docs/zoo.md)."""
+    The reference input has one large value per row, so the 8-bit steps ONNX Runtime rounds the
+    activations to are coarse and the outputs move by about 3 % on any CPU (with ordinary inputs
+    they moved by 5 % without VNNI but 0.9 % with it, inside the budget): TFLite is left out with
+    the numbers and what to convert instead, the .ort artifact stays (ddddocr's recognizer, judged
+    by its text, is in docs/zoo.md)."""
     from onnxruntime.quantization import quantize_dynamic
 
     _bidirectional_lstm(tmp_path / "crnn.onnx")
     quantize_dynamic(str(tmp_path / "crnn.onnx"), str(tmp_path / "int8.onnx"))
-    result = deploy("export", tmp_path / "int8.onnx", "-o", tmp_path / "edge", "--target", "edge")
+    x = np.random.default_rng(1).standard_normal((4, 8, 4)).astype(np.float32)
+    x[:, 0, 0] = 30.0
+    np.savez(tmp_path / "x.npz", x=x)
+    result = deploy(
+        "export",
+        tmp_path / "int8.onnx",
+        "-o",
+        tmp_path / "edge",
+        "--target",
+        "edge",
+        "--example-input",
+        tmp_path / "x.npz",
+    )
     assert result.returncode == 0, result.stderr
     with unideploy.open_package(tmp_path / "edge") as package:
         assert [a.id for a in package.manifest.artifacts] == ["onnx-fp32", "ort-fp32"]
