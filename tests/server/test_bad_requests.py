@@ -93,6 +93,22 @@ REST_CASES = [
         "does not fit",
     ),
     (
+        "header length of 5000 digits",  # more than int() converts: refused as not fitting, not a 500
+        "/v2/models/digits/infer",
+        body(good_input()),
+        {"Inference-Header-Content-Length": "9" * 5000},
+        400,
+        "does not fit",
+    ),
+    (
+        "header length a digit int() refuses",
+        "/v2/models/digits/infer",
+        body(good_input()),
+        {"Inference-Header-Content-Length": b"\xb2"},  # "²" once read as Latin-1, as HTTP headers are
+        400,
+        "does not fit",
+    ),
+    (
         "header length past the body",
         "/v2/models/digits/infer",
         body(good_input()),

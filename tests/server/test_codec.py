@@ -30,12 +30,17 @@ def test_a_memoryview_of_the_body_is_read_in_place():
     assert array[0] == 7
 
 
-def test_only_a_large_json_part_is_decoded_off_the_event_loop():
-    """A binary body's tensors are read in place at any size: its JSON header alone decides."""
-    from unideploy.server.rest import DECODE_INLINE_BYTES, _decode_off_loop
+def test_the_json_part_of_a_body_is_all_of_it_or_what_its_header_says():
+    """Only the JSON part decides whether decoding leaves the event loop: binary tensors are read in
+    place at any size. A header that does not fit the body is refused, whatever its digits."""
+    from unideploy.server.errors import BadRequest
+    from unideploy.server.rest import DECODE_INLINE_BYTES, _json_length
 
-    large = b"x" * (DECODE_INLINE_BYTES + 1)
-    assert _decode_off_loop(large, None)  # all JSON
-    assert not _decode_off_loop(large, "120")  # a 120-byte header before binary tensors
-    assert _decode_off_loop(large, str(len(large)))
-    assert _decode_off_loop(large, "not a number")  # refused later, by the decoder, with its message
+    large = b"x" * (DECODE_INLINE_BYTES + 1)  # all JSON: decoded off the loop; after a 120-byte header: on it
+    assert _json_length(large, "120") <= DECODE_INLINE_BYTES < _json_length(large, None)
+    body = b"x" * 1000
+    assert _json_length(body, None) == 1000
+    assert _json_length(body, "120") == 120 and _json_length(body, "1000") == 1000
+    for header in ("not a number", "1001", "9" * 5000, "\u00b2", "-1"):
+        with pytest.raises(BadRequest, match="does not fit"):
+            _json_length(body, header)
