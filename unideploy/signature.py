@@ -266,7 +266,7 @@ def signature_from_onnx(model: Any) -> Signature:
         for axis, d in enumerate(ttype.shape.dim):
             if d.HasField("dim_value") and d.dim_value > 0:
                 dims.append(int(d.dim_value))
-            elif d.dim_param.isdigit():  # torch.export writes constant dims as dim_param "3"
+            elif d.dim_param.isascii() and d.dim_param.isdigit():  # torch.export writes constant dims as "3"
                 dims.append(int(d.dim_param))
             else:  # a name, an expression, -1 or 0, or nothing: dynamic (readable names: exporters/shapes.py)
                 named = d.dim_param if any(c.isalnum() for c in d.dim_param) else ""  # Paddle writes "?"

@@ -40,6 +40,14 @@ def test_import_reads_the_signature_and_validates(tmp_path):
         assert unideploy.run(package, {"x": x})["y"].shape == (5, 3)
 
 
+def test_a_dim_named_with_a_digit_int_refuses_stays_dynamic(tmp_path):
+    _mlp(tmp_path / "mlp.onnx", "\u00b2")  # "²" is a digit to str.isdigit, not to int()
+    with unideploy.export(tmp_path / "mlp.onnx", tmp_path / "pkg") as package:
+        dim = package.manifest.signature.inputs[0].shape[0]
+        assert isinstance(dim, str)
+        assert unideploy.run(package, {"x": np.ones((2, 4), np.float32)})["y"].shape == (2, 3)
+
+
 def test_exported_torch_onnx_reimports(cnn_package, tmp_path):
     with unideploy.export(cnn_package / "artifacts" / "model.onnx", tmp_path / "again") as package:
         assert package.manifest.signature.inputs[0].shape == ("batch", 1, 8, 8)
