@@ -7,8 +7,12 @@ one taking the ImageNet CNN's 1x3x224x224 float request (600 KB) and one a 1x4 f
 served as the CNN is (``max_batch_size: 8``), driven by Triton's perf_analyzer at concurrency 1
 over gRPC and HTTP (binary tensors). Per row: p50/p99 and throughput, the server's CPU time per
 request, and the server's own stage times (means from its ``/metrics``: decode, queue, the runtime
-call including the hand-off to a worker thread and back, encode). ``--blocks`` interleaves the
-repeats so their spread shows the noise. Needs the serve and bench extras and perf_analyzer
+call including the hand-off to a worker thread and back, encode). Beside each row, the same
+requests against a stand-in that replays the server's answers without doing any work
+(``floor``: benchmarks/floor_server.py): the client, the loopback and the least a Python server
+must do to receive the bytes, which no server avoids; the ``over floor`` column is what
+``deploy serve`` itself adds to p50. ``--blocks`` interleaves the repeats so their spread shows
+the noise. Needs the serve and bench extras and perf_analyzer
 (benchmarks/perf_analyzer.py says what it needs when it cannot run).
 
     python benchmarks/server_overhead.py [--blocks N] [--seconds S] [--json] [--markdown]
@@ -27,6 +31,7 @@ import httpx
 import numpy as np
 import onnx
 import perf_analyzer
+from floor_server import GrpcFloor, HttpFloor
 from onnx import TensorProto, helper
 from prometheus_client.parser import text_string_to_metric_families
 from report import print_result
@@ -97,19 +102,28 @@ def main() -> None:
         (repo / model).mkdir(parents=True)
         averaging_model(dims, repo / model)
     server = start_server(repo, work, env={"MALLOC_ARENA_MAX": "2"})  # as docker/Dockerfile sets it
+    floors = {"grpc": GrpcFloor(server.grpc), "http": HttpFloor(server.http)}
     rows = []
     try:
         for block in range(1, args.blocks + 1):
             for model in REQUESTS:
                 for protocol in ("grpc", "http"):
                     console.log(f"block {block}: {model}, perf_analyzer {protocol}, concurrency 1")
+                    row = measure(tool, server, model, protocol, args.seconds, work)
+                    floor = perf_analyzer.measure(
+                        tool, floors[protocol].address, protocol, model, 1, args.seconds, {}, work
+                    )
                     rows.append(
                         {
                             "row": f"{block} {model} {protocol}",
-                            **measure(tool, server, model, protocol, args.seconds, work),
+                            **row,
+                            "floor_p50_ms": floor["p50_ms"],
+                            "over_floor_ms": round(row["p50_ms"] - floor["p50_ms"], 2),
                         }
                     )
     finally:
+        for floor in floors.values():
+            floor.close()
         stop_server(server)
     result = {
         "model": f"deploy serve, averaging models, concurrency 1 ({os.cpu_count()} cores shared with the client)",
