@@ -11,7 +11,8 @@ import pytest
 from unideploy.errors import InputError, MissingDependencyError, PackageError
 from unideploy.package import Package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
-from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime, choose_providers, usable_cores
+from unideploy.runtimes.base import usable_cores
+from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime, choose_providers
 from unideploy.runtimes.selection import open_runtime
 
 

@@ -153,3 +153,100 @@ def test_a_fast_model_runs_on_the_event_loop_but_never_a_larger_call():
 
     loop_thread = asyncio.run(scenario())
     assert threads[0] == loop_thread and threads[1] != loop_thread
+
+
+def test_queued_requests_run_side_by_side_on_lanes_and_a_lone_one_on_every_core():
+    """With lanes, a lone request runs on the session with every core; requests that queued while
+    it ran go one each to the lanes, which run at the same time (never merged), and the session
+    with every core never runs while a lane does."""
+    release = threading.Event()
+    both_lanes = threading.Barrier(2, timeout=30)  # passes only when two lane runs overlap
+    running: list[str] = []
+    log: list[tuple[str, int, list[str]]] = []
+    lock = threading.Lock()
+
+    def runner(kind: str):
+        def run(inputs):
+            with lock:
+                log.append((kind, inputs["x"].shape[0], list(running)))
+                running.append(kind)
+            try:
+                if kind == "all-cores" and len(log) == 1:
+                    release.wait(30)  # hold the lone request while the others queue
+                elif kind == "lane" and sum(k == "lane" for k, _, _ in log) <= 2:
+                    both_lanes.wait()
+                return {"y": inputs["x"] * 10}
+            finally:
+                with lock:
+                    running.remove(kind)
+
+        return run
+
+    async def scenario():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = DynamicBatcher(
+                Caller(runner("all-cores"), pool),
+                max_batch_size=8,
+                max_delay_s=0,
+                lanes=[Caller(runner("lane"), pool), Caller(runner("lane"), pool)],
+            )
+            assert not batcher.merges
+            first = asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}))
+            await asyncio.sleep(0.05)
+            others = [
+                asyncio.ensure_future(batcher.submit({"x": np.full((1, 1), i, np.float32)})) for i in (1, 2, 3, 4)
+            ]
+            await asyncio.sleep(0.05)
+            release.set()
+            results = await asyncio.gather(first, *others)
+            lone = await batcher.submit({"x": np.full((1, 1), 5, np.float32)})  # all lanes idle again
+            batcher.close()
+            return [*results, lone]
+
+    results = asyncio.run(scenario())
+    assert [kind for kind, _, _ in log] == ["all-cores", "lane", "lane", "lane", "lane", "all-cores"]
+    assert all(rows == 1 for _, rows, _ in log)  # one request per lane run: nothing merged
+    assert all("all-cores" not in running and (kind == "lane" or not running) for kind, _, running in log)
+    for i, result in enumerate(results):
+        np.testing.assert_array_equal(result.outputs["y"], np.full((1, 1), 10.0 * i))
+        assert result.batch_rows == 1
+
+
+def test_lanes_serve_a_real_model_with_their_share_of_the_cores(digits, tmp_path):
+    """``lanes: 2`` in model.yaml: two more sessions of the package, each with half the threads,
+    answering concurrent requests exactly as the session with every core answers a lone one."""
+    import shutil
+
+    import yaml
+
+    from unideploy.runtimes.base import usable_cores
+    from unideploy.server.dataplane import DataPlane
+    from unideploy.server.metrics import ServerMetrics
+    from unideploy.server.models import ModelRegistry
+
+    shutil.copytree(digits["package"], tmp_path / "digits" / "1")
+    (tmp_path / "digits" / "model.yaml").write_text(yaml.safe_dump({"lanes": 2}))
+    images = np.load(digits["data"])["x"][:24]
+
+    async def scenario():
+        with ThreadPoolExecutor(2) as pool:
+            metrics = ServerMetrics()
+            registry = ModelRegistry(tmp_path, pool, metrics)
+            await registry.sync()
+            served = registry.get("digits")
+            threads = [lane.session.get_session_options().intra_op_num_threads for lane in served.lanes]
+            dataplane = DataPlane(registry, metrics, 64)
+            config = dataplane.model_config("digits", None)
+            alone = served.runtime.run({"x": images})["output"]
+            results = await asyncio.gather(
+                *(served.batcher.submit({"x": images[i : i + 1]}) for i in range(len(images)))
+            )
+            lane_threads = {t.name for t in threading.enumerate() if t.name.startswith("unideploy-lane")}
+            await registry.close()
+            return threads, config, alone, results, lane_threads
+
+    threads, config, alone, results, lane_threads = asyncio.run(scenario())
+    assert threads == [max(1, usable_cores() // 2)] * 2
+    assert "dynamic_batching" not in config  # lanes do not merge requests
+    assert len(lane_threads) == 2  # both lanes ran
+    np.testing.assert_allclose(np.concatenate([r.outputs["output"] for r in results]), alone, rtol=1e-5, atol=1e-6)

@@ -103,6 +103,7 @@ def test_model_yaml_sets_spinning_threads_and_delay(tmp_path):
         ["not", "a", "map"],
         {"spin": "sometimes"},
         {"threads": 0},
+        {"lanes": 0},
         {"max_queue_delay_ms": -1},
         {"replicas": 0},
         {"replicas": {"min": 3, "max": 2}},
@@ -113,6 +114,14 @@ def test_model_yaml_sets_spinning_threads_and_delay(tmp_path):
 def test_bad_model_yaml_is_explained(tmp_path, document):
     (tmp_path / "model.yaml").write_text(yaml.safe_dump(document))
     with pytest.raises(InputError, match="model.yaml"):
+        model_settings(tmp_path)
+
+
+def test_model_yaml_sets_lanes_which_do_not_merge(tmp_path):
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"lanes": 2}))
+    assert (model_settings(tmp_path).lanes, ModelSettings().lanes) == (2, 1)
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"lanes": 2, "max_queue_delay_ms": 3}))
+    with pytest.raises(InputError, match="lanes run queued requests side by side instead of merging"):
         model_settings(tmp_path)
 
 

@@ -9,7 +9,6 @@ beside the TensorRT runtime's), else on the CUDA provider.
 from __future__ import annotations
 
 import functools
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 
 from unideploy.errors import MissingDependencyError, PackageError, RuntimeFailure, first_line
 from unideploy.registry import Availability
-from unideploy.runtimes.base import Runtime
+from unideploy.runtimes.base import Runtime, usable_cores
 from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
 from unideploy.runtimes.tensorrt.profiles import shape_text
 from unideploy.runtimes.tensorrt.spec import EngineSpec, check_shapes, is_engine_spec
@@ -103,24 +102,6 @@ def ort_message(exc: BaseException) -> str:
     for pattern in _ORT_NOISE:
         text = pattern.sub("", text).strip()
     return text[:400]
-
-
-@functools.cache
-def usable_cores() -> int:
-    """Physical cores among the CPUs this process may run on: ONNX Runtime's own default thread
-    count. Set explicitly, because left to itself ONNX Runtime also pins each worker thread to one
-    core; a caller that is not the main thread (the server's worker threads) then often lands on a
-    pinned worker's core and the two take turns: EfficientNet-Lite0 ran in 16.4 ms instead of 4.1
-    with the caller on that core (2-core Xeon, onnxruntime 1.32)."""
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    cores = set()
-    for cpu in allowed:
-        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            cores.add(((topology / "physical_package_id").read_text(), (topology / "core_id").read_text()))
-        except OSError:  # no sysfs topology (some containers): count every CPU
-            return len(allowed)
-    return len(cores)
 
 
 @functools.cache

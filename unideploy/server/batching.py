@@ -7,13 +7,17 @@ request never pays the delay. Up to ``max_batch_size`` rows are merged along the
 axis (only requests whose other dimensions agree) and the outputs are split back by rows. The
 runtime call runs in a worker thread, except for models measured at warm-up to answer faster
 than that hand-off (``Caller``).
+
+With lanes (``model.yaml``'s ``lanes``), requests that queue are not merged but run side by side,
+one per lane, each lane a session with a share of the cores; a lone request still runs on the
+session with all of them, and never while a lane runs, so the cores are never asked for twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -84,19 +88,38 @@ class DynamicBatcher:
     worker besides the one that took it, which then competed with ONNX Runtime's threads for the
     GIL and the cores. With its own thread EfficientNet-Lite0 at concurrency 1 answered with a p99
     of 6.6-8.0 ms instead of 12.5-17.2 ms, and its runtime call took 4.1-4.3 ms instead of
-    4.5-5.2 ms on average (perf_analyzer, three alternating rounds, docs/server.md)."""
+    4.5-5.2 ms on average (perf_analyzer, three alternating rounds, docs/server.md).
 
-    def __init__(self, call: Caller, max_batch_size: int, max_delay_s: float) -> None:
+    ``lanes``: callers of more sessions, each given a thread of its own too. A session whose
+    threads share the cores waits at every parallel section for a thread the network took; a
+    one-thread lane never waits, which is worth more than merging where merging does not pay
+    (EfficientNet-Lite0 on 2 cores: docs/server.md, "Lanes")."""
+
+    def __init__(self, call: Caller, max_batch_size: int, max_delay_s: float, lanes: Sequence[Caller] = ()) -> None:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="unideploy-batch")
         self._call = replace(call, executor=self._thread)
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_s
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._task: asyncio.Task | None = None
+        self._lane_threads = [
+            ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-lane-{i}") for i in range(len(lanes))
+        ]
+        self._idle_lanes: asyncio.Queue[Caller] = asyncio.Queue()
+        for lane, thread in zip(lanes, self._lane_threads, strict=True):
+            self._idle_lanes.put_nowait(replace(lane, executor=thread))
+        self._lane_runs: set[asyncio.Task] = set()
+
+    @property
+    def merges(self) -> bool:
+        """Whether requests are ever merged (lanes run them side by side instead)."""
+        return not self._lane_threads and self.max_batch_size > 1
 
     async def submit(self, inputs: Tensors) -> BatchResult:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop())
+            self._task = asyncio.get_running_loop().create_task(
+                self._lanes_loop() if self._lane_threads else self._loop()
+            )
         rows = next(iter(inputs.values())).shape[0]
         pending = _Pending(inputs, rows, asyncio.get_running_loop().create_future())
         await self._queue.put(pending)
@@ -127,9 +150,27 @@ class DynamicBatcher:
                     leftovers.append(item)
             for item in leftovers:  # served by the next round, in arrival order
                 self._queue.put_nowait(item)
-            await self._execute(group, rows)
+            await self._execute(group, rows, self._call)
 
-    async def _execute(self, group: list[_Pending], rows: int) -> None:
+    async def _lanes_loop(self) -> None:
+        lanes = len(self._lane_threads)
+        while True:
+            first = await self._queue.get()
+            if self._queue.empty() and self._idle_lanes.qsize() == lanes:
+                await self._execute([first], first.rows, self._call)  # alone: every core
+                continue
+            lane = await self._idle_lanes.get()
+            run = asyncio.get_running_loop().create_task(self._on_lane(lane, first))
+            self._lane_runs.add(run)
+            run.add_done_callback(self._lane_runs.discard)
+
+    async def _on_lane(self, lane: Caller, pending: _Pending) -> None:
+        try:
+            await self._execute([pending], pending.rows, lane)
+        finally:
+            self._idle_lanes.put_nowait(lane)
+
+    async def _execute(self, group: list[_Pending], rows: int, call: Caller) -> None:
         start = time.perf_counter()
         merged = (
             group[0].inputs
@@ -137,7 +178,7 @@ class DynamicBatcher:
             else {name: np.concatenate([p.inputs[name] for p in group]) for name in group[0].inputs}
         )
         try:
-            outputs = await self._call(merged)
+            outputs = await call(merged)
         except Exception as exc:  # the runtime's failure belongs to every request in the batch
             for p in group:
                 if not p.future.done():
@@ -154,4 +195,7 @@ class DynamicBatcher:
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        self._thread.shutdown(wait=False)
+        for run in list(self._lane_runs):
+            run.cancel()
+        for thread in (self._thread, *self._lane_threads):
+            thread.shutdown(wait=False)

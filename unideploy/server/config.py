@@ -165,6 +165,7 @@ class ModelSettings:
     artifact: str | None = None
     spin: str = "run"  # measured on 2 cores: docs/server.md, "Threads and spinning"
     threads: int | None = None
+    lanes: int = 1  # sessions that run queued requests side by side (batching.DynamicBatcher)
     min_replicas: int = 1  # scale-out only (KServe, Ray Serve): one server process serves one replica
     max_replicas: int = 1
     target_concurrency: int | None = None  # requests in flight per replica the autoscaler aims for
@@ -235,9 +236,25 @@ class ModelFile(StrictModel):
         "between runs too (always), or never",
     )
     threads: int | None = Field(None, ge=1, description="intra-op threads per run (default: one per core)")
+    lanes: int = Field(
+        1,
+        ge=1,
+        description="when requests queue, run them side by side on this many more sessions of "
+        "threads/lanes threads each, one request per run, instead of merging them "
+        "(a lone request still runs with every thread); 1: off",
+    )
     replicas: Annotated[int, Field(ge=1)] | Replicas = Field(
         1, description="scale-out: a fixed count, or {min, max, target_concurrency}"
     )
+
+    @model_validator(mode="after")
+    def _lanes_do_not_merge(self) -> ModelFile:
+        if self.lanes > 1 and self.max_queue_delay_ms > 0:
+            raise ValueError(
+                "lanes run queued requests side by side instead of merging them, so max_queue_delay_ms "
+                "would never apply: give lanes 1 to merge, or leave max_queue_delay_ms out"
+            )
+        return self
 
     @field_validator("spin")
     @classmethod
@@ -259,6 +276,7 @@ class ModelFile(StrictModel):
             artifact=self.artifact,
             spin=self.spin,
             threads=self.threads,
+            lanes=self.lanes,
             min_replicas=replicas.min,
             max_replicas=replicas.max or replicas.min,
             target_concurrency=replicas.target_concurrency,

@@ -101,7 +101,7 @@ class DataPlane:
                 for t in served.signature.outputs
             ],
         }
-        if served.batcher:
+        if batched and served.batcher and served.batcher.merges:
             config["dynamic_batching"] = {"max_queue_delay_microseconds": int(served.batcher.max_delay_s * 1e6)}
         return config
 

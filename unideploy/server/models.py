@@ -13,7 +13,7 @@ import logging
 import random
 import time
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from unideploy.errors import UnideployError
 from unideploy.package import Package
 from unideploy.package.signing import TrustedSigners, verify_signature
 from unideploy.runtimes import RuntimeOptions
-from unideploy.runtimes.base import Runtime
+from unideploy.runtimes.base import Runtime, usable_cores
 from unideploy.runtimes.selection import open_runtime
 from unideploy.server.batching import Caller, DynamicBatcher, inline_bytes
 from unideploy.server.config import ModelSettings
@@ -43,6 +43,7 @@ class ServedVersion:
     package: Package
     runtime: Runtime
     caller: Caller  # how its runtime is called from the event loop
+    lanes: list[Runtime]  # more sessions of the same artifact, for requests that queue (model.yaml's lanes)
     batcher: DynamicBatcher | None
     settings: ModelSettings  # the model.yaml it was loaded under
     sample: dict[str, Any] = field(default_factory=dict)  # its warm-up request, run again to shrink it
@@ -57,7 +58,8 @@ class ServedVersion:
     def close(self) -> None:
         if self.batcher:
             self.batcher.close()
-        self.runtime.close()
+        for runtime in (self.runtime, *self.lanes):
+            runtime.close()
         self.package.close()
 
 
@@ -189,9 +191,15 @@ class ModelRegistry:
             await self._release_heaps()  # a failed load may have built an engine before failing
             return
         rows = min(model.settings.max_batch_size, served.runtime.max_batch_size or model.settings.max_batch_size)
-        if served.batcher is None and rows > 1 and served.signature.has_dynamic_batch:
+        mergeable = rows > 1 and served.signature.has_dynamic_batch
+        if mergeable or served.lanes:
             # never merged past what the engine was built for (a TensorRT profile's max batch)
-            served.batcher = DynamicBatcher(served.caller, rows, model.settings.max_queue_delay_ms / 1000.0)
+            served.batcher = DynamicBatcher(
+                served.caller,
+                rows if mergeable else 1,
+                model.settings.max_queue_delay_ms / 1000.0,
+                [Caller(lane.run, self.executor) for lane in served.lanes],
+            )
         old = model.versions.get(src.version)
         model.versions[src.version] = served  # visible only now, warmed
         model.failures.pop(src.version, None)
@@ -225,10 +233,31 @@ class ModelRegistry:
             caller = Caller(
                 runtime.run, self.executor, inline_bytes(runtime.run, sample, time.perf_counter() - started)
             )
+            lanes = self._open_lanes(package, settings, options, sample)
         except BaseException:
             package.close()
             raise
-        return ServedVersion(src.model, src.version, src, package, runtime, caller, None, settings, sample)
+        return ServedVersion(src.model, src.version, src, package, runtime, caller, lanes, None, settings, sample)
+
+    @staticmethod
+    def _open_lanes(
+        package: Package, settings: ModelSettings, options: RuntimeOptions, sample: dict[str, Any]
+    ) -> list[Runtime]:
+        """``settings.lanes`` more sessions (none for 1), sharing the threads a run would have, each
+        warmed up like the first."""
+        if settings.lanes == 1:
+            return []
+        share = replace(options, threads=max(1, (settings.threads or usable_cores()) // settings.lanes))
+        lanes: list[Runtime] = []
+        try:
+            for _ in range(settings.lanes):
+                lanes.append(open_runtime(package, settings.artifact, options=share)[1])
+                lanes[-1].run(sample)
+        except BaseException:
+            for lane in lanes:
+                lane.close()
+            raise
+        return lanes
 
     async def _retire(self, model: ServedModel, served: ServedVersion) -> None:
         """Stop routing to a version, let its in-flight requests finish, then close it."""
@@ -276,7 +305,8 @@ class ModelRegistry:
                     continue
                 served.ran_since_release = False
                 try:
-                    served.runtime.shrink(served.sample)
+                    for runtime in (served.runtime, *served.lanes):
+                        runtime.shrink(served.sample)
                 except Exception as exc:  # giving memory back must never take a model down
                     log.warning("model %s version %s could not shrink: %s", served.model, served.version, exc)
         release_free_memory()
