@@ -14,19 +14,18 @@ from unideploy.server.batching import Caller, DynamicBatcher, inline_bytes
 
 def test_lone_request_does_not_wait_for_the_delay():
     async def scenario() -> int:
-        with ThreadPoolExecutor(1) as pool:
-            batcher = DynamicBatcher(Caller(lambda x: {"y": x["x"] * 2}, pool), max_batch_size=8, max_delay_s=3600)
-            # a lone request must not sit out the (hour-long) delay
-            result = await asyncio.wait_for(batcher.submit({"x": np.ones((1, 2), np.float32)}), timeout=30)
-            batcher.close()
-            return result.batch_rows
+        batcher = DynamicBatcher(lambda x: {"y": x["x"] * 2}, max_batch_size=8, max_delay_s=3600)
+        # a lone request must not sit out the (hour-long) delay
+        result = await asyncio.wait_for(batcher.submit({"x": np.ones((1, 2), np.float32)}), timeout=30)
+        batcher.close()
+        return result.batch_rows
 
     assert asyncio.run(scenario()) == 1
 
 
-def test_batches_run_on_the_batchers_own_thread_never_the_pool():
-    """One call at a time per version, always on the same thread: a pool woke a second idle
-    worker on every call, which then took a core from the runtime's own threads."""
+def test_a_version_runs_one_call_at_a_time_on_a_thread_of_its_own():
+    """Always the same thread, not a pool: a pool woke a second idle worker on every call, which
+    then took a core from the runtime's own threads."""
     threads: list[str] = []
 
     def run(inputs):
@@ -34,11 +33,10 @@ def test_batches_run_on_the_batchers_own_thread_never_the_pool():
         return {"y": inputs["x"]}
 
     async def scenario() -> None:
-        with ThreadPoolExecutor(4, thread_name_prefix="pool") as pool:
-            batcher = DynamicBatcher(Caller(run, pool), max_batch_size=8, max_delay_s=0)
-            for _ in range(5):
-                await batcher.submit({"x": np.ones((1, 2), np.float32)})
-            batcher.close()
+        batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0)
+        for _ in range(5):
+            await batcher.submit({"x": np.ones((1, 2), np.float32)})
+        batcher.close()
 
     asyncio.run(scenario())
     assert len(threads) == 5 and set(threads) == {threads[0]} and threads[0].startswith("unideploy-batch")
@@ -59,18 +57,17 @@ def test_requests_queued_during_a_run_are_merged_and_split_back():
         return {"y": inputs["x"] * 10}
 
     async def scenario():
-        with ThreadPoolExecutor(1) as pool:
-            batcher = DynamicBatcher(Caller(run, pool), max_batch_size=8, max_delay_s=0.001)
-            first = asyncio.ensure_future(batcher.submit({"x": np.full((1, 1), 0.0, np.float32)}))
-            await asyncio.sleep(0.05)
-            others = [
-                asyncio.ensure_future(batcher.submit({"x": np.full((2, 1), float(i), np.float32)})) for i in range(1, 4)
-            ]
-            await asyncio.sleep(0.05)
-            release.set()
-            results = await asyncio.gather(first, *others)
-            batcher.close()
-            return results
+        batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0.001)
+        first = asyncio.ensure_future(batcher.submit({"x": np.full((1, 1), 0.0, np.float32)}))
+        await asyncio.sleep(0.05)
+        others = [
+            asyncio.ensure_future(batcher.submit({"x": np.full((2, 1), float(i), np.float32)})) for i in range(1, 4)
+        ]
+        await asyncio.sleep(0.05)
+        release.set()
+        results = await asyncio.gather(first, *others)
+        batcher.close()
+        return results
 
     results = asyncio.run(scenario())
     assert calls == [1, 6]  # the three queued requests (2 rows each) ran as one call
@@ -92,17 +89,16 @@ def test_without_a_delay_only_requests_that_queued_while_busy_are_merged():
         return {"y": inputs["x"]}
 
     async def scenario():
-        with ThreadPoolExecutor(1) as pool:
-            batcher = DynamicBatcher(Caller(run, pool), max_batch_size=8, max_delay_s=0.0)
-            first = asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}))
-            await asyncio.sleep(0.05)
-            queued = [asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)})) for _ in range(3)]
-            await asyncio.sleep(0.05)
-            release.set()
-            await asyncio.gather(first, *queued)
-            later = await batcher.submit({"x": np.zeros((1, 1), np.float32)})  # idle again: runs alone, at once
-            batcher.close()
-            return later.batch_rows
+        batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0.0)
+        first = asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}))
+        await asyncio.sleep(0.05)
+        queued = [asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)})) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.gather(first, *queued)
+        later = await batcher.submit({"x": np.zeros((1, 1), np.float32)})  # idle again: runs alone, at once
+        batcher.close()
+        return later.batch_rows
 
     assert asyncio.run(scenario()) == 1
     assert calls == [1, 3, 1]
@@ -116,12 +112,11 @@ def test_requests_with_other_shapes_are_not_merged():
         return {"y": inputs["x"]}
 
     async def scenario():
-        with ThreadPoolExecutor(1) as pool:
-            batcher = DynamicBatcher(Caller(run, pool), max_batch_size=8, max_delay_s=0.05)
-            await asyncio.gather(
-                batcher.submit({"x": np.zeros((1, 3), np.float32)}), batcher.submit({"x": np.zeros((1, 4), np.float32)})
-            )
-            batcher.close()
+        batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0.05)
+        await asyncio.gather(
+            batcher.submit({"x": np.zeros((1, 3), np.float32)}), batcher.submit({"x": np.zeros((1, 4), np.float32)})
+        )
+        batcher.close()
 
     asyncio.run(scenario())
     assert sorted(calls) == [(1, 3), (1, 4)]
@@ -183,25 +178,22 @@ def test_queued_requests_run_side_by_side_on_lanes_and_a_lone_one_on_every_core(
         return run
 
     async def scenario():
-        with ThreadPoolExecutor(1) as pool:
-            batcher = DynamicBatcher(
-                Caller(runner("all-cores"), pool),
-                max_batch_size=8,
-                max_delay_s=0,
-                lanes=[Caller(runner("lane"), pool), Caller(runner("lane"), pool)],
-            )
-            assert not batcher.merges
-            first = asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}))
-            await asyncio.sleep(0.05)
-            others = [
-                asyncio.ensure_future(batcher.submit({"x": np.full((1, 1), i, np.float32)})) for i in (1, 2, 3, 4)
-            ]
-            await asyncio.sleep(0.05)
-            release.set()
-            results = await asyncio.gather(first, *others)
-            lone = await batcher.submit({"x": np.full((1, 1), 5, np.float32)})  # all lanes idle again
-            batcher.close()
-            return [*results, lone]
+        batcher = DynamicBatcher(
+            runner("all-cores"),
+            max_batch_size=8,
+            max_delay_s=0,
+            lanes=[runner("lane"), runner("lane")],
+        )
+        assert not batcher.merges
+        first = asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}))
+        await asyncio.sleep(0.05)
+        others = [asyncio.ensure_future(batcher.submit({"x": np.full((1, 1), i, np.float32)})) for i in (1, 2, 3, 4)]
+        await asyncio.sleep(0.05)
+        release.set()
+        results = await asyncio.gather(first, *others)
+        lone = await batcher.submit({"x": np.full((1, 1), 5, np.float32)})  # all lanes idle again
+        batcher.close()
+        return [*results, lone]
 
     results = asyncio.run(scenario())
     assert [kind for kind, _, _ in log] == ["all-cores", "lane", "lane", "lane", "lane", "all-cores"]
@@ -214,7 +206,8 @@ def test_queued_requests_run_side_by_side_on_lanes_and_a_lone_one_on_every_core(
 
 def test_lanes_serve_a_real_model_with_their_share_of_the_cores(digits, tmp_path):
     """``lanes: 2`` in model.yaml: two more sessions of the package, each with half the threads,
-    answering concurrent requests exactly as the session with every core answers a lone one."""
+    answering concurrent requests exactly as the session with every core answers a lone one. A
+    version that does not merge (``max_batch_size: 1``) is scheduled by a batcher all the same."""
     import shutil
 
     import yaml
@@ -226,6 +219,8 @@ def test_lanes_serve_a_real_model_with_their_share_of_the_cores(digits, tmp_path
 
     shutil.copytree(digits["package"], tmp_path / "digits" / "1")
     (tmp_path / "digits" / "model.yaml").write_text(yaml.safe_dump({"lanes": 2}))
+    shutil.copytree(digits["package"], tmp_path / "unmerged" / "1")
+    (tmp_path / "unmerged" / "model.yaml").write_text(yaml.safe_dump({"max_batch_size": 1}))
     images = np.load(digits["data"])["x"][:24]
 
     async def scenario():
@@ -242,10 +237,14 @@ def test_lanes_serve_a_real_model_with_their_share_of_the_cores(digits, tmp_path
                 *(served.batcher.submit({"x": images[i : i + 1]}) for i in range(len(images)))
             )
             lane_threads = {t.name for t in threading.enumerate() if t.name.startswith("unideploy-lane")}
+            unmerged = registry.get("unmerged").batcher
+            assert not unmerged.merges and not registry.get("unmerged").lanes
+            single = await unmerged.submit({"x": images[:3]})
             await registry.close()
-            return threads, config, alone, results, lane_threads
+            return threads, config, alone, results, lane_threads, single
 
-    threads, config, alone, results, lane_threads = asyncio.run(scenario())
+    threads, config, alone, results, lane_threads, single = asyncio.run(scenario())
+    np.testing.assert_allclose(single.outputs["output"], alone[:3], rtol=1e-5, atol=1e-6)
     assert threads == [max(1, usable_cores() // 2)] * 2
     assert "dynamic_batching" not in config  # lanes do not merge requests
     assert len(lane_threads) == 2  # both lanes ran

@@ -187,8 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         type=_positive_int,
         default=None,
-        help="threads running models without a batch dimension, and loads (default: 4; "
-        "a batched version runs on a thread of its own)",
+        help="threads for loading versions and scanning the repository (default: 4; "
+        "each version runs its calls on a thread of its own, and model.yaml's lanes side by side)",
     )
     p.add_argument(
         "--require-signed",

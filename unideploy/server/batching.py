@@ -1,6 +1,8 @@
-"""Dynamic batching: requests that arrive close together share one runtime call.
+"""Each version's scheduler: one runtime call at a time on a thread of its own, and dynamic
+batching, where requests that arrive close together share one runtime call.
 
-When the model is idle a request runs at once. Requests that queued while the previous batch ran
+Every served version has a ``DynamicBatcher``, as each Triton model instance runs one request at
+a time (``max_batch_size`` 1: nothing is merged). When the model is idle a request runs at once. Requests that queued while the previous batch ran
 are merged at once; with ``max_delay_s`` above 0 (the default is 0) a batch also waits that long
 for more, but only when there is concurrent traffic (others were already queued), so a lone
 request never pays the delay. Up to ``max_batch_size`` rows are merged along the batch
@@ -19,7 +21,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -84,7 +86,8 @@ class BatchResult:
 class DynamicBatcher:
     """One version's queue of requests, run one batch at a time on a thread of its own.
 
-    The thread is the batcher's, not the server's pool: with a pool each call woke a second idle
+    ``run`` is the version's runtime; ``inline_bytes`` as for ``Caller``. The thread is the
+    batcher's, not the server's pool: with a pool each call woke a second idle
     worker besides the one that took it, which then competed with ONNX Runtime's threads for the
     GIL and the cores. With its own thread EfficientNet-Lite0 at concurrency 1 answered with a p99
     of 6.6-8.0 ms instead of 12.5-17.2 ms, and its runtime call took 4.1-4.3 ms instead of
@@ -95,9 +98,17 @@ class DynamicBatcher:
     one-thread lane never waits, which is worth more than merging where merging does not pay
     (EfficientNet-Lite0 on 2 cores: docs/server.md, "Lanes")."""
 
-    def __init__(self, call: Caller, max_batch_size: int, max_delay_s: float, lanes: Sequence[Caller] = ()) -> None:
+    def __init__(
+        self,
+        run: Callable[[Tensors], Tensors],
+        max_batch_size: int,
+        max_delay_s: float,
+        *,
+        inline_bytes: int = 0,
+        lanes: Sequence[Callable[[Tensors], Tensors]] = (),
+    ) -> None:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="unideploy-batch")
-        self._call = replace(call, executor=self._thread)
+        self._call = Caller(run, self._thread, inline_bytes)
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_s
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
@@ -107,7 +118,7 @@ class DynamicBatcher:
         ]
         self._idle_lanes: asyncio.Queue[Caller] = asyncio.Queue()
         for lane, thread in zip(lanes, self._lane_threads, strict=True):
-            self._idle_lanes.put_nowait(replace(lane, executor=thread))
+            self._idle_lanes.put_nowait(Caller(lane, thread))
         self._lane_runs: set[asyncio.Task] = set()
 
     @property
@@ -120,7 +131,8 @@ class DynamicBatcher:
             self._task = asyncio.get_running_loop().create_task(
                 self._lanes_loop() if self._lane_threads else self._loop()
             )
-        rows = next(iter(inputs.values())).shape[0]
+        first = next(iter(inputs.values()))
+        rows = first.shape[0] if first.ndim else 1
         pending = _Pending(inputs, rows, asyncio.get_running_loop().create_future())
         await self._queue.put(pending)
         return await pending.future

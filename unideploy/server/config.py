@@ -92,7 +92,7 @@ class ServerConfig(BaseSettings):
     workers: int = Field(
         4,
         ge=1,
-        description="threads running models without a batch dimension, and loads (a batched version has its own)",
+        description="threads for loading versions and scanning the repository (each version runs its calls on its own)",
     )
     body_timeout_s: float = Field(30.0, gt=0, description="a REST body not fully arrived by then is answered 408")
     max_connections: int = Field(512, ge=1, description="REST connections at once (more are answered 503)")

@@ -101,7 +101,7 @@ class DataPlane:
                 for t in served.signature.outputs
             ],
         }
-        if batched and served.batcher and served.batcher.merges:
+        if batched and served.batcher.merges:
             config["dynamic_batching"] = {"max_queue_delay_microseconds": int(served.batcher.max_delay_s * 1e6)}
         return config
 
@@ -186,14 +186,9 @@ class DataPlane:
         self.runs_running += 1
         served.drained.clear()
         try:
-            if served.batcher is not None:
-                result = await served.batcher.submit(arrays)
-                self.metrics.rows(served.model, served.version).observe(result.batch_rows)
-                return result.outputs, result.queue_s, result.compute_s
-            start = time.perf_counter()
-            outputs = await served.caller(arrays)
-            self.metrics.rows(served.model, served.version).observe(next(iter(arrays.values())).shape[0])
-            return outputs, 0.0, time.perf_counter() - start
+            result = await served.batcher.submit(arrays)
+            self.metrics.rows(served.model, served.version).observe(result.batch_rows)
+            return result.outputs, result.queue_s, result.compute_s
         finally:
             served.in_flight -= 1
             self.runs_running -= 1

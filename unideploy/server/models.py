@@ -23,7 +23,7 @@ from unideploy.package.signing import TrustedSigners, verify_signature
 from unideploy.runtimes import RuntimeOptions
 from unideploy.runtimes.base import Runtime, usable_cores
 from unideploy.runtimes.selection import open_runtime
-from unideploy.server.batching import Caller, DynamicBatcher, inline_bytes
+from unideploy.server.batching import DynamicBatcher, inline_bytes
 from unideploy.server.config import ModelSettings
 from unideploy.server.errors import NotFound, Unavailable
 from unideploy.server.memory import release_free_memory
@@ -42,9 +42,8 @@ class ServedVersion:
     source: VersionSource
     package: Package
     runtime: Runtime
-    caller: Caller  # how its runtime is called from the event loop
     lanes: list[Runtime]  # more sessions of the same artifact, for requests that queue (model.yaml's lanes)
-    batcher: DynamicBatcher | None
+    batcher: DynamicBatcher  # every call to runtime and lanes goes through it
     settings: ModelSettings  # the model.yaml it was loaded under
     sample: dict[str, Any] = field(default_factory=dict)  # its warm-up request, run again to shrink it
     in_flight: int = 0
@@ -56,8 +55,7 @@ class ServedVersion:
         return self.runtime.signature
 
     def close(self) -> None:
-        if self.batcher:
-            self.batcher.close()
+        self.batcher.close()
         for runtime in (self.runtime, *self.lanes):
             runtime.close()
         self.package.close()
@@ -190,16 +188,6 @@ class ModelRegistry:
             )
             await self._release_heaps()  # a failed load may have built an engine before failing
             return
-        rows = min(model.settings.max_batch_size, served.runtime.max_batch_size or model.settings.max_batch_size)
-        mergeable = rows > 1 and served.signature.has_dynamic_batch
-        if mergeable or served.lanes:
-            # never merged past what the engine was built for (a TensorRT profile's max batch)
-            served.batcher = DynamicBatcher(
-                served.caller,
-                rows if mergeable else 1,
-                model.settings.max_queue_delay_ms / 1000.0,
-                [Caller(lane.run, self.executor) for lane in served.lanes],
-            )
         old = model.versions.get(src.version)
         model.versions[src.version] = served  # visible only now, warmed
         model.failures.pop(src.version, None)
@@ -230,14 +218,21 @@ class ModelRegistry:
             sample = package.reference_samples()[0].inputs
             started = time.perf_counter()
             runtime.run(sample)  # warm-up: first inference pays for allocations
-            caller = Caller(
-                runtime.run, self.executor, inline_bytes(runtime.run, sample, time.perf_counter() - started)
-            )
+            inline = inline_bytes(runtime.run, sample, time.perf_counter() - started)
             lanes = self._open_lanes(package, settings, options, sample)
         except BaseException:
             package.close()
             raise
-        return ServedVersion(src.model, src.version, src, package, runtime, caller, lanes, None, settings, sample)
+        # never merged past what the engine was built for (a TensorRT profile's max batch)
+        rows = min(settings.max_batch_size, runtime.max_batch_size or settings.max_batch_size)
+        batcher = DynamicBatcher(
+            runtime.run,
+            rows if rows > 1 and runtime.signature.has_dynamic_batch else 1,
+            settings.max_queue_delay_ms / 1000.0,
+            inline_bytes=inline,
+            lanes=[lane.run for lane in lanes],
+        )
+        return ServedVersion(src.model, src.version, src, package, runtime, lanes, batcher, settings, sample)
 
     @staticmethod
     def _open_lanes(
