@@ -2,13 +2,13 @@
 batching, where requests that arrive close together share one runtime call.
 
 Every served version has a ``DynamicBatcher``, as each Triton model instance runs one request at
-a time (``max_batch_size`` 1: nothing is merged). When the model is idle a request runs at once. Requests that queued while the previous batch ran
-are merged at once; with ``max_delay_s`` above 0 (the default is 0) a batch also waits that long
-for more, but only when there is concurrent traffic (others were already queued), so a lone
-request never pays the delay. Up to ``max_batch_size`` rows are merged along the batch
-axis (only requests whose other dimensions agree) and the outputs are split back by rows. The
-runtime call runs in a worker thread, except for models measured at warm-up to answer faster
-than that hand-off (``Caller``).
+a time (``max_batch_size`` 1: nothing is merged). When the model is idle a request runs at once.
+Requests that queued while the previous batch ran are merged at once; with ``max_delay_s`` above
+0 (the default is 0) a batch also waits that long for more, but only when there is concurrent
+traffic (others were already queued), so a lone request never pays the delay. Up to
+``max_batch_size`` rows are merged along the batch axis (only requests whose other dimensions
+agree) and the outputs are split back by rows. The runtime call runs in a worker thread, except
+for models measured at warm-up to answer faster than that hand-off (``Caller``).
 
 With lanes (``model.yaml``'s ``lanes``), requests that queue are not merged but run side by side,
 one per lane, each lane a session with a share of the cores; a lone request still runs on the
@@ -87,9 +87,8 @@ class DynamicBatcher:
     """One version's queue of requests, run one batch at a time on a thread of its own.
 
     ``run`` is the version's runtime; ``inline_bytes`` as for ``Caller``. The thread is the
-    batcher's, not the server's pool: with a pool each call woke a second idle
-    worker besides the one that took it, which then competed with ONNX Runtime's threads for the
-    GIL and the cores. With its own thread EfficientNet-Lite0 at concurrency 1 answered with a p99
+    batcher's, not the server's pool: with a pool each call woke a second idle worker besides the
+    one that took it, which then competed with ONNX Runtime's threads for the GIL and the cores. With its own thread EfficientNet-Lite0 at concurrency 1 answered with a p99
     of 6.6-8.0 ms instead of 12.5-17.2 ms, and its runtime call took 4.1-4.3 ms instead of
     4.5-5.2 ms on average (perf_analyzer, three alternating rounds, docs/server.md).
 
