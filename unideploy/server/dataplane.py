@@ -101,7 +101,7 @@ class DataPlane:
                 for t in served.signature.outputs
             ],
         }
-        if batched and served.batcher.merges:
+        if served.batcher.merges:  # merging needs a batch dimension
             config["dynamic_batching"] = {"max_queue_delay_microseconds": int(served.batcher.max_delay_s * 1e6)}
         return config
 

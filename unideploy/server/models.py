@@ -209,18 +209,30 @@ class ModelRegistry:
 
     def _open(self, src: VersionSource, settings: ModelSettings) -> ServedVersion:
         package = Package.open(src.path)
+        opened: list[Runtime] = []  # closed again if anything fails (a TensorRT engine holds GPU memory)
+
+        def warmed(options: RuntimeOptions) -> tuple[Runtime, float]:
+            """A session of the served artifact, run once on the sample: the first inference pays for
+            allocations. Also returns how long that run took."""
+            opened.append(open_runtime(package, settings.artifact, options=options)[1])
+            started = time.perf_counter()
+            opened[-1].run(sample)
+            return opened[-1], time.perf_counter() - started
+
         try:
             if self.trusted is not None:  # before any of its files is run
                 verify_signature(package, self.trusted)
+            sample = package.reference_samples()[0].inputs
             # No target: a GPU machine serves a package's TensorRT artifact, any other its ONNX one.
             options = RuntimeOptions(device="auto", spin=settings.spin, threads=settings.threads, shared_arena=True)
-            _, runtime = open_runtime(package, settings.artifact, options=options)
-            sample = package.reference_samples()[0].inputs
-            started = time.perf_counter()
-            runtime.run(sample)  # warm-up: first inference pays for allocations
-            inline = inline_bytes(runtime.run, sample, time.perf_counter() - started)
-            lanes = self._open_lanes(package, settings, options, sample)
+            runtime, warm_up_s = warmed(options)
+            inline = inline_bytes(runtime.run, sample, warm_up_s)
+            # lanes share the threads one run would have (none for lanes: 1)
+            share = replace(options, threads=max(1, (settings.threads or usable_cores()) // settings.lanes))
+            lanes = [warmed(share)[0] for _ in range(settings.lanes if settings.lanes > 1 else 0)]
         except BaseException:
+            for opened_runtime in opened:
+                opened_runtime.close()
             package.close()
             raise
         # never merged past what the engine was built for (a TensorRT profile's max batch)
@@ -233,26 +245,6 @@ class ModelRegistry:
             lanes=[lane.run for lane in lanes],
         )
         return ServedVersion(src.model, src.version, src, package, runtime, lanes, batcher, settings, sample)
-
-    @staticmethod
-    def _open_lanes(
-        package: Package, settings: ModelSettings, options: RuntimeOptions, sample: dict[str, Any]
-    ) -> list[Runtime]:
-        """``settings.lanes`` more sessions (none for 1), sharing the threads a run would have, each
-        warmed up like the first."""
-        if settings.lanes == 1:
-            return []
-        share = replace(options, threads=max(1, (settings.threads or usable_cores()) // settings.lanes))
-        lanes: list[Runtime] = []
-        try:
-            for _ in range(settings.lanes):
-                lanes.append(open_runtime(package, settings.artifact, options=share)[1])
-                lanes[-1].run(sample)
-        except BaseException:
-            for lane in lanes:
-                lane.close()
-            raise
-        return lanes
 
     async def _retire(self, model: ServedModel, served: ServedVersion) -> None:
         """Stop routing to a version, let its in-flight requests finish, then close it."""
