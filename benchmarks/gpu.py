@@ -1,34 +1,46 @@
-"""GPU engines against ONNX Runtime: TensorRT fp32/fp16/int8 and ORT CUDA, relative to ORT on the CPU.
+"""The GPU path, measured: exact fp32, TF32 and fp16 on ONNX Runtime's CUDA provider, the options
+that make fp16 pay, what a change of input shape costs, and TensorRT where it runs.
 
-(a) a ResNet-18-shaped CNN at 1x3x224x224 (random weights: latency does not depend on them);
-(b) MiniLM-L6 sentence embeddings (seq 128; quality: cosine of each engine's embeddings to ONNX
-    fp32 on the CPU, on real sentences).
+(a) EfficientNet-Lite0 with its ImageNet weights (a MobileNet-class CNN, 1x3x224x224; or the
+    package given with ``--package``, which must hold onnx-fp32 and onnx-fp16), on real photos.
+(b) What a change of batch size costs one CUDA session, against a session per batch bucket (the
+    cause of GPU serving's collapse under load, and its fix: runtimes/batch_buckets.py).
+(c) A MiniLM-sized BERT encoder (random weights; needs torch and transformers): exact fp32, TF32,
+    fp16 and fp16 after ONNX Runtime's transformer fusions, against PyTorch eager fp16.
 
-Each model goes through the real pipeline (TorchScript -> ``unideploy.export --target gpu`` with
-fp32, fp16 and int8 recipes; int8 calibrated by TensorRT on half of the inputs), then every engine
-is opened on its runtime and timed in one process, taking turns, at batch 1 and 32. On a machine
-without TensorRT or a CUDA provider it says so and exits 0: nothing here can be measured on a CPU.
+Every row is labelled by what ran: the artifact, the providers the session reports (not those
+asked for) and the precision; a recipe whose provider does not load is a row that says why, and no
+figure is credited to TensorRT unless TensorRT ran. Engines take turns within each round
+(``interleaved_latency``), in one process. The "+ device buffers" rows bind inputs and outputs to
+CUDA buffers allocated once (and capture a CUDA graph where asked); they still copy the request
+from the host and the answer back each call, as a server must. On a machine without a usable CUDA
+provider it says so and exits 0.
 
-    python benchmarks/gpu.py [--only cnn|minilm] [--json] [--markdown]
+    python benchmarks/gpu.py [--package PKG --photos PHOTOS.npz] [--json] [--markdown]
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
+import argparse
+import json
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import report
-from bench_models import imagenet_cnn_torchscript, minilm_torchscript
 from rich.console import Console
 
 import unideploy
-from unideploy.errors import MissingDependencyError
+from unideploy.errors import UnideployError
 from unideploy.optimizers.measure import interleaved_latency
-from unideploy.runtimes import RUNTIMES, Runtime, RuntimeOptions
-from unideploy.runtimes.onnxruntime_runtime import GPU_PROVIDERS
+from unideploy.package import Package
+from unideploy.runtimes import Runtime, RuntimeOptions
+from unideploy.runtimes.batch_buckets import default_buckets
+from unideploy.runtimes.ort_providers import CUDA, cuda_options
+from unideploy.runtimes.selection import open_artifact
+from unideploy.samples import resize_batch
 
 console = Console(stderr=True)
 BATCHES = (1, 32)
@@ -44,140 +56,374 @@ class _Timed:
         return list(self.runtime.run(inputs).values())
 
 
-def gpu_paths() -> tuple[bool, bool, str]:
-    """Whether TensorRT and ORT's CUDA provider are usable here, and why not."""
+class _DeviceBuffers:
+    """ONNX Runtime's CUDA provider through IO binding: per batch size a session whose inputs and
+    outputs are CUDA buffers allocated once, the request copied in and the answer copied out each
+    call; with ``graph`` the session replays a captured CUDA graph (fixed shapes only). With
+    ``copy`` off the request is taken as already on the GPU (what a tensor that never crosses the
+    host would cost: CUDA shared memory, or a pipeline on the device)."""
+
+    def __init__(self, model: Path, options: dict[str, str], graph: bool, copy: bool = True) -> None:
+        self.model, self.options, self.graph, self.copy = model, options, graph, copy
+        self.per_batch: dict[int, tuple[Any, Any, dict[str, Any], dict[str, Any]]] = {}
+
+    def _bind(self, inputs: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+        import onnxruntime as ort
+
+        options = {**self.options, **({"enable_cuda_graph": "1"} if self.graph else {})}
+        session = ort.InferenceSession(str(self.model), providers=[(CUDA, options), "CPUExecutionProvider"])
+        # the outputs' shapes and types, from a plain session (a graph-capturing one runs bound only)
+        shapes = ort.InferenceSession(str(self.model), providers=[(CUDA, self.options), "CPUExecutionProvider"]).run(
+            None, inputs
+        )
+        binding = session.io_binding()
+        bound_in = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in inputs.items()}
+        bound_out = {
+            o.name: ort.OrtValue.ortvalue_from_shape_and_type(list(a.shape), a.dtype.type, "cuda", 0)
+            for o, a in zip(session.get_outputs(), shapes, strict=True)
+        }
+        for name, value in bound_in.items():
+            binding.bind_ortvalue_input(name, value)
+        for name, value in bound_out.items():
+            binding.bind_ortvalue_output(name, value)
+        return session, binding, bound_in, bound_out
+
+    def run(self, _names: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        rows = next(iter(inputs.values())).shape[0]
+        if rows not in self.per_batch:
+            self.per_batch[rows] = self._bind(inputs)
+        session, binding, bound_in, bound_out = self.per_batch[rows]
+        for name, value in bound_in.items() if self.copy else ():
+            value.update_inplace(inputs[name])
+        session.run_with_iobinding(binding)
+        return [v.numpy() for v in bound_out.values()]
+
+
+def usable_cuda() -> str | None:
+    """None when ONNX Runtime's CUDA provider loads here, else why not."""
     import onnxruntime
 
-    found = RUNTIMES.get("tensorrt").availability()
-    cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
-    why = f"TensorRT: {found.detail}; onnxruntime GPU providers: " + (
-        ", ".join(p for p in GPU_PROVIDERS if p in onnxruntime.get_available_providers()) or "none"
-    )
-    return found.ok, cuda, why
+    from unideploy.doctor import provider_problem
+
+    if CUDA not in onnxruntime.get_available_providers():
+        return f"this onnxruntime build has no CUDA provider ({', '.join(onnxruntime.get_available_providers())})"
+    return provider_problem(CUDA)
 
 
-def _measure(
-    package_path: Path, sample: dict[str, np.ndarray], work: Path, quality: Callable[[Runtime], float]
-) -> list[dict[str, Any]]:
-    has_trt, has_cuda, _ = gpu_paths()
+def _engine(package: Package, artifact_id: str, **options: Any) -> Runtime | str:
+    try:
+        return open_artifact(package, package.manifest.artifact(artifact_id), None, RuntimeOptions(**options))
+    except UnideployError as exc:
+        return exc.message
+
+
+def cnn(work: Path, package_path: Path | None, photos_path: Path | None) -> dict[str, Any]:
+    if package_path is None:
+        from zoo_models import efficientnet_lite0, imagenet_photos
+
+        package_path = work / "cnn.udp"
+        photos = imagenet_photos(48)
+        np.savez(work / "photos.npz", x=photos)
+        console.log("exporting EfficientNet-Lite0 with --target gpu, then fp16")
+        unideploy.export(efficientnet_lite0(work), package_path, input_shapes=["x:1x3x224x224"], target="gpu").close()
+        unideploy.optimize(package_path, quantize="fp16", calibration=str(work / "photos.npz")).close()
+    else:
+        photos = np.load(photos_path)["x"] if photos_path else None
     with unideploy.open_package(package_path) as package:
-        m = package.manifest
-        onnx = package.path_of("onnx-fp32")
-        engines: dict[str, Runtime] = {
-            "ort-cpu": RUNTIMES.get("onnxruntime")(onnx, m.signature, RuntimeOptions(device="cpu", spin="never"))
+        photos = photos if photos is not None else package.reference_samples()[-1].inputs["x"]
+        held_out = {"x": resize_batch({"x": photos}, 32)["x"]}
+        cpu = _engine(package, "onnx-fp32", device="cpu", spin="never")
+        assert not isinstance(cpu, str), cpu
+        reference = cpu.run(held_out)
+        engines: dict[str, Runtime | _DeviceBuffers | str] = {
+            "onnx-fp32, CPU": cpu,
+            "onnx-fp32, exact": _engine(package, "onnx-fp32", device="gpu"),
+            "onnx-fp32, tf32": _engine(package, "onnx-fp32", device="gpu", tf32=True),
+            "onnx-fp16": _engine(package, "onnx-fp16", device="gpu"),
         }
-        if has_cuda:
-            engines["ort-cuda"] = RUNTIMES.get("onnxruntime")(onnx, m.signature, RuntimeOptions(device="gpu"))
-        for artifact in (a for a in m.artifacts if a.format == "tensorrt"):
-            runtime = "tensorrt" if has_trt else "onnxruntime"  # without TensorRT: ORT's TensorRT provider
-            console.log(f"loading {artifact.id} on {runtime} (builds the engine on first use)")
-            try:
-                engines[artifact.id] = RUNTIMES.get(runtime)(
-                    package.path_of(artifact), m.signature, RuntimeOptions(device="gpu", engine_cache=work / "engines")
-                )
-            except MissingDependencyError as exc:  # calibrated int8 needs TensorRT itself
-                console.log(f"{artifact.id} not measured: {exc}")
-        console.log(f"timing {', '.join(engines)} at batch sizes {BATCHES}")
-        timings = interleaved_latency(
-            {k: _Timed(r) for k, r in engines.items()}, sample, BATCHES, rounds=7, max_seconds=6.0
+        fp16_path = package.path_of(package.manifest.artifact("onnx-fp16"))
+        fp32_path = package.path_of(package.manifest.artifact("onnx-fp32"))
+        nchw = {"use_tf32": "0"}  # fp16 as the provider defaults it, for the A/B with NHWC
+        engines["onnx-fp16, NCHW (provider default)"] = _DeviceBuffers(fp16_path, nchw, graph=False)
+        engines["onnx-fp32, exact + device buffers"] = _DeviceBuffers(fp32_path, cuda_options("fp32", False), False)
+        engines["onnx-fp32, exact + device buffers + CUDA graph"] = _DeviceBuffers(
+            fp32_path, cuda_options("fp32", False), True
         )
-        rows = []
-        for name, runtime in engines.items():
-            row = {"engine": name, "runtime": runtime.name, "quality": quality(runtime)}
+        engines["onnx-fp16 + device buffers"] = _DeviceBuffers(fp16_path, cuda_options("fp16", False), False)
+        engines["onnx-fp16 + device buffers + CUDA graph"] = _DeviceBuffers(
+            fp16_path, cuda_options("fp16", False), True
+        )
+        engines["onnx-fp32, exact, input already on the GPU"] = _DeviceBuffers(
+            fp32_path, cuda_options("fp32", False), False, copy=False
+        )
+        engines["onnx-fp16, input already on the GPU"] = _DeviceBuffers(
+            fp16_path, cuda_options("fp16", False), False, copy=False
+        )
+        for artifact in (a for a in package.manifest.artifacts if a.format == "tensorrt"):
+            engines[artifact.id] = _engine(package, artifact.id, device="gpu")
+        rows, timed, labels = [], {}, {}
+        for name, engine in engines.items():
+            if isinstance(engine, str):
+                rows.append({"engine": name, "ran": f"not run: {engine}"})
+                continue
+            try:
+                out = engine.run(None, held_out)[0] if isinstance(engine, _DeviceBuffers) else engine.run(held_out)
+            except Exception as exc:  # a variant the provider refuses (a CUDA graph over CPU nodes) is a row
+                rows.append({"engine": name, "ran": f"failed: {' '.join(str(exc).split())[:200]}"})
+                continue
+            logits = out if isinstance(out, np.ndarray) else next(iter(out.values()))
+            expected = next(iter(reference.values()))
+            labels[name] = {
+                "ran": _label(engine),
+                "top-1 agreement %": round(float((logits.argmax(1) == expected.argmax(1)).mean() * 100), 1),
+                "max abs diff": float(f"{np.abs(logits - expected).max():.3g}"),
+            }
+            timed[name] = engine if isinstance(engine, _DeviceBuffers) else _Timed(engine)
+        console.log(f"timing {len(timed)} engines at batch sizes {BATCHES}")
+        timings = interleaved_latency(timed, {"x": photos[:1]}, BATCHES, rounds=5, max_seconds=4.0)
+        for name in timed:
+            row: dict[str, Any] = {"engine": name, **labels[name]}
             for b in BATCHES:
-                row[f"b{b}_ms"] = timings[b][name]
-                row[f"b{b}_vs_cpu"] = round(timings[b]["ort-cpu"] / timings[b][name], 2)
-                if "ort-cuda" in timings[b]:
-                    row[f"b{b}_vs_cuda"] = round(timings[b]["ort-cuda"] / timings[b][name], 2)
+                row[f"b{b} ms"] = timings[b][name]
+                exact = timings[b].get("onnx-fp32, exact")
+                row[f"b{b} vs exact fp32"] = round(exact / timings[b][name], 2) if exact else ""
             rows.append(row)
-        for runtime in engines.values():
-            runtime.close()
-    return rows
-
-
-def _targets(rows: list[dict[str, Any]]) -> list[tuple[str, bool, str]]:
+        for engine in engines.values():
+            if isinstance(engine, Runtime):
+                engine.close()
+    columns = [
+        "engine",
+        "ran",
+        "top-1 agreement %",
+        "max abs diff",
+        *(f"b{b} {k}" for b in BATCHES for k in ("ms", "vs exact fp32")),
+    ]
+    rows = [{c: r.get(c, "") for c in columns} for r in rows]
     by = {r["engine"]: r for r in rows}
-    if "tensorrt-fp16" not in by or "ort-cuda" not in by:
-        return []
-    speedup = by["tensorrt-fp16"][f"b{BATCHES[-1]}_vs_cuda"]
-    return [(f"TensorRT fp16 faster than ORT CUDA fp32 at batch {BATCHES[-1]}", speedup > 1.0, f"{speedup}x")]
+    b = BATCHES[-1]
+    targets = []
+    if by.get("onnx-fp16", {}).get(f"b{b} vs exact fp32") not in (None, ""):
+        best = max(
+            (r for r in rows if r["engine"].startswith("onnx-fp16") and r[f"b{b} vs exact fp32"] != ""),
+            key=lambda r: r[f"b{b} vs exact fp32"],
+        )
+        targets.append(
+            (
+                f"onnx-fp16 >= 2x exact fp32 at batch {b} (as deploy runs it)",
+                by["onnx-fp16"][f"b{b} vs exact fp32"] >= 2.0,
+                f"{by['onnx-fp16'][f'b{b} vs exact fp32']}x",
+            )
+        )
+        targets.append(
+            (
+                f"best fp16 variant >= 2x ({best['engine']})",
+                best[f"b{b} vs exact fp32"] >= 2.0,
+                f"{best[f'b{b} vs exact fp32']}x",
+            )
+        )
+    return {
+        "model": "EfficientNet-Lite0 (ImageNet weights), 1x3x224x224, real photos",
+        "quality": "top-1 agreement with fp32 on the CPU %",
+        "rows": rows,
+        "targets": targets,
+        "note": "rows copy the request to the GPU and the answer back, as a server must, except those whose "
+        "input is already on the GPU",
+    }
 
 
-# -- (a) ResNet-18-shaped CNN -----------------------------------------------------------------------
-def cnn(work: Path) -> dict[str, Any]:
-    path = imagenet_cnn_torchscript(work)
+def _label(engine: Runtime | _DeviceBuffers) -> str:
+    if isinstance(engine, _DeviceBuffers):
+        session = next(iter(engine.per_batch.values()))[0]
+        return (
+            f"ONNX Runtime ({', '.join(session.get_providers())}), options {engine.options}"
+            + (", CUDA graph" if engine.graph else "")
+            + ("" if engine.copy else ", no copy to the GPU")
+        )
+    found = engine.describe()
+    return (
+        f"{found['runtime']} ({', '.join(found.get('providers', [])) or found.get('device', '')}), {found['precision']}"
+    )
+
+
+class _TorchHalf:
+    """The same encoder in PyTorch eager fp16 on the GPU, with the same copies in and out."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model.half().cuda().eval()
+
+    def run(self, _names: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        import torch
+
+        with torch.inference_mode():
+            out = self.model(**{k: torch.from_numpy(v).cuda() for k, v in inputs.items()})
+            return [out.float().cpu().numpy()]
+
+
+def encoder(work: Path) -> dict[str, Any] | None:
+    """A MiniLM-sized BERT encoder (6 layers, 384 wide, 12 heads, seq 128; random weights, as
+    latency does not depend on them): exact fp32, TF32, fp16, and fp16 after ONNX Runtime's
+    transformer fusions, against PyTorch eager fp16. None where torch or transformers is missing."""
+    try:
+        import onnx
+        import torch
+        from onnxruntime.transformers import optimizer
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+        from transformers import BertConfig, BertModel
+    except ImportError as exc:
+        console.log(f"encoder skipped: {exc}")
+        return None
+    config = BertConfig(
+        hidden_size=384,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        intermediate_size=1536,
+        attn_implementation="eager",
+    )
+    bert = BertModel(config, add_pooling_layer=False).eval()
+
+    class Encoder(torch.nn.Module):  # named inputs in, the last hidden state out
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    model = Encoder().eval()
     rng = np.random.default_rng(0)
-    images = rng.standard_normal((128, 3, 224, 224), dtype=np.float32)
-    np.savez(work / "calibration.npz", x=images[:64])
-    console.log("exporting with --target gpu (fp32, fp16, int8 calibrated by TensorRT)")
-    unideploy.export(
-        path,
-        work / "cnn.udp",
-        input_shapes=["x:1x3x224x224"],
-        target="gpu",
-        target_options={
-            "trt_precision": ("fp32", "fp16", "int8"),
-            "trt_profile": ["x:1x3x224x224,8x3x224x224,32x3x224x224"],
-            "calibration": work / "calibration.npz",
-        },
-    ).close()
-    held_out = {"x": images[64:96]}
-    with unideploy.open_package(work / "cnn.udp") as package:
-        reference = unideploy.run(package, held_out, artifact="onnx-fp32", device="cpu")["output"]
+    sample = {
+        "input_ids": rng.integers(1000, 30000, (1, 128)).astype(np.int64),
+        "attention_mask": np.ones((1, 128), np.int64),
+    }
+    fp32 = work / "encoder.onnx"
+    torch.onnx.export(
+        model,
+        (torch.from_numpy(sample["input_ids"]), torch.from_numpy(sample["attention_mask"])),
+        str(fp32),
+        input_names=list(sample),
+        output_names=["hidden"],
+        dynamic_axes={"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}, "hidden": {0: "batch"}},
+        opset_version=17,
+        dynamo=False,
+    )
+    fp16 = work / "encoder.fp16.onnx"
+    onnx.save(convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True), str(fp16))
+    fused = optimizer.optimize_model(str(fp32), model_type="bert", num_heads=12, hidden_size=384, use_gpu=True)
+    fused.convert_float_to_float16(keep_io_types=True)
+    fused_path = work / "encoder.fused.fp16.onnx"
+    fused.save_model_to_file(str(fused_path))
+    engines: dict[str, Any] = {
+        "fp32, exact": _DeviceBuffers(fp32, cuda_options("fp32", False), False),
+        "fp32, tf32": _DeviceBuffers(fp32, cuda_options("fp32", True), False),
+        "fp16": _DeviceBuffers(fp16, cuda_options("fp16", False), False),
+        "fp16 + transformer fusions": _DeviceBuffers(fused_path, cuda_options("fp16", False), False),
+        "PyTorch eager fp16": model,
+    }
+    batch = resize_batch(sample, 32)
+    import onnxruntime as ort
 
-    def top1(runtime: Runtime) -> float:
-        return round(float((runtime.run(held_out)["output"].argmax(1) == reference.argmax(1)).mean() * 100), 1)
-
-    rows = _measure(work / "cnn.udp", {"x": images[:1]}, work, top1)
+    reference = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, batch)[0]
+    rows, timed = [], {}
+    for name, engine in engines.items():
+        try:
+            engine = engines[name] = _TorchHalf(engine) if name.startswith("PyTorch") else engine
+            out = engine.run(None, batch)[0]
+        except Exception as exc:
+            rows.append({"engine": name, "ran": f"failed: {' '.join(str(exc).split())[:200]}"})
+            continue
+        a, b = out.reshape(-1, out.shape[-1]), reference.reshape(-1, reference.shape[-1])
+        cosine = float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
+        timed[name] = engine
+        rows.append({"engine": name, "ran": "", "min cosine": round(cosine, 5)})
+    timings = interleaved_latency(timed, sample, BATCHES, rounds=5, max_seconds=4.0) if timed else {}
+    for row in rows:
+        if row["engine"] in timed:
+            for b in BATCHES:
+                row[f"b{b} ms"] = timings[b][row["engine"]]
+                exact = timings[b].get("fp32, exact")
+                row[f"b{b} vs exact fp32"] = round(exact / timings[b][row["engine"]], 2) if exact else ""
+    columns = ["engine", "ran", "min cosine", *(f"b{b} {k}" for b in BATCHES for k in ("ms", "vs exact fp32"))]
+    rows = [{c: r.get(c, "") for c in columns} for r in rows]
+    by = {r["engine"]: r for r in rows}
+    targets = []
+    if by.get("fp16 + transformer fusions", {}).get("b32 ms") and by.get("PyTorch eager fp16", {}).get("b32 ms"):
+        fused_row, torch_row = by["fp16 + transformer fusions"], by["PyTorch eager fp16"]
+        targets = [
+            (
+                "fused fp16 >= 2x exact fp32 at batch 32",
+                fused_row["b32 vs exact fp32"] >= 2,
+                f"{fused_row['b32 vs exact fp32']}x",
+            ),
+            (
+                "fused fp16 within 1.3x of PyTorch eager fp16",
+                fused_row["b32 ms"] <= 1.3 * torch_row["b32 ms"],
+                f"{fused_row['b32 ms'] / torch_row['b32 ms']:.2f}x",
+            ),
+        ]
     return {
-        "model": "ResNet-18-shaped CNN, 1x3x224x224",
-        "quality": "top-1 agreement with fp32 %",
+        "model": "MiniLM-sized BERT encoder (6 x 384, seq 128), random weights",
+        "quality": "min cosine to fp32 on the CPU",
         "rows": rows,
-        "targets": _targets(rows),
-        "note": "random weights: agreement, not accuracy",
+        "targets": targets,
+        "note": "every row copies the request in and the answer out; fusions: onnxruntime.transformers.optimizer",
     }
 
 
-# -- (b) MiniLM-L6 ----------------------------------------------------------------------------------
-def minilm(work: Path) -> dict[str, Any]:
-    model_path, arrays = minilm_torchscript(work, count=400)
-    cut = len(arrays["input_ids"]) // 2
-    np.savez(work / "calibration.npz", **{k: v[:cut] for k, v in arrays.items()})
-    validation = {k: v[cut : cut + 32] for k, v in arrays.items()}
-    profile = ",".join(f"{b}x128" for b in (1, 8, 32))
-    console.log("exporting with --target gpu (fp32, fp16, int8 calibrated by TensorRT)")
-    unideploy.export(
-        model_path,
-        work / "minilm.udp",
-        example_inputs={k: v[:4] for k, v in arrays.items()},
-        target="gpu",
-        target_options={
-            "trt_precision": ("fp32", "fp16", "int8"),
-            "trt_profile": [f"{name}:{profile}" for name in arrays],
-            "calibration": work / "calibration.npz",
-        },
-    ).close()
-    with unideploy.open_package(work / "minilm.udp") as package:
-        reference = next(iter(unideploy.run(package, validation, artifact="onnx-fp32", device="cpu").values()))
-
-    def cosine(runtime: Runtime) -> float:
-        out = next(iter(runtime.run(validation).values()))
-        cos = (out * reference).sum(1) / (np.linalg.norm(out, axis=1) * np.linalg.norm(reference, axis=1))
-        return round(float(cos.mean()), 5)
-
-    rows = _measure(work / "minilm.udp", {k: v[:1] for k, v in validation.items()}, work, cosine)
+def shape_changes(package_path: Path) -> dict[str, Any]:
+    """One session fed batches of 8 and 32 in turn, against a session per bucket: seconds per call."""
+    rows = []
+    with unideploy.open_package(package_path) as package:
+        sample = package.reference_samples()[0].inputs
+        for name, buckets in (
+            ("one session, every size as it comes", ()),
+            ("a session per bucket", default_buckets(32)),
+        ):
+            engine = _engine(package, "onnx-fp32", device="gpu", batch_buckets=buckets)
+            if isinstance(engine, str):
+                rows.append({"engine": name, "ran": f"not run: {engine}"})
+                continue
+            for size in (8, 32):  # first calls of each shape: planned once, as a server's warm-up does
+                engine.run(resize_batch(sample, size))
+            calls = []
+            for size in (8, 32, 8, 32, 5, 17):
+                start = time.perf_counter()
+                engine.run(resize_batch(sample, size))
+                calls.append(round((time.perf_counter() - start) * 1000, 1))
+            rows.append({"engine": name, "ran": _label(engine), "ms per call (8, 32, 8, 32, 5, 17 rows)": calls})
+            engine.close()
     return {
-        "model": "MiniLM-L6 sentence embeddings (seq 128)",
-        "quality": "mean cosine to ONNX fp32",
+        "model": "a change of batch size on the CUDA provider (EfficientNet-Lite0, onnx-fp32)",
+        "quality": "",
         "rows": rows,
-        "targets": _targets(rows),
-        "note": None,
+        "targets": [],
+        "note": "the server pads merged batches to its buckets (model.yaml batch_buckets) and warms each at load",
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--package", type=Path, help="a package with onnx-fp32 and onnx-fp16 (default: build one)")
+    parser.add_argument("--photos", type=Path, help=".npz of real inputs 'x' for --package")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    why = usable_cuda()
+    if why:
+        print(f"benchmarks/gpu.py: skipped, ONNX Runtime's CUDA provider is not usable here ({why})")
+        return
+    with tempfile.TemporaryDirectory(prefix="unideploy-gpu-bench-") as folder:
+        work = Path(folder)
+        results = [cnn(work, args.package, args.photos)]
+        results.append(shape_changes(args.package or work / "cnn.udp"))
+        found = encoder(work)
+        if found:
+            results.append(found)
+    if args.json:
+        print(json.dumps(results, indent=2, default=str))
+    else:
+        for result in results:
+            report.print_result(result, args.markdown)
 
 
 if __name__ == "__main__":
-    has_trt, has_cuda, why = gpu_paths()
-    if not (has_trt or has_cuda):
-        print(f"benchmarks/gpu.py: skipped, no GPU path on this machine ({why})")
-        sys.exit(0)
-    report.main(__doc__.splitlines()[0], {"cnn": cnn, "minilm": minilm})
+    main()

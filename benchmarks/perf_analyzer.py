@@ -59,6 +59,7 @@ def measure(
     seconds: float,
     shapes: dict[str, list[int]],
     work: Path,
+    timeout: float = 300,
 ) -> dict[str, float]:
     """p50/p99 latency (ms) and throughput of batch-1 requests at ``concurrency``, zeros as input
     (valid token ids; latency does not depend on the values), over ``protocol`` (grpc or http: its
@@ -77,7 +78,10 @@ def measure(
     command += ["--stability-percentage", "100", "--max-trials", "10", "-f", str(out)]
     for name, dims in shapes.items():
         command += ["--shape", f"{name}:{','.join(map(str, dims))}"]
-    ran = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    try:
+        ran = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"perf_analyzer found no stable rate within {timeout:.0f} s") from exc
     if ran.returncode != 0:
         raise RuntimeError(f"perf_analyzer failed: {(ran.stderr or ran.stdout).strip()[-500:]}")
     with open(out) as fh:

@@ -53,8 +53,10 @@ def start_server(
     env: dict | None = None,
     tls: tuple[Path, Path] | None = None,
     ready_within: float = 60.0,
+    wrapper: tuple[str, ...] = (),
 ) -> RunningServer:
-    """Start ``deploy serve``; ``tls`` = (cert, key) serves both ports over TLS."""
+    """Start ``deploy serve``; ``tls`` = (cert, key) serves both ports over TLS; ``wrapper`` is a
+    command it runs under (``("taskset", "-c", "0-7")``)."""
     http_port, grpc_port = free_port(), free_port()
     if tls:
         extra = (*extra, "--tls-cert", str(tls[0]), "--tls-key", str(tls[1]))
@@ -62,6 +64,7 @@ def start_server(
     with open(log, "w") as log_file:  # the child keeps its own descriptor
         process = subprocess.Popen(
             [
+                *wrapper,
                 DEPLOY,
                 "serve",
                 str(repo),

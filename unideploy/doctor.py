@@ -52,25 +52,64 @@ def diagnose() -> list[Finding]:
 
 
 def _gpu_finding() -> Finding:
-    """A GPU is usable by ONNX Runtime when it has a CUDA/TensorRT provider; say which piece is missing."""
+    """A GPU is usable by ONNX Runtime when its CUDA provider loads: a build that lists it can
+    still lack the CUDA or cuDNN libraries, and then every session quietly runs on the CPU. So a
+    one-node model is opened on each GPU provider the build lists, and what loaded is reported."""
     import onnxruntime
 
     from unideploy.runtimes.cuda_devices import find_gpus
-    from unideploy.runtimes.onnxruntime_runtime import GPU_PROVIDERS
+    from unideploy.runtimes.ort_providers import CUDA, GPU_PROVIDERS, TENSORRT
 
     gpus, detail = find_gpus()
-    providers = [p for p in GPU_PROVIDERS if p in onnxruntime.get_available_providers()]
-    if providers:
-        return Finding("device", "gpu", True, f"onnxruntime providers: {', '.join(providers)}; {detail}")
-    if gpus:
-        return Finding(
-            "device",
-            "gpu",
-            False,
-            f"{detail}, but this onnxruntime build is CPU-only",
-            "pip uninstall -y onnxruntime && pip install onnxruntime-gpu",
+    listed = [p for p in GPU_PROVIDERS if p in onnxruntime.get_available_providers()]
+    if not listed:
+        if gpus:
+            return Finding(
+                "device",
+                "gpu",
+                False,
+                f"{detail}, but this onnxruntime build is CPU-only",
+                "pip uninstall -y onnxruntime && pip install onnxruntime-gpu",
+            )
+        return Finding("device", "gpu", False, detail, "run on a machine with an NVIDIA GPU and its driver")
+    lost = {p: provider_problem(p) for p in listed}
+    said = "; ".join(f"{p}: " + (why or "loads") for p, why in lost.items())
+    if lost.get(CUDA) is None and CUDA in lost:
+        tensorrt = (
+            " (TensorRT recipes need TensorRT 10 for ONNX Runtime's TensorRT provider: NVIDIA's index)"
+            if lost.get(TENSORRT)
+            else ""
         )
-    return Finding("device", "gpu", False, detail, "run on a machine with an NVIDIA GPU and its driver")
+        return Finding("device", "gpu", True, f"{said}; {detail}{tensorrt}")
+    return Finding(
+        "device",
+        "gpu",
+        False,
+        f"{said}; {detail}",
+        "install the CUDA and cuDNN libraries onnxruntime-gpu was built for (docs/gpu.md)",
+    )
+
+
+def provider_problem(provider: str) -> str | None:
+    """Why ``provider`` does not load a one-node model here, or None when it does."""
+    import tempfile
+    from pathlib import Path
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    from unideploy.runtimes.ort_providers import open_session
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8
+    )  # any ONNX Runtime reads IR 8
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "probe.onnx"
+        onnx.save(model, str(path))
+        return open_session(path, None, [provider, "CPUExecutionProvider"]).lost
 
 
 def _runs_elsewhere(target: str) -> str:

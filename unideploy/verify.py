@@ -10,8 +10,16 @@ from unideploy.errors import MissingDependencyError
 from unideploy.package import Package
 from unideploy.package.manifest import ValidationRecord
 from unideploy.runtimes import RuntimeOptions
-from unideploy.runtimes.selection import runtime_for
-from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, failure_text, fitted, validate
+from unideploy.runtimes.selection import open_artifact, what_ran
+from unideploy.validation import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    TEN_BIT_RELATIVE,
+    failure_text,
+    fitted,
+    largest_reference,
+    validate,
+)
 
 
 @dataclass
@@ -21,6 +29,7 @@ class ArtifactCheck:
     runtime: str | None = None
     reason: str | None = None
     record: ValidationRecord | None = None
+    ran: dict[str, Any] | None = None  # selection.what_ran: providers and precision that computed it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -28,29 +37,34 @@ class ArtifactCheck:
             "status": self.status,
             "runtime": self.runtime,
             "reason": self.reason,
+            **({"ran": self.ran} if self.ran else {}),
             **({"validation": self.record} if self.record else {}),
         }
 
 
-def verify_package(package: Package, runtime: str | None = None, device: str = "cpu") -> list[ArtifactCheck]:
+def verify_package(
+    package: Package, runtime: str | None = None, device: str = "cpu", tf32: bool = False
+) -> list[ArtifactCheck]:
     """Run every artifact on the stored reference samples, with the tolerance it was exported under.
 
     Integrity was checked when the package was opened; an artifact no runtime here can execute
-    is reported as skipped with the reason, never silently passed.
+    is reported as skipped with the reason, never silently passed. An fp32 artifact computed in
+    TF32 (``tf32``, on a GPU) is judged as tf32: 1% of the largest reference output, as fp16.
     """
     samples = package.reference_pairs()
     checks = []
     for artifact in package.manifest.artifacts:
         try:
-            cls = runtime_for(artifact, runtime, device=device)
-            engine = cls(
-                package.path_of(artifact), package.manifest.signature_of(artifact), RuntimeOptions(device=device)
-            )
+            engine = open_artifact(package, artifact, runtime, RuntimeOptions(device=device, tf32=tf32))
         except MissingDependencyError as exc:  # no runtime here, or (on load) no GPU for a GPU artifact
             checks.append(ArtifactCheck(artifact.id, "skipped", reason=exc.message))
             continue
+        ran = what_ran(artifact, engine)
         stored = package.manifest.validation.get(artifact.id)
         atol, rtol = (stored["atol"], stored["rtol"]) if stored else (DEFAULT_ATOL, DEFAULT_RTOL)
+        if ran["precision"] == "tf32":
+            atol = max(atol, TEN_BIT_RELATIVE * largest_reference(samples))
+            rtol = max(rtol, TEN_BIT_RELATIVE)
         with engine:
             run, fit = fitted(engine.run, package.manifest.signature_of(artifact), samples)
             if not fit:
@@ -58,8 +72,9 @@ def verify_package(package: Package, runtime: str | None = None, device: str = "
                     ArtifactCheck(
                         artifact.id,
                         "skipped",
-                        cls.name,
+                        engine.name,
                         "no reference sample has the input size this artifact was made for",
+                        ran=ran,
                     )
                 )
                 continue
@@ -68,9 +83,10 @@ def verify_package(package: Package, runtime: str | None = None, device: str = "
             ArtifactCheck(
                 artifact.id,
                 "passed" if record["passed"] else "failed",
-                cls.name,
+                engine.name,
                 None if record["passed"] else failure_text(record),
                 record,
+                ran,
             )
         )
     return checks

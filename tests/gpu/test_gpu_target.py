@@ -85,7 +85,7 @@ def test_without_a_gpu_the_onnx_artifact_serves_and_gpu_artifacts_say_why_not(gp
     assert json.loads(result.stdout)["artifact"] == "onnx-fp32"
 
     asked = deploy("run", gpu_package, "--input", tmp_path / "in.npz", "--artifact", "tensorrt-fp16")
-    assert_one_line_error(asked, 2, r"needs the TensorRT runtime or onnxruntime-gpu on a CUDA GPU.*deploy doctor")
+    assert_one_line_error(asked, 2, r"needs the TensorRT runtime or ONNX Runtime's TensorRT provider.*deploy doctor")
     on_cpu = deploy(
         "run", gpu_package, "--input", tmp_path / "in.npz", "--artifact", "tensorrt-fp16", "--device", "cpu"
     )
@@ -250,6 +250,23 @@ def test_the_server_serves_a_gpu_package_from_its_onnx_artifact_here(gpu_package
             gpu_package / "artifacts" / "model.onnx", _signature(gpu_package), RuntimeOptions(device="cpu")
         ).run({"x": x})["output"]
         np.testing.assert_allclose(np.array(output["data"]).reshape(output["shape"]), expected, rtol=1e-5, atol=1e-6)
+        # what ran is what metadata, config and metrics name: the ONNX artifact on the CPU, and why
+        with server.client() as client:
+            ran = client.get("/v2/models/cnn").json()["parameters"]
+            config = client.get("/v2/models/cnn/config").json()["parameters"]
+            metrics = client.get("/metrics").text
+        assert (ran["artifact"], ran["device"], ran["providers"], ran["precision"]) == (
+            "onnx-fp32",
+            "cpu",
+            "CPUExecutionProvider",
+            "fp32",
+        )
+        assert ran["passed_over"].startswith("tensorrt-fp16: ") and config["artifact"] == {"string_value": "onnx-fp32"}
+        assert "batch_buckets" not in ran  # buckets are for engines that pay per shape (the CUDA provider)
+        assert re.search(
+            r'unideploy_model_engine\{[^}]*artifact="onnx-fp32"[^}]*device="cpu"[^}]*precision="fp32"', metrics
+        )
+        assert "passed over" in server.log.read_text()
     finally:
         stop_server(server)
 
@@ -257,3 +274,41 @@ def test_the_server_serves_a_gpu_package_from_its_onnx_artifact_here(gpu_package
 def _signature(package_path):
     with Package.open(package_path) as package:
         return package.manifest.signature
+
+
+def test_a_recipe_whose_provider_does_not_load_is_passed_over_not_run_as_fp32(gpu_package, monkeypatch):
+    """ONNX Runtime with a TensorRT provider that cannot load runs the session on what is left; the
+    recipe is refused with the reason and the ONNX artifact runs, named as such."""
+    import onnxruntime
+
+    from unideploy.runtimes.selection import open_runtime, what_ran
+
+    monkeypatch.setattr(
+        onnxruntime,
+        "get_available_providers",
+        lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+    )
+    with Package.open(gpu_package) as package:
+        artifact, engine = open_runtime(package)
+        ran = what_ran(artifact, engine)
+        with pytest.raises(MissingDependencyError, match=r"cannot run here: ONNX Runtime's TensorrtExecutionProvider"):
+            open_runtime(package, "tensorrt-fp16")
+    assert ran["artifact"] == "onnx-fp32" and ran["precision"] == "fp32"
+    assert ran["passed_over"][0].startswith("tensorrt-fp16: the TensorRT recipe")
+    assert "did not load" in ran["passed_over"][0] and "libnvinfer.so.10" in ran["passed_over"][0]
+    assert "profiles" not in ran  # no TensorRT profile binds the artifact that ran
+
+
+def test_a_tensorrt_profile_binds_tensorrt_only(gpu_package, tmp_path):
+    """64 rows is past the recipe's profile (max 16): the ONNX artifact that runs here takes them."""
+    result = deploy("bench", gpu_package, "--batch-size", "64", "--iterations", "2", "--warmup", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["artifact"] == "onnx-fp32" and found["batch_size"] == 64
+    assert [line.split(":")[0] for line in found["passed_over"]] == ["tensorrt-fp16", "tensorrt-fp32"]
+    shown = deploy("bench", gpu_package, "--batch-size", "2", "--iterations", "2", "--warmup", "1")
+    assert shown.returncode == 0, shown.stderr
+    assert (
+        "passed over tensorrt-fp16:" in shown.stdout
+        and "onnx-fp32 on onnxruntime (CPUExecutionProvider), fp32" in shown.stdout
+    )

@@ -12,7 +12,8 @@ from unideploy.errors import InputError, MissingDependencyError, PackageError
 from unideploy.package import Package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.runtimes.base import usable_cores
-from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime, choose_providers
+from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime
+from unideploy.runtimes.ort_providers import onnx_providers
 from unideploy.runtimes.selection import open_runtime
 
 
@@ -96,14 +97,21 @@ def test_shared_dynamic_dim_must_agree(torch_models, tmp_path):
 
 
 def test_provider_choice():
-    assert choose_providers("cpu", ["CUDAExecutionProvider", "CPUExecutionProvider"]) == ["CPUExecutionProvider"]
-    assert choose_providers("auto", ["CUDAExecutionProvider", "CPUExecutionProvider"]) == [
-        "CUDAExecutionProvider",
+    every = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert onnx_providers("cpu", every, "fp32", False) == ["CPUExecutionProvider"]
+    # plain ONNX never asks for TensorRT (a package reaches it through its recipe), and fp32 stays fp32
+    assert onnx_providers("auto", every, "fp32", False) == [
+        ("CUDAExecutionProvider", {"use_tf32": "0"}),
         "CPUExecutionProvider",
     ]
-    assert choose_providers("auto", ["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+    assert onnx_providers("gpu", every, "fp32", True)[0] == ("CUDAExecutionProvider", {"use_tf32": "1"})
+    assert onnx_providers("gpu", every, "fp16", True)[0] == (
+        "CUDAExecutionProvider",
+        {"use_tf32": "0", "prefer_nhwc": "1"},
+    )
+    assert onnx_providers("auto", ["CPUExecutionProvider"], "fp32", False) == ["CPUExecutionProvider"]
     with pytest.raises(MissingDependencyError, match="onnxruntime-gpu"):
-        choose_providers("gpu", ["CPUExecutionProvider"])
+        onnx_providers("gpu", ["CPUExecutionProvider"], "fp32", False)
 
 
 def test_corrupt_model_bytes_fail_to_load_cleanly(tmp_path):

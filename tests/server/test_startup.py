@@ -109,6 +109,9 @@ def test_model_yaml_sets_spinning_threads_and_delay(tmp_path):
         {"replicas": {"min": 3, "max": 2}},
         {"replicas": {"maximum": 2}},
         {"replicas": {"max": 2, "target_concurrency": 0}},
+        {"batch_buckets": [0, 8]},
+        {"batch_buckets": "powers of two"},
+        {"tf32": "maybe"},
     ],
 )
 def test_bad_model_yaml_is_explained(tmp_path, document):
@@ -122,6 +125,17 @@ def test_model_yaml_sets_lanes_which_do_not_merge(tmp_path):
     assert (model_settings(tmp_path).lanes, ModelSettings().lanes) == (2, 1)
     (tmp_path / "model.yaml").write_text(yaml.safe_dump({"lanes": 2, "max_queue_delay_ms": 3}))
     with pytest.raises(InputError, match="lanes run queued requests side by side instead of merging"):
+        model_settings(tmp_path)
+
+
+def test_model_yaml_sets_gpu_batch_buckets_and_tf32(tmp_path):
+    assert (ModelSettings().batch_buckets, ModelSettings().tf32) == (None, False)  # None: powers of two
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"batch_buckets": [32, 8, 1, 8], "tf32": True}))
+    assert (model_settings(tmp_path).batch_buckets, model_settings(tmp_path).tf32) == ((1, 8, 32), True)
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"batch_buckets": []}))
+    assert model_settings(tmp_path).batch_buckets == ()
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"max_batch_size": 16, "batch_buckets": [8, 32]}))
+    with pytest.raises(InputError, match=r"batch_buckets \[32\] exceed max_batch_size 16"):
         model_settings(tmp_path)
 
 

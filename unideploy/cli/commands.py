@@ -114,15 +114,16 @@ def _show_package(path: str | Path, as_json: bool, show: Callable[[Package], Non
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from unideploy.runtimes.selection import open_runtime
+    from unideploy.runtimes.selection import open_runtime, what_ran
     from unideploy.samples import load_npz_inputs
 
     inputs = load_npz_inputs(args.input, "--input")
     with Package.open(args.package) as package:
-        options = RuntimeOptions(device=args.device, engine_cache=_engine_cache(args))
+        options = RuntimeOptions(device=args.device, engine_cache=_engine_cache(args), tf32=args.tf32)
         artifact, engine = open_runtime(package, args.artifact, args.runtime, options, args.target)
         with engine:
             outputs = engine.run(inputs)
+            ran = what_ran(artifact, engine)
     if args.output:
         out = Path(args.output)
         tmp = out.with_name(f".{out.name}.partial")
@@ -132,15 +133,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(
             {
-                "artifact": artifact.id,
-                "runtime": engine.name,
+                **ran,
                 "outputs": {
                     k: {"dtype": v.dtype.name, "shape": list(v.shape), "data": v.tolist()} for k, v in outputs.items()
                 },
             }
         )
     else:
-        render.run_outputs(artifact.id, engine.name, outputs, args.output)
+        render.run_outputs(ran, outputs, args.output)
     return 0
 
 
@@ -166,7 +166,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             from unideploy.package.signing import verify_signature
 
             verify_signature(package, signed_by)  # before any artifact runs
-        checks = verify_package(package, args.runtime, args.device)
+        checks = verify_package(package, args.runtime, args.device, tf32=args.tf32)
         if args.json:
             _print_json(
                 {
@@ -233,7 +233,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from unideploy.bench import benchmark
-    from unideploy.runtimes.selection import open_runtime
+    from unideploy.runtimes.selection import open_runtime, what_ran
     from unideploy.samples import resize_batch
 
     with Package.open(args.package) as package:
@@ -245,11 +245,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 "re-export without --static-shapes to benchmark other batch sizes",
             )
         inputs = resize_batch(sample, args.batch_size)
-        options = RuntimeOptions(device=args.device, threads=args.threads, engine_cache=_engine_cache(args))
+        options = RuntimeOptions(
+            device=args.device, threads=args.threads, engine_cache=_engine_cache(args), tf32=args.tf32
+        )
         artifact, engine = open_runtime(package, args.artifact, args.runtime, options, args.target)
         with engine, render.progress(f"bench {artifact.id} on {engine.name}", args.iterations) as tick:
             result = benchmark(engine, inputs, args.iterations, args.warmup, tick=tick)
-            result.update({"package": str(args.package), "artifact": artifact.id, **engine.describe()})
+            result.update({"package": str(args.package), **what_ran(artifact, engine)})
     if args.json:
         _print_json(result)
     else:

@@ -162,8 +162,24 @@ def inspect(package: Package) -> None:
     _omitted(package)
 
 
-def run_outputs(artifact: str, runtime: str, outputs: dict[str, np.ndarray], written: str | None) -> None:
-    table = Table(title=f"Outputs of {artifact} on {runtime}", title_justify="left")
+def ran(found: dict[str, Any]) -> str:
+    """One line naming what computed a result: artifact, engine, where and in what precision."""
+    where = ", ".join(found.get("providers", [])) or found.get("device", "")
+    return f"{found['artifact']} on {found['runtime']}" + (f" ({where})" if where else "") + f", {found['precision']}"
+
+
+def fallbacks(found: dict[str, Any]) -> None:
+    """What was asked for and did not run, one line each: never a result labelled with a path it did
+    not take."""
+    for line in found.get("passed_over", []):
+        out.print(f"[yellow]passed over[/] {escape(line)}")
+    if found.get("fallback"):
+        out.print(f"[yellow]fallback:[/] {escape(found['fallback'])}")
+
+
+def run_outputs(found: dict[str, Any], outputs: dict[str, np.ndarray], written: str | None) -> None:
+    fallbacks(found)
+    table = Table(title=f"Outputs of {escape(ran(found))}", title_justify="left")
     for col in ("name", "dtype", "shape", "min", "max", "mean", "argmax (last axis)"):
         table.add_column(col)
     for name, value in outputs.items():
@@ -186,13 +202,23 @@ def verify(package: Package, checks: list[ArtifactCheck], signature_checked: boo
     if signature_checked:
         out.print("signature: [green]passed[/] (signed by the trusted key or chain; every file matches)")
     table = Table(title="Artifacts against the reference outputs", title_justify="left")
-    for col in ("artifact", "runtime", "result", "max abs err", "max rel err", "detail"):
+    for col in ("artifact", "ran on", "precision", "result", "max abs err", "max rel err", "detail"):
         table.add_column(col)
     for c in checks:
         outputs = (c.record.get("outputs", {}) if c.record else {}).values()
         abs_err = _fmt(max((o["max_abs_error"] for o in outputs), default=0.0)) if c.record else ""
         rel_err = _fmt(max((o["max_rel_error"] for o in outputs), default=0.0)) if c.record else ""
-        table.add_row(c.artifact, c.runtime or "", _status(c.status), abs_err, rel_err, escape(c.reason or ""))
+        where = ", ".join(c.ran.get("providers", [])) if c.ran else ""
+        engine = f"{c.runtime} ({where})" if where else c.runtime or ""
+        table.add_row(
+            c.artifact,
+            escape(engine),
+            c.ran.get("precision", "") if c.ran else "",
+            _status(c.status),
+            abs_err,
+            rel_err,
+            escape(c.reason or ""),
+        )
     out.print(table)
 
 
@@ -259,6 +285,10 @@ def _status(status: str) -> str:
 
 _BENCH_SHOWN = {
     "latency_ms",
+    "precision",
+    "device",
+    "passed_over",
+    "fallback",
     "artifact",
     "runtime",
     "providers",
@@ -273,8 +303,8 @@ _BENCH_SHOWN = {
 
 def bench(result: dict[str, Any]) -> None:
     lat = result["latency_ms"]
-    where = ", ".join(result.get("providers", [])) or result.get("device", "")
-    table = Table(title=f"{result['artifact']} on {result['runtime']} ({where})", title_justify="left")
+    fallbacks(result)
+    table = Table(title=escape(ran(result)), title_justify="left")
     for col in ("batch", "runs", "p50 ms", "p90 ms", "p99 ms", "mean ms", "throughput /s"):
         table.add_column(col, justify="right")
     table.add_row(

@@ -25,6 +25,7 @@ from unideploy.exporters.onnx_io import (
     set_io_dims,
 )
 from unideploy.exporters.shapes import readable_dims, resolve_signature
+from unideploy.runtimes.base import RuntimeOptions
 from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime
 from unideploy.signature import Signature, signature_from_onnx
 
@@ -78,7 +79,9 @@ class OnnxFileExporter(Exporter):
         save_model(model, onnx_path, external=bool(external))
         declare_signature(onnx_path, signature)
         try:
-            source = OnnxRuntime(src, signature)  # the model as the user gave it
+            # the model as the user gave it, on the CPU provider: ONNX's reference implementation
+            # here, the same on every machine (a GPU's kernels differ in the last bits)
+            source = OnnxRuntime(src, signature, RuntimeOptions(device="cpu"))
         except PackageError as exc:
             raise ExportError(
                 f"ONNX Runtime cannot run '{src.name}': {exc.message}",

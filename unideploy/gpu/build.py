@@ -30,13 +30,19 @@ from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.runtimes.tensorrt.profiles import build_profiles
 from unideploy.runtimes.tensorrt.spec import SPEC_SUFFIX, EngineSpec
-from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, largest_reference, require_passed, validate
+from unideploy.validation import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    TEN_BIT_RELATIVE,
+    largest_reference,
+    require_passed,
+    validate,
+)
 
 Progress = Callable[[str], None]
 ARTIFACTS = PurePosixPath("artifacts")
 CALIBRATION_FILE = "tensorrt-calibration.npz"
 MAX_CALIBRATION_ROWS = 512  # TensorRT's guidance: a few hundred representative inputs
-FP16_RELATIVE = 1e-2  # fp16 engines: 1% of the largest reference output, and rtol 1%
 CALIBRATED_INT8_RELATIVE = 0.1  # int8 from TensorRT's calibrator, which no accuracy budget guards
 
 
@@ -64,9 +70,9 @@ def engine_tolerance(plan: BuildPlan, manifest: Manifest, references: list[tuple
         }
     if plan.precision == "fp16":
         return {
-            "atol": FP16_RELATIVE * largest,
-            "rtol": FP16_RELATIVE,
-            "tolerance_basis": f"fp16: {FP16_RELATIVE:.0%} of the largest reference output",
+            "atol": TEN_BIT_RELATIVE * largest,
+            "rtol": TEN_BIT_RELATIVE,
+            "tolerance_basis": f"fp16: {TEN_BIT_RELATIVE:.0%} of the largest reference output",
         }
     if not plan.calibrate:
         qdq = manifest.validation.get(plan.artifact.id)

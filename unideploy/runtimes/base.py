@@ -37,6 +37,16 @@ class RuntimeOptions:
     # Where engines built for this GPU are kept (TensorRT, and ONNX Runtime's TensorRT provider);
     # None: $UNIDEPLOY_ENGINE_CACHE, else ~/.cache/unideploy/engines.
     engine_cache: Path | None = None
+    # The artifact's precision as its manifest records it (selection.open_runtime fills it in):
+    # engines take options by it, and report it as what ran.
+    precision: str = "fp32"
+    # fp32 on a GPU in TF32 (tensor cores, a 10-bit mantissa): faster, and then named and judged as
+    # tf32. Off by default, so fp32 on a GPU is fp32 (ort_providers.cuda_options).
+    tf32: bool = False
+    # Batch sizes calls are padded to, each run on a session of its own, by engines for which every
+    # new input shape is costly (ONNX Runtime's CUDA provider: batch_buckets.py); () runs any size
+    # as it comes. The server sets them; engines that do not need them ignore them.
+    batch_buckets: tuple[int, ...] = ()
 
 
 SPIN_POLICIES = ("always", "run", "never")
@@ -71,6 +81,8 @@ class Runtime(ABC):
         self.path = Path(path)
         self.signature = signature
         self.options = options or RuntimeOptions()
+        # artifacts tried before this one and why each could not run (selection.open_runtime)
+        self.passed_over: tuple[str, ...] = ()
         self._load()
 
     @classmethod
@@ -91,6 +103,12 @@ class Runtime(ABC):
         """Most rows one call may carry (an engine's profile), None when unbounded: the server's
         batcher never merges past it."""
         return None
+
+    @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        """The batch sizes this engine pads calls to (``RuntimeOptions.batch_buckets``, where it
+        uses them): a server warms each one at load. () when any size runs as it comes."""
+        return ()
 
     def shrink(self, inputs: Mapping[str, Any]) -> None:
         """Run ``inputs`` (a small request) and give back the memory that larger calls left the

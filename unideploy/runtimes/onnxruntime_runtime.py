@@ -1,107 +1,36 @@
-"""ONNX Runtime: the embedded default runtime (CPU), using CUDA/TensorRT providers when present.
+"""ONNX Runtime: the embedded default runtime (CPU), using the CUDA provider when present.
 
 It is also the second GPU path for a package's TensorRT recipe (``tensorrt`` artifacts): where
 the TensorRT runtime is absent but onnxruntime-gpu is installed, the recipe's ONNX runs on ORT's
 TensorRT execution provider with the recipe's precision, profiles and workspace (engines cached
-beside the TensorRT runtime's), else on the CUDA provider.
+beside the TensorRT runtime's). Where that provider does not load, the recipe is refused and the
+package's next artifact runs: what ran is what ``describe()`` reports (ort_providers.py).
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from unideploy.errors import MissingDependencyError, PackageError, RuntimeFailure, first_line
+from unideploy.errors import MissingDependencyError, PackageError, RuntimeFailure
 from unideploy.registry import Availability
 from unideploy.runtimes.base import Runtime, usable_cores
-from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
-from unideploy.runtimes.tensorrt.profiles import shape_text
-from unideploy.runtimes.tensorrt.spec import EngineSpec, check_shapes, is_engine_spec
-
-GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
-
-
-def choose_providers(device: str, available: list[str]) -> list[str]:
-    """Order execution providers for a device request: GPU ones first when asked or present."""
-    gpu = [p for p in GPU_PROVIDERS if p in available]
-    if device == "cpu":
-        return ["CPUExecutionProvider"]
-    if device == "gpu" and not gpu:
-        raise MissingDependencyError(
-            f"no GPU execution provider in this onnxruntime build (available: {', '.join(available)})",
-            "pip install onnxruntime-gpu on a machine with a CUDA GPU, or use --device cpu",
-        )
-    return [*gpu, "CPUExecutionProvider"]
-
-
-def tensorrt_provider_options(spec: EngineSpec, cache_dir: Path) -> dict[str, Any]:
-    """The recipe as options of ORT's TensorRT provider, whose engines are cached per GPU by ORT."""
-
-    def shapes(which: str) -> str:
-        return ",".join(f"{p.name}:{shape_text(getattr(p, which))}" for p in spec.profiles)
-
-    options: dict[str, Any] = {
-        "trt_fp16_enable": spec.precision in ("fp16", "int8"),
-        "trt_int8_enable": spec.precision == "int8",
-        "trt_engine_cache_enable": True,
-        "trt_engine_cache_path": str(cache_dir),
-        "trt_timing_cache_enable": True,
-        "trt_timing_cache_path": str(cache_dir),
-    }
-    if spec.profiles:
-        options.update(
-            trt_profile_min_shapes=shapes("min"),
-            trt_profile_opt_shapes=shapes("opt"),
-            trt_profile_max_shapes=shapes("max"),
-        )
-    if spec.workspace_mib:
-        options["trt_max_workspace_size"] = spec.workspace_mib << 20
-    return options
-
-
-def recipe_providers(spec: EngineSpec, device: str, available: list[str], cache_dir: Path) -> list[Any]:
-    """Providers for a TensorRT recipe: a GPU one or none at all, since the recipe exists to run
-    on a GPU; the CPU provider stays last for the few nodes GPU providers leave to it."""
-    if device == "cpu":
-        raise MissingDependencyError(
-            "a TensorRT artifact runs on GPUs, and the CPU was asked for",
-            "run the onnx-fp32 artifact on the CPU (--artifact onnx-fp32)",
-        )
-    if spec.int8 == "calibrated":
-        raise MissingDependencyError(
-            "this int8 recipe is calibrated by TensorRT itself when its engine is built, which ONNX Runtime cannot do",
-            "install TensorRT, or export with --int8-variant symmetric for explicit int8",
-        )
-    gpu = [p for p in GPU_PROVIDERS if p in available]
-    if not gpu:
-        raise MissingDependencyError(
-            "a TensorRT artifact needs the TensorRT runtime or onnxruntime-gpu on a CUDA GPU, "
-            f"and neither is usable here (onnxruntime providers: {', '.join(available)})",
-            "'deploy doctor' says what is missing; the onnx-fp32 artifact runs on the CPU",
-        )
-    return [(p, tensorrt_provider_options(spec, cache_dir)) if p == "TensorrtExecutionProvider" else p for p in gpu] + [
-        "CPUExecutionProvider"
-    ]
-
-
-_ORT_NOISE = (
-    re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : "),
-    re.compile(r"^Load model from .*? failed:"),
-    re.compile(r"^\S+\.(?:cc|h):\d+ (?:\S+ )?[\w:~<>]+\(.*?\) "),  # C++ file:line and signature
+from unideploy.runtimes.batch_buckets import run_in_buckets
+from unideploy.runtimes.ort_providers import (
+    CUDA,
+    GPU_PROVIDERS,
+    TENSORRT,
+    Opened,
+    onnx_providers,
+    open_session,
+    ort_message,
+    recipe_providers,
 )
-
-
-def ort_message(exc: BaseException) -> str:
-    """ORT's error text without its status prefix, model path and C++ source location."""
-    text = first_line(exc, limit=2000)
-    for pattern in _ORT_NOISE:
-        text = pattern.sub("", text).strip()
-    return text[:400]
+from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
+from unideploy.runtimes.tensorrt.spec import EngineSpec, check_shapes, is_engine_spec
 
 
 @functools.cache
@@ -135,6 +64,49 @@ class OnnxRuntime(Runtime):
     def _load(self) -> None:
         import onnxruntime as ort
 
+        self.spec = EngineSpec.load(self.path) if is_engine_spec(self.path) else None
+        available = ort.get_available_providers()
+        if self.spec is not None:
+            cache = (self.options.engine_cache or default_cache_dir()) / "onnxruntime"
+            self._providers = recipe_providers(self.spec, self.options.device, available, cache)
+            cache.mkdir(parents=True, exist_ok=True)
+        else:
+            self._providers = onnx_providers(self.options.device, available, self.options.precision, self.options.tf32)
+        opened = self._open()
+        self.session, self.fallback = opened.session, opened.lost
+        got = self.session.get_providers()
+        if self.spec is not None and TENSORRT not in got:
+            self.close()
+            raise MissingDependencyError(
+                f"the TensorRT recipe '{self.path.name}' cannot run here: ONNX Runtime's {opened.lost}",
+                "the package's ONNX artifacts run instead; ONNX Runtime 1.31's TensorRT provider needs "
+                "TensorRT 10 (libnvinfer.so.10, NVIDIA's index): docs/gpu.md",
+            )
+        if self.options.device == "gpu" and not set(got) & set(GPU_PROVIDERS):
+            self.close()
+            raise MissingDependencyError(
+                f"the GPU was asked for, but ONNX Runtime would run '{self.path.name}' on the CPU: {opened.lost}",
+                "install onnxruntime-gpu with the CUDA and cuDNN libraries it needs ('deploy doctor' checks), "
+                "or use --device cpu",
+            )
+        session_inputs = {i.name for i in self.session.get_inputs()}
+        if session_inputs != set(self.signature.input_names):
+            self.close()
+            raise PackageError(
+                f"'{self.path.name}' takes inputs {sorted(session_inputs)} but the signature lists "
+                f"{sorted(self.signature.input_names)}",
+                "the package is inconsistent; export it again",
+            )
+        self._output_names = [o.name for o in self.session.get_outputs()]
+        # one session per batch size where a new shape costs a re-plan (the CUDA provider's cuDNN);
+        # TensorRT's engines take any shape inside their profile
+        on_cuda = CUDA in got and TENSORRT not in got and self.signature.has_dynamic_batch
+        self._buckets = tuple(sorted(set(self.options.batch_buckets))) if on_cuda else ()
+        self._sessions = {self._buckets[0]: self.session} if self._buckets else {}
+
+    def _open(self) -> Opened:
+        import onnxruntime as ort
+
         session_options = ort.SessionOptions()
         session_options.intra_op_num_threads = self.options.threads or usable_cores()
         if self.options.spin == "never":
@@ -147,60 +119,85 @@ class OnnxRuntime(Runtime):
             # a memory plan per input shape keeps a block for each batch size seen
             session_options.enable_mem_pattern = False
         session_options.log_severity_level = 3  # errors only; our own messages say what went wrong
-        self.spec = EngineSpec.load(self.path) if is_engine_spec(self.path) else None
-        if self.spec is not None:
-            cache = (self.options.engine_cache or default_cache_dir()) / "onnxruntime"
-            providers = recipe_providers(self.spec, self.options.device, ort.get_available_providers(), cache)
-            cache.mkdir(parents=True, exist_ok=True)
-        else:
-            providers = choose_providers(self.options.device, ort.get_available_providers())
         model = self.spec.onnx_path if self.spec else self.path
         try:
-            self.session = ort.InferenceSession(str(model), session_options, providers=providers)
+            return open_session(model, session_options, self._providers)
         except Exception as exc:  # ORT raises its own untyped pybind errors
             raise PackageError(
                 f"ONNX Runtime cannot load '{self.path.name}': {ort_message(exc)}",
                 "the artifact is invalid or needs a newer onnxruntime",
             ) from exc
-        session_inputs = {i.name for i in self.session.get_inputs()}
-        if session_inputs != set(self.signature.input_names):
-            raise PackageError(
-                f"'{self.path.name}' takes inputs {sorted(session_inputs)} but the signature lists "
-                f"{sorted(self.signature.input_names)}",
-                "the package is inconsistent; export it again",
-            )
-        self._output_names = [o.name for o in self.session.get_outputs()]
 
     @property
     def max_batch_size(self) -> int | None:
-        return self.spec.max_batch_size if self.spec else None
+        return self.spec.max_batch_size if self.spec else None  # a recipe runs only on TensorRT
+
+    @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        return self._buckets
+
+    @property
+    def precision(self) -> str:
+        """What the model computes in as it runs here: the recipe's, else the artifact's, with fp32
+        on the CUDA provider named tf32 when TF32 was asked for."""
+        if self.spec is not None:
+            return self.spec.precision
+        if self.options.precision == "fp32" and self.options.tf32 and CUDA in self.session.get_providers():
+            return "tf32"
+        return self.options.precision
 
     def describe(self) -> dict[str, Any]:
-        recipe = {"precision": self.spec.precision, "profiles": self.spec.profile_text()} if self.spec else {}
-        return {
+        providers = self.session.get_providers()
+        found: dict[str, Any] = {
             "runtime": self.name,
-            "providers": self.session.get_providers(),
+            "device": "gpu" if set(providers) & set(GPU_PROVIDERS) else "cpu",
+            "providers": providers,
+            "precision": self.precision,
             "threads": self.options.threads or "auto",
-            **recipe,
         }
+        if self.fallback:
+            found["fallback"] = self.fallback
+        if self.spec is not None:
+            found["profiles"] = self.spec.profile_text()
+        if self._buckets:
+            found["batch_buckets"] = list(self._buckets)
+        return found
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.spec is not None:
             check_shapes(self.spec.profiles, inputs)
+        if self._buckets:
+            return run_in_buckets(self._run_bucket, inputs, self._buckets)
+        return self._call(self.session, inputs)
+
+    def _run_bucket(self, size: int, inputs: dict[str, np.ndarray], run_options: Any = None) -> dict[str, np.ndarray]:
+        """Run on the session that sees only ``size`` rows, opening it on first use."""
+        if size not in self._sessions:
+            self._sessions[size] = self._open().session
+        return self._call(self._sessions[size], inputs, run_options)
+
+    def _call(self, session: Any, inputs: dict[str, np.ndarray], run_options: Any = None) -> dict[str, np.ndarray]:
         try:
-            outputs = self.session.run(self._output_names, inputs)
+            outputs = session.run(self._output_names, inputs, run_options)
         except Exception as exc:
             raise RuntimeFailure(f"ONNX Runtime failed: {ort_message(exc)}") from exc
         return dict(zip(self._output_names, outputs))
 
     def shrink(self, inputs: Mapping[str, Any]) -> None:
         """ONNX Runtime keeps the arena a merged batch grew (about 125 MB for the benchmark's two
-        models after batch 8); a run with arena shrinkage frees what that run does not use."""
+        models after batch 8); a run with arena shrinkage frees what that run does not use. With
+        batch buckets the run goes to its own bucket's session, which has seen no other shape."""
         import onnxruntime as ort
 
         options = ort.RunOptions()
-        options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-        self.session.run(self._output_names, self.signature.validate_inputs(inputs), options)
+        devices = "gpu:0" if self._buckets else "cpu:0"  # buckets: a CUDA session, whose arena is the GPU's
+        options.add_run_config_entry("memory.enable_memory_arena_shrinkage", devices)
+        inputs = self.signature.validate_inputs(inputs)
+        if self._buckets:
+            run_in_buckets(lambda size, padded: self._run_bucket(size, padded, options), inputs, self._buckets)
+        else:
+            self._call(self.session, inputs, options)
 
     def close(self) -> None:
         self.__dict__.pop("session", None)
+        self.__dict__.pop("_sessions", None)

@@ -8,6 +8,7 @@ message should nothing at all be runnable.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from unideploy.errors import MissingDependencyError
 from unideploy.package import Artifact, Package
@@ -41,6 +42,25 @@ def runtime_for(
     )
 
 
+def open_artifact(
+    package: Package, artifact: Artifact, runtime: str | None, options: RuntimeOptions, target: str | None = None
+) -> Runtime:
+    """``artifact`` loaded on the first runtime that can run it here, told the artifact's precision."""
+    cls = runtime_for(artifact, runtime, target, options.device)
+    options = replace(options, precision=artifact.precision)
+    return cls(package.path_of(artifact), package.manifest.signature_of(artifact), options)
+
+
+def what_ran(artifact: Artifact, engine: Runtime) -> dict[str, Any]:
+    """What computed a result, for every place that shows one (run, bench, verify, the server): the
+    artifact, the engine's own account of where and in what precision it ran (its providers, not
+    those asked for), and the artifacts passed over on the way and why."""
+    found: dict[str, Any] = {"artifact": artifact.id, "precision": artifact.precision, **engine.describe()}
+    if engine.passed_over:
+        found["passed_over"] = list(engine.passed_over)
+    return found
+
+
 def open_runtime(
     package: Package,
     artifact_id: str | None = None,
@@ -56,10 +76,12 @@ def open_runtime(
     errors: list[MissingDependencyError] = []
     for artifact in candidates:
         try:
-            cls = runtime_for(artifact, runtime, target, options.device)
-            return artifact, cls(package.path_of(artifact), package.manifest.signature_of(artifact), options)
+            engine = open_artifact(package, artifact, runtime, options, target)
         except MissingDependencyError as exc:  # also raised on load: a GPU artifact without a GPU
             errors.append(exc)
+            continue
+        engine.passed_over = tuple(f"{a.id}: {e.message}" for a, e in zip(candidates, errors, strict=False))
+        return artifact, engine
     if len(errors) == 1:
         raise errors[0]
     raise MissingDependencyError(

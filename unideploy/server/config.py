@@ -166,6 +166,10 @@ class ModelSettings:
     spin: str = "run"  # measured on 2 cores: docs/server.md, "Threads and spinning"
     threads: int | None = None
     lanes: int = 1  # sessions that run queued requests side by side (batching.DynamicBatcher)
+    # GPU engines that pay for each new shape pad calls to these batch sizes (runtimes/batch_buckets.py);
+    # None: powers of two up to max_batch_size; (): every size as it comes
+    batch_buckets: tuple[int, ...] | None = None
+    tf32: bool = False  # fp32 artifacts computed in TF32 on a GPU
     min_replicas: int = 1  # scale-out only (KServe, Ray Serve): one server process serves one replica
     max_replicas: int = 1
     target_concurrency: int | None = None  # requests in flight per replica the autoscaler aims for
@@ -243,9 +247,27 @@ class ModelFile(StrictModel):
         "threads/lanes threads each, one request per run, instead of merging them "
         "(a lone request still runs with every thread); 1: off",
     )
+    batch_buckets: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None,
+        description="on a GPU (ONNX Runtime's CUDA provider): the batch sizes merged batches are padded to, "
+        "each run by a session of its own, since every new input shape costs that provider a re-plan "
+        "(default: powers of two up to max_batch_size; []: every size as it comes)",
+    )
+    tf32: bool = Field(
+        False, description="on a GPU, compute fp32 artifacts in TF32 (faster, about 1e-3 relative error)"
+    )
     replicas: Annotated[int, Field(ge=1)] | Replicas = Field(
         1, description="scale-out: a fixed count, or {min, max, target_concurrency}"
     )
+
+    @model_validator(mode="after")
+    def _buckets_fit(self) -> ModelFile:
+        too_large = [b for b in self.batch_buckets or () if b > self.max_batch_size]
+        if too_large:
+            raise ValueError(
+                f"batch_buckets {too_large} exceed max_batch_size {self.max_batch_size}: no merged batch reaches them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _lanes_do_not_merge(self) -> ModelFile:
@@ -277,6 +299,8 @@ class ModelFile(StrictModel):
             spin=self.spin,
             threads=self.threads,
             lanes=self.lanes,
+            batch_buckets=None if self.batch_buckets is None else tuple(sorted(set(self.batch_buckets))),
+            tf32=self.tf32,
             min_replicas=replicas.min,
             max_replicas=replicas.max or replicas.min,
             target_concurrency=replicas.target_concurrency,

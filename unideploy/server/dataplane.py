@@ -27,6 +27,17 @@ log = logging.getLogger("unideploy.server")
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics_metrics", "ab_routing"]
 
 
+def _ran_parameters(ran: Mapping[str, Any]) -> dict[str, str]:
+    """What a version runs on (``selection.what_ran``), as the string parameters REST metadata and
+    Triton-style configs carry: the providers it got, not those asked for, and any fallback."""
+    shown = ("artifact", "runtime", "device", "providers", "precision", "batch_buckets", "fallback", "passed_over")
+    return {
+        key: "; ".join(map(str, ran[key])) if isinstance(ran[key], list) else str(ran[key])
+        for key in shown
+        if key in ran
+    }
+
+
 def server_metadata() -> dict[str, Any]:
     return {"name": "unideploy", "version": unideploy.__version__, "extensions": EXTENSIONS}
 
@@ -78,6 +89,7 @@ class DataPlane:
             "platform": f"unideploy_{served.runtime.name}",
             "inputs": [{"name": t.name, "datatype": NUMPY_TO_V2[t.dtype], "shape": shape(t)} for t in sig.inputs],
             "outputs": [{"name": t.name, "datatype": NUMPY_TO_V2[t.dtype], "shape": shape(t)} for t in sig.outputs],
+            "parameters": _ran_parameters(served.ran),
         }
 
     def model_config(self, name: str, version: str | None) -> dict[str, Any]:
@@ -101,6 +113,7 @@ class DataPlane:
                 for t in served.signature.outputs
             ],
         }
+        config["parameters"] = {k: {"string_value": v} for k, v in _ran_parameters(served.ran).items()}
         if served.batcher.merges:  # merging needs a batch dimension
             config["dynamic_batching"] = {"max_queue_delay_microseconds": int(served.batcher.max_delay_s * 1e6)}
         return config

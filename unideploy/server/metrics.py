@@ -68,8 +68,33 @@ class ServerMetrics:
         self.ready = Gauge(
             "unideploy_model_ready", "1 while a model version serves", ("model", "version"), registry=self.registry
         )
+        self.engine = Gauge(
+            "unideploy_model_engine",
+            "1 for what a serving version runs on: artifact, runtime, device, providers and precision",
+            ("model", "version", "artifact", "runtime", "device", "providers", "precision"),
+            registry=self.registry,
+        )
+        self._engines: dict[tuple[str, str], tuple[str, ...]] = {}
         self._series: dict[tuple[str, str, str, str], RequestSeries] = {}
         self._rows: dict[tuple[str, str], Any] = {}
+
+    def engine_serving(self, model: str, version: str, ran: dict[str, Any] | None) -> None:
+        """Name what a version runs on (``selection.what_ran``), or, with None, forget it."""
+        old = self._engines.pop((model, version), None)
+        if old is not None:
+            self.engine.remove(*old)
+        if ran is not None:
+            labels = (
+                model,
+                version,
+                str(ran.get("artifact", "")),
+                str(ran.get("runtime", "")),
+                str(ran.get("device", "")),
+                ",".join(ran.get("providers", [])),
+                str(ran.get("precision", "")),
+            )
+            self.engine.labels(*labels).set(1)
+            self._engines[(model, version)] = labels
 
     def series(self, model: str, version: str, variant: str, protocol: str) -> RequestSeries:
         key = (model, version, variant, protocol)

@@ -22,7 +22,9 @@ from unideploy.package import Package
 from unideploy.package.signing import TrustedSigners, verify_signature
 from unideploy.runtimes import RuntimeOptions
 from unideploy.runtimes.base import Runtime, usable_cores
-from unideploy.runtimes.selection import open_runtime
+from unideploy.runtimes.batch_buckets import default_buckets
+from unideploy.runtimes.selection import open_runtime, what_ran
+from unideploy.samples import resize_batch
 from unideploy.server.batching import DynamicBatcher, inline_bytes
 from unideploy.server.config import ModelSettings
 from unideploy.server.errors import NotFound, Unavailable
@@ -46,6 +48,7 @@ class ServedVersion:
     batcher: DynamicBatcher  # every call to runtime and lanes goes through it
     settings: ModelSettings  # the model.yaml it was loaded under
     sample: dict[str, Any] = field(default_factory=dict)  # its warm-up request, run again to shrink it
+    ran: dict[str, Any] = field(default_factory=dict)  # selection.what_ran: artifact, providers, precision
     in_flight: int = 0
     ran_since_release: bool = False  # only a version that ran since the last release has grown
     drained: asyncio.Event = field(default_factory=asyncio.Event)
@@ -192,12 +195,14 @@ class ModelRegistry:
         model.versions[src.version] = served  # visible only now, warmed
         model.failures.pop(src.version, None)
         self.metrics.ready.labels(model.name, src.version).set(1)
+        self.metrics.engine_serving(model.name, src.version, served.ran)
         log.info(
-            "model %s version %s ready in %.2fs (%s)",
+            "model %s version %s ready in %.2fs (%s): %s",
             model.name,
             src.version,
             time.perf_counter() - start,
             "replaced" if old else "new",
+            ", ".join(f"{k} {served.ran[k]}" for k in ("artifact", "device", "precision") if k in served.ran),
         )
         if old is not None:
             await self._retire(model, old)
@@ -213,18 +218,36 @@ class ModelRegistry:
 
         def warmed(options: RuntimeOptions) -> tuple[Runtime, float]:
             """A session of the served artifact, run once on the sample: the first inference pays for
-            allocations. Also returns how long that run took."""
-            opened.append(open_runtime(package, settings.artifact, options=options)[1])
+            allocations (and, for an engine with batch buckets, once at each bucket's size: a
+            bucket's first call plans its kernels, about a second on a GPU). Also returns how
+            long the sample's run took."""
+            artifact, engine = open_runtime(package, settings.artifact, options=options)
+            opened.append(engine)
             started = time.perf_counter()
-            opened[-1].run(sample)
-            return opened[-1], time.perf_counter() - started
+            engine.run(sample)
+            took = time.perf_counter() - started
+            for size in engine.batch_buckets:
+                engine.run(resize_batch(sample, size))
+            ran.update(what_ran(artifact, engine))
+            return engine, took
 
         try:
             if self.trusted is not None:  # before any of its files is run
                 verify_signature(package, self.trusted)
             sample = package.reference_samples()[0].inputs
+            ran: dict[str, Any] = {}
             # No target: a GPU machine serves a package's TensorRT artifact, any other its ONNX one.
-            options = RuntimeOptions(device="auto", spin=settings.spin, threads=settings.threads, shared_arena=True)
+            buckets = (
+                default_buckets(settings.max_batch_size) if settings.batch_buckets is None else settings.batch_buckets
+            )
+            options = RuntimeOptions(
+                device="auto",
+                spin=settings.spin,
+                threads=settings.threads,
+                shared_arena=True,
+                tf32=settings.tf32,
+                batch_buckets=buckets,
+            )
             runtime, warm_up_s = warmed(options)
             inline = inline_bytes(runtime.run, sample, warm_up_s)
             # lanes share the threads one run would have (none for lanes: 1)
@@ -244,7 +267,11 @@ class ModelRegistry:
             inline_bytes=inline,
             lanes=[lane.run for lane in lanes],
         )
-        return ServedVersion(src.model, src.version, src, package, runtime, lanes, batcher, settings, sample)
+        for line in ran.get("passed_over", ()):
+            log.warning("model %s version %s: passed over %s", src.model, src.version, line)
+        if "fallback" in ran:
+            log.warning("model %s version %s runs on the CPU: %s", src.model, src.version, ran["fallback"])
+        return ServedVersion(src.model, src.version, src, package, runtime, lanes, batcher, settings, sample, ran)
 
     async def _retire(self, model: ServedModel, served: ServedVersion) -> None:
         """Stop routing to a version, let its in-flight requests finish, then close it."""
@@ -252,6 +279,7 @@ class ModelRegistry:
             del model.versions[served.version]
         if not any(v is served for v in model.versions.values()):
             self.metrics.ready.labels(model.name, served.version).set(0)
+            self.metrics.engine_serving(model.name, served.version, None)
         if served.in_flight:
             await served.drained.wait()
         served.close()

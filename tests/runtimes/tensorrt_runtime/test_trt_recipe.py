@@ -8,7 +8,7 @@ import pytest
 
 from unideploy.errors import MissingDependencyError
 from unideploy.runtimes.cuda_devices import find_gpus
-from unideploy.runtimes.onnxruntime_runtime import recipe_providers, tensorrt_provider_options
+from unideploy.runtimes.ort_providers import recipe_providers, tensorrt_options
 from unideploy.runtimes.tensorrt.profiles import InputProfile
 from unideploy.runtimes.tensorrt.spec import EngineSpec
 
@@ -42,23 +42,25 @@ def test_polygraphy_builder_config_carries_the_recipe(precision, fp16, int8):
 
 
 def test_onnxruntime_tensorrt_provider_options_follow_the_recipe(tmp_path):
-    options = tensorrt_provider_options(recipe("fp16"), tmp_path)
+    options = tensorrt_options(recipe("fp16"), tmp_path)
     assert options["trt_fp16_enable"] is True and options["trt_int8_enable"] is False
     assert options["trt_profile_min_shapes"] == "ids:1x8,mask:1x8"
     assert options["trt_profile_opt_shapes"] == "ids:4x64,mask:4x64"
     assert options["trt_profile_max_shapes"] == "ids:16x128,mask:16x128"
     assert options["trt_max_workspace_size"] == 512 << 20
     assert options["trt_engine_cache_enable"] and options["trt_engine_cache_path"] == str(tmp_path)
-    assert tensorrt_provider_options(recipe("int8"), tmp_path)["trt_int8_enable"] is True
+    assert tensorrt_options(recipe("int8"), tmp_path)["trt_int8_enable"] is True
 
 
-def test_a_recipe_runs_on_gpu_providers_only(tmp_path):
+def test_a_recipe_runs_on_tensorrt_only(tmp_path):
     every = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     providers = recipe_providers(recipe(), "auto", every, tmp_path)
     assert providers[0][0] == "TensorrtExecutionProvider" and providers[0][1]["trt_fp16_enable"]
-    assert providers[1:] == ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    cuda = recipe_providers(recipe(), "gpu", ["CUDAExecutionProvider", "CPUExecutionProvider"], tmp_path)
-    assert cuda == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert providers[1] == ("CUDAExecutionProvider", {"use_tf32": "0"})  # what TensorRT leaves, in fp32
+    assert providers[2] == "CPUExecutionProvider"
+    # the CUDA provider alone would run an fp32 model under the recipe's name: refused instead
+    with pytest.raises(MissingDependencyError, match="neither is usable here"):
+        recipe_providers(recipe(), "gpu", ["CUDAExecutionProvider", "CPUExecutionProvider"], tmp_path)
     with pytest.raises(MissingDependencyError, match="neither is usable here"):
         recipe_providers(recipe(), "auto", ["CPUExecutionProvider"], tmp_path)
     with pytest.raises(MissingDependencyError, match="the CPU was asked for"):

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The GPU path as a user runs it, on a machine with an NVIDIA GPU and onnxruntime-gpu, in a few minutes:
+# doctor, export --target gpu, optimize fp16, verify --device gpu (exact fp32, and TF32 judged as tf32),
+# run on real photos against the CPU, bench at several batch sizes, deploy serve under perf_analyzer
+# (benchmarks/gpu_serving.py) and the engine variants of benchmarks/gpu.py. Writes one markdown report.
+#
+#   benchmarks/gpu_check.sh MODEL PHOTOS.npz [OUT_DIR]
+#
+# MODEL: an ONNX file or any source `deploy export` takes, with a dynamic batch dimension and one
+# input 'x' (docs/gpu.md shows how to write EfficientNet-Lite0 and real photos with the zoo's packages).
+# PHOTOS.npz: real inputs under 'x' (calibration for fp16, and the photos `deploy run` classifies).
+# `deploy` is taken from PATH, else `python3 -m unideploy.cli.main`. Steps that fail are recorded,
+# not fatal: the report says what failed and why.
+set -uo pipefail
+MODEL=${1:?usage: gpu_check.sh MODEL PHOTOS.npz [OUT_DIR]}
+PHOTOS=${2:?usage: gpu_check.sh MODEL PHOTOS.npz [OUT_DIR]}
+OUT=${3:-gpu-check}
+HERE=$(cd "$(dirname "$0")" && pwd)
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+REPORT="$OUT/gpu-check.md"
+PKG="$OUT/model.udp"
+if command -v deploy >/dev/null; then DEPLOY=(deploy); else DEPLOY=("$PY" -m unideploy.cli.main); fi
+
+step() {  # step NAME COMMAND...: run it, keep its output in OUT/NAME.log, one line in the report
+  local name=$1; shift
+  local start end rc
+  start=$(date +%s.%N)
+  "$@" >"$OUT/$name.log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  printf '| %s | %s | %.1f |\n' "$name" "$([ $rc = 0 ] && echo ok || echo "FAILED ($rc): $(grep -v '^\s*$' "$OUT/$name.log" | tail -1 | cut -c1-200 | tr '|' '/')")" \
+    "$(awk "BEGIN {print $end - $start}")" >>"$REPORT"
+  return $rc
+}
+
+{
+  echo "# GPU check, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  echo "Machine: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi'), $(nproc) cores"
+  echo "onnxruntime $("$PY" -c 'import onnxruntime as o; print(o.__version__, o.get_available_providers())' 2>&1)"
+  echo
+  echo "| step | result | seconds |"
+  echo "|---|---|---:|"
+} >"$REPORT"
+
+rm -rf "$PKG"
+step doctor "${DEPLOY[@]}" doctor --json
+step export "${DEPLOY[@]}" export "$MODEL" -o "$PKG" --target gpu
+step optimize-fp16 "${DEPLOY[@]}" optimize "$PKG" --quantize fp16 --calibration "$PHOTOS"
+step verify-gpu "${DEPLOY[@]}" verify "$PKG" --device gpu --json
+step verify-gpu-tf32 "${DEPLOY[@]}" verify "$PKG" --device gpu --tf32 --json
+step run-gpu "${DEPLOY[@]}" run "$PKG" --input "$PHOTOS" --device gpu --json -o "$OUT/gpu.npz"
+step run-cpu "${DEPLOY[@]}" run "$PKG" --input "$PHOTOS" --device cpu -o "$OUT/cpu.npz"
+for b in 1 8 32 256; do
+  step "bench-b$b" "${DEPLOY[@]}" bench "$PKG" --device gpu --batch-size "$b" --iterations 50 --json
+done
+step bench-fp16-b32 "${DEPLOY[@]}" bench "$PKG" --artifact onnx-fp16 --device gpu --batch-size 32 --iterations 50 --json
+step bench-cpu-b32 "${DEPLOY[@]}" bench "$PKG" --device cpu --batch-size 32 --iterations 20 --json
+
+# What each step reported: the GPU finding, each artifact's verification, the run, the benchmarks.
+"$PY" - "$OUT" >>"$REPORT" 2>&1 <<'EOF'
+import json, sys
+from pathlib import Path
+import numpy as np
+
+out = Path(sys.argv[1])
+
+def load(name):
+    try:
+        text = (out / f"{name}.log").read_text()
+        return json.JSONDecoder().raw_decode(text[text.index("{"):])[0]  # stderr's error line may follow
+    except (OSError, ValueError):
+        return None
+
+doctor = load("doctor")
+if doctor:
+    gpu = next((f for f in doctor["findings"] if f["kind"] == "device"), None)
+    print(f"\ndoctor, gpu: {'ok' if gpu and gpu['ok'] else 'unavailable'}: {gpu and gpu['detail']}")
+for name in ("verify-gpu", "verify-gpu-tf32"):
+    found = load(name)
+    if not found:
+        continue
+    print(f"\n{name}:\n\n| artifact | status | ran on | precision | max abs err | tolerance | reason |\n|---|---|---|---|---:|---|---|")
+    for a in found["artifacts"]:
+        ran, rec = a.get("ran") or {}, a.get("validation") or {}
+        err = max((o["max_abs_error"] for o in rec.get("outputs", {}).values()), default="")
+        tol = f"atol {rec['atol']:.3g}, rtol {rec['rtol']:.3g}" if rec else ""
+        print(f"| {a['artifact']} | {a['status']} | {', '.join(ran.get('providers', []))} | {ran.get('precision', '')} | {err if err == '' else f'{err:.3g}'} | {tol} | {(a.get('reason') or '')[:160]} |")
+run = load("run-gpu")
+try:
+    gpu, cpu = np.load(out / "gpu.npz"), np.load(out / "cpu.npz")
+    key = next(iter(gpu.files))
+    agree = int((gpu[key].argmax(-1) == cpu[key].argmax(-1)).sum())
+    print(f"\nrun --device gpu: {run and run['artifact']} on {run and ', '.join(run.get('providers', []))}, "
+          f"{run and run['precision']}; top-1 {agree}/{len(gpu[key])} photos as on the CPU, max |diff| {np.abs(gpu[key] - cpu[key]).max():.3g}"
+          + (f"; passed over: {run['passed_over']}" if run and run.get("passed_over") else ""))
+except (OSError, StopIteration, KeyError) as exc:
+    print(f"\nrun: no comparison ({exc})")
+print("\n| bench | artifact | ran on | precision | batch | p50 ms | p99 ms | images/s | passed over |\n|---|---|---|---|---:|---:|---:|---:|---|")
+for name in ("bench-b1", "bench-b8", "bench-b32", "bench-b256", "bench-fp16-b32", "bench-cpu-b32"):
+    b = load(name)
+    if b:
+        lat = b["latency_ms"]
+        print(f"| {name} | {b['artifact']} | {', '.join(b.get('providers', []))} | {b['precision']} | {b['batch_size']} | {lat['p50']:.2f} | {lat['p99']:.2f} | {b['throughput_per_s']:.0f} | {'; '.join(b.get('passed_over', []))[:160]} |")
+EOF
+
+echo -e "\n## deploy serve under perf_analyzer (server on half the cores, perf_analyzer on the other half)\n" >>"$REPORT"
+"$PY" "$HERE/gpu_serving.py" --package "$PKG" >>"$REPORT" 2>"$OUT/gpu_serving.log" || echo "gpu_serving.py FAILED: $(tail -3 "$OUT/gpu_serving.log")" >>"$REPORT"
+echo -e "\n## Engines in process (benchmarks/gpu.py)\n" >>"$REPORT"
+"$PY" "$HERE/gpu.py" --package "$PKG" --photos "$PHOTOS" --markdown >>"$REPORT" 2>"$OUT/gpu_bench.log" || echo "gpu.py FAILED: $(tail -3 "$OUT/gpu_bench.log")" >>"$REPORT"
+cat "$REPORT"

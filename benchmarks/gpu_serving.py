@@ -1,0 +1,177 @@
+"""`deploy serve` on a GPU under load: Triton's perf_analyzer at concurrency 1-32 against each batch
+bucket policy, beside the same model in process at batch 32.
+
+The server runs on cores 0-7 and perf_analyzer on 8-15 (where the machine has 16), so the load
+generator does not take the server's cores. Policies (``model.yaml``):
+
+- ``buckets``: the default, merged batches padded to powers of two up to ``max_batch_size``, a
+  warmed session per bucket (runtimes/batch_buckets.py);
+- ``pad to max``: ``batch_buckets: [32]``, every call padded to 32 rows, one session;
+- ``every size``: ``batch_buckets: []``, each merged batch run at its own size (the behaviour that
+  collapsed: every new shape re-plans the CUDA provider's convolutions);
+- ``fp16 + buckets``: the onnx-fp16 artifact with the default buckets;
+- ``buckets, threads: 1``: the default with one ONNX Runtime thread per session.
+
+Target (issue: serving on a GPU holds up under load): concurrency 32 >= 0.8x in-process batch-32
+throughput, p99 <= 3x p50.
+
+    python benchmarks/gpu_serving.py --package PKG [--seconds 2] [--only POLICY]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import perf_analyzer
+import yaml
+
+import unideploy
+from unideploy.runtimes import RuntimeOptions
+from unideploy.runtimes.selection import open_artifact
+from unideploy.samples import resize_batch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+from serving import start_server, stop_server
+
+POLICIES: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[str, ...]]] = {
+    # name: (model.yaml, concurrency levels, protocols)
+    "buckets": ({}, (1, 4, 8, 16, 32), ("grpc",)),
+    "buckets, HTTP": ({}, (1, 32), ("http",)),
+    # a CUDA session's CPU threads only run the few nodes the GPU leaves: one leaves the cores to the
+    # server's event loop and threads
+    "buckets, threads: 1": ({"threads": 1}, (8, 32), ("grpc",)),
+    "pad to max": ({"batch_buckets": [32]}, (1, 32), ("grpc",)),
+    "every size": ({"batch_buckets": []}, (1, 8), ("grpc",)),
+    "fp16 + buckets": ({"artifact": "onnx-fp16"}, (1, 32), ("grpc",)),
+}
+
+
+def cores() -> tuple[list[int], list[int]]:
+    """CPUs for the server and for the load generator: the two halves of those this process has."""
+    allowed = sorted(os.sched_getaffinity(0))
+    half = max(1, len(allowed) // 2)
+    return allowed[:half], allowed[half:] or allowed
+
+
+def in_process(package: Path, batch: int, device: str) -> float:
+    """Images per second of onnx-fp32 at ``batch``, the call repeated (one shape)."""
+    with unideploy.open_package(package) as pkg:
+        engine = open_artifact(pkg, pkg.manifest.artifact("onnx-fp32"), None, RuntimeOptions(device=device))
+        inputs = resize_batch(pkg.reference_samples()[0].inputs, batch)
+        for _ in range(5):
+            engine.run(inputs)
+        start, calls = time.perf_counter(), 0
+        while time.perf_counter() - start < 2.0:
+            engine.run(inputs)
+            calls += 1
+        engine.close()
+    return batch * calls / (time.perf_counter() - start)
+
+
+def scrape(server: Any) -> dict[str, Any]:
+    """What the server says it ran and how: its engine labels, mean rows and compute per call."""
+    text = httpx.get(f"{server.http}/metrics", timeout=10).text
+    engine = re.search(r"unideploy_model_engine\{([^}]*)\} 1", text)
+
+    def total(name: str) -> float:
+        return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
+
+    compute_sum = sum(
+        float(v)
+        for v in re.findall(r'^unideploy_request_duration_seconds_sum\{[^}]*stage="compute"[^}]*\} (\S+)$', text, re.M)
+    )
+    compute_count = sum(
+        float(v)
+        for v in re.findall(
+            r'^unideploy_request_duration_seconds_count\{[^}]*stage="compute"[^}]*\} (\S+)$', text, re.M
+        )
+    )
+    calls = total("unideploy_batch_rows_count")
+    return {
+        "engine": engine.group(1) if engine else "(no engine metric)",
+        "rows per call": round(total("unideploy_batch_rows_sum") / calls, 1) if calls else None,
+        "compute ms": round(1000 * compute_sum / compute_count, 2) if compute_count else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--package", type=Path, required=True, help="a package with onnx-fp32 (and onnx-fp16)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="perf_analyzer's measurement window")
+    parser.add_argument("--only", choices=list(POLICIES), action="append", help="policies to run (default: all)")
+    parser.add_argument("--device", default="gpu", help="of the in-process row (cpu: a dry run without a GPU)")
+    args = parser.parse_args()
+    tool = perf_analyzer.ensure()
+    if isinstance(tool, str):
+        print(f"benchmarks/gpu_serving.py: skipped, {tool}")
+        return
+    server_cores, client_cores = cores()
+    batch32 = in_process(args.package, 32, args.device)
+    os.sched_setaffinity(0, client_cores)  # perf_analyzer inherits it; the server gets the other half
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="unideploy-gpu-serving-") as folder:
+        work = Path(folder)
+        for name, (settings, levels, protocols) in POLICIES.items():
+            if args.only and name not in args.only:
+                continue
+            repo = work / name.replace(" ", "-")
+            shutil.copytree(args.package, repo / "model" / "1")
+            (repo / "model" / "model.yaml").write_text(yaml.safe_dump({"max_batch_size": 32, **settings}))
+            started = time.perf_counter()
+            server = start_server(
+                repo, work, wrapper=("taskset", "-c", ",".join(map(str, server_cores))), ready_within=600
+            )
+            ready_s = round(time.perf_counter() - started, 1)
+            try:
+                for protocol in protocols:
+                    url = server.grpc if protocol == "grpc" else server.http.removeprefix("http://")
+                    for c in levels:
+                        print(f"{name}: {protocol} concurrency {c}", file=sys.stderr, flush=True)
+                        try:
+                            found: dict[str, Any] = perf_analyzer.measure(
+                                tool, url, protocol, "model", c, args.seconds, {}, work, timeout=90
+                            )
+                        except (RuntimeError, OSError) as exc:
+                            found = {"failed": " ".join(str(exc).split())[-200:]}
+                        rows.append(
+                            {"policy": name, "ready s": ready_s, "protocol": protocol, "concurrency": c, **found}
+                        )
+                rows[-1].update(scrape(server))
+            finally:
+                stop_server(server)
+    print_rows(rows, batch32)
+
+
+def print_rows(rows: list[dict[str, Any]], batch32: float) -> None:
+    """One markdown table, and the targets; the last row of each policy carries what its server's
+    metrics said over the whole run (engine, mean rows and compute per call)."""
+    columns = ["policy", "ready s", "protocol", "concurrency", "p50_ms", "p99_ms", "throughput", "failed"]
+    columns += ["rows per call", "compute ms", "engine"]
+    lines = [f"in process, onnx-fp32 at batch 32: {batch32:.0f} images/s"]
+    for row in rows:
+        if row["concurrency"] == 32 and "throughput" in row:
+            ratio = row["throughput"] / batch32
+            tail = row["p99_ms"] / row["p50_ms"]
+            lines.append(
+                f"{'met' if ratio >= 0.8 else 'MISSED'}: {row['policy']} {row['protocol']} c32 >= 0.8x in process "
+                f"b32 (measured {ratio:.2f}x); {'met' if tail <= 3 else 'MISSED'}: p99 <= 3x p50 ({tail:.2f}x)"
+            )
+    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
+    print()
+    for line in lines:
+        print(f"- {line}")
+
+
+if __name__ == "__main__":
+    main()
