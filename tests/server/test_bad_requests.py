@@ -297,7 +297,7 @@ REST_CASES = [
         "request of 65 rows exceeds the limit of 64",
     ),
     ("metadata of unknown model", "GET /v2/models/nope", b"", {}, 404, "unknown model"),
-    ("ready of unknown version", "GET /v2/models/digits/versions/7/ready", b"", {}, 503, ""),
+    ("ready of unknown version", "GET /v2/models/digits/versions/7/ready", b"", {}, 404, "no version '7' loaded"),
     ("config of unknown model", "GET /v2/models/nope/config", b"", {}, 404, "unknown model"),
     ("load unknown model", "/v2/repository/models/nope/load", b"", {}, 404, "not in the repository"),
     ("unload unknown model", "/v2/repository/models/nope/unload", b"", {}, 404, "not loaded"),
@@ -489,3 +489,53 @@ def test_grpc_requests_over_a_limit_get_the_limit_and_the_option(small_limit_ser
         assert caught.value.code() == code
         assert fragment in caught.value.details()
         assert stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=30).ready
+
+
+UNDECODABLE = [b"\x0a\xff\xff\xff\xff\x07abc", b"\xff" * 16, b"\x12\x05ab"]  # bad varint, bad tag, truncated
+
+
+@pytest.mark.parametrize("method", ["ModelInfer", "ModelMetadata", "ModelReady", "RepositoryIndex"])
+def test_undecodable_grpc_bytes_are_invalid_argument_with_no_traceback(server, method):
+    with grpc.insecure_channel(server.grpc) as channel:
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")  # raw bytes both ways
+        for raw in UNDECODABLE:
+            with pytest.raises(grpc.RpcError) as caught:
+                call(raw, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+            assert "not a valid inference" in caught.value.details()
+    log = server.log.read_text()
+    assert "DecodeError" not in log and "Traceback" not in log
+
+
+def test_ready_of_an_unknown_model_or_version_is_not_found(server):
+    """A load balancer reads 503 as an unhealthy server: an unknown name is the client's mistake."""
+    with server.client() as client:
+        for path in ("/v2/models/AAA/ready", "/v2/models/digits/versions/AAA/ready"):
+            reply = client.get(path)
+            assert reply.status_code == 404, (path, reply.text)
+        assert client.get("/v2/models/digits/ready").status_code == 200
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelReady(service_pb2.ModelReadyRequest(name="AAA"), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        assert stub.ModelReady(service_pb2.ModelReadyRequest(name="digits"), timeout=30).ready
+
+
+def test_a_client_that_leaves_mid_body_is_one_info_line(server):
+    import socket
+    import time
+
+    host, port = server.http.removeprefix("http://").split(":")
+    before = server.log.read_text()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\n\r\n" + b'{"inputs": [' + b" " * 1000
+        )
+    server.wait_for(lambda: "disconnected" in server.log.read_text()[len(before) :], what="the disconnect's log line")
+    time.sleep(0.2)  # any traceback would follow the line at once
+    added = server.log.read_text()[len(before) :]
+    assert "Traceback" not in added and "ERROR" not in added and added.count("disconnected") == 1
+    with server.client() as client:
+        assert client.get("/v2/health/ready").status_code == 200

@@ -160,3 +160,38 @@ def test_version_folders_named_with_non_ascii_digits_are_not_versions(reload_ser
             time.sleep(0.2)
         assert list(versions) == ["1", "2"] and versions["2"] == "READY"
         assert http.get("/v2/models/digits/versions/2/ready").status_code == 200
+
+
+def test_temporary_files_in_a_serving_version_never_take_it_out(digits, tmp_path):
+    """Editors and rsync write and remove dotfiles and temporaries inside a version's folder while it
+    serves: the version that serves stays the one that serves, and nothing reloads."""
+    from serving import start_server, stop_server
+
+    repo = tmp_path / "repo"
+    for version in ("1", "2"):
+        shutil.copytree(digits["package"], repo / "digits" / version)
+    server = start_server(repo, tmp_path)
+    x = np.zeros((1, 1, 8, 8), np.float32)
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1, 8, 8], "data": x.ravel().tolist()}]}
+    served = []
+    version_dir = repo / "digits" / "2"
+    try:
+        with server.client() as http:
+            for i in range(400):  # bounded: about 2 s, ten scans of the repository
+                names = [
+                    version_dir / "artifacts" / f".tmp-{i}",
+                    version_dir / f".model.onnx.{i:06d}",
+                    version_dir / "a~",
+                ]
+                for name in names:
+                    name.write_bytes(b"being written")
+                served.append(http.post("/v2/models/digits/infer", json=body).json()["model_version"])
+                for name in names[: 1 + i % 3]:
+                    name.unlink()
+                for name in names[1 + i % 3 :]:
+                    name.unlink()
+    finally:
+        stop_server(server)
+    assert set(served) == {"2"}
+    log = server.log.read_text()
+    assert "failed to load" not in log and "unloaded" not in log.split("shutting down")[0]

@@ -18,7 +18,7 @@ import numpy as np
 import unideploy
 from unideploy.errors import InputError, UnideployError
 from unideploy.server.codec import NUMPY_TO_V2
-from unideploy.server.errors import BadRequest
+from unideploy.server.errors import BadRequest, Unavailable
 from unideploy.server.metrics import RequestSeries, ServerMetrics
 from unideploy.server.models import ModelRegistry, ServedVersion
 from unideploy.server.repository_api import RepositoryAPI
@@ -73,10 +73,12 @@ class DataPlane:
         return server_metadata()
 
     def model_ready(self, name: str, version: str | None) -> bool:
+        """Whether the model (version) serves; a name the repository does not have raises
+        NotFound (404), since a load balancer reads "not ready" (503) as an unhealthy server."""
         try:
             self.registry.get(name, version)
             return True
-        except InputError:
+        except Unavailable:  # known, but no version of it loaded
             return False
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:

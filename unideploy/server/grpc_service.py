@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from unideploy.errors import UnideployError
 from unideploy.server import codec
@@ -176,6 +178,41 @@ def _decode_inputs(request: Any) -> dict:
     return inputs
 
 
+@dataclass(frozen=True)
+class _Undecodable:
+    """What a request whose bytes are no protobuf message of its method's type decodes to."""
+
+    why: str
+
+
+def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """A request deserializer that never raises: grpc.aio answers a raising one with UNKNOWN and
+    logs a traceback per request, so bad bytes become ``_Undecodable`` for the method to refuse."""
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return _Undecodable(str(exc) or "DecodeError")
+
+    return deserialize
+
+
+def _refusing_undecodable(
+    method: Callable[[Any, Any], Awaitable[Any]], message: str
+) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the request is not a valid inference.{message} ({request.why}); send one built from "
+                "the protocol's .proto (docs/server.md, Protocol)",
+            )
+        return await method(request, context)
+
+    return behavior
+
+
 def add_servicer(
     server: grpc.aio.Server,
     dataplane: DataPlane,
@@ -183,6 +220,16 @@ def add_servicer(
     repository_token: str | None,
     max_request_bytes: int,
 ) -> None:
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceServicer(dataplane, inference_token, repository_token, max_request_bytes), server
-    )
+    """Every method of the service, from the proto's descriptor, each with a deserializer that
+    turns undecodable bytes into an INVALID_ARGUMENT answer instead of an UNKNOWN and a traceback."""
+    servicer = InferenceServicer(dataplane, inference_token, repository_token, max_request_bytes)
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {
+        method.name: grpc.unary_unary_rpc_method_handler(
+            _refusing_undecodable(getattr(servicer, method.name), method.input_type.name),
+            request_deserializer=_tolerant(getattr(pb, method.input_type.name).FromString),
+            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+        )
+        for method in service.methods
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,9 +53,34 @@ def service_name(model: str) -> str:
     return name[:63].rstrip("-")
 
 
+def transient(relpath: Path) -> bool:
+    """A name editors, rsync and copy tools give files they are still writing or about to remove
+    (dotfiles such as rsync's ``.name.XXXXXX`` or ``.tmp-N``, ``name~``, ``.swp``/``.tmp``/``.partial``):
+    their coming and going is no change to a version."""
+    return any(part.startswith(".") for part in relpath.parts) or relpath.name.endswith(
+        ("~", ".swp", ".tmp", ".partial")
+    )
+
+
 def _fingerprint(path: Path) -> tuple:
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    """Sizes and times of a version's files, transient ones left out, so a version changes only
+    when its own files do; a file removed while we look is skipped (the next scan sees the final
+    state), never a reason to drop the whole version from this scan, which retired it and served
+    an older one until the next scan."""
+    if path.is_file():
+        return ((str(path), path.stat().st_size, path.stat().st_mtime_ns),)
+    found = []
+    for folder, _, names in os.walk(path):  # a folder removed mid-walk is skipped, not raised
+        for name in names:
+            file = Path(folder) / name
+            if transient(file.relative_to(path)):
+                continue
+            try:
+                stat = file.stat()
+            except OSError:
+                continue
+            found.append((str(file), stat.st_size, stat.st_mtime_ns))
+    return tuple(sorted(found))
 
 
 def _versions_on_disk(directory: Path) -> dict[str, Path]:

@@ -9,6 +9,7 @@ Outputs come back binary when the request asks (per output ``binary_data``, or
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,7 +18,7 @@ import numpy as np
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -25,6 +26,8 @@ from unideploy.errors import UnideployError
 from unideploy.server import codec
 from unideploy.server.dataplane import DataPlane
 from unideploy.server.errors import BadRequest, RequestTimeout, TooLarge, check_token, http_status
+
+log = logging.getLogger("unideploy.server")
 
 HEADER_LENGTH = "inference-header-content-length"
 DECODE_INLINE_BYTES = 256 * 1024  # bodies above this are decoded on a worker thread
@@ -51,6 +54,10 @@ def create_app(
                 return await handler(request)
             except UnideployError as exc:
                 return _error(http_status(exc), str(exc))
+            except ClientDisconnect:  # nobody is left to answer: one line, not a traceback
+                peer = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+                log.info("%s disconnected before its %s %s request was read", peer, request.method, request.url.path)
+                return Response(status_code=400)
 
         return endpoint
 
