@@ -60,6 +60,7 @@ def measure(
     shapes: dict[str, list[int]],
     work: Path,
     timeout: float = 300,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, float]:
     """p50/p99 latency (ms) and throughput of batch-1 requests at ``concurrency``, zeros as input
     (valid token ids; latency does not depend on the values), over ``protocol`` (grpc or http: its
@@ -78,6 +79,7 @@ def measure(
     command += ["--stability-percentage", "100", "--max-trials", "10", "-f", str(out)]
     for name, dims in shapes.items():
         command += ["--shape", f"{name}:{','.join(map(str, dims))}"]
+    command += list(extra)  # e.g. --shared-memory system
     try:
         ran = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired as exc:

@@ -11,7 +11,9 @@ call including the hand-off to a worker thread and back, encode). Beside each ro
 requests against a stand-in that replays the server's answers without doing any work
 (``floor``: benchmarks/floor_server.py): the client, the loopback and the least a Python server
 must do to receive the bytes, which no server avoids; the ``over floor`` column is what
-``deploy serve`` itself adds to p50. ``--blocks`` interleaves the repeats so their spread shows
+``deploy serve`` itself adds to p50. Rows marked ``shm`` pass the tensors through system shared
+memory (perf_analyzer's ``--shared-memory system``): the request names a region instead of carrying
+the bytes (no floor: the stand-in has no shared memory). ``--blocks`` interleaves the repeats so their spread shows
 the noise. Needs the serve and bench extras and perf_analyzer
 (benchmarks/perf_analyzer.py says what it needs when it cannot run).
 
@@ -76,10 +78,15 @@ def stage_sums(http: str, model: str) -> dict[str, tuple[float, float]]:
     return {stage: (total, count) for stage, (total, count) in totals.items()}
 
 
-def measure(tool, server, model: str, protocol: str, seconds: float, work: Path) -> dict:
+# perf_analyzer's tensors through system shared memory: the request carries region names, not bytes
+SHARED_MEMORY = ("--shared-memory", "system", "--output-shared-memory-size", "64")
+
+
+def measure(tool, server, model: str, protocol: str, seconds: float, work: Path, shared: bool = False) -> dict:
     url = server.grpc if protocol == "grpc" else server.http.removeprefix("http://")
     before, cpu_before = stage_sums(server.http, model), cpu_seconds(server.process.pid)
-    row = perf_analyzer.measure(tool, url, protocol, model, 1, seconds, {}, work)
+    extra = SHARED_MEMORY if shared else ()
+    row = perf_analyzer.measure(tool, url, protocol, model, 1, seconds, {}, work, extra=extra)
     after, cpu_after = stage_sums(server.http, model), cpu_seconds(server.process.pid)
     requests = after["decode"][1] - before["decode"][1]  # every answered request, warm-up windows included
     stages = {f"{stage}_ms": round((after[stage][0] - before[stage][0]) / requests * 1000, 3) for stage in STAGES}
@@ -120,6 +127,11 @@ def main() -> None:
                             "floor_p50_ms": floor["p50_ms"],
                             "over_floor_ms": round(row["p50_ms"] - floor["p50_ms"], 2),
                         }
+                    )
+                    console.log(f"block {block}: {model}, perf_analyzer {protocol}, shared memory, concurrency 1")
+                    row = measure(tool, server, model, protocol, args.seconds, work, shared=True)
+                    rows.append(
+                        {"row": f"{block} {model} {protocol} shm", **row, "floor_p50_ms": "", "over_floor_ms": ""}
                     )
     finally:
         for floor in floors.values():

@@ -196,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
         "each version runs its calls on a thread of its own, and model.yaml's lanes side by side)",
     )
     p.add_argument(
+        "--shared-memory",
+        choices=["off", "system"],
+        default=None,
+        help="tensors through POSIX shared memory that co-located clients register (Triton's system shared "
+        "memory extension; default: system, authorized like inference); off refuses it",
+    )
+    p.add_argument(
         "--require-signed",
         action="store_true",
         default=None,

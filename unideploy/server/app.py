@@ -45,7 +45,7 @@ class Server:
         self.metrics = ServerMetrics()
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="unideploy-model")
         self.registry = ModelRegistry(repository, self.executor, self.metrics, config.trusted_signers(), model_name)
-        self.dataplane = DataPlane(self.registry, self.metrics, config.max_request_rows)
+        self.dataplane = DataPlane(self.registry, self.metrics, config.max_request_rows, config.shared_memory)
         self._stop = asyncio.Event()
 
     async def run(self) -> None:
@@ -139,6 +139,7 @@ class Server:
     async def close(self) -> None:
         """Unload every model and remove the remote mirror (in-flight requests have drained)."""
         await self.registry.close()
+        self.dataplane.shared_memory.close()  # unmaps every registered region
         self.executor.shutdown(wait=True)
         if self.remote is not None:
             self.remote.close()

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -96,6 +96,11 @@ class ServerConfig(BaseSettings):
     )
     body_timeout_s: float = Field(30.0, gt=0, description="a REST body not fully arrived by then is answered 408")
     max_connections: int = Field(512, ge=1, description="REST connections at once (more are answered 503)")
+    shared_memory: Literal["off", "system"] = Field(
+        "system",
+        description="tensors through POSIX shared memory registered by co-located clients (Triton's system "
+        "shared memory extension; registration is authorized like inference); off refuses it",
+    )
     require_signed: bool = Field(False, description="load only versions signed by trusted_key or trusted_chain")
     trusted_key: Path | None = Field(None, description="public key versions must be signed with")
     trusted_chain: tuple[Path, ...] = Field((), description="certificate chain a signing certificate must lead to")

@@ -22,6 +22,7 @@ from unideploy.server.errors import BadRequest, Unavailable
 from unideploy.server.metrics import RequestSeries, ServerMetrics
 from unideploy.server.models import ModelRegistry, ServedVersion
 from unideploy.server.repository_api import RepositoryAPI
+from unideploy.server.shared_memory import SharedMemoryRegions
 
 log = logging.getLogger("unideploy.server")
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics_metrics", "ab_routing"]
@@ -38,8 +39,8 @@ def _ran_parameters(ran: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
-def server_metadata() -> dict[str, Any]:
-    return {"name": "unideploy", "version": unideploy.__version__, "extensions": EXTENSIONS}
+def server_metadata(extensions: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"name": "unideploy", "version": unideploy.__version__, "extensions": EXTENSIONS + list(extensions)}
 
 
 @dataclass
@@ -53,8 +54,11 @@ class InferResult:
 
 
 class DataPlane:
-    def __init__(self, registry: ModelRegistry, metrics: ServerMetrics, max_request_rows: int) -> None:
+    def __init__(
+        self, registry: ModelRegistry, metrics: ServerMetrics, max_request_rows: int, shared_memory: str = "system"
+    ) -> None:
         self.registry = registry
+        self.shared_memory = SharedMemoryRegions(shared_memory)  # the system shared memory extension
         self.repository = RepositoryAPI(registry)  # the repository and routing extensions
         self.metrics = metrics
         self.max_request_rows = max_request_rows
@@ -70,7 +74,7 @@ class DataPlane:
         return bool(self.registry.ready_models())
 
     def server_metadata(self) -> dict[str, Any]:
-        return server_metadata()
+        return server_metadata(("system_shared_memory",) if self.shared_memory.mode == "system" else ())
 
     def model_ready(self, name: str, version: str | None) -> bool:
         """Whether the model (version) serves; a name the repository does not have raises

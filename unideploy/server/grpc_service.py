@@ -21,6 +21,7 @@ from unideploy.server.dataplane import DataPlane
 from unideploy.server.errors import BadRequest, TooLarge, check_token, grpc_code
 from unideploy.server.protocol import grpc_predict_v2_pb2 as pb
 from unideploy.server.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
+from unideploy.server.shared_memory import SharedMemoryRegions, placement
 
 # gRPC's own receive limit sits this far above --max-request-bytes, so that a message just over the
 # limit reaches ModelInfer and gets the same message as REST instead of gRPC's generic one
@@ -111,8 +112,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     "(the server's --max-request-bytes)"
                 )
             decoding = time.perf_counter()
-            inputs = _decode_inputs(request)
+            shm = self.dataplane.shared_memory
+            inputs = _decode_inputs(request, shm)
             requested = [o.name for o in request.outputs]
+            placed = {
+                o.name: place
+                for o in request.outputs
+                if (place := placement(o.parameters, _grpc_parameter, f"output '{o.name}'")) is not None
+            }
             headers = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
             result = await self.dataplane.infer(
                 request.model_name,
@@ -128,10 +135,41 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if result.variant:
                 response.parameters["variant"].string_param = result.variant
             for name, array in result.outputs.items():
-                response.outputs.add(name=name, datatype=codec.v2_datatype(array), shape=list(array.shape))
-                response.raw_output_contents.append(codec.to_bytes(array))
+                entry = response.outputs.add(name=name, datatype=codec.v2_datatype(array), shape=list(array.shape))
+                if name in placed:  # written into the client's shared memory; an empty blob keeps positions
+                    place = placed[name]
+                    entry.parameters["shared_memory_region"].string_param = place.region
+                    entry.parameters["shared_memory_byte_size"].int64_param = shm.write(place, array, name)
+                    if place.offset:
+                        entry.parameters["shared_memory_offset"].int64_param = place.offset
+                    response.raw_output_contents.append(b"")
+                else:
+                    response.raw_output_contents.append(codec.to_bytes(array))
             self.dataplane.encoded(result, time.perf_counter() - encoding)
             return response
+
+        return await self._call(context, self.inference_token, work)
+
+    # -- the system shared memory extension (authorized like inference) -----------------------
+    async def SystemSharedMemoryStatus(self, request, context):
+        async def work():
+            Status = pb.SystemSharedMemoryStatusResponse.RegionStatus  # noqa: N806
+            regions = self.dataplane.shared_memory.status(request.name or None)
+            return pb.SystemSharedMemoryStatusResponse(regions={r["name"]: Status(**r) for r in regions})
+
+        return await self._call(context, self.inference_token, work)
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        async def work():
+            self.dataplane.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+            return pb.SystemSharedMemoryRegisterResponse()
+
+        return await self._call(context, self.inference_token, work)
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        async def work():
+            self.dataplane.shared_memory.unregister(request.name or None)
+            return pb.SystemSharedMemoryUnregisterResponse()
 
         return await self._call(context, self.inference_token, work)
 
@@ -158,21 +196,37 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._call(context, self.repository_token, work)
 
 
-def _decode_inputs(request: Any) -> dict:
+def _grpc_parameter(params: Any, key: str) -> Any:
+    """One entry of a gRPC parameter map as a Python value (None when absent)."""
+    if key not in params:
+        return None
+    which = params[key].WhichOneof("parameter_choice")
+    return getattr(params[key], which) if which else None
+
+
+def _decode_inputs(request: Any, shm: SharedMemoryRegions) -> dict:
     if not request.model_name:
         raise BadRequest("model_name is empty")
     if not request.inputs:
         raise BadRequest("request has no inputs")
     raw = list(request.raw_input_contents)
-    if raw and len(raw) != len(request.inputs):
-        raise BadRequest(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; give one per input")
+    # inputs in shared memory carry no bytes: the raw contents belong, in order, to the others
+    places = [placement(t.parameters, _grpc_parameter, f"input '{t.name}'") for t in request.inputs]
+    in_request = sum(place is None for place in places)
+    if raw and len(raw) != in_request:
+        raise BadRequest(
+            f"{len(raw)} raw_input_contents for {in_request} inputs not in shared memory; give one per such input"
+        )
+    blobs = iter(raw)
     inputs = {}
-    for i, tensor in enumerate(request.inputs):
+    for tensor, place in zip(request.inputs, places, strict=True):
         if tensor.name in inputs:
             raise BadRequest(f"input '{tensor.name}' is given twice")
         shape = codec.check_shape(list(tensor.shape), tensor.name)
-        if raw:
-            inputs[tensor.name] = codec.from_bytes(raw[i], tensor.datatype, shape, tensor.name)
+        if place is not None:
+            inputs[tensor.name] = shm.read(place, tensor.datatype, shape, tensor.name)
+        elif raw:
+            inputs[tensor.name] = codec.from_bytes(next(blobs), tensor.datatype, shape, tensor.name)
         else:
             inputs[tensor.name] = codec.from_contents(tensor.contents, tensor.datatype, shape, tensor.name)
     return inputs

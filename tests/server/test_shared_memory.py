@@ -1,0 +1,139 @@
+"""Triton's system shared memory extension, driven by tritonclient's own shared-memory utilities over
+REST and gRPC, with real digit images: inputs read from and outputs written to regions, and every
+bad key, region, offset and size refused with a message, the server healthy after each."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+
+httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is in the dev extra")
+import tritonclient.grpc as grpcclient  # noqa: E402
+import tritonclient.utils.shared_memory as shm  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+CLIENTS = {
+    "http": lambda server: httpclient.InferenceServerClient(server.http.removeprefix("http://")),
+    "grpc": lambda server: grpcclient.InferenceServerClient(server.grpc),
+}
+
+
+@pytest.fixture
+def images(digits) -> np.ndarray:
+    return np.ascontiguousarray(np.load(digits["data"])["x"][:5])
+
+
+@pytest.fixture
+def regions():
+    """Segments made as a client makes them, each destroyed afterwards (names unique per test)."""
+    made = []
+
+    def make(size: int) -> tuple[object, str, str]:
+        name, key = f"r{uuid.uuid4().hex[:8]}", f"/unideploy-test-{uuid.uuid4().hex[:12]}"
+        made.append(shm.create_shared_memory_region(name, key, size))
+        return made[-1], name, key
+
+    yield make
+    for handle in made:
+        shm.destroy_shared_memory_region(handle)
+
+
+def _module(protocol: str):
+    return httpclient if protocol == "http" else grpcclient
+
+
+@pytest.mark.parametrize("protocol", CLIENTS)
+def test_inputs_and_outputs_travel_through_shared_memory(server, images, regions, protocol):
+    client, module = CLIENTS[protocol](server), _module(protocol)
+    expected_in = module.InferInput("x", list(images.shape), "FP32")
+    expected_in.set_data_from_numpy(images)
+    expected = client.infer("digits", [expected_in]).as_numpy("output")
+    out_bytes = expected.nbytes
+    in_handle, in_name, in_key = regions(images.nbytes)
+    out_handle, out_name, out_key = regions(64 + out_bytes)  # the output 64 bytes into its segment
+    shm.set_shared_memory_region(in_handle, [images])
+    client.register_system_shared_memory(in_name, in_key, images.nbytes)
+    client.register_system_shared_memory(out_name, out_key, out_bytes, offset=64)
+    try:
+        x = module.InferInput("x", list(images.shape), "FP32")
+        x.set_shared_memory(in_name, images.nbytes)
+        wanted = module.InferRequestedOutput("output")
+        wanted.set_shared_memory(out_name, out_bytes)
+        result = client.infer("digits", [x], outputs=[wanted])
+        got = shm.get_contents_as_numpy(out_handle, np.float32, list(expected.shape), offset=64)
+        np.testing.assert_array_equal(got, expected)
+        answered = result.get_output("output")
+        params = answered["parameters"] if protocol == "http" else answered.parameters
+        region = params["shared_memory_region"] if protocol == "http" else params["shared_memory_region"].string_param
+        assert region == out_name
+        status = client.get_system_shared_memory_status()
+        names = {r["name"] for r in status} if protocol == "http" else set(status.regions)
+        assert {in_name, out_name} <= names
+    finally:
+        client.unregister_system_shared_memory(in_name)
+        client.unregister_system_shared_memory(out_name)
+    assert not _names(client.get_system_shared_memory_status(), protocol) & {in_name, out_name}
+
+
+def _names(status, protocol: str) -> set[str]:
+    return {r["name"] for r in status} if protocol == "http" else set(status.regions)
+
+
+@pytest.mark.parametrize("protocol", CLIENTS)
+def test_bad_keys_regions_offsets_and_sizes_are_refused(server, images, regions, protocol):
+    client, module = CLIENTS[protocol](server), _module(protocol)
+    handle, name, key = regions(images.nbytes)
+    shm.set_shared_memory_region(handle, [images])
+
+    def refused(call, fragment: str) -> None:
+        with pytest.raises(InferenceServerException) as caught:
+            call()
+        assert fragment in str(caught.value), str(caught.value)
+
+    # keys are shared-memory names, never paths
+    for bad in ("/../etc/passwd", "a/b", "/", "../x"):
+        refused(lambda bad=bad: client.register_system_shared_memory("p", bad, 16), "not a plain shared-memory name")
+    refused(lambda: client.register_system_shared_memory("p", "/unideploy-nothing-here", 16), "cannot be opened")
+    refused(
+        lambda: client.register_system_shared_memory("p", key, images.nbytes, offset=8),
+        f"is larger than the {images.nbytes}-byte segment",
+    )
+    client.register_system_shared_memory(name, key, images.nbytes)
+    try:
+        refused(lambda: client.register_system_shared_memory(name, key, 16), "already registered")
+
+        def infer_with(region: str, size: int, offset: int = 0) -> None:
+            x = module.InferInput("x", list(images.shape), "FP32")
+            x.set_shared_memory(region, size, offset)
+            client.infer("digits", [x])
+
+        refused(lambda: infer_with("nope", images.nbytes), "'nope', which is not registered")
+        refused(lambda: infer_with(name, images.nbytes, offset=4), "falls outside shared memory region")
+        refused(lambda: infer_with(name, images.nbytes - 4), "bytes of data, but FP32")
+        small = module.InferRequestedOutput("output")
+        small.set_shared_memory(name, 8)
+        x = module.InferInput("x", list(images.shape), "FP32")
+        x.set_data_from_numpy(images)
+        refused(lambda: client.infer("digits", [x], outputs=[small]), "more than the 8 given for it")
+    finally:
+        client.unregister_system_shared_memory(name)
+    refused(lambda: client.unregister_system_shared_memory(name), "no shared memory region")
+    assert client.is_server_ready()
+
+
+def test_an_operator_can_turn_shared_memory_off(repo, images, regions, tmp_path):
+    from serving import start_server, stop_server
+
+    server = start_server(repo, tmp_path, "--shared-memory", "off")
+    try:
+        _, _, key = regions(images.nbytes)
+        client = httpclient.InferenceServerClient(server.http.removeprefix("http://"))
+        with pytest.raises(InferenceServerException, match="shared memory is turned off"):
+            client.register_system_shared_memory("r", key, images.nbytes)
+        assert "system_shared_memory" not in client.get_server_metadata()["extensions"]
+    finally:
+        stop_server(server)
+    assert os.path.exists(f"/dev/shm{key}")  # the client's segment is the client's: never removed by the server

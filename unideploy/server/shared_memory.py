@@ -1,0 +1,186 @@
+"""Triton's system shared memory extension: tensors passed through POSIX shared memory.
+
+A client on the same machine creates a segment (``/dev/shm/KEY``), registers a window of it under a
+region name, and names region, offset and size in place of an input's bytes, or of where an output
+is to be written. The request then carries no tensor bytes: the server reads the input from the
+segment and writes the output into it (``tritonclient.utils.shared_memory`` makes such segments;
+``perf_analyzer --shared-memory system`` uses them).
+
+Shared memory is a way into the server's address space, so: registering is authorized like
+inference; a key is a plain shared-memory name (letters, digits, ``._-``, one optional leading
+``/``), never a path; the segment is opened without following links; every read and write is
+checked against the registered window; an operator can turn the extension off
+(``--shared-memory off``). Inputs are copied out of the segment once, so a client rewriting it
+mid-request, or unregistering it, cannot change a tensor the model is running on.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from unideploy.server import codec
+from unideploy.server.errors import BadRequest, NotFound
+
+SHM_ROOT = "/dev/shm"  # where Linux keeps POSIX shared memory (shm_open's names)
+KEY = re.compile(r"/?[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+REGION_NAME = re.compile(r"[^\x00/]{1,255}")
+MODES = ("off", "system")
+
+
+@dataclass
+class Region:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    mapped: mmap.mmap
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one tensor lives: a region, an offset into it and a byte count."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+class SharedMemoryRegions:
+    """The regions registered with one server; all methods may be called from any thread."""
+
+    def __init__(self, mode: str = "system") -> None:
+        self.mode = mode
+        self._regions: dict[str, Region] = {}
+        self._lock = threading.Lock()  # a region is never unmapped while it is read or written
+
+    def _require_on(self) -> None:
+        if self.mode == "off":
+            raise BadRequest(
+                "shared memory is turned off on this server",
+                "send tensor bytes in the request, or start it with --shared-memory system",
+            )
+
+    def register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+        """``key``, ``offset`` and ``byte_size`` as a client sent them: checked here."""
+        self._require_on()
+        if not isinstance(name, str) or not REGION_NAME.fullmatch(name):
+            raise BadRequest(f"shared memory region name {str(name)[:80]!r} is not a name")
+        if not isinstance(key, str) or not KEY.fullmatch(key) or key.strip("/") in (".", ".."):
+            raise BadRequest(
+                f"shared memory key {str(key)[:80]!r} is not a plain shared-memory name",
+                "a key is what shm_open takes: letters, digits, '.', '_' and '-', with one optional leading '/'",
+            )
+        for field, value in (("offset", offset), ("byte_size", byte_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise BadRequest(f"shared memory {field} {value!r} is not a whole number of bytes")
+        if byte_size == 0:
+            raise BadRequest("shared memory byte_size is 0: a region holds at least one byte")
+        with self._lock:
+            if name in self._regions:
+                raise BadRequest(
+                    f"shared memory region '{name}' is already registered", "unregister it first, or use another name"
+                )
+            path = os.path.join(SHM_ROOT, key.lstrip("/"))
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+            except OSError as exc:
+                raise BadRequest(
+                    f"shared memory key '{key}' cannot be opened: {exc.strerror}",
+                    "create the segment first (tritonclient.utils.shared_memory.create_shared_memory_region)",
+                ) from None
+            try:
+                size = os.fstat(fd).st_size
+                if offset + byte_size > size:
+                    raise BadRequest(
+                        f"shared memory region '{name}' ({offset} + {byte_size} bytes) is larger than the "
+                        f"{size}-byte segment '{key}'"
+                    )
+                mapped = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+            self._regions[name] = Region(name, key, offset, byte_size, mapped)
+
+    def unregister(self, name: str | None = None) -> None:
+        """One region, or every region when ``name`` is None or empty."""
+        with self._lock:
+            if name:
+                if name not in self._regions:
+                    raise NotFound(f"no shared memory region '{name}' is registered")
+                names = [name]
+            else:
+                names = list(self._regions)
+            for each in names:
+                self._regions.pop(each).mapped.close()
+
+    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            if name:
+                if name not in self._regions:
+                    raise NotFound(f"no shared memory region '{name}' is registered")
+                return [self._regions[name].status()]
+            return [r.status() for r in self._regions.values()]
+
+    def _window(self, place: Placement, what: str) -> tuple[Region, int]:
+        """The region and the absolute start of ``place`` in its segment, checked against the window."""
+        region = self._regions.get(place.region)
+        if region is None:
+            raise BadRequest(
+                f"{what} names shared memory region '{place.region}', which is not registered",
+                "register it first (v2/systemsharedmemory/region/NAME/register)",
+            )
+        if place.offset < 0 or place.byte_size < 0 or place.offset + place.byte_size > region.byte_size:
+            raise BadRequest(
+                f"{what}: offset {place.offset} + {place.byte_size} bytes falls outside shared memory region "
+                f"'{place.region}' ({region.byte_size} bytes)"
+            )
+        return region, region.offset + place.offset
+
+    def read(self, place: Placement, datatype: Any, shape: Sequence[int], name: str) -> np.ndarray:
+        """Input ``name`` from its region, copied out (the client may rewrite the region)."""
+        self._require_on()
+        with self._lock:
+            region, start = self._window(place, f"input '{name}'")
+            copied = region.mapped[start : start + place.byte_size]  # slicing an mmap copies
+        return codec.from_bytes(copied, datatype, shape, name)
+
+    def write(self, place: Placement, array: np.ndarray, name: str) -> int:
+        """Output ``name`` into its region; returns the bytes written."""
+        self._require_on()
+        blob = codec.to_bytes(array)
+        with self._lock:
+            region, start = self._window(place, f"output '{name}'")
+            if len(blob) > place.byte_size:
+                raise BadRequest(
+                    f"output '{name}' has {len(blob)} bytes, more than the {place.byte_size} given for it in "
+                    f"shared memory region '{place.region}'"
+                )
+            region.mapped[start : start + len(blob)] = blob
+        return len(blob)
+
+    def close(self) -> None:
+        self.unregister()
+
+
+def placement(params: Any, get: Any, what: str) -> Placement | None:
+    """The shared-memory placement a tensor's parameters name, or None: ``get(params, key)`` reads
+    one parameter (a JSON object or a gRPC parameter map)."""
+    region = get(params, "shared_memory_region")
+    if region is None:
+        return None
+    size, offset = get(params, "shared_memory_byte_size"), get(params, "shared_memory_offset")
+    if not isinstance(region, str) or not isinstance(size, int) or isinstance(size, bool):
+        raise BadRequest(f"{what}: shared_memory_region needs a name and shared_memory_byte_size a byte count")
+    if offset is not None and (not isinstance(offset, int) or isinstance(offset, bool)):
+        raise BadRequest(f"{what}: shared_memory_offset {offset!r} is not a byte count")
+    return Placement(region, size, offset or 0)
