@@ -143,8 +143,8 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None) -> dict
         }
         fp16_path = package.path_of(package.manifest.artifact("onnx-fp16"))
         fp32_path = package.path_of(package.manifest.artifact("onnx-fp32"))
-        nchw = {"use_tf32": "0"}  # fp16 as the provider defaults it, for the A/B with NHWC
-        engines["onnx-fp16, NCHW (provider default)"] = _DeviceBuffers(fp16_path, nchw, graph=False)
+        nhwc = {**cuda_options("fp16", False), "prefer_nhwc": "1"}  # cuDNN's NHWC kernels, for the A/B
+        engines["onnx-fp16, NHWC (prefer_nhwc)"] = _DeviceBuffers(fp16_path, nhwc, graph=False)
         engines["onnx-fp32, exact + device buffers"] = _DeviceBuffers(fp32_path, cuda_options("fp32", False), False)
         engines["onnx-fp32, exact + device buffers + CUDA graph"] = _DeviceBuffers(
             fp32_path, cuda_options("fp32", False), True

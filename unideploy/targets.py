@@ -68,8 +68,8 @@ BUILTIN = (
     Target("cpu", "ONNX artifact for ONNX Runtime on CPU servers", ("onnxruntime",)),
     Target(
         "gpu",
-        "TensorRT engine recipes (fp16/int8/fp32), built and cached per GPU; ONNX Runtime "
-        "TensorRT/CUDA providers where TensorRT is absent",
+        "TensorRT engine recipes (fp16/int8/fp32), built and cached per GPU (TensorRT, or ONNX "
+        "Runtime's TensorRT provider); without TensorRT the ONNX artifacts run on ONNX Runtime's CUDA provider",
         ("tensorrt", "onnxruntime"),
         stage="unideploy.gpu.build:target_stage",
         options=("trt_precision", "trt_profile", "trt_workspace"),

@@ -105,10 +105,7 @@ def test_provider_choice():
         "CPUExecutionProvider",
     ]
     assert onnx_providers("gpu", every, "fp32", True)[0] == ("CUDAExecutionProvider", {"use_tf32": "1"})
-    assert onnx_providers("gpu", every, "fp16", True)[0] == (
-        "CUDAExecutionProvider",
-        {"use_tf32": "0", "prefer_nhwc": "1"},
-    )
+    assert onnx_providers("gpu", every, "fp16", True)[0] == ("CUDAExecutionProvider", {"use_tf32": "0"})
     assert onnx_providers("auto", ["CPUExecutionProvider"], "fp32", False) == ["CPUExecutionProvider"]
     with pytest.raises(MissingDependencyError, match="onnxruntime-gpu"):
         onnx_providers("gpu", ["CPUExecutionProvider"], "fp32", False)
