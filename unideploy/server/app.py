@@ -52,15 +52,16 @@ class Server:
         import grpc
         import uvicorn
 
-        from unideploy.server.grpc_service import TRANSPORT_SLACK, add_servicer
+        from unideploy.server.grpc_service import TRANSPORT_SLACK_BYTES, add_servicer
 
         started = time.perf_counter()
         cfg = self.config
         # Both ports are taken before any model loads: a busy port fails fast, with its name.
         http_socket = _listen(cfg.host, cfg.http_port, "--http-port")
-        transport = cfg.max_request_bytes * TRANSPORT_SLACK
+        transport = cfg.max_request_bytes + TRANSPORT_SLACK_BYTES
         grpc_server = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", transport), ("grpc.max_send_message_length", transport)]
+            # answers are bounded by the served models and --max-request-rows, not by the request limit
+            options=[("grpc.max_receive_message_length", transport), ("grpc.max_send_message_length", -1)]
         )
         add_servicer(grpc_server, self.dataplane, cfg.inference_token, cfg.repository_token, cfg.max_request_bytes)
         address = f"{cfg.host}:{cfg.grpc_port}"
