@@ -6,13 +6,13 @@ destination: a refused optimization or a failed edge conversion leaves nothing b
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from unideploy.exporters.export import export
 from unideploy.optimizers.optimize import OptimizeRequest, optimize
+from unideploy.package.files import scratch_dir
 from unideploy.package.writer import check_destination
 from unideploy.targets import require_target
 
@@ -42,7 +42,7 @@ def export_package(
     if not stages:
         return export(src, output, overwrite=overwrite, progress=progress, **export_kwargs)
     check_destination(Path(output), overwrite)
-    with tempfile.TemporaryDirectory(prefix="unideploy-export-") as tmp:
+    with scratch_dir("unideploy-export-") as tmp:
         current = export(src, Path(tmp) / "stage0", progress=progress, **export_kwargs)
         for i, stage in enumerate(stages, 1):
             last = i == len(stages)

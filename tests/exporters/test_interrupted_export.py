@@ -54,3 +54,24 @@ def test_sigint_during_export_leaves_nothing(torch_models, tmp_path):
     assert code == 130, stderr
     assert "interrupted: nothing was written" in stderr
     assert list(out_dir.iterdir()) == []
+
+
+def test_scratch_folders_a_killed_export_left_go_with_the_next_export(torch_models, tmp_path, monkeypatch):
+    """kill -9 skips every cleanup: an export's scratch folder in the temp dir is named for its process,
+    and the next export removes those of processes no longer running (and keeps a live one's)."""
+    import os
+    import tempfile
+
+    import unideploy
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale, live = scratch / f"unideploy-export-{int(gone.stdout)}-x1", scratch / f"unideploy-export-{os.getpid()}-x2"
+    for leftover in (stale, live):
+        leftover.mkdir()
+        (leftover / "model.onnx").write_bytes(b"half written")
+    path, shapes = torch_models["cnn_scripted"]
+    unideploy.export(path, tmp_path / "pkg", input_shapes=shapes).close()
+    assert sorted(p.name for p in scratch.iterdir() if p.name.startswith("unideploy-export-")) == [live.name]

@@ -12,7 +12,6 @@ tolerance it will hold the result to.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -23,6 +22,7 @@ from unideploy.ascend.network import export_mindir, require_supported
 from unideploy.errors import ExportError, RuntimeFailure, ValidationError
 from unideploy.exporters.dequantize import float_onnx
 from unideploy.package import Artifact, Package, PlannedArtifact
+from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import Manifest, Tolerance, ValidationRecord
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
@@ -166,7 +166,7 @@ def build_ascend(
     """Write ``output``: the package with its MindIR artifact and MindSpore Lite recipes. The
     stage of ``--target ascend`` (targets.py), which has no options of its own."""
     say = progress or (lambda _msg: None)  # MindSpore's presence: checked up front (targets.py)
-    with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-ascend-") as tmp:
+    with Package.open(package_path) as package, scratch_dir("unideploy-ascend-") as tmp:
         work, manifest = Path(tmp), package.manifest
         references = package.reference_pairs()
         mindir, of, undone = _mindir(package, work, say)

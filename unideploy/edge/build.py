@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from unideploy.errors import (
 from unideploy.exporters.dequantize import float_onnx
 from unideploy.exporters.onnx_io import copy_model
 from unideploy.package import Artifact, Package, PlannedArtifact
+from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import OmittedRecord, Precision
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
@@ -374,7 +374,7 @@ def build_edge(
 ) -> Path:
     """Write ``output``: the package plus its edge artifacts (int8 TFLite when ``calibration`` is given)."""
     say = progress or (lambda _msg: None)
-    with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-edge-") as tmp:
+    with Package.open(package_path) as package, scratch_dir("unideploy-edge-") as tmp:
         work = Path(tmp)
         manifest = package.manifest
         base = manifest.base_onnx()

@@ -16,7 +16,6 @@ bundle adds checksums for everything outside it and parses the generated source.
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +28,15 @@ from unideploy.edge.coreml import COREML, COREML_PRECISION, torchscript_to_mlpac
 from unideploy.edge.platforms import PLATFORMS, CodeFile, namespace_for
 from unideploy.errors import ExportError, InputError, PackageError
 from unideploy.package import Artifact, Manifest, Package, PackageWriter
-from unideploy.package.files import all_files, digest_path, extract_zip, read_format_document, resolve_inside, write_zip
+from unideploy.package.files import (
+    all_files,
+    digest_path,
+    extract_zip,
+    read_format_document,
+    resolve_inside,
+    scratch_dir,
+    write_zip,
+)
 from unideploy.package.writer import check_destination
 from unideploy.verify import ArtifactCheck, verify_package
 
@@ -59,7 +66,7 @@ def build_bundle(
         raise InputError(f"bundle path '{dest}' must end in .zip")
     check_destination(dest, overwrite)
     label_lines = _read_labels(labels) if labels else None
-    with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-bundle-") as tmp:
+    with Package.open(package_path) as package, scratch_dir("unideploy-bundle-") as tmp:
         manifest = package.manifest
         chosen = _mobile_artifacts(package, artifacts)
         if label_lines is not None:
@@ -365,7 +372,7 @@ def is_bundle(path: str | Path) -> bool:
 
 def verify_bundle(path: str | Path, runtime: str | None = None) -> BundleReport:
     """Checksums of every file, every model against the reference outputs, every source file parsed."""
-    with tempfile.TemporaryDirectory(prefix="unideploy-bundle-") as tmp:
+    with scratch_dir("unideploy-bundle-") as tmp:
         root = Path(tmp)
         extract_zip(Path(path), root, "build the bundle again with 'deploy bundle'")
         document = _read_document(root)

@@ -7,7 +7,6 @@ written only if ONNX Runtime reproduces the source framework's outputs at two ba
 from __future__ import annotations
 
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +21,7 @@ from unideploy.exporters.base import ConvertedModel
 from unideploy.exporters.onnx_io import declare_signature
 from unideploy.exporters.shapes import resolve_signature, settle_outputs
 from unideploy.package import Artifact, Manifest, PackageWriter, PlannedArtifact
-from unideploy.package.files import digest_path
+from unideploy.package.files import digest_path, scratch_dir
 from unideploy.package.manifest import SourceRecord, ValidationRecord
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.samples import batch_size_of, example_batches, synthetic_batches
@@ -84,7 +83,7 @@ def export(
 
     with (
         PackageWriter(output, overwrite=overwrite) as writer,
-        tempfile.TemporaryDirectory(prefix="unideploy-export-") as tmp,
+        scratch_dir("unideploy-export-") as tmp,
     ):
         if options.trust_source:  # the scan's refusal was waived: the framework runs in a process of its own
             say(f"converting {src.name} with the {exporter_cls.name} exporter and running it, in a separate process")

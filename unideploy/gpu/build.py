@@ -13,7 +13,6 @@ the check is deferred to the serving GPU, with the tolerance it will be held to 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -24,7 +23,7 @@ import numpy as np
 from unideploy.errors import InputError
 from unideploy.gpu.precision import PRECISIONS, BuildPlan, plan_build
 from unideploy.package import Manifest, Package, PlannedArtifact
-from unideploy.package.files import digest_path
+from unideploy.package.files import digest_path, scratch_dir
 from unideploy.package.manifest import Tolerance, ValidationRecord
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
@@ -151,7 +150,7 @@ def build_gpu(
         raise InputError("--trt-workspace must be at least 1 MiB")
     tensorrt = RUNTIMES.get("tensorrt")
     found = tensorrt.availability()
-    with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-gpu-") as tmp:
+    with Package.open(package_path) as package, scratch_dir("unideploy-gpu-") as tmp:
         work, manifest = Path(tmp), package.manifest
         profiles = build_profiles(manifest.signature, request.profiles)
         references = package.reference_pairs()

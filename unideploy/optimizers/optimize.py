@@ -8,7 +8,6 @@ package beside the fp32 artifact with what was done, why, and what it cost and g
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from unideploy.optimizers.base import STAGES, Evaluation
 from unideploy.optimizers.data import Dataset, load_dataset, split, synthetic_dataset
 from unideploy.optimizers.measure import latency, size_effects, timing_session
 from unideploy.package import Artifact, Package, PlannedArtifact
+from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import OptimizationRecord, ValidationRecord
 from unideploy.package.writer import extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
@@ -118,7 +118,7 @@ def optimize(
     """Add an optimized artifact to a package (in place, or into ``output``)."""
     say = progress or (lambda _msg: None)
     passes = build_passes(request)
-    with Package.open(package_path) as package, tempfile.TemporaryDirectory(prefix="unideploy-opt-") as tmp:
+    with Package.open(package_path) as package, scratch_dir("unideploy-opt-") as tmp:
         base = _base_artifact(package, request.artifact)
         base_path = package.path_of(base)
         calibration, validation = _datasets(request, package)

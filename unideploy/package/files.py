@@ -108,6 +108,13 @@ def temp_prefix(parent: Path, prefix: str, suffix: str) -> str:
     return f"{prefix}{os.getpid()}-"
 
 
+def scratch_dir(prefix: str) -> tempfile.TemporaryDirectory:
+    """A scratch folder in the system's temp dir named for this process (``unideploy-export-PID-...``),
+    after removing those of ``prefix`` that processes no longer running left there: an export or
+    optimization killed mid-way (kill -9, the OOM killer) left them behind for good."""
+    return tempfile.TemporaryDirectory(prefix=temp_prefix(Path(tempfile.gettempdir()), prefix, ""))
+
+
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
