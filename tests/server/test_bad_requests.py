@@ -566,3 +566,42 @@ def test_refused_oversized_grpc_messages_do_not_grow_memory(repo, tmp_path):
         assert rss_mb(server.process.pid) - before < 100
     finally:
         stop_server(server)
+
+
+@pytest.mark.skipif(
+    __import__("shutil").which("prlimit") is None, reason="prlimit (util-linux) sets the server's limit"
+)
+def test_running_out_of_descriptors_is_one_log_line_per_interval(repo, tmp_path):
+    """300 idle connections against a 256-descriptor limit: asyncio logged its failed accept, with a
+    traceback, on every retry (39,866 lines in 5 s); now once per interval, and the server answers
+    again as soon as descriptors are free."""
+    import socket
+
+    from serving import start_server, stop_server
+
+    server = start_server(repo, tmp_path, wrapper=("prlimit", "--nofile=256"))
+    idle: list[socket.socket] = []
+    try:
+        host, port = server.http.removeprefix("http://").split(":")
+        for _ in range(300):
+            idle.append(socket.create_connection((host, int(port)), timeout=10))
+        server.wait_for(lambda: "out of system resource" in server.log.read_text(), what="the failed accept")
+        for sock in idle:
+            sock.close()
+        idle.clear()
+        with server.client() as client:  # needs an accept: by now a flood would have logged thousands
+            server.wait_for(lambda: _healthy(client), what="the server to accept again")
+        assert server.log.read_text().count("out of system resource") == 1
+    finally:
+        for sock in idle:
+            sock.close()
+        stop_server(server)
+
+
+def _healthy(client) -> bool:
+    import httpx
+
+    try:
+        return client.get("/v2/health/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
