@@ -36,6 +36,13 @@ class RunningServer:
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.http, timeout=30, **kwargs)
 
+    def ready(self, verify: str | bool = True) -> bool:
+        """Whether the server answers its readiness probe now (False while it cannot be reached)."""
+        try:
+            return httpx.get(f"{self.http}/v2/health/ready", timeout=1, verify=verify).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     def wait_for(self, predicate, timeout: float = 60.0, what: str = "condition") -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -83,15 +90,9 @@ def start_server(
     scheme = "https" if tls else "http"
     server = RunningServer(repo, f"{scheme}://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", process, log)
 
-    def ready() -> bool:
-        try:
-            verify = str(tls[0]) if tls else True
-            return httpx.get(f"{server.http}/v2/health/ready", timeout=1, verify=verify).status_code == 200
-        except httpx.HTTPError:
-            return False
-
     try:
-        server.wait_for(ready, timeout=ready_within, what="the server to become ready")
+        verify = str(tls[0]) if tls else True
+        server.wait_for(lambda: server.ready(verify), timeout=ready_within, what="the server to become ready")
     except AssertionError:
         if process.poll() is None:  # stopped, so a server (or a Ray cluster) that never got ready does not linger
             stop_server(server)

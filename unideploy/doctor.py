@@ -103,9 +103,8 @@ def provider_problem(provider: str) -> str | None:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8
-    )  # any ONNX Runtime reads IR 8
+    # IR 8, which any ONNX Runtime reads (onnx 1.23 writes IR 14 by default; ONNX Runtime 1.31 reads up to 13)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "probe.onnx"
         onnx.save(model, str(path))

@@ -69,9 +69,7 @@ def test_inputs_and_outputs_travel_through_shared_memory(server, images, regions
         params = answered["parameters"] if protocol == "http" else answered.parameters
         region = params["shared_memory_region"] if protocol == "http" else params["shared_memory_region"].string_param
         assert region == out_name
-        status = client.get_system_shared_memory_status()
-        names = {r["name"] for r in status} if protocol == "http" else set(status.regions)
-        assert {in_name, out_name} <= names
+        assert {in_name, out_name} <= _names(client.get_system_shared_memory_status(), protocol)
     finally:
         client.unregister_system_shared_memory(in_name)
         client.unregister_system_shared_memory(out_name)

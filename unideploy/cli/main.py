@@ -108,11 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("package", help="a package (directory or .zip) or a mobile bundle from 'deploy bundle'")
     p.add_argument("--runtime", help="runtime to use (default: the first available for each artifact)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu")
-    p.add_argument(
-        "--tf32",
-        action="store_true",
-        help="on a GPU, compute fp32 artifacts in TF32 (faster; named and judged as tf32). Default: exact fp32",
-    )
+    _add_tf32_option(p)
     _add_trust_options(p, " (checks the package's signature first)")
     p.add_argument("--json", action="store_true")
 
@@ -344,6 +340,14 @@ def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
     )
 
 
+def _add_tf32_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tf32",
+        action="store_true",
+        help="on a GPU, compute fp32 artifacts in TF32 (faster; named and judged as tf32). Default: exact fp32",
+    )
+
+
 def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     from unideploy.targets import TARGETS
 
@@ -351,11 +355,7 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--artifact", help="artifact id to run (default: the first the runtime can run)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
     p.add_argument("--target", choices=sorted(TARGETS), help="only use runtimes that serve this target")
-    p.add_argument(
-        "--tf32",
-        action="store_true",
-        help="on a GPU, compute fp32 artifacts in TF32 (faster; named and judged as tf32). Default: exact fp32",
-    )
+    _add_tf32_option(p)
     p.add_argument(
         "--engine-cache",
         metavar="DIR",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from unideploy.errors import UnideployError
-from unideploy.package import Package
+from unideploy.package import Artifact, Package
 from unideploy.package.signing import TrustedSigners, verify_signature
 from unideploy.runtimes import RuntimeOptions
 from unideploy.runtimes.base import Runtime, usable_cores
@@ -216,11 +216,11 @@ class ModelRegistry:
         package = Package.open(src.path)
         opened: list[Runtime] = []  # closed again if anything fails (a TensorRT engine holds GPU memory)
 
-        def warmed(options: RuntimeOptions) -> tuple[Runtime, float]:
+        def warmed(options: RuntimeOptions) -> tuple[Artifact, Runtime, float]:
             """A session of the served artifact, run once on the sample: the first inference pays for
             allocations (and, for an engine with batch buckets, once at each bucket's size: a
-            bucket's first call plans its kernels, about a second on a GPU). Also returns how
-            long the sample's run took."""
+            bucket's first call plans its kernels, about a second on a GPU). Also returns the
+            artifact it runs and how long the sample's run took."""
             artifact, engine = open_runtime(package, settings.artifact, options=options)
             opened.append(engine)
             started = time.perf_counter()
@@ -228,14 +228,12 @@ class ModelRegistry:
             took = time.perf_counter() - started
             for size in engine.batch_buckets:
                 engine.run(resize_batch(sample, size))
-            ran.update(what_ran(artifact, engine))
-            return engine, took
+            return artifact, engine, took
 
         try:
             if self.trusted is not None:  # before any of its files is run
                 verify_signature(package, self.trusted)
             sample = package.reference_samples()[0].inputs
-            ran: dict[str, Any] = {}
             # No target: a GPU machine serves a package's TensorRT artifact, any other its ONNX one.
             buckets = (
                 default_buckets(settings.max_batch_size) if settings.batch_buckets is None else settings.batch_buckets
@@ -248,11 +246,11 @@ class ModelRegistry:
                 tf32=settings.tf32,
                 batch_buckets=buckets,
             )
-            runtime, warm_up_s = warmed(options)
+            artifact, runtime, warm_up_s = warmed(options)
             inline = inline_bytes(runtime.run, sample, warm_up_s)
             # lanes share the threads one run would have (none for lanes: 1)
             share = replace(options, threads=max(1, (settings.threads or usable_cores()) // settings.lanes))
-            lanes = [warmed(share)[0] for _ in range(settings.lanes if settings.lanes > 1 else 0)]
+            lanes = [warmed(share)[1] for _ in range(settings.lanes if settings.lanes > 1 else 0)]
         except BaseException:
             for opened_runtime in opened:
                 opened_runtime.close()
@@ -267,6 +265,7 @@ class ModelRegistry:
             inline_bytes=inline,
             lanes=[lane.run for lane in lanes],
         )
+        ran = what_ran(artifact, runtime)  # the main session's account, not a lane's (fewer threads)
         for line in ran.get("passed_over", ()):
             log.warning("model %s version %s: passed over %s", src.model, src.version, line)
         if "fallback" in ran:
