@@ -62,6 +62,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def frontend_pids(pid: int) -> list[int]:
+    """The front-end processes of the server ``pid`` (``deploy serve --frontends N``)."""
+    import psutil
+
+    return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+
+
+def server_cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU time of the server's model process and of its front-end processes together."""
+    import psutil
+
+    frontends = 0.0
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            times = child.cpu_times()
+            frontends += times.user + times.system
+        except psutil.NoSuchProcess:  # a front end that exited (restarted) takes its time with it
+            pass
+    return cpu_seconds(pid), frontends
+
+
 def with_cpu(model_pid: int | None, measure: Callable[..., dict[str, float]], *args: Any) -> dict[str, float]:
     """``measure``'s row with the CPU used while it ran, in % of the machine's cores: by the process
     running the model (the server; ``None``: this one, in process) and by the client (this process

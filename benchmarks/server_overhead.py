@@ -37,7 +37,7 @@ from floor_server import GrpcFloor, HttpFloor
 from onnx import TensorProto, helper
 from prometheus_client.parser import text_string_to_metric_families
 from report import print_result
-from server import console, cpu_seconds
+from server import console, server_cpu_seconds
 
 import unideploy
 
@@ -82,21 +82,40 @@ def stage_sums(http: str, model: str) -> dict[str, tuple[float, float]]:
 SHARED_MEMORY = ("--shared-memory", "system", "--output-shared-memory-size", "64")
 
 
-def measure(tool, server, model: str, protocol: str, seconds: float, work: Path, shared: bool = False) -> dict:
+def measure(
+    tool, server, model: str, protocol: str, seconds: float, work: Path, shared: bool = False, concurrency: int = 1
+) -> dict:
+    """One perf_analyzer window, with the server's CPU per request: all of it, and the share of its
+    front-end processes (``--frontends``) and of the model process (the rest), and the implied
+    ceiling of each (requests/s one core of it can answer)."""
     url = server.grpc if protocol == "grpc" else server.http.removeprefix("http://")
-    before, cpu_before = stage_sums(server.http, model), cpu_seconds(server.process.pid)
+    before, cpu_before = stage_sums(server.http, model), server_cpu_seconds(server.process.pid)
     extra = SHARED_MEMORY if shared else ()
-    row = perf_analyzer.measure(tool, url, protocol, model, 1, seconds, {}, work, extra=extra)
-    after, cpu_after = stage_sums(server.http, model), cpu_seconds(server.process.pid)
+    row = perf_analyzer.measure(tool, url, protocol, model, concurrency, seconds, {}, work, extra=extra)
+    after, cpu_after = stage_sums(server.http, model), server_cpu_seconds(server.process.pid)
     requests = after["decode"][1] - before["decode"][1]  # every answered request, warm-up windows included
     stages = {f"{stage}_ms": round((after[stage][0] - before[stage][0]) / requests * 1000, 3) for stage in STAGES}
-    return {**row, "server_cpu_ms_per_request": round((cpu_after - cpu_before) / requests * 1000, 3), **stages}
+    model_ms, frontends_ms = ((a - b) / requests * 1000 for a, b in zip(cpu_after, cpu_before, strict=True))
+    return {
+        **row,
+        "server_cpu_ms_per_request": round(model_ms + frontends_ms, 3),
+        "frontends_cpu_ms": round(frontends_ms, 3),
+        "model_process_cpu_ms": round(model_ms, 3),
+        "model_process_ceiling_per_s": round(1000 / model_ms) if model_ms else "",
+        "per_frontend_core_ceiling_per_s": round(1000 / frontends_ms) if frontends_ms else "",
+        **stages,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=2, help="repeat every measurement, interleaved")
     parser.add_argument("--seconds", type=float, default=3.0, help="perf_analyzer's measurement window")
+    parser.add_argument(
+        "--frontends", default="0,1", help="comma-separated --frontends counts, a server each, measured side by side"
+    )
+    parser.add_argument("--concurrency", type=int, default=1, help="perf_analyzer's concurrency")
+    parser.add_argument("--models", default=",".join(REQUESTS), help=f"comma-separated, of: {', '.join(REQUESTS)}")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
@@ -105,40 +124,41 @@ def main() -> None:
         sys.exit(f"server_overhead: {tool}")
     work = Path(tempfile.mkdtemp(prefix="unideploy-overhead-"))
     repo = work / "repo"
-    for model, dims in REQUESTS.items():
+    models = args.models.split(",")
+    for model in models:
         (repo / model).mkdir(parents=True)
-        averaging_model(dims, repo / model)
-    server = start_server(repo, work, env={"MALLOC_ARENA_MAX": "2"})  # as docker/Dockerfile sets it
-    floors = {"grpc": GrpcFloor(server.grpc), "http": HttpFloor(server.http)}
+        averaging_model(REQUESTS[model], repo / model)
+    servers = {
+        count: start_server(repo, work, "--frontends", count, env={"MALLOC_ARENA_MAX": "2"})  # as docker/Dockerfile
+        for count in args.frontends.split(",")
+    }
+    first = next(iter(servers.values()))  # whose answers the floors replay
+    floors = {"grpc": GrpcFloor(first.grpc), "http": HttpFloor(first.http)}
     rows = []
+    c = args.concurrency
     try:
         for block in range(1, args.blocks + 1):
-            for model in REQUESTS:
+            for model in models:
                 for protocol in ("grpc", "http"):
-                    console.log(f"block {block}: {model}, perf_analyzer {protocol}, concurrency 1")
-                    row = measure(tool, server, model, protocol, args.seconds, work)
                     floor = perf_analyzer.measure(
-                        tool, floors[protocol].address, protocol, model, 1, args.seconds, {}, work
+                        tool, floors[protocol].address, protocol, model, c, args.seconds, {}, work
                     )
-                    rows.append(
-                        {
-                            "row": f"{block} {model} {protocol}",
-                            **row,
-                            "floor_p50_ms": floor["p50_ms"],
-                            "over_floor_ms": round(row["p50_ms"] - floor["p50_ms"], 2),
-                        }
-                    )
-                    console.log(f"block {block}: {model}, perf_analyzer {protocol}, shared memory, concurrency 1")
-                    row = measure(tool, server, model, protocol, args.seconds, work, shared=True)
-                    rows.append(
-                        {"row": f"{block} {model} {protocol} shm", **row, "floor_p50_ms": "", "over_floor_ms": ""}
-                    )
+                    for count, server in servers.items():
+                        label = f"{block} {model} {protocol} fe{count}"
+                        console.log(f"{label}, perf_analyzer concurrency {c}")
+                        row = measure(tool, server, model, protocol, args.seconds, work, concurrency=c)
+                        over = round(row["p50_ms"] - floor["p50_ms"], 2)
+                        rows.append({"row": label, **row, "floor_p50_ms": floor["p50_ms"], "over_floor_ms": over})
+                        console.log(f"{label} shm, perf_analyzer concurrency {c}")
+                        row = measure(tool, server, model, protocol, args.seconds, work, True, c)
+                        rows.append({"row": f"{label} shm", **row, "floor_p50_ms": "", "over_floor_ms": ""})
     finally:
-        for floor in floors.values():
-            floor.close()
-        stop_server(server)
+        for floor_server in floors.values():
+            floor_server.close()
+        for server in servers.values():
+            stop_server(server)
     result = {
-        "model": f"deploy serve, averaging models, concurrency 1 ({os.cpu_count()} cores shared with the client)",
+        "model": f"deploy serve, averaging models, concurrency {c} ({os.cpu_count()} cores shared with the client)",
         "quality": "-",
         "rows": rows,
         "targets": [],

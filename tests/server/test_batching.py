@@ -231,7 +231,7 @@ def test_lanes_serve_a_real_model_with_their_share_of_the_cores(digits, tmp_path
             served = registry.get("digits")
             threads = [lane.session.get_session_options().intra_op_num_threads for lane in served.lanes]
             dataplane = DataPlane(registry, metrics, 64)
-            config = dataplane.model_config("digits", None)
+            config = await dataplane.model_config("digits", None)
             alone = served.runtime.run({"x": images})["output"]
             results = await asyncio.gather(
                 *(served.batcher.submit({"x": images[i : i + 1]}) for i in range(len(images)))

@@ -156,10 +156,10 @@ def test_accepted_connections_get_tcp_nodelay():
     response waits out a 40 ms delayed ACK (Nagle). Check the option on a real accepted socket."""
     import asyncio
 
-    from unideploy.server.app import _listen
+    from unideploy.server.listeners import bind
 
     async def scenario() -> int:
-        listener = _listen("127.0.0.1", 0, "--http-port")
+        listener = bind("127.0.0.1", 0, "--http-port")
         accepted: asyncio.Future = asyncio.get_running_loop().create_future()
 
         def on_connect(reader, writer):

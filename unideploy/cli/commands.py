@@ -321,6 +321,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
         workers=args.workers,
         shared_memory=args.shared_memory,
+        frontends=args.frontends,
         require_signed=args.require_signed,
         trusted_key=args.trusted_key,
         trusted_chain=tuple(args.trusted_chain) or None,

@@ -199,6 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
         "memory extension; default: system, authorized like inference); off refuses it",
     )
     p.add_argument(
+        "--frontends",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N processes decode and encode requests for the one that runs the models, sharing both ports "
+        "(0: one process does it all; default: from the cores, 0 below 8; docs/server.md)",
+    )
+    p.add_argument(
         "--require-signed",
         action="store_true",
         default=None,

@@ -101,6 +101,13 @@ class ServerConfig(BaseSettings):
         description="tensors through POSIX shared memory registered by co-located clients (Triton's system "
         "shared memory extension; registration is authorized like inference); off refuses it",
     )
+    frontends: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="processes that decode and encode requests for the one that runs the models (both ports "
+        "shared); 0: this process does it all; default: from the cores (docs/server.md, Front-end processes)",
+    )
     require_signed: bool = Field(False, description="load only versions signed by trusted_key or trusted_chain")
     trusted_key: Path | None = Field(None, description="public key versions must be signed with")
     trusted_chain: tuple[Path, ...] = Field((), description="certificate chain a signing certificate must lead to")
@@ -149,6 +156,14 @@ class ServerConfig(BaseSettings):
             )
         return self
 
+    def frontend_count(self) -> int:
+        """``frontends``, or the default for this machine's cores."""
+        if self.frontends is not None:
+            return self.frontends
+        from unideploy.runtimes.base import usable_cores
+
+        return default_frontends(usable_cores())
+
     def trusted_signers(self) -> TrustedSigners | None:
         """Who versions must be signed by, or None when signatures are not required."""
         if not self.require_signed:
@@ -156,6 +171,12 @@ class ServerConfig(BaseSettings):
         from unideploy.package.signing import TrustedSigners
 
         return TrustedSigners(self.trusted_key, self.trusted_chain)  # refuses neither or both
+
+
+def default_frontends(cores: int) -> int:
+    """One front end per four cores beyond the first four, at most eight; none below eight cores,
+    where the hop to the model process costs more than a second interpreter gains (docs/server.md)."""
+    return min(8, max(0, (cores - 4) // 4))
 
 
 @dataclass(frozen=True)

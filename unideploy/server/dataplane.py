@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from unideploy.server.errors import BadRequest, Unavailable
 from unideploy.server.metrics import RequestSeries, ServerMetrics
 from unideploy.server.models import ModelRegistry, ServedVersion
 from unideploy.server.repository_api import RepositoryAPI
-from unideploy.server.shared_memory import SharedMemoryRegions
+from unideploy.server.shared_memory import Placed, Placement, SharedMemoryRegions, Written
 
 log = logging.getLogger("unideploy.server")
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics_metrics", "ab_routing"]
@@ -44,13 +44,56 @@ def server_metadata(extensions: tuple[str, ...] = ()) -> dict[str, Any]:
 
 
 @dataclass
+class InferRequest:
+    """A decoded request, as either protocol (or a front-end process) hands it to the dataplane."""
+
+    model: str
+    version: str | None
+    inputs: dict[str, Any]  # name -> array, or Placed (and, between processes, frontends.slots.Slotted)
+    requested: list[str] | None  # the outputs asked for; None: every output
+    placed: dict[str, Placement]  # outputs to write into the client's shared memory
+    headers: Mapping[str, str]  # what A/B routing may read
+    protocol: str
+    decode_s: float = 0.0  # the seconds its protocol took to decode it
+
+
+@dataclass
 class InferResult:
     model: str
     version: str
     variant: str | None
-    outputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray | Written]  # in the order to answer them; Written: in the client's region
     received: float  # perf_counter when decoding the request began: the server's total time counts from it
-    series: RequestSeries  # where its stages are recorded
+    series: RequestSeries | None  # where its stages are recorded (None in a front end: the model process does)
+
+
+class DataPlaneAPI(Protocol):
+    """What the protocols call: the dataplane in this process (``DataPlane``), or the model
+    process's, through a front end's connection to it (``frontends.client.RemoteDataPlane``)."""
+
+    async def live(self) -> bool: ...
+    async def ready(self) -> bool: ...
+    async def server_metadata(self) -> dict[str, Any]: ...
+    async def model_ready(self, name: str, version: str | None) -> bool: ...
+    async def model_metadata(self, name: str, version: str | None) -> dict[str, Any]: ...
+    async def model_config(self, name: str, version: str | None) -> dict[str, Any]: ...
+    async def metrics_text(self) -> bytes: ...
+    async def shm_status(self, region: str | None) -> list[dict[str, Any]]: ...
+    async def shm_register(self, region: str, key: Any, offset: Any, byte_size: Any) -> None: ...
+    async def shm_unregister(self, region: str | None) -> None: ...
+    async def repository_index(self, ready_only: bool) -> list[dict[str, Any]]: ...
+    async def repository_load(self, name: str) -> None: ...
+    async def repository_unload(self, name: str) -> None: ...
+    async def routing(self, name: str) -> dict[str, Any] | None: ...
+    async def set_routing(self, name: str, document: Any) -> dict[str, Any]: ...
+    async def infer(self, request: InferRequest) -> InferResult: ...
+    def encoded(self, result: InferResult, encode_s: float) -> None: ...
+
+
+# What a front end may ask the model process to call, besides inference (``frontends.hub``).
+REMOTE_CALLS = frozenset(
+    name for name in DataPlaneAPI.__dict__ if not name.startswith("_") and name not in ("infer", "encoded", "live")
+)
 
 
 class DataPlane:
@@ -66,17 +109,17 @@ class DataPlane:
         self.runs_finished = 0  # runtime calls, for giving memory back once traffic stops
         self.runs_running = 0
 
-    # -- health and metadata -----------------------------------------------------------------
-    def live(self) -> bool:
+    # -- health and metadata (async: front-end processes answer them through the model process) --
+    async def live(self) -> bool:
         return True
 
-    def ready(self) -> bool:
+    async def ready(self) -> bool:
         return bool(self.registry.ready_models())
 
-    def server_metadata(self) -> dict[str, Any]:
+    async def server_metadata(self) -> dict[str, Any]:
         return server_metadata(("system_shared_memory",) if self.shared_memory.mode == "system" else ())
 
-    def model_ready(self, name: str, version: str | None) -> bool:
+    async def model_ready(self, name: str, version: str | None) -> bool:
         """Whether the model (version) serves; a name the repository does not have raises
         NotFound (404), since a load balancer reads "not ready" (503) as an unhealthy server."""
         try:
@@ -85,7 +128,7 @@ class DataPlane:
         except Unavailable:  # known, but no version of it loaded
             return False
 
-    def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
+    async def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
         served = self.registry.get(name, version)
         sig = served.signature
         shape = lambda spec: [d if isinstance(d, int) else -1 for d in spec.shape]  # noqa: E731
@@ -98,7 +141,7 @@ class DataPlane:
             "parameters": _ran_parameters(served.ran),
         }
 
-    def model_config(self, name: str, version: str | None) -> dict[str, Any]:
+    async def model_config(self, name: str, version: str | None) -> dict[str, Any]:
         """Triton-style configuration (what perf_analyzer asks for first). With a dynamic batch
         dimension, dims exclude it and max_batch_size is the batcher's limit, as in Triton."""
         served = self.registry.get(name, version)
@@ -124,44 +167,60 @@ class DataPlane:
             config["dynamic_batching"] = {"max_queue_delay_microseconds": int(served.batcher.max_delay_s * 1e6)}
         return config
 
+    async def metrics_text(self) -> bytes:
+        """The Prometheus exposition of every series (one /metrics for all front ends)."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.metrics.registry)
+
+    # -- the system shared memory, repository and routing extensions ---------------------------
+    async def shm_status(self, region: str | None) -> list[dict[str, Any]]:
+        return self.shared_memory.status(region)
+
+    async def shm_register(self, region: str, key: Any, offset: Any, byte_size: Any) -> None:
+        self.shared_memory.register(region, key, offset, byte_size)
+
+    async def shm_unregister(self, region: str | None) -> None:
+        self.shared_memory.unregister(region)
+
+    async def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
+        return self.repository.index(ready_only)
+
+    async def repository_load(self, name: str) -> None:
+        await self.repository.load(name)
+
+    async def repository_unload(self, name: str) -> None:
+        await self.repository.unload(name)
+
+    async def routing(self, name: str) -> dict[str, Any] | None:
+        return self.repository.routing(name)
+
+    async def set_routing(self, name: str, document: Any) -> dict[str, Any]:
+        return await self.repository.set_routing(name, document)
+
     # -- inference ---------------------------------------------------------------------------
-    async def infer(
-        self,
-        name: str,
-        version: str | None,
-        inputs: dict[str, np.ndarray],
-        requested: list[str] | None,
-        headers: Mapping[str, str],
-        protocol: str,
-        decode_s: float = 0.0,
-    ) -> InferResult:
-        """Run a decoded request (``decode_s``: the seconds its protocol took to decode it). The
-        protocol calls ``encoded`` once the response is encoded, which records the total."""
+    async def infer(self, request: InferRequest) -> InferResult:
+        """Run a decoded request. The protocol calls ``encoded`` once the response is encoded,
+        which records the total."""
         try:
-            result = await self._infer(name, version, inputs, requested, headers, protocol, decode_s)
+            return await self._infer(request)
         except InputError as exc:
-            self.metrics.failures.labels(name, protocol, type(exc).__name__).inc()
+            self.metrics.failures.labels(request.model, request.protocol, type(exc).__name__).inc()
             raise
         except UnideployError:
-            self.metrics.failures.labels(name, protocol, "runtime").inc()
+            self.metrics.failures.labels(request.model, request.protocol, "runtime").inc()
             raise
-        return result
 
-    async def _infer(
-        self,
-        name: str,
-        version: str | None,
-        inputs: dict[str, np.ndarray],
-        requested: list[str] | None,
-        headers: Mapping[str, str],
-        protocol: str,
-        decode_s: float,
-    ) -> InferResult:
+    async def _infer(self, request: InferRequest) -> InferResult:
         start = time.perf_counter()
-        variant = None
+        name, version, variant = request.model, request.version, None
+        inputs = {
+            key: self.shared_memory.read(v.place, v.datatype, v.shape, key) if isinstance(v, Placed) else v
+            for key, v in request.inputs.items()
+        }
         model = self.registry.models.get(name)
         if not version and model is not None and model.routing is not None:
-            chosen = model.routing.choose(headers, self.registry.rng)
+            chosen = model.routing.choose(request.headers, self.registry.rng)
             variant, version = chosen.name, chosen.version
         served = self.registry.get(name, version)
         rows = max((np.shape(v)[0] for v in inputs.values() if np.ndim(v)), default=0)
@@ -171,6 +230,7 @@ class DataPlane:
                 "send it in smaller batches, or raise --max-request-rows",
             )
         arrays = served.signature.validate_inputs(inputs)
+        requested = request.requested
         if requested:
             unknown = [o for o in requested if o not in served.signature.output_names]
             if unknown:
@@ -178,24 +238,30 @@ class DataPlane:
                     f"unknown output(s) {', '.join(map(repr, unknown))}",
                     f"model '{name}' has: {', '.join(served.signature.output_names)}",
                 )
-        outputs, queue_s, compute_s = await self._run(served, arrays)
-        if requested:
-            outputs = {k: outputs[k] for k in requested}
-        series = self.metrics.series(name, served.version, variant or "", protocol)
+        computed, queue_s, compute_s = await self._run(served, arrays)
+        outputs: dict[str, np.ndarray | Written] = {k: computed[k] for k in requested} if requested else dict(computed)
+        for key, place in request.placed.items():
+            outputs[key] = self.shared_memory.write(place, computed[key], key)
+        series = self.metrics.series(name, served.version, variant or "", request.protocol)
         series.requests.inc()
-        series.stages["decode"].observe(decode_s)
+        series.stages["decode"].observe(request.decode_s)
         series.stages["queue"].observe(queue_s)
         series.stages["compute"].observe(compute_s)
         if (
             variant is not None and model is not None and model.routing and model.routing.shadow_version
         ):  # routed (not a named version): copy it
             self._shadow(name, model.routing.shadow_version, arrays)
-        return InferResult(name, served.version, variant, outputs, start - decode_s, series)
+        return InferResult(name, served.version, variant, outputs, start - request.decode_s, series)
 
     def encoded(self, result: InferResult, encode_s: float) -> None:
         """Record the encoding of a response, and the request's total time in the server."""
-        result.series.stages["encode"].observe(encode_s)
-        result.series.stages["total"].observe(time.perf_counter() - result.received)
+        assert result.series is not None
+        self.record_encoded(result.series, encode_s, time.perf_counter() - result.received)
+
+    @staticmethod
+    def record_encoded(series: RequestSeries, encode_s: float, total_s: float) -> None:
+        series.stages["encode"].observe(encode_s)
+        series.stages["total"].observe(total_s)
 
     async def _run(
         self, served: ServedVersion, arrays: dict[str, np.ndarray]
@@ -216,7 +282,9 @@ class DataPlane:
                 served.drained.set()
 
     def _shadow(self, name: str, version: str, arrays: dict[str, np.ndarray]) -> None:
-        """Send a copy to the shadow version; its answer is measured and discarded."""
+        """Send a copy to the shadow version; its answer is measured and discarded. The arrays
+        are copied: the request's may live in a front end's memory, reused once it is answered."""
+        arrays = {key: np.array(a) for key, a in arrays.items()}
 
         async def copy() -> None:
             start = time.perf_counter()

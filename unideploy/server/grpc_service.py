@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from unideploy.errors import UnideployError
 from unideploy.server import codec
-from unideploy.server.dataplane import DataPlane
+from unideploy.server.dataplane import DataPlaneAPI, InferRequest
 from unideploy.server.errors import BadRequest, TooLarge, check_token, grpc_code
 from unideploy.server.protocol import grpc_predict_v2_pb2 as pb
 from unideploy.server.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
-from unideploy.server.shared_memory import SharedMemoryRegions, placement
+from unideploy.server.shared_memory import Placed, Written, placement
 
 # gRPC's own receive limit sits this far above --max-request-bytes: a message just over the limit
 # reaches ModelInfer and gets the same message as REST, and one far over it is refused by gRPC
@@ -32,7 +33,7 @@ TRANSPORT_SLACK_BYTES = 1 << 20
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(
-        self, dataplane: DataPlane, inference_token: str | None, repository_token: str | None, max_request_bytes: int
+        self, dataplane: DataPlaneAPI, inference_token: str | None, repository_token: str | None, max_request_bytes: int
     ) -> None:
         self.max_request_bytes = max_request_bytes
         self.dataplane = dataplane
@@ -50,26 +51,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- health and metadata -----------------------------------------------------------------
     async def ServerLive(self, request, context):
-        return pb.ServerLiveResponse(live=self.dataplane.live())
+        return pb.ServerLiveResponse(live=await self.dataplane.live())
 
     async def ServerReady(self, request, context):
-        return pb.ServerReadyResponse(ready=self.dataplane.ready())
+        return pb.ServerReadyResponse(ready=await self.dataplane.ready())
 
     async def ModelReady(self, request, context):
         async def work():
-            return pb.ModelReadyResponse(ready=self.dataplane.model_ready(request.name, request.version or None))
+            return pb.ModelReadyResponse(ready=await self.dataplane.model_ready(request.name, request.version or None))
 
         return await self._call(context, self.inference_token, work)
 
     async def ServerMetadata(self, request, context):
         async def work():
-            return pb.ServerMetadataResponse(**self.dataplane.server_metadata())
+            return pb.ServerMetadataResponse(**await self.dataplane.server_metadata())
 
         return await self._call(context, self.inference_token, work)
 
     async def ModelMetadata(self, request, context):
         async def work():
-            meta = self.dataplane.model_metadata(request.name, request.version or None)
+            meta = await self.dataplane.model_metadata(request.name, request.version or None)
             tensors = lambda items: [pb.ModelMetadataResponse.TensorMetadata(**t) for t in items]  # noqa: E731
             return pb.ModelMetadataResponse(
                 name=meta["name"],
@@ -83,7 +84,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request, context):
         async def work():
-            config = self.dataplane.model_config(request.name, request.version or None)
+            config = await self.dataplane.model_config(request.name, request.version or None)
             message = pb.ModelConfig(
                 name=config["name"],
                 platform=config["platform"],
@@ -114,8 +115,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     "(the server's --max-request-bytes)"
                 )
             decoding = time.perf_counter()
-            shm = self.dataplane.shared_memory
-            inputs = _decode_inputs(request, shm)
+            inputs = _decode_inputs(request)
             requested = [o.name for o in request.outputs]
             placed = {
                 o.name: place
@@ -124,28 +124,32 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             }
             headers = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
             result = await self.dataplane.infer(
-                request.model_name,
-                request.model_version or None,
-                inputs,
-                requested or None,
-                headers,
-                "grpc",
-                time.perf_counter() - decoding,
+                InferRequest(
+                    request.model_name,
+                    request.model_version or None,
+                    inputs,
+                    requested or None,
+                    placed,
+                    headers,
+                    "grpc",
+                    time.perf_counter() - decoding,
+                )
             )
             encoding = time.perf_counter()
             response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request.id)
             if result.variant:
                 response.parameters["variant"].string_param = result.variant
             for name, array in result.outputs.items():
-                entry = response.outputs.add(name=name, datatype=codec.v2_datatype(array), shape=list(array.shape))
-                if name in placed:  # written into the client's shared memory; an empty blob keeps positions
-                    place = placed[name]
-                    entry.parameters["shared_memory_region"].string_param = place.region
-                    entry.parameters["shared_memory_byte_size"].int64_param = shm.write(place, array, name)
-                    if place.offset:
-                        entry.parameters["shared_memory_offset"].int64_param = place.offset
+                if isinstance(array, Written):  # in the client's shared memory; an empty blob keeps positions
+                    entry = response.outputs.add(name=name, datatype=array.datatype, shape=list(array.shape))
+                    for key, value in array.parameters().items():
+                        if isinstance(value, str):
+                            entry.parameters[key].string_param = value
+                        else:
+                            entry.parameters[key].int64_param = value
                     response.raw_output_contents.append(b"")
                 else:
+                    entry = response.outputs.add(name=name, datatype=codec.v2_datatype(array), shape=list(array.shape))
                     response.raw_output_contents.append(codec.to_bytes(array))
             self.dataplane.encoded(result, time.perf_counter() - encoding)
             return response
@@ -156,21 +160,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryStatus(self, request, context):
         async def work():
             Status = pb.SystemSharedMemoryStatusResponse.RegionStatus  # noqa: N806
-            regions = self.dataplane.shared_memory.status(request.name or None)
+            regions = await self.dataplane.shm_status(request.name or None)
             return pb.SystemSharedMemoryStatusResponse(regions={r["name"]: Status(**r) for r in regions})
 
         return await self._call(context, self.inference_token, work)
 
     async def SystemSharedMemoryRegister(self, request, context):
         async def work():
-            self.dataplane.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+            await self.dataplane.shm_register(request.name, request.key, request.offset, request.byte_size)
             return pb.SystemSharedMemoryRegisterResponse()
 
         return await self._call(context, self.inference_token, work)
 
     async def SystemSharedMemoryUnregister(self, request, context):
         async def work():
-            self.dataplane.shared_memory.unregister(request.name or None)
+            await self.dataplane.shm_unregister(request.name or None)
             return pb.SystemSharedMemoryUnregisterResponse()
 
         return await self._call(context, self.inference_token, work)
@@ -178,21 +182,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- repository --------------------------------------------------------------------------
     async def RepositoryIndex(self, request, context):
         async def work():
-            index = self.dataplane.repository.index(request.ready)
+            index = await self.dataplane.repository_index(request.ready)
             return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**e) for e in index])
 
         return await self._call(context, self.repository_token, work)
 
     async def RepositoryModelLoad(self, request, context):
         async def work():
-            await self.dataplane.repository.load(request.model_name)
+            await self.dataplane.repository_load(request.model_name)
             return pb.RepositoryModelLoadResponse()
 
         return await self._call(context, self.repository_token, work)
 
     async def RepositoryModelUnload(self, request, context):
         async def work():
-            await self.dataplane.repository.unload(request.model_name)
+            await self.dataplane.repository_unload(request.model_name)
             return pb.RepositoryModelUnloadResponse()
 
         return await self._call(context, self.repository_token, work)
@@ -206,7 +210,7 @@ def _grpc_parameter(params: Any, key: str) -> Any:
     return getattr(params[key], which) if which else None
 
 
-def _decode_inputs(request: Any, shm: SharedMemoryRegions) -> dict:
+def _decode_inputs(request: Any) -> dict:
     if not request.model_name:
         raise BadRequest("model_name is empty")
     if not request.inputs:
@@ -220,13 +224,13 @@ def _decode_inputs(request: Any, shm: SharedMemoryRegions) -> dict:
             f"{len(raw)} raw_input_contents for {in_request} inputs not in shared memory; give one per such input"
         )
     blobs = iter(raw)
-    inputs = {}
+    inputs: dict[str, np.ndarray | Placed] = {}
     for tensor, place in zip(request.inputs, places, strict=True):
         if tensor.name in inputs:
             raise BadRequest(f"input '{tensor.name}' is given twice")
         shape = codec.check_shape(list(tensor.shape), tensor.name)
         if place is not None:
-            inputs[tensor.name] = shm.read(place, tensor.datatype, shape, tensor.name)
+            inputs[tensor.name] = Placed(place, tensor.datatype, shape)
         elif raw:
             inputs[tensor.name] = codec.from_bytes(next(blobs), tensor.datatype, shape, tensor.name)
         else:
@@ -271,7 +275,7 @@ def _refusing_undecodable(
 
 def add_servicer(
     server: grpc.aio.Server,
-    dataplane: DataPlane,
+    dataplane: DataPlaneAPI,
     inference_token: str | None,
     repository_token: str | None,
     max_request_bytes: int,

@@ -74,6 +74,15 @@ class ServerMetrics:
             ("model", "version", "artifact", "runtime", "device", "providers", "precision"),
             registry=self.registry,
         )
+        self.frontend_requests = Counter(
+            "unideploy_frontend_requests",
+            "Inference requests each front-end process handed to the model process (--frontends)",
+            ("frontend",),
+            registry=self.registry,
+        )
+        self.frontends = Gauge(
+            "unideploy_frontends", "Front-end processes connected to the model process", registry=self.registry
+        )
         self._engines: dict[tuple[str, str], tuple[str, ...]] = {}
         self._series: dict[tuple[str, str, str, str], RequestSeries] = {}
         self._rows: dict[tuple[str, str], Any] = {}

@@ -73,8 +73,8 @@ class ModelReplica:
     def __serve_build_asgi_app__(self) -> ASGIApp:
         return _whole_path(self.server.rest_app())
 
-    def ready(self) -> bool:
-        return self.server.dataplane.ready()
+    async def ready(self) -> bool:
+        return await self.server.dataplane.ready()
 
     async def __del__(self) -> None:  # Ray Serve awaits it when the replica stops
         if self.watcher is not None:

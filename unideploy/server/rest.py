@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -24,9 +24,9 @@ from starlette.routing import Route
 
 from unideploy.errors import UnideployError
 from unideploy.server import codec
-from unideploy.server.dataplane import DataPlane
+from unideploy.server.dataplane import DataPlaneAPI, InferRequest
 from unideploy.server.errors import BadRequest, RequestTimeout, TooLarge, check_token, http_status
-from unideploy.server.shared_memory import Placement, SharedMemoryRegions, placement
+from unideploy.server.shared_memory import Placed, Placement, Written, placement
 
 log = logging.getLogger("unideploy.server")
 
@@ -42,7 +42,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def create_app(
-    dataplane: DataPlane,
+    dataplane: DataPlaneAPI,
     max_request_bytes: int,
     inference_token: str | None,
     repository_token: str | None,
@@ -85,44 +85,44 @@ def create_app(
 
     # -- health and metadata -----------------------------------------------------------------
     async def live(request: Request) -> Response:
-        return JSONResponse({"live": dataplane.live()})
+        return JSONResponse({"live": await dataplane.live()})
 
     async def ready(request: Request) -> Response:
-        is_ready = dataplane.ready()
+        is_ready = await dataplane.ready()
         return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 
     async def server_metadata(request: Request) -> Response:
-        return JSONResponse(dataplane.server_metadata())
+        return JSONResponse(await dataplane.server_metadata())
 
     async def model_metadata(request: Request) -> Response:
-        return JSONResponse(dataplane.model_metadata(request.path_params["model"], version_of(request)))
+        return JSONResponse(await dataplane.model_metadata(request.path_params["model"], version_of(request)))
 
     async def model_ready(request: Request) -> Response:
-        is_ready = dataplane.model_ready(request.path_params["model"], version_of(request))
+        is_ready = await dataplane.model_ready(request.path_params["model"], version_of(request))
         return JSONResponse(
             {"name": request.path_params["model"], "ready": is_ready}, status_code=200 if is_ready else 503
         )
 
     async def model_config(request: Request) -> Response:
-        return JSONResponse(dataplane.model_config(request.path_params["model"], version_of(request)))
+        return JSONResponse(await dataplane.model_config(request.path_params["model"], version_of(request)))
 
     # -- the system shared memory extension -------------------------------------------------
     async def shm_status(request: Request) -> Response:
-        return JSONResponse(dataplane.shared_memory.status(request.path_params.get("region")))
+        return JSONResponse(await dataplane.shm_status(request.path_params.get("region")))
 
     async def shm_register(request: Request) -> Response:
         found = _json(await read_body(request))
-        dataplane.shared_memory.register(
+        await dataplane.shm_register(
             request.path_params["region"], found.get("key"), found.get("offset", 0), found.get("byte_size")
         )
         return JSONResponse({})
 
     async def shm_unregister(request: Request) -> Response:
-        dataplane.shared_memory.unregister(request.path_params.get("region"))
+        await dataplane.shm_unregister(request.path_params.get("region"))
         return JSONResponse({})
 
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(dataplane.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(await dataplane.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
     # -- inference ---------------------------------------------------------------------------
     async def infer(request: Request) -> Response:
@@ -132,19 +132,19 @@ def create_app(
         # Binary tensors are read in place at any size, so only the JSON part counts (a 600 KB binary
         # request sent to a thread and back cost 0.18 ms of its 1.05 ms in the server).
         cut = _json_length(body, request.headers.get(HEADER_LENGTH))
-        shm = dataplane.shared_memory
-        decoded = (
-            await asyncio.to_thread(_parse, body, cut, shm) if cut > DECODE_INLINE_BYTES else _parse(body, cut, shm)
-        )
+        decoded = await asyncio.to_thread(_parse, body, cut) if cut > DECODE_INLINE_BYTES else _parse(body, cut)
         inputs, requested, binary_outputs, request_id, placed = decoded
         result = await dataplane.infer(
-            request.path_params["model"],
-            version_of(request),
-            inputs,
-            requested or None,
-            request.headers,
-            "rest",
-            time.perf_counter() - decoding,
+            InferRequest(
+                request.path_params["model"],
+                version_of(request),
+                inputs,
+                requested or None,
+                placed,
+                request.headers,
+                "rest",
+                time.perf_counter() - decoding,
+            )
         )
         encoding = time.perf_counter()
         response: dict[str, Any] = {"model_name": result.model, "model_version": result.version, "outputs": []}
@@ -154,19 +154,15 @@ def create_app(
             response["parameters"] = {"variant": result.variant}
         blobs = []
         for name, array in result.outputs.items():
-            entry: dict[str, Any] = {"name": name, "datatype": codec.v2_datatype(array), "shape": list(array.shape)}
-            if name in placed:  # written into the client's shared memory, not into the response
-                place = placed[name]
-                written = shm.write(place, array, name)
+            if isinstance(array, Written):  # in the client's shared memory, not in the response
                 # binary_data_size 0: Triton's C++ client (perf_analyzer) reads it from any output's parameters
-                entry["parameters"] = {
-                    "shared_memory_region": place.region,
-                    "shared_memory_byte_size": written,
-                    "binary_data_size": 0,
-                }
-                if place.offset:
-                    entry["parameters"]["shared_memory_offset"] = place.offset
-            elif binary_outputs(name):
+                parameters = {**array.parameters(), "binary_data_size": 0}
+                response["outputs"].append(
+                    {"name": name, "datatype": array.datatype, "shape": list(array.shape), "parameters": parameters}
+                )
+                continue
+            entry: dict[str, Any] = {"name": name, "datatype": codec.v2_datatype(array), "shape": list(array.shape)}
+            if binary_outputs(name):
                 blob = codec.to_bytes(array)
                 entry["parameters"] = {"binary_data_size": len(blob)}
                 blobs.append(blob)
@@ -188,21 +184,21 @@ def create_app(
     async def repository_index(request: Request) -> Response:
         body = await read_body(request)
         ready_only = bool(_json(body).get("ready", False)) if body.strip() else False
-        return JSONResponse(dataplane.repository.index(ready_only))
+        return JSONResponse(await dataplane.repository_index(ready_only))
 
     async def load(request: Request) -> Response:
-        await dataplane.repository.load(request.path_params["model"])
+        await dataplane.repository_load(request.path_params["model"])
         return JSONResponse({})
 
     async def unload(request: Request) -> Response:
-        await dataplane.repository.unload(request.path_params["model"])
+        await dataplane.repository_unload(request.path_params["model"])
         return JSONResponse({})
 
     async def routing(request: Request) -> Response:
         name = request.path_params["model"]
         if request.method == "GET":
-            return JSONResponse(dataplane.repository.routing(name) or {})
-        return JSONResponse(await dataplane.repository.set_routing(name, _json(await read_body(request))))
+            return JSONResponse(await dataplane.routing(name) or {})
+        return JSONResponse(await dataplane.set_routing(name, _json(await read_body(request))))
 
     inference = lambda h: guarded(h, inference_token)  # noqa: E731
     repository = lambda h: guarded(h, repository_token)  # noqa: E731
@@ -247,10 +243,10 @@ def _json_length(body: bytes, header_length: str | None) -> int:
 
 
 def _parse(
-    body: bytes, cut: int, shm: SharedMemoryRegions
-) -> tuple[dict[str, np.ndarray], list[str], Callable[[str], bool], Any, dict[str, Placement]]:
+    body: bytes, cut: int
+) -> tuple[dict[str, np.ndarray | Placed], list[str], Callable[[str], bool], Any, dict[str, Placement]]:
     view = memoryview(body)  # the tensors' bytes are read in place: no copy of a large body
-    return _decode_request(_json(view[:cut]), view[cut:], shm)
+    return _decode_request(_json(view[:cut]), view[cut:])
 
 
 def _json(raw: bytes | memoryview) -> dict[str, Any]:
@@ -268,12 +264,12 @@ def _json_parameter(params: dict[str, Any], key: str) -> Any:
 
 
 def _decode_request(
-    header: dict[str, Any], binary: bytes | memoryview, shm: SharedMemoryRegions
-) -> tuple[dict[str, np.ndarray], list[str], Callable[[str], bool], Any, dict[str, Placement]]:
+    header: dict[str, Any], binary: bytes | memoryview
+) -> tuple[dict[str, np.ndarray | Placed], list[str], Callable[[str], bool], Any, dict[str, Placement]]:
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("request has no 'inputs' list")
-    inputs: dict[str, np.ndarray] = {}
+    inputs: dict[str, np.ndarray | Placed] = {}
     offset = 0
     for item in raw_inputs:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
@@ -289,7 +285,7 @@ def _decode_request(
         size = params.get("binary_data_size")
         place = placement(params, _json_parameter, f"input '{name}'")
         if place is not None:
-            inputs[name] = shm.read(place, datatype, shape, name)
+            inputs[name] = Placed(place, datatype, shape)
         elif size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
                 raise BadRequest(

@@ -56,6 +56,34 @@ class Placement:
     offset: int = 0
 
 
+@dataclass(frozen=True)
+class Placed:
+    """An input a request placed in shared memory, as decoded: read by the process that holds the
+    regions (the dataplane's), which with front-end processes is not the one that decoded it."""
+
+    place: Placement
+    datatype: Any
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Written:
+    """An output the dataplane wrote into a client's region: what its response entry names in
+    place of the tensor's bytes."""
+
+    place: Placement
+    datatype: str
+    shape: tuple[int, ...]
+    byte_size: int
+
+    def parameters(self) -> dict[str, Any]:
+        """The output's response parameters, as Triton names them (offset only when not 0)."""
+        found: dict[str, Any] = {"shared_memory_region": self.place.region, "shared_memory_byte_size": self.byte_size}
+        if self.place.offset:
+            found["shared_memory_offset"] = self.place.offset
+        return found
+
+
 class SharedMemoryRegions:
     """The regions registered with one server; all methods may be called from any thread."""
 
@@ -154,8 +182,8 @@ class SharedMemoryRegions:
             copied = region.mapped[start : start + place.byte_size]  # slicing an mmap copies
         return codec.from_bytes(copied, datatype, shape, name)
 
-    def write(self, place: Placement, array: np.ndarray, name: str) -> int:
-        """Output ``name`` into its region; returns the bytes written."""
+    def write(self, place: Placement, array: np.ndarray, name: str) -> Written:
+        """Output ``name`` into its region."""
         self._require_on()
         blob = codec.to_bytes(array)
         with self._lock:
@@ -166,7 +194,7 @@ class SharedMemoryRegions:
                     f"shared memory region '{place.region}'"
                 )
             region.mapped[start : start + len(blob)] = blob
-        return len(blob)
+        return Written(place, codec.v2_datatype(array), tuple(array.shape), len(blob))
 
     def close(self) -> None:
         self.unregister()

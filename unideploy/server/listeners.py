@@ -1,0 +1,129 @@
+"""Both protocols listening for one dataplane: uvicorn (REST) and grpc.aio (gRPC) on one event
+loop. The server runs them in its own process, or in each front-end process (``frontends``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
+
+from unideploy.errors import InputError
+from unideploy.server.config import ServerConfig
+from unideploy.server.dataplane import DataPlaneAPI
+
+SHUTDOWN_GRACE_S = 10.0
+
+
+class Listeners:
+    """REST on ``http_socket`` and gRPC on the config's port. The gRPC port is taken in
+    ``__init__`` (a busy port fails before any model loads, with its name); ``start`` serves."""
+
+    def __init__(
+        self, dataplane: DataPlaneAPI, cfg: ServerConfig, http_socket: socket.socket, max_connections: int
+    ) -> None:
+        import grpc
+
+        from unideploy.server.grpc_service import TRANSPORT_SLACK_BYTES, add_servicer
+
+        self.dataplane, self.cfg, self.http_socket = dataplane, cfg, http_socket
+        self.max_connections = max_connections
+        transport = cfg.max_request_bytes + TRANSPORT_SLACK_BYTES
+        self.grpc = grpc.aio.server(
+            # answers are bounded by the served models and --max-request-rows, not by the request limit
+            options=[("grpc.max_receive_message_length", transport), ("grpc.max_send_message_length", -1)]
+        )
+        add_servicer(self.grpc, dataplane, cfg.inference_token, cfg.repository_token, cfg.max_request_bytes)
+        self.grpc_address = f"{cfg.host}:{cfg.grpc_port}"
+        try:
+            if cfg.tls_cert and cfg.tls_key:
+                credentials = grpc.ssl_server_credentials([(cfg.tls_key.read_bytes(), cfg.tls_cert.read_bytes())])
+                self.grpc.add_secure_port(self.grpc_address, credentials)
+            else:
+                self.grpc.add_insecure_port(self.grpc_address)
+        except RuntimeError as exc:
+            http_socket.close()
+            raise InputError(
+                f"cannot listen on {self.grpc_address} for gRPC (port in use or address not available)",
+                "choose another --grpc-port or stop what uses it",
+            ) from exc
+        self._http: object | None = None
+        self._http_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        import uvicorn
+
+        from unideploy.server.rest import create_app
+
+        cfg = self.cfg
+        await self.grpc.start()
+        app = create_app(
+            self.dataplane, cfg.max_request_bytes, cfg.inference_token, cfg.repository_token, cfg.body_timeout_s
+        )
+        http = _uvicorn_server()(
+            uvicorn.Config(
+                app,
+                host=cfg.host,
+                port=cfg.http_port,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+                ws="none",  # no WebSocket routes: uvicorn then never imports a WebSocket library
+                limit_concurrency=self.max_connections,
+                timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
+                log_config=None,  # uvicorn logs through our JSON handler
+                ssl_certfile=str(cfg.tls_cert) if cfg.tls_cert else None,
+                ssl_keyfile=str(cfg.tls_key) if cfg.tls_key else None,
+            )
+        )
+        self._http = http
+        self._http_task = task = asyncio.get_running_loop().create_task(http.serve(sockets=[self.http_socket]))
+        while not http.started and not task.done():
+            await asyncio.sleep(0.01)
+        if task.done():  # e.g. the TLS files cannot be read
+            await self.grpc.stop(0)
+            task.result()
+            raise SystemExit(1)
+
+    async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+        """Stop accepting, and answer what is in flight (for up to ``grace_s``)."""
+        if self._http is not None:
+            self._http.should_exit = True  # type: ignore[attr-defined]
+        await asyncio.gather(
+            *(t for t in (self._http_task,) if t is not None), self.grpc.stop(grace_s), return_exceptions=True
+        )
+
+
+def _uvicorn_server() -> type:
+    """uvicorn's server without its own SIGINT/SIGTERM handlers: ours stop both protocols together
+    (uvicorn would stop REST first and re-raise the signal only once it has drained)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server
+
+
+def bind(host: str, port: int, option: str, *, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (uvicorn makes it listen). ``reuse_port``: shared with
+    the server's other processes (``SO_REUSEPORT``: the kernel spreads connections over those
+    that listen); the model process binds one and never listens, to hold the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and
+    # without it keep-alive responses stall 40 ms on Nagle + delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise InputError(
+            f"cannot listen on {host}:{port} for {'REST' if option == '--http-port' else 'gRPC'}: {exc.strerror}",
+            f"choose another {option} or stop what uses it",
+        ) from exc
+    return sock
