@@ -14,10 +14,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+import peer_server
 
 VERSION = "1.7.1"
 PACKAGES = [f"mlserver=={VERSION}", "onnxruntime", "uvloop<0.22"]
@@ -84,14 +83,7 @@ def start(command: Path, models: dict[str, Path], work: Path, http_port: int, gr
         )
     with open(work / "mlserver.log", "w") as log:  # the child keeps its own descriptor
         process = subprocess.Popen([str(command), "start", str(root)], cwd=root, stdout=log, stderr=subprocess.STDOUT)
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        if process.poll() is not None:
-            break
-        time.sleep(0.2)
+    if peer_server.ready(process, http_port, wait_s=120):
+        return process
     process.kill()
-    raise RuntimeError(f"MLServer did not become ready: {(work / 'mlserver.log').read_text()[-1500:]}")
+    raise peer_server.not_ready("MLServer", work / "mlserver.log")

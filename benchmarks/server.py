@@ -8,8 +8,10 @@ and over REST binary, REST JSON and gRPC (tritonclient, the clients users run), 
 share of the cores the model's process and the client used (``with_cpu``), plus the server's
 cold start and memory. The server runs under its default policy, the one it replaced and with
 lanes (``POLICIES``); under the default policy, Triton's perf_analyzer drives it too (``pa-grpc``,
-``pa-http``: benchmarks/perf_analyzer.py), and MLServer serves the same ONNX files as a peer
-(``mlserver``: benchmarks/mlserver_peer.py), each left out with the reason where it cannot run.
+``pa-http``: benchmarks/perf_analyzer.py), MLServer serves the same ONNX files as a peer
+(``mlserver``: benchmarks/mlserver_peer.py), and so does Triton through PyTriton, driven by the same
+perf_analyzer (``pytriton``: benchmarks/pytriton_peer.py), each left out with the reason where it
+cannot run.
 ``--blocks`` repeats everything, interleaved, so the spread shows the noise. Needs the bench and
 serve extras (`make bench` runs it).
 
@@ -34,6 +36,7 @@ from typing import Any
 import mlserver_peer
 import numpy as np
 import perf_analyzer
+import pytriton_peer
 import yaml
 from bench_models import imagenet_cnn_torchscript, minilm_torchscript
 from rich.console import Console
@@ -255,7 +258,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=6.0, help="per measurement")
     parser.add_argument("--blocks", type=int, default=1, help="repeat every measurement, interleaved")
-    parser.add_argument("--no-peers", action="store_true", help="leave out perf_analyzer and MLServer")
+    parser.add_argument("--no-peers", action="store_true", help="leave out perf_analyzer, MLServer and PyTriton")
     parser.add_argument("--cnn", choices=CNNS, default="efficientnet-lite0", help="the ImageNet CNN served")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
@@ -267,6 +270,9 @@ def main() -> None:
     mlserver = mlserver_peer.ensure() if not args.no_peers else "--no-peers"
     if isinstance(mlserver, str):
         left_out.append(f"MLServer: {mlserver}")
+    pytriton = pytriton_peer.ensure() if not args.no_peers else "--no-peers"
+    if isinstance(pytriton, str):
+        left_out.append(f"Triton (PyTriton): {pytriton}")
     try:
         console.log("building the models")
         repo = work / "repo"
@@ -323,6 +329,8 @@ def main() -> None:
                     stop_server(server)
             if not isinstance(mlserver, str):
                 rows += mlserver_rows(mlserver, repo, inputs, block, args.seconds, work)
+            if not isinstance(pytriton, str) and not isinstance(analyzer, str):
+                rows += pytriton_rows(analyzer, pytriton, repo, inputs, block, args.seconds, work)
         baseline_rss = in_process_rss([repo / "cnn" / "1", repo / "minilm" / "1"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -336,21 +344,23 @@ def perf_analyzer_rows(
     block: int,
     seconds: float,
     work: Path,
+    label: str = DEFAULT_POLICY,
 ) -> list[dict]:
-    """perf_analyzer against the running server: both models, both protocols, both concurrencies."""
+    """perf_analyzer against a running server (ours, or a peer's, named by ``label``): both
+    models, both protocols, both concurrencies."""
     rows = []
     for model, arrays in inputs.items():
         shapes = {} if model == "cnn" else {name: list(a.shape[1:]) for name, a in arrays.items()}  # seq is dynamic
         for protocol, url in (("grpc", server.grpc), ("http", server.http.removeprefix("http://"))):
             for c in CONCURRENCY:
-                console.log(f"block {block}: {model}, perf_analyzer {protocol}, concurrency {c}")
+                console.log(f"block {block}: {label}, {model}, perf_analyzer {protocol}, concurrency {c}")
                 measured = with_cpu(
                     server.process.pid, perf_analyzer.measure, tool, url, protocol, model, c, seconds, shapes, work
                 )
                 rows.append(
                     {
                         "block": block,
-                        "server": DEFAULT_POLICY,
+                        "server": label,
                         "model": model,
                         "path": f"pa-{protocol}",
                         "concurrency": c,
@@ -358,6 +368,31 @@ def perf_analyzer_rows(
                     }
                 )
     return rows
+
+
+def pytriton_rows(
+    analyzer: tuple[Path, dict[str, str]],
+    peer: tuple[Path, dict[str, str]],
+    repo: Path,
+    inputs: dict[str, dict[str, np.ndarray]],
+    block: int,
+    seconds: float,
+    work: Path,
+) -> list[dict]:
+    """Triton (PyTriton) on the same ONNX files and batch limit, driven by the same perf_analyzer.
+    Its "model process" CPU is the Python process running the callable (tritonserver is its child)."""
+    from serving import RunningServer
+
+    ports = (free_port(), free_port(), free_port())
+    models = {m: repo / m / "1" / "artifacts" / "model.onnx" for m in inputs}
+    process = pytriton_peer.start(peer, models, work, ports, max_batch_size=8)
+    triton = RunningServer(
+        repo, f"http://127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[1]}", process, work / "pytriton.log"
+    )
+    try:
+        return perf_analyzer_rows(analyzer, triton, inputs, block, seconds, work, "pytriton")
+    finally:
+        pytriton_peer.stop(process)
 
 
 def mlserver_rows(
@@ -454,6 +489,19 @@ def report(
                             f"{ratio:.3f}x",
                         )
                     )
+            for path in ("pa-grpc", "pa-http"):
+                for c in CONCURRENCY:
+                    if has(model, path, c, block, "pytriton") and has(model, path, c, block, DEFAULT_POLICY):
+                        ours, theirs = (find(model, path, c, block, s) for s in (DEFAULT_POLICY, "pytriton"))
+                        results.append(
+                            (
+                                f"block {block}: ahead of Triton (PyTriton), perf_analyzer {path[3:]} ({model}, "
+                                f"concurrency {c}: p50 no higher, throughput no lower)",
+                                ours["p50_ms"] <= theirs["p50_ms"] and ours["throughput"] >= theirs["throughput"],
+                                f"{ours['p50_ms']} vs {theirs['p50_ms']} ms, {ours['throughput']} vs "
+                                f"{theirs['throughput']} /s",
+                            )
+                        )
             if has(model, "rest-json", 1, block, "mlserver"):
                 ours, theirs = (find(model, "rest-json", 1, block, s)["p50_ms"] for s in (DEFAULT_POLICY, "mlserver"))
                 results.append(

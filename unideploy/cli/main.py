@@ -182,6 +182,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="most rows (batch dimension) one request may hold (default: 4096)",
     )
+    p.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=None,
+        help="REST connections at once; more are answered 503 (default: 512, shared out among front ends)",
+    )
+    p.add_argument(
+        "--max-header-bytes",
+        type=_positive_int,
+        default=None,
+        help="largest REST request line and headers together; more is answered 431 (default: 65536)",
+    )
+    p.add_argument(
+        "--max-headers", type=_positive_int, default=None, help="most REST request headers; more: 431 (default: 100)"
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a REST request's headers may take from its first byte (or a new connection's first "
+        "request from the connection); later: 408 and closed (default: 15)",
+    )
     p.add_argument("--tls-cert", help="PEM certificate: serve both ports over TLS (with --tls-key)")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")
     p.add_argument(

@@ -95,7 +95,16 @@ class ServerConfig(BaseSettings):
         description="threads for loading versions and scanning the repository (each version runs its calls on its own)",
     )
     body_timeout_s: float = Field(30.0, gt=0, description="a REST body not fully arrived by then is answered 408")
-    max_connections: int = Field(512, ge=1, description="REST connections at once (more are answered 503)")
+    max_connections: int = Field(
+        512, ge=1, description="REST connections at once (more are answered 503); shared out among front ends"
+    )
+    max_header_bytes: int = Field(
+        65536, ge=1024, description="largest REST request line and headers together (more are answered 431)"
+    )
+    max_headers: int = Field(100, ge=1, description="most REST request headers (more are answered 431)")
+    header_timeout_s: float = Field(
+        15.0, gt=0, description="seconds a REST request's headers may take (later: 408, and the connection closed)"
+    )
     shared_memory: Literal["off", "system"] = Field(
         "system",
         description="tensors through POSIX shared memory registered by co-located clients (Triton's system "

@@ -5,14 +5,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 from unideploy.errors import InputError
 from unideploy.server.config import ServerConfig
 from unideploy.server.dataplane import DataPlaneAPI
 
 SHUTDOWN_GRACE_S = 10.0
+SPARE_DESCRIPTORS = 128  # besides connections: models' files, gRPC's, logs, the hub's socket
+log = logging.getLogger("unideploy.server")
+
+
+def raise_descriptor_limit(max_connections: int) -> None:
+    """Raise this process's soft limit on open files to its hard limit (as nginx's
+    ``worker_rlimit_nofile`` does), so ``max_connections`` is reached before the descriptors run
+    out: at the usual soft limit of 1,024, 1,100 idle sockets made every other request time out.
+    Where even the hard limit is too low, say so once at start."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    if soft != resource.RLIM_INFINITY and soft < max_connections + SPARE_DESCRIPTORS:
+        log.warning(
+            "this process may open %d files, fewer than max_connections (%d) needs with %d to spare: raise the "
+            "hard limit (ulimit -Hn, LimitNOFILE=) or lower --max-connections",
+            soft,
+            max_connections,
+            SPARE_DESCRIPTORS,
+        )
 
 
 class Listeners:
@@ -28,6 +53,7 @@ class Listeners:
 
         self.dataplane, self.cfg, self.http_socket = dataplane, cfg, http_socket
         self.max_connections = max_connections
+        raise_descriptor_limit(max_connections)
         transport = cfg.max_request_bytes + TRANSPORT_SLACK_BYTES
         self.grpc = grpc.aio.server(
             # answers are bounded by the served models and --max-request-rows, not by the request limit
@@ -48,16 +74,18 @@ class Listeners:
                 "choose another --grpc-port or stop what uses it",
             ) from exc
         self._http: object | None = None
+        self._app: Any = None
         self._http_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         import uvicorn
 
+        from unideploy.server.http_limits import limited_protocol
         from unideploy.server.rest import create_app
 
         cfg = self.cfg
         await self.grpc.start()
-        app = create_app(
+        self._app = app = create_app(
             self.dataplane, cfg.max_request_bytes, cfg.inference_token, cfg.repository_token, cfg.body_timeout_s
         )
         http = _uvicorn_server()(
@@ -70,6 +98,7 @@ class Listeners:
                 lifespan="off",
                 ws="none",  # no WebSocket routes: uvicorn then never imports a WebSocket library
                 limit_concurrency=self.max_connections,
+                http=limited_protocol(cfg.max_header_bytes, cfg.max_headers, cfg.header_timeout_s),
                 timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
                 log_config=None,  # uvicorn logs through our JSON handler
                 ssl_certfile=str(cfg.tls_cert) if cfg.tls_cert else None,
@@ -92,6 +121,8 @@ class Listeners:
         await asyncio.gather(
             *(t for t in (self._http_task,) if t is not None), self.grpc.stop(grace_s), return_exceptions=True
         )
+        if self._app is not None:
+            self._app.state.json_decoder.close()
 
 
 def _uvicorn_server() -> type:

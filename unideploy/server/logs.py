@@ -63,3 +63,7 @@ def configure(process: str | None = None) -> None:
     logging.getLogger("asyncio").addFilter(
         OncePerInterval("socket.accept() out of system resource", ACCEPT_ERROR_INTERVAL_S)
     )
+    # uvicorn's line for every malformed or refused (431) request head: a hostile client's per request
+    logging.getLogger("uvicorn.error").addFilter(
+        OncePerInterval("Invalid HTTP request received.", ACCEPT_ERROR_INTERVAL_S)
+    )

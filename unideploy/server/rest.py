@@ -25,13 +25,13 @@ from starlette.routing import Route
 from unideploy.errors import UnideployError
 from unideploy.server import codec
 from unideploy.server.dataplane import DataPlaneAPI, InferRequest
-from unideploy.server.errors import BadRequest, RequestTimeout, TooLarge, check_token, http_status
-from unideploy.server.shared_memory import Placed, Placement, Written, placement
+from unideploy.server.errors import RequestTimeout, TooLarge, check_token, http_status
+from unideploy.server.rest_decode import JsonDecoder, json_length, json_object
+from unideploy.server.shared_memory import Written
 
 log = logging.getLogger("unideploy.server")
 
 HEADER_LENGTH = "inference-header-content-length"
-DECODE_INLINE_BYTES = 256 * 1024  # bodies above this are decoded on a worker thread
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -48,6 +48,8 @@ def create_app(
     repository_token: str | None,
     body_timeout_s: float = 30.0,
 ) -> Starlette:
+    decoder = JsonDecoder()  # large JSON bodies are decoded in a process of its own
+
     def guarded(handler: Handler, token: str | None) -> Handler:
         async def endpoint(request: Request) -> Response:
             try:
@@ -111,7 +113,7 @@ def create_app(
         return JSONResponse(await dataplane.shm_status(request.path_params.get("region")))
 
     async def shm_register(request: Request) -> Response:
-        found = _json(await read_body(request))
+        found = json_object(await read_body(request))
         await dataplane.shm_register(
             request.path_params["region"], found.get("key"), found.get("offset", 0), found.get("byte_size")
         )
@@ -131,16 +133,14 @@ def create_app(
         # A large JSON part takes milliseconds to decode: off the event loop, other requests go on.
         # Binary tensors are read in place at any size, so only the JSON part counts (a 600 KB binary
         # request sent to a thread and back cost 0.18 ms of its 1.05 ms in the server).
-        cut = _json_length(body, request.headers.get(HEADER_LENGTH))
-        decoded = await asyncio.to_thread(_parse, body, cut) if cut > DECODE_INLINE_BYTES else _parse(body, cut)
-        inputs, requested, binary_outputs, request_id, placed = decoded
+        decoded = await decoder.decode(body, json_length(body, request.headers.get(HEADER_LENGTH)))
         result = await dataplane.infer(
             InferRequest(
                 request.path_params["model"],
                 version_of(request),
-                inputs,
-                requested or None,
-                placed,
+                decoded.inputs,
+                decoded.requested or None,
+                decoded.placed,
                 request.headers,
                 "rest",
                 time.perf_counter() - decoding,
@@ -148,8 +148,8 @@ def create_app(
         )
         encoding = time.perf_counter()
         response: dict[str, Any] = {"model_name": result.model, "model_version": result.version, "outputs": []}
-        if request_id is not None:
-            response["id"] = request_id
+        if decoded.request_id is not None:
+            response["id"] = decoded.request_id
         if result.variant:
             response["parameters"] = {"variant": result.variant}
         blobs = []
@@ -162,7 +162,7 @@ def create_app(
                 )
                 continue
             entry: dict[str, Any] = {"name": name, "datatype": codec.v2_datatype(array), "shape": list(array.shape)}
-            if binary_outputs(name):
+            if decoded.binary_output(name):
                 blob = codec.to_bytes(array)
                 entry["parameters"] = {"binary_data_size": len(blob)}
                 blobs.append(blob)
@@ -183,7 +183,7 @@ def create_app(
     # -- repository and routing --------------------------------------------------------------
     async def repository_index(request: Request) -> Response:
         body = await read_body(request)
-        ready_only = bool(_json(body).get("ready", False)) if body.strip() else False
+        ready_only = bool(json_object(body).get("ready", False)) if body.strip() else False
         return JSONResponse(await dataplane.repository_index(ready_only))
 
     async def load(request: Request) -> Response:
@@ -198,7 +198,7 @@ def create_app(
         name = request.path_params["model"]
         if request.method == "GET":
             return JSONResponse(await dataplane.routing(name) or {})
-        return JSONResponse(await dataplane.set_routing(name, _json(await read_body(request))))
+        return JSONResponse(await dataplane.set_routing(name, json_object(await read_body(request))))
 
     inference = lambda h: guarded(h, inference_token)  # noqa: E731
     repository = lambda h: guarded(h, repository_token)  # noqa: E731
@@ -226,99 +226,6 @@ def create_app(
         Route("/v2/repository/models/{model}/unload", repository(unload), methods=["POST"]),
         Route("/v2/models/{model}/routing", repository(routing), methods=["GET", "PUT"]),
     ]
-    return Starlette(routes=routes)
-
-
-def _json_length(body: bytes, header_length: str | None) -> int:
-    """How many of the body's bytes are its JSON part: all of them, or what
-    ``Inference-Header-Content-Length`` says (binary tensors follow)."""
-    if header_length is None:
-        return len(body)
-    # ASCII digits ("²" is a digit int() refuses), no more of them than the body's size has (int()
-    # refuses 4,300 and more)
-    digits = header_length.isascii() and header_length.isdigit()
-    if not digits or len(header_length) > len(str(len(body))) or int(header_length) > len(body):
-        raise BadRequest(f"Inference-Header-Content-Length {header_length!r} does not fit a {len(body)}-byte body")
-    return int(header_length)
-
-
-def _parse(
-    body: bytes, cut: int
-) -> tuple[dict[str, np.ndarray | Placed], list[str], Callable[[str], bool], Any, dict[str, Placement]]:
-    view = memoryview(body)  # the tensors' bytes are read in place: no copy of a large body
-    return _decode_request(_json(view[:cut]), view[cut:])
-
-
-def _json(raw: bytes | memoryview) -> dict[str, Any]:
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:  # invalid UTF-8 included
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object")
-    return data
-
-
-def _json_parameter(params: dict[str, Any], key: str) -> Any:
-    return params.get(key)
-
-
-def _decode_request(
-    header: dict[str, Any], binary: bytes | memoryview
-) -> tuple[dict[str, np.ndarray | Placed], list[str], Callable[[str], bool], Any, dict[str, Placement]]:
-    raw_inputs = header.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise BadRequest("request has no 'inputs' list")
-    inputs: dict[str, np.ndarray | Placed] = {}
-    offset = 0
-    for item in raw_inputs:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise BadRequest(f"each input needs a 'name', got {str(item)[:100]}")
-        name = item["name"]
-        if name in inputs:
-            raise BadRequest(f"input '{name}' is given twice")
-        shape = codec.check_shape(item.get("shape"), name)
-        datatype = item.get("datatype")
-        params = item.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise BadRequest(f"input '{name}' parameters must be an object")
-        size = params.get("binary_data_size")
-        place = placement(params, _json_parameter, f"input '{name}'")
-        if place is not None:
-            inputs[name] = Placed(place, datatype, shape)
-        elif size is not None:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
-                raise BadRequest(
-                    f"input '{name}' binary_data_size {size!r} does not fit the {len(binary)} binary bytes"
-                )
-            inputs[name] = codec.from_bytes(binary[offset : offset + size], datatype, shape, name)
-            offset += size
-        elif "data" in item:
-            inputs[name] = codec.from_json_data(item["data"], datatype, shape, name)
-        else:
-            raise BadRequest(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
-    if offset != len(binary):
-        raise BadRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
-    outputs = header.get("outputs") or []
-    if not isinstance(outputs, list) or not all(
-        isinstance(o, dict) and isinstance(o.get("name"), str) and isinstance(o.get("parameters") or {}, dict)
-        for o in outputs
-    ):
-        raise BadRequest("'outputs' must be a list of objects with a 'name' (and 'parameters', if any, an object)")
-    params = header.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise BadRequest("request parameters must be an object")
-    all_binary = bool(params.get("binary_data_output", False))
-    per_output = {o["name"]: bool((o.get("parameters") or {}).get("binary_data", all_binary)) for o in outputs}
-    placed = {
-        o["name"]: place
-        for o in outputs
-        if (place := placement(o.get("parameters") or {}, _json_parameter, f"output '{o['name']}'")) is not None
-    }
-    return (
-        inputs,
-        [o["name"] for o in outputs],
-        lambda n: per_output.get(n, all_binary),
-        header.get("id"),
-        placed,
-    )
+    app = Starlette(routes=routes)
+    app.state.json_decoder = decoder  # closed with the listeners
+    return app

@@ -1,0 +1,96 @@
+"""What a REST client may send before its request is routed (server/http_limits.py), against a live
+server over raw sockets: oversized and too many headers answered 431, a request head (or a new
+connection's first one) that does not arrive in time answered 408 and closed, the descriptor
+limit raised at start; keep-alive requests, one after another, unaffected."""
+
+from __future__ import annotations
+
+import resource
+import socket
+import subprocess
+
+import httpx
+import pytest
+from serving import start_server, stop_server
+
+BODY = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,1,8,8],"data":[' + b",".join([b"0"] * 64) + b"]}]}"
+
+
+@pytest.fixture(scope="module")
+def limited(repo, tmp_path_factory):
+    running = start_server(
+        repo, tmp_path_factory.mktemp("limits"), "--header-timeout", "1", "--max-headers", "50", "--frontends", "0"
+    )
+    yield running
+    stop_server(running)
+
+
+def exchange(server, raw: bytes, wait_s: float = 30) -> bytes:
+    """Send ``raw`` on a new connection; everything the server answers until it closes (or ``wait_s``)."""
+    host, port = server.http.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=wait_s) as sock:
+        if raw:
+            sock.sendall(raw)
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return answer
+
+
+def request(headers: str = "") -> bytes:
+    return (
+        f"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{headers}"
+        f"Content-Length: {len(BODY)}\r\n\r\n"
+    ).encode() + BODY
+
+
+def test_a_huge_header_is_answered_431(limited):
+    answer = exchange(limited, request(f"X-Big: {'a' * 1_000_000}\r\n"))
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b"exceed 65536 bytes" in answer
+    assert limited.ready()  # and the server goes on
+
+
+def test_too_many_headers_are_answered_431(limited):
+    answer = exchange(limited, request("".join(f"X-H{i}: v\r\n" for i in range(2000))))
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"more than 50 request headers" in answer
+
+
+def test_a_head_that_never_completes_is_answered_408_and_closed(limited):
+    answer = exchange(limited, b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"did not arrive within 1 s" in answer
+
+
+def test_a_connection_that_sends_nothing_is_closed(limited):
+    assert exchange(limited, b"").startswith(b"HTTP/1.1 408 ")
+
+
+def test_keep_alive_requests_are_not_timed_between_them(limited):
+    """Three requests on one connection with pauses longer than the header timeout (but within
+    the keep-alive timeout) between them: each head is timed from its own first byte."""
+    import time
+
+    with httpx.Client(base_url=limited.http, timeout=30) as client:
+        for _ in range(3):
+            assert client.post("/v2/models/digits/infer", content=BODY).status_code == 200
+            time.sleep(1.5)
+
+
+def test_the_descriptor_limit_is_raised_to_the_hard_limit(repo, tmp_path):
+    """Started with a soft limit of 256 open files (as a shell's ulimit -Sn may leave it), the
+    server raises it to the hard limit before it accepts connections."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    server = start_server(repo, tmp_path, "--frontends", "0", wrapper=("prlimit", f"--nofile=256:{hard}"))
+    try:
+        limits = subprocess.run(
+            ["prlimit", "--nofile", "--pid", str(server.process.pid), "--output", "SOFT,HARD", "--noheadings"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    finally:
+        stop_server(server)
+    assert limits[0] == limits[1], limits
