@@ -83,7 +83,7 @@ def start(command: Path, models: dict[str, Path], work: Path, http_port: int, gr
         )
     with open(work / "mlserver.log", "w") as log:  # the child keeps its own descriptor
         process = subprocess.Popen([str(command), "start", str(root)], cwd=root, stdout=log, stderr=subprocess.STDOUT)
-    if peer_server.ready(process, http_port, wait_s=120):
+    if peer_server.ready(process, http_port, list(models), wait_s=120):
         return process
     process.kill()
     raise peer_server.not_ready("MLServer", work / "mlserver.log")

@@ -9,13 +9,15 @@ from pathlib import Path
 import httpx
 
 
-def ready(process: subprocess.Popen, http_port: int, wait_s: float = 180) -> bool:
-    """Whether the peer on ``http_port`` answered its readiness probe within ``wait_s`` (False as
-    soon as its process exits)."""
+def ready(process: subprocess.Popen, http_port: int, models: list[str], wait_s: float = 180) -> bool:
+    """Whether the peer on ``http_port`` said within ``wait_s`` that it and each of ``models`` are
+    ready (False as soon as its process exits). Triton answers its own probe before it has loaded
+    the models PyTriton binds."""
     deadline = time.monotonic() + wait_s
+    paths = ["/v2/health/ready", *(f"/v2/models/{m}/ready" for m in models)]
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1).status_code == 200:
+            if all(httpx.get(f"http://127.0.0.1:{http_port}{p}", timeout=1).status_code == 200 for p in paths):
                 return True
         except httpx.HTTPError:
             pass

@@ -32,7 +32,7 @@ import numpy as np
 import onnxruntime as ort
 from pytriton.decorators import batch
 from pytriton.model_config import ModelConfig, Tensor
-from pytriton.triton import Triton, TritonConfig
+from pytriton.triton import Triton, TritonConfig, TritonSecurityConfig
 
 DTYPES = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
@@ -70,7 +70,9 @@ config = TritonConfig(
     grpc_port=spec["grpc_port"],
     metrics_port=spec["metrics_port"],
 )
-with Triton(config=config) as triton:
+# no endpoint restricted: perf_analyzer reads statistics, which PyTriton otherwise guards with a
+# token of its own (the server listens on 127.0.0.1 only)
+with Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=[])) as triton:
     for name, path in spec["models"].items():
         bind(triton, name, path, spec["max_batch_size"])
     triton.serve()
@@ -120,7 +122,7 @@ def start(
         process = subprocess.Popen(
             [str(python), str(script), json.dumps(spec)], cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT
         )
-    if peer_server.ready(process, ports[0]):
+    if peer_server.ready(process, ports[0], list(models)):
         return process
     stop(process)
     raise peer_server.not_ready("PyTriton", log_path)

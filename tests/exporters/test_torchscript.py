@@ -147,3 +147,36 @@ def test_not_torchscript_is_refused(tmp_path):
         unideploy.export(bogus, tmp_path / "pkg")
     with pytest.raises(InputError, match="cannot be loaded as TorchScript"):
         unideploy.export(bogus, tmp_path / "pkg", exporter="torchscript", input_shapes=["x:1x2"])
+
+
+class SmallNet(torch.nn.Module):
+    """A module pickled whole by torch.save (its class is importable from this test file)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 4, 3)
+        self.fc = torch.nn.Linear(4, 10)
+
+    def forward(self, x):
+        return self.fc(self.conv1(x).mean((2, 3)))
+
+
+def test_torch_save_files_are_named_with_the_way_to_convert_them(tmp_path):
+    """torch.save of a state_dict (weights only) and of a whole module: each refused with what the
+    file is and the line that makes a file we take, read without unpickling it (the pickle names a
+    class defined here, which a load would import and run)."""
+    net = SmallNet()
+    torch.save(net.state_dict(), tmp_path / "weights.pt")
+    torch.save(net, tmp_path / "whole.pt")
+    with pytest.raises(
+        InputError, match=r"state_dict: weights only \(4 weight and bias tensors, such as 'conv1.weight'"
+    ) as weights:
+        unideploy.export(tmp_path / "weights.pt", tmp_path / "pkg")
+    assert "model.load_state_dict(torch.load(PATH))" in str(weights.value) and "torch.jit.script" in str(weights.value)
+    with pytest.raises(InputError, match=r"pickled PyTorch module \(.*SmallNet\).*runs the code") as whole:
+        unideploy.export(tmp_path / "whole.pt", tmp_path / "pkg")
+    assert "weights_only=False" in str(whole.value)
+    assert not (tmp_path / "pkg").exists()
+    # what the scripted module saves is taken
+    torch.jit.script(net).save(tmp_path / "scripted.pt")
+    unideploy.export(tmp_path / "scripted.pt", tmp_path / "pkg", input_shapes=["x:1x1x8x8"]).close()

@@ -202,3 +202,50 @@ def test_an_int8_model_slower_than_fp32_is_kept_with_a_note_that_says_so():
         "onnx-int8 runs slower than fp32 on this CPU (0.71x at batch 1, 0.84x at batch 64) and is no smaller "
         "(108% of fp32); a CPU with an int8 dot-product instruction (VNNI) may run it faster"
     )
+
+
+def test_int8_of_a_tree_ensemble_is_refused_as_nothing_to_quantize(tmp_path):
+    """A tree ensemble (ONNX-ML's TreeEnsembleRegressor, one split on petal length) on the real iris
+    measurements that ship with scikit-learn: INT8 has no weight to quantize, and says so with exit
+    2 (ONNX Runtime's quantizer failed inside with "Failed to find proper ai.onnx domain", exit 1)."""
+    from console import assert_one_line_error, deploy
+    from onnx import TensorProto, helper
+
+    sklearn_datasets = pytest.importorskip("sklearn.datasets", reason="scikit-learn is in the dev extra")
+    iris = sklearn_datasets.load_iris().data.astype(np.float32)
+    tree = helper.make_node(
+        "TreeEnsembleRegressor",
+        ["x"],
+        ["y"],
+        domain="ai.onnx.ml",
+        n_targets=1,
+        nodes_treeids=[0, 0, 0],
+        nodes_nodeids=[0, 1, 2],
+        nodes_featureids=[2, 0, 0],
+        nodes_values=[2.45, 0.0, 0.0],
+        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"],
+        nodes_truenodeids=[1, 0, 0],
+        nodes_falsenodeids=[2, 0, 0],
+        target_treeids=[0, 0],
+        target_nodeids=[1, 2],
+        target_ids=[0, 0],
+        target_weights=[0.0, 1.0],
+    )
+    graph = helper.make_graph(
+        [tree],
+        "setosa-or-not",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "tree.onnx")
+    unideploy.export(tmp_path / "tree.onnx", tmp_path / "tree.udp", example_inputs={"x": iris[:8]}).close()
+    np.testing.assert_array_equal(unideploy.run(tmp_path / "tree.udp", {"x": iris})["y"][:, 0], iris[:, 2] > 2.45)
+    np.savez(tmp_path / "iris.npz", x=iris)
+    before = tree_digest(tmp_path / "tree.udp")
+    refused = deploy(
+        "optimize", str(tmp_path / "tree.udp"), "--quantize", "int8", "--calibration", str(tmp_path / "iris.npz")
+    )
+    assert_one_line_error(refused, 2, "INT8 has nothing to quantize .*ai.onnx.ml.TreeEnsembleRegressor")
+    assert tree_digest(tmp_path / "tree.udp") == before

@@ -16,7 +16,7 @@ import onnxruntime
 
 import unideploy
 from unideploy.errors import InputError, MissingDependencyError
-from unideploy.exporters import EXPORTERS, Exporter, ExportOptions
+from unideploy.exporters import EXPORTERS, Exporter, ExportOptions, torch_save
 from unideploy.exporters.base import ConvertedModel
 from unideploy.exporters.onnx_io import declare_signature
 from unideploy.exporters.shapes import resolve_signature, settle_outputs
@@ -38,6 +38,9 @@ def find_exporter(src: Path, name: str | None = None) -> type[Exporter]:
     for _, cls in EXPORTERS:
         if cls.detect(src):
             return cls
+    saved = torch_save.refusal(src)  # the most common PyTorch file: say what it is and how to convert it
+    if saved is not None:
+        raise saved
     raise InputError(
         f"cannot tell what kind of model '{src}' is",
         f"name the exporter with --exporter ({', '.join(EXPORTERS.names())})",

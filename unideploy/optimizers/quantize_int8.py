@@ -88,6 +88,29 @@ INT8_OPS = {
     "QLinearMatMul",
     "ConvInteger",
 }
+# Operators whose weights INT8 stores as integers (static and dynamic alike): without one of them
+# fed by a weight there is nothing to quantize.
+WEIGHTED_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Gather", "LSTM", "GRU", "Attention"}
+
+
+def refuse_without_weights(model: onnx.ModelProto) -> None:
+    """An InputError (exit 2) for a model INT8 cannot change: no Conv, MatMul, Gemm, embedding or
+    recurrent node takes a weight (a tree ensemble or another ONNX-ML model: ONNX Runtime's
+    quantizer otherwise failed inside with "Failed to find proper ai.onnx domain" and exit 1)."""
+    weights = {i.name for i in model.graph.initializer}
+    weights |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    if any(n.op_type in WEIGHTED_OPS and any(i in weights for i in n.input) for n in model.graph.node):
+        return
+    found = sorted({f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in model.graph.node})
+    raise InputError(
+        "INT8 has nothing to quantize in this model: none of its operators ("
+        + ", ".join(found[:12])
+        + (", ..." if len(found) > 12 else "")
+        + ") is a Conv, MatMul, Gemm, embedding Gather or recurrent layer with weights",
+        "serve it as it is (its fp32 artifact is what runs), or optimize a model with such layers",
+    )
+
+
 # Operators that take or make quantized tensors: a model holding them was quantized already (ORT's
 # dynamic quantization leaves ConvInteger, MatMulInteger and DynamicQuantizeLSTM).
 QUANTIZED_OPS = INT8_OPS | {
@@ -202,6 +225,7 @@ class Int8Quantization(OptimizerPass):
     def apply(self, model_path: Path, ctx: PassContext) -> PassResult:
         from onnxruntime.quantization.shape_inference import quant_pre_process
 
+        refuse_without_weights(onnx.load(str(model_path)))
         prepared = ctx.workdir / "int8-prepared.onnx"
         try:  # its shape inference leaves a temporary model in the working directory when it fails
             with quiet(), contextlib.chdir(ctx.workdir):
