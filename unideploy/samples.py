@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.signature import Signature, TensorSpec, normalize_dtype
+from unideploy.signature import Signature, TensorSpec, contiguous, normalize_dtype
 
 # Batch sizes at which every export is validated when the batch dimension is dynamic.
 VALIDATION_BATCH_SIZES = (1, 4)
@@ -86,10 +86,11 @@ def resize_batch(inputs: Mapping[str, np.ndarray], batch: int) -> dict[str, np.n
     """Cut or repeat rows so every input has ``batch`` rows."""
     out = {}
     for name, array in inputs.items():
-        if array.ndim == 0:
-            raise InputError(f"input '{name}' is a scalar and has no batch dimension")
+        if array.ndim == 0:  # a scalar (a sample rate) is one value for every row
+            out[name] = array
+            continue
         reps = -(-batch // array.shape[0])
-        out[name] = np.ascontiguousarray(np.concatenate([array] * reps, axis=0)[:batch])
+        out[name] = contiguous(np.concatenate([array] * reps, axis=0)[:batch])
     return out
 
 
@@ -110,7 +111,7 @@ def example_batches(example: Mapping[str, np.ndarray], signature: Signature) -> 
     second = resize_batch(example, other)
     for name, axes in crops.items():
         index = tuple(slice(0, axes[a]) if a in axes else slice(None) for a in range(second[name].ndim))
-        second[name] = np.ascontiguousarray(second[name][index])
+        second[name] = contiguous(second[name][index])
     return [example, second] if batch <= other else [second, example]
 
 

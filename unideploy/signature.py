@@ -22,6 +22,13 @@ BATCH_DIM = "batch"  # what exporters call a dynamic first dimension
 CHANNELS_LAST = "NHWC"  # layout tag of an artifact input whose channels moved from axis 1 to the end
 
 
+def contiguous(array: Any) -> np.ndarray:
+    """``array`` in C order with its rank kept: numpy's ``ascontiguousarray`` returns at least one
+    dimension, which turned a rank-0 input (a sample rate, a threshold) into shape [1] that the
+    signature then refused ("has rank 1, expected rank 0")."""
+    return np.require(array, requirements="C")
+
+
 def channels_last(shape: tuple) -> tuple:
     return (shape[0], *shape[2:], shape[1])
 
@@ -184,7 +191,7 @@ class Signature:
                     bound.setdefault(dim, (size, name))
             if array.size == 0:
                 raise InputError(f"input '{name}' is empty (shape {list(array.shape)})")
-            arrays[name] = np.ascontiguousarray(array)
+            arrays[name] = contiguous(array)
         return arrays
 
     @cached_property

@@ -153,3 +153,65 @@ def test_missing_or_truncated_external_data_is_refused(tmp_path):
     assert_one_line_error(deploy("export", src, "-o", tmp_path / "pkg"), 2, "is truncated|reads up to byte")
     data.unlink()
     assert_one_line_error(deploy("export", src, "-o", tmp_path / "pkg"), 2, "from 'weights.bin', which does not exist")
+
+
+def scaled_by_rate(path) -> None:
+    """y = x * rate, with ``rate`` an int64 scalar input (rank 0), as audio models take a sample rate."""
+    nodes = [
+        helper.make_node("Cast", ["rate"], ["rate_f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x", "rate_f"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "scaled",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+            helper.make_tensor_value_info("rate", TensorProto.INT64, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+def test_a_scalar_input_stays_a_scalar_from_example_inputs_to_the_server(tmp_path):
+    """A rank-0 input given as a 0-d array in --example-input is kept rank 0 through export, the
+    stored samples, run, verify and a served request (numpy's ascontiguousarray made it shape [1], then refused)."""
+    scaled_by_rate(tmp_path / "scaled.onnx")
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    np.savez(tmp_path / "example.npz", x=x, rate=np.array(16000, np.int64))
+    result = deploy(
+        "export",
+        str(tmp_path / "scaled.onnx"),
+        "-o",
+        str(tmp_path / "pkg"),
+        "--example-input",
+        str(tmp_path / "example.npz"),
+    )
+    assert result.returncode == 0, result.stderr
+    with unideploy.open_package(tmp_path / "pkg") as pkg:
+        assert [s.shape for s in pkg.manifest.signature.inputs] == [("N", 4), ()]
+        assert all(sample.inputs["rate"].shape == () for sample in pkg.reference_samples())
+    out = unideploy.run(tmp_path / "pkg", {"x": x, "rate": np.array(8000, np.int64)})["y"]
+    np.testing.assert_allclose(out, x * 8000, rtol=1e-6)
+    assert deploy("verify", str(tmp_path / "pkg")).returncode == 0
+    # served: a scalar in a REST request (shape []) and in tritonclient's gRPC one
+    import shutil
+
+    from serving import start_server, stop_server
+
+    shutil.copytree(tmp_path / "pkg", tmp_path / "repo" / "scaled" / "1")
+    server = start_server(tmp_path / "repo", tmp_path, "--frontends", "0")
+    try:
+        body = {
+            "inputs": [
+                {"name": "x", "datatype": "FP32", "shape": [3, 4], "data": x.ravel().tolist()},
+                {"name": "rate", "datatype": "INT64", "shape": [], "data": [2]},
+            ]
+        }
+        answer = server.client().post("/v2/models/scaled/infer", json=body)
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_allclose(np.reshape(answer.json()["outputs"][0]["data"], (3, 4)), x * 2, rtol=1e-6)
+    finally:
+        stop_server(server)

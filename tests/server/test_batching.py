@@ -12,6 +12,36 @@ import numpy as np
 from unideploy.server.batching import Caller, DynamicBatcher, inline_bytes
 
 
+def behind_a_held_call(run, first: dict, queued: list[dict], **settings) -> tuple[list, list]:
+    """Submit ``first``, hold its runtime call until every one of ``queued`` has been submitted
+    (so they queue behind it), then let it go; returns the results (first's first) and, per
+    runtime call, what ``run`` returned for it. Waits on events, not time."""
+    started, release = threading.Event(), threading.Event()
+    calls: list = []
+
+    def held(inputs):
+        calls.append(run(inputs))
+        if len(calls) == 1:
+            started.set()
+            release.wait(30)
+        return {"y": inputs["x"] * 10}
+
+    async def scenario():
+        batcher = DynamicBatcher(held, **{"max_batch_size": 8, "max_delay_s": 0.0, **settings})
+        tasks = [asyncio.ensure_future(batcher.submit(first))]
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)  # the first call runs
+        tasks += [asyncio.ensure_future(batcher.submit(inputs)) for inputs in queued]
+        await asyncio.sleep(0)  # each submit puts its request in the queue at its first step
+        release.set()
+        results = await asyncio.gather(*tasks)
+        later = await batcher.submit(first)  # idle again: runs alone, at once
+        batcher.close()
+        return [*results, later]
+
+    results = asyncio.run(scenario())
+    return results, calls
+
+
 def test_lone_request_does_not_wait_for_the_delay():
     async def scenario() -> int:
         batcher = DynamicBatcher(lambda x: {"y": x["x"] * 2}, max_batch_size=8, max_delay_s=3600)
@@ -47,31 +77,14 @@ def test_a_version_runs_one_call_at_a_time_on_a_thread_of_its_own():
 
 
 def test_requests_queued_during_a_run_are_merged_and_split_back():
-    release = threading.Event()
-    calls: list[int] = []
-
-    def run(inputs):
-        calls.append(inputs["x"].shape[0])
-        if len(calls) == 1:
-            release.wait(30)  # hold the first batch while the others queue up
-        return {"y": inputs["x"] * 10}
-
-    async def scenario():
-        batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0.001)
-        first = asyncio.ensure_future(batcher.submit({"x": np.full((1, 1), 0.0, np.float32)}))
-        await asyncio.sleep(0.05)
-        others = [
-            asyncio.ensure_future(batcher.submit({"x": np.full((2, 1), float(i), np.float32)})) for i in range(1, 4)
-        ]
-        await asyncio.sleep(0.05)
-        release.set()
-        results = await asyncio.gather(first, *others)
-        batcher.close()
-        return results
-
-    results = asyncio.run(scenario())
-    assert calls == [1, 6]  # the three queued requests (2 rows each) ran as one call
-    for i, result in enumerate(results[1:], 1):
+    results, calls = behind_a_held_call(
+        lambda inputs: inputs["x"].shape[0],
+        {"x": np.full((1, 1), 0.0, np.float32)},
+        [{"x": np.full((2, 1), float(i), np.float32)} for i in range(1, 4)],
+        max_delay_s=0.001,
+    )
+    assert calls == [1, 6, 1]  # the three queued requests (2 rows each) ran as one call
+    for i, result in enumerate(results[1:4], 1):
         np.testing.assert_array_equal(result.outputs["y"], np.full((2, 1), 10.0 * i))
         assert result.batch_rows == 6
 
@@ -79,29 +92,12 @@ def test_requests_queued_during_a_run_are_merged_and_split_back():
 def test_without_a_delay_only_requests_that_queued_while_busy_are_merged():
     """The default (max_queue_delay_ms 0): a request never waits for others; those that arrived
     while the model was running go together as the next call."""
-    release = threading.Event()
-    calls: list[int] = []
-
-    def run(inputs):
-        calls.append(inputs["x"].shape[0])
-        if len(calls) == 1:
-            release.wait(30)
-        return {"y": inputs["x"]}
-
-    async def scenario():
-        batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0.0)
-        first = asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}))
-        await asyncio.sleep(0.05)
-        queued = [asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)})) for _ in range(3)]
-        await asyncio.sleep(0.05)
-        release.set()
-        await asyncio.gather(first, *queued)
-        later = await batcher.submit({"x": np.zeros((1, 1), np.float32)})  # idle again: runs alone, at once
-        batcher.close()
-        return later.batch_rows
-
-    assert asyncio.run(scenario()) == 1
-    assert calls == [1, 3, 1]
+    results, calls = behind_a_held_call(
+        lambda inputs: inputs["x"].shape[0],
+        {"x": np.zeros((1, 1), np.float32)},
+        [{"x": np.zeros((1, 1), np.float32)}] * 3,
+    )
+    assert calls == [1, 3, 1] and results[-1].batch_rows == 1
 
 
 def test_requests_with_other_shapes_are_not_merged():
@@ -249,3 +245,20 @@ def test_lanes_serve_a_real_model_with_their_share_of_the_cores(digits, tmp_path
     assert "dynamic_batching" not in config  # lanes do not merge requests
     assert len(lane_threads) == 2  # both lanes ran
     np.testing.assert_allclose(np.concatenate([r.outputs["output"] for r in results]), alone, rtol=1e-5, atol=1e-6)
+
+
+def test_requests_merge_only_with_the_same_scalar_inputs():
+    """A rank-0 input (a sample rate) is one value for the whole runtime call: queued requests that
+    agree on it are merged (rows concatenated, the scalar passed once), others run apart."""
+
+    def request(rows: int, rate: int) -> dict:
+        return {"x": np.full((rows, 2), float(rate), np.float32), "rate": np.array(rate, np.int64)}
+
+    results, calls = behind_a_held_call(
+        lambda inputs: (inputs["x"].shape[0], int(inputs["rate"])),
+        request(1, 8000),
+        [request(2, 16000), request(1, 8000), request(3, 16000)],
+    )
+    assert calls == [(1, 8000), (5, 16000), (1, 8000), (1, 8000)]
+    for result, (rows, rate) in zip(results[1:4], [(2, 16000), (1, 8000), (3, 16000)], strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], np.full((rows, 2), 10.0 * rate))

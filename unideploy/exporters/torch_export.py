@@ -21,7 +21,7 @@ from unideploy.exporters.shapes import apply_input_shapes, readable_dims
 from unideploy.exporters.torchscript import flatten_outputs, unsupported_operator
 from unideploy.quiet import quiet
 from unideploy.samples import random_tensor
-from unideploy.signature import Signature, TensorSpec, default_output_names, signature_from_onnx
+from unideploy.signature import Signature, TensorSpec, contiguous, default_output_names, signature_from_onnx
 
 
 class TorchExportExporter(Exporter):
@@ -88,9 +88,7 @@ class TorchExportExporter(Exporter):
 
         def run_source(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             with torch.no_grad():
-                result = flatten_outputs(
-                    module(*(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in input_names))
-                )
+                result = flatten_outputs(module(*(torch.from_numpy(contiguous(inputs[n])) for n in input_names)))
             return {n: t.detach().cpu().numpy() for n, t in zip(output_names, result)}
 
         opset = opset_of(model)
@@ -166,4 +164,4 @@ def _example_arrays(program: Any, declared: list[TensorSpec], options: ExportOpt
             f"inputs given for {', '.join(sorted(given))} but the program takes {', '.join(names)}",
             "name each --input-shape / example array after the program's input",
         )
-    return {n: np.ascontiguousarray(given[n]) for n in names}
+    return {n: contiguous(given[n]) for n in names}

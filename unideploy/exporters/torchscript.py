@@ -19,7 +19,7 @@ from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zi
 from unideploy.exporters.onnx_io import opset_of, set_io_dims
 from unideploy.quiet import quiet
 from unideploy.samples import random_tensor
-from unideploy.signature import BATCH_DIM, TensorSpec, default_output_names, signature_from_onnx
+from unideploy.signature import BATCH_DIM, TensorSpec, contiguous, default_output_names, signature_from_onnx
 
 DEFAULT_OPSET = 17
 
@@ -77,9 +77,7 @@ class TorchScriptExporter(Exporter):
 
         def run_source(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             with torch.no_grad():
-                result = flatten_outputs(
-                    module(*(torch.from_numpy(np.ascontiguousarray(inputs[n])) for n in arg_names))
-                )
+                result = flatten_outputs(module(*(torch.from_numpy(contiguous(inputs[n])) for n in arg_names)))
             return {n: t.detach().cpu().numpy() for n, t in zip(output_names, result)}
 
         return ConvertedModel(
@@ -143,13 +141,13 @@ def _example_inputs(arg_names: list[str], options: ExportOptions) -> dict[str, n
             f"{arg_names[0]}:1x3x224x224, or --example-input FILE.npz",
         )
     if len(arg_names) == 1 and len(given) == 1:
-        return {name: np.ascontiguousarray(array) for name, array in given.items()}
+        return {name: contiguous(array) for name, array in given.items()}
     if set(given) != set(arg_names):
         raise InputError(
             f"inputs given for {', '.join(sorted(given))} but forward() takes {expected}",
             "name each --input-shape / example array after forward()'s argument",
         )
-    return {n: np.ascontiguousarray(given[n]) for n in arg_names}
+    return {n: contiguous(given[n]) for n in arg_names}
 
 
 def _input_dynamic_axes(arg_names: list[str], options: ExportOptions) -> dict[str, dict[int, str]]:

@@ -26,7 +26,7 @@ from unideploy.registry import Availability
 from unideploy.runtimes.base import Runtime
 from unideploy.runtimes.mindspore_lite import LiteRecipe, is_recipe
 from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
-from unideploy.signature import Signature
+from unideploy.signature import Signature, contiguous
 
 
 def keep_dumps_out_of_cwd() -> None:
@@ -167,7 +167,7 @@ class MindSporeRuntime(Runtime):
         if [list(t.shape) for t in tensors] != [list(a.shape) for a in ordered]:
             self.model.resize(tensors, [list(a.shape) for a in ordered])
         for tensor, array in zip(tensors, ordered):
-            tensor.set_data_from_numpy(np.ascontiguousarray(array))
+            tensor.set_data_from_numpy(contiguous(array))
         return [t.get_data_to_numpy() for t in self.model.predict(tensors)]
 
     def close(self) -> None:

@@ -37,7 +37,11 @@ class _Pending:
 
     @property
     def key(self) -> tuple:
-        return tuple((k, v.shape[1:], v.dtype.str) for k, v in sorted(self.inputs.items()))
+        """What requests must share to be merged: each input's dtype and shape past the batch
+        axis, and a scalar input's value (a sample rate is one value for the whole call)."""
+        return tuple(
+            (k, v.shape[1:], v.dtype.str, v.tobytes() if v.ndim == 0 else None) for k, v in sorted(self.inputs.items())
+        )
 
 
 # A model whose warm-up request answers within this runs on the event loop itself: handing a call
@@ -130,8 +134,7 @@ class DynamicBatcher:
             self._task = asyncio.get_running_loop().create_task(
                 self._lanes_loop() if self._lane_threads else self._loop()
             )
-        first = next(iter(inputs.values()))
-        rows = first.shape[0] if first.ndim else 1
+        rows = max((a.shape[0] for a in inputs.values() if a.ndim), default=1)
         pending = _Pending(inputs, rows, asyncio.get_running_loop().create_future())
         await self._queue.put(pending)
         return await pending.future
@@ -183,10 +186,14 @@ class DynamicBatcher:
 
     async def _execute(self, group: list[_Pending], rows: int, call: Caller) -> None:
         start = time.perf_counter()
+        first = group[0].inputs
         merged = (
-            group[0].inputs
+            first
             if len(group) == 1
-            else {name: np.concatenate([p.inputs[name] for p in group]) for name in group[0].inputs}
+            else {  # a scalar is the same in every request of a group (its key)
+                name: np.concatenate([p.inputs[name] for p in group]) if first[name].ndim else first[name]
+                for name in first
+            }
         )
         try:
             outputs = await call(merged)

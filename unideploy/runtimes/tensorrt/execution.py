@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import RuntimeFailure
+from unideploy.signature import contiguous
 
 
 class EngineExecution:
@@ -44,7 +45,7 @@ class EngineExecution:
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for name, array in inputs.items():
-            host = np.ascontiguousarray(array)
+            host = contiguous(array)
             if not self.context.set_input_shape(name, host.shape):
                 raise RuntimeFailure(f"TensorRT refused shape {list(host.shape)} for input '{name}'")
             self._device(name, host.shape, host.dtype).copy_from(host, self.stream)
