@@ -251,3 +251,31 @@ def test_optimize_bad_input_gives_one_line_errors(args, code, pattern, digits, d
     np.savez(tmp_path / "wrong.npz", pixels=np.zeros((4, 1, 8, 8), np.float32))
     names = {"pkg": digits_package, "data": digits["data"], "wrong": tmp_path / "wrong.npz"}
     assert_one_line_error(deploy(*[a.format(**names) for a in args]), code, pattern)
+
+
+def test_verify_says_when_its_samples_are_random(tmp_path):
+    """Exported without --example-input, the stored samples are random inputs, on which an optimized
+    artifact's error can be far below its error on real rows (0.04 against 2.35e-4 measured):
+    verify says so, and --json names where the samples came from."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "relu.onnx")
+    np.savez(tmp_path / "rows.npz", x=np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4))
+    for origin, extra in (
+        ("synthetic", ["--input-shape", "x:N=2,4"]),
+        ("example", ["--example-input", str(tmp_path / "rows.npz")]),
+    ):
+        package = tmp_path / f"{origin}.udp"
+        assert deploy("export", str(tmp_path / "relu.onnx"), "-o", str(package), *extra).returncode == 0
+        shown = deploy("verify", str(package))
+        assert shown.returncode == 0 and ("random inputs" in " ".join(shown.stdout.split())) == (origin == "synthetic")
+        assert json.loads(deploy("verify", str(package), "--json").stdout)["samples"] == origin

@@ -173,6 +173,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                     "package": str(args.package),
                     "integrity": "passed",
                     "signature": "passed" if signed_by else "not checked",
+                    "samples": package.manifest.samples_origin(),
                     "artifacts": [c.to_dict() for c in checks],
                 }
             )

@@ -220,6 +220,12 @@ def verify(package: Package, checks: list[ArtifactCheck], signature_checked: boo
             escape(c.reason or ""),
         )
     out.print(table)
+    if package.manifest.samples_origin() == "synthetic":
+        out.print(
+            "[yellow]note:[/] the reference samples are random inputs (the export had no --example-input): an "
+            "optimized artifact's error on real rows can be far larger than shown here; export with "
+            "--example-input REAL.npz, and optimize with --validation data, to measure it on real inputs"
+        )
 
 
 def bundle(path: Path, document: dict[str, Any]) -> None:

@@ -142,9 +142,10 @@ def export(
             validation[native.id] = ran.native_validation
             artifacts.append(native)
         names = [f"samples/batch{batch_size_of(inputs)}" for inputs, _ in references]
+        origin = "synthetic" if options.example_inputs is None else "example"
         samples = [
             writer.add_samples(
-                f"{name}{'' if names.count(name) == 1 else f'-{i}'}.npz", batch_size_of(inputs), inputs, outputs
+                f"{name}{'' if names.count(name) == 1 else f'-{i}'}.npz", batch_size_of(inputs), inputs, outputs, origin
             )
             for i, (name, (inputs, outputs)) in enumerate(zip(names, references))
         ]

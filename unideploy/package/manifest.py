@@ -216,9 +216,13 @@ class SampleSet:
     batch_size: int
     sha256: str
     size: int
+    # "example": rows the user gave (--example-input); "synthetic": random inputs, on which an
+    # optimized artifact's error can be far below its error on real rows; None: not recorded
+    origin: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "batch_size": self.batch_size, "sha256": self.sha256, "size": self.size}
+        found = {"path": self.path, "batch_size": self.batch_size, "sha256": self.sha256, "size": self.size}
+        return {**found, "origin": self.origin} if self.origin else found
 
 
 @dataclass
@@ -235,6 +239,12 @@ class Manifest:
     description: str | None = None
     # Artifacts a stage left out, each {artifact, stage, reason, fix}: shown by the CLI, kept here.
     omitted: list[OmittedRecord] = field(default_factory=list)
+
+    def samples_origin(self) -> str:
+        """Where the reference samples came from: "example" (the user's rows), "synthetic" (random
+        inputs) or "not recorded" (a package made before it was)."""
+        found = {s.origin for s in self.samples}
+        return "synthetic" if "synthetic" in found else "example" if found == {"example"} else "not recorded"
 
     def base_onnx(self) -> Artifact | None:
         """The fp32 ONNX the exporter wrote, which every later stage (optimizers, edge, GPU,

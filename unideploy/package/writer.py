@@ -90,13 +90,18 @@ class PackageWriter:
         return Artifact.written(planned, sha256, size, files)
 
     def add_samples(
-        self, relpath: str, batch_size: int, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
+        self,
+        relpath: str,
+        batch_size: int,
+        inputs: dict[str, np.ndarray],
+        outputs: dict[str, np.ndarray],
+        origin: str | None = None,
     ) -> SampleSet:
         target = self._target(relpath)
         with open(target, "wb") as fh:
             np.savez_compressed(fh, **samples_to_npz_dict(inputs, outputs))  # type: ignore[arg-type]  # numpy stub: **arrays read as allow_pickle
         sha256, size = digest_path(target)
-        return SampleSet(relpath, batch_size, sha256, size)
+        return SampleSet(relpath, batch_size, sha256, size, origin)
 
     # -- finishing ---------------------------------------------------------------------------
     def commit(self, manifest: Manifest) -> Path:
