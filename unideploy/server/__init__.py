@@ -8,7 +8,7 @@ from unideploy.registry import Availability, modules_availability
 
 # What each extra installs that its command imports (checked without importing them): the server's
 # modules import one another freely, so a command checks its extra once, before the first import.
-SERVE = ("uvicorn", "starlette", "grpc", "prometheus_client", "yaml", "orjson", "pydantic_settings")
+SERVE = ("uvicorn", "httptools", "starlette", "grpc", "prometheus_client", "yaml", "orjson", "pydantic_settings")
 EXTRA_MODULES = {
     "serve": SERVE,
     "ray": (*SERVE, "ray"),  # deploy serve --ray: the server's core in each Ray Serve replica
