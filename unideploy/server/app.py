@@ -56,7 +56,7 @@ class Server:
 
             serving: Listeners | Supervisor = Supervisor(self.dataplane, cfg, frontends, http_socket)
         else:
-            serving = Listeners(self.dataplane, cfg, http_socket, cfg.max_connections)
+            serving = Listeners(self.dataplane, cfg, http_socket)
         await self.registry.sync()
         await serving.start()
         loop = asyncio.get_running_loop()
@@ -90,10 +90,7 @@ class Server:
     def rest_app(self) -> Starlette:
         from unideploy.server.rest import create_app
 
-        cfg = self.config
-        return create_app(
-            self.dataplane, cfg.max_request_bytes, cfg.inference_token, cfg.repository_token, cfg.body_timeout_s
-        )
+        return create_app(self.dataplane, self.config)
 
     async def close(self) -> None:
         """Unload every model and remove the remote mirror (in-flight requests have drained)."""

@@ -44,16 +44,13 @@ class Listeners:
     """REST on ``http_socket`` and gRPC on the config's port. The gRPC port is taken in
     ``__init__`` (a busy port fails before any model loads, with its name); ``start`` serves."""
 
-    def __init__(
-        self, dataplane: DataPlaneAPI, cfg: ServerConfig, http_socket: socket.socket, max_connections: int
-    ) -> None:
+    def __init__(self, dataplane: DataPlaneAPI, cfg: ServerConfig, http_socket: socket.socket) -> None:
         import grpc
 
         from unideploy.server.grpc_service import TRANSPORT_SLACK_BYTES, add_servicer
 
         self.dataplane, self.cfg, self.http_socket = dataplane, cfg, http_socket
-        self.max_connections = max_connections
-        raise_descriptor_limit(max_connections)
+        raise_descriptor_limit(cfg.max_connections)
         transport = cfg.max_request_bytes + TRANSPORT_SLACK_BYTES
         self.grpc = grpc.aio.server(
             # answers are bounded by the served models and --max-request-rows, not by the request limit
@@ -85,9 +82,7 @@ class Listeners:
 
         cfg = self.cfg
         await self.grpc.start()
-        self._app = app = create_app(
-            self.dataplane, cfg.max_request_bytes, cfg.inference_token, cfg.repository_token, cfg.body_timeout_s
-        )
+        self._app = app = create_app(self.dataplane, cfg)
         http = _uvicorn_server()(
             uvicorn.Config(
                 app,
@@ -97,7 +92,7 @@ class Listeners:
                 access_log=False,
                 lifespan="off",
                 ws="none",  # no WebSocket routes: uvicorn then never imports a WebSocket library
-                limit_concurrency=self.max_connections,
+                limit_concurrency=cfg.max_connections,  # a front end's share (frontends.supervisor)
                 http=limited_protocol(cfg.max_header_bytes, cfg.max_headers, cfg.header_timeout_s),
                 timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
                 log_config=None,  # uvicorn logs through our JSON handler

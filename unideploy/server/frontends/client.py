@@ -20,6 +20,10 @@ from unideploy.server.frontends.wire import Channel
 from unideploy.server.shared_memory import Written
 
 
+def _gone() -> Unavailable:
+    return Unavailable("the model process is gone", "the server is restarting; retry")
+
+
 @dataclass
 class RemoteResult(InferResult):
     request_id: int = 0
@@ -54,7 +58,7 @@ class RemoteDataPlane:
         self.lost.set()
         for future in self._waiting.values():
             if not future.done():
-                future.set_exception(Unavailable("the model process is gone", "the server is restarting; retry"))
+                future.set_exception(_gone())
         self._waiting.clear()
 
     def _send(self, *message: Any) -> tuple[int, asyncio.Future]:
@@ -63,7 +67,7 @@ class RemoteDataPlane:
         try:
             self.channel.send((message[0], request_id, *message[1:]))
         except ConnectionError:
-            raise Unavailable("the model process is gone", "the server is restarting; retry") from None
+            raise _gone() from None
         self._waiting[request_id] = future
         return request_id, future
 

@@ -36,9 +36,7 @@ def _die_with(parent: int) -> None:
 async def run(cfg: ServerConfig, hub: str, index: int) -> None:
     dataplane = RemoteDataPlane()
     await dataplane.connect(hub, index)
-    listeners = Listeners(
-        dataplane, cfg, bind(cfg.host, cfg.http_port, "--http-port", reuse_port=True), cfg.max_connections
-    )
+    listeners = Listeners(dataplane, cfg, bind(cfg.host, cfg.http_port, "--http-port", reuse_port=True))
     await listeners.start()
     dataplane.channel.send(("listening",))
     stop = asyncio.Event()

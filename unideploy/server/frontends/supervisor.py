@@ -13,17 +13,16 @@ import sys
 import time
 
 from unideploy.errors import InputError
-from unideploy.package.files import scratch_dir, temp_prefix
+from unideploy.package.files import scratch_dir
 from unideploy.server.config import ServerConfig
 from unideploy.server.dataplane import DataPlane
 from unideploy.server.frontends.hub import Hub
-from unideploy.server.frontends.slots import PREFIX, SHM_ROOT
 from unideploy.server.listeners import SHUTDOWN_GRACE_S, bind
 
 log = logging.getLogger("unideploy.server")
 START_TIMEOUT_S = 60.0
 STEADY_S = 10.0  # a front end that lived this long before it died is restarted at once
-MAX_BACKOFF_S = 10.0
+MAX_BACKOFF_S = 10.0  # others wait 1, 2, 4, 8, then 10 s for each quick death in a row
 
 
 class Supervisor:
@@ -43,6 +42,7 @@ class Supervisor:
         self.hub = Hub(dataplane, os.path.join(self._folder.name, "hub.sock"))
         self.processes: dict[int, asyncio.subprocess.Process] = {}  # by front-end index
         self._watchers: set[asyncio.Task] = set()
+        self._quick_deaths: dict[int, int] = {}  # by front-end index: deaths in a row before STEADY_S
         self._stopping = False
 
     async def start(self) -> None:
@@ -88,9 +88,11 @@ class Supervisor:
         code = await process.wait()
         if self._stopping:
             return
-        temp_prefix(SHM_ROOT, PREFIX, "")  # what it left in /dev/shm (requests it had not handed over yet)
-        lived = time.monotonic() - started
-        delay = 0.0 if lived >= STEADY_S else min(MAX_BACKOFF_S, 1.0 + lived)
+        # what it left in /dev/shm (requests it had not handed over yet) goes when its replacement's
+        # SlotPool starts
+        quick = 0 if time.monotonic() - started >= STEADY_S else self._quick_deaths.get(index, 0) + 1
+        self._quick_deaths[index] = quick
+        delay = min(MAX_BACKOFF_S, 2.0 ** (quick - 1)) if quick else 0.0
         log.warning(
             "front-end process %d (pid %d) exited with code %s; starting another%s",
             index,
