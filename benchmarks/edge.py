@@ -25,7 +25,7 @@ from bench_models import digits_torchscript, minilm_torchscript
 from rich.console import Console
 
 import unideploy
-from unideploy.optimizers.measure import interleaved_latency
+from unideploy.guard.measure import interleaved_latency
 from unideploy.runtimes import RUNTIMES, Runtime, RuntimeOptions
 
 console = Console(stderr=True)

@@ -34,7 +34,7 @@ from rich.console import Console
 
 import unideploy
 from unideploy.errors import UnideployError
-from unideploy.optimizers.measure import interleaved_latency
+from unideploy.guard.measure import interleaved_latency
 from unideploy.package import Package
 from unideploy.runtimes import Runtime, RuntimeOptions
 from unideploy.runtimes.batch_buckets import default_buckets

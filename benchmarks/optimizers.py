@@ -31,7 +31,7 @@ from rich.console import Console
 
 import unideploy
 from unideploy.errors import AccuracyBudgetError
-from unideploy.optimizers.measure import interleaved_latency, timing_session
+from unideploy.guard.measure import interleaved_latency, timing_session
 
 console = Console(stderr=True)
 

@@ -36,12 +36,17 @@ def plugin_distribution(folder: Path, module: str, source: str, group: str, entr
     return folder
 
 
+def pythonpath_with(folder: Path) -> str:
+    """The PYTHONPATH of this process with ``folder`` first: what processes a test starts import from."""
+    import os
+
+    return os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+
+
 def without_modules(folder: Path, *modules: str) -> str:
     """A PYTHONPATH under which the processes a test starts find none of ``modules``, as on an
     install without the extra that brings them (a ``sitecustomize`` in ``folder`` hides them)."""
-    import os
-
     folder.mkdir(parents=True, exist_ok=True)
     hidden = ", ".join(f"{m!r}: None" for m in modules)
     (folder / "sitecustomize.py").write_text(f"import sys\n\nsys.modules.update({{{hidden}}})\n")
-    return os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    return pythonpath_with(folder)

@@ -11,7 +11,7 @@ import pytest
 
 from unideploy import child_process
 from unideploy.errors import ExportError, InputError
-from unideploy.optimizers.accuracy import choose_metrics
+from unideploy.guard.accuracy import choose_metrics
 
 
 def test_the_answer_comes_back_and_relative_writes_stay_in_the_private_folder(tmp_path, monkeypatch):

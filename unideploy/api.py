@@ -11,7 +11,7 @@ import numpy as np
 from unideploy.package import Package
 
 if TYPE_CHECKING:
-    from unideploy.optimizers.optimize import OptimizeRequest
+    from unideploy.optimizers.base import OptimizeRequest
 
 
 def export(
@@ -50,12 +50,13 @@ def export(
 
 
 def optimize(package: str | Path, output: str | Path | None = None, **request: Any) -> Package:
-    """Add an optimized artifact (``quantize="int8"``, ``prune=0.8``, ``calibration="data.npz"``, ...;
-    the fields of :class:`unideploy.optimizers.optimize.OptimizeRequest`) and return the package."""
-    from unideploy.optimizers.optimize import OptimizeRequest
+    """Add an optimized artifact (``quantize="int8"``, ``prune=0.8``, ``calibration="data.npz"``, ...:
+    the fields of :class:`unideploy.optimizers.base.OptimizeRequest`, and the passes' own options such
+    as ``int8_variant="static"``) and return the package."""
+    from unideploy.optimizers.base import OptimizeRequest
     from unideploy.optimizers.optimize import optimize as optimize_package
 
-    return Package.open(optimize_package(package, OptimizeRequest(**request), output))
+    return Package.open(optimize_package(package, OptimizeRequest.of(**request), output))
 
 
 def open_package(path: str | Path) -> Package:

@@ -6,15 +6,17 @@ import platform
 from dataclasses import asdict, dataclass
 
 from unideploy.exporters import EXPORTERS
+from unideploy.guard.metrics import METRICS
 from unideploy.optimizers import PASSES
+from unideploy.options import PluginOptions, flag
 from unideploy.runtimes import RUNTIMES
 from unideploy.server import availability as server_availability
-from unideploy.targets import TARGETS
+from unideploy.targets import BROKEN_TARGETS, TARGETS
 
 
 @dataclass
 class Finding:
-    kind: str  # exporter, optimizer, runtime, device, target, server
+    kind: str  # exporter, optimizer, metric, runtime, device, target, server
     name: str
     ok: bool
     detail: str
@@ -24,17 +26,19 @@ class Finding:
         return asdict(self)
 
 
+REINSTALL = "reinstall the package that provides it, or uninstall it"
+
+
 def diagnose() -> list[Finding]:
+    """A finding per plug-in of every kind. A plug-in that does not load is a finding too (with the
+    error), never the end of the report: every other command leaves it out the same way."""
     findings = []
-    for name in EXPORTERS.names():
-        found = EXPORTERS.get(name).availability()
-        findings.append(Finding("exporter", name, found.ok, found.detail, found.fix))
-    for name in PASSES.names():
-        found = PASSES.get(name).availability()
-        findings.append(Finding("optimizer", name, found.ok, found.detail, found.fix))
-    for name in RUNTIMES.names():
-        found = RUNTIMES.get(name).availability()
-        findings.append(Finding("runtime", name, found.ok, found.detail, found.fix))
+    for kind, registry in (("exporter", EXPORTERS), ("optimizer", PASSES), ("metric", METRICS), ("runtime", RUNTIMES)):
+        for name, cls in registry:
+            found = cls.availability()
+            options = _options(getattr(cls, "options", None))
+            findings.append(Finding(kind, name, found.ok, found.detail + options, found.fix))
+        findings += [Finding(kind, name, False, exc.message, REINSTALL) for name, exc in registry.broken().items()]
     findings.append(_gpu_finding())
     found = server_availability()
     findings.append(Finding("server", "serve", found.ok, found.detail, found.fix))
@@ -45,10 +49,21 @@ def diagnose() -> list[Finding]:
             findings.append(Finding("target", target.name, False, detail, target.install_hint()))
         else:
             serving = f" (serving: {target.serving})" if target.serving else ""
+            options = _options(target.options_model())
             findings.append(
-                Finding("target", target.name, True, target.description + _runs_elsewhere(target.name) + serving)
+                Finding(
+                    "target", target.name, True, target.description + _runs_elsewhere(target.name) + serving + options
+                )
             )
+    findings += [Finding("target", name, False, why, REINSTALL) for name, why in BROKEN_TARGETS.items()]
     return findings
+
+
+def _options(model: type[PluginOptions] | None) -> str:
+    """'; options: --a, --b' for a plug-in that declares options."""
+    if model is None or not model.model_fields:
+        return ""
+    return "; options: " + ", ".join(flag(n, f.default) for n, f in model.model_fields.items())
 
 
 def _gpu_finding() -> Finding:

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from unideploy.exporters.export import export
-from unideploy.optimizers.optimize import OptimizeRequest, optimize
+from unideploy.optimizers.base import OptimizeRequest
+from unideploy.optimizers.optimize import optimize
 from unideploy.package.files import scratch_dir
 from unideploy.package.writer import check_destination
-from unideploy.targets import require_target
+from unideploy.targets import check_options, require_target
 
 Stage = Callable[[Path, Path, bool], Path]  # (package, destination, overwrite) -> written package
 
@@ -29,15 +30,17 @@ def export_package(
     target_options: Mapping[str, Any] | None = None,
     **export_kwargs: Any,
 ) -> Path:
-    """``target_options``: the export options of ``target``'s stage by name (``calibration`` for
-    the int8 TFLite of ``edge``; ``trt_precision``, ``trt_profile``, ``trt_workspace`` and
-    ``calibration`` for ``gpu``; targets.py)."""
+    """``target_options``: the options of ``target``'s stage by name, checked against the target's
+    own model (``trt_precision``, ``trt_profile``, ``trt_workspace`` for ``gpu``; targets.py), and
+    ``calibration`` (the int8 TFLite of ``edge``, TensorRT's calibrator)."""
     stages: list[Stage] = []
     if optimization is not None:
         stages.append(lambda pkg, dest, force: optimize(pkg, optimization, dest, overwrite=force, progress=progress))
-    target_stage = require_target(export_kwargs.get("target", "cpu")).load_stage()
+    target = export_kwargs.get("target", "cpu")
+    given = dict(target_options or {})
+    options = {**check_options(target, given), "calibration": given.get("calibration")}  # before any work
+    target_stage = require_target(target).load_stage()
     if target_stage is not None:
-        options = dict(target_options or {})
         stages.append(lambda pkg, dest, force: target_stage(pkg, dest, options, overwrite=force, progress=progress))
     if not stages:
         return export(src, output, overwrite=overwrite, progress=progress, **export_kwargs)

@@ -25,6 +25,7 @@ class Registry(Generic[T]):
         self.group = group
         self._targets: dict[str, str] = dict(builtin)
         self._loaded: dict[str, type[T]] = {}
+        self._broken: dict[str, UnideployError] = {}
         self._scanned = False
 
     def _scan_entry_points(self) -> None:
@@ -60,8 +61,20 @@ class Registry(Generic[T]):
         return self._loaded[name]
 
     def __iter__(self) -> Iterator[tuple[str, type[T]]]:
+        """Every plug-in that loads. One that does not is left out (``broken`` says why, and
+        ``deploy doctor`` shows it): a broken third-party package must not stop the others; asking
+        for it by name (``get``) raises its error."""
         for name in self.names():
-            yield name, self.get(name)
+            try:
+                yield name, self.get(name)
+            except UnideployError as exc:
+                self._broken[name] = exc
+
+    def broken(self) -> dict[str, UnideployError]:
+        """The plug-ins that do not load, with why."""
+        for _ in self:
+            pass
+        return dict(self._broken)
 
 
 @dataclass(frozen=True)

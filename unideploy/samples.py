@@ -142,3 +142,21 @@ def load_npz_inputs(path: str, what: str = "--example-input") -> dict[str, np.nd
         except InputError as exc:
             raise InputError(f"array '{name}' in '{path}': {exc.message}", exc.hint) from exc
     return arrays
+
+
+BATCH_ROWS = 32  # rows per batch handed to a runtime when the model does not fix its batch size
+
+
+def row_batches(inputs: Mapping[str, np.ndarray], origin: str, fixed: int | None = None) -> list[dict[str, np.ndarray]]:
+    """Named rows in batches of ``BATCH_ROWS``, or exactly ``fixed`` rows for a model with a fixed
+    batch size (dropping the incomplete tail). ``origin`` names the data in the error."""
+    total = batch_size_of(inputs)
+    rows = fixed or BATCH_ROWS
+    stop = total - total % rows if fixed else total
+    batches = [{k: np.ascontiguousarray(v[i : i + rows]) for k, v in inputs.items()} for i in range(0, stop, rows)]
+    if not batches:
+        raise InputError(
+            f"{origin}: {total} row(s) cannot fill one batch of {rows}",
+            "the model has a fixed batch size; pass more data",
+        )
+    return batches

@@ -2,14 +2,15 @@
 
 A target describes itself: the runtimes that serve it, the stage that adds its artifacts to an
 exported package (``"module:function"``, imported only when that target is asked for) and the
-export options that belong to it. The pipeline (``pipeline.py``), ``deploy doctor`` and the CLI
+export options that belong to it (``"module:Model"``, a ``PluginOptions`` model: the CLI's flags
+and the Python API's checks come from it). The pipeline (``pipeline.py``), ``deploy doctor`` and the CLI
 iterate over ``TARGETS``, so a package adds a target through the ``unideploy.targets`` entry
 points (a ``Target`` object) with no core file edited. A target whose stage needs a module that is
 not installed is refused up front, before any work, with the install command.
 
 A stage is called as ``stage(package, output, options, overwrite=..., progress=...)`` with
-``options`` the export options by name (``calibration``, ``trt_precision``, ...), and returns the
-package it wrote.
+``options`` the target's options by name, checked against its model, plus ``calibration``, and
+returns the package it wrote.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from unideploy.errors import InputError, MissingDependencyError, UnideployError
+from unideploy.options import PluginOptions, flag
 from unideploy.registry import missing_modules
 
 Stage = Callable[..., Path]
@@ -34,7 +36,7 @@ class Target:
     description: str
     runtimes: tuple[str, ...]
     stage: str | None = None  # "module:function" adding this target's artifacts; None: the export alone
-    options: tuple[str, ...] = ()  # export options (argparse dests) that apply to this target only
+    options: str | None = None  # "module:Model", the PluginOptions of this target alone; None: none
     requires: tuple[str, ...] = ()  # modules the stage imports (checked before any work)
     extra: str | None = None  # the unideploy extra that installs them
     serving: str = ""  # what the machine that serves the target's artifacts needs, for deploy doctor
@@ -48,6 +50,18 @@ class Target:
         if self.install:
             return self.install
         return f"pip install 'unideploy[{self.extra}]'" if self.extra else f"pip install {' '.join(self.missing())}"
+
+    def options_model(self) -> type[PluginOptions] | None:
+        if self.options is None:
+            return None
+        module, _, attr = self.options.partition(":")
+        try:
+            model: type[PluginOptions] = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise UnideployError(
+                f"the options of target '{self.name}' ({self.options}) cannot be loaded: {exc}"
+            ) from exc
+        return model
 
     def load_stage(self) -> Stage | None:
         if self.stage is None:
@@ -72,7 +86,7 @@ BUILTIN = (
         "Runtime's TensorRT provider); without TensorRT the ONNX artifacts run on ONNX Runtime's CUDA provider",
         ("tensorrt", "onnxruntime"),
         stage="unideploy.gpu.build:target_stage",
-        options=("trt_precision", "trt_profile", "trt_workspace"),
+        options="unideploy.gpu.options:GpuOptions",
     ),
     Target(
         "edge",
@@ -99,21 +113,26 @@ BUILTIN = (
 )
 
 
-def _targets() -> dict[str, Target]:
-    found = {t.name: t for t in BUILTIN}
+def _targets() -> tuple[dict[str, Target], dict[str, str]]:
+    """The targets, and those entry points that do not load with why: a broken plug-in must not
+    break the CLI (the same policy as the registries'); deploy doctor names it."""
+    found, broken = {t.name: t for t in BUILTIN}, {}
     for ep in entry_points(group=GROUP):
         if ep.name in found:
             continue
         try:
             target = ep.load()
-        except Exception:  # a broken plug-in must not break the CLI: deploy doctor names it
+        except Exception as exc:
+            broken[ep.name] = f"target plug-in '{ep.name}' ({ep.value}) cannot be loaded: {exc}"
             continue
         if isinstance(target, Target):
             found[ep.name] = target
-    return found
+        else:
+            broken[ep.name] = f"target plug-in '{ep.name}' ({ep.value}) is a {type(target).__name__}, not a Target"
+    return found, broken
 
 
-TARGETS = _targets()
+TARGETS, BROKEN_TARGETS = _targets()
 
 
 def require_target(name: str) -> Target:
@@ -129,10 +148,17 @@ def require_target(name: str) -> Target:
     return target
 
 
-def check_options(target: str, given: Mapping[str, Any]) -> None:
-    """Refuse options that belong to another target (``given``: option name -> value, None if unset)."""
+def check_options(target: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """``target``'s own options among ``given`` (option name -> value; None: not given), checked
+    against its model; options that belong to another target are refused."""
     for other in TARGETS.values():
-        stray = [o for o in other.options if given.get(o) and other.name != target]
-        if stray:
-            flags = ", ".join("--" + o.replace("_", "-") for o in other.options)
+        model = other.options_model()
+        if model is not None and other.name != target and any(given.get(o) is not None for o in model.model_fields):
+            flags = ", ".join(flag(o) for o in model.model_fields)
             raise InputError(f"{flags} apply to --target {other.name} only")
+    model = require_target(target).options_model()
+    if model is None:
+        return {}
+    return dict(
+        model.parse({k: v for k, v in given.items() if k in model.model_fields and v is not None}, f"--target {target}")
+    )

@@ -201,7 +201,9 @@ def test_edge_int8_keeps_the_layer_quantization_breaks_in_float(tmp_path):
     assert "tflite-int8 (full integer, calibrated, with the layers quantization hurts most in float)" in shown
     with unideploy.open_package(tmp_path / "edge") as package:
         record = package.manifest.validation["tflite-int8"]
-        assert record["search"]["trials"] == [{"float_layers": 1, "drop_points": 0.0}], record["search"]
+        assert record["search"]["trials"] == [{"restored": 1, "drop_points": 0.0, "within_budget": True}], record[
+            "search"
+        ]
         assert record["accuracy"]["within_budget"] and len(record["float_layers"]) == 1
         assert f"left 1 of {record['search']['ranked_layers']} layers in float, the most error-prone first" in shown
         x = np.random.default_rng(6).standard_normal((32, 16)).astype(np.float32)
@@ -475,7 +477,7 @@ def test_attention_encoder_reaches_tflite_in_every_precision_and_its_bundle_veri
 
 def test_a_model_onnx_runtime_quantized_is_converted_as_float_and_judged_against_it(tmp_path):
     """onnx2tf knows neither DynamicQuantizeLSTM nor MatMulInteger: the graph goes to it with
-    ONNX Runtime's dynamic INT8 made float again (exporters/dequantize.py), and its fp32 TFLite is
+    ONNX Runtime's dynamic INT8 made float again (onnx/dequantize.py), and its fp32 TFLite is
     then judged by the accuracy guard against the quantized model, not held to the exact tolerance.
     The reference input has one large value per row, so the 8-bit steps ONNX Runtime rounds the
     activations to are coarse and the outputs move by about 3 % on any CPU (with ordinary inputs

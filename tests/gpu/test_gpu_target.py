@@ -142,7 +142,7 @@ def test_the_tensorrt_runtime_says_what_is_missing_here(gpu_package):
         (["--trt-profile", "x:1x1x8x8,64x1x8x8,8x1x8x8"], r"min <= opt <= max"),
         (["--trt-profile", "y:1x1"], r"unknown input"),
         (["--trt-precision", "int8"], r"TensorRT int8 needs a symmetric QDQ int8 artifact.*--int8-variant symmetric"),
-        (["--trt-workspace", "0"], r"must be at least 1"),
+        (["--trt-workspace", "0"], r"--trt-workspace of --target gpu: Input should be greater than or equal to 1"),
     ],
 )
 def test_bad_gpu_options_fail_before_anything_is_written(torch_models, tmp_path, extra, pattern):

@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 import unideploy
-from unideploy.errors import AccuracyBudgetError
+from unideploy.errors import AccuracyBudgetError, InputError
 from unideploy.verify import verify_package
 
 pytest.importorskip("torch", reason="the torch extra is not installed")
@@ -179,9 +179,9 @@ def test_export_can_optimize_in_the_same_step(digits, tmp_path):
 
 
 def _request(**kwargs):
-    from unideploy.optimizers.optimize import OptimizeRequest
+    from unideploy.optimizers.base import OptimizeRequest
 
-    return OptimizeRequest(**kwargs)
+    return OptimizeRequest.of(**kwargs)
 
 
 def test_an_int8_model_slower_than_fp32_is_kept_with_a_note_that_says_so():
@@ -191,13 +191,13 @@ def test_an_int8_model_slower_than_fp32_is_kept_with_a_note_that_says_so():
     built on. Judged from the measured speedups, never timed here."""
     from unittest import mock
 
-    from unideploy.optimizers import optimize
+    from unideploy.guard import measure
 
     slower = {1: {"speedup": 0.71}, 64: {"speedup": 0.84}}
-    assert optimize._slower(slower) == "0.71x at batch 1, 0.84x at batch 64"
-    assert optimize._slower({1: {"speedup": 0.71}, 64: {"speedup": 0.96}}) == ""  # faster somewhere: no note
-    with mock.patch("unideploy.optimizers.quantize_int8.cpu_has_vnni", return_value=False):
-        note = optimize._slower_int8_note("onnx-int8", optimize._slower(slower), 1.08)
+    assert measure.slower_everywhere(slower) == "0.71x at batch 1, 0.84x at batch 64"
+    assert measure.slower_everywhere({1: {"speedup": 0.71}, 64: {"speedup": 0.96}}) == ""  # faster somewhere: no note
+    with mock.patch("unideploy.guard.measure.cpu_has_vnni", return_value=False):
+        note = measure.slower_int8_note("onnx-int8", measure.slower_everywhere(slower), 1.08)
     assert note == (
         "onnx-int8 runs slower than fp32 on this CPU (0.71x at batch 1, 0.84x at batch 64) and is no smaller "
         "(108% of fp32); a CPU with an int8 dot-product instruction (VNNI) may run it faster"
@@ -249,3 +249,15 @@ def test_int8_of_a_tree_ensemble_is_refused_as_nothing_to_quantize(tmp_path):
     )
     assert_one_line_error(refused, 2, "INT8 has nothing to quantize .*ai.onnx.ml.TreeEnsembleRegressor")
     assert tree_digest(tmp_path / "tree.udp") == before
+
+
+def test_the_passes_own_options_are_checked_through_the_python_api_too(tmp_path):
+    """The Python API takes a pass's options as keywords, checked by the pass's own model before
+    anything is opened: a bad value names the flag and the pass, an unknown option the ones there are."""
+    with pytest.raises(InputError, match=r"--int8-variant of the quantize-int8 pass: Input should be 'auto'"):
+        unideploy.optimize(tmp_path / "pkg", quantize="int8", int8_variant="fastest")
+    with pytest.raises(InputError, match=r"unknown optimization option\(s\): sparsity_pattern") as refused:
+        unideploy.optimize(tmp_path / "pkg", prune=0.5, sparsity_pattern="2:4")
+    assert "int8_variant" in refused.value.hint and "prune_scope" in refused.value.hint
+    with pytest.raises(InputError, match=r"--prune-scope applies to the prune-magnitude pass, which this request"):
+        unideploy.optimize(tmp_path / "pkg", quantize="fp16", prune_scope="global")

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import unideploy
 from unideploy.errors import InputError
-from unideploy.exporters.onnx_io import basic_optimized
+from unideploy.onnx.session import basic_optimized
 from unideploy.optimizers.channel_groups import find_groups, remove_channels
 from unideploy.optimizers.graph import name_nodes
 

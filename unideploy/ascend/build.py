@@ -20,7 +20,8 @@ import onnx
 
 from unideploy.ascend.network import export_mindir, require_supported
 from unideploy.errors import ExportError, RuntimeFailure, ValidationError
-from unideploy.exporters.dequantize import float_onnx
+from unideploy.guard.guard import Guard
+from unideploy.onnx.dequantize import float_onnx
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import Manifest, Tolerance, ValidationRecord
@@ -85,22 +86,25 @@ def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact
 def _check_mindir(path: Path, manifest: Manifest, references: list, undone: list[str]) -> ValidationRecord:
     """The MindIR against the reference outputs: to the default tolerance, or, rebuilt from a
     dequantized graph (whose activations are no longer rounded to 8 bits), by the accuracy guard."""
-    from unideploy.optimizers.accuracy import DEFAULT_BUDGET_POINTS, compare, describe
-
     framework = manifest.source["framework"]
     with RUNTIMES.get("mindspore")(path, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
         if not undone:
             record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
             require_passed(record, "the MindIR artifact (run by MindSpore on the CPU)")
             return record
-        expected = [dict(outputs) for _, outputs in references]
-        accuracy = compare(expected, [runtime.run(i) for i, _ in references], None, "auto", DEFAULT_BUDGET_POINTS)
-        if not accuracy["within_budget"]:
-            raise ExportError(
+        guard = Guard(
+            [inputs for inputs, _ in references],
+            [dict(outputs) for _, outputs in references],
+            rows_are="reference rows",
+        )
+        accuracy = guard.admit(
+            guard.judge(path, lambda: runtime.run),
+            lambda numbers: ExportError(
                 f"the MindIR of the model with its INT8 made float ({', '.join(undone)}) is over the accuracy "
-                f"budget on the {accuracy['rows']} reference rows: {describe(accuracy)}",
+                f"budget {numbers}",
                 "convert the float model (before ONNX Runtime's quantization) for --target ascend",
-            )
+            ),
+        )
         record = measured_tolerance_record(runtime.run, references, framework)
     record["accuracy"], record["dequantized"] = accuracy, undone
     return record

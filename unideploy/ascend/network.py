@@ -22,7 +22,8 @@ from onnx import numpy_helper
 
 from unideploy.ascend.ops import OPS, SUPPORT, Ctx, Static
 from unideploy.errors import ExportError, first_line
-from unideploy.exporters.onnx_io import cpu_session, opset_of
+from unideploy.onnx.interface import opset_of
+from unideploy.onnx.session import cpu_session
 from unideploy.quiet import quiet
 from unideploy.runtimes.mindspore_runtime import keep_dumps_out_of_cwd, placeholders
 from unideploy.signature import Signature

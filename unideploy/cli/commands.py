@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from unideploy.cli import render
+from unideploy.cli.options import given
 from unideploy.errors import InputError, ValidationError
 from unideploy.package import Package
 from unideploy.runtimes import RuntimeOptions
 
 if TYPE_CHECKING:
-    from unideploy.optimizers.optimize import OptimizeRequest
+    from unideploy.optimizers.base import OptimizeRequest
 
 
 def _print_json(data: object) -> None:
@@ -25,17 +26,12 @@ def _print_json(data: object) -> None:
 
 
 def _optimize_request(args: argparse.Namespace) -> OptimizeRequest:
-    from unideploy.optimizers.optimize import OptimizeRequest
+    from unideploy.optimizers.base import OptimizeRequest
 
     return OptimizeRequest(
         quantize=args.quantize,
         prune=args.prune,
         prune_method=args.prune_method,
-        prune_scope=args.prune_scope,
-        refit=not args.no_refit,
-        int8_variant=args.int8_variant,
-        calibration_method=args.calibration_method,
-        quantize_sensitive=args.quantize_sensitive_ops,
         calibration=args.calibration,
         validation=args.validation,
         synthetic=args.synthetic_calibration,
@@ -44,13 +40,13 @@ def _optimize_request(args: argparse.Namespace) -> OptimizeRequest:
         min_cosine=args.min_cosine,
         artifact=getattr(args, "artifact", None),
         passes=tuple(args.passes or ()),
+        options=given(args, args.pass_options),
     )
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from unideploy.exporters import ExportOptions
     from unideploy.pipeline import export_package
-    from unideploy.targets import TARGETS, check_options
 
     options = ExportOptions.from_user(
         input_shapes=args.input_shape,
@@ -62,8 +58,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         trust_source=args.trust_source,
     )
     request = _optimize_request(args)
-    target_options = {o: getattr(args, o, None) for t in TARGETS.values() for o in t.options}
-    check_options(args.target, target_options)  # options of another target are refused before any work
+    target_options = given(args, args.target_options)
     with render.status("exporting") as status:
         path = export_package(
             args.source,

@@ -15,8 +15,13 @@ EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line. The flags plug-ins declare (a pass's, a target's) are added to the command
+    ``argv`` runs alone: loading every pass imports onnx, which ``deploy serve`` and ``run`` need not."""
+    from unideploy.cli.options import add_plugin_options
     from unideploy.targets import TARGETS
+
+    command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
     from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL
 
     parser = argparse.ArgumentParser(
@@ -65,25 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default: {DEFAULT_RTOL})")
     p.add_argument("--force", action="store_true", help="replace an existing package at -o")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
-    _add_optimize_options(p, required=False)
-    g = p.add_argument_group("GPU target (--target gpu)")
-    g.add_argument(
-        "--trt-precision",
-        action="append",
-        choices=["fp32", "fp16", "int8"],
-        metavar="PRECISION",
-        help="TensorRT engine precision, repeatable: fp32, fp16, int8 (default: fp16). int8 uses the "
-        "symmetric QDQ artifact of --int8-variant symmetric, else calibrates on --calibration",
-    )
-    g.add_argument(
-        "--trt-profile",
-        action="append",
-        default=[],
-        metavar="NAME:MIN,OPT,MAX",
-        help="shape range of a dynamic input, repeatable: ids:1x16,8x128,32x512 (default for a dynamic "
-        "batch alone: 1, 8, 32 rows)",
-    )
-    g.add_argument("--trt-workspace", type=_positive_int, metavar="MIB", help="TensorRT builder workspace limit")
+    _add_optimize_options(p, required=False, plugins=command == "export")
+    target_options: list[str] = []
+    if command == "export":  # each target's own options (importing the models, not the stages)
+        for target in TARGETS.values():
+            if (model := target.options_model()) is not None:
+                group = p.add_argument_group(f"{target.name} target (--target {target.name})")
+                target_options += add_plugin_options(group, [model])
+    p.set_defaults(target_options=target_options)
 
     p = sub.add_parser("optimize", help="add a quantized and/or pruned artifact, guarded by an accuracy budget")
     p.add_argument("package")
@@ -91,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace an existing package at -o")
     p.add_argument("--artifact", help="artifact to start from (default: the fp32 ONNX artifact)")
     p.add_argument("--json", action="store_true", help="print the optimization record as JSON")
-    _add_optimize_options(p, required=True)
+    _add_optimize_options(p, required=True, plugins=command == "optimize")
 
     p = sub.add_parser("inspect", help="show a package's model, signature, artifacts and validation")
     p.add_argument("package")
@@ -294,10 +288,10 @@ def _add_trust_options(p: argparse.ArgumentParser, note: str = "") -> None:
     )
 
 
-def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
-    from unideploy.optimizers import PASSES
-    from unideploy.optimizers.accuracy import DEFAULT_BUDGET_POINTS, METRICS
-    from unideploy.optimizers.base import PRUNE_SCOPES
+def _add_optimize_options(p: argparse.ArgumentParser, required: bool, plugins: bool) -> None:
+    from unideploy.cli.options import add_plugin_options
+    from unideploy.guard.accuracy import DEFAULT_BUDGET_POINTS, metric_help
+    from unideploy.optimizers import PASSES, pass_options
 
     g = p.add_argument_group("optimization" + ("" if required else " (optional, applied after export)"))
     g.add_argument("--quantize", choices=["int8", "fp16"], help="INT8 (variant picked per model) or FP16")
@@ -317,27 +311,11 @@ def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
         help="magnitude: share of weights zeroed (0.8); channels: share of conv channels removed (0.5)",
     )
     g.add_argument("--prune-method", choices=["magnitude", "channels"], default="magnitude")
-    g.add_argument(
-        "--prune-scope",
-        choices=PRUNE_SCOPES,
-        default=PRUNE_SCOPES[0],
-        help="magnitude: the same share pruned in every output row (default), in every layer, "
-        "or one threshold over all layers",
-    )
-    g.add_argument("--no-refit", action="store_true", help="do not re-fit pruned layers on calibration data")
-    g.add_argument(
-        "--int8-variant",
-        choices=["auto", "static", "dynamic", "symmetric"],
-        default="auto",
-        help="static (QDQ, uint8 activations), dynamic (MatMul weights), symmetric (QDQ for TensorRT); "
-        "auto picks between static and dynamic",
-    )
-    g.add_argument("--calibration-method", choices=["minmax", "entropy", "percentile"], default="minmax")
-    g.add_argument(
-        "--quantize-sensitive-ops",
-        action="store_true",
-        help="also quantize LayerNorm/Softmax/GELU/... (kept in float by default)",
-    )
+    names: list[str] = []
+    if plugins:  # each pass's own options, named after the passes that take them
+        owners = {option: ", ".join(passes) for option, (passes, _) in pass_options().items()}
+        names = add_plugin_options(g, [cls.options for _, cls in PASSES], owners)
+    p.set_defaults(pass_options=names)
     g.add_argument("--calibration", metavar="DATA", help=".npz of named inputs (+ optional 'labels') or a directory")
     g.add_argument("--validation", metavar="DATA", help="separate validation data (default: half of --calibration)")
     g.add_argument(
@@ -356,12 +334,9 @@ def _add_optimize_options(p: argparse.ArgumentParser, required: bool) -> None:
         "--metric",
         action="append",
         metavar="[OUTPUT=]NAME",
-        help=f"how outputs are judged, repeatable: {', '.join(METRICS)} (for every output, or OUTPUT=NAME "
-        "for one); auto (default) picks per output: top1 for class scores (accuracy with labels), text "
-        "for CTC sequences (OCR), cosine for embeddings, detection for YOLO-style detector heads, regions "
-        "(text, instances) or mask (one segment) for probability maps, "
-        "coords for coordinates per window beside class probabilities (MTCNN's box offsets and landmarks), "
-        "relerr for boxes/heatmaps/regression",
+        help="how outputs are judged, repeatable, for every output or OUTPUT=NAME for one; auto (default) "
+        f"picks per output from its shape and values. {metric_help().replace('%', '%%')}; and those packages add "
+        "through the unideploy.metrics entry points",
     )
     g.add_argument(
         "--min-cosine",
@@ -406,7 +381,7 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     if args.debug:
         os.environ["UNIDEPLOY_DEBUG"] = "1"  # lets converter output through
     from unideploy.cli import commands

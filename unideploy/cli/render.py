@@ -18,7 +18,7 @@ from rich.table import Table
 
 from unideploy.bench import Tick
 from unideploy.doctor import Finding
-from unideploy.optimizers.accuracy import describe, detail
+from unideploy.guard.accuracy import describe, detail
 from unideploy.package import Package
 from unideploy.package.manifest import OptimizationRecord
 from unideploy.verify import ArtifactCheck

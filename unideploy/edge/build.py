@@ -39,11 +39,15 @@ from unideploy.errors import (
     ValidationError,
     first_line,
 )
-from unideploy.exporters.dequantize import float_onnx
-from unideploy.exporters.onnx_io import copy_model
+from unideploy.guard.accuracy import describe
+from unideploy.guard.data import load_dataset, split
+from unideploy.guard.guard import Guard
+from unideploy.guard.search import search_record, trial
+from unideploy.onnx.dequantize import float_onnx
+from unideploy.onnx.files import copy_model
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
-from unideploy.package.manifest import OmittedRecord, Precision
+from unideploy.package.manifest import OmittedRecord, Precision, SearchTrial
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.signature import CHANNELS_LAST, Signature, to_channels_last
@@ -88,8 +92,6 @@ def _to_ort(onnx_path: Path, workdir: Path) -> tuple[Path, Path]:
 def _calibration_batches(path: str | Path, source: Signature, model: Signature) -> list[dict[str, np.ndarray]]:
     """The half of the user's data that calibrates (``split``: the guard judges on the other), in
     the TFLite model's own layout."""
-    from unideploy.optimizers.data import load_dataset, split
-
     layouts = {t.name: t.layout for t in model.inputs}
     return [
         {k: to_channels_last(v) if layouts.get(k) == CHANNELS_LAST else v for k, v in batch.items()}
@@ -97,21 +99,16 @@ def _calibration_batches(path: str | Path, source: Signature, model: Signature) 
     ]
 
 
-def _guard_data(
-    package: Package, base: Artifact | None, calibration: str | Path | None, references: list
-) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]], np.ndarray | None]:
+def _guard(package: Package, base: Artifact | None, calibration: str | Path | None, references: list) -> Guard:
     """What the accuracy guard judges edge artifacts on: the half of the user's data that int8 was not
     calibrated on (with its labels) against the fp32 ONNX artifact's outputs, or else the package's
     reference samples against the source's."""
-    from unideploy.optimizers.data import load_dataset, split
-
     if calibration is None or base is None:
-        return [inputs for inputs, _ in references], [dict(outputs) for _, outputs in references], None
+        return Guard([inputs for inputs, _ in references], [dict(outputs) for _, outputs in references])
     manifest = package.manifest
     data = split(load_dataset(calibration, manifest.signature))[1]
-    batches = data.batches(manifest.fixed_batch)
     with RUNTIMES.get("onnxruntime")(package.path_of(base), manifest.signature, RuntimeOptions(device="cpu")) as fp32:
-        return batches, [fp32.run(b) for b in batches], data.labels
+        return Guard.of(fp32.run, data.batches(manifest.fixed_batch), data.labels)
 
 
 def _fewest_float_layers(
@@ -122,24 +119,22 @@ def _fewest_float_layers(
     say: Progress,
 ) -> tuple[Path, dict[str, Any]]:
     """Full-integer int8 with the fewest of its most error-prone layers in float that holds the
-    budget (``tflite.selective_int8`` makes the candidates), and the record of the search."""
-    from unideploy.optimizers.accuracy import describe
-
+    budget (``tflite.selective_int8`` makes the candidates, in the order to try them), and the record
+    of the search."""
     say("full-integer int8 is over the accuracy budget: ranking its layers by quantization error")
     ranked, candidates = selective_int8(saved_model, work, data)
     if not candidates:
         raise AccuracyBudgetError(f"{len(ranked)} quantized layer(s): too few to keep some in float")
-    trials: list[dict[str, Any]] = []
+    trials: list[SearchTrial] = []
     closest: tuple[int, dict[str, Any]] | None = None  # the candidate with the smallest drop
     for count, path in candidates:
         say(f"TFLite int8 with the {count} most error-prone layer(s) in float")
         accuracy = judge(path)
-        trials.append({"float_layers": count, "drop_points": accuracy["drop_points"]})
+        trials.append(trial(count, accuracy))
         if accuracy["within_budget"]:
             return path, {
-                "accuracy": accuracy,
                 "float_layers": [{"tensor": name, "error_steps": round(steps, 3)} for name, steps in ranked[:count]],
-                "search": {"ranked_layers": len(ranked), "trials": trials},
+                "search": search_record(len(ranked), "in float", trials, within_budget=True),
             }
         if closest is None or accuracy["drop_points"] < closest[1]["drop_points"]:
             closest = (count, accuracy)
@@ -217,8 +212,6 @@ def _tflite_artifacts(
 ) -> tuple[list[AddedArtifact], list[OmittedRecord]]:
     """TFLite fp32 (held to the default tolerance), fp16 and int8 (each through the accuracy guard,
     left out with its numbers when over budget)."""
-    from unideploy.optimizers.accuracy import DEFAULT_BUDGET_POINTS, compare, describe
-
     manifest = package.manifest
     framework = manifest.source["framework"]
     tflite = RUNTIMES.get("tflite")
@@ -252,7 +245,7 @@ def _tflite_artifacts(
         raise ExportError("the package has no ONNX artifact to convert from")
     added: list[AddedArtifact] = []
     omitted: list[OmittedRecord] = []
-    guard = None  # (inputs, fp32 outputs, labels), loaded when the first non-exact artifact needs it
+    guard: Guard | None = None  # loaded when the first non-exact artifact needs it
     signature = None  # the model's own signature (layout), known once fp32 is converted
     # int8: full integer from the calibration data; where that does not convert, run (LiteRT's
     # integer Div refuses a divisor quantized to zero, as in attention's LayerNorm and pooling) or
@@ -263,15 +256,15 @@ def _tflite_artifacts(
     failed: dict[Precision, list[tuple[str, UnideployError]]] = {}
     made: set[str] = set()  # precisions added: the dynamic-range int8 runs only where full integer did not
 
-    def accuracy_of(run: Callable, fitting: list) -> dict[str, Any]:
+    def accuracy_of(path: Path, run: Callable, fitting: list) -> tuple[Guard, dict[str, Any]]:
         nonlocal guard
-        guard = guard or _guard_data(package, base, calibration, fitting)
-        return compare(guard[1], [run(b) for b in guard[0]], guard[2], "auto", DEFAULT_BUDGET_POINTS)
+        guard = guard or _guard(package, base, calibration, fitting)
+        return guard, guard.judge(path, lambda: run)
 
     def judge(path: Path) -> dict[str, Any]:
         spec = tflite_signature(path, fixed or manifest.signature) or fixed or manifest.signature
         with tflite(path, spec) as runtime:
-            return accuracy_of(*fitted(runtime.run, spec, references))
+            return accuracy_of(path, *fitted(runtime.run, spec, references))[1]
 
     while variants:
         precision, mode = variants.pop(0)
@@ -280,7 +273,7 @@ def _tflite_artifacts(
         say(f"converting to TFLite ({mode}, {route})")
         try:
             data = None
-            searched: dict[str, Any] = {}  # int8-selective: the layers left in float, the trials, the accuracy
+            searched: dict[str, Any] = {}  # int8-selective: the layers left in float, and the search
             if mode in ("int8", "int8-selective") and calibration is not None:  # planned only with calibration
                 data = _calibration_batches(calibration, manifest.signature, signature or manifest.signature)
             if mode == "int8-selective":  # planned only after full integer, calibrated, was over budget
@@ -303,13 +296,15 @@ def _tflite_artifacts(
                     require_passed(record, "the TFLite fp32 artifact")
                 else:
                     say(f"judging TFLite {mode} against the ONNX model")
-                    accuracy = searched.pop("accuracy", None) or accuracy_of(run, fitting)
+                    judged, accuracy = accuracy_of(path, run, fitting)
+                    dequantized = (  # fp32 is judged only where the graph was dequantized
+                        f"TFLite fp32 of the graph with ONNX Runtime's INT8 made float ({', '.join(undone)}): "
+                        if precision == "fp32"
+                        else ""
+                    )
                     if not accuracy["within_budget"]:
-                        over = f"over the accuracy budget on {accuracy['rows']} rows: {describe(accuracy)}"
-                        if precision == "fp32":  # only where the graph was dequantized
-                            over = f"TFLite fp32 of the graph with ONNX Runtime's INT8 made float ({', '.join(undone)}): {over}"
                         raise AccuracyBudgetError(
-                            over,
+                            f"{dequantized}over the accuracy budget {judged.numbers(accuracy)}",
                             {
                                 "int8": "give more representative --calibration data",
                                 "fp16": "use tflite-fp32 on this model",

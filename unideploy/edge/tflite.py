@@ -28,7 +28,9 @@ import numpy as np
 from unideploy import child_process
 from unideploy.environment import environment
 from unideploy.errors import ExportError, MissingDependencyError, first_line
-from unideploy.exporters.onnx_io import basic_optimized, copy_model, declare_signature
+from unideploy.onnx.files import copy_model
+from unideploy.onnx.interface import declare_signature
+from unideploy.onnx.session import basic_optimized
 from unideploy.quiet import quiet
 from unideploy.signature import CHANNELS_LAST, Signature, TensorSpec, channels_last
 from unideploy.targets import EDGE_INSTALL

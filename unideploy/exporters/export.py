@@ -8,24 +8,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import onnxruntime
 
 import unideploy
 from unideploy.errors import InputError, MissingDependencyError
 from unideploy.exporters import EXPORTERS, Exporter, ExportOptions, torch_save
-from unideploy.exporters.base import ConvertedModel
-from unideploy.exporters.onnx_io import declare_signature
-from unideploy.exporters.shapes import resolve_signature, settle_outputs
+from unideploy.exporters.source_process import run_in_process, run_source
 from unideploy.package import Artifact, Manifest, PackageWriter, PlannedArtifact
 from unideploy.package.files import digest_path, scratch_dir
 from unideploy.package.manifest import SourceRecord, ValidationRecord
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
-from unideploy.samples import batch_size_of, example_batches, synthetic_batches
-from unideploy.signature import Signature
+from unideploy.samples import batch_size_of
 from unideploy.targets import require_target
 from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, require_passed, validate
 
@@ -90,7 +85,7 @@ def export(
     ):
         if options.trust_source:  # the scan's refusal was waived: the framework runs in a process of its own
             say(f"converting {src.name} with the {exporter_cls.name} exporter and running it, in a separate process")
-            ran = run_source_isolated(exporter_cls, src, Path(tmp), options, atol, rtol)
+            ran = run_in_process(exporter_cls.name, src, Path(tmp), options, atol, rtol)
         else:
             ran = run_source(exporter_cls, src, Path(tmp), options, atol, rtol, say)
         converted, signature, references = ran.converted, ran.signature, ran.references
@@ -159,63 +154,6 @@ def export(
             validation=validation,
         )
         return writer.commit(manifest)
-
-
-@dataclass
-class SourceRun:
-    """What running the source framework gave: the conversion (without its handle on the framework),
-    the settled signature, the reference pairs, and the native artifact's validation, if any."""
-
-    converted: ConvertedModel
-    signature: Signature
-    references: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]
-    native_validation: ValidationRecord | None
-
-
-def run_source(
-    exporter_cls: type[Exporter],
-    src: Path,
-    workdir: Path,
-    options: ExportOptions,
-    atol: float,
-    rtol: float,
-    say: Progress,
-) -> SourceRun:
-    """Every step that runs the source framework: conversion, the reference outputs, and the
-    validation of a native artifact (the source itself, run by its framework's runtime)."""
-    say(f"converting {src.name} with the {exporter_cls.name} exporter")
-    converted = exporter_cls().convert(src, workdir, options)
-    signature, sizes = resolve_signature(converted.signature, options, converted.size_hints)
-
-    say("running the source model on reference samples")
-    if options.example_inputs is not None:
-        batches = example_batches(signature.validate_inputs(options.example_inputs), signature)
-    else:
-        batches = synthetic_batches(signature, sizes)
-    references = [(batch, converted.run_source(batch)) for batch in batches]
-    signature = settle_outputs(signature, references)
-    if converted.onnx_path is not None:
-        declare_signature(converted.onnx_path, signature)
-    native_validation = None
-    if exporter_cls.native_format:
-        runtime_name = exporter_cls.framework
-        say(f"validating the native {exporter_cls.native_format} artifact on {runtime_name}")
-        with RUNTIMES.get(runtime_name)(src, signature, RuntimeOptions(device="cpu")) as runtime:
-            native_validation = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
-        require_passed(native_validation, f"the native {exporter_cls.native_format} artifact")
-    return SourceRun(replace(converted, run_source=_ran_elsewhere), signature, references, native_validation)
-
-
-def _ran_elsewhere(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    raise RuntimeError("the source model ran in the export's source process; its outputs are the references")
-
-
-def run_source_isolated(
-    exporter_cls: type[Exporter], src: Path, workdir: Path, options: ExportOptions, atol: float, rtol: float
-) -> SourceRun:
-    from unideploy.exporters.source_process import run_in_process
-
-    return run_in_process(exporter_cls.name, src, workdir, options, atol, rtol)
 
 
 def _native_artifact(exporter_cls: type[Exporter], src: Path, sha256: str, size: int) -> Artifact:

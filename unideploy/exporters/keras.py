@@ -15,8 +15,8 @@ import numpy as np
 from unideploy.errors import InputError, first_line
 from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
-from unideploy.exporters.onnx_io import rename_values
 from unideploy.exporters.savedmodel import SavedModelExporter
+from unideploy.onnx.interface import rename_values
 from unideploy.quiet import quiet
 from unideploy.signature import Signature, TensorSpec
 

@@ -15,16 +15,10 @@ from typing import Any
 
 from unideploy.errors import ExportError, InputError, PackageError, first_line
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
-from unideploy.exporters.onnx_io import (
-    EXTERNAL_DATA_NAME,
-    MAX_INLINE_BYTES,
-    constants_to_initializers,
-    declare_signature,
-    opset_of,
-    save_model,
-    set_io_dims,
-)
 from unideploy.exporters.shapes import readable_dims, resolve_signature
+from unideploy.onnx.files import EXTERNAL_DATA_NAME, MAX_INLINE_BYTES, save_model
+from unideploy.onnx.graph import constants_to_initializers
+from unideploy.onnx.interface import declare_signature, opset_of, set_io_dims
 from unideploy.runtimes.base import RuntimeOptions
 from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime
 from unideploy.signature import Signature, signature_from_onnx

@@ -18,8 +18,8 @@ import numpy as np
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
-from unideploy.exporters.onnx_io import rename_values, set_io_dims
 from unideploy.exporters.shapes import resolve_signature
+from unideploy.onnx.interface import rename_values, set_io_dims
 from unideploy.quiet import quiet
 from unideploy.signature import BATCH_DIM, Signature, TensorSpec, unnamed_dim
 

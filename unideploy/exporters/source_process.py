@@ -1,7 +1,9 @@
-"""The source framework in a process of its own (``deploy export --trust-source``).
+"""Running the source framework: here (``run_source``), or in a process of its own (``run_in_process``,
+``deploy export --trust-source``).
 
-When a user waives the scan of ``trust.py``, the model runs code nobody checked. Conversion, the
-reference outputs and a native artifact's validation then run in a fresh Python process
+Every step of an export that runs the source framework lives here: conversion, the reference
+outputs, and the validation of a native artifact. When a user waives the scan of ``trust.py``, the
+model runs code nobody checked; those steps then run in a fresh Python process
 (``child_process.py``) whose working directory is a private folder inside the export's temporary
 directory, removed with it. A model that crashes or exits takes only that process down, and the
 package is not written; what it writes by relative path lands in that folder. It is a process
@@ -10,17 +12,76 @@ boundary, not a sandbox: the model still runs with the user's rights (docs/secur
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from unideploy import child_process
-from unideploy.exporters.base import ExportOptions
-from unideploy.exporters.export import SourceRun
+from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
+from unideploy.exporters.shapes import resolve_signature, settle_outputs
+from unideploy.onnx.interface import declare_signature
+from unideploy.package.manifest import ValidationRecord
+from unideploy.runtimes import RUNTIMES, RuntimeOptions
+from unideploy.samples import example_batches, synthetic_batches
+from unideploy.signature import Signature
+from unideploy.validation import require_passed, validate
+
+
+@dataclass
+class SourceRun:
+    """What running the source framework gave: the conversion (without its handle on the framework),
+    the settled signature, the reference pairs, and the native artifact's validation, if any."""
+
+    converted: ConvertedModel
+    signature: Signature
+    references: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]
+    native_validation: ValidationRecord | None
+
+
+def run_source(
+    exporter_cls: type[Exporter],
+    src: Path,
+    workdir: Path,
+    options: ExportOptions,
+    atol: float,
+    rtol: float,
+    say: Callable[[str], None],
+) -> SourceRun:
+    """Every step that runs the source framework: conversion, the reference outputs, and the
+    validation of a native artifact (the source itself, run by its framework's runtime)."""
+    say(f"converting {src.name} with the {exporter_cls.name} exporter")
+    converted = exporter_cls().convert(src, workdir, options)
+    signature, sizes = resolve_signature(converted.signature, options, converted.size_hints)
+
+    say("running the source model on reference samples")
+    if options.example_inputs is not None:
+        batches = example_batches(signature.validate_inputs(options.example_inputs), signature)
+    else:
+        batches = synthetic_batches(signature, sizes)
+    references = [(batch, converted.run_source(batch)) for batch in batches]
+    signature = settle_outputs(signature, references)
+    if converted.onnx_path is not None:
+        declare_signature(converted.onnx_path, signature)
+    native_validation = None
+    if exporter_cls.native_format:
+        runtime_name = exporter_cls.framework
+        say(f"validating the native {exporter_cls.native_format} artifact on {runtime_name}")
+        with RUNTIMES.get(runtime_name)(src, signature, RuntimeOptions(device="cpu")) as runtime:
+            native_validation = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
+        require_passed(native_validation, f"the native {exporter_cls.native_format} artifact")
+    return SourceRun(replace(converted, run_source=_ran_elsewhere), signature, references, native_validation)
+
+
+def _ran_elsewhere(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    raise RuntimeError("the source model ran in the export's source process; its outputs are the references")
 
 
 def run_in_process(
     exporter: str, src: Path, workdir: Path, options: ExportOptions, atol: float, rtol: float
 ) -> SourceRun:
-    """``export.run_source`` in a new interpreter; its errors are raised here as they were there."""
+    """``run_source`` in a new interpreter; its errors are raised here as they were there."""
     run: SourceRun = child_process.call(
         _run_source,
         exporter,
@@ -38,7 +99,6 @@ def run_in_process(
 
 def _run_source(exporter: str, src: Path, workdir: Path, options: ExportOptions, atol: float, rtol: float) -> SourceRun:
     from unideploy.exporters import EXPORTERS
-    from unideploy.exporters.export import run_source
 
     return run_source(EXPORTERS.get(exporter), src, workdir, options, atol, rtol, _quiet)
 

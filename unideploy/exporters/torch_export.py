@@ -16,9 +16,9 @@ import numpy as np
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
-from unideploy.exporters.onnx_io import opset_of
 from unideploy.exporters.shapes import apply_input_shapes, readable_dims
 from unideploy.exporters.torchscript import flatten_outputs, unsupported_operator
+from unideploy.onnx.interface import opset_of
 from unideploy.quiet import quiet
 from unideploy.samples import random_tensor
 from unideploy.signature import Signature, TensorSpec, contiguous, default_output_names, signature_from_onnx

@@ -16,7 +16,7 @@ import numpy as np
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
-from unideploy.exporters.onnx_io import opset_of, set_io_dims
+from unideploy.onnx.interface import opset_of, set_io_dims
 from unideploy.quiet import quiet
 from unideploy.samples import random_tensor
 from unideploy.signature import BATCH_DIM, TensorSpec, contiguous, default_output_names, signature_from_onnx

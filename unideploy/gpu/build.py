@@ -89,7 +89,7 @@ def engine_tolerance(plan: BuildPlan, manifest: Manifest, references: list[tuple
 
 
 def _calibration_file(path: str | Path, manifest: Manifest, work: Path) -> Path:
-    from unideploy.optimizers.data import load_dataset
+    from unideploy.guard.data import load_dataset
 
     dataset = load_dataset(path, manifest.signature).take(0, MAX_CALIBRATION_ROWS)
     out = work / CALIBRATION_FILE

@@ -2,6 +2,8 @@
 a measured accuracy budget. Built-ins are listed here; others arrive through the
 ``unideploy.optimizers`` entry-point group."""
 
+from typing import Any
+
 from unideploy.optimizers.base import OptimizerPass, PassContext, PassResult
 from unideploy.registry import Registry
 
@@ -16,4 +18,14 @@ PASSES: Registry[OptimizerPass] = Registry(
     },
 )
 
-__all__ = ["PASSES", "OptimizerPass", "PassContext", "PassResult"]
+
+def pass_options() -> dict[str, tuple[list[str], Any]]:
+    """Every option a registered pass declares: the passes that take it, and its default."""
+    found: dict[str, tuple[list[str], Any]] = {}
+    for name, cls in PASSES:
+        for option, field in cls.options.model_fields.items():
+            found.setdefault(option, ([], field.default))[0].append(name)
+    return found
+
+
+__all__ = ["PASSES", "OptimizerPass", "PassContext", "PassResult", "pass_options"]

@@ -9,24 +9,21 @@ asks ``ctx.evaluate`` for the same measurements, or ``ctx.judge`` for the accura
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from unideploy.optimizers.optimize import OptimizeRequest
-
 from unideploy.errors import InputError
+from unideploy.guard.accuracy import DEFAULT_BUDGET_POINTS
+from unideploy.options import PluginOptions
 from unideploy.package.manifest import Precision, TargetName
 from unideploy.registry import Availability, modules_availability
 from unideploy.signature import Signature
 
 Batch = dict[str, np.ndarray]
-# magnitude pruning's scopes, here so that the CLI lists them without importing the pass (and onnx)
-PRUNE_SCOPES = ("row", "tensor", "global")
 
 
 @dataclass
@@ -67,6 +64,40 @@ class PassResult:
     notes: list[str] = field(default_factory=list)  # what a user must know (e.g. fp16 on CPU)
 
 
+@dataclass
+class OptimizeRequest:
+    """What to optimize and how to judge it. The passes' own settings (``--int8-variant``,
+    ``--prune-scope``, a plug-in pass's) are in ``options`` by name: each pass reads and checks its
+    part (``OptimizerPass.options``); ``OptimizeRequest.of`` sorts keyword arguments into the two."""
+
+    quantize: str | None = None  # "int8" or "fp16"
+    prune: float | None = None  # sparsity (magnitude) or share of channels removed (channels)
+    prune_method: str = "magnitude"
+    calibration: str | None = None
+    validation: str | None = None
+    synthetic: bool = False
+    max_accuracy_drop: float = DEFAULT_BUDGET_POINTS  # percentage points
+    metric: str | tuple[str, ...] = "auto"  # one for every output, and/or OUTPUT=NAME items
+    min_cosine: float | None = None  # the budget of cosine-judged outputs (default: 1 - budget/100)
+    artifact: str | None = None  # the artifact to start from (default: the fp32 ONNX one)
+    passes: tuple[str, ...] = ()  # passes asked for by name (--pass), e.g. one added through an entry point
+    options: Mapping[str, Any] = field(default_factory=dict)  # the passes' own options, by field name
+
+    @classmethod
+    def of(cls, **values: Any) -> OptimizeRequest:
+        """A request from keyword arguments: the request's fields, and any other as a pass option
+        (``OptimizeRequest.of(quantize="int8", int8_variant="static")``)."""
+        own = {f.name for f in fields(cls)} - {"options"}
+        return cls(
+            **{k: v for k, v in values.items() if k in own},
+            options={**values.get("options", {}), **{k: v for k, v in values.items() if k not in own | {"options"}}},
+        )
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.quantize or self.prune or self.passes)
+
+
 STAGES = ("prune", "quantize")  # the order passes run in: quantizing a pruned model keeps its zeros
 
 
@@ -78,6 +109,7 @@ class OptimizerPass(ABC):
 
     name: ClassVar[str]
     stage: ClassVar[str]  # one of STAGES
+    options: ClassVar[type[PluginOptions]] = PluginOptions  # its own settings (none by default)
     required_modules: ClassVar[tuple[str, ...]] = ("onnx", "onnxruntime")
 
     @classmethod
@@ -86,9 +118,16 @@ class OptimizerPass(ABC):
 
     @classmethod
     def from_request(cls, request: OptimizeRequest) -> OptimizerPass | None:
-        """This pass as ``request`` asks for it, or None. By default: named in ``--pass``, with the
-        defaults of its constructor."""
+        """This pass as ``request`` asks for it, or None. By default: named in ``--pass``, built
+        with no arguments."""
         return cls() if cls.name in request.passes else None
+
+    @classmethod
+    def settings(cls, request: OptimizeRequest) -> Any:
+        """This pass's own options in ``request`` (those its ``options`` model declares), checked."""
+        return cls.options.parse(
+            {k: v for k, v in request.options.items() if k in cls.options.model_fields}, f"the {cls.name} pass"
+        )
 
     def tag(self) -> str:
         """Its part of the optimized artifact's id (``onnx-<tag>-<tag>``)."""

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from unideploy.exporters.onnx_io import consumers
+from unideploy.onnx.graph import consumers
 from unideploy.optimizers.graph import Layer, attributes, get_array, initializers, linear_layers, set_array
 
 NORMALIZATIONS = {"BatchNormalization", "InstanceNormalization"}

@@ -20,9 +20,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from unideploy.exporters.onnx_io import names_read, upstream
+from unideploy.guard.measure import timing_session
+from unideploy.onnx.graph import names_read, upstream
 from unideploy.optimizers.base import Batch
-from unideploy.optimizers.measure import timing_session
 
 DAMPINGS = (1e-3, 1e-2, 1e-1, 1.0)  # pulls toward the pruned weights tried, relative to the mean diagonal
 HOLDOUT_EVERY = 5  # every 5th row of a layer's re-fit data is held out to choose the damping

@@ -9,18 +9,19 @@ package beside the fp32 artifact with what was done, why, and what it cost and g
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from unideploy.errors import AccuracyBudgetError, ExportError, InputError, first_line
-from unideploy.optimizers import PASSES, OptimizerPass, PassContext
-from unideploy.optimizers.accuracy import DEFAULT_BUDGET_POINTS, choose_metrics, compare, describe
-from unideploy.optimizers.base import STAGES, Evaluation
-from unideploy.optimizers.data import Dataset, load_dataset, split, synthetic_dataset
-from unideploy.optimizers.measure import latency, size_effects, timing_session
+from unideploy.guard.data import Dataset, load_dataset, split, synthetic_dataset
+from unideploy.guard.guard import Guard
+from unideploy.guard.measure import latency, size_effects, slower_everywhere, slower_int8_note, timing_session
+from unideploy.guard.search import tried
+from unideploy.optimizers import PASSES, OptimizerPass, PassContext, pass_options
+from unideploy.optimizers.base import STAGES, Evaluation, OptimizeRequest
+from unideploy.options import flag
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import OptimizationRecord, ValidationRecord
@@ -32,35 +33,23 @@ Progress = Callable[[str], None]
 LARGE_BATCH = 64
 
 
-@dataclass
-class OptimizeRequest:
-    quantize: str | None = None  # "int8" or "fp16"
-    prune: float | None = None  # sparsity (magnitude) or share of channels removed (channels)
-    prune_method: str = "magnitude"
-    prune_scope: str = "row"
-    refit: bool = True
-    int8_variant: str = "auto"
-    calibration_method: str = "minmax"
-    quantize_sensitive: bool = False
-    calibration: str | None = None
-    validation: str | None = None
-    synthetic: bool = False
-    max_accuracy_drop: float = DEFAULT_BUDGET_POINTS  # percentage points
-    metric: str | tuple[str, ...] = "auto"  # one for every output, and/or OUTPUT=NAME items
-    min_cosine: float | None = None  # the budget of cosine-judged outputs (default: 1 - budget/100)
-    artifact: str | None = None  # the artifact to start from (default: the fp32 ONNX one)
-    passes: tuple[str, ...] = ()  # passes asked for by name (--pass), e.g. one added through an entry point
-
-    @property
-    def requested(self) -> bool:
-        return bool(self.quantize or self.prune or self.passes)
-
-
 def build_passes(request: OptimizeRequest) -> list[OptimizerPass]:
     """The passes ``request`` asks for, each chosen by the pass itself, in stage order."""
     for name in request.passes:
         PASSES.get(name)  # an unknown name is refused, naming the known ones
+    takes = pass_options()
+    if unknown := sorted(set(request.options) - takes.keys()):
+        raise InputError(
+            f"unknown optimization option(s): {', '.join(unknown)}", f"the passes take: {', '.join(sorted(takes))}"
+        )
     passes = [p for _, cls in PASSES if (p := cls.from_request(request)) is not None]
+    for option in request.options:
+        owners, default = takes[option]
+        if not any(option in p.options.model_fields for p in passes):
+            raise InputError(
+                f"{flag(option, default)} applies to the {' and '.join(owners)} pass, which this request does not run",
+                "leave it out, or ask for that pass",
+            )
     chosen = {p.stage for p in passes}
     if request.prune is not None and "prune" not in chosen:
         raise InputError(f"unknown pruning method '{request.prune_method}'", "use magnitude or channels")
@@ -129,40 +118,26 @@ def optimize(
         say("running the fp32 artifact on the validation data")
         fp32 = timing_session(base_path)
         val_batches = validation.batches(fixed_batch)
-        reference = [dict(zip([o.name for o in fp32.get_outputs()], fp32.run(None, b))) for b in val_batches]
-        metrics = choose_metrics(
-            request.metric,
-            {n: np.concatenate([b[n] for b in reference]) for n in reference[0]},
-            validation.labels is not None,
-        )  # refuses a bad --metric before any work
-        for name, (metric, why) in metrics.items():
+        guard = Guard.of(
+            _runner(fp32),
+            val_batches,
+            validation.labels,
+            metric=request.metric,
+            budget_points=request.max_accuracy_drop,
+            min_cosine=request.min_cosine,
+            rows_are="validation rows",
+        )
+        for name, (metric, why) in guard.metrics().items():  # refuses a bad --metric before any work
             say(f"judging '{name}' by {metric}: {why}")
-        judged: dict[Path, dict[str, Any]] = {}
         evaluated: dict[Path, Evaluation] = {}
 
-        def session_of(candidate: Path) -> Any:
-            try:
-                return timing_session(candidate)
-            except Exception as exc:  # a converter wrote a graph ONNX Runtime refuses: a refusal, not a crash
-                raise ExportError(
-                    f"the optimized model does not load in ONNX Runtime: {first_line(exc)}",
-                    "try another --int8-variant, or --quantize fp16",
-                ) from exc
-
         def judge(candidate: Path) -> dict[str, Any]:
-            if candidate not in judged:
-                session = session_of(candidate)
-                names = [o.name for o in session.get_outputs()]
-                outputs = [dict(zip(names, session.run(None, b))) for b in val_batches]
-                judged[candidate] = compare(
-                    reference, outputs, validation.labels, request.metric, request.max_accuracy_drop, request.min_cosine
-                )
-            return judged[candidate]
+            return guard.judge(candidate, lambda: _runner(_session_of(candidate)))
 
         def evaluate(candidate: Path) -> Evaluation:
             if candidate not in evaluated:
                 evaluated[candidate] = Evaluation(
-                    judge(candidate), latency(fp32, session_of(candidate), val_batches[0], batch_sizes)
+                    judge(candidate), latency(fp32, _session_of(candidate), val_batches[0], batch_sizes)
                 )
             return evaluated[candidate]
 
@@ -180,27 +155,19 @@ def optimize(
 
         say("measuring the optimized model against fp32")
         final = evaluate(current)
-        if not final.within_budget:
-            searched = [
-                search
-                for s in steps
-                for search in (s["params"].get("search", {}), *s["params"].get("other_searches", {}).values())
-                if "trials" in search
-            ]
-            tried = "".join(
-                f"; {s['refused']}"
-                if s.get("refused")
-                else f"; even with up to {max(t['restored'] for t in s['trials'])} of {s['ranked_layers']} "
-                f"{s.get('units', 'layers')} {s['restored_as']} (the most sensitive first; more than "
-                "half would leave "
-                "little of the optimization)"
-                for s in searched
-            )
-            raise AccuracyBudgetError(
-                f"the optimized model exceeds the accuracy budget on {validation.rows} validation rows: "
-                f"{describe(final.accuracy)}{tried}; the package was not changed",
+        searched = "".join(
+            f"; {summary}"
+            for step in steps
+            for record in (step["params"].get("search", {}), *step["params"].get("other_searches", {}).values())
+            if (summary := tried(record))
+        )
+        guard.admit(
+            final.accuracy,
+            lambda numbers: AccuracyBudgetError(
+                f"the optimized model exceeds the accuracy budget {numbers}{searched}; the package was not changed",
                 "raise --max-accuracy-drop, give more or better calibration data, or choose a milder optimization",
-            )
+            ),
+        )
         artifact_id = _artifact_id(passes)
         record = _source_tolerance(package, current, signature)
         effects = {**size_effects(base_path, current), "latency_ms": {str(b): v for b, v in final.latency_ms.items()}}
@@ -214,8 +181,8 @@ def optimize(
         }
         if data_info["synthetic"]:
             notes.append("accuracy was measured on synthetic inputs only: it says little about real data")
-        if precision == "int8" and (slower := _slower(final.latency_ms)):
-            notes.append(_slower_int8_note(artifact_id, slower, effects["size_ratio"]))
+        if precision == "int8" and (slower := slower_everywhere(final.latency_ms)):
+            notes.append(slower_int8_note(artifact_id, slower, effects["size_ratio"]))
 
         say("writing the package")
         artifact = PlannedArtifact(
@@ -248,29 +215,19 @@ def optimize(
         )
 
 
-SLOWER = 0.95  # a speedup under this at every batch size is more than the timing's noise
+def _runner(session: Any) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    names = [o.name for o in session.get_outputs()]
+    return lambda batch: dict(zip(names, session.run(None, batch)))
 
 
-def _slower(latency_ms: dict[int, dict[str, float]]) -> str:
-    """'0.65x at batch 1, 0.84x at batch 64' when the optimized model is slower at every batch size
-    measured, else ''."""
-    if not latency_ms or any(v["speedup"] >= SLOWER for v in latency_ms.values()):
-        return ""
-    return ", ".join(f"{v['speedup']:.2f}x at batch {b}" for b, v in latency_ms.items())
-
-
-def _slower_int8_note(artifact_id: str, slower: str, size_ratio: float) -> str:
-    """INT8 is asked for speed: where it runs slower, the user hears it, and why it may. A note, not
-    a refusal: a package is often built on another CPU than the one that serves it."""
-    from unideploy.optimizers.quantize_int8 import cpu_has_vnni
-
-    size = f"is smaller ({size_ratio:.0%} of fp32)" if size_ratio < 1.0 else f"is no smaller ({size_ratio:.0%} of fp32)"
-    why = (
-        "a CPU with an int8 dot-product instruction (VNNI) may run it faster"
-        if not cpu_has_vnni()
-        else "keep fp32 here"
-    )
-    return f"{artifact_id} runs slower than fp32 on this CPU ({slower}) and {size}; {why}"
+def _session_of(candidate: Path) -> Any:
+    try:
+        return timing_session(candidate)
+    except Exception as exc:  # a converter wrote a graph ONNX Runtime refuses: a refusal, not a crash
+        raise ExportError(
+            f"the optimized model does not load in ONNX Runtime: {first_line(exc)}",
+            "try another --int8-variant, or --quantize fp16",
+        ) from exc
 
 
 def _source_tolerance(package: Package, model: Path, signature: Any) -> ValidationRecord:

@@ -17,22 +17,20 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from unideploy.errors import InputError
-from unideploy.exporters.onnx_io import basic_optimized
-from unideploy.optimizers.base import OptimizerPass, PassContext, PassResult
+from unideploy.guard.search import search_record
+from unideploy.onnx.session import basic_optimized
+from unideploy.optimizers.base import OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.channel_groups import ChannelGroups, Group, find_groups, remove_channels
 from unideploy.optimizers.graph import REFIT_ROWS, first_rows, input_statistics, load_for_pruning, refit
+from unideploy.optimizers.options import PruningOptions
 from unideploy.optimizers.prune_magnitude import check_fraction
 from unideploy.optimizers.sensitivity import comparison_rows, rank_alone, search_refitted
 from unideploy.quiet import quiet
-
-if TYPE_CHECKING:
-    from unideploy.optimizers.optimize import OptimizeRequest
 
 CHANNEL_MULTIPLE = 8
 STATISTICS_ROWS = 64  # calibration rows the channels are measured on
@@ -88,14 +86,16 @@ class ChannelPruning(OptimizerPass):
     name = "prune-channels"
     stage = "prune"
 
-    def __init__(self, ratio: float, refit: bool = True) -> None:
+    options = PruningOptions
+
+    def __init__(self, ratio: float, options: PruningOptions | None = None) -> None:
         self.ratio = check_fraction(ratio, "--prune channel ratio")
-        self.refit = refit
+        self.refit = (options or PruningOptions()).refit
 
     @classmethod
     def from_request(cls, request: OptimizeRequest) -> ChannelPruning | None:
         ratio = cls.asked_share(request, "channels", "RATIO")
-        return None if ratio is None else cls(ratio, request.refit)
+        return None if ratio is None else cls(ratio, cls.settings(request))
 
     def tag(self) -> str:
         return f"slim{round(self.ratio * 100)}"
@@ -187,15 +187,14 @@ class ChannelPruning(OptimizerPass):
                 }
                 for n in result.restored
             ],
-            "search": {
-                "ranked_layers": len(ranked),
-                "restored_as": "whole",
-                "units": "channel groups",
-                "within_budget": result.within_budget,
-                "trials": result.trials,
-                "drop_points_all_pruned": all_groups,
-                "cost": f"{self.ratio:.0%} of the channels of every group gave a drop of {all_groups:.2f} points",
-            },
+            "search": search_record(
+                len(ranked),
+                "whole",
+                result,
+                units="channel groups",
+                drop_points_all_pruned=all_groups,
+                cost=f"{self.ratio:.0%} of the channels of every group gave a drop of {all_groups:.2f} points",
+            ),
         }
 
     @staticmethod

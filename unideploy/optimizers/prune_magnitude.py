@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from unideploy.errors import InputError
-from unideploy.optimizers.base import PRUNE_SCOPES, OptimizerPass, PassContext, PassResult
+from unideploy.guard.search import search_record
+from unideploy.optimizers.base import OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import (
     REFIT_ROWS,
     first_rows,
@@ -35,12 +35,10 @@ from unideploy.optimizers.graph import (
     load_for_pruning,
     refit_all,
 )
+from unideploy.optimizers.options import MagnitudeOptions
 from unideploy.optimizers.quantize_int8 import QUANTIZED_OPS
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search_refitted
 from unideploy.quiet import quiet
-
-if TYPE_CHECKING:
-    from unideploy.optimizers.optimize import OptimizeRequest
 
 
 def check_fraction(value: float, what: str) -> float:
@@ -53,17 +51,18 @@ class MagnitudePruning(OptimizerPass):
     name = "prune-magnitude"
     stage = "prune"
 
-    def __init__(self, sparsity: float, scope: str = "row", refit: bool = True) -> None:
+    options = MagnitudeOptions
+
+    def __init__(self, sparsity: float, options: MagnitudeOptions | None = None) -> None:
         self.sparsity = check_fraction(sparsity, "--prune sparsity")
-        if scope not in PRUNE_SCOPES:
-            raise InputError(f"unknown pruning scope '{scope}'", f"use one of: {', '.join(PRUNE_SCOPES)}")
-        self.scope = scope
-        self.refit = refit
+        options = options or MagnitudeOptions()
+        self.scope = options.prune_scope
+        self.refit = options.refit
 
     @classmethod
     def from_request(cls, request: OptimizeRequest) -> MagnitudePruning | None:
         sparsity = cls.asked_share(request, "magnitude", "SPARSITY")
-        return None if sparsity is None else cls(sparsity, request.prune_scope, request.refit)
+        return None if sparsity is None else cls(sparsity, cls.settings(request))
 
     def tag(self) -> str:
         return f"sparse{round(self.sparsity * 100)}"
@@ -156,15 +155,14 @@ class MagnitudePruning(OptimizerPass):
         return result.path, {
             "achieved_sparsity": achieved,
             "dense_layers": [{"node": n, "sqnr_loss_db": round(loss[n], 2)} for n in result.restored],
-            "search": {
-                "ranked_layers": len(ranked),
-                "restored_as": "dense",
-                "within_budget": result.within_budget,
-                "trials": result.trials,
-                "drop_points_all_pruned": all_layers,
-                "cost": f"{self.sparsity:.0%} in every layer gave a drop of {all_layers:.2f} points; with them "
+            "search": search_record(
+                len(ranked),
+                "dense",
+                result,
+                drop_points_all_pruned=all_layers,
+                cost=f"{self.sparsity:.0%} in every layer gave a drop of {all_layers:.2f} points; with them "
                 f"dense, {achieved:.1%} of the weights are pruned",
-            },
+            ),
         }
 
     def _masks(self, original: onnx.ModelProto, layers: list, ctx: PassContext) -> dict[str, np.ndarray]:

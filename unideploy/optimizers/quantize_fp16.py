@@ -19,22 +19,20 @@ found and kept in fp32 by the same search as INT8's (``sensitivity.py``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from unideploy.errors import ExportError, first_line
-from unideploy.exporters.onnx_io import consumers
-from unideploy.optimizers.base import Batch, OptimizerPass, PassContext, PassResult
+from unideploy.guard.search import search, search_record, skipped
+from unideploy.onnx.graph import consumers
+from unideploy.optimizers.base import Batch, OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import intermediate_tensors, name_nodes
 from unideploy.optimizers.quantize_int8 import QUANTIZED_OPS
-from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search
+from unideploy.optimizers.sensitivity import comparison_rows, rank_layers
 from unideploy.quiet import quiet
-
-if TYPE_CHECKING:
-    from unideploy.optimizers.optimize import OptimizeRequest
 
 FP16_MAX = 65504.0
 HEADROOM = 2.0  # activations above FP16_MAX / HEADROOM on calibration rows may overflow on others
@@ -165,7 +163,7 @@ def _search(
             ]
     except Exception as exc:  # the search is an improvement; without it the guard judges the plain model
         ctx.say(f"sensitivity ranking skipped: {first_line(exc)}")
-        return converted, {"fp32_layers": [], "search": {"skipped": first_line(exc)}}
+        return converted, {"fp32_layers": [], "search": skipped(first_line(exc))}
     result = search(
         [name for name, _ in ranked],
         lambda kept: _convert(model, in_range + kept, ctx.workdir / f"fp16-fp32x{len(kept)}.onnx"),
@@ -174,7 +172,7 @@ def _search(
         "FP16",
     )
     if result.path is None:
-        return converted, {"fp32_layers": [], "search": {"skipped": "one layer, nothing to search"}}
+        return converted, {"fp32_layers": [], "search": skipped("one layer, nothing to search")}
     loss = dict(ranked)
     size = result.path.stat().st_size / source.stat().st_size
     all_fp16 = ctx.judge(converted)["drop_points"]
@@ -183,13 +181,12 @@ def _search(
             {"node": n, "why": f"loses {loss[n]:.1f} dB of SQNR in fp16", "sqnr_loss_db": round(loss[n], 2)}
             for n in result.restored
         ],
-        "search": {
-            "ranked_layers": len(ranked),
-            "restored_as": "in fp32",
-            "within_budget": result.within_budget,
-            "trials": result.trials,
-            "size_ratio": round(size, 3),
-            "drop_points_all_fp16": all_fp16,
-            "cost": f"all layers in FP16 dropped {all_fp16:.2f} points; with them in fp32, {size:.0%} of the fp32 size",
-        },
+        "search": search_record(
+            len(ranked),
+            "in fp32",
+            result,
+            size_ratio=round(size, 3),
+            drop_points_all_fp16=all_fp16,
+            cost=f"all layers in FP16 dropped {all_fp16:.2f} points; with them in fp32, {size:.0%} of the fp32 size",
+        ),
     }

@@ -33,23 +33,21 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
 
 from unideploy.errors import ExportError, InputError, first_line
-from unideploy.exporters.onnx_io import opset_of
-from unideploy.optimizers.base import Batch, Evaluation, OptimizerPass, PassContext, PassResult
+from unideploy.guard.measure import cpu_has_vnni
+from unideploy.guard.search import search, search_record, skipped
+from unideploy.onnx.interface import opset_of
+from unideploy.optimizers.base import Batch, Evaluation, OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import gemm_to_matmul, name_nodes
-from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search
+from unideploy.optimizers.options import Int8Options
+from unideploy.optimizers.sensitivity import comparison_rows, rank_layers
 from unideploy.quiet import quiet
 
-if TYPE_CHECKING:
-    from unideploy.optimizers.optimize import OptimizeRequest
-
-VARIANTS = ("auto", "static", "dynamic", "symmetric")
-CALIBRATION_METHODS = ("minmax", "entropy", "percentile")
 # Static INT8 quantizes only these: the compute-heavy operators and those that just move or select
 # values. Everything else (LayerNorm, Softmax, GELU/Erf, the Mul/Add/Div around them, ...) then
 # receives float inputs and runs in float, which is where int8 transformers lose their accuracy.
@@ -125,15 +123,6 @@ QUANTIZED_OPS = INT8_OPS | {
 }
 
 
-def cpu_has_vnni() -> bool:
-    """Whether the CPU has an int8 dot-product instruction (AVX512-VNNI, AVX-VNNI or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
-
-
 class _Reader:
     """CalibrationDataReader over the calibration batches (duck-typed, as ORT only calls get_next)."""
 
@@ -200,24 +189,19 @@ class Int8Quantization(OptimizerPass):
     stage = "quantize"
     required_modules = ("onnx", "onnxruntime", "sympy")
 
-    def __init__(
-        self, variant: str = "auto", calibration_method: str = "minmax", quantize_sensitive: bool = False
-    ) -> None:
-        if variant not in VARIANTS:
-            raise InputError(f"unknown INT8 variant '{variant}'", f"use one of: {', '.join(VARIANTS)}")
-        if calibration_method not in CALIBRATION_METHODS:
-            raise InputError(
-                f"unknown calibration method '{calibration_method}'", f"use one of: {', '.join(CALIBRATION_METHODS)}"
-            )
-        self.variant = variant
-        self.calibration_method = calibration_method
-        self.quantize_sensitive = quantize_sensitive
+    options = Int8Options
+
+    def __init__(self, options: Int8Options | None = None) -> None:
+        options = options or Int8Options()
+        self.variant = options.int8_variant
+        self.calibration_method = options.calibration_method
+        self.quantize_sensitive = options.quantize_sensitive_ops
 
     @classmethod
     def from_request(cls, request: OptimizeRequest) -> Int8Quantization | None:
         if request.quantize != "int8" and cls.name not in request.passes:
             return None
-        return cls(request.int8_variant, request.calibration_method, request.quantize_sensitive)
+        return cls(cls.settings(request))
 
     def tag(self) -> str:
         return "int8"
@@ -339,7 +323,7 @@ class Int8Quantization(OptimizerPass):
                 )
         except Exception as exc:  # the search is an improvement; without it the guard judges the plain model
             ctx.say(f"sensitivity ranking skipped: {first_line(exc)}")
-            return quantized, {"fp32_layers": [], "search": {"skipped": first_line(exc)}}
+            return quantized, {"fp32_layers": [], "search": skipped(first_line(exc))}
         result = search(
             [name for name, _ in ranked],
             lambda exclude: self._build(variant, source, ctx, reduce_range, [], [*fp32, *exclude]),
@@ -348,25 +332,24 @@ class Int8Quantization(OptimizerPass):
             "INT8",
         )
         if result.path is None:  # one quantized node: nothing to keep in fp32 while quantizing the rest
-            return quantized, {"fp32_layers": [], "search": {"skipped": "one quantized node, nothing to search"}}
+            return quantized, {"fp32_layers": [], "search": skipped("one quantized node, nothing to search")}
         loss = dict(ranked)
         all_int8, kept = ctx.evaluate(quantized), ctx.evaluate(result.path)
         size = result.path.stat().st_size / source.stat().st_size
         record: dict[str, Any] = {
             "fp32_layers": [{"node": n, "sqnr_loss_db": round(loss[n], 2)} for n in result.restored],
-            "search": {
-                "ranked_layers": len(ranked),
-                "restored_as": "in fp32",
-                "within_budget": result.within_budget,
-                "trials": result.trials,
-                "speedup_all_int8": round(all_int8.mean_speedup, 3),
-                "speedup": round(kept.mean_speedup, 3),
-                "size_ratio": round(size, 3),
-                "drop_points_all_int8": all_int8.accuracy["drop_points"],
-                "cost": f"all layers in INT8 ran {all_int8.mean_speedup:.2f}x fp32 with a drop of "
+            "search": search_record(
+                len(ranked),
+                "in fp32",
+                result,
+                speedup_all_int8=round(all_int8.mean_speedup, 3),
+                speedup=round(kept.mean_speedup, 3),
+                size_ratio=round(size, 3),
+                drop_points_all_int8=all_int8.accuracy["drop_points"],
+                cost=f"all layers in INT8 ran {all_int8.mean_speedup:.2f}x fp32 with a drop of "
                 f"{all_int8.accuracy['drop_points']:.2f} points; with them in fp32, "
                 f"{kept.mean_speedup:.2f}x at {size:.0%} of the size",
-            },
+            ),
         }
         if result.within_budget and kept.mean_speedup <= 1.0 and size > WORTHWHILE_SIZE:
             # within budget only as a model that is neither faster nor much smaller: not an INT8 model

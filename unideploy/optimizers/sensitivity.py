@@ -12,44 +12,34 @@ weights, and a Concat or an Add of inputs with different ranges when its output 
 the widest of them; FP16 layers lose it to half precision's rounding; pruned layers lose it to
 the weights they no longer have.
 
-The search then restores the most sensitive layers, 1, 2, 4, 8, ... of them, each candidate
-judged by the same accuracy guard as the final model, and narrows the count down by bisection, so
-the fewest layers give the optimization up. At most ``MAX_TRIALS`` candidates, and at most half
-the layers left as they were: a model that needs more is refused, as the optimization would then
-give little (an "INT8" model mostly in fp32, a "pruned" model mostly dense).
+The guard's search (``guard/search.py``) then restores the most sensitive layers, 1, 2, 4, 8, ...
+of them, each candidate judged by the same accuracy guard as the final model, and narrows the
+count down by bisection, so the fewest layers give the optimization up (at most half of them: an
+"INT8" model mostly in fp32, a "pruned" model mostly dense, is refused).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 
-from unideploy.exporters.onnx_io import consumers
+from unideploy.guard.measure import timing_session
+from unideploy.guard.search import SearchResult, search
+from unideploy.onnx.graph import consumers
 from unideploy.optimizers.base import Batch, PassContext
 from unideploy.optimizers.graph import intermediate_tensors
 
 FOLDED_ACTIVATIONS = ("Relu", "Clip")  # QDQ removes them into the layer before
 SENSITIVITY_ROWS = 2  # rows the two models are compared on, with every tensor kept in memory
-MAX_TRIALS = 10
 PRUNING_TRIALS = 6  # each pruning candidate may need a re-fit
 SEARCH_REFIT_SECONDS = 480.0  # the re-fits of a pruning search's candidates, together, at most this long
 MIN_REFIT_TRIALS = 3  # fewer re-fitted candidates than this: candidates are judged without one
 EXACT_DB = 80.0  # an SQNR above this is as good as exact (float rounding), not worth telling apart
 TINY = 1e-30
-
-
-@dataclass
-class SearchResult:
-    path: Path | None  # the model within budget, else the candidate with the smallest drop (None: none tried)
-    restored: list[str]  # the layers left as they were
-    within_budget: bool
-    trials: list[dict[str, Any]] = field(default_factory=list)  # {"restored", "drop_points", "within_budget"}
 
 
 def comparison_rows(ctx: PassContext) -> Batch:
@@ -107,8 +97,6 @@ def rank_alone(
     """``units`` most sensitive first, each with the output SQNR (dB) the model loses when only
     that unit is optimized. For optimizations that change tensor shapes (removing channels), whose
     tensors cannot be matched to the original's one by one."""
-    from unideploy.optimizers.measure import timing_session
-
     expected = timing_session(Path(original)).run(None, rows)
     losses = []
     for unit in units:
@@ -118,57 +106,6 @@ def rank_alone(
         worst = min(sqnr_db([e], [g]) for e, g in zip(expected, got))
         losses.append((unit, EXACT_DB - worst))
     return sorted(losses, key=lambda item: -item[1])
-
-
-def search(
-    ranked: list[str],
-    build: Callable[[list[str]], Path],
-    judge: Callable[[Path], dict[str, Any]],
-    say: Callable[[str], None],
-    what: str,
-    max_trials: int | None = None,
-) -> SearchResult:
-    """The fewest leading layers of ``ranked`` to leave as they were (``build`` makes the model with
-    them restored) for the model to fit the budget:
-    doubling until it fits, then bisecting between the last count over budget and the first within.
-    When nothing fits, the candidate with the smallest drop goes to the guard, which refuses it."""
-    trials: list[dict[str, Any]] = []
-    tried: dict[int, tuple[Path, float, bool]] = {}
-    limit = max_trials or MAX_TRIALS
-
-    def fits(count: int) -> bool:
-        say(f"{what} with the {count} most sensitive layer(s) left as they were")
-        path = build(ranked[:count])
-        accuracy = judge(path)
-        tried[count] = (path, float(accuracy["drop_points"]), bool(accuracy["within_budget"]))
-        trials.append(
-            {
-                "restored": count,
-                "drop_points": accuracy["drop_points"],
-                "within_budget": bool(accuracy["within_budget"]),
-            }
-        )
-        return tried[count][2]
-
-    most = len(ranked) // 2  # beyond half the layers left as they were, the optimization gives little
-    over, count = 0, 1
-    while count < most and len(trials) < limit - 1 and not fits(count):
-        over, count = count, count * 2
-    within = min((c for c, (_, _, ok) in tried.items() if ok), default=None)
-    if within is None and most > over and fits(most):
-        within = most
-    if within is None:
-        if not tried:
-            return SearchResult(None, [], False, trials)
-        best = min(tried, key=lambda c: tried[c][1])
-        return SearchResult(tried[best][0], ranked[:best], False, trials)
-    while within - over > max(1, within // 8) and len(trials) < limit:
-        middle = (over + within) // 2
-        if fits(middle):
-            within = middle
-        else:
-            over = middle
-    return SearchResult(tried[within][0], ranked[:within], True, trials)
 
 
 def search_refitted(

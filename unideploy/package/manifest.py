@@ -51,6 +51,36 @@ class OutputErrors(TypedDict):
     mismatched: int
 
 
+class SearchTrial(TypedDict):
+    """One candidate of an accuracy search: how many of the ranked layers it left as they were."""
+
+    restored: int
+    drop_points: float
+    within_budget: bool
+
+
+class SearchRecord(TypedDict):
+    """How an accuracy search went (``guard/search.py``): how many units (layers, channel groups)
+    were ranked, how the ones restored were left (``in fp32``, ``in float``, ``whole``), every
+    candidate tried, and what it cost; or why there was none (``skipped``), or why its result was
+    not kept (``refused``). Passes add their own measurements (``drop_points_all_int8``, ...)."""
+
+    ranked_layers: NotRequired[int]
+    restored_as: NotRequired[str]
+    units: NotRequired[str]
+    within_budget: NotRequired[bool]
+    trials: NotRequired[list[SearchTrial]]
+    cost: NotRequired[str]
+    refused: NotRequired[str]
+    skipped: NotRequired[str]
+    speedup: NotRequired[float]
+    speedup_all_int8: NotRequired[float]
+    size_ratio: NotRequired[float]
+    drop_points_all_int8: NotRequired[float]
+    drop_points_all_fp16: NotRequired[float]
+    drop_points_all_pruned: NotRequired[float]
+
+
 class ValidationRecord(TypedDict):
     """An artifact's proof: its worst errors per output against the source's reference outputs,
     the tolerance they were held to, and the batch sizes run. A record whose artifact can only run
@@ -66,7 +96,7 @@ class ValidationRecord(TypedDict):
     accuracy: NotRequired[dict[str, Any]]  # a non-exact artifact's guard verdict (edge fp16/int8)
     quantization: NotRequired[str]  # an edge int8 artifact's kind (full integer or dynamic range)
     float_layers: NotRequired[list[dict[str, Any]]]  # an int8 TFLite's layers left in float, worst first
-    search: NotRequired[dict[str, Any]]  # how many were ranked, and each candidate tried
+    search: NotRequired[SearchRecord]  # how many were ranked, and each candidate tried
     dequantized: NotRequired[list[str]]  # the source's dynamic INT8 operators made float to convert it
     deferred: NotRequired[str]
 

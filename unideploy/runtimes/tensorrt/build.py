@@ -32,14 +32,13 @@ def builder_settings(spec: EngineSpec) -> dict[str, Any]:
 def calibration_batches(spec: EngineSpec) -> list[dict[str, np.ndarray]]:
     """The recipe's calibration rows in batches of the profile's opt batch size: the calibrator
     runs on the last profile, and every batch must fit it."""
-    from unideploy.optimizers.data import Dataset
-    from unideploy.samples import load_npz_inputs
+    from unideploy.samples import load_npz_inputs, row_batches
 
     if spec.calibration_path is None:
         return []
     inputs = load_npz_inputs(str(spec.calibration_path), "TensorRT calibration data")
     rows = min(p.opt[0] for p in spec.profiles) if spec.profiles else None
-    return Dataset(inputs, None, spec.calibration_path.name).batches(fixed=rows)
+    return row_batches(inputs, spec.calibration_path.name, fixed=rows)
 
 
 def quiet_polygraphy() -> None:

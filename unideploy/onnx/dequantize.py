@@ -20,7 +20,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from unideploy.errors import ExportError
-from unideploy.exporters.onnx_io import consumers, names_read, save_model, upstream
+from unideploy.onnx.files import save_model
+from unideploy.onnx.graph import consumers, names_read, upstream
 
 DYNAMIC_INT8_OPS = ("ConvInteger", "MatMulInteger", "DynamicQuantizeLSTM")
 _LSTM_ATTRIBUTES = (

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from unideploy.errors import InputError
-from unideploy.optimizers import detections
-from unideploy.optimizers.accuracy import compare, describe, output_metric
+from unideploy.guard.accuracy import compare, describe, output_metric
+from unideploy.guard.metrics import detections
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
 @pytest.fixture(scope="module")

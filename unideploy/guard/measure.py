@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from unideploy.exporters.onnx_io import cpu_session
+from unideploy.onnx.session import cpu_session
 from unideploy.samples import resize_batch
 
 
@@ -96,3 +96,35 @@ def _one_call(session: Any, inputs: dict[str, np.ndarray]) -> float:
     start = time.perf_counter()
     session.run(None, inputs)
     return max(time.perf_counter() - start, 1e-6)
+
+
+SLOWER = 0.95  # a speedup under this at every batch size is more than the timing's noise
+
+
+def cpu_has_vnni() -> bool:
+    """Whether the CPU has an int8 dot-product instruction (AVX512-VNNI, AVX-VNNI or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
+def slower_everywhere(latency_ms: dict[int, dict[str, float]]) -> str:
+    """'0.65x at batch 1, 0.84x at batch 64' when the optimized model is slower at every batch size
+    measured, else ''."""
+    if not latency_ms or any(v["speedup"] >= SLOWER for v in latency_ms.values()):
+        return ""
+    return ", ".join(f"{v['speedup']:.2f}x at batch {b}" for b, v in latency_ms.items())
+
+
+def slower_int8_note(artifact_id: str, slower: str, size_ratio: float) -> str:
+    """INT8 is asked for speed: where it runs slower, the user hears it, and why it may. A note, not
+    a refusal: a package is often built on another CPU than the one that serves it."""
+    size = f"is smaller ({size_ratio:.0%} of fp32)" if size_ratio < 1.0 else f"is no smaller ({size_ratio:.0%} of fp32)"
+    why = (
+        "a CPU with an int8 dot-product instruction (VNNI) may run it faster"
+        if not cpu_has_vnni()
+        else "keep fp32 here"
+    )
+    return f"{artifact_id} runs slower than fp32 on this CPU ({slower}) and {size}; {why}"

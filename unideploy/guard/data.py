@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.samples import concrete_shape, load_npz_inputs, random_tensor
+from unideploy.samples import concrete_shape, load_npz_inputs, random_tensor, row_batches
 from unideploy.signature import Signature
 
 LABELS = "labels"
-BATCH_ROWS = 32  # rows per calibration/validation batch handed to the runtime
 
 
 @dataclass
@@ -38,19 +37,9 @@ class Dataset:
         )
 
     def batches(self, fixed: int | None = None) -> list[dict[str, np.ndarray]]:
-        """Batches of BATCH_ROWS rows, or exactly ``fixed`` rows for a model with a fixed batch size
-        (dropping the incomplete tail)."""
-        rows = fixed or BATCH_ROWS
-        stop = self.rows - self.rows % rows if fixed else self.rows
-        batches = [
-            {k: np.ascontiguousarray(v[i : i + rows]) for k, v in self.inputs.items()} for i in range(0, stop, rows)
-        ]
-        if not batches:
-            raise InputError(
-                f"{self.origin}: {self.rows} row(s) cannot fill one batch of {rows}",
-                "the model has a fixed batch size; pass more data",
-            )
-        return batches
+        """Batches of ``samples.BATCH_ROWS`` rows, or exactly ``fixed`` rows for a model with a fixed
+        batch size (dropping the incomplete tail)."""
+        return row_batches(self.inputs, self.origin, fixed)
 
 
 def load_dataset(path: str | Path, signature: Signature, what: str = "--calibration") -> Dataset:

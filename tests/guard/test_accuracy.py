@@ -12,7 +12,7 @@ import pytest
 from console import assert_one_line_error, deploy
 
 from unideploy.errors import InputError
-from unideploy.optimizers.accuracy import choose_metrics, compare, describe, output_metric
+from unideploy.guard.accuracy import choose_metrics, compare, describe, output_metric
 
 rng = np.random.default_rng(0)
 

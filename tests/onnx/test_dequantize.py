@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from unideploy.errors import ExportError
-from unideploy.exporters.dequantize import dequantized, dynamic_int8_ops
-from unideploy.exporters.onnx_io import cpu_session
+from unideploy.onnx.dequantize import dequantized, dynamic_int8_ops
+from unideploy.onnx.session import cpu_session
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -122,7 +122,7 @@ def test_ddddocr_recognizer_reads_the_same_text_dequantized():
     sys.path.append(str(BENCHMARKS))
     import zoo_models
 
-    from unideploy.optimizers.accuracy import compare
+    from unideploy.guard.accuracy import compare
 
     if not zoo_models.MODELS_DIR.is_dir():
         pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")

@@ -1,0 +1,71 @@
+"""The accuracy guard every stage admits its non-exact artifacts through.
+
+A ``Guard`` holds the fp32 model's outputs on the evaluation rows (the validation half of the
+user's data, or the package's reference samples), the labels if any, the metric request and the
+budgets. It judges a candidate once (``judge``: each output by its metric, cached by the
+candidate's key, so a search's candidates and the final check never run a model twice) and
+admits it or raises the stage's own refusal with the numbers (``admit``). Optimize, edge and
+ascend use the same one; what differs between them is only what the candidate is (an ONNX
+session, a TFLite interpreter, a MindSpore network) and how a refusal is worded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from unideploy.errors import UnideployError
+from unideploy.guard.accuracy import DEFAULT_BUDGET_POINTS, choose_metrics, compare, describe
+
+Batch = dict[str, np.ndarray]
+Runner = Callable[[Batch], Mapping[str, np.ndarray]]
+
+
+@dataclass
+class Guard:
+    batches: list[Batch]
+    reference: list[dict[str, np.ndarray]]  # the fp32 model's outputs on ``batches``
+    labels: np.ndarray | None = None
+    metric: str | Sequence[str] = "auto"  # one for every output, and/or OUTPUT=NAME items
+    budget_points: float = DEFAULT_BUDGET_POINTS  # percentage points of each output's metric
+    min_cosine: float | None = None  # the budget of cosine-judged outputs (default: 1 - budget/100)
+    rows_are: str = "rows"  # how a refusal names the rows ("validation rows", "reference rows")
+    _judged: dict[Hashable, dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, fp32: Runner, batches: list[Batch], labels: np.ndarray | None = None, **settings: Any) -> Guard:
+        """A guard whose reference is ``fp32`` run on ``batches``."""
+        return cls(batches, [dict(fp32(b)) for b in batches], labels, **settings)
+
+    def metrics(self) -> dict[str, tuple[str, str]]:
+        """(metric, why) per output; refuses a bad ``--metric`` before any candidate is made."""
+        joined = {n: np.concatenate([b[n] for b in self.reference]) for n in self.reference[0]}
+        return choose_metrics(self.metric, joined, self.labels is not None)
+
+    def judge(self, key: Hashable, open_runner: Callable[[], Runner]) -> dict[str, Any]:
+        """The candidate's accuracy record (every output by its metric, and the verdict); the
+        candidate is opened (``open_runner``) and run only the first time ``key`` is judged."""
+        if key not in self._judged:
+            run = open_runner()
+            self._judged[key] = compare(
+                self.reference,
+                [dict(run(b)) for b in self.batches],
+                self.labels,
+                self.metric,
+                self.budget_points,
+                self.min_cosine,
+            )
+        return self._judged[key]
+
+    def numbers(self, accuracy: Mapping[str, Any]) -> str:
+        """'on N rows: <each output's metric, drop and budget>', for messages."""
+        return f"on {accuracy['rows']} {self.rows_are}: {describe(dict(accuracy))}"
+
+    def admit(self, accuracy: dict[str, Any], refusal: Callable[[str], UnideployError]) -> dict[str, Any]:
+        """``accuracy`` when it is within budget; else the stage's ``refusal``, given the numbers."""
+        if not accuracy["within_budget"]:
+            raise refusal(self.numbers(accuracy))
+        return accuracy

@@ -1,0 +1,68 @@
+"""Reading and tidying an ONNX graph's wiring: who reads a tensor, what a tensor depends on, and
+weights written as Constant nodes moved where every tool looks for them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx
+
+
+def consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """Tensor name -> the nodes that read it."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for tensor in node.input:
+            readers.setdefault(tensor, []).append(node)
+    return readers
+
+
+def upstream(graph: onnx.GraphProto, tensors: Sequence[str]) -> list[onnx.NodeProto]:
+    """The nodes of ``graph`` that ``tensors`` depend on, in graph order."""
+    needed = set(tensors)
+    nodes = []
+    for node in reversed(graph.node):
+        if needed.intersection(node.output):
+            nodes.append(node)
+            needed |= names_read([node])
+    return nodes[::-1]
+
+
+def names_read(nodes: Sequence[onnx.NodeProto]) -> set[str]:
+    """Every tensor name ``nodes`` read, inside their subgraphs too (If/Loop/Scan bodies may read
+    the enclosing graph's tensors without listing them as inputs)."""
+    names: set[str] = set()
+    for node in nodes:
+        names.update(node.input)
+        for attribute in node.attribute:
+            for body in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+                names |= names_read(body.node)
+    return names
+
+
+def constants_to_initializers(model: onnx.ModelProto) -> int:
+    """Move top-level ``Constant`` tensors into initializers, where every tool looks for weights.
+
+    Some exporters (Paddle2ONNX) write every weight as a Constant node: quantizers, pruners and
+    converters that read initializers then find none. Returns how many were moved.
+    """
+    graph, kept, moved = model.graph, [], 0
+    for node in graph.node:
+        value = next((a for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+        if (
+            node.op_type == "Constant"
+            and node.domain in ("", "ai.onnx")
+            and value is not None
+            and len(node.attribute) == 1
+        ):
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(value.t)
+            tensor.name = node.output[0]
+            graph.initializer.append(tensor)
+            moved += 1
+        else:
+            kept.append(node)
+    if moved:
+        del graph.node[:]
+        graph.node.extend(kept)
+    return moved

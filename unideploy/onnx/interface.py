@@ -1,0 +1,74 @@
+"""Editing an exported ONNX model's interface: value names and declared dimensions.
+
+Converters name and shape a graph's inputs and outputs their own way (tf2onnx: ``serving_default_x:0``
+and ``unk__12``; torch.export: every dim symbolic); the package signature is the contract, so
+the model is made to say the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import onnx
+
+from unideploy.onnx.files import has_external_data
+from unideploy.signature import Dim, Signature
+
+
+def opset_of(model: onnx.ModelProto, default: int = 0) -> int:
+    """The default-domain opset a model imports (``default`` when it names none)."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default)
+
+
+def rename_values(model: onnx.ModelProto, mapping: Mapping[str, str]) -> None:
+    """Rename tensors everywhere they appear (graph inputs/outputs, node inputs/outputs)."""
+    graph = model.graph
+    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+        value.name = mapping.get(value.name, value.name)
+    for node in graph.node:
+        node.input[:] = [mapping.get(n, n) for n in node.input]
+        node.output[:] = [mapping.get(n, n) for n in node.output]
+
+
+def set_io_dims(model: onnx.ModelProto, dims: Mapping[str, Sequence[Dim]]) -> None:
+    """Declare each named input's/output's dimensions: ints fixed, strings named dynamic."""
+    for value in list(model.graph.input) + list(model.graph.output):
+        if value.name not in dims:
+            continue
+        shape = value.type.tensor_type.shape
+        del shape.dim[:]
+        for d in dims[value.name]:
+            dim = shape.dim.add()
+            if isinstance(d, str):
+                dim.dim_param = d
+            else:
+                dim.dim_value = int(d)
+
+
+def declare_signature(path: Path, signature: Signature) -> None:
+    """Make the ONNX file at ``path`` declare the package signature's dims.
+
+    Weights in external files stay where they are (only the graph is rewritten). Where a dim that
+    was dynamic is now fixed, shapes are inferred again so the fixed sizes reach every tensor
+    (TensorRT and onnx2tf read them).
+    """
+    model = onnx.load(str(path), load_external_data=False)
+    declared = {t.name: t.shape for t in signature.inputs + signature.outputs}
+    before = {
+        v.name: [
+            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in v.type.tensor_type.shape.dim
+        ]
+        for v in model.graph.input
+    }
+    set_io_dims(model, declared)
+    pinned = any(
+        isinstance(d, int) and b is None
+        for name, dims in before.items()
+        if name in declared
+        for d, b in zip(declared[name], dims)
+    )
+    if pinned and not has_external_data(model):
+        del model.graph.value_info[:]
+        model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    onnx.save(model, str(path))
