@@ -1,5 +1,6 @@
 """MindSpore Cells the MindIR tests export: a CNN, a transformer block with exact GELU, a wide
-operator mix, and one with an operator outside the translator's table (CumSum)."""
+operator mix, a face-detector stem (PReLU, ceil-mode pooling), and one with an operator outside
+the translator's table (CumSum)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,21 @@ def build_cells() -> dict[str, tuple[object, list[object]]]:
             z = mint.matmul(z.reshape(-1, 1, 5), z.reshape(-1, 5, 1))
             return z, mint.mean(y, dim=1)
 
+    class FaceStem(nn.Cell):
+        """MTCNN's and RetinaFace's stem: PReLU per channel and max pooling in ceil mode (which
+        MindSpore exports as MaxPool3DWithArgmax between ExpandDims and Squeeze)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, pad_mode="valid", has_bias=True)
+            self.prelu = nn.PReLU(8, w=0.25)
+            self.pool = nn.MaxPool2d(kernel_size=3, stride=2, pad_mode="pad", padding=0, ceil_mode=True)
+            self.conv2 = nn.Conv2d(8, 4, 3, pad_mode="same", has_bias=True)
+            self.prelu2 = nn.PReLU()  # one slope for every channel
+
+        def construct(self, x):
+            return self.prelu2(self.conv2(self.pool(self.prelu(self.conv(x)))))
+
     class Unsupported(nn.Cell):
         def __init__(self) -> None:
             super().__init__()
@@ -106,6 +122,8 @@ def build_cells() -> dict[str, tuple[object, list[object]]]:
             return ops.cumsum(self.fc(x), 1)
 
     cnn = CNN()
+    face = FaceStem()
+    face.prelu.w.set_data(Tensor(rng.uniform(0.05, 0.5, 8).astype(np.float32)))  # a slope per channel
     for param in (cnn.bn.gamma, cnn.bn.beta, cnn.bn.moving_mean, cnn.bn.moving_variance):  # not the identity
         param.set_data(Tensor(rng.uniform(0.5, 1.5, param.shape).astype(np.float32)))
     f32 = ms.float32
@@ -114,6 +132,7 @@ def build_cells() -> dict[str, tuple[object, list[object]]]:
         "encoder": (Encoder(), [Tensor(shape=[None, 6, 16], dtype=f32)]),
         "mix": (Mix(), [Tensor(shape=[None, 4, 4], dtype=f32), Tensor(shape=[None], dtype=ms.int32)]),
         "elementwise": (Elementwise(), [Tensor(shape=[None, 6], dtype=f32)]),
+        "face": (face, [Tensor(shape=[None, 3, 24, 24], dtype=f32)]),
         "unsupported": (Unsupported(), [Tensor(shape=[None, 6], dtype=f32)]),
     }
 

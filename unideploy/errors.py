@@ -43,6 +43,11 @@ class ExportError(UnideployError):
     exit_code = 1
 
 
+class UntranslatableError(ExportError):
+    """The source uses operators the ONNX conversion cannot take. A target that runs the source's own
+    format (``--target ascend`` for MindIR) still serves it: the export goes on without ONNX."""
+
+
 class ValidationError(UnideployError):
     """An artifact's outputs differ from the reference beyond tolerance."""
 

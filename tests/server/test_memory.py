@@ -31,24 +31,40 @@ def test_freed_small_blocks_below_a_live_one_go_back_to_the_system():
 
 
 def test_memory_is_released_once_per_burst_and_never_while_calls_run():
+    """Counted in the watcher's looks at the activity, not in seconds: each step waits until the
+    watcher has looked as often as the rule needs, however slow the machine."""
     finished, running, released = [0], [0], []
+    looks = [0]
 
     async def scenario() -> None:
+        looked = asyncio.Event()
+
+        def activity() -> tuple[int, int]:
+            looks[0] += 1
+            looked.set()
+            return finished[0], running[0]
+
+        async def after_looks(count: int) -> None:
+            target = looks[0] + count
+            while looks[0] < target:
+                looked.clear()
+                await looked.wait()
+
         watcher = asyncio.get_running_loop().create_task(
-            release_after_bursts(lambda: (finished[0], running[0]), lambda: released.append(finished[0]), 0.02)
+            release_after_bursts(activity, lambda: released.append(finished[0]), 0.001)
         )
-        await asyncio.sleep(0.1)  # idle from the start: nothing freed, nothing to release
+        await after_looks(4)  # idle from the start: nothing freed, nothing to release
         assert released == []
         running[0] = 1
         for _ in range(5):  # a burst: calls keep finishing while one runs
             finished[0] += 1
-            await asyncio.sleep(0.03)
+            await after_looks(2)
         assert released == []
         running[0] = 0
-        await asyncio.sleep(0.15)  # quiet: one release, then none until the next burst
+        await after_looks(4)  # quiet: one release, then none until the next burst
         assert released == [5]
         finished[0] += 1
-        await asyncio.sleep(0.15)
+        await after_looks(4)
         assert released == [5, 6]
         watcher.cancel()
 

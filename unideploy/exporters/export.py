@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import onnxruntime
 
 import unideploy
-from unideploy.errors import InputError, MissingDependencyError
+from unideploy.errors import InputError, MissingDependencyError, UntranslatableError
 from unideploy.exporters import EXPORTERS, Exporter, ExportOptions, torch_save
-from unideploy.exporters.source_process import run_in_process, run_source
+from unideploy.exporters.source_process import SourceRun, run_in_process, run_source
 from unideploy.package import Artifact, Manifest, PackageWriter, PlannedArtifact
 from unideploy.package.files import digest_path, scratch_dir
-from unideploy.package.manifest import SourceRecord, ValidationRecord
+from unideploy.package.manifest import OmittedRecord, SourceRecord, ValidationRecord
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.samples import batch_size_of
 from unideploy.targets import require_target
@@ -66,7 +67,7 @@ def export(
     say = progress or (lambda _msg: None)
     if not src.exists():
         raise InputError(f"source model '{src}' does not exist")
-    require_target(target)
+    serving = require_target(target)
     exporter_cls = find_exporter(src, exporter)
     found = exporter_cls.availability()
     if not found.ok:
@@ -83,11 +84,24 @@ def export(
         PackageWriter(output, overwrite=overwrite) as writer,
         scratch_dir("unideploy-export-") as tmp,
     ):
-        if options.trust_source:  # the scan's refusal was waived: the framework runs in a process of its own
-            say(f"converting {src.name} with the {exporter_cls.name} exporter and running it, in a separate process")
-            ran = run_in_process(exporter_cls.name, src, Path(tmp), options, atol, rtol)
-        else:
-            ran = run_source(exporter_cls, src, Path(tmp), options, atol, rtol, say)
+        omitted: list[OmittedRecord] = []
+        try:
+            ran = _run(exporter_cls, src, Path(tmp), options, atol, rtol, say)
+        except UntranslatableError as exc:
+            if not exporter_cls.native_format or exporter_cls.framework not in serving.runtimes:
+                raise
+            # the target runs the source's own format: it serves without the ONNX artifact
+            say(f"no ONNX artifact ({exc.message}): --target {target} runs the {exporter_cls.native_format} itself")
+            omitted.append(
+                {
+                    "artifact": "onnx-fp32",
+                    "stage": "export",
+                    "reason": exc.message,
+                    "fix": f"the {exporter_cls.native_format} artifact serves --target {target}; the other targets "
+                    "need the ONNX artifact, so those operators translated",
+                }
+            )
+            ran = _run(exporter_cls, src, Path(tmp), replace(options, native_only=True), atol, rtol, say)
         converted, signature, references = ran.converted, ran.signature, ran.references
 
         artifacts: list[Artifact] = []
@@ -152,8 +166,26 @@ def export(
             artifacts=artifacts,
             samples=samples,
             validation=validation,
+            omitted=omitted,
         )
         return writer.commit(manifest)
+
+
+def _run(
+    exporter_cls: type[Exporter],
+    src: Path,
+    workdir: Path,
+    options: ExportOptions,
+    atol: float,
+    rtol: float,
+    say: Progress,
+) -> SourceRun:
+    """The source framework's steps, here or (``--trust-source``: the scan's refusal was waived) in a
+    process of their own."""
+    if options.trust_source:
+        say(f"converting {src.name} with the {exporter_cls.name} exporter and running it, in a separate process")
+        return run_in_process(exporter_cls.name, src, workdir, options, atol, rtol)
+    return run_source(exporter_cls, src, workdir, options, atol, rtol, say)
 
 
 def _native_artifact(exporter_cls: type[Exporter], src: Path, sha256: str, size: int) -> Artifact:

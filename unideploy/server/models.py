@@ -69,7 +69,7 @@ class ServedModel:
     name: str
     settings: ModelSettings = field(default_factory=ModelSettings)
     versions: dict[str, ServedVersion] = field(default_factory=dict)
-    # version -> ((fingerprint, settings) it failed on, reason)
+    # version -> ((fingerprint, transient files, settings) it failed on, reason)
     failures: dict[str, tuple[tuple, str]] = field(default_factory=dict)
     routing: Routing | None = None
     routing_error: str | None = None
@@ -169,9 +169,10 @@ class ModelRegistry:
 
     @staticmethod
     def _failed(model: ServedModel, src: VersionSource) -> bool:
-        """Failed already on these very files under these very settings (retried when either changes)."""
+        """Failed already on these very files under these very settings (retried when either changes,
+        or when transient files that were there have gone)."""
         failed = model.failures.get(src.version)
-        return failed is not None and failed[0] == (src.fingerprint, model.settings)
+        return failed is not None and failed[0] == (src.fingerprint, src.transient, model.settings)
 
     async def _load(self, model: ServedModel, src: VersionSource) -> None:
         start = time.perf_counter()
@@ -179,7 +180,7 @@ class ModelRegistry:
             served = await asyncio.get_running_loop().run_in_executor(self.executor, self._open, src, model.settings)
         except Exception as exc:  # any failure to load must leave the old version serving
             reason = str(exc) if isinstance(exc, UnideployError) else f"{type(exc).__name__}: {exc}"
-            model.failures[src.version] = ((src.fingerprint, model.settings), reason)
+            model.failures[src.version] = ((src.fingerprint, src.transient, model.settings), reason)
             self.metrics.load_failures.labels(model.name, src.version).inc()
             serving = sorted(model.versions, key=int)
             log.error(

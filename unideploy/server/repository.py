@@ -35,6 +35,7 @@ class VersionSource:
     version: str
     path: Path
     fingerprint: tuple
+    transient: tuple = ()  # the transient files in it when scanned (a copy still being written)
 
 
 @dataclass(frozen=True)
@@ -62,25 +63,28 @@ def transient(relpath: Path) -> bool:
     )
 
 
-def _fingerprint(path: Path) -> tuple:
-    """Sizes and times of a version's files, transient ones left out, so a version changes only
-    when its own files do; a file removed while we look is skipped (the next scan sees the final
-    state), never a reason to drop the whole version from this scan, which retired it and served
-    an older one until the next scan."""
+def _version(model: str, version: str, path: Path) -> VersionSource:
+    """A version as it lies on disk: sizes and times of its files, transient ones apart, so a version
+    changes only when its own files do; a file removed while we look is skipped (the next scan sees
+    the final state), never a reason to drop the whole version from this scan, which retired it and
+    served an older one until the next scan. The transient names are kept too: a load that failed
+    while they were there (a package still being copied lists more files than its manifest) is
+    tried again once they are gone."""
     if path.is_file():
-        return ((str(path), path.stat().st_size, path.stat().st_mtime_ns),)
-    found = []
+        return VersionSource(model, version, path, ((str(path), path.stat().st_size, path.stat().st_mtime_ns),))
+    found, passing = [], []
     for folder, _, names in os.walk(path):  # a folder removed mid-walk is skipped, not raised
         for name in names:
             file = Path(folder) / name
             if transient(file.relative_to(path)):
+                passing.append(str(file.relative_to(path)))
                 continue
             try:
                 stat = file.stat()
             except OSError:
                 continue
             found.append((str(file), stat.st_size, stat.st_mtime_ns))
-    return tuple(sorted(found))
+    return VersionSource(model, version, path, tuple(sorted(found)), tuple(sorted(passing)))
 
 
 def _versions_on_disk(directory: Path) -> dict[str, Path]:
@@ -110,7 +114,7 @@ def _single_package(directory: Path, name: str | None) -> ModelSource:
     )
     declared = str(model.get("version", ""))
     version = str(int(declared)) if declared.isascii() and declared.isdigit() else "1"
-    source = VersionSource(name, version, directory, _fingerprint(directory))
+    source = _version(name, version, directory)
     return ModelSource(name, directory, ModelSettings(), {version: source})
 
 
@@ -124,7 +128,7 @@ def _model(directory: Path, name: str) -> ModelSource:
     versions = {}
     for version, path in _versions_on_disk(directory).items():
         try:
-            versions[version] = VersionSource(name, version, path, _fingerprint(path))
+            versions[version] = _version(name, version, path)
         except OSError:  # removed while we looked; the next scan sees the final state
             continue
     return ModelSource(name, directory, settings, versions)

@@ -21,7 +21,7 @@ def graph_cell_outputs(path, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [t.asnumpy() for t in (out if isinstance(out, (tuple, list)) else [out])]
 
 
-@pytest.mark.parametrize("name", ["cnn", "encoder", "mix", "elementwise"])
+@pytest.mark.parametrize("name", ["cnn", "encoder", "mix", "elementwise", "face"])
 def test_mindir_translates_to_onnx_matching_graph_cell(mindir_models, name, tmp_path):
     src = mindir_models[name]
     with unideploy.export(src, tmp_path / "pkg") as package:

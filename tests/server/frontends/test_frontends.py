@@ -238,7 +238,8 @@ def test_hot_reload_and_sigterm_drain_through_frontends(digits, tmp_path):
             t.join(timeout=60)
         if server.process.poll() is None:
             stop_server(server)
-    assert {status for status, _ in results} == {200}, [r for r in results if r[0] != 200][:3]
+    errors = [line for line in server.log.read_text().splitlines() if '"level": "ERROR"' in line][:3]
+    assert {status for status, _ in results} == {200}, ([r for r in results if r[0] != 200][:3], errors)
     versions = [v for _, v in results]
     assert versions[0] == "1" and versions[-1] == "2"
     log = server.log.read_text()

@@ -10,13 +10,15 @@ MindSpore runtime plug-in. The .mindir stays in the package as a native artifact
 from __future__ import annotations
 
 import importlib.metadata
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from unideploy.errors import ExportError, first_line
 from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.mindir.ops import OPSET
-from unideploy.exporters.mindir.reader import MindIRGraph, TensorInfo, read_mindir
+from unideploy.exporters.mindir.reader import UNKNOWN_RANK, MindIRGraph, TensorInfo, read_mindir
 from unideploy.exporters.mindir.translate import translate
 from unideploy.runtimes.mindspore_runtime import MindSporeRuntime
 from unideploy.signature import BATCH_DIM, Dim, Signature, TensorSpec, default_output_names, unnamed_dim
@@ -39,6 +41,24 @@ def signature_of(graph: MindIRGraph, options: ExportOptions) -> Signature:
     return Signature(inputs, tuple(_spec(n, info, {}) for n, info in zip(default_output_names(len(outs)), outs)))
 
 
+def _declared_ranks(signature: Signature, graph: MindIRGraph, model: Any) -> Signature:
+    """Outputs whose rank MindSpore lost take the rank their translation computes, every dim dynamic
+    (the first one the batch); the reference runs then settle the dims."""
+    declared = {o.name: len(o.type.tensor_type.shape.dim) for o in model.graph.output}
+    outputs = tuple(
+        replace(
+            spec,
+            shape=tuple(
+                BATCH_DIM if axis == 0 else unnamed_dim(spec.name, axis) for axis in range(declared[spec.name])
+            ),
+        )
+        if info.shape == UNKNOWN_RANK
+        else spec
+        for info, spec in zip(graph.output_infos, signature.outputs)
+    )
+    return replace(signature, outputs=outputs)
+
+
 class MindIRExporter(Exporter):
     name = "mindir"
     framework = "mindspore"
@@ -56,10 +76,10 @@ class MindIRExporter(Exporter):
         graph = read_mindir(src)
         trust.check(trust.mindir_findings(graph.primitives), src, options.trust_source)  # before MindSpore runs it
         signature = signature_of(graph, options)
-        runtime = MindSporeRuntime(src, signature)
         onnx_path = None
         if not options.native_only:
             model = translate(graph, signature)
+            signature = _declared_ranks(signature, graph, model)
             try:
                 onnx.checker.check_model(model, full_check=True)
             except Exception as exc:
@@ -70,6 +90,7 @@ class MindIRExporter(Exporter):
             onnx_path = workdir / "model.onnx"
             onnx.save(model, str(onnx_path))
 
+        runtime = MindSporeRuntime(src, signature)
         versions = {"mindspore": importlib.metadata.version("mindspore"), "onnx": onnx.__version__}
         return ConvertedModel(
             onnx_path=onnx_path,

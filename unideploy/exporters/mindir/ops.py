@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 
 from unideploy.errors import ExportError
 from unideploy.exporters.mindir.builder import OnnxBuilder, Tensor
-from unideploy.exporters.mindir.reader import Call, short_name
+from unideploy.exporters.mindir.reader import UNKNOWN_RANK, Call, short_name
 
 OPSET = 17  # LayerNormalization needs 17; ReduceMean still takes axes as an attribute here
 
@@ -40,6 +40,8 @@ TYPE_IDS = {
 PAD_MODES = {0: "pad", 1: "same", 2: "valid"}  # MindSpore's enum for pad_mode arguments
 FORMATS = {0: "NCHW", 1: "NHWC"}
 INT64_MAX = np.iinfo(np.int64).max
+# operators whose output rank is not their inputs' (Squeeze and ExpandDims say by how much)
+RANK_CHANGING = {"Reshape", "Flatten", "ReduceMean", "MeanExt", "ReduceSum", "SumExt", "Gather", "StridedSlice"}
 
 
 class Ctx:
@@ -55,7 +57,16 @@ class Ctx:
 
     @property
     def rank(self) -> int:
-        return len(self.call.out[0].shape)
+        """The output's rank: as MindSpore recorded it, or, where its shape inference lost it (after
+        a pooling with argmax on a dynamic batch), from the first tensor argument's."""
+        shape = self.call.out[0].shape if self.call.out else ()
+        if shape != UNKNOWN_RANK:
+            return len(shape)
+        ranks = [self.b.rank(a) for a in self.args if isinstance(a, Tensor)]
+        axes = _axes(self.arg(1, "axis")) if self.call.op in ("Squeeze", "ExpandDims") else []
+        if not ranks or self.call.op in RANK_CHANGING or (self.call.op in ("Squeeze", "ExpandDims") and not axes):
+            self.fail("MindSpore recorded no rank for its output, and it cannot be told from its inputs")
+        return max(ranks) + (len(axes) if self.call.op == "ExpandDims" else -len(axes))
 
     def x(self, i: int) -> Tensor:
         """Argument ``i`` as an ONNX value (constants take the output's dtype)."""
@@ -161,6 +172,35 @@ def max_pool(ctx: Ctx) -> Tensor:
     return _pool(ctx, "MaxPool")
 
 
+@op(
+    "MaxPool3DWithArgmax",
+    onnx="MaxPool (3-D)",
+    notes="what nn.MaxPool2d(ceil_mode=True) and padded max pooling export as (between ExpandDims and Squeeze); "
+    "ceil mode, pads, dilation; the argmax output is not translated",
+)
+def max_pool_with_argmax(ctx: Ctx) -> tuple[Tensor, None]:
+    a = ctx.call.attrs
+    if str(a.get("format", "NCDHW")).upper() != "NCDHW":
+        ctx.fail(f"data format {a.get('format')} is not supported (only NCDHW)")
+
+    def triple(name: str, default: int) -> list[int]:
+        values = a.get(name, default)
+        values = [values] * 3 if isinstance(values, int) else list(values)
+        return [int(v) for v in values[-3:]]
+
+    pads = triple("pads", 0)
+    y = ctx.emit(
+        "MaxPool",
+        [ctx.x(0)],
+        kernel_shape=triple("ksize", 1),
+        strides=triple("strides", 1),
+        dilations=triple("dilation", 1),
+        pads=pads + pads,
+        ceil_mode=int(bool(a.get("ceil_mode", False))),
+    )
+    return (y, None)
+
+
 @op("AvgPool", onnx="AveragePool", notes="pad modes same/valid (padding excluded from the average); NCHW")
 def avg_pool(ctx: Ctx) -> Tensor:
     return _pool(ctx, "AveragePool")
@@ -208,6 +248,16 @@ for _ms, _onnx in {
     "Reciprocal": "Reciprocal",
 }.items():
     op(_ms, onnx=_onnx)(_unary(_onnx))
+
+
+@op("PReLU", onnx="PRelu", notes="one slope per channel (channel axis 1) or one for all")
+def prelu(ctx: Ctx) -> Tensor:
+    slope = ctx.x(1)
+    weights = ctx.b.constant(slope)
+    if ctx.rank > 2 and (weights is None or weights.size > 1):
+        # a slope per channel, shaped (C,), broadcasts over NCHW's trailing axes as (C, 1, 1)
+        slope = ctx.b.op("Reshape", [slope, ctx.b.ints([-1] + [1] * (ctx.rank - 2))], ctx.hint, ctx.rank - 1)
+    return ctx.emit("PRelu", [ctx.x(0), slope])
 
 
 @op("ReLU6", onnx="Clip(0, 6)")

@@ -39,13 +39,14 @@ class Monad:
 
 
 MONAD = Monad()
+UNKNOWN_RANK = (-2,)  # MindSpore's recorded shape of a tensor whose rank its shape inference lost
 
 
 @dataclass
 class TensorInfo:
     name: str
     dtype: str
-    shape: tuple[int, ...]  # -1 where dynamic
+    shape: tuple[int, ...]  # -1 where dynamic; UNKNOWN_RANK where MindSpore's inference lost the rank
     ref: str = ""  # the full name calls use to refer to it
 
 

@@ -14,10 +14,10 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from unideploy.errors import ExportError
+from unideploy.errors import ExportError, UntranslatableError
 from unideploy.exporters.mindir.builder import OnnxBuilder, Tensor
 from unideploy.exporters.mindir.ops import OPS, OPSET, Ctx
-from unideploy.exporters.mindir.reader import MONAD, Call, MindIRGraph, short_name
+from unideploy.exporters.mindir.reader import MONAD, UNKNOWN_RANK, Call, MindIRGraph, short_name
 from unideploy.signature import Signature
 
 PLUMBING = {
@@ -42,6 +42,12 @@ def _plumbing(call: Call, args: list[Any]) -> Any:
     container, index = args
     if not isinstance(container, tuple) or not isinstance(index, int):
         raise ExportError(f"MindIR TupleGetItem '{short_name(call.output)}' indexes something that is not a tuple")
+    if container[index] is None:
+        raise ExportError(
+            f"MindIR TupleGetItem '{short_name(call.output)}' reads output {index} of an operator whose other "
+            "outputs unideploy does not translate (a pooling's argmax, a BatchNorm's statistics)",
+            "re-run with --keep-native-only to package the MindIR artifact alone",
+        )
     return container[index]
 
 
@@ -55,7 +61,7 @@ def translate(graph: MindIRGraph, signature: Signature) -> onnx.ModelProto:
     """The ONNX model computing ``graph``, with the signature's input and output names."""
     missing = unsupported_operators(graph)
     if missing:
-        raise ExportError(
+        raise UntranslatableError(
             f"the MindIR model uses operators unideploy cannot translate to ONNX: {', '.join(missing)}",
             f"supported: {', '.join(sorted(OPS))}. Re-run with --keep-native-only to package the MindIR "
             "artifact alone (it runs on MindSpore / MindSpore Lite)",
@@ -87,20 +93,26 @@ def translate(graph: MindIRGraph, signature: Signature) -> onnx.ModelProto:
         raise ExportError(
             f"the MindIR graph returns {len(results)} tensors, its signature lists {len(signature.outputs)}"
         )
-    for value, spec in zip(results, signature.outputs):
-        source = b.tensor(value, spec.dtype, f"{spec.name}_const")
+    sources = [b.tensor(value, spec.dtype, f"{spec.name}_const") for value, spec in zip(results, signature.outputs)]
+    for source, spec in zip(sources, signature.outputs):
         b.nodes.append(helper.make_node("Identity", [source], [spec.name], name=f"{spec.name}_out"))
 
-    def value_info(spec: Any) -> onnx.ValueInfoProto:
+    def value_info(spec: Any, rank: int | None = None) -> onnx.ValueInfoProto:
+        """``rank``: for an output whose rank MindSpore lost, the rank its translation computes, every
+        dim unnamed (the exporter reads it back; the reference runs settle the dims)."""
         elem = helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype))
-        return helper.make_tensor_value_info(spec.name, elem, list(spec.shape))
+        return helper.make_tensor_value_info(spec.name, elem, [None] * rank if rank is not None else list(spec.shape))
 
+    outputs = [
+        value_info(spec, b.rank(source) if info.shape == UNKNOWN_RANK else None)
+        for info, spec, source in zip(graph.output_infos, signature.outputs, sources)
+    ]
     b.prune([spec.name for spec in signature.outputs])
     onnx_graph = helper.make_graph(
         b.nodes,
         "mindir",
         [value_info(s) for s in signature.inputs],
-        [value_info(s) for s in signature.outputs],
+        outputs,
         b.initializers,
     )
     model = helper.make_model(
