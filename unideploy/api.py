@@ -26,9 +26,11 @@ def export(
     optimization: OptimizeRequest | None = None,
     keep_native_only: bool = False,
     trust_source: bool = False,
+    constants: Mapping[str, int | float | bool | str] | None = None,
     **kwargs: Any,
 ) -> Package:
     """Export a model file to a verified package (optimized too, if asked) and return it opened.
+    ``constants``: values for a TorchScript ``forward()``'s non-tensor arguments (``{"sr": 16000}``).
 
     ``kwargs`` are those of :func:`unideploy.exporters.export.export` (name, version, exporter,
     target, atol, rtol, overwrite), and ``target_options``: the target stage's options by name
@@ -45,6 +47,7 @@ def export(
         signature=signature,
         keep_native_only=keep_native_only,
         trust_source=trust_source,
+        constants=constants or {},
     )
     return Package.open(export_package(src, output, options=options, optimization=optimization, **kwargs))
 

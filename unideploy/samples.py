@@ -68,6 +68,15 @@ def concrete_shape(spec: TensorSpec, batch: int | None, sizes: Mapping[str, int]
 def synthetic_batches(signature: Signature, sizes: Mapping[str, int], seed: int = 0) -> list[dict[str, np.ndarray]]:
     """Random inputs at each validation batch size (one batch if the batch dim is fixed); the second
     batch also takes other sizes of the dynamic non-batch dims, so both values are proven."""
+    settings = [s.name for s in signature.inputs if not s.shape and np.dtype(s.dtype).kind in "iub"]
+    if settings:
+        # a sample rate, a threshold, a mode: a random value takes a branch the model does not mean
+        # for it (ONNX Runtime then fails inside, or worse, the proof holds for a value nobody uses)
+        raise InputError(
+            f"input(s) {', '.join(map(repr, settings))} take one integer value (rank 0), such as a sample rate "
+            "or a mode: a random one cannot stand for it",
+            "give --example-input FILE.npz with a real value for each (and real rows for the others)",
+        )
     rng = np.random.default_rng(seed)
     batch_sizes: tuple[int | None, ...] = VALIDATION_BATCH_SIZES if signature.has_dynamic_batch else (None,)
     varied = {d: other_size(sizes[d]) for _, _, d in dynamic_dims(signature)}

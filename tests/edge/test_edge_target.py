@@ -264,6 +264,12 @@ def test_dynamic_height_and_width_reach_tflite_at_the_sample_size(tmp_path):
         )
         # deploy verify (and a bundle's) proves it on the samples of its size, the others on all
         assert {c.artifact: c.status for c in verify_package(package)}["tflite-fp32"] == "passed"
+        # another size is refused with the artifact's own, in the caller's layout, and what runs it
+        with pytest.raises(InputError, match=r"fixed size for 'images': \[1, 3, 32, 48\] \(channels first"):
+            unideploy.run(package, {"images": np.zeros((3, 3, 32, 48), np.float32)}, artifact="tflite-fp32")
+    shown = " ".join(deploy("inspect", tmp_path / "edge").stdout.split())
+    assert "fixed input size: tflite-fp32 (images [1, 32, 48, 3] NHWC); tflite-fp16" in shown, shown
+    assert "other sizes run on onnx-fp32, ort-fp32" in shown
 
 
 def test_keras_source_reaches_tflite_in_its_own_layout_at_any_size(tmp_path):

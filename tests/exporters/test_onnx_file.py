@@ -179,6 +179,9 @@ def test_a_scalar_input_stays_a_scalar_from_example_inputs_to_the_server(tmp_pat
     """A rank-0 input given as a 0-d array in --example-input is kept rank 0 through export, the
     stored samples, run, verify and a served request (numpy's ascontiguousarray made it shape [1], then refused)."""
     scaled_by_rate(tmp_path / "scaled.onnx")
+    # without one, a random integer cannot stand for a sample rate: refused, asking for a real value
+    refused = deploy("export", str(tmp_path / "scaled.onnx"), "-o", str(tmp_path / "random"), "--input-shape", "x:2x4")
+    assert_one_line_error(refused, 2, r"input\(s\) 'rate' take one integer value \(rank 0\).*--example-input")
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     np.savez(tmp_path / "example.npz", x=x, rate=np.array(16000, np.int64))
     result = deploy(

@@ -1,7 +1,8 @@
 """What a REST client may send before its request is routed (server/http_limits.py), against a live
 server over raw sockets: oversized and too many headers answered 431, a request head (or a new
 connection's first one) that does not arrive in time answered 408 and closed, the descriptor
-limit raised at start; keep-alive requests, one after another, unaffected."""
+limit raised at start; keep-alive requests, one after another, unaffected. On the gRPC port, a
+connection that never completes its handshake, or stops making calls, is closed too."""
 
 from __future__ import annotations
 
@@ -19,7 +20,16 @@ BODY = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[1,1,8,8],"data":[' + 
 @pytest.fixture(scope="module")
 def limited(repo, tmp_path_factory):
     running = start_server(
-        repo, tmp_path_factory.mktemp("limits"), "--header-timeout", "1", "--max-headers", "50", "--frontends", "0"
+        repo,
+        tmp_path_factory.mktemp("limits"),
+        "--header-timeout",
+        "1",
+        "--grpc-idle-timeout",
+        "1",
+        "--max-headers",
+        "50",
+        "--frontends",
+        "0",
     )
     yield running
     stop_server(running)
@@ -38,6 +48,22 @@ def exchange(server, raw: bytes, wait_s: float = 30) -> bytes:
         except (TimeoutError, ConnectionResetError):
             pass
         return answer
+
+
+def closed_by_server(address: str, raw: bytes, wait_s: float = 30) -> bool:
+    """Whether the server closes a new connection to ``address`` after ``raw`` (within ``wait_s``)."""
+    host, port = address.split(":")
+    with socket.create_connection((host, int(port)), timeout=wait_s) as sock:
+        if raw:
+            sock.sendall(raw)
+        try:
+            while sock.recv(65536):
+                pass
+        except TimeoutError:
+            return False
+        except ConnectionResetError:
+            pass
+        return True
 
 
 def request(headers: str = "") -> bytes:
@@ -66,6 +92,18 @@ def test_a_head_that_never_completes_is_answered_408_and_closed(limited):
 
 def test_a_connection_that_sends_nothing_is_closed(limited):
     assert exchange(limited, b"").startswith(b"HTTP/1.1 408 ")
+
+
+def test_a_grpc_connection_without_a_handshake_or_calls_is_closed(limited):
+    """Silent after connecting: closed after the header timeout; an HTTP/2 preface and SETTINGS but no
+    call: closed after the idle timeout (GOAWAY); a real client still gets its answers."""
+    import tritonclient.grpc as triton
+
+    assert closed_by_server(limited.grpc, b"")
+    assert closed_by_server(limited.grpc, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000"))
+    client = triton.InferenceServerClient(limited.grpc)
+    assert client.is_model_ready("digits")
+    client.close()
 
 
 def test_keep_alive_requests_are_not_timed_between_them(limited):

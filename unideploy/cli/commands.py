@@ -56,6 +56,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         signature=args.signature,
         keep_native_only=args.keep_native_only,
         trust_source=args.trust_source,
+        constants=args.constant,
     )
     request = _optimize_request(args)
     target_options = given(args, args.target_options)
@@ -317,6 +318,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_header_bytes=args.max_header_bytes,
         max_headers=args.max_headers,
         header_timeout_s=args.header_timeout,
+        grpc_idle_timeout_s=args.grpc_idle_timeout,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         workers=args.workers,

@@ -65,6 +65,14 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         help="export a model that holds operations reaching outside it (files, Python code: "
         "TorchScript aten::from_file, TensorFlow ReadFile/PyFunc, Keras Lambda); see docs/security.md",
     )
+    p.add_argument(
+        "--constant",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="TorchScript: bind a non-tensor forward() argument (sample_rate=16000), repeatable; recorded "
+        "in the manifest",
+    )
     p.add_argument("--opset", type=int, help="ONNX opset for TorchScript exports (default: 17)")
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"absolute tolerance (default: {DEFAULT_ATOL})")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default: {DEFAULT_RTOL})")
@@ -197,7 +205,15 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="seconds a REST request's headers may take from its first byte (or a new connection's first "
-        "request from the connection); later: 408 and closed (default: 15)",
+        "request from the connection), and a new gRPC connection its handshake; later: 408 and closed (default: 15)",
+    )
+    p.add_argument(
+        "--grpc-idle-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a gRPC connection may stay open with no call; then closed with GOAWAY, and clients "
+        "reconnect on their next call (default: 300)",
     )
     p.add_argument("--tls-cert", help="PEM certificate: serve both ports over TLS (with --tls-key)")
     p.add_argument("--tls-key", help="PEM private key for --tls-cert")

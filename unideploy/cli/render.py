@@ -118,6 +118,7 @@ def export_summary(package: Package) -> None:
     out.print(_signature_table(package))
     out.print(_artifact_table(package))
     _guarded(package)
+    _fixed_sizes(package)
     _omitted(package)
 
 
@@ -136,6 +137,26 @@ def _guarded(package: Package) -> None:
                 f"  left {len(layers)} of {record['search']['ranked_layers']} layers in float, the most "
                 f"error-prone first: {escape(_some(layers))}"
             )
+
+
+def _fixed_sizes(package: Package) -> None:
+    """Artifacts converted at fixed input sizes where the package takes others (TFLite through
+    onnx2tf), with what serves the rest."""
+    m = package.manifest
+    dynamic = {t.name for t in m.signature.inputs if any(isinstance(d, str) for d in t.shape)}
+    fixed, anysize = [], []
+    for a in m.artifacts:
+        own = {t.name: t for t in a.signature.inputs} if a.signature else {}
+        if any(name in own and all(isinstance(d, int) for d in own[name].shape) for name in dynamic):
+            shapes = ", ".join(f"{t.name} {list(t.shape)}{f' {t.layout}' if t.layout else ''}" for t in own.values())
+            fixed.append(f"{a.id} ({shapes})")
+        else:
+            anysize.append(a.id)
+    if fixed and dynamic:
+        out.print(
+            f"[yellow]fixed input size[/]: {escape('; '.join(fixed))}; other sizes run on "
+            f"{escape(', '.join(anysize) or 'no artifact of this package')}"
+        )
 
 
 def _omitted(package: Package) -> None:
@@ -159,6 +180,7 @@ def inspect(package: Package) -> None:
     samples = ", ".join(f"batch {s.batch_size} ({s.path})" for s in m.samples)
     out.print(f"reference samples: {escape(samples)}")
     out.print(f"optimizations: {', '.join(o['name'] for o in m.optimizations) or 'none'}")
+    _fixed_sizes(package)
     _omitted(package)
 
 

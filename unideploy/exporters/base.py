@@ -6,6 +6,7 @@ package are the same for every framework and live in ``exporters/export.py``.
 
 from __future__ import annotations
 
+import json
 import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -15,11 +16,13 @@ from typing import ClassVar
 
 import numpy as np
 
+from unideploy.errors import InputError
 from unideploy.package.manifest import ArtifactFormat
 from unideploy.registry import Availability, modules_availability
 from unideploy.signature import InputShape, Signature
 
 SourceRunner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+Constant = int | float | bool | str  # a non-tensor forward() argument's value (--constant NAME=VALUE)
 
 
 @dataclass
@@ -31,6 +34,7 @@ class ExportOptions:
     signature: str | None = None  # SavedModel signature to export (default: serving_default)
     native_only: bool = False  # package the source's native artifact alone, without ONNX (MindIR)
     trust_source: bool = False  # run a model that holds file-system or Python-calling operations (trust.py)
+    constants: dict[str, Constant] = field(default_factory=dict)  # non-tensor forward() arguments (--constant)
 
     @classmethod
     def from_user(
@@ -43,6 +47,7 @@ class ExportOptions:
         signature: str | None = None,
         keep_native_only: bool = False,
         trust_source: bool = False,
+        constants: Sequence[str] | Mapping[str, Constant] = (),
     ) -> ExportOptions:
         """From what a user gives, the same for ``deploy export``'s flags and ``unideploy.export``'s
         keywords: ``--input-shape`` texts parsed, an example-input ``.npz`` path loaded."""
@@ -59,7 +64,26 @@ class ExportOptions:
             signature=signature,
             native_only=keep_native_only,
             trust_source=trust_source,
+            constants=dict(constants) if isinstance(constants, Mapping) else parse_constants(constants),
         )
+
+
+def parse_constants(items: Sequence[str]) -> dict[str, Constant]:
+    """``--constant NAME=VALUE`` items: a JSON number, true/false or quoted string, else the text as
+    a string (``sr=16000`` -> 16000, ``mode=fast`` -> "fast")."""
+    found: dict[str, Constant] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise InputError(f"--constant '{item}' is not NAME=VALUE", "e.g. --constant sample_rate=16000")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        if not isinstance(value, (int, float, bool, str)):
+            raise InputError(f"--constant {name}: {text!r} is not a number, true/false or a string")
+        found[name] = value
+    return found
 
 
 @dataclass
@@ -95,6 +119,7 @@ class Exporter(ABC):
     # The artifact format of a source that runs as it is (MindIR on MindSpore): the packaged source
     # is then also listed as an artifact, validated on the runtime registered under the same name.
     native_format: ClassVar[ArtifactFormat | None] = None
+    binds_constants: ClassVar[bool] = False  # takes --constant for non-tensor forward() arguments
 
     @classmethod
     def availability(cls) -> Availability:

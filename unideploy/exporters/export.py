@@ -73,6 +73,13 @@ def export(
     if not found.ok:
         raise MissingDependencyError(f"the {exporter_cls.name} exporter cannot run: {found.detail}", found.fix)
 
+    if options.constants and not exporter_cls.binds_constants:
+        raise InputError(
+            f"--constant binds non-tensor forward() arguments of TorchScript sources; '{src.name}' is a "
+            f"{exporter_cls.framework} model ({exporter_cls.name})",
+            "leave --constant out: this source's inputs are its tensors (a .pt2 program fixes such values when "
+            "torch.export runs)",
+        )
     if options.native_only and not exporter_cls.native_format:
         raise InputError(
             f"--keep-native-only needs a source that runs natively (MindIR); '{src.name}' "
@@ -143,6 +150,8 @@ def export(
                 **converted.library_versions,
             },
         }
+        if options.constants:
+            source["constants"] = dict(options.constants)
         if exporter_cls.keeps_source:
             source["path"] = source_path = f"source/{src.name}"
             writer.add_file(src, source_path)

@@ -2,12 +2,14 @@
 
 First the legacy TorchScript-based exporter (keeps If/Loop control flow, dynamic batch through
 ``dynamic_axes``); where it fails, TS2EP + ``torch.export`` (the only path for a traced
-``nn.MultiheadAttention``). TorchScript files carry no input shapes, so the user gives them.
+``nn.MultiheadAttention``). TorchScript files carry no input shapes, so the user gives them;
+non-tensor ``forward()`` arguments are bound with ``--constant NAME=VALUE``.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import numpy as np
 
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters import trust
-from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, zip_members
+from unideploy.exporters.base import Constant, ConvertedModel, Exporter, ExportOptions, zip_members
 from unideploy.onnx.interface import opset_of, set_io_dims
 from unideploy.quiet import quiet
 from unideploy.samples import random_tensor
@@ -29,6 +31,7 @@ class TorchScriptExporter(Exporter):
     framework = "torchscript"
     required_modules = ("torch", "onnxscript")
     extra = "torch"
+    binds_constants = True
 
     @classmethod
     def detect(cls, src: Path) -> bool:
@@ -41,10 +44,13 @@ class TorchScriptExporter(Exporter):
 
         module = _load(src)
         trust.check(trust.torchscript_findings(module), src, options.trust_source)
-        example = _example_inputs(_tensor_arguments(module), options)
+        tensors = _tensor_arguments(module, options.constants)
+        example = _example_inputs(tensors, options)
         arg_names = list(example)  # the ONNX input names, in forward()'s order
         dynamic = {} if options.static_shapes else _input_dynamic_axes(arg_names, options)
         args = tuple(torch.from_numpy(example[n]) for n in arg_names)
+        if options.constants:
+            module = _bound(module, tensors, options.constants, args)
 
         with torch.no_grad():
             outputs = flatten_outputs(module(*args))
@@ -104,20 +110,46 @@ def _load(src: Path) -> Any:
     return module
 
 
-def _tensor_arguments(module: Any) -> list[str]:
-    """Names of the tensor arguments of ``forward``; other arguments must have defaults."""
-    names = []
+def _tensor_arguments(module: Any, constants: Mapping[str, Constant]) -> list[str]:
+    """Names of the tensor arguments of ``forward``; every other argument is bound by ``--constant``
+    or has a default."""
+    names, others = [], []
     for arg in module.forward.schema.arguments[1:]:  # [0] is self
         if str(arg.type) == "Tensor":
             names.append(arg.name)
-        elif not arg.has_default_value():
-            raise ExportError(
-                f"forward() argument '{arg.name}' has type {arg.type}; only Tensor arguments can be exported",
-                "wrap the model so forward() takes tensors only",
+            continue
+        others.append(arg.name)
+        if arg.name not in constants and not arg.has_default_value():
+            raise InputError(
+                f"forward() argument '{arg.name}' has type {arg.type}, which is not a tensor",
+                f"bind it with --constant {arg.name}=VALUE (recorded in the package's manifest)",
             )
+    if unknown := [name for name in constants if name not in others]:
+        raise InputError(
+            f"--constant {', '.join(unknown)}: forward() has no such non-tensor argument",
+            f"its non-tensor arguments: {', '.join(others) or 'none'}",
+        )
     if not names:
         raise ExportError("forward() takes no tensor arguments, so there is nothing to export")
     return names
+
+
+def _bound(module: Any, tensors: list[str], constants: Mapping[str, Constant], args: tuple) -> Any:
+    """``module`` with its non-tensor arguments fixed to ``constants``, traced into TorchScript
+    again (its scripted parts stay scripted), so both export paths and the reference runs take
+    the tensors alone."""
+    import torch
+
+    class Bound(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = module
+
+        def forward(self, *values: Any) -> Any:
+            return self.module(**dict(zip(tensors, values)), **constants)
+
+    with torch.no_grad():
+        return torch.jit.trace(Bound().eval(), args, check_trace=False)
 
 
 def _example_inputs(arg_names: list[str], options: ExportOptions) -> dict[str, np.ndarray]:

@@ -43,6 +43,7 @@ class SourceRecord(TypedDict):
     path: NotRequired[str | None]  # the source file's place in the package, where it is kept
     size: NotRequired[int]
     conversion_path: NotRequired[str]
+    constants: NotRequired[dict[str, int | float | bool | str]]  # forward() arguments bound by --constant
 
 
 class OutputErrors(TypedDict):

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from unideploy.errors import PackageError, RuntimeFailure, first_line
+from unideploy.errors import InputError, PackageError, RuntimeFailure, first_line
 from unideploy.quiet import quiet
 from unideploy.runtimes.base import Runtime
 from unideploy.signature import CHANNELS_LAST, Signature, TensorSpec, to_channels_last
@@ -60,7 +60,26 @@ class TFLiteRuntime(Runtime):
                 k: _to_model_layout(v, self._channels_last[k]) if k in self._channels_last else v
                 for k, v in inputs.items()
             }
+        self._require_its_size(inputs)
         return super().run(inputs)
+
+    def _require_its_size(self, inputs: Mapping[str, Any]) -> None:
+        """An artifact converted at fixed input sizes (onnx2tf, where dims could not stay dynamic)
+        refuses others with its own sizes in the caller's layout and what to run instead, rather than
+        a mismatch between the caller's layout and its own."""
+        for spec in self.signature.inputs:
+            given = np.shape(inputs.get(spec.name, ()))
+            if spec.name not in inputs or any(isinstance(d, str) for d in spec.shape) or len(given) != len(spec.shape):
+                continue
+            wanted = tuple(int(d) for d in spec.shape)
+            if given != wanted:
+                caller = (wanted[0], wanted[-1], *wanted[1:-1]) if spec.layout == CHANNELS_LAST else wanted
+                raise InputError(
+                    f"'{self.path.name}' was converted at a fixed size for '{spec.name}': {list(caller)}"
+                    + (f" (channels first; {list(wanted)} channels last)" if spec.layout == CHANNELS_LAST else "")
+                    + f", and this request is {list(given)}",
+                    "run an artifact that takes any size (the ONNX one), or export again with --input-shape at this size",
+                )
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:

@@ -103,7 +103,16 @@ class ServerConfig(BaseSettings):
     )
     max_headers: int = Field(100, ge=1, description="most REST request headers (more are answered 431)")
     header_timeout_s: float = Field(
-        15.0, gt=0, description="seconds a REST request's headers may take (later: 408, and the connection closed)"
+        15.0,
+        gt=0,
+        description="seconds a REST request's headers may take (later: 408, and the connection closed), and a "
+        "new gRPC connection its handshake (later: closed)",
+    )
+    grpc_idle_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="seconds a gRPC connection may stay open with no call (then closed with GOAWAY; clients "
+        "reconnect on their next call)",
     )
     shared_memory: Literal["off", "system"] = Field(
         "system",

@@ -53,8 +53,14 @@ class Listeners:
         raise_descriptor_limit(cfg.max_connections)
         transport = cfg.max_request_bytes + TRANSPORT_SLACK_BYTES
         self.grpc = grpc.aio.server(
-            # answers are bounded by the served models and --max-request-rows, not by the request limit
-            options=[("grpc.max_receive_message_length", transport), ("grpc.max_send_message_length", -1)]
+            options=[
+                ("grpc.max_receive_message_length", transport),
+                # answers are bounded by the served models and --max-request-rows, not by the request limit
+                ("grpc.max_send_message_length", -1),
+                # a connection that sends nothing, or stops making calls, does not hold a descriptor for good
+                ("grpc.server_handshake_timeout_ms", int(cfg.header_timeout_s * 1000)),
+                ("grpc.max_connection_idle_ms", int(cfg.grpc_idle_timeout_s * 1000)),
+            ]
         )
         add_servicer(self.grpc, dataplane, cfg.inference_token, cfg.repository_token, cfg.max_request_bytes)
         self.grpc_address = f"{cfg.host}:{cfg.grpc_port}"
