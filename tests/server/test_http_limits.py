@@ -106,6 +106,27 @@ def test_a_grpc_connection_without_a_handshake_or_calls_is_closed(limited):
     client.close()
 
 
+def test_a_connection_over_the_cap_is_answered_503_with_retry_after_as_it_opens(repo, tmp_path):
+    """--max-connections 2: two keep-alive connections are served; a third is answered 503 with
+    Retry-After and closed before it sends anything (its descriptor given back at once); once one of
+    the two closes, a new connection is served."""
+    server = start_server(repo, tmp_path, "--max-connections", "2", "--frontends", "0")
+    try:
+        clients = [httpx.Client(base_url=server.http, timeout=30) for _ in range(2)]
+        assert all(c.post("/v2/models/digits/infer", content=BODY).status_code == 200 for c in clients)
+        answer = exchange(server, b"")
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1\r\n" in answer, answer
+        assert b"more than 2 connections at once" in answer
+        clients.pop().close()
+        server.wait_for(
+            lambda: exchange(server, request("Connection: close\r\n")).startswith(b"HTTP/1.1 200 "),
+            what="a free connection",
+        )
+        clients[0].close()
+    finally:
+        stop_server(server)
+
+
 def test_keep_alive_requests_are_not_timed_between_them(limited):
     """Three requests on one connection with pauses longer than the header timeout (but within
     the keep-alive timeout) between them: each head is timed from its own first byte."""

@@ -6,7 +6,8 @@ uvicorn's httptools protocol (the fast one, which the server uses) has none of t
 request head stayed open for as long as their clients wished, each holding a file descriptor
 (issue 43). ``limited_protocol`` is that protocol with the limits: a head over them is answered
 431 and the connection closed, a head that does not arrive in time (a connection that sends
-nothing included) is answered 408 and closed. The body has its own timeout in ``rest.read_body``;
+nothing included) is answered 408 and closed, and a connection beyond ``--max-connections`` is
+answered 503 with Retry-After as it opens. The body has its own timeout in ``rest.read_body``;
 idle keep-alive connections are closed by uvicorn after ``timeout_keep_alive``.
 """
 
@@ -17,17 +18,21 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
+RETRY_AFTER_S = 1  # what a connection over the cap is told to wait
 
 
 class _Refused(Exception):
     """Raised in a parser callback to stop parsing a request that was answered already."""
 
 
-def limited_protocol(max_header_bytes: int, max_headers: int, header_timeout_s: float) -> type[HttpToolsProtocol]:
+def limited_protocol(
+    max_header_bytes: int, max_headers: int, header_timeout_s: float, max_connections: int
+) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol refusing heads over ``max_header_bytes`` (request line and
-    headers) or ``max_headers`` headers, and heads not complete ``header_timeout_s`` after the
-    connection opened or the request's first byte came."""
+    headers) or ``max_headers`` headers, heads not complete ``header_timeout_s`` after the
+    connection opened or the request's first byte came, and connections beyond ``max_connections``
+    (503 with Retry-After as soon as they open, so they give their descriptor back at once)."""
 
     class LimitedHttpToolsProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -39,6 +44,9 @@ def limited_protocol(max_header_bytes: int, max_headers: int, header_timeout_s: 
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            if len(self.connections) > max_connections:  # this one included
+                self._answer(503, f"more than {max_connections} connections at once; retry shortly")
+                return
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
@@ -105,9 +113,10 @@ def limited_protocol(max_header_bytes: int, max_headers: int, header_timeout_s: 
             self._answered = True
             self._disarm()
             body = b'{"error":"' + message.encode("ascii") + b'"}'
+            retry = b"retry-after: %d\r\n" % RETRY_AFTER_S if status == 503 else b""
             self.transport.write(
-                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-                b"connection: close\r\n\r\n%s" % (status, REASONS[status], len(body), body)
+                b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s"
+                b"connection: close\r\n\r\n%s" % (status, REASONS[status], len(body), retry, body)
             )
             self.transport.close()
 
