@@ -11,12 +11,39 @@ point brings its options with it.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Mapping
-from typing import Any, Self
+from dataclasses import dataclass
+from typing import Any, Literal, Self, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.fields import FieldInfo
 
 from unideploy.errors import InputError
+
+
+@dataclass(frozen=True)
+class Form:
+    """How an option is given on a command line: its value's type, its choices (a ``Literal``),
+    whether it repeats (a tuple) and its placeholder (``json_schema_extra={"metavar": ...}``)."""
+
+    kind: Any
+    choices: tuple[Any, ...] | None
+    repeated: bool
+    metavar: str | None
+
+
+def form(field: FieldInfo) -> Form:
+    kind = field.annotation
+    while get_origin(kind) in (Union, types.UnionType):  # X | None
+        kind = next(a for a in get_args(kind) if a is not type(None))
+    repeated = get_origin(kind) in (tuple, list)
+    if repeated:
+        kind = get_args(kind)[0]
+    choices = get_args(kind) if get_origin(kind) is Literal else None
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    metavar = extra.get("metavar")
+    return Form(kind, choices, repeated, metavar if isinstance(metavar, str) else None)
 
 
 def shown_default(default: Any) -> str | None:

@@ -6,13 +6,12 @@ only what the user typed reaches the plug-in, which applies its own defaults."""
 from __future__ import annotations
 
 import argparse
-import types
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from unideploy.options import PluginOptions, flag, shown_default
+from unideploy.options import PluginOptions, flag, form, shown_default
 
 
 def add_plugin_options(
@@ -36,28 +35,18 @@ def given(args: argparse.Namespace, names: Sequence[str]) -> dict[str, Any]:
 
 
 def _argument(name: str, field: FieldInfo, owner: dict[str, str] | None) -> dict[str, Any]:
-    kind = _unwrap(field.annotation)
-    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    given = form(field)
     help_text = (field.description or "") + (f" ({owner[name]})" if owner and name in owner else "")
     shown = "" if (default := shown_default(field.default)) is None else f" (default: {default})"
     argument: dict[str, Any] = {"help": (help_text + shown).replace("%", "%%")}
-    if kind is bool:
+    if given.kind is bool:
         return {**argument, "action": "store_const", "const": field.default is not True}
-    repeated = get_origin(kind) in (tuple, list)
-    if repeated:
-        kind = get_args(kind)[0]
+    if given.repeated:
         argument["action"] = "append"
-    if get_origin(kind) is Literal:
-        argument["choices"] = list(get_args(kind))
-    elif kind in (int, float):
-        argument["type"] = kind
-    if "metavar" in extra:
-        argument["metavar"] = extra["metavar"]
+    if given.choices is not None:
+        argument["choices"] = list(given.choices)
+    elif given.kind in (int, float):
+        argument["type"] = given.kind
+    if given.metavar:
+        argument["metavar"] = given.metavar
     return argument
-
-
-def _unwrap(annotation: Any) -> Any:
-    """``X`` of ``X | None`` and ``Annotated[X, ...]``."""
-    while get_origin(annotation) in (Union, types.UnionType):
-        annotation = next(a for a in get_args(annotation) if a is not type(None))
-    return getattr(annotation, "__origin__", annotation) if hasattr(annotation, "__metadata__") else annotation

@@ -16,7 +16,7 @@ import onnxruntime
 import unideploy
 from unideploy.errors import InputError, MissingDependencyError, UntranslatableError
 from unideploy.exporters import EXPORTERS, Exporter, ExportOptions, torch_save
-from unideploy.exporters.source_process import SourceRun, run_in_process, run_source
+from unideploy.exporters.source_process import run_source
 from unideploy.package import Artifact, Manifest, PackageWriter, PlannedArtifact
 from unideploy.package.files import digest_path, scratch_dir
 from unideploy.package.manifest import OmittedRecord, SourceRecord, ValidationRecord
@@ -93,7 +93,7 @@ def export(
     ):
         omitted: list[OmittedRecord] = []
         try:
-            ran = _run(exporter_cls, src, Path(tmp), options, atol, rtol, say)
+            ran = run_source(exporter_cls, src, Path(tmp), options, atol, rtol, say)
         except UntranslatableError as exc:
             if not exporter_cls.native_format or exporter_cls.framework not in serving.runtimes:
                 raise
@@ -108,7 +108,7 @@ def export(
                     "need the ONNX artifact, so those operators translated",
                 }
             )
-            ran = _run(exporter_cls, src, Path(tmp), replace(options, native_only=True), atol, rtol, say)
+            ran = run_source(exporter_cls, src, Path(tmp), replace(options, native_only=True), atol, rtol, say)
         converted, signature, references = ran.converted, ran.signature, ran.references
 
         artifacts: list[Artifact] = []
@@ -178,23 +178,6 @@ def export(
             omitted=omitted,
         )
         return writer.commit(manifest)
-
-
-def _run(
-    exporter_cls: type[Exporter],
-    src: Path,
-    workdir: Path,
-    options: ExportOptions,
-    atol: float,
-    rtol: float,
-    say: Progress,
-) -> SourceRun:
-    """The source framework's steps, here or (``--trust-source``: the scan's refusal was waived) in a
-    process of their own."""
-    if options.trust_source:
-        say(f"converting {src.name} with the {exporter_cls.name} exporter and running it, in a separate process")
-        return run_in_process(exporter_cls.name, src, workdir, options, atol, rtol)
-    return run_source(exporter_cls, src, workdir, options, atol, rtol, say)
 
 
 def _native_artifact(exporter_cls: type[Exporter], src: Path, sha256: str, size: int) -> Artifact:

@@ -1,5 +1,5 @@
-"""Running the source framework: here (``run_source``), or in a process of its own (``run_in_process``,
-``deploy export --trust-source``).
+"""Running the source framework (``run_source``): here, or in a process of its own
+(``deploy export --trust-source``).
 
 Every step of an export that runs the source framework lives here: conversion, the reference
 outputs, and the validation of a native artifact. When a user waives the scan of ``trust.py``, the
@@ -50,7 +50,23 @@ def run_source(
     say: Callable[[str], None],
 ) -> SourceRun:
     """Every step that runs the source framework: conversion, the reference outputs, and the
-    validation of a native artifact (the source itself, run by its framework's runtime)."""
+    validation of a native artifact (the source itself, run by its framework's runtime). Here, or,
+    where the scan's refusal was waived (``--trust-source``), in a process of its own."""
+    if options.trust_source:
+        say(f"converting {src.name} with the {exporter_cls.name} exporter and running it, in a separate process")
+        return _in_process(exporter_cls.name, src, workdir, options, atol, rtol)
+    return _here(exporter_cls, src, workdir, options, atol, rtol, say)
+
+
+def _here(
+    exporter_cls: type[Exporter],
+    src: Path,
+    workdir: Path,
+    options: ExportOptions,
+    atol: float,
+    rtol: float,
+    say: Callable[[str], None],
+) -> SourceRun:
     say(f"converting {src.name} with the {exporter_cls.name} exporter")
     converted = exporter_cls().convert(src, workdir, options)
     signature, sizes = resolve_signature(converted.signature, options, converted.size_hints)
@@ -78,10 +94,8 @@ def _ran_elsewhere(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     raise RuntimeError("the source model ran in the export's source process; its outputs are the references")
 
 
-def run_in_process(
-    exporter: str, src: Path, workdir: Path, options: ExportOptions, atol: float, rtol: float
-) -> SourceRun:
-    """``run_source`` in a new interpreter; its errors are raised here as they were there."""
+def _in_process(exporter: str, src: Path, workdir: Path, options: ExportOptions, atol: float, rtol: float) -> SourceRun:
+    """``_here`` in a new interpreter; its errors are raised here as they were there."""
     run: SourceRun = child_process.call(
         _run_source,
         exporter,
@@ -100,7 +114,7 @@ def run_in_process(
 def _run_source(exporter: str, src: Path, workdir: Path, options: ExportOptions, atol: float, rtol: float) -> SourceRun:
     from unideploy.exporters import EXPORTERS
 
-    return run_source(EXPORTERS.get(exporter), src, workdir, options, atol, rtol, _quiet)
+    return _here(EXPORTERS.get(exporter), src, workdir, options, atol, rtol, _quiet)
 
 
 def _quiet(message: str) -> None:

@@ -179,12 +179,15 @@ def compare(
     metric: str | Sequence[str],
     budget_points: float,
     min_cosine: float | None = None,
+    chosen: Mapping[str, tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """Every output of ``candidate`` against ``reference``, by its metric, and the verdict."""
+    """Every output of ``candidate`` against ``reference``, by its metric, and the verdict.
+    ``chosen``: the (metric, why) per output ``choose_metrics`` gave for this reference, where the
+    caller judges many candidates against one (the guard), so it is not chosen again each time."""
     names = list(reference[0])
     ref = {n: np.concatenate([b[n] for b in reference]) for n in names}
     cand = {n: np.concatenate([b[n] for b in candidate]) for n in names}
-    chosen = choose_metrics(metric, ref, labels is not None)
+    chosen = chosen or choose_metrics(metric, ref, labels is not None)
     budgets: dict[Budget, float] = {
         "max_accuracy_drop": budget_points,
         "min_cosine": budget_points if min_cosine is None else round((1.0 - min_cosine) * 100.0, 6),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -40,8 +41,10 @@ class Guard:
         """A guard whose reference is ``fp32`` run on ``batches``."""
         return cls(batches, [dict(fp32(b)) for b in batches], labels, **settings)
 
+    @cached_property
     def metrics(self) -> dict[str, tuple[str, str]]:
-        """(metric, why) per output; refuses a bad ``--metric`` before any candidate is made."""
+        """(metric, why) per output, chosen once for every candidate; asked for first, it refuses a
+        bad ``--metric`` before any candidate is made."""
         joined = {n: np.concatenate([b[n] for b in self.reference]) for n in self.reference[0]}
         return choose_metrics(self.metric, joined, self.labels is not None)
 
@@ -57,6 +60,7 @@ class Guard:
                 self.metric,
                 self.budget_points,
                 self.min_cosine,
+                self.metrics,
             )
         return self._judged[key]
 

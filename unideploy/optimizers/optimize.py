@@ -127,7 +127,7 @@ def optimize(
             min_cosine=request.min_cosine,
             rows_are="validation rows",
         )
-        for name, (metric, why) in guard.metrics().items():  # refuses a bad --metric before any work
+        for name, (metric, why) in guard.metrics.items():  # refuses a bad --metric before any work
             say(f"judging '{name}' by {metric}: {why}")
         evaluated: dict[Path, Evaluation] = {}
 

@@ -69,14 +69,15 @@ class TFLiteRuntime(Runtime):
         a mismatch between the caller's layout and its own."""
         for spec in self.signature.inputs:
             given = np.shape(inputs.get(spec.name, ()))
-            if spec.name not in inputs or any(isinstance(d, str) for d in spec.shape) or len(given) != len(spec.shape):
-                continue
-            wanted = tuple(int(d) for d in spec.shape)
-            if given != wanted:
-                caller = (wanted[0], wanted[-1], *wanted[1:-1]) if spec.layout == CHANNELS_LAST else wanted
+            fixed = all(isinstance(d, int) for d in spec.shape)
+            if spec.name not in inputs or not fixed or len(given) != len(spec.shape):
+                continue  # a dynamic input, a missing one or another rank: the signature's own check says
+            if given != spec.shape:
+                last = spec.layout == CHANNELS_LAST
                 raise InputError(
-                    f"'{self.path.name}' was converted at a fixed size for '{spec.name}': {list(caller)}"
-                    + (f" (channels first; {list(wanted)} channels last)" if spec.layout == CHANNELS_LAST else "")
+                    f"'{self.path.name}' was converted at a fixed size for '{spec.name}': "
+                    f"{list(_channels_first(spec.shape) if last else spec.shape)}"
+                    + (f" (channels first; {list(spec.shape)} channels last)" if last else "")
                     + f", and this request is {list(given)}",
                     "run an artifact that takes any size (the ONNX one), or export again with --input-shape at this size",
                 )
@@ -128,6 +129,11 @@ def signature_names(interpreter: Any, signature: Signature, file_name: str) -> t
 def _to_model_layout(value: Any, spec: TensorSpec) -> Any:
     """Move channels last when ``value`` comes in the source's channels-first layout."""
     array = np.asarray(value)
-    source = (spec.shape[0], spec.shape[-1], *spec.shape[1:-1])
+    source = _channels_first(spec.shape)
     fits = array.ndim == len(source) and all(isinstance(d, str) or d == n for d, n in zip(source, array.shape))
     return to_channels_last(array) if fits else value
+
+
+def _channels_first(shape: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A channels-last shape as the source's channels-first layout writes it."""
+    return (shape[0], shape[-1], *shape[1:-1])
