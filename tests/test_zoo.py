@@ -3,6 +3,7 @@ through the stages that take seconds. The whole matrix is `make zoo` (docs/zoo.m
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -79,3 +80,36 @@ def test_mtcnn_onet_int8_is_judged_at_the_faces_it_finds(tmp_path):
     for name in ("fc6-1", "fc6-2"):  # box offsets, landmarks
         assert outputs[name]["metric"] == "coords" and outputs[name]["windows"] == 50, outputs[name]
         assert outputs[name]["drop_points"] <= 1.0
+
+
+def test_efficientnet_lite0_web_site_runs_in_chromium_and_classifies_a_photo(tmp_path):
+    """The site of a real ImageNet CNN: verified in headless Chromium on WebAssembly against the
+    source framework, and the page's picker, given a photo of a cat, names a domestic cat."""
+    from skimage import data, io
+
+    from unideploy.web.browser import browser_availability, chromium, served
+    from unideploy.web.bundle import CONTENT_TYPES, HEADERS
+
+    found = browser_availability()
+    if not found.ok:
+        pytest.skip(f"verifying a site needs Chromium: {found.detail} ({found.fix}; make web-tools)")
+    cells = zoo.run_model(MODELS["efficientnet-lite0"], ("export",), tmp_path)
+    assert cells["export"].status == "pass", cells
+    made, _ = zoo._deploy(".venv", "bundle", tmp_path / "pkg", "--platform", "web", "-o", tmp_path / "site")
+    assert made.status == "pass", made.reason
+    checked, result = zoo._deploy(".venv", "verify", tmp_path / "site", "--backend", "wasm", "--json")
+    assert checked.status == "pass", checked.reason
+    (check,) = json.loads(result.stdout)["checks"]
+    assert check["status"] == "passed" and check["validation"]["outputs"]["output"]["max_abs_error"] < 1e-4
+    photo = tmp_path / "cat.png"
+    io.imsave(photo, data.chelsea())
+    with served(tmp_path / "site", HEADERS, CONTENT_TYPES) as url, chromium() as browser:
+        page = browser.new_page()
+        page.goto(url + "index.html?auto=0")
+        page.wait_for_function("document.body.dataset.state === 'ready'")
+        assert page.input_value("#scale") == "imagenet"  # guessed from the samples' range
+        page.set_input_files("#image", str(photo))
+        page.wait_for_function("document.getElementById('top').textContent.includes('ms)')")
+        top = page.text_content("#top")
+    first = int(top.splitlines()[0].split(":")[0].removeprefix("class "))
+    assert 281 <= first <= 285, top  # ImageNet's domestic cats

@@ -16,7 +16,7 @@ from unideploy.targets import BROKEN_TARGETS, TARGETS
 
 @dataclass
 class Finding:
-    kind: str  # exporter, optimizer, metric, runtime, device, target, server
+    kind: str  # exporter, optimizer, metric, runtime, device, target, server, web
     name: str
     ok: bool
     detail: str
@@ -56,7 +56,20 @@ def diagnose() -> list[Finding]:
                 )
             )
     findings += [Finding("target", name, False, why, REINSTALL) for name, why in BROKEN_TARGETS.items()]
-    return findings
+    return findings + _web_findings()
+
+
+def _web_findings() -> list[Finding]:
+    """deploy bundle --platform web needs npm once per ONNX Runtime Web version; deploy verify on a
+    site needs Playwright and a Chromium."""
+    from unideploy.web.browser import browser_availability
+    from unideploy.web.runtime import npm_availability
+
+    built, opened = npm_availability(), browser_availability()
+    return [
+        Finding("web", "bundle", built.ok, "deploy bundle --platform web: " + built.detail, built.fix),
+        Finding("web", "verify", opened.ok, "deploy verify SITE (headless Chromium): " + opened.detail, opened.fix),
+    ]
 
 
 def _options(model: type[PluginOptions] | None) -> str:

@@ -56,6 +56,9 @@ def test_doctor_reports_each_plugin_with_a_fix(tmp_path):
     assert findings[("exporter", "torchscript")]["ok"]
     assert ("device", "gpu") in findings
     assert findings[("server", "serve")]["ok"]
+    assert "deploy bundle --platform web" in findings[("web", "bundle")]["detail"]
+    web = findings[("web", "verify")]
+    assert web["ok"] or "apt-get install chromium" in web["fix"] or "unideploy[web]" in web["fix"]
     assert not findings[("target", "ascend")]["ok"] and findings[("target", "ascend")]["fix"]
     tensorrt = findings[("runtime", "tensorrt")]
     if not tensorrt["ok"]:  # the target still works: packages are made here, engines on the GPU

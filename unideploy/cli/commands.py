@@ -147,7 +147,10 @@ def _engine_cache(args: argparse.Namespace) -> Path | None:
 def cmd_verify(args: argparse.Namespace) -> int:
     from unideploy.edge.bundle import is_bundle
     from unideploy.verify import verify_package
+    from unideploy.web.verify import is_web_bundle
 
+    if is_web_bundle(args.package):
+        return _verify_site(args)
     if is_bundle(args.package):
         return _verify_bundle(args)
     signed_by = None
@@ -176,11 +179,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
         else:
             render.verify(package, checks, signed_by is not None)
     failed = [c.artifact for c in checks if c.status == "failed"]
+    return _verdict(
+        [f"artifact(s) {', '.join(failed)}"] if failed else [],
+        [c.status for c in checks],
+        "no longer match the reference outputs",
+        "no artifact could be run on this machine (see 'deploy doctor')",
+    )
+
+
+def _verdict(failed: list[str], statuses: list[str], failed_how: str, none_ran: str) -> int:
+    """verify's exit: 1 when a check failed or none could run (said on stderr), else 0."""
     if failed:
-        print(f"error: artifact(s) {', '.join(failed)} no longer match the reference outputs", file=sys.stderr)
+        print(f"error: {', '.join(failed)} {failed_how}", file=sys.stderr)
         return ValidationError.exit_code
-    if all(c.status == "skipped" for c in checks):
-        print("error: no artifact could be run on this machine (see 'deploy doctor')", file=sys.stderr)
+    if all(s == "skipped" for s in statuses):
+        print(f"error: {none_ran}", file=sys.stderr)
         return ValidationError.exit_code
     return 0
 
@@ -205,18 +218,36 @@ def _verify_bundle(args: argparse.Namespace) -> int:
         _print_json({"bundle": str(args.package), **report.to_dict()})
     else:
         render.bundle_verify(args.package, report)
-    if report.failed:
-        print(f"error: {', '.join(report.failed)} failed (see above)", file=sys.stderr)
-        return ValidationError.exit_code
-    if all(c.status == "skipped" for c in report.models):
-        print("error: no model in the bundle could be run on this machine (see 'deploy doctor')", file=sys.stderr)
-        return ValidationError.exit_code
-    return 0
+    return _verdict(
+        report.failed,
+        [c.status for c in report.models],
+        "failed (see above)",
+        "no model in the bundle could be run on this machine (see 'deploy doctor')",
+    )
+
+
+def _verify_site(args: argparse.Namespace) -> int:
+    from unideploy.web.verify import verify_web_bundle
+
+    with render.status("verifying the site in headless Chromium"):
+        report = verify_web_bundle(args.package, args.backend, args.software_webgpu, screenshot=args.screenshot)
+    if args.json:
+        _print_json({"site": str(args.package), **report.to_dict()})
+    else:
+        render.site_verify(args.package, report)
+    return _verdict(
+        report.failed,
+        [c.status for c in report.checks],
+        "failed in the browser (see above)",
+        "no model could be run in this browser (see above)",
+    )
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
     from unideploy.edge.bundle import build_bundle
 
+    if args.platform == "web":
+        return _bundle_site(args)
     with render.status(f"bundling for {args.platform}"):
         document = build_bundle(
             args.package, args.platform, args.output, args.force, args.artifact or None, args.labels, args.namespace
@@ -225,6 +256,22 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         _print_json(document)
     else:
         render.bundle(Path(args.output), document)
+    return 0
+
+
+def _bundle_site(args: argparse.Namespace) -> int:
+    from unideploy.web.bundle import build_web_bundle
+
+    if args.namespace:
+        raise InputError("--namespace names the Kotlin package of Android wrappers", "leave it out for --platform web")
+    with render.status("building the web site"):
+        document = build_web_bundle(
+            args.package, args.output, args.force, args.artifact or None, args.labels, args.backends
+        )
+    if args.json:
+        _print_json(document)
+    else:
+        render.site(Path(args.output), document)
     return 0
 
 

@@ -107,11 +107,26 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print outputs as JSON")
 
     p = sub.add_parser("verify", help="check integrity and re-run every artifact against the reference outputs")
-    p.add_argument("package", help="a package (directory or .zip) or a mobile bundle from 'deploy bundle'")
+    p.add_argument(
+        "package",
+        help="a package (directory or .zip), a mobile bundle or a web site (folder or .zip) from 'deploy bundle'",
+    )
     p.add_argument("--runtime", help="runtime to use (default: the first available for each artifact)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="cpu")
     _add_tf32_option(p)
     _add_trust_options(p, " (checks the package's signature first)")
+    p.add_argument(
+        "--backend",
+        action="append",
+        choices=["wasm", "webgpu"],
+        help="web sites: the browser backend to check, repeatable (default: every one the site's runtime has)",
+    )
+    p.add_argument(
+        "--software-webgpu",
+        action="store_true",
+        help="web sites: WebGPU on Chromium's software adapter (SwiftShader) where there is no GPU",
+    )
+    p.add_argument("--screenshot", metavar="PNG", help="web sites: save the demo page, once it has run, here")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("sign", help="sign every file of a package (OpenSSF model-signing, offline)")
@@ -129,21 +144,31 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
 
-    p = sub.add_parser("bundle", help="Android or iOS runtime bundle: mobile models, wrapper source, dependency lines")
-    p.add_argument("package", help="a package exported with --target edge")
-    p.add_argument("--platform", required=True, choices=["android", "ios"])
-    p.add_argument("-o", "--output", required=True, metavar="BUNDLE.zip")
+    p = sub.add_parser(
+        "bundle", help="Android or iOS runtime bundle, or a static web site running the model in a browser"
+    )
+    p.add_argument("package", help="a package exported with --target edge (android, ios), or any package (web)")
+    p.add_argument("--platform", required=True, choices=["android", "ios", "web"])
+    p.add_argument(
+        "-o", "--output", required=True, metavar="OUT", help="BUNDLE.zip (android, ios); a folder or .zip (web)"
+    )
     p.add_argument(
         "--artifact",
         action="append",
         default=[],
         metavar="ID",
-        help="mobile artifact to include, repeatable (default: every TFLite and .ort artifact)",
+        help="artifact to include, repeatable (default: every TFLite and .ort artifact; web: every ONNX one)",
     )
     p.add_argument("--labels", metavar="FILE", help="class labels, one per line in class-index order")
     p.add_argument("--namespace", help="Kotlin package of the Android wrappers (default: ai.unideploy.models.NAME)")
+    p.add_argument(
+        "--backends",
+        choices=["wasm,webgpu", "wasm"],
+        default="wasm,webgpu",
+        help="web: the ONNX Runtime Web build to vendor (wasm alone is half the bytes)",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing bundle at -o")
-    p.add_argument("--json", action="store_true", help="print bundle.json")
+    p.add_argument("--json", action="store_true", help="print bundle.json (web.json for the web)")
 
     p = sub.add_parser("bench", help="measure latency percentiles and throughput")
     p.add_argument("package")

@@ -26,6 +26,7 @@ from unideploy.verify import ArtifactCheck
 if TYPE_CHECKING:
     from unideploy.edge.bundle import BundleReport
     from unideploy.server.kserve import ServiceEntry
+    from unideploy.web.verify import WebReport
 
 # Piped output (logs, CI) gets 120 columns instead of rich's 80 so tables are not truncated.
 _PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 120
@@ -305,6 +306,62 @@ def bundle_verify(path: str, report: BundleReport) -> None:
     for code in report.code:
         table.add_row(escape(code.path), code.language, _status(code.status), escape(code.detail or ""))
     out.print(table)
+
+
+def site(path: Path, document: dict[str, Any]) -> None:
+    model, sizes, runtime = document["model"], document["sizes"], document["runtime"]
+    out.print(
+        f"wrote [bold]{escape(str(path))}[/] (web) for {escape(model['name'])}:{model['version']}: "
+        f"ONNX Runtime Web {runtime['version']} ({', '.join(runtime['backends'])})"
+    )
+    table = Table(title="Models", title_justify="left")
+    for col in ("artifact", "precision", "bytes", "gzip bytes", "max abs err"):
+        table.add_column(col)
+    for m in document["models"]:
+        measured = sizes["models"][m["artifact"]]
+        table.add_row(
+            m["artifact"],
+            m["precision"],
+            f"{measured['bytes']:,}",
+            f"{measured['gzip_bytes']:,}",
+            "" if m["max_abs_error"] is None else _fmt(m["max_abs_error"]),
+        )
+    out.print(table)
+    for o in document["omitted"]:
+        out.print(f"left out {o['artifact']}: {escape(o['reason'])}")
+    first = sizes["first_load"]
+    out.print(
+        f"first load (default model, runtime, page): {first['bytes']:,} bytes, {first['gzip_bytes']:,} gzip; "
+        f"runtime {sizes['runtime']['bytes']:,} bytes"
+    )
+    headers = ", ".join(f"{k}: {v}" for k, v in document["headers"].items())
+    out.print(f"host it with these headers (threaded WebAssembly): {escape(headers)}")
+    out.print(f"check it in a browser: deploy verify {escape(str(path))}")
+
+
+def site_verify(path: str, report: WebReport) -> None:
+    out.print(f"integrity of {escape(str(path))}: [green]passed[/] (web.json and package checksums)")
+    for backend, offered in report.backends.items():
+        out.print(f"{backend}: {escape(offered['detail'])}")
+    table = Table(title=f"Models in {escape(report.browser)} against the reference outputs", title_justify="left")
+    for col in ("artifact", "backend", "result", "load ms", "latency ms", "detail"):
+        table.add_column(col)
+    for c in report.checks:
+        latency = "" if c.latency_ms is None else f"{c.latency_ms:.2f} (batch {c.latency_batch}, {c.latency_runs} runs)"
+        errors = (
+            "" if c.record is None else "max abs " + _fmt(max(o["max_abs_error"] for o in c.record["outputs"].values()))
+        )
+        table.add_row(
+            c.artifact,
+            c.backend,
+            _status(c.status),
+            "" if c.load_ms is None else f"{c.load_ms:.0f}",
+            latency,
+            escape(c.reason or errors),
+        )
+    out.print(table)
+    if report.screenshot:
+        out.print(f"screenshot of the page: {escape(report.screenshot)}")
 
 
 def _status(status: str) -> str:

@@ -27,7 +27,14 @@ from unideploy.edge.codegen.wrapped import Wrapped, wrapped
 from unideploy.edge.coreml import COREML, COREML_PRECISION, torchscript_to_mlpackage
 from unideploy.edge.platforms import PLATFORMS, CodeFile, namespace_for
 from unideploy.errors import ExportError, InputError, PackageError
-from unideploy.package import Artifact, Manifest, Package, PackageWriter
+from unideploy.package import Package
+from unideploy.package.bundled import (
+    check_labels,
+    check_listed_files,
+    file_entry,
+    read_labels,
+    write_model_package,
+)
 from unideploy.package.files import (
     all_files,
     digest_path,
@@ -45,6 +52,7 @@ BUNDLE_VERSION = 1
 BUNDLE_MANIFEST = "bundle.json"
 MODEL_DIR = "model"
 MOBILE_FORMATS = {"tflite": "tflite", "ort": "onnxruntime"}  # artifact format -> runtime of its wrapper
+AGAIN = "build it again with 'deploy bundle'"
 COREML_UNCHECKED = "not run here: Core ML predicts only on Apple platforms"
 
 
@@ -65,15 +73,15 @@ def build_bundle(
     if dest.suffix.lower() != ".zip":
         raise InputError(f"bundle path '{dest}' must end in .zip")
     check_destination(dest, overwrite)
-    label_lines = _read_labels(labels) if labels else None
+    label_lines = read_labels(labels) if labels else None
     with Package.open(package_path) as package, scratch_dir("unideploy-bundle-") as tmp:
         manifest = package.manifest
         chosen = _mobile_artifacts(package, artifacts)
         if label_lines is not None:
-            _check_labels(label_lines, manifest)
+            check_labels(label_lines, manifest)
         staging = Path(tmp) / "bundle"
         staging.mkdir()
-        _write_model_package(package, chosen, staging / MODEL_DIR)
+        write_model_package(package, chosen, staging / MODEL_DIR)
         models = _wrapped_models(package, chosen)
         import onnxruntime
 
@@ -89,34 +97,12 @@ def build_bundle(
             _add_coreml(package, staging, models[0].type_name, document)
         (staging / "README.md").write_text(_readme(document, code), encoding="utf-8")
         document["files"] = [
-            _entry(staging, rel) for rel in sorted(all_files(staging)) if not rel.startswith(f"{MODEL_DIR}/")
+            file_entry(staging, rel) for rel in sorted(all_files(staging)) if not rel.startswith(f"{MODEL_DIR}/")
         ]
         (staging / BUNDLE_MANIFEST).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
         dest.parent.mkdir(parents=True, exist_ok=True)
         write_zip(staging, dest)
     return document
-
-
-def _read_labels(path: str | Path) -> list[str]:
-    try:
-        lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read labels '{path}': {exc}", "pass a UTF-8 text file, one label per line") from exc
-    lines = [line for line in lines if line]
-    if not lines:
-        raise InputError(f"labels file '{path}' is empty", "one label per line, in class-index order")
-    return lines
-
-
-def _check_labels(labels: list[str], manifest: Manifest) -> None:
-    """A labels file must name every class of the first output, no more, no fewer."""
-    classes = manifest.signature.outputs[0].shape[-1] if manifest.signature.outputs else None
-    if isinstance(classes, int) and classes != len(labels):
-        raise InputError(
-            f"the labels file has {len(labels)} labels but output "
-            f"'{manifest.signature.outputs[0].name}' has {classes} classes",
-            "one label per line, in class-index order",
-        )
 
 
 def _mobile_artifacts(package: Package, wanted: list[str] | None) -> list[Any]:
@@ -137,23 +123,6 @@ def _mobile_artifacts(package: Package, wanted: list[str] | None) -> list[Any]:
                 f"mobile artifacts here: {', '.join(a.id for a in mobile)}",
             )
     return [a for a in mobile if a.id in wanted]
-
-
-def _write_model_package(package: Package, chosen: list[Artifact], dest: Path) -> None:
-    """A package with only ``chosen`` and the reference samples (the source model stays out)."""
-    manifest = package.manifest.copy()
-    ids = {a.id for a in chosen}
-    with PackageWriter(dest) as writer:
-        for sample in manifest.samples:
-            writer.add_file(resolve_inside(package.root, sample.path), sample.path)
-        manifest.artifacts = []
-        for artifact in chosen:
-            companions = {f["path"]: resolve_inside(package.root, f["path"]) for f in artifact.files or ()}
-            manifest.artifacts.append(writer.add_artifact(package.path_of(artifact), artifact.planned(), companions))
-        manifest.validation = {k: v for k, v in manifest.validation.items() if k in ids}
-        manifest.source = {**manifest.source, "path": None}
-        manifest.source.pop("size", None)
-        writer.commit(manifest)
 
 
 def _wrapped_models(package: Package, chosen: list[Any]) -> list[Wrapped]:
@@ -207,11 +176,6 @@ def _add_coreml(package: Package, staging: Path, name: str, document: dict[str, 
             "inputs": [t.to_dict() for t in package.manifest.signature.inputs],
         }
     )
-
-
-def _entry(root: Path, relpath: str) -> dict[str, Any]:
-    sha256, size = digest_path(root / relpath)
-    return {"path": relpath, "sha256": sha256, "size": size}
 
 
 def _bundle_document(
@@ -378,7 +342,7 @@ def verify_bundle(path: str | Path, runtime: str | None = None) -> BundleReport:
         document = _read_document(root)
         try:
             package_root = resolve_inside(root, document["package"])
-            _check_files(root, document["files"], document["package"])
+            check_listed_files(root, document["files"], document["package"], BUNDLE_MANIFEST, AGAIN)
             report = BundleReport(document["platform"])
             with Package.open(package_root) as package:
                 report.models = verify_package(package, runtime, "cpu")
@@ -394,25 +358,6 @@ def verify_bundle(path: str | Path, runtime: str | None = None) -> BundleReport:
                 "build the bundle again with 'deploy bundle'",
             ) from exc
         return report
-
-
-def _check_files(root: Path, entries: list[dict[str, Any]], package_dir: str) -> None:
-    """Every listed file as checksummed, and nothing else outside the inner package."""
-    listed: set[str] = set()
-    for entry in entries:
-        file = resolve_inside(root, entry["path"])
-        if not file.is_file() or digest_path(file) != (entry["sha256"], entry["size"]):
-            raise PackageError(
-                f"bundle file '{entry['path']}' is missing or modified (checksum mismatch)",
-                "the bundle is corrupt or tampered with; build it again with 'deploy bundle'",
-            )
-        listed.add(entry["path"])
-    for rel in sorted(all_files(root) - listed - {BUNDLE_MANIFEST}):
-        if not rel.startswith(f"{package_dir}/"):
-            raise PackageError(
-                f"bundle contains '{rel}', which bundle.json does not list",
-                "a bundle must hold only what bundle.json checksums; build it again",
-            )
 
 
 def _read_document(root: Path) -> dict[str, Any]:

@@ -164,6 +164,23 @@ def replace_path(staged: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
 
 
+def staging_for(dest: Path) -> Path:
+    """A new folder beside ``dest`` to build it in (same filesystem, so :func:`publish` renames)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    prefix = temp_prefix(dest.parent, f".{dest.name}.", ".partial")
+    return Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=dest.parent))
+
+
+def publish(staging: Path, dest: Path) -> None:
+    """Put a finished staging folder at ``dest`` in one step: zipped when ``dest`` ends in .zip,
+    else renamed into place; a reader never finds it half-written."""
+    if dest.suffix.lower() == ".zip":
+        write_zip(staging, dest)
+        shutil.rmtree(staging, ignore_errors=True)
+    else:
+        replace_path(staging, dest)
+
+
 def write_zip(directory: Path, dest: Path) -> None:
     """Zip every file under ``directory`` into ``dest``: written beside it, then renamed."""
     fd, tmp_zip = tempfile.mkstemp(

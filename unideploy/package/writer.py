@@ -10,14 +10,13 @@ form, also written then renamed.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 from types import TracebackType
 
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.package.files import digest_path, replace_path, temp_prefix, write_zip
+from unideploy.package.files import digest_path, publish, staging_for
 from unideploy.package.manifest import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
@@ -46,11 +45,8 @@ def check_destination(dest: Path, overwrite: bool) -> None:
 class PackageWriter:
     def __init__(self, dest: str | Path, overwrite: bool = False) -> None:
         self.dest = Path(dest)
-        self.as_zip = self.dest.suffix.lower() == ".zip"
         check_destination(self.dest, overwrite)
-        self.dest.parent.mkdir(parents=True, exist_ok=True)
-        prefix = temp_prefix(self.dest.parent, f".{self.dest.name}.", ".partial")
-        self.staging = Path(tempfile.mkdtemp(prefix=prefix, suffix=".partial", dir=self.dest.parent))
+        self.staging = staging_for(self.dest)
 
     # -- staging -----------------------------------------------------------------------------
     def _target(self, relpath: str) -> Path:
@@ -106,11 +102,7 @@ class PackageWriter:
     # -- finishing ---------------------------------------------------------------------------
     def commit(self, manifest: Manifest) -> Path:
         (self.staging / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
-        if self.as_zip:
-            write_zip(self.staging, self.dest)
-            shutil.rmtree(self.staging, ignore_errors=True)
-        else:
-            replace_path(self.staging, self.dest)
+        publish(self.staging, self.dest)
         return self.dest
 
     def abort(self) -> None:

@@ -8,6 +8,7 @@ import logging
 import time
 
 ACCEPT_ERROR_INTERVAL_S = 10.0
+SCAN_ERROR_INTERVAL_S = 60.0
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -63,6 +64,9 @@ def configure(process: str | None = None) -> None:
     logging.getLogger("asyncio").addFilter(
         OncePerInterval("socket.accept() out of system resource", ACCEPT_ERROR_INTERVAL_S)
     )
+    # hot reload's scan, failing on every poll for as long as its cause lasts (out of descriptors, a
+    # remote store down): its traceback once a minute, with the count of those not logged
+    logging.getLogger("unideploy.server").addFilter(OncePerInterval("repository scan failed", SCAN_ERROR_INTERVAL_S))
     # uvicorn's line for every malformed or refused (431) request head: a hostile client's per request
     logging.getLogger("uvicorn.error").addFilter(
         OncePerInterval("Invalid HTTP request received.", ACCEPT_ERROR_INTERVAL_S)

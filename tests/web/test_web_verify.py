@@ -1,0 +1,141 @@
+"""`deploy verify SITE`: integrity, then every reference sample run in headless Chromium's page on
+each backend, judged with the package's tolerances; and the generated module's refusals, in the page."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+
+import numpy as np
+import pytest
+from console import assert_one_line_error, deploy
+
+from unideploy.web.browser import chromium, served
+from unideploy.web.bundle import CONTENT_TYPES, HEADERS
+
+pytestmark = pytest.mark.usefixtures("browser_here")
+
+
+def test_every_variant_runs_in_chromium_within_its_tolerance(digits_site, tmp_path):
+    shot = tmp_path / "page.png"
+    result = deploy("verify", digits_site, "--json", "--screenshot", shot)
+    assert result.returncode == 0, result.stderr + result.stdout
+    report = json.loads(result.stdout)
+    assert report["integrity"] == "passed" and report["browser"].startswith("Chromium ")
+    checks = {(c["artifact"], c["backend"]): c for c in report["checks"]}
+    for artifact in ("onnx-fp32", "onnx-int8", "onnx-fp16"):
+        wasm = checks[(artifact, "wasm")]
+        assert wasm["status"] == "passed", wasm
+        assert wasm["validation"]["batch_sizes"] == [1, 8] and wasm["load_ms"] > 0 and wasm["latency_ms"] > 0
+    assert checks[("onnx-fp32", "wasm")]["validation"]["outputs"]["output"]["max_abs_error"] < 1e-4
+    # WebGPU: fp32 runs where the browser offers an adapter; int8 is meant for WebAssembly only
+    assert checks[("onnx-int8", "webgpu")]["status"] == "skipped"
+    gpu = report["backends"]["webgpu"]
+    assert checks[("onnx-fp32", "webgpu")]["status"] == ("passed" if gpu["ok"] else "skipped"), gpu
+    # the page a person opens ran every check and shows them: a screenshot that is not blank
+    from skimage.io import imread
+
+    pixels = imread(shot)
+    assert pixels.shape[0] > 200 and pixels.shape[1] > 600
+    assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50  # text, table, colours
+
+
+def test_a_zipped_site_verifies_on_one_backend(digits_variants, tmp_path):
+    assert deploy("bundle", digits_variants, "--platform", "web", "-o", tmp_path / "s.zip").returncode == 0
+    result = deploy("verify", tmp_path / "s.zip", "--backend", "wasm")
+    assert result.returncode == 0, result.stderr
+    assert "onnx-fp16" in result.stdout and "webgpu" not in result.stdout
+
+
+def _copy(site, tmp_path):
+    copy = tmp_path / "site"
+    shutil.copytree(site, copy)
+    return copy
+
+
+def test_tampered_model_page_or_runtime_is_refused_before_the_browser(digits_site, tmp_path):
+    for relpath, pattern in (
+        (
+            "model/artifacts/model.onnx",
+            r"checksum mismatch.*model/artifacts/model.onnx|model.onnx.*(checksum|modified)",
+        ),
+        ("app.js", r"bundle file 'app.js' is missing or modified"),
+        ("ort/ort.min.mjs", r"bundle file 'ort/ort.min.mjs' is missing or modified"),
+    ):
+        copy = _copy(digits_site, tmp_path / relpath.replace("/", "_"))
+        target = copy / relpath
+        target.write_bytes(target.read_bytes()[:-1] + b"\0")
+        assert_one_line_error(deploy("verify", copy), 2, pattern)
+    copy = _copy(digits_site, tmp_path / "extra")
+    (copy / "evil.js").write_text("fetch('https://example.com')")
+    assert_one_line_error(deploy("verify", copy), 2, r"bundle contains 'evil.js', which web.json does not list")
+
+
+@pytest.mark.parametrize(
+    "change, pattern",
+    [
+        (lambda d: {**d, "package": "../outside"}, r"path '../outside' escapes the package"),
+        (lambda d: {**d, "files": [{"path": "app.js"}]}, r"web.json is malformed \(KeyError"),
+        (lambda d: {**d, "format_version": 9}, r"web bundle format version 9 is not supported"),
+    ],
+)
+def test_malformed_web_json_is_refused(digits_site, tmp_path, change, pattern):
+    copy = _copy(digits_site, tmp_path)
+    document = json.loads((copy / "web.json").read_text())
+    (copy / "web.json").write_text(json.dumps(change(document)))
+    assert_one_line_error(deploy("verify", copy), 2, pattern)
+
+
+def test_generated_module_refuses_wrong_dtype_shape_and_names(digits_site):
+    """The module a web developer imports, called in the page with what a developer gets wrong."""
+    calls = {
+        "dtype": "{x: new Int32Array(64)}",
+        "shape": "{x: {data: new Float32Array(72), shape: [1, 1, 8, 9]}}",
+        "rank": "{x: {data: new Float32Array(64), shape: [1, 64]}}",
+        "length": "{x: new Float32Array(60)}",
+        "missing": "{}",
+        "unknown": "{x: new Float32Array(64), y: new Float32Array(1)}",
+        "good": "{x: new Float32Array(128)}",
+    }
+    script = (
+        "async (calls) => { const m = await import('./model.js'); const model = await m.Model.load();"
+        " const said = {}; for (const [k, v] of Object.entries(calls)) {"
+        " try { const out = await model.run(eval('(' + v + ')')); said[k] = out.output.shape; }"
+        " catch (e) { said[k] = e.name + ': ' + e.message; } } return said; }"
+    )
+    with served(digits_site, HEADERS, CONTENT_TYPES) as url, chromium() as browser:
+        page = browser.new_page()
+        page.goto(url + "index.html?auto=0")
+        page.wait_for_function("document.body.dataset.state === 'ready'")
+        said = page.evaluate(script, calls)
+        wrong_variant = page.evaluate(
+            "async () => { const m = await import('./model.js');"
+            " try { await m.Model.load({variant: 'onnx-int8', backend: 'webgpu'}); return 'loaded'; }"
+            " catch (e) { return e.message; } }"
+        )
+    assert said["dtype"] == "ModelInputError: input 'x' must be a Float32Array (float32); got Int32Array"
+    assert said["shape"].endswith("has shape [1, 1, 8, 9]; the model takes [batch, 1, 8, 8] (dim 3 must be 8)")
+    assert "has rank 2 ([1, 64]); the model takes rank 4" in said["rank"]
+    assert "holds 60 values; [batch, 1, 8, 8] needs a multiple of 64" in said["length"]
+    assert said["missing"] == "ModelInputError: missing input 'x' (float32 [batch, 1, 8, 8])"
+    assert said["unknown"] == "ModelInputError: unknown input 'y': this model takes x"
+    assert said["good"] == [2, 10]  # a bare array: the batch inferred from its length
+    assert "cannot run on webgpu here: int8 runs on WebAssembly only" in wrong_variant
+
+
+def test_without_chromium_verify_says_what_to_install(digits_site, monkeypatch):
+    monkeypatch.setenv("UNIDEPLOY_CHROMIUM", "/nonexistent/chromium")
+    result = deploy("verify", digits_site)
+    assert_one_line_error(result, 2, r"cannot open a browser: no Chromium or Chrome found.*apt-get install chromium")
+
+
+def test_a_package_zip_is_not_taken_for_a_site(digits_variants, tmp_path):
+    archive = tmp_path / "pkg.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for file in digits_variants.rglob("*"):
+            if file.is_file():
+                zf.write(file, file.relative_to(digits_variants).as_posix())
+    result = deploy("verify", archive)
+    assert result.returncode == 0, result.stderr
+    assert "web.json" not in result.stdout
