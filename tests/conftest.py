@@ -116,3 +116,24 @@ def mindir_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from mindspore_models import save_mindir_models
 
     return save_mindir_models(tmp_path_factory.mktemp("mindir"))
+
+
+@pytest.fixture(scope="session")
+def text_models(tmp_path_factory) -> dict[str, Path]:
+    """scikit-learn models on iris with text inputs or outputs (tests/text_models.py), as ONNX."""
+    pytest.importorskip("skl2onnx", reason="the dev extra is not installed")
+    from text_models import save_text_models
+
+    return save_text_models(tmp_path_factory.mktemp("text-models"))
+
+
+@pytest.fixture(scope="session")
+def text_packages(text_models, tmp_path_factory) -> dict[str, Path]:
+    """The classifier answering species names and the regression taking one, exported."""
+    import unideploy
+
+    root = tmp_path_factory.mktemp("text-packages")
+    examples = {"labels": text_models["features"], "species": text_models["species_rows"]}
+    for name, example in examples.items():
+        unideploy.export(text_models[name], root / name, example_inputs=str(example)).close()
+    return {name: root / name for name in examples}

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.signature import Signature, TensorSpec, contiguous, normalize_dtype
+from unideploy.signature import STRING, Signature, TensorSpec, contiguous, normalize_dtype
 
 # Batch sizes at which every export is validated when the batch dimension is dynamic.
 VALIDATION_BATCH_SIZES = (1, 4)
@@ -24,7 +24,7 @@ def batch_size_of(inputs: Mapping[str, np.ndarray]) -> int:
 
 def random_tensor(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     """Synthetic data for a tensor: normal floats, small non-negative ints (safe as indices)."""
-    kind = np.dtype(spec.dtype).kind
+    kind = spec.np_dtype.kind
     if kind == "f":
         return rng.standard_normal(shape).astype(spec.dtype)
     if kind == "b":
@@ -68,7 +68,13 @@ def concrete_shape(spec: TensorSpec, batch: int | None, sizes: Mapping[str, int]
 def synthetic_batches(signature: Signature, sizes: Mapping[str, int], seed: int = 0) -> list[dict[str, np.ndarray]]:
     """Random inputs at each validation batch size (one batch if the batch dim is fixed); the second
     batch also takes other sizes of the dynamic non-batch dims, so both values are proven."""
-    settings = [s.name for s in signature.inputs if not s.shape and np.dtype(s.dtype).kind in "iub"]
+    texts = [s.name for s in signature.inputs if s.dtype == STRING]
+    if texts:  # categories, words, identifiers: random characters exercise nothing the model does
+        raise InputError(
+            f"input(s) {', '.join(map(repr, texts))} hold text: random strings cannot stand for it",
+            "give --example-input FILE.npz with real rows (numpy str arrays; np.savez keeps them)",
+        )
+    settings = [s.name for s in signature.inputs if not s.shape and s.np_dtype.kind in "iub"]
     if settings:
         # a sample rate, a threshold, a mode: a random value takes a branch the model does not mean
         # for it (ONNX Runtime then fails inside, or worse, the proof holds for a value nobody uses)

@@ -29,6 +29,24 @@ def contiguous(array: Any) -> np.ndarray:
     return np.require(array, requirements="C")
 
 
+def as_strings(array: np.ndarray, name: str) -> np.ndarray:
+    """A text tensor as numpy unicode, from str, UTF-8 bytes, or objects that are all one of them
+    (what ONNX Runtime returns, what a client builds); anything else is refused naming the tensor."""
+    if array.dtype.kind == "U":
+        return array
+    hint = "pass an array of str (numpy dtype 'U', or objects that are all str)"
+    try:
+        if array.dtype.kind == "S":
+            return np.char.decode(array, "utf-8")
+        if array.dtype.kind == "O" and all(isinstance(v, str) for v in array.flat):
+            return array.astype(str)
+        if array.dtype.kind == "O" and all(isinstance(v, bytes) for v in array.flat):
+            return np.char.decode(array.astype(bytes), "utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"input '{name}' holds bytes that are not UTF-8 text: {exc}", hint) from exc
+    raise InputError(f"input '{name}' has dtype {array.dtype.name}, expected string", hint)
+
+
 def channels_last(shape: tuple) -> tuple:
     return (shape[0], *shape[2:], shape[1])
 
@@ -37,6 +55,7 @@ def to_channels_last(array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(array, 1, -1))
 
 
+STRING = "string"  # text tensors (ONNX's STRING, the protocol's BYTES), numpy unicode arrays in memory
 SUPPORTED_DTYPES = (
     "float16",
     "float32",
@@ -50,15 +69,22 @@ SUPPORTED_DTYPES = (
     "uint32",
     "uint64",
     "bool",
+    STRING,
 )
 
 
 def normalize_dtype(dtype: Any) -> str:
-    """Return the numpy name of ``dtype``, refusing types a package cannot describe."""
+    """Return the numpy name of ``dtype`` (``string`` for text of any width), refusing types a
+    package cannot describe."""
+    if isinstance(dtype, str) and dtype == STRING:
+        return STRING
     try:
-        name = np.dtype(dtype).name
+        found = np.dtype(dtype)
     except TypeError as exc:
         raise InputError(f"unknown dtype '{dtype}'", f"use one of: {', '.join(SUPPORTED_DTYPES)}") from exc
+    if found.kind in "US":
+        return STRING
+    name = found.name
     if name not in SUPPORTED_DTYPES:
         raise InputError(f"unsupported dtype '{name}'", f"use one of: {', '.join(SUPPORTED_DTYPES)}")
     return name
@@ -77,7 +103,7 @@ class TensorSpec:
 
     @cached_property
     def np_dtype(self) -> np.dtype:
-        return np.dtype(self.dtype)
+        return np.dtype(str) if self.dtype == STRING else np.dtype(self.dtype)
 
     def shape_text(self) -> str:
         return "[" + ", ".join(str(d) for d in self.shape) + "]"
@@ -164,9 +190,12 @@ class Signature:
                 array = np.asarray(value)
             except (ValueError, TypeError) as exc:
                 raise InputError(f"input '{name}' is not a tensor: {exc}") from exc
-            if array.dtype != spec.np_dtype:
+            if spec.dtype == STRING:
+                array = as_strings(array, name)
+            elif array.dtype != spec.np_dtype:
+                given = STRING if array.dtype.kind in "US" else array.dtype.name
                 raise InputError(
-                    f"input '{name}' has dtype {array.dtype.name}, expected {spec.dtype}",
+                    f"input '{name}' has dtype {given}, expected {spec.dtype}",
                     f"cast it, e.g. array.astype('{spec.dtype}')",
                 )
             if array.ndim != len(spec.shape):
@@ -253,9 +282,26 @@ def parse_input_shape(text: str) -> InputShape:
     return InputShape(name, tuple(shape), dtype, dim_names)
 
 
+def _kind_of(value_type: Any) -> str:
+    """What an ONNX value that is not a tensor is, in words."""
+    which = value_type.WhichOneof("value")
+    if which == "sequence_type" and value_type.sequence_type.elem_type.WhichOneof("value") == "map_type":
+        return "a sequence of maps, not a tensor"
+    return f"a {which.removesuffix('_type')}, not a tensor" if which else "not a typed tensor"
+
+
+def _non_tensor_hint(value_type: Any) -> str:
+    if value_type.WhichOneof("value") == "sequence_type":  # scikit-learn's ZipMap: one dict per row
+        return (
+            "if it is scikit-learn's ZipMap (class probabilities as dicts), convert without it: skl2onnx's "
+            "to_onnx(model, X, options={id(model): {'zipmap': False}}) gives a [rows, classes] tensor"
+        )
+    return "only tensor inputs and outputs can be served: make the model return tensors"
+
+
 def signature_from_onnx(model: Any) -> Signature:
     """Read the signature of an ONNX ModelProto (graph inputs minus initializers)."""
-    from onnx import helper
+    from onnx import TensorProto, helper
 
     initializers = {init.name for init in model.graph.initializer}
     channels_first = {n.input[0] for n in model.graph.node if n.op_type in _CHANNELS_FIRST_OPS and n.input}
@@ -263,10 +309,8 @@ def signature_from_onnx(model: Any) -> Signature:
     def spec(value: Any) -> TensorSpec:
         ttype = value.type.tensor_type
         if not value.type.HasField("tensor_type") or ttype.elem_type == 0:
-            raise InputError(
-                f"ONNX value '{value.name}' is not a typed tensor", "only tensor inputs/outputs are supported"
-            )
-        dtype = helper.tensor_dtype_to_np_dtype(ttype.elem_type)
+            raise InputError(f"ONNX value '{value.name}' is {_kind_of(value.type)}", _non_tensor_hint(value.type))
+        dtype = STRING if ttype.elem_type == TensorProto.STRING else helper.tensor_dtype_to_np_dtype(ttype.elem_type)
         dims: list[Dim] = []
         if not ttype.HasField("shape"):
             raise InputError(f"ONNX value '{value.name}' has no shape", "re-export the model with shape information")
@@ -279,7 +323,7 @@ def signature_from_onnx(model: Any) -> Signature:
                 named = d.dim_param if any(c.isalnum() for c in d.dim_param) else ""  # Paddle writes "?"
                 dims.append(dim_identifier(named) or unnamed_dim(value.name, axis))
         layout = _CHANNELS_FIRST_LAYOUTS.get(len(dims)) if value.name in channels_first else None
-        return TensorSpec(value.name, np.dtype(dtype).name, tuple(dims), layout)
+        return TensorSpec(value.name, normalize_dtype(dtype), tuple(dims), layout)
 
     return Signature(
         tuple(spec(v) for v in model.graph.input if v.name not in initializers),

@@ -43,7 +43,22 @@ REST_CASES = [
     ("wrong input name", "/v2/models/digits/infer", body(good_input(name="image")), {}, 400, "unknown input"),
     ("input twice", "/v2/models/digits/infer", body(good_input(), good_input()), {}, 400, "given twice"),
     ("unknown datatype", "/v2/models/digits/infer", body(good_input(datatype="FP99")), {}, 400, "unsupported datatype"),
-    ("BYTES datatype", "/v2/models/digits/infer", body(good_input(datatype="BYTES")), {}, 400, "unsupported datatype"),
+    (
+        "BYTES datatype with numbers",
+        "/v2/models/digits/infer",
+        body(good_input(datatype="BYTES")),
+        {},
+        400,
+        "is BYTES but its data holds float values",
+    ),
+    (
+        "text for a float input",
+        "/v2/models/digits/infer",
+        body(good_input(datatype="BYTES", shape=[1, 1, 1, 1], data=["seven"])),
+        {},
+        400,
+        "input 'x' has dtype string, expected float32",
+    ),
     (
         "wrong dtype",
         "/v2/models/digits/infer",

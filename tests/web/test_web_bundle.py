@@ -122,3 +122,12 @@ def test_without_npm_and_no_cached_runtime_the_refusal_names_the_install(monkeyp
         runtime_dir()
     assert "npm is needed once to fetch onnxruntime-web" in caught.value.message
     assert "nodejs npm" in (caught.value.hint or "")
+
+
+def test_a_model_with_text_tensors_is_refused_with_the_way_out(text_packages, tmp_path):
+    assert_one_line_error(
+        deploy("bundle", text_packages["labels"], "--platform", "web", "-o", tmp_path / "site"),
+        2,
+        r"the model has text tensors \(label\).*deploy serve",
+    )
+    assert not (tmp_path / "site").exists()

@@ -16,6 +16,7 @@ from unideploy.cli.options import given
 from unideploy.errors import InputError, ValidationError
 from unideploy.package import Package
 from unideploy.runtimes import RuntimeOptions
+from unideploy.signature import normalize_dtype
 
 if TYPE_CHECKING:
     from unideploy.optimizers.base import OptimizeRequest
@@ -131,7 +132,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             {
                 **ran,
                 "outputs": {
-                    k: {"dtype": v.dtype.name, "shape": list(v.shape), "data": v.tolist()} for k, v in outputs.items()
+                    k: {"dtype": normalize_dtype(v.dtype), "shape": list(v.shape), "data": v.tolist()}
+                    for k, v in outputs.items()
                 },
             }
         )

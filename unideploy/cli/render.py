@@ -21,6 +21,7 @@ from unideploy.doctor import Finding
 from unideploy.guard.accuracy import describe, detail
 from unideploy.package import Package
 from unideploy.package.manifest import OptimizationRecord
+from unideploy.signature import normalize_dtype
 from unideploy.verify import ArtifactCheck
 
 if TYPE_CHECKING:
@@ -203,13 +204,16 @@ def fallbacks(found: dict[str, Any]) -> None:
 def run_outputs(found: dict[str, Any], outputs: dict[str, np.ndarray], written: str | None) -> None:
     fallbacks(found)
     table = Table(title=f"Outputs of {escape(ran(found))}", title_justify="left")
-    for col in ("name", "dtype", "shape", "min", "max", "mean", "argmax (last axis)"):
+    for col in ("name", "dtype", "shape", "min", "max", "mean", "argmax (last axis) or first values"):
         table.add_column(col)
     for name, value in outputs.items():
         numeric = value.size and np.issubdtype(value.dtype, np.number)
         arg = np.argmax(value, axis=-1).ravel()[:16].tolist() if numeric and value.ndim >= 1 else ""
+        if value.dtype.kind == "U":  # text: what it says
+            arg = value.ravel()[:8].tolist()
         stats = [_fmt(float(f(value))) for f in (np.min, np.max, np.mean)] if numeric else ["", "", ""]
-        table.add_row(escape(name), value.dtype.name, escape(str(list(value.shape))), *stats, escape(str(arg)))
+        dtype = normalize_dtype(value.dtype)
+        table.add_row(escape(name), dtype, escape(str(list(value.shape))), *stats, escape(str(arg)))
     out.print(table)
     if written:
         out.print(f"outputs written to {escape(written)}")

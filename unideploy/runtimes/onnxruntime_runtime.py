@@ -181,7 +181,8 @@ class OnnxRuntime(Runtime):
             outputs = session.run(self._output_names, inputs, run_options)
         except Exception as exc:
             raise RuntimeFailure(f"ONNX Runtime failed: {ort_message(exc)}") from exc
-        return dict(zip(self._output_names, outputs))
+        # string outputs come back as arrays of Python str objects: numpy unicode, as every stage keeps text
+        return {n: o.astype(str) if o.dtype == object else o for n, o in zip(self._output_names, outputs)}
 
     def shrink(self, inputs: Mapping[str, Any]) -> None:
         """ONNX Runtime keeps the arena a merged batch grew (about 125 MB for the benchmark's two

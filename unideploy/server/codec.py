@@ -3,6 +3,10 @@
 Both frontends decode into numpy here and encode from numpy here, so a tensor means the same over
 REST JSON, REST binary (``Inference-Header-Content-Length``) and gRPC (``contents`` or
 ``raw_input_contents``). Every malformed tensor raises :class:`BadRequest` naming it.
+
+Text travels as ``BYTES``: JSON strings, ``bytes_contents`` over gRPC, and in raw form (binary
+extension, raw contents, shared memory) as Triton serializes it: each element a 4-byte
+little-endian length, then its bytes. Here it is a numpy unicode array, as in every stage.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ V2_TO_NUMPY = {
     "FP32": "float32",
     "FP64": "float64",
 }
-NUMPY_TO_V2 = {v: k for k, v in V2_TO_NUMPY.items()}
+BYTES = "BYTES"
+DATATYPES = (*V2_TO_NUMPY, BYTES)
+NUMPY_TO_V2 = {**{v: k for k, v in V2_TO_NUMPY.items()}, "string": BYTES}
 # Per request, lookups by dtype object: numpy computes ``dtype.name`` in Python on every read (6 %
 # of the event loop's time at concurrency 1), and builds a dtype from its name or byte order anew.
 _V2_OF_DTYPE = {np.dtype(v): k for k, v in V2_TO_NUMPY.items()}
@@ -50,7 +56,9 @@ GRPC_CONTENTS = {
     "UINT64": "uint64_contents",
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
+    BYTES: "bytes_contents",
 }
+LENGTH_PREFIX = 4
 
 
 MAX_DIM = 2**31 - 1
@@ -59,9 +67,44 @@ MAX_DIM = 2**31 - 1
 def numpy_dtype(datatype: Any, tensor: str) -> np.dtype:
     if not isinstance(datatype, str) or datatype not in V2_TO_NUMPY:
         raise BadRequest(
-            f"input '{tensor}' has unsupported datatype {datatype!r}", f"use one of: {', '.join(V2_TO_NUMPY)}"
+            f"input '{tensor}' has unsupported datatype {datatype!r}", f"use one of: {', '.join(DATATYPES)}"
         )
     return _WIRE_DTYPE[datatype]
+
+
+def _count(found: int, shape: Sequence[int], tensor: str, what: str = "values") -> None:
+    expected = math.prod(shape)  # Python ints: no int64 wrap-around to a count that happens to match
+    if found != expected:
+        raise BadRequest(f"input '{tensor}' has {found} {what}, but shape {list(shape)} needs {expected}")
+
+
+def _texts(items: Sequence[bytes], shape: Sequence[int], tensor: str) -> np.ndarray:
+    """BYTES elements (UTF-8) as a unicode array of ``shape``."""
+    _count(len(items), shape, tensor, "BYTES elements")
+    try:
+        texts = [item.decode("utf-8") for item in items]
+    except UnicodeDecodeError as exc:
+        raise BadRequest(
+            f"input '{tensor}' holds BYTES that are not UTF-8 text ({exc})", "this model takes text: send UTF-8"
+        ) from exc
+    return _shaped(np.array(texts, dtype=str), shape, tensor)
+
+
+def _texts_from_raw(raw: bytes | memoryview, shape: Sequence[int], tensor: str) -> np.ndarray:
+    """Triton's raw BYTES: each element a 4-byte little-endian length, then that many bytes."""
+    view, items, offset, limit = memoryview(raw), [], 0, math.prod(shape)
+    while offset < len(view):
+        if offset + LENGTH_PREFIX > len(view):
+            raise BadRequest(f"input '{tensor}': its BYTES data ends inside an element's 4-byte length")
+        size = int.from_bytes(view[offset : offset + LENGTH_PREFIX], "little")
+        offset += LENGTH_PREFIX
+        if offset + size > len(view):
+            raise BadRequest(f"input '{tensor}': a BYTES element of {size} bytes runs past the end of the data")
+        items.append(bytes(view[offset : offset + size]))
+        offset += size
+        if len(items) > limit:
+            break  # more elements than the shape holds: said by the count check
+    return _texts(items, shape, tensor)
 
 
 def check_shape(shape: Any, tensor: str) -> tuple[int, ...]:
@@ -76,6 +119,18 @@ def check_shape(shape: Any, tensor: str) -> tuple[int, ...]:
 
 def from_json_data(data: Any, datatype: Any, shape: Sequence[int], tensor: str) -> np.ndarray:
     """JSON ``data`` (flat or nested, row-major) to an array of ``shape``."""
+    if datatype == BYTES:
+        try:
+            flat = np.asarray(data, dtype=object).reshape(-1)
+        except ValueError as exc:  # ragged nesting
+            raise BadRequest(f"input '{tensor}' data is not a regular array of strings: {exc}") from exc
+        strange = next((v for v in flat if not isinstance(v, str)), None)
+        if strange is not None:
+            raise BadRequest(
+                f"input '{tensor}' is BYTES but its data holds {type(strange).__name__} values",
+                "send text as JSON strings",
+            )
+        return _texts([v.encode("utf-8") for v in flat], shape, tensor)
     dtype = numpy_dtype(datatype, tensor)
     try:
         flat = np.asarray(data, dtype=dtype if dtype.kind != "b" else None).reshape(-1)
@@ -85,9 +140,7 @@ def from_json_data(data: Any, datatype: Any, shape: Sequence[int], tensor: str) 
         raise BadRequest(f"input '{tensor}' is BOOL but its data holds {flat.dtype.name} values")
     if dtype.kind in "iu" and flat.dtype.kind == "f":
         raise BadRequest(f"input '{tensor}' is {datatype} but its data holds fractional numbers")
-    expected = math.prod(shape)  # Python ints: no int64 wrap-around to a count that happens to match
-    if flat.size != expected:
-        raise BadRequest(f"input '{tensor}' has {flat.size} values, but shape {list(shape)} needs {expected}")
+    _count(flat.size, shape, tensor)
     return _shaped(flat.astype(dtype, copy=False), shape, tensor)
 
 
@@ -102,7 +155,9 @@ def _shaped(flat: np.ndarray, shape: Sequence[int], tensor: str) -> np.ndarray:
 
 def from_bytes(raw: bytes | memoryview, datatype: Any, shape: Sequence[int], tensor: str) -> np.ndarray:
     """Raw little-endian row-major bytes (binary extension, raw_input_contents) to an array, without
-    a copy (a memoryview of the request body stays one)."""
+    a copy (a memoryview of the request body stays one); BYTES as Triton serializes it."""
+    if datatype == BYTES:
+        return _texts_from_raw(raw, shape, tensor)
     dtype = numpy_dtype(datatype, tensor)
     expected = math.prod(shape) * dtype.itemsize
     if len(raw) != expected:
@@ -118,10 +173,15 @@ def from_contents(contents: Any, datatype: str, shape: Sequence[int], tensor: st
     if field is None:
         numpy_dtype(datatype, tensor)  # raises for unknown types
         raise BadRequest(f"input '{tensor}' is {datatype}, which travels only in raw_input_contents")
+    if datatype == BYTES:
+        return _texts(list(contents.bytes_contents), shape, tensor)
     return from_json_data(list(getattr(contents, field)), datatype, shape, tensor)
 
 
 def to_bytes(array: np.ndarray) -> bytes:
+    if array.dtype.kind == "U":
+        encoded = [text.encode("utf-8") for text in array.ravel().tolist()]
+        return b"".join(len(item).to_bytes(LENGTH_PREFIX, "little") + item for item in encoded)
     if array.dtype.byteorder in _BIG_ENDIAN_ORDERS:
         array = array.astype(array.dtype.newbyteorder("<"))
     return array.tobytes()  # row-major whatever the array's strides
@@ -129,4 +189,6 @@ def to_bytes(array: np.ndarray) -> bytes:
 
 def v2_datatype(array: np.ndarray) -> str:
     found = _V2_OF_DTYPE.get(array.dtype)
+    if found is None and array.dtype.kind == "U":
+        return BYTES
     return found if found is not None else NUMPY_TO_V2[array.dtype.name]

@@ -34,7 +34,7 @@ from unideploy.package.bundled import check_labels, file_entry, read_labels, wri
 from unideploy.package.files import all_files, publish, staging_for
 from unideploy.package.manifest import Artifact, Manifest
 from unideploy.package.writer import check_destination
-from unideploy.signature import CHANNELS_LAST
+from unideploy.signature import CHANNELS_LAST, STRING
 from unideploy.web.module import model_module
 from unideploy.web.runtime import ORT_WEB_VERSION, Build, build_for, runtime_dir
 
@@ -89,6 +89,12 @@ def build_web_bundle(
     label_lines = read_labels(labels) if labels else None
     with Package.open(package_path) as package:
         manifest = package.manifest
+        texts = [t.name for t in (*manifest.signature.inputs, *manifest.signature.outputs) if t.dtype == STRING]
+        if texts:
+            raise InputError(
+                f"the model has text tensors ({', '.join(texts)}): a web site's module and samples take numbers only",
+                "serve it with 'deploy serve' (BYTES), or bundle a model whose inputs and outputs are numeric",
+            )
         chosen, omitted = _web_artifacts(package, artifacts)
         if label_lines is not None:
             check_labels(label_lines, manifest)
