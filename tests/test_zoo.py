@@ -113,3 +113,21 @@ def test_efficientnet_lite0_web_site_runs_in_chromium_and_classifies_a_photo(tmp
         top = page.text_content("#top")
     first = int(top.splitlines()[0].split(":")[0].removeprefix("class "))
     assert 281 <= first <= 285, top  # ImageNet's domestic cats
+
+
+def test_efficientnet_lite0_exported_from_memory_recognises_a_real_photo(tmp_path):
+    """The pretrained module a user holds, passed to unideploy.export as it is: TorchScript cannot
+    compile it, so it is traced on the example photos; the package keeps the traced file."""
+    from skimage import data
+
+    import unideploy
+
+    photos = zoo_models.imagenet_photos(2)
+    module = zoo_models.efficientnet_lite0_module()
+    with unideploy.export(module, tmp_path / "pkg", example_inputs={"inputs": photos}) as package:
+        assert package.manifest.name == "efficientnet"
+        assert package.manifest.source["path"].endswith("EfficientNet.pt")
+        assert package.manifest.validation["onnx-fp32"]["passed"]
+    cat = zoo_models.nchw([data.chelsea()], 224, 224, mean=zoo_models.IMAGENET_MEAN, std=zoo_models.IMAGENET_STD)
+    logits = unideploy.run(tmp_path / "pkg", {"inputs": cat})["output"]
+    assert 281 <= int(np.argmax(logits)) <= 285

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def export(
-    src: str | Path,
+    src: str | Path | Any,
     output: str | Path,
     *,
     input_shapes: Sequence[str] = (),
@@ -29,7 +29,10 @@ def export(
     constants: Mapping[str, int | float | bool | str] | None = None,
     **kwargs: Any,
 ) -> Package:
-    """Export a model file to a verified package (optimized too, if asked) and return it opened.
+    """Export a model file, or a model in memory (a ``torch.nn.Module``, a ``keras.Model``), to a
+    verified package (optimized too, if asked) and return it opened. A module is saved as
+    TorchScript (scripted, else traced on ``example_inputs`` or zeros of ``input_shapes``), a Keras
+    model as ``.keras``: the package keeps that file as its source.
     ``constants``: values for a TorchScript ``forward()``'s non-tensor arguments (``{"sr": 16000}``).
 
     ``kwargs`` are those of :func:`unideploy.exporters.export.export` (name, version, exporter,
@@ -49,7 +52,16 @@ def export(
         trust_source=trust_source,
         constants=constants or {},
     )
-    return Package.open(export_package(src, output, options=options, optimization=optimization, **kwargs))
+    from unideploy.exporters.in_memory import is_model_object, save_model_object
+
+    if not is_model_object(src):
+        return Package.open(export_package(src, output, options=options, optimization=optimization, **kwargs))
+    from unideploy.package.files import scratch_dir
+
+    with scratch_dir("unideploy-in-memory-") as tmp:
+        saved = save_model_object(src, Path(tmp), options.example_inputs, options.input_shapes)
+        kwargs.setdefault("name", type(src).__name__.lower())
+        return Package.open(export_package(saved, output, options=options, optimization=optimization, **kwargs))
 
 
 def optimize(package: str | Path, output: str | Path | None = None, **request: Any) -> Package:
