@@ -131,3 +131,27 @@ def test_efficientnet_lite0_exported_from_memory_recognises_a_real_photo(tmp_pat
     cat = zoo_models.nchw([data.chelsea()], 224, 224, mean=zoo_models.IMAGENET_MEAN, std=zoo_models.IMAGENET_STD)
     logits = unideploy.run(tmp_path / "pkg", {"inputs": cat})["output"]
     assert 281 <= int(np.argmax(logits)) <= 285
+
+
+def test_silero_vad_binds_its_sample_rate_with_constant(tmp_path):
+    """Silero VAD (ONNX, from the silero-vad package) takes its sample rate as an int64 scalar
+    input: a random one is refused, and --constant sr=16000 makes it part of the model."""
+    from console import assert_one_line_error, deploy
+
+    model = zoo_models.shipped("silero_vad/data/silero_vad.onnx")
+    sizes = ("--input-shape", "input:batch=1,samples=512", "--input-shape", "state:2,batch=1,128")
+    assert_one_line_error(
+        deploy("export", model, "-o", tmp_path / "a", *sizes), 2, r"input\(s\) 'sr' take one integer value"
+    )
+    made = deploy("export", model, "-o", tmp_path / "vad", *sizes, "--constant", "sr=16000", "--json")
+    assert made.returncode == 0, made.stderr
+    manifest = json.loads((tmp_path / "vad" / "manifest.json").read_text())
+    assert manifest["source"]["constants"] == {"sr": 16000}
+    assert [t["name"] for t in manifest["signature"]["inputs"]] == ["input", "state"]
+    assert manifest["validation"]["onnx-fp32"]["passed"]
+    import unideploy
+
+    rng = np.random.default_rng(0)
+    chunk = (0.1 * rng.standard_normal((1, 512))).astype(np.float32)
+    out = unideploy.run(tmp_path / "vad", {"input": chunk, "state": np.zeros((2, 1, 128), np.float32)})
+    assert 0.0 <= float(out["output"][0, 0]) <= 1.0  # a speech probability

@@ -218,3 +218,42 @@ def test_a_scalar_input_stays_a_scalar_from_example_inputs_to_the_server(tmp_pat
         np.testing.assert_allclose(np.reshape(answer.json()["outputs"][0]["data"], (3, 4)), x * 2, rtol=1e-6)
     finally:
         stop_server(server)
+
+
+def _scaled_by_setting(path):
+    """y = x * gain, with gain an int64 scalar input (a setting, as a sample rate is)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["gain"], ["g"], to=TensorProto.FLOAT), helper.make_node("Mul", ["x", "g"], ["y"])],
+        "scaled",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("gain", TensorProto.INT64, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+def test_constant_binds_an_onnx_settings_input_and_refuses_what_one_value_cannot_fill(tmp_path):
+    import json
+
+    model = _scaled_by_setting(tmp_path / "scaled.onnx")
+    made = deploy("export", model, "-o", tmp_path / "pkg", "--input-shape", "x:2x4", "--constant", "gain=3")
+    assert made.returncode == 0, made.stderr
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert manifest["source"]["constants"] == {"gain": 3}
+    assert [t["name"] for t in manifest["signature"]["inputs"]] == ["x"]
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(unideploy.run(tmp_path / "pkg", {"x": x})["y"], 3 * x)
+    for constant, pattern in (
+        ("nope=1", r"--constant nope: the model has no such input.*its inputs: x, gain"),
+        ("x=1", r"--constant x: input 'x' is float32 \[batch, 4\], which one value cannot fill"),
+        ("gain=loud", r"--constant gain='loud' is no int64 value"),
+    ):
+        refused = deploy("export", model, "-o", tmp_path / "bad", "--input-shape", "x:2x4", "--constant", constant)
+        assert_one_line_error(refused, 2, pattern)
+    assert not (tmp_path / "bad").exists()

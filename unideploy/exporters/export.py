@@ -75,8 +75,8 @@ def export(
 
     if options.constants and not exporter_cls.binds_constants:
         raise InputError(
-            f"--constant binds non-tensor forward() arguments of TorchScript sources; '{src.name}' is a "
-            f"{exporter_cls.framework} model ({exporter_cls.name})",
+            f"--constant binds non-tensor forward() arguments of TorchScript sources and settings inputs of ONNX "
+            f"files; '{src.name}' is a {exporter_cls.framework} model ({exporter_cls.name})",
             "leave --constant out: this source's inputs are its tensors (a .pt2 program fixes such values when "
             "torch.export runs)",
         )

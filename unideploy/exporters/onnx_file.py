@@ -9,19 +9,21 @@ inside the model's folder; the package keeps them as one ``model.onnx.data`` bes
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from unideploy.errors import ExportError, InputError, PackageError, first_line
-from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
+from unideploy.exporters.base import Constant, ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.shapes import readable_dims, resolve_signature
 from unideploy.onnx.files import EXTERNAL_DATA_NAME, MAX_INLINE_BYTES, save_model
 from unideploy.onnx.graph import constants_to_initializers
 from unideploy.onnx.interface import declare_signature, opset_of, set_io_dims
 from unideploy.runtimes.base import RuntimeOptions
 from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime
-from unideploy.signature import Signature, signature_from_onnx
+from unideploy.signature import STRING, Signature, signature_from_onnx
 
 
 class OnnxFileExporter(Exporter):
@@ -29,6 +31,7 @@ class OnnxFileExporter(Exporter):
     framework = "onnx"
     required_modules = ("onnx", "onnxruntime")
     keeps_source = False  # the artifact is the source, re-saved with inferred shapes
+    binds_constants = True  # --constant NAME=VALUE: an input made an initializer of that value
 
     @classmethod
     def detect(cls, src: Path) -> bool:
@@ -57,6 +60,8 @@ class OnnxFileExporter(Exporter):
                 "fix the model in the framework that produced it and export it again",
             ) from exc
         constants_to_initializers(model)
+        given = signature_from_onnx(model)
+        bound = _bind_constants(model, given, options.constants)
         declared = readable_dims(signature_from_onnx(model))
         signature, sizes = resolve_signature(declared, options, _metadata_sizes(model, declared))
         onnx_path = workdir / "model.onnx"
@@ -75,7 +80,8 @@ class OnnxFileExporter(Exporter):
         try:
             # the model as the user gave it, on the CPU provider: ONNX's reference implementation
             # here, the same on every machine (a GPU's kernels differ in the last bits)
-            source = OnnxRuntime(src, signature, RuntimeOptions(device="cpu"))
+            fed = Signature(signature.inputs + tuple(t for t in given.inputs if t.name in bound), signature.outputs)
+            source = OnnxRuntime(src, fed, RuntimeOptions(device="cpu"))
         except PackageError as exc:
             raise ExportError(
                 f"ONNX Runtime cannot run '{src.name}': {exc.message}",
@@ -85,13 +91,51 @@ class OnnxFileExporter(Exporter):
         return ConvertedModel(
             onnx_path=onnx_path,
             signature=signature,
-            run_source=source.run,
+            run_source=(lambda inputs: source.run({**inputs, **bound})) if bound else source.run,
             conversion_path="import (onnx checker + shape inference)",
             library_versions={"onnx": onnx.__version__},
             opset=opset,
             size_hints=sizes,
             companions={f"artifacts/{EXTERNAL_DATA_NAME}": workdir / EXTERNAL_DATA_NAME} if external else {},
         )
+
+
+def _bind_constants(model: Any, signature: Signature, constants: Mapping[str, Constant]) -> dict[str, np.ndarray]:
+    """Make each input named by ``--constant`` an initializer holding its value (a sample rate, a
+    threshold: a setting, not data); return the values, which the source model is fed."""
+    from onnx import numpy_helper
+
+    specs = {t.name: t for t in signature.inputs}
+    unknown = [name for name in constants if name not in specs]
+    if unknown:
+        raise InputError(
+            f"--constant {', '.join(unknown)}: the model has no such input",
+            f"its inputs: {', '.join(specs)}",
+        )
+    bound: dict[str, np.ndarray] = {}
+    for name, value in constants.items():
+        spec = specs[name]
+        text = spec.dtype == STRING
+        if not all(isinstance(d, int) for d in spec.shape):
+            raise InputError(
+                f"--constant {name}: input '{name}' is {spec.dtype} {spec.shape_text()}, which one value cannot fill",
+                "bind only settings: a scalar or fixed-shape input",
+            )
+        if text != isinstance(value, str):
+            raise InputError(
+                f"--constant {name}={value!r} is no {spec.dtype} value", "a number for a numeric input, text for text"
+            )
+        try:
+            dtype = np.asarray(value).dtype if text else spec.np_dtype  # text: as wide as the value
+            bound[name] = np.full(tuple(int(d) for d in spec.shape), value, dtype=dtype)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise InputError(f"--constant {name}={value!r} is no {spec.dtype} value: {exc}") from exc
+    for name, array in bound.items():
+        model.graph.initializer.append(numpy_helper.from_array(array, name))
+    kept = [v for v in model.graph.input if v.name not in bound]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    return bound
 
 
 def _tensors(graph: Any) -> Iterator[Any]:
