@@ -130,6 +130,21 @@ def test_without_chromium_verify_says_what_to_install(digits_site, monkeypatch):
     assert_one_line_error(result, 2, r"cannot open a browser: no Chromium or Chrome found.*apt-get install chromium")
 
 
+def test_browser_options_name_what_they_apply_to(digits_variants, tmp_path):
+    assert (
+        deploy("bundle", digits_variants, "--platform", "web", "-o", tmp_path / "s", "--backends", "wasm").returncode
+        == 0
+    )
+    assert_one_line_error(
+        deploy("verify", tmp_path / "s", "--backend", "webgpu"), 2, r"the site's runtime build has no webgpu backend"
+    )
+    assert_one_line_error(
+        deploy("verify", digits_variants, "--screenshot", tmp_path / "x.png"),
+        2,
+        r"check web sites, and this is not one",
+    )
+
+
 def test_a_package_zip_is_not_taken_for_a_site(digits_variants, tmp_path):
     archive = tmp_path / "pkg.zip"
     with zipfile.ZipFile(archive, "w") as zf:

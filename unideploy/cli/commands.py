@@ -153,6 +153,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if is_web_bundle(args.package):
         return _verify_site(args)
+    if args.backend or args.software_webgpu or args.screenshot:
+        raise InputError(
+            "--backend, --software-webgpu and --screenshot check web sites, and this is not one",
+            "leave them out, or give a site from 'deploy bundle --platform web'",
+        )
     if is_bundle(args.package):
         return _verify_bundle(args)
     signed_by = None

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from unideploy.errors import PackageError, RuntimeFailure
+from unideploy.errors import InputError, PackageError, RuntimeFailure
 from unideploy.package import Package
 from unideploy.package.bundled import check_listed_files
 from unideploy.package.files import extract_zip, read_format_document, resolve_inside, scratch_dir
@@ -107,9 +107,15 @@ def verify_web_bundle(
             package_root = resolve_inside(root, document["package"])
             check_listed_files(root, document["files"], document["package"], WEB_MANIFEST, AGAIN)
             headers, types = document["headers"], document["content_types"]
-            wanted = [b for b in document["runtime"]["backends"] if not backends or b in backends]
+            offered = document["runtime"]["backends"]
         except (KeyError, TypeError) as exc:
             raise PackageError(f"{WEB_MANIFEST} is malformed ({type(exc).__name__}: {exc})", AGAIN) from exc
+        if missing := [b for b in backends or () if b not in offered]:
+            raise InputError(
+                f"the site's runtime build has no {', '.join(missing)} backend (it has {', '.join(offered)})",
+                "build it again with 'deploy bundle --platform web --backends wasm,webgpu', or check another backend",
+            )
+        wanted = [b for b in offered if not backends or b in backends]
         with (
             Package.open(package_root) as package,
             served(root, headers, types) as url,
