@@ -36,6 +36,8 @@ def digits_variants(digits, tmp_path_factory) -> Path:
 def digits_site(digits_variants, tmp_path_factory) -> Path:
     from unideploy.web.bundle import build_web_bundle
 
-    site = tmp_path_factory.mktemp("site") / "digits-site"
-    build_web_bundle(digits_variants, site)
-    return site
+    folder = tmp_path_factory.mktemp("site")
+    labels = folder / "labels.txt"
+    labels.write_text("".join(f"digit {i}\n" for i in range(10)))
+    build_web_bundle(digits_variants, folder / "digits-site", labels=labels)
+    return folder / "digits-site"

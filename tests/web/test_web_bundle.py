@@ -49,6 +49,8 @@ def test_site_holds_variants_runtime_module_page_and_checksums(digits_site):
     assert "import * as ort from './ort/ort.min.mjs';" in module
     assert '"onnx-int8": {"file": "model/artifacts/model.int8.onnx"' in module
     assert document["classifier"]["scale"] == "unit"  # digits are scaled to 0..1
+    assert document["labels"] == "labels.txt" and "labels.txt" in listed
+    assert (digits_site / "labels.txt").read_text().splitlines()[7] == "digit 7"
     assert "Cross-Origin-Opener-Policy: same-origin" in (digits_site / "README.md").read_text()
 
 

@@ -101,35 +101,49 @@ def build_web_bundle(
         runtime = runtime_dir()  # before staging: fetching it may take a while, or fail
         staging = staging_for(dest)
         try:
-            write_model_package(package, chosen, staging / MODEL_DIR)
-            with Package.open(staging / MODEL_DIR) as inner:
-                document = _document(inner, build, omitted, label_lines is not None)
-                document["samples"] = _write_samples(inner, staging)
-                document["classifier"] = _classifier(inner.manifest, inner.reference_samples()[0].inputs)
-            for name in build.files:
-                (staging / "ort").mkdir(exist_ok=True)
-                (staging / "ort" / name).write_bytes((runtime / name).read_bytes())
-            static = files("unideploy.web").joinpath("static")
-            for name in ("index.html", "app.js"):
-                (staging / name).write_text(static.joinpath(name).read_text(encoding="utf-8"), encoding="utf-8")
-            kept = ("file", "precision", "external_data", "backends", "note")
-            variants = {m["artifact"]: {k: m[k] for k in kept} for m in document["models"]}
-            title = f"{manifest.name} {manifest.version}"
-            made_by = f"unideploy {unideploy.__version__}"
-            text = model_module(title, manifest.signature, variants, chosen[0].id, build, made_by)
-            (staging / "model.js").write_text(text, encoding="utf-8")
-            if label_lines is not None:
-                (staging / "labels.txt").write_text("\n".join(label_lines) + "\n", encoding="utf-8")
-            document["sizes"] = _sizes(staging, document, build)
-            (staging / "README.md").write_text(_readme(document), encoding="utf-8")
-            document["files"] = [
-                file_entry(staging, rel) for rel in sorted(all_files(staging)) if not rel.startswith(f"{MODEL_DIR}/")
-            ]
-            (staging / WEB_MANIFEST).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+            document = _stage(package, chosen, omitted, build, label_lines, runtime, staging)
             publish(staging, dest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+    return document
+
+
+def _stage(
+    package: Package,
+    chosen: list[Artifact],
+    omitted: list[dict[str, str]],
+    build: Build,
+    labels: list[str] | None,
+    runtime: Path,
+    staging: Path,
+) -> dict[str, Any]:
+    """Every file of the site, written into ``staging``; returns web.json's document (written last)."""
+    manifest = package.manifest
+    write_model_package(package, chosen, staging / MODEL_DIR)
+    with Package.open(staging / MODEL_DIR) as inner:
+        document = _document(inner, build, omitted, labels is not None)
+        document["samples"] = _write_samples(inner, staging)
+        document["classifier"] = _classifier(inner.manifest, inner.reference_samples()[0].inputs)
+    (staging / "ort").mkdir()
+    for name in build.files:
+        shutil.copyfile(runtime / name, staging / "ort" / name)
+    static = files("unideploy.web").joinpath("static")
+    for name in ("index.html", "app.js"):
+        (staging / name).write_text(static.joinpath(name).read_text(encoding="utf-8"), encoding="utf-8")
+    kept = ("file", "precision", "external_data", "backends", "note")
+    variants = {m["artifact"]: {k: m[k] for k in kept} for m in document["models"]}
+    title, made_by = f"{manifest.name} {manifest.version}", f"unideploy {unideploy.__version__}"
+    module = model_module(title, manifest.signature, variants, chosen[0].id, build, made_by)
+    (staging / "model.js").write_text(module, encoding="utf-8")
+    if labels is not None:
+        (staging / "labels.txt").write_text("\n".join(labels) + "\n", encoding="utf-8")
+    document["sizes"] = _sizes(staging, document, build)
+    (staging / "README.md").write_text(_readme(document), encoding="utf-8")
+    document["files"] = [
+        file_entry(staging, rel) for rel in sorted(all_files(staging)) if not rel.startswith(f"{MODEL_DIR}/")
+    ]
+    (staging / WEB_MANIFEST).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     return document
 
 
