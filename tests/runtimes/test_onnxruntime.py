@@ -77,7 +77,7 @@ def test_worker_threads_are_not_pinned_to_cores(cnn_package):
         ({"x": np.zeros((1, 8, 8), np.float32)}, "rank 3 .*expected rank 4"),
         ({"x": np.zeros((1, 3, 8, 8), np.float32)}, "size 3 on axis 1, expected 1"),
         ({"x": np.zeros((0, 1, 8, 8), np.float32)}, "is empty"),
-        ({"x": [[[["a"]]]]}, "dtype str32, expected float32"),
+        ({"x": [[[["a"]]]]}, "dtype string, expected float32"),
     ],
 )
 def test_bad_inputs_are_refused_before_the_engine(engine, inputs, message):
