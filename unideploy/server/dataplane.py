@@ -154,12 +154,10 @@ class DataPlane:
             "backend": served.runtime.name,
             "max_batch_size": model.settings.max_batch_size if batched else 0,
             "input": [
-                {"name": t.name, "data_type": f"TYPE_{NUMPY_TO_V2[t.dtype]}", "dims": dims(t)}
-                for t in served.signature.inputs
+                {"name": t.name, "data_type": _config_type(t.dtype), "dims": dims(t)} for t in served.signature.inputs
             ],
             "output": [
-                {"name": t.name, "data_type": f"TYPE_{NUMPY_TO_V2[t.dtype]}", "dims": dims(t)}
-                for t in served.signature.outputs
+                {"name": t.name, "data_type": _config_type(t.dtype), "dims": dims(t)} for t in served.signature.outputs
             ],
         }
         config["parameters"] = {k: {"string_value": v} for k, v in _ran_parameters(served.ran).items()}
@@ -298,3 +296,8 @@ class DataPlane:
         task = asyncio.get_running_loop().create_task(copy())
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
+
+
+def _config_type(dtype: str) -> str:
+    """A dtype in Triton's model configuration, where text is TYPE_STRING (BYTES on the wire)."""
+    return "TYPE_STRING" if dtype == "string" else f"TYPE_{NUMPY_TO_V2[dtype]}"
