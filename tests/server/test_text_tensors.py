@@ -54,11 +54,11 @@ def test_text_in_and_out_with_tritonclient(text_server, text_models, protocol, b
     metadata = client.get_model_metadata("species")
     datatype = metadata["inputs"][0]["datatype"] if protocol == "http" else metadata.inputs[0].datatype
     assert datatype == "BYTES"
-    config = client.get_model_config("species")
-    config = config["input"][0] if protocol == "http" else config.config.input[0]
-    assert (
-        config["data_type"] if protocol == "http" else grpcclient.model_config_pb2.DataType.Name(config.data_type)
-    ) == ("TYPE_STRING")
+    config = client.get_model_config("species")  # Triton's configuration calls text TYPE_STRING
+    if protocol == "http":
+        assert config["input"][0]["data_type"] == "TYPE_STRING"
+    else:
+        assert grpcclient.model_config_pb2.DataType.Name(config.config.input[0].data_type) == "TYPE_STRING"
 
 
 def test_malformed_text_is_refused_with_its_reason(text_server):
