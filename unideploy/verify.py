@@ -42,6 +42,13 @@ class ArtifactCheck:
         }
 
 
+def recorded_tolerance(package: Package, artifact_id: str) -> tuple[float, float]:
+    """(atol, rtol) the artifact was validated under when made: what every later check holds it to
+    (the defaults where the package recorded none)."""
+    stored = package.manifest.validation.get(artifact_id)
+    return (stored["atol"], stored["rtol"]) if stored else (DEFAULT_ATOL, DEFAULT_RTOL)
+
+
 def verify_package(
     package: Package, runtime: str | None = None, device: str = "cpu", tf32: bool = False
 ) -> list[ArtifactCheck]:
@@ -60,8 +67,7 @@ def verify_package(
             checks.append(ArtifactCheck(artifact.id, "skipped", reason=exc.message))
             continue
         ran = what_ran(artifact, engine)
-        stored = package.manifest.validation.get(artifact.id)
-        atol, rtol = (stored["atol"], stored["rtol"]) if stored else (DEFAULT_ATOL, DEFAULT_RTOL)
+        atol, rtol = recorded_tolerance(package, artifact.id)
         if ran["precision"] == "tf32":
             atol = max(atol, TEN_BIT_RELATIVE * largest_reference(samples))
             rtol = max(rtol, TEN_BIT_RELATIVE)

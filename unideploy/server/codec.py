@@ -78,11 +78,11 @@ def _count(found: int, shape: Sequence[int], tensor: str, what: str = "values") 
         raise BadRequest(f"input '{tensor}' has {found} {what}, but shape {list(shape)} needs {expected}")
 
 
-def _texts(items: Sequence[bytes], shape: Sequence[int], tensor: str) -> np.ndarray:
-    """BYTES elements (UTF-8) as a unicode array of ``shape``."""
+def _texts(items: Sequence[str | bytes], shape: Sequence[int], tensor: str) -> np.ndarray:
+    """BYTES elements (JSON's strings, or UTF-8 bytes) as a unicode array of ``shape``."""
     _count(len(items), shape, tensor, "BYTES elements")
     try:
-        texts = [item.decode("utf-8") for item in items]
+        texts = [item if isinstance(item, str) else item.decode("utf-8") for item in items]
     except UnicodeDecodeError as exc:
         raise BadRequest(
             f"input '{tensor}' holds BYTES that are not UTF-8 text ({exc})", "this model takes text: send UTF-8"
@@ -130,7 +130,7 @@ def from_json_data(data: Any, datatype: Any, shape: Sequence[int], tensor: str) 
                 f"input '{tensor}' is BYTES but its data holds {type(strange).__name__} values",
                 "send text as JSON strings",
             )
-        return _texts([v.encode("utf-8") for v in flat], shape, tensor)
+        return _texts(flat.tolist(), shape, tensor)
     dtype = numpy_dtype(datatype, tensor)
     try:
         flat = np.asarray(data, dtype=dtype if dtype.kind != "b" else None).reshape(-1)

@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from unideploy.errors import InputError, PackageError, RuntimeFailure
+from unideploy.errors import InputError, PackageError, RuntimeFailure, ValidationError
 from unideploy.package import Package
 from unideploy.package.bundled import check_listed_files
 from unideploy.package.files import extract_zip, read_format_document, resolve_inside, scratch_dir
 from unideploy.package.manifest import ValidationRecord
-from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, failure_text, validate
+from unideploy.validation import Samples, failure_text, validate
+from unideploy.verify import recorded_tolerance
 from unideploy.web.browser import chromium, served
 from unideploy.web.bundle import AGAIN, WEB_FORMAT, WEB_MANIFEST, WEB_VERSION
 
@@ -122,16 +123,16 @@ def verify_web_bundle(
             chromium(software_webgpu) as browser,
         ):
             report = WebReport(f"Chromium {browser.version}")
+            pairs = package.reference_pairs()
             page = _open(browser, url + "index.html?auto=0", "ready")
             for backend in wanted:
-                offered = page.evaluate("(b) => unideploy.backendInfo(b)", backend)
-                report.backends[backend] = offered
+                report.backends[backend] = page.evaluate("(b) => unideploy.backendInfo(b)", backend)
                 for artifact in package.manifest.artifacts:
                     why = page.evaluate("([v, b]) => unideploy.unsupported(v, b)", [artifact.id, backend])
                     if why:
                         report.checks.append(BrowserCheck(artifact.id, backend, "skipped", why))
                         continue
-                    report.checks.append(_check(page, package, artifact.id, backend, repeats))
+                    report.checks.append(_check(page, package, pairs, artifact.id, backend, repeats))
             page.close()
             if screenshot is not None:
                 shown = _open(browser, url + "index.html", "done")
@@ -157,7 +158,7 @@ def _open(browser: Any, url: str, state: str) -> Any:
     return page
 
 
-def _check(page: Any, package: Package, artifact: str, backend: str, repeats: int) -> BrowserCheck:
+def _check(page: Any, package: Package, pairs: Samples, artifact: str, backend: str, repeats: int) -> BrowserCheck:
     """Run one variant in the page and judge its outputs here, as ``deploy verify`` judges any artifact."""
     from playwright.sync_api import Error
 
@@ -172,13 +173,14 @@ def _check(page: Any, package: Package, artifact: str, backend: str, repeats: in
     except Error as exc:
         said = str(exc).removeprefix("Page.evaluate: ").splitlines()[0]
         return BrowserCheck(artifact, backend, "failed", f"did not run in the page: {said}")
-    pairs = package.reference_pairs()
     outputs = {id(inputs): _arrays(found) for (inputs, _), found in zip(pairs, result["outputs"], strict=True)}
-    stored = package.manifest.validation.get(artifact)
-    atol, rtol = (stored["atol"], stored["rtol"]) if stored else (DEFAULT_ATOL, DEFAULT_RTOL)
+    atol, rtol = recorded_tolerance(package, artifact)
     try:
         record = validate(lambda inputs: outputs[id(inputs)], pairs, atol, rtol, package.manifest.source["framework"])
-    except Exception as exc:  # an output of another shape: the page computed something else
+    except (
+        ValidationError,
+        KeyError,
+    ) as exc:  # an output of another shape, or missing: the page computed something else
         return BrowserCheck(artifact, backend, "failed", f"{type(exc).__name__}: {exc}")
     return BrowserCheck(
         artifact,

@@ -34,27 +34,23 @@ function base64(data) {
 
 const median = (values) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)];
 
+let stored; // the samples' tensors, fetched once
+const samples = () => (stored ??= Promise.all(site.samples.map(loadSample)));
+
 /**
- * Load ``variant`` on ``backend``, run every stored sample once (their outputs, base64, for the
- * caller to judge), then time up to ``repeats`` runs of the smallest sample: at least 3, and no
- * more once ``budgetMs`` have gone (a software GPU takes seconds per run).
+ * Load ``variant`` on ``backend``, run every stored sample once, then time up to ``repeats`` runs
+ * of the smallest sample: at least 3, and no more once ``budgetMs`` have gone (a software GPU takes
+ * seconds per run). Returns {loadMs, results (one per sample), latencies, batch}.
  */
-async function check(variant, backend, repeats = 20, budgetMs = 10000) {
-  const samples = await Promise.all(site.samples.map(loadSample));
+async function measure(variant, backend, repeats, budgetMs) {
+  const all = await samples();
   const started = performance.now();
   const model = await Model.load({ variant, backend });
   const loadMs = performance.now() - started;
   try {
-    const outputs = [];
-    for (const sample of samples) {
-      const result = await model.run(sample.inputs);
-      outputs.push(
-        Object.fromEntries(
-          Object.entries(result).map(([name, t]) => [name, { dtype: t.dtype, shape: t.shape, base64: base64(t.data) }]),
-        ),
-      );
-    }
-    const smallest = samples.reduce((a, b) => (b.batch_size < a.batch_size ? b : a));
+    const results = [];
+    for (const sample of all) results.push(await model.run(sample.inputs));
+    const smallest = all.reduce((a, b) => (b.batch_size < a.batch_size ? b : a));
     const latencies = [];
     const begun = performance.now();
     while (latencies.length < repeats && (latencies.length < 3 || performance.now() - begun < budgetMs)) {
@@ -62,10 +58,25 @@ async function check(variant, backend, repeats = 20, budgetMs = 10000) {
       await model.run(smallest.inputs);
       latencies.push(performance.now() - t0);
     }
-    return { load_ms: loadMs, latency_ms: latencies, latency_batch: smallest.batch_size, outputs };
+    return { loadMs, results, latencies, batch: smallest.batch_size };
   } finally {
     await model.release();
   }
+}
+
+/** What `deploy verify` judges: the outputs of every sample (raw bytes, base64) and the timing. */
+async function check(variant, backend, repeats = 20, budgetMs = 10000) {
+  const found = await measure(variant, backend, repeats, budgetMs);
+  const encoded = (result) =>
+    Object.fromEntries(
+      Object.entries(result).map(([name, t]) => [name, { dtype: t.dtype, shape: t.shape, base64: base64(t.data) }]),
+    );
+  return {
+    load_ms: found.loadMs,
+    latency_ms: found.latencies,
+    latency_batch: found.batch,
+    outputs: found.results.map(encoded),
+  };
 }
 
 /** Largest |actual - expected| and the values off by more than atol + rtol * |expected|, for the
@@ -104,7 +115,7 @@ function cell(row, text, cls) {
 /** What a person sees on opening the page: every variant on every backend this browser offers. */
 async function runPage() {
   const table = $('checks');
-  const samples = await Promise.all(site.samples.map(loadSample));
+  const all = await samples();
   for (const backend of BACKENDS) {
     for (const entry of site.models) {
       const row = table.insertRow();
@@ -117,36 +128,23 @@ async function runPage() {
         continue;
       }
       try {
-        const started = performance.now();
-        const model = await Model.load({ variant: entry.artifact, backend });
-        const loadMs = performance.now() - started;
+        const found = await measure(entry.artifact, backend, 10, 5000);
         let worst = 0;
         let off = 0;
-        let shown = '';
-        for (const sample of samples) {
-          const result = await model.run(sample.inputs);
-          shown = shown || preview(result);
-          for (const [name, expected] of Object.entries(sample.outputs)) {
-            const found = errors(result[name], expected, entry.atol, entry.rtol);
-            worst = Math.max(worst, found.worst);
-            off += found.off;
+        found.results.forEach((result, i) => {
+          for (const [name, expected] of Object.entries(all[i].outputs)) {
+            const compared = errors(result[name], expected, entry.atol, entry.rtol);
+            worst = Math.max(worst, compared.worst);
+            off += compared.off;
           }
-        }
-        const times = [];
-        const begun = performance.now();
-        while (times.length < 10 && (times.length < 3 || performance.now() - begun < 5000)) {
-          const t0 = performance.now();
-          await model.run(samples[0].inputs);
-          times.push(performance.now() - t0);
-        }
-        await model.release();
+        });
         const within = off === 0;
         cell(row, within ? 'within tolerance' : 'OFF', within ? 'ok' : 'bad');
         cell(
           row,
           `max abs error ${worst.toExponential(2)}, ${off} values off (atol ${entry.atol.toExponential(2)}, ` +
-            `rtol ${entry.rtol}); ${shown}; load ${loadMs.toFixed(0)} ms; ` +
-            `batch ${samples[0].batch_size}: ${median(times).toFixed(2)} ms`,
+            `rtol ${entry.rtol}); ${preview(found.results[0])}; load ${found.loadMs.toFixed(0)} ms; ` +
+            `batch ${found.batch}: ${median(found.latencies).toFixed(2)} ms`,
         );
       } catch (error) {
         cell(row, 'failed', 'bad');
