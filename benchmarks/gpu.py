@@ -6,7 +6,8 @@ that make fp16 pay, what a change of input shape costs, and TensorRT where it ru
 (b) What a change of batch size costs one CUDA session, against a session per batch bucket (the
     cause of GPU serving's collapse under load, and its fix: runtimes/batch_buckets.py).
 (c) A MiniLM-sized BERT encoder (random weights; needs torch and transformers): exact fp32, TF32,
-    fp16 and fp16 after ONNX Runtime's transformer fusions, against PyTorch eager fp16.
+    fp16 and the fp16 artifact ``deploy optimize --quantize fp16`` writes (ONNX Runtime's transformer
+    fusions first), against PyTorch eager fp16.
 
 Every row is labelled by what ran: the artifact, the providers the session reports (not those
 asked for) and the precision; a recipe whose provider does not load is a row that says why, and no
@@ -16,7 +17,7 @@ CUDA buffers allocated once (and capture a CUDA graph where asked); they still c
 from the host and the answer back each call, as a server must. On a machine without a usable CUDA
 provider it says so and exits 0.
 
-    python benchmarks/gpu.py [--package PKG --photos PHOTOS.npz] [--json] [--markdown]
+    python benchmarks/gpu.py [--package PKG --photos PHOTOS.npz] [--only cnn|shapes|encoder] [--json] [--markdown]
 """
 
 from __future__ import annotations
@@ -261,12 +262,11 @@ class _TorchHalf:
 
 def encoder(work: Path) -> dict[str, Any] | None:
     """A MiniLM-sized BERT encoder (6 layers, 384 wide, 12 heads, seq 128; random weights, as
-    latency does not depend on them): exact fp32, TF32, fp16, and fp16 after ONNX Runtime's
-    transformer fusions, against PyTorch eager fp16. None where torch or transformers is missing."""
+    latency does not depend on them): exact fp32, TF32, fp16, and the fused fp16 artifact of
+    ``deploy optimize --quantize fp16``, against PyTorch eager fp16. None where torch or transformers is missing."""
     try:
         import onnx
         import torch
-        from onnxruntime.transformers import optimizer
         from onnxruntime.transformers.float16 import convert_float_to_float16
         from transformers import BertConfig, BertModel
     except ImportError as exc:
@@ -308,15 +308,22 @@ def encoder(work: Path) -> dict[str, Any] | None:
     )
     fp16 = work / "encoder.fp16.onnx"
     onnx.save(convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True), str(fp16))
-    fused = optimizer.optimize_model(str(fp32), model_type="bert", num_heads=12, hidden_size=384, use_gpu=True)
-    fused.convert_float_to_float16(keep_io_types=True)
-    fused_path = work / "encoder.fused.fp16.onnx"
-    fused.save_model_to_file(str(fused_path))
+    # the fused fp16 artifact as `deploy optimize --quantize fp16` writes it (fusions on by default)
+    rows16 = {
+        k: rng.integers(1000, 30000, (16, 128)).astype(np.int64) if k == "input_ids" else np.ones((16, 128), np.int64)
+        for k in sample
+    }
+    np.savez(work / "encoder-rows.npz", **rows16)
+    unideploy.export(fp32, work / "encoder.udp", example_inputs={k: v[:2] for k, v in rows16.items()}).close()
+    with unideploy.optimize(work / "encoder.udp", quantize="fp16", calibration=str(work / "encoder-rows.npz")) as pkg:
+        fused_path = pkg.path_of(pkg.manifest.artifact("onnx-fp16"))
+        fusions = pkg.manifest.optimizations[-1]["passes"][0]["params"].get("transformer_fusions")
+    console.log(f"deploy optimize --quantize fp16 on the encoder: {fusions}")
     engines: dict[str, Any] = {
         "fp32, exact": _DeviceBuffers(fp32, cuda_options("fp32", False), False),
         "fp32, tf32": _DeviceBuffers(fp32, cuda_options("fp32", True), False),
         "fp16": _DeviceBuffers(fp16, cuda_options("fp16", False), False),
-        "fp16 + transformer fusions": _DeviceBuffers(fused_path, cuda_options("fp16", False), False),
+        "fp16, deploy optimize (transformer fusions)": _DeviceBuffers(fused_path, cuda_options("fp16", False), False),
         "PyTorch eager fp16": model,
     }
     batch = resize_batch(sample, 32)
@@ -346,8 +353,9 @@ def encoder(work: Path) -> dict[str, Any] | None:
     rows = [{c: r.get(c, "") for c in columns} for r in rows]
     by = {r["engine"]: r for r in rows}
     targets = []
-    if by.get("fp16 + transformer fusions", {}).get("b32 ms") and by.get("PyTorch eager fp16", {}).get("b32 ms"):
-        fused_row, torch_row = by["fp16 + transformer fusions"], by["PyTorch eager fp16"]
+    fused_name = "fp16, deploy optimize (transformer fusions)"
+    if by.get(fused_name, {}).get("b32 ms") and by.get("PyTorch eager fp16", {}).get("b32 ms"):
+        fused_row, torch_row = by[fused_name], by["PyTorch eager fp16"]
         targets = [
             (
                 "fused fp16 >= 2x exact fp32 at batch 32",
@@ -365,7 +373,8 @@ def encoder(work: Path) -> dict[str, Any] | None:
         "quality": "min cosine to fp32 on the CPU",
         "rows": rows,
         "targets": targets,
-        "note": "every row copies the request in and the answer out; fusions: onnxruntime.transformers.optimizer",
+        "note": "every row copies the request in and the answer out; the fused artifact is deploy optimize --quantize fp16's "
+        f"(fusions: {fusions})",
     }
 
 
@@ -406,16 +415,22 @@ def main() -> None:
     parser.add_argument("--photos", type=Path, help=".npz of real inputs 'x' for --package")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--markdown", action="store_true")
+    parts = ("cnn", "shapes", "encoder")
+    parser.add_argument("--only", choices=parts, action="append", help="parts to run (default: all)")
     args = parser.parse_args()
+    chosen = args.only or parts
     why = usable_cuda()
     if why:
         print(f"benchmarks/gpu.py: skipped, ONNX Runtime's CUDA provider is not usable here ({why})")
         return
     with tempfile.TemporaryDirectory(prefix="unideploy-gpu-bench-") as folder:
         work = Path(folder)
-        results = [cnn(work, args.package, args.photos)]
-        results.append(shape_changes(args.package or work / "cnn.udp"))
-        found = encoder(work)
+        results = [cnn(work, args.package, args.photos)] if "cnn" in chosen else []
+        if "shapes" in chosen:
+            if args.package is None and "cnn" not in chosen:
+                parser.error("--only shapes needs --package (or the cnn part, which builds one)")
+            results.append(shape_changes(args.package or work / "cnn.udp"))
+        found = encoder(work) if "encoder" in chosen else None
         if found:
             results.append(found)
     if args.json:

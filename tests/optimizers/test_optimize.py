@@ -107,6 +107,7 @@ def test_fp16_halves_weights_keeps_fp32_io_and_says_what_it_is_for(digits_packag
         record = pkg.manifest.optimizations[-1]
         assert record["effects"]["size_ratio"] < 0.6
         assert any("does not run faster" in n for n in record["notes"])
+        assert "transformer_fusions" not in record["passes"][0]["params"]  # a CNN: no attention to fuse
 
 
 def test_magnitude_pruning_reaches_the_sparsity_and_refit_recovers_accuracy(digits_package, digits, tmp_path):
@@ -261,3 +262,5 @@ def test_the_passes_own_options_are_checked_through_the_python_api_too(tmp_path)
     assert "int8_variant" in refused.value.hint and "prune_scope" in refused.value.hint
     with pytest.raises(InputError, match=r"--prune-scope applies to the prune-magnitude pass, which this request"):
         unideploy.optimize(tmp_path / "pkg", quantize="fp16", prune_scope="global")
+    with pytest.raises(InputError, match=r"--no-transformer-fusions applies to the quantize-fp16 pass"):
+        unideploy.optimize(tmp_path / "pkg", quantize="int8", transformer_fusions=False)

@@ -261,3 +261,33 @@ def test_requests_merge_only_with_the_same_scalar_inputs():
     assert calls == [(1, 8000), (5, 16000), (1, 8000), (1, 8000)]
     for result, (rows, rate) in zip(results[1:4], [(2, 16000), (1, 8000), (3, 16000)], strict=True):
         np.testing.assert_array_equal(result.outputs["y"], np.full((rows, 2), 10.0 * rate))
+
+
+def test_model_yaml_device_pins_a_model_to_the_cpu_or_refuses_without_a_gpu(digits, tmp_path):
+    """``device`` in model.yaml (Triton's instance kind): ``cpu`` keeps a model off a GPU host's GPU
+    and says where it ran; ``gpu`` where ONNX Runtime has no usable GPU is a failed load naming why,
+    never a model quietly served from the CPU."""
+    import shutil
+
+    import yaml
+
+    from unideploy.server.metrics import ServerMetrics
+    from unideploy.server.models import ModelRegistry
+
+    for name, device in (("on-cpu", "cpu"), ("on-gpu", "gpu")):
+        shutil.copytree(digits["package"], tmp_path / name / "1")
+        (tmp_path / name / "model.yaml").write_text(yaml.safe_dump({"device": device}))
+
+    async def scenario():
+        with ThreadPoolExecutor(2) as pool:
+            registry = ModelRegistry(tmp_path, pool, ServerMetrics())
+            await registry.sync()
+            ran = registry.get("on-cpu").ran
+            failures = dict(registry.models["on-gpu"].failures)
+            await registry.close()
+            return ran, failures
+
+    ran, failures = asyncio.run(scenario())
+    assert (ran["device"], ran["providers"]) == ("cpu", ["CPUExecutionProvider"])
+    ((_, reason),) = failures.values()
+    assert "no GPU execution provider" in reason and "device: cpu in model.yaml" in reason, reason

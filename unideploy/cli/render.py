@@ -443,6 +443,13 @@ def _channel_report(params: dict[str, Any]) -> None:
         out.print(f"  left whole: {escape(_some(layers))}: {escape(why)}")
 
 
+def _fusions(fusions: dict[str, Any]) -> str:
+    if "skipped" in fusions:
+        return f"transformer fusions skipped: {fusions['skipped']}"
+    fused = ", ".join(f"{n} {op}" for op, n in fusions["operators"].items())
+    return f"fused the transformer blocks ({fusions['heads']} heads, hidden size {fusions['hidden_size']}): {fused}"
+
+
 def optimization(package: Package, record: OptimizationRecord) -> None:
     acc, eff = record["accuracy"], record["effects"]
     out.print(
@@ -454,6 +461,8 @@ def optimization(package: Package, record: OptimizationRecord) -> None:
         if params.get("why"):
             out.print(f"  {step['name']}: chose [bold]{params['variant']}[/], {escape(params['why'])}")
         search = params.get("search") or {}
+        if fusions := params.get("transformer_fusions"):
+            out.print(f"  {step['name']}: {escape(_fusions(fusions))}")
         if "convolutions" in params:
             _channel_report(params)
         restored = params.get("fp32_layers") or params.get("dense_layers") or params.get("whole_groups")

@@ -178,7 +178,7 @@ def linear_layers(model: onnx.ModelProto) -> list[Layer]:
     return layers
 
 
-def _session(model: onnx.ModelProto, tensors: list[str]) -> Any:
+def computing(model: onnx.ModelProto, tensors: list[str]) -> Any:
     """A session computing ``tensors`` of ``model``, and only the nodes they depend on. ONNX
     Runtime runs every node of a graph whatever outputs are asked for, and the re-fit asks for one
     layer's input at a time: cut there, an early layer costs a fraction of a whole pass."""
@@ -203,7 +203,7 @@ def input_statistics(
     name -> (mean, variance)."""
     tensors = [layer.node.input[0] for layer in layers]
     kinds = {layer.node.input[0]: layer.kind for layer in layers}
-    session = _session(model, tensors)
+    session = computing(model, tensors)
     sums: dict[str, list] = {t: [0.0, 0.0, 0] for t in tensors}
     for batch in batches:
         for tensor, x in zip(tensors, session.run(tensors, batch)):
@@ -226,7 +226,7 @@ def input_statistics(
 
 
 def _activations(model: onnx.ModelProto, tensor: str, batches: list[Batch]) -> Iterator[np.ndarray]:
-    session = _session(model, [tensor])
+    session = computing(model, [tensor])
     for batch in batches:
         yield session.run([tensor], batch)[0].astype(np.float64)
 

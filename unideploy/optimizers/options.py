@@ -24,6 +24,14 @@ class Int8Options(PluginOptions):
     )
 
 
+class Fp16Options(PluginOptions):
+    transformer_fusions: bool = Field(
+        True,
+        description="do not fuse a transformer's attention, LayerNorms and GELUs before FP16 "
+        "(ONNX Runtime's fused operators, what makes FP16 pay on a GPU)",
+    )
+
+
 class PruningOptions(PluginOptions):
     refit: bool = Field(True, description="do not re-fit pruned layers on calibration data")
 

@@ -30,8 +30,10 @@ from unideploy.guard.search import search, search_record, skipped
 from unideploy.onnx.graph import consumers
 from unideploy.optimizers.base import Batch, OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import intermediate_tensors, name_nodes
+from unideploy.optimizers.options import Fp16Options
 from unideploy.optimizers.quantize_int8 import QUANTIZED_OPS
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers
+from unideploy.optimizers.transformer_fusion import fuse
 from unideploy.quiet import quiet
 
 FP16_MAX = 65504.0
@@ -87,19 +89,37 @@ def _skip_fp16_round_trips(model: onnx.ModelProto, in_fp32: set[str]) -> None:
 class Fp16Conversion(OptimizerPass):
     name = "quantize-fp16"
     stage = "quantize"
+    options = Fp16Options
+
+    def __init__(self, options: Fp16Options | None = None) -> None:
+        self.transformer_fusions = (options or Fp16Options()).transformer_fusions
 
     @classmethod
     def from_request(cls, request: OptimizeRequest) -> Fp16Conversion | None:
-        return cls() if request.quantize == "fp16" or cls.name in request.passes else None
+        asked = request.quantize == "fp16" or cls.name in request.passes
+        return cls(cls.settings(request)) if asked else None
 
     def tag(self) -> str:
         return "fp16"
 
     def apply(self, model_path: Path, ctx: PassContext) -> PassResult:
+        rows = comparison_rows(ctx)
+        fusions: dict[str, Any] = {}
+        if self.transformer_fusions:
+            try:
+                with quiet():
+                    fused = fuse(model_path, rows, ctx.workdir / "fused.onnx")
+            except Exception as exc:  # the fusions are a speed-up: without them the plain model converts
+                ctx.say(f"transformer fusions skipped: {first_line(exc)}")
+                fusions = {"skipped": first_line(exc)}
+            else:
+                if fused is not None:
+                    ctx.say(f"fused the transformer blocks: {fused.operators}")
+                    fusions = {"heads": fused.heads, "hidden_size": fused.hidden_size, "operators": fused.operators}
+                    model_path = fused.path
         model = name_nodes(onnx.load(str(model_path)))
         named = ctx.workdir / "fp16-source.onnx"
         onnx.save(model, str(named))
-        rows = comparison_rows(ctx)
         ctx.say("checking weights and activations against the fp16 range")
         try:
             with quiet():
@@ -114,7 +134,7 @@ class Fp16Conversion(OptimizerPass):
         )
         out = _convert(model, list(in_fp32), ctx.workdir / "fp16.onnx")
         fp32_layers: list[dict[str, Any]] = [{"node": n, "why": why} for n, why in in_fp32.items()]
-        params: dict[str, Any] = {"keep_io_types": True}
+        params: dict[str, Any] = {"keep_io_types": True, **({"transformer_fusions": fusions} if fusions else {})}
         if not ctx.judge(out)["within_budget"]:
             out, searched = _search(model, named, out, list(in_fp32), rows, ctx)
             fp32_layers += searched.pop("fp32_layers")

@@ -87,7 +87,7 @@ class OnnxRuntime(Runtime):
             raise MissingDependencyError(
                 f"the GPU was asked for, but ONNX Runtime would run '{self.path.name}' on the CPU: {opened.lost}",
                 "install onnxruntime-gpu with the CUDA and cuDNN libraries it needs ('deploy doctor' checks), "
-                "or use --device cpu",
+                "or run on the CPU (--device cpu; device: cpu in model.yaml)",
             )
         session_inputs = {i.name for i in self.session.get_inputs()}
         if session_inputs != set(self.signature.input_names):

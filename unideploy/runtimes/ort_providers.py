@@ -77,7 +77,7 @@ def onnx_providers(device: str, available: list[str], precision: str, tf32: bool
     if device == "gpu" and CUDA not in available:
         raise MissingDependencyError(
             f"no GPU execution provider in this onnxruntime build (available: {', '.join(available)})",
-            "pip install onnxruntime-gpu on a machine with a CUDA GPU, or use --device cpu",
+            "pip install onnxruntime-gpu on a machine with a CUDA GPU, or run on the CPU (--device cpu; device: cpu in model.yaml)",
         )
     return [(CUDA, cuda_options(precision, tf32)), CPU] if CUDA in available else [CPU]
 

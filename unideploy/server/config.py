@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_REQUEST_ROWS = 4096
 ENV_PREFIX = "UNIDEPLOY_"
+Device = Literal["auto", "cpu", "gpu"]  # where a model runs (RuntimeOptions.device)
 
 
 def is_remote(repository: str | Path) -> bool:
@@ -214,6 +215,7 @@ class ModelSettings:
     # None: powers of two up to max_batch_size; (): every size as it comes
     batch_buckets: tuple[int, ...] | None = None
     tf32: bool = False  # fp32 artifacts computed in TF32 on a GPU
+    device: Device = "auto"  # where the model runs: auto (the GPU where one is usable), cpu or gpu
     min_replicas: int = 1  # scale-out only (KServe, Ray Serve): one server process serves one replica
     max_replicas: int = 1
     target_concurrency: int | None = None  # requests in flight per replica the autoscaler aims for
@@ -300,6 +302,11 @@ class ModelFile(StrictModel):
     tf32: bool = Field(
         False, description="on a GPU, compute fp32 artifacts in TF32 (faster, about 1e-3 relative error)"
     )
+    device: Device = Field(
+        "auto",
+        description="where the model runs: auto (a GPU where one is usable, else the CPU, named in its metadata), "
+        "cpu (keeps a model off a GPU host's GPU), or gpu (refused to load where no GPU runs it)",
+    )
     replicas: Annotated[int, Field(ge=1)] | Replicas = Field(
         1, description="scale-out: a fixed count, or {min, max, target_concurrency}"
     )
@@ -345,6 +352,7 @@ class ModelFile(StrictModel):
             lanes=self.lanes,
             batch_buckets=None if self.batch_buckets is None else tuple(sorted(set(self.batch_buckets))),
             tf32=self.tf32,
+            device=self.device,
             min_replicas=replicas.min,
             max_replicas=replicas.max or replicas.min,
             target_concurrency=replicas.target_concurrency,

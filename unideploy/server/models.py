@@ -240,7 +240,7 @@ class ModelRegistry:
                 default_buckets(settings.max_batch_size) if settings.batch_buckets is None else settings.batch_buckets
             )
             options = RuntimeOptions(
-                device="auto",
+                device=settings.device,
                 spin=settings.spin,
                 threads=settings.threads,
                 shared_arena=True,
