@@ -13,6 +13,7 @@ generator does not take the server's cores. Policies (``model.yaml``):
 - ``buckets, threads: 1``: the default with one ONNX Runtime thread per session;
 - ``N front ends`` (``deploy serve --frontends N``) and ``shm`` (perf_analyzer's tensors through
   system shared memory): the server's protocols in more processes, and no tensor bytes on the wire;
+  ``one batch in flight``: ``batches_in_flight: 1`` against the GPU's default of two;
 - ``cpu, ...``: the same server with the model on the CPU (``device: cpu``) on the same cores,
   against the model in process on those cores: the host's CPU row of issue 44.
 
@@ -87,6 +88,9 @@ POLICIES: dict[str, Policy] = {
     "buckets, 2 front ends": Policy({}, (1, 32), ("grpc", "http"), ("--frontends", "2")),
     "buckets, 4 front ends": Policy({}, (1, 32), ("grpc", "http"), ("--frontends", "4")),
     "buckets, 4 front ends, shm": Policy({}, (1, 32), ("grpc", "http"), ("--frontends", "4"), SHARED_MEMORY),
+    "buckets, 4 front ends, shm, one batch in flight": Policy(
+        {"batches_in_flight": 1}, (32,), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
+    ),
     "buckets, shm": Policy({}, (32,), ("grpc",), client=SHARED_MEMORY),
     # the host's CPU (issue 44): one process, front ends, and front ends with shared memory
     "cpu, one process": Policy(ON_CPU, (1, 32), ("grpc",)),

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from unideploy.server.batching import Caller, DynamicBatcher, inline_bytes
+from unideploy.server.batching import Caller, DynamicBatcher, inline_bytes, merged
 
 
 def behind_a_held_call(run, first: dict, queued: list[dict], **settings) -> tuple[list, list]:
@@ -39,6 +39,51 @@ def behind_a_held_call(run, first: dict, queued: list[dict], **settings) -> tupl
 
     results = asyncio.run(scenario())
     return results, calls
+
+
+def test_queued_requests_are_merged_straight_into_the_engines_batch_bucket():
+    """With batch buckets (a GPU session that pays for each new shape), three queued rows are one
+    call of the 4-row bucket, the fourth row a copy of the third (a real row), and each request gets
+    its own rows back; a lone request of a bucket's size runs on its own array, uncopied."""
+    rows = [np.full((1, 2), float(i), np.float32) for i in range(4)]
+    results, calls = behind_a_held_call(
+        lambda inputs: inputs["x"].copy(), {"x": rows[0]}, [{"x": r} for r in rows[1:]], buckets=(1, 2, 4, 8)
+    )
+    assert [c[:, 0].tolist() for c in calls] == [[0.0], [1.0, 2.0, 3.0, 3.0], [0.0]]
+    assert [r.outputs["y"][:, 0].tolist() for r in results] == [[0.0], [10.0], [20.0], [30.0], [0.0]]
+    assert [r.batch_rows for r in results] == [1, 3, 3, 3, 1]
+    lone = {"x": np.ones((4, 2), np.float32)}
+    assert merged([lone], 4) is lone
+    two = merged([{"x": rows[1]}, {"x": rows[2]}], 2)["x"]
+    assert two[:, 0].tolist() == [1.0, 2.0] and not np.shares_memory(two, rows[1])
+
+
+def test_batches_in_flight_run_at_once_each_on_a_thread_of_its_own():
+    """``in_flight=2``: a request that arrives while a batch runs starts a second batch at once
+    (each call here waits until the other has started too: with one batch at a time it would wait
+    in vain)."""
+    both = threading.Barrier(2, timeout=30)
+    first_runs = threading.Event()
+    threads: list[str] = []
+
+    def run(inputs):
+        threads.append(threading.current_thread().name)
+        first_runs.set()
+        both.wait()
+        return {"y": inputs["x"] * 2}
+
+    async def scenario():
+        batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0, in_flight=2)
+        try:
+            first = asyncio.ensure_future(batcher.submit({"x": np.full((1, 1), 1, np.float32)}))
+            await asyncio.get_running_loop().run_in_executor(None, first_runs.wait, 30)
+            second = await batcher.submit({"x": np.full((1, 1), 2, np.float32)})
+            return [(await first).outputs["y"].item(), second.outputs["y"].item()]
+        finally:
+            batcher.close()
+
+    assert asyncio.run(scenario()) == [2.0, 4.0]
+    assert len(set(threads)) == 2 and all(t.startswith("unideploy-batch") for t in threads)
 
 
 def test_lone_request_does_not_wait_for_the_delay():
@@ -135,8 +180,8 @@ def test_a_fast_model_runs_on_the_event_loop_but_never_a_larger_call():
         with ThreadPoolExecutor(1) as pool:
             call = Caller(run, pool, inline_bytes(run, sample, warm_up_s=0.001))
             threads.clear()
-            small = await call({"x": np.ones((1, 4), np.float32)})
-            large = await call({"x": np.ones((64, 4), np.float32)})
+            small = await call([{"x": np.ones((1, 4), np.float32)}], 1)
+            large = await call([{"x": np.ones((64, 4), np.float32)}], 64)
             assert small["y"][0, 0] == 2 and large["y"].shape == (64, 4)
             return threading.get_ident()
 

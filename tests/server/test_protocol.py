@@ -34,6 +34,7 @@ def test_health_and_metadata_over_http(server):
     assert meta["outputs"] == [{"name": "output", "datatype": "FP32", "shape": [-1, 10]}]
     config = client.get_model_config("digits")
     assert config["max_batch_size"] == 32 and config["input"][0]["dims"] == [1, 8, 8]
+    assert config["instance_group"] == [{"count": 1, "kind": "KIND_CPU"}]  # one batch at a time on the CPU
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
@@ -59,7 +60,8 @@ def test_grpc_metadata_and_infer_match(server, images, expected):
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("digits")
     meta = client.get_model_metadata("digits", as_json=True)
     assert meta["inputs"][0]["name"] == "x" and meta["inputs"][0]["shape"] == ["-1", "1", "8", "8"]
-    assert client.get_model_config("digits", as_json=True)["config"]["max_batch_size"] == 32
+    config = client.get_model_config("digits", as_json=True)["config"]
+    assert config["max_batch_size"] == 32 and config["instance_group"] == [{"count": 1, "kind": "KIND_CPU"}]
     tensor = grpcclient.InferInput("x", list(images.shape), "FP32")
     tensor.set_data_from_numpy(images)
     result = client.infer("digits", [tensor], outputs=[grpcclient.InferRequestedOutput("output")])

@@ -216,6 +216,7 @@ class ModelSettings:
     batch_buckets: tuple[int, ...] | None = None
     tf32: bool = False  # fp32 artifacts computed in TF32 on a GPU
     device: Device = "auto"  # where the model runs: auto (the GPU where one is usable), cpu or gpu
+    batches_in_flight: int | None = None  # merged batches run at once; None: 2 on a GPU, 1 on the CPU
     min_replicas: int = 1  # scale-out only (KServe, Ray Serve): one server process serves one replica
     max_replicas: int = 1
     target_concurrency: int | None = None  # requests in flight per replica the autoscaler aims for
@@ -307,6 +308,13 @@ class ModelFile(StrictModel):
         description="where the model runs: auto (a GPU where one is usable, else the CPU, named in its metadata), "
         "cpu (keeps a model off a GPU host's GPU), or gpu (refused to load where no GPU runs it)",
     )
+    batches_in_flight: int | None = Field(
+        None,
+        ge=1,
+        description="merged batches run at once, each on a thread of its own (Triton's instance count): "
+        "a GPU session waits on the device and on copies, so a second batch keeps it busy "
+        "(default: 2 on a GPU, 1 on the CPU, whose runs take every core)",
+    )
     replicas: Annotated[int, Field(ge=1)] | Replicas = Field(
         1, description="scale-out: a fixed count, or {min, max, target_concurrency}"
     )
@@ -353,6 +361,7 @@ class ModelFile(StrictModel):
             batch_buckets=None if self.batch_buckets is None else tuple(sorted(set(self.batch_buckets))),
             tf32=self.tf32,
             device=self.device,
+            batches_in_flight=self.batches_in_flight,
             min_replicas=replicas.min,
             max_replicas=replicas.max or replicas.min,
             target_concurrency=replicas.target_concurrency,

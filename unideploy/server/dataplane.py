@@ -161,8 +161,13 @@ class DataPlane:
             ],
         }
         config["parameters"] = {k: {"string_value": v} for k, v in _ran_parameters(served.ran).items()}
+        # Triton's instance count: the merged batches that run at once, where
+        kind = "KIND_GPU" if served.ran.get("device") == "gpu" else "KIND_CPU"
+        config["instance_group"] = [{"count": served.batcher.in_flight, "kind": kind}]
         if served.batcher.merges:  # merging needs a batch dimension
             config["dynamic_batching"] = {"max_queue_delay_microseconds": int(served.batcher.max_delay_s * 1e6)}
+            if served.batcher.buckets:  # the sizes merged batches are padded to
+                config["dynamic_batching"]["preferred_batch_size"] = list(served.batcher.buckets)
         return config
 
     async def metrics_text(self) -> bytes:

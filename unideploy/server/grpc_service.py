@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from unideploy.errors import UnideployError
@@ -85,22 +86,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelConfig(self, request, context):
         async def work():
             config = await self.dataplane.model_config(request.name, request.version or None)
-            message = pb.ModelConfig(
-                name=config["name"],
-                platform=config["platform"],
-                backend=config["backend"],
-                max_batch_size=config["max_batch_size"],
-                input=[
-                    pb.ModelInput(name=t["name"], data_type=t["data_type"], dims=t["dims"]) for t in config["input"]
-                ],
-                output=[
-                    pb.ModelOutput(name=t["name"], data_type=t["data_type"], dims=t["dims"]) for t in config["output"]
-                ],
-            )
-            if "dynamic_batching" in config:
-                message.dynamic_batching.max_queue_delay_microseconds = config["dynamic_batching"][
-                    "max_queue_delay_microseconds"
-                ]
+            # the one configuration the REST side answers too (its keys are ModelConfig's JSON names)
+            message = json_format.ParseDict(config, pb.ModelConfig())
             return pb.ModelConfigResponse(config=message)
 
         return await self._call(context, self.inference_token, work)

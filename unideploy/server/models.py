@@ -257,6 +257,7 @@ class ModelRegistry:
                 opened_runtime.close()
             package.close()
             raise
+        ran = what_ran(artifact, runtime)  # the main session's account, not a lane's (fewer threads)
         # never merged past what the engine was built for (a TensorRT profile's max batch)
         rows = min(settings.max_batch_size, runtime.max_batch_size or settings.max_batch_size)
         batcher = DynamicBatcher(
@@ -265,8 +266,9 @@ class ModelRegistry:
             settings.max_queue_delay_ms / 1000.0,
             inline_bytes=inline,
             lanes=[lane.run for lane in lanes],
+            buckets=runtime.batch_buckets,
+            in_flight=settings.batches_in_flight or (2 if ran.get("device") == "gpu" else 1),
         )
-        ran = what_ran(artifact, runtime)  # the main session's account, not a lane's (fewer threads)
         for line in ran.get("passed_over", ()):
             log.warning("model %s version %s: passed over %s", src.model, src.version, line)
         if "fallback" in ran:
