@@ -558,25 +558,31 @@ def test_a_client_that_leaves_mid_body_is_one_info_line(server):
 
 def test_refused_oversized_grpc_messages_do_not_grow_memory(repo, tmp_path):
     """gRPC's own receive limit sits just above --max-request-bytes: a message far over it is refused
-    before it is buffered. At twice the limit, these eight grew the server by about 850 MB for good."""
+    before it is buffered. At twice the limit, eight such messages grew the server by about 850 MB
+    for good (about 106 MB each). The server keeps freed request-sized buffers in its heaps for
+    reuse (server/memory.py: up to 64 MB free at the top of each heap), so the first refusals may
+    leave such a reserve; after them, eight more must not grow it."""
     from serving import start_server, stop_server
 
     def rss_mb(pid: int) -> float:
         return int(open(f"/proc/{pid}/status").read().split("VmRSS:")[1].split()[0]) / 1024
 
+    def refuse(stub: service_pb2_grpc.GRPCInferenceServiceStub, mb: int) -> None:
+        request = _grpc_request(inputs=lambda r: r.raw_input_contents.append(b"\0" * (mb << 20)))
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request, timeout=60)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "larger than max" in caught.value.details()
+
     server = start_server(repo, tmp_path, "--max-request-bytes", str(64 << 20))
     try:
-        before = rss_mb(server.process.pid)
         with grpc.insecure_channel(server.grpc, options=[("grpc.max_send_message_length", -1)]) as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            for extra in range(4):  # the heaps' reserve
+                refuse(stub, 66 + 3 * extra)
+            before = rss_mb(server.process.pid)
             for extra in range(8):
-                request = _grpc_request(
-                    inputs=lambda r, n=extra: r.raw_input_contents.append(b"\0" * ((66 + 3 * n) << 20))
-                )
-                with pytest.raises(grpc.RpcError) as caught:
-                    stub.ModelInfer(request, timeout=60)
-                assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                assert "larger than max" in caught.value.details()
+                refuse(stub, 66 + 3 * extra)
             assert stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=30).ready
         assert rss_mb(server.process.pid) - before < 100
     finally:
