@@ -29,10 +29,11 @@ def export(
     constants: Mapping[str, int | float | bool | str] | None = None,
     **kwargs: Any,
 ) -> Package:
-    """Export a model file, or a model in memory (a ``torch.nn.Module``, a ``keras.Model``), to a
-    verified package (optimized too, if asked) and return it opened. A module is saved as
-    TorchScript (scripted, else traced on ``example_inputs`` or zeros of ``input_shapes``), a Keras
-    model as ``.keras``: the package keeps that file as its source.
+    """Export a model file, or a model in memory (a ``torch.nn.Module``, a ``keras.Model``, a
+    MindSpore ``nn.Cell``), to a verified package (optimized too, if asked) and return it opened. A
+    module is saved as TorchScript (scripted, else traced on ``example_inputs`` or zeros of
+    ``input_shapes``), a Keras model as ``.keras``, a Cell as MindIR (its batch dimension dynamic):
+    the package keeps that file as its source.
     ``constants``: values for a TorchScript ``forward()``'s non-tensor arguments (``{"sr": 16000}``).
 
     ``kwargs`` are those of :func:`unideploy.exporters.export.export` (name, version, exporter,

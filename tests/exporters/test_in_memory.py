@@ -58,5 +58,7 @@ def test_a_keras_model_in_memory_exports(tmp_path):
 
 
 def test_an_object_that_is_no_model_is_refused_naming_what_is_taken(tmp_path):
-    with pytest.raises(InputError, match=r"cannot export a builtins.dict object.*torch.nn.Module or a keras.Model"):
+    with pytest.raises(
+        InputError, match=r"cannot export a builtins.dict object.*torch.nn.Module, a keras.Model or a mindspore.nn.Cell"
+    ):
         unideploy.export({"weights": [1, 2]}, tmp_path / "pkg")

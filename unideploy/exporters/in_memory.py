@@ -1,4 +1,5 @@
-"""Models in memory: a PyTorch ``nn.Module`` or a Keras ``keras.Model`` a Python user has in hand.
+"""Models in memory: a PyTorch ``nn.Module``, a Keras ``keras.Model`` or a MindSpore ``nn.Cell`` a
+Python user has in hand.
 
 Each is saved to the file format its exporter takes, in a scratch folder, and exported from there
 as that file would be: the package keeps the saved file as its source, so ``deploy verify`` and
@@ -17,7 +18,7 @@ import numpy as np
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.signature import InputShape
 
-TAKEN = "a model file, a torch.nn.Module or a keras.Model"
+TAKEN = "a model file, a torch.nn.Module, a keras.Model or a mindspore.nn.Cell"
 
 
 def is_model_object(src: Any) -> bool:
@@ -37,6 +38,9 @@ def save_model_object(
         path = folder / f"{name}.keras"
         model.save(path)
         return path
+    mindspore = sys.modules.get("mindspore")
+    if mindspore is not None and isinstance(model, mindspore.nn.Cell):
+        return _save_mindspore(mindspore, model, folder / name, example_inputs, input_shapes)
     raise InputError(f"cannot export a {type(model).__module__}.{type(model).__qualname__} object", f"pass {TAKEN}")
 
 
@@ -66,15 +70,46 @@ def _save_torch(
 def _trace_arguments(
     torch: Any, model: Any, examples: dict[str, np.ndarray] | None, shapes: list[InputShape], why: str
 ) -> tuple[Any, ...]:
-    names = [p for p in inspect.signature(model.forward).parameters if p != "self"]
+    given = _arguments(
+        model.forward, examples, shapes, f"{type(model).__name__} cannot be scripted ({why}); tracing it"
+    )
+    return tuple(torch.from_numpy(np.ascontiguousarray(value)) for value in given)
+
+
+def _arguments(
+    method: Any, examples: dict[str, np.ndarray] | None, shapes: list[InputShape], needing: str
+) -> list[np.ndarray]:
+    """A value for each argument of ``method`` (forward, construct), in its order: the example
+    inputs, else zeros of the ``input_shapes`` sizes."""
+    names = [p for p in inspect.signature(method).parameters if p != "self"]
     given: dict[str, np.ndarray] = dict(examples or {})
     for shape in shapes:
         given.setdefault(shape.name, np.zeros(shape.shape, shape.dtype))
     missing = [n for n in names if n not in given]
     if missing:
         raise InputError(
-            f"{type(model).__name__} cannot be scripted ({why}); tracing it needs a value for "
-            f"{', '.join(map(repr, missing))}",
-            "give example_inputs={name: array} (or input_shapes) for every forward() argument",
+            f"{needing} needs a value for {', '.join(map(repr, missing))}",
+            "give example_inputs={name: array} (or input_shapes) for every argument",
         )
-    return tuple(torch.from_numpy(np.ascontiguousarray(given[n])) for n in names)
+    return [np.asarray(given[n]) for n in names]
+
+
+def _save_mindspore(
+    mindspore: Any, cell: Any, stem: Path, examples: dict[str, np.ndarray] | None, shapes: list[InputShape]
+) -> Path:
+    """MindIR through ``mindspore.export``, each input's first dimension left dynamic (the batch),
+    as a user exports a Cell for serving; construct()'s arguments named by its signature."""
+    cell.set_train(False)
+    arguments = _arguments(cell.construct, examples, shapes, f"exporting {type(cell).__name__} to MindIR")
+    placeholders = [
+        mindspore.Tensor(shape=[None, *value.shape[1:]] if value.ndim else [], dtype=mindspore.Tensor(value).dtype)
+        for value in arguments
+    ]
+    try:
+        mindspore.export(cell, *placeholders, file_name=str(stem), file_format="MINDIR")
+    except Exception as exc:
+        raise ExportError(
+            f"MindSpore could not export {type(cell).__name__} to MindIR: {first_line(exc)}",
+            "export it yourself (mindspore.export(..., file_format='MINDIR')) and give the file",
+        ) from exc
+    return stem.with_suffix(".mindir")

@@ -141,3 +141,33 @@ def test_a_mindir_that_dumps_tensors_to_files_is_refused_before_mindspore_runs_i
         with pytest.raises(InputError, match=r"TensorDump \(writes \.npy files\).*--trust-source"):
             unideploy.export(tmp_path / "leaky.mindir", tmp_path / "pkg", keep_native_only=native_only)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["leaky.mindir"]
+
+
+def test_a_cell_in_memory_is_exported_as_mindir_with_a_dynamic_batch(tmp_path):
+    """unideploy.export(cell): saved as MindIR through mindspore.export (the batch dimension left
+    dynamic, as a user exports one for serving), kept as the package's source, and its answers
+    those of the Cell itself, at a batch size the example did not have."""
+    import mindspore as ms
+
+    class Head(ms.nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense, self.act = ms.nn.Dense(6, 3), ms.nn.PReLU()
+
+        def construct(self, features):
+            return self.act(self.dense(features))
+
+    cell = Head()
+    rows = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    with unideploy.export(cell, tmp_path / "pkg", example_inputs={"features": rows}) as package:
+        assert package.manifest.source["path"].endswith("Head.mindir")
+        assert package.manifest.validation["onnx-fp32"]["passed"]
+        spec = package.manifest.signature.inputs[0]
+        assert isinstance(spec.shape[0], str) and spec.shape[1:] == (6,)
+        (output,) = package.manifest.signature.output_names
+    seven = np.random.default_rng(1).standard_normal((7, 6)).astype(np.float32)
+    found = unideploy.run(tmp_path / "pkg", {spec.name: seven})[output]
+    np.testing.assert_allclose(found, cell(ms.Tensor(seven)).asnumpy(), atol=1e-5)
+    with pytest.raises(InputError, match=r"exporting Head to MindIR needs a value for 'features'"):
+        unideploy.export(Head(), tmp_path / "other")
+    assert not (tmp_path / "other").exists()
