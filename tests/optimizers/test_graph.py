@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from unideploy.optimizers.graph import _session, _solve
+from unideploy.optimizers.graph import _solve, computing
 
 
 def _one_row_at_a_time(gram, target, prior, keep, damping, rows):
@@ -101,12 +101,12 @@ def test_session_computes_only_what_the_tensors_need():
     model = _model_with_branch()
     x = {"x": np.array([[-1.0, 2.0, 3.0], [4.0, -5.0, 6.0]], np.float32)}
     relu = np.maximum(x["x"], 0)
-    (b,) = _session(model, ["b"]).run(["b"], x)
+    (b,) = computing(model, ["b"]).run(["b"], x)
     np.testing.assert_array_equal(b, -relu)
-    c, a = _session(model, ["c", "a"]).run(["c", "a"], x)  # the If reads `a` from the enclosing graph
+    c, a = computing(model, ["c", "a"]).run(["c", "a"], x)  # the If reads `a` from the enclosing graph
     np.testing.assert_array_equal(c, relu)
     np.testing.assert_array_equal(a, relu)
-    (d,) = _session(model, ["d"]).run(["d"], x)
+    (d,) = computing(model, ["d"]).run(["d"], x)
     np.testing.assert_array_equal(d, 0 * relu)
     with pytest.raises(Exception, match="(?i)reshape"):
-        _session(model, ["broken"]).run(["broken"], x)
+        computing(model, ["broken"]).run(["broken"], x)
