@@ -17,9 +17,34 @@ VALIDATION_BATCH_SIZES = (1, 4)
 DEFAULT_DYNAMIC_SIZE = 8
 
 
-def batch_size_of(inputs: Mapping[str, np.ndarray]) -> int:
-    first = next(iter(inputs.values()))
-    return int(first.shape[0]) if first.ndim else 1
+Axes = Mapping[str, int | None]  # each input's batch axis (Signature.batch_axes); None: no batch axis
+
+
+def _axis(axes: Axes | None, name: str, array: np.ndarray) -> int | None:
+    """Where ``array``'s rows are: its batch axis, axis 0 when none is given, None for a scalar."""
+    if array.ndim == 0:
+        return None
+    return 0 if axes is None else axes.get(name, 0)
+
+
+def batch_size_of(inputs: Mapping[str, np.ndarray], axes: Axes | None = None) -> int:
+    """Rows in ``inputs``: the size of the first batch axis (1 where none has one)."""
+    for name, array in inputs.items():
+        axis = _axis(axes, name, array)
+        if axis is not None:
+            return int(array.shape[axis])
+    return 1
+
+
+def take_rows(
+    inputs: Mapping[str, np.ndarray], start: int, stop: int, axes: Axes | None = None
+) -> dict[str, np.ndarray]:
+    """Rows ``start:stop`` of every input, along its batch axis; an input without one is kept whole."""
+    out = {}
+    for name, array in inputs.items():
+        axis = _axis(axes, name, array)
+        out[name] = array if axis is None else array[(slice(None),) * axis + (slice(start, stop),)]
+    return out
 
 
 def random_tensor(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -39,7 +64,7 @@ def dynamic_dims(signature: Signature) -> list[tuple[TensorSpec, int, str]]:
         (t, axis, d)
         for t in signature.inputs
         for axis, d in enumerate(t.shape)
-        if isinstance(d, str) and not (batch_axis and axis == 0)
+        if isinstance(d, str) and not (batch_axis and axis == 0) and d != signature.batch_dim
     ]
 
 
@@ -52,13 +77,15 @@ def other_size(size: int) -> int:
     return size - 1 if size > 1 else size
 
 
-def concrete_shape(spec: TensorSpec, batch: int | None, sizes: Mapping[str, int]) -> tuple[int, ...]:
-    """Sizes for ``spec``: ``batch`` on a dynamic axis 0 (unless None), ``sizes`` for named dims."""
+def concrete_shape(
+    spec: TensorSpec, batch: int | None, sizes: Mapping[str, int], batch_axis: int | None = 0
+) -> tuple[int, ...]:
+    """Sizes for ``spec``: ``batch`` on its dynamic batch axis (unless None), ``sizes`` for named dims."""
     shape = []
     for axis, dim in enumerate(spec.shape):
         if isinstance(dim, int):
             shape.append(dim)
-        elif axis == 0 and batch is not None:
+        elif axis == batch_axis and batch is not None:
             shape.append(batch)
         else:
             shape.append(sizes.get(dim, DEFAULT_DYNAMIC_SIZE))
@@ -84,7 +111,7 @@ def synthetic_batches(signature: Signature, sizes: Mapping[str, int], seed: int 
             "give --example-input FILE.npz with a real value for each (and real rows for the others)",
         )
     rng = np.random.default_rng(seed)
-    batch_sizes: tuple[int | None, ...] = VALIDATION_BATCH_SIZES if signature.has_dynamic_batch else (None,)
+    batch_sizes: tuple[int | None, ...] = VALIDATION_BATCH_SIZES if signature.batch_dim is not None else (None,)
     varied = {d: other_size(sizes[d]) for _, _, d in dynamic_dims(signature)}
     if len(batch_sizes) == 1 and any(sizes[d] != size for d, size in varied.items()):
         batch_sizes = (None, None)
@@ -92,20 +119,27 @@ def synthetic_batches(signature: Signature, sizes: Mapping[str, int], seed: int 
     for i, batch in enumerate(batch_sizes):
         at = {**sizes, **varied} if i else sizes
         batches.append(
-            {spec.name: random_tensor(spec, concrete_shape(spec, batch, at), rng) for spec in signature.inputs}
+            {
+                spec.name: random_tensor(spec, concrete_shape(spec, batch, at, signature.batch_axes[spec.name]), rng)
+                for spec in signature.inputs
+            }
         )
     return batches
 
 
-def resize_batch(inputs: Mapping[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
-    """Cut or repeat rows so every input has ``batch`` rows."""
+def resize_batch(inputs: Mapping[str, np.ndarray], batch: int, axes: Axes | None = None) -> dict[str, np.ndarray]:
+    """Cut or repeat rows so every input has ``batch`` rows along its batch axis (axis 0 unless
+    ``axes`` says otherwise); a scalar (a sample rate) or an input without a batch axis is one
+    value for every row."""
     out = {}
     for name, array in inputs.items():
-        if array.ndim == 0:  # a scalar (a sample rate) is one value for every row
+        axis = _axis(axes, name, array)
+        if axis is None:
             out[name] = array
             continue
-        reps = -(-batch // array.shape[0])
-        out[name] = contiguous(np.concatenate([array] * reps, axis=0)[:batch])
+        reps = -(-batch // array.shape[axis])
+        grown = np.concatenate([array] * reps, axis=axis)
+        out[name] = contiguous(grown[(slice(None),) * axis + (slice(0, batch),)])
     return out
 
 
@@ -119,13 +153,14 @@ def example_batches(example: Mapping[str, np.ndarray], signature: Signature) -> 
         size = example[spec.name].shape[axis]
         if other_size(size) < size:
             crops.setdefault(spec.name, {})[axis] = other_size(size)
-    if not signature.has_dynamic_batch and not crops:
+    dynamic_batch = signature.batch_dim is not None
+    if not dynamic_batch and not crops:
         return [example]
-    batch = batch_size_of(example)
-    other = batch if not signature.has_dynamic_batch else 1 if batch > 1 else VALIDATION_BATCH_SIZES[-1]
-    second = resize_batch(example, other)
-    for name, axes in crops.items():
-        index = tuple(slice(0, axes[a]) if a in axes else slice(None) for a in range(second[name].ndim))
+    batch = batch_size_of(example, signature.batch_axes)
+    other = batch if not dynamic_batch else 1 if batch > 1 else VALIDATION_BATCH_SIZES[-1]
+    second = resize_batch(example, other, signature.batch_axes)
+    for name, cut in crops.items():
+        index = tuple(slice(0, cut[a]) if a in cut else slice(None) for a in range(second[name].ndim))
         second[name] = contiguous(second[name][index])
     return [example, second] if batch <= other else [second, example]
 
@@ -162,13 +197,19 @@ def load_npz_inputs(path: str, what: str = "--example-input") -> dict[str, np.nd
 BATCH_ROWS = 32  # rows per batch handed to a runtime when the model does not fix its batch size
 
 
-def row_batches(inputs: Mapping[str, np.ndarray], origin: str, fixed: int | None = None) -> list[dict[str, np.ndarray]]:
+def row_batches(
+    inputs: Mapping[str, np.ndarray], origin: str, fixed: int | None = None, axes: Axes | None = None
+) -> list[dict[str, np.ndarray]]:
     """Named rows in batches of ``BATCH_ROWS``, or exactly ``fixed`` rows for a model with a fixed
-    batch size (dropping the incomplete tail). ``origin`` names the data in the error."""
-    total = batch_size_of(inputs)
+    batch size (dropping the incomplete tail), cut along each input's batch axis. ``origin`` names
+    the data in the error."""
+    total = batch_size_of(inputs, axes)
     rows = fixed or BATCH_ROWS
     stop = total - total % rows if fixed else total
-    batches = [{k: np.ascontiguousarray(v[i : i + rows]) for k, v in inputs.items()} for i in range(0, stop, rows)]
+    batches = [
+        {k: np.ascontiguousarray(v) for k, v in take_rows(inputs, i, i + rows, axes).items()}
+        for i in range(0, stop, rows)
+    ]
     if not batches:
         raise InputError(
             f"{origin}: {total} row(s) cannot fill one batch of {rows}",

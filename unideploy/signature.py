@@ -136,6 +136,26 @@ class Signature:
     def has_dynamic_batch(self) -> bool:
         return bool(self.inputs) and all(t.shape and isinstance(t.shape[0], str) for t in self.inputs)
 
+    @cached_property
+    def batch_dim(self) -> str | None:
+        """The batch dimension's name: ``batch`` where an input names a dim so, else the dynamic dim
+        at axis 0 of the first input that has one; None where no input has a dynamic dim."""
+        named = {d for t in self.inputs for d in t.shape if isinstance(d, str)}
+        if BATCH_DIM in named:
+            return BATCH_DIM
+        return next((t.shape[0] for t in self.inputs if t.shape and isinstance(t.shape[0], str)), None)
+
+    @cached_property
+    def batch_axes(self) -> dict[str, int | None]:
+        """Each input's batch axis, found by the batch dimension's name (recurrent state laid out as
+        ``[layers, batch, hidden]`` has it at axis 1); None for an input without one (a scalar, or a
+        table every row shares). A model without a dynamic dim has its rows on axis 0."""
+        dim = self.batch_dim
+        return {
+            t.name: None if not t.shape else 0 if dim is None else t.shape.index(dim) if dim in t.shape else None
+            for t in self.inputs
+        }
+
     @property
     def has_dynamic_inputs(self) -> bool:
         """Whether any input dim is dynamic, the batch included."""

@@ -77,3 +77,71 @@ def test_accuracy_metric_needs_labels(digits_package, tmp_path):
     np.savez(tmp_path / "nolabels.npz", x=np.random.default_rng(0).random((10, 1, 8, 8), np.float32))
     with pytest.raises(InputError, match="--metric accuracy needs labels"):
         optimize(digits_package, tmp_path / "nolabels.npz", metric="accuracy")
+
+
+def stateful_model(path):
+    """An ONNX graph with recurrent state laid out as ONNX's LSTM lays it out, [2, batch, 3]: the
+    batch is axis 0 of 'x' and axis 1 of 'state' (and of the output 'stateN')."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["xw"]),
+            helper.make_node("ReduceSum", ["state", "axes"], ["summed"], keepdims=0),
+            helper.make_node("Add", ["xw", "summed"], ["y"]),
+            helper.make_node("Mul", ["state", "half"], ["stateN"]),
+        ],
+        "stateful",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 3]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3]),
+            helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "batch", 3]),
+        ],
+        [
+            numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "W"),
+            numpy_helper.from_array(np.array([0], np.int64), "axes"),
+            numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def rows_of_state(count, seed):
+    rng = np.random.default_rng(seed)
+    return {
+        "x": rng.standard_normal((count, 4)).astype(np.float32),
+        "state": rng.standard_normal((2, count, 3)).astype(np.float32),
+    }
+
+
+def test_the_batch_is_found_by_name_not_assumed_at_axis_0(tmp_path):
+    """Export from example rows, calibration splits, batches and timing all cut each input along
+    its own batch axis (axis 1 of the state): before, export was refused ("size 4 on axis 0,
+    expected 2") and optimize saw "different row counts"."""
+    np.savez(tmp_path / "example.npz", **rows_of_state(4, 1))
+    with unideploy.export(
+        stateful_model(tmp_path / "stateful.onnx"), tmp_path / "pkg", example_inputs=str(tmp_path / "example.npz")
+    ) as package:
+        assert package.manifest.signature.batch_axes == {"x": 0, "state": 1}
+        assert package.manifest.validation["onnx-fp32"]["passed"]
+        assert sorted(s.batch_size for s in package.manifest.samples) == [1, 4]
+    np.savez(tmp_path / "calibration.npz", **rows_of_state(40, 2))
+    with optimize(tmp_path / "pkg", tmp_path / "calibration.npz") as package:
+        record = package.manifest.optimizations[-1]
+        assert (record["data"]["calibration_rows"], record["data"]["validation_rows"]) == (20, 20)
+        assert record["accuracy"]["outputs"]["y"]["within_budget"]
+    state = rows_of_state(6, 3)
+    out = unideploy.run(tmp_path / "pkg", state, artifact="onnx-fp16")
+    assert out["y"].shape == (6, 3) and out["stateN"].shape == (2, 6, 3)
+    uneven = {**rows_of_state(8, 4), "state": np.zeros((2, 5, 3), np.float32)}
+    np.savez(tmp_path / "uneven.npz", **uneven)
+    with pytest.raises(InputError, match=r"different row counts along their batch axes: .*'state': '5 \(axis 1\)'"):
+        optimize(tmp_path / "pkg", tmp_path / "uneven.npz", output=tmp_path / "other")

@@ -7,13 +7,21 @@ concatenated along the batch axis.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.samples import concrete_shape, load_npz_inputs, random_tensor, row_batches
+from unideploy.samples import (
+    Axes,
+    batch_size_of,
+    concrete_shape,
+    load_npz_inputs,
+    random_tensor,
+    row_batches,
+    take_rows,
+)
 from unideploy.signature import Signature
 
 LABELS = "labels"
@@ -24,22 +32,24 @@ class Dataset:
     inputs: dict[str, np.ndarray]
     labels: np.ndarray | None
     origin: str  # file name, or "synthetic"
+    axes: Axes = field(default_factory=dict)  # each input's batch axis (Signature.batch_axes); axis 0 if absent
 
     @property
     def rows(self) -> int:
-        return int(next(iter(self.inputs.values())).shape[0])
+        return batch_size_of(self.inputs, self.axes)
 
     def take(self, start: int, stop: int) -> Dataset:
         return Dataset(
-            {k: v[start:stop] for k, v in self.inputs.items()},
+            take_rows(self.inputs, start, stop, self.axes),
             None if self.labels is None else self.labels[start:stop],
             self.origin,
+            self.axes,
         )
 
     def batches(self, fixed: int | None = None) -> list[dict[str, np.ndarray]]:
         """Batches of ``samples.BATCH_ROWS`` rows, or exactly ``fixed`` rows for a model with a fixed
-        batch size (dropping the incomplete tail)."""
-        return row_batches(self.inputs, self.origin, fixed)
+        batch size (dropping the incomplete tail), cut along each input's batch axis."""
+        return row_batches(self.inputs, self.origin, fixed, self.axes)
 
 
 def load_dataset(path: str | Path, signature: Signature, what: str = "--calibration") -> Dataset:
@@ -51,7 +61,7 @@ def load_dataset(path: str | Path, signature: Signature, what: str = "--calibrat
     else:
         raise InputError(f"{what} data '{path}' does not exist")
     labels = arrays.pop(LABELS, None)
-    dataset = Dataset(arrays, labels, path.name)
+    dataset = Dataset(arrays, labels, path.name, signature.batch_axes)
     _check(dataset, signature, what, path)
     return dataset
 
@@ -59,8 +69,9 @@ def load_dataset(path: str | Path, signature: Signature, what: str = "--calibrat
 def synthetic_dataset(signature: Signature, rows: int = 128, seed: int = 0) -> Dataset:
     """Random inputs, for users who explicitly accept that accuracy cannot be judged on them."""
     rng = np.random.default_rng(seed)
-    inputs = {s.name: random_tensor(s, concrete_shape(s, rows, {}), rng) for s in signature.inputs}
-    return Dataset(inputs, None, "synthetic")
+    axes = signature.batch_axes
+    inputs = {s.name: random_tensor(s, concrete_shape(s, rows, {}, axes[s.name]), rng) for s in signature.inputs}
+    return Dataset(inputs, None, "synthetic", axes)
 
 
 def split(dataset: Dataset, max_calibration_rows: int = 512) -> tuple[Dataset, Dataset]:
@@ -96,11 +107,17 @@ def _load_directory(path: Path, what: str) -> dict[str, np.ndarray]:
 
 
 def _check(dataset: Dataset, signature: Signature, what: str, path: Path) -> None:
-    rows = {name: a.shape[0] if a.ndim else 0 for name, a in dataset.inputs.items()}
-    if any(r == 0 for r in rows.values()):
+    axes = signature.batch_axes
+    if any(a.size == 0 for a in dataset.inputs.values()):
         raise InputError(f"{what} data '{path}' is empty")
+    rows = {
+        name: a.shape[axis]
+        for name, a in dataset.inputs.items()
+        if (axis := axes.get(name, 0 if a.ndim else None)) is not None and axis < a.ndim
+    }
     if len(set(rows.values())) > 1:
-        raise InputError(f"{what} inputs in '{path}' have different row counts: {rows}")
+        along = {name: f"{count} (axis {axes.get(name, 0)})" for name, count in rows.items()}
+        raise InputError(f"{what} inputs in '{path}' have different row counts along their batch axes: {along}")
     if dataset.labels is not None and len(dataset.labels) != dataset.rows:
         raise InputError(f"{what} '{path}': {len(dataset.labels)} labels for {dataset.rows} rows")
     try:

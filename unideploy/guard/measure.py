@@ -17,7 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from unideploy.onnx.session import cpu_session
-from unideploy.samples import resize_batch
+from unideploy.samples import Axes, resize_batch
 
 
 def size_effects(fp32: Path, optimized: Path) -> dict[str, Any]:
@@ -57,12 +57,13 @@ def interleaved_latency(
     batch_sizes: tuple[int, ...],
     rounds: int = 5,
     max_seconds: float = 3.0,
+    axes: Axes | None = None,
 ) -> dict[int, dict[str, float]]:
-    """Median milliseconds per call of each session at each batch size, the sessions taking turns
-    within every round so that machine noise hits them alike."""
+    """Median milliseconds per call of each session at each batch size (along each input's batch
+    axis, ``axes``), the sessions taking turns within every round so that machine noise hits them alike."""
     results: dict[int, dict[str, float]] = {}
     for batch in batch_sizes:
-        inputs = resize_batch(sample, batch)
+        inputs = resize_batch(sample, batch, axes)
         slowest = max(_one_call(s, inputs) for s in sessions.values())
         calls = int(min(max(max_seconds / (len(sessions) * rounds * slowest), 1), 200))
         times: dict[str, list[float]] = {name: [] for name in sessions}
@@ -83,10 +84,11 @@ def latency(
     batch_sizes: tuple[int, ...],
     rounds: int = 5,
     max_seconds: float = 3.0,
+    axes: Axes | None = None,
 ) -> dict[int, dict[str, float]]:
     """fp32 and optimized latency at each batch size, with the speedup."""
     measured = interleaved_latency(
-        {"fp32": fp32_session, "optimized": candidate_session}, sample, batch_sizes, rounds, max_seconds
+        {"fp32": fp32_session, "optimized": candidate_session}, sample, batch_sizes, rounds, max_seconds, axes
     )
     return {b: {**m, "speedup": round(m["fp32"] / m["optimized"], 3)} for b, m in measured.items()}
 

@@ -137,7 +137,8 @@ def optimize(
         def evaluate(candidate: Path) -> Evaluation:
             if candidate not in evaluated:
                 evaluated[candidate] = Evaluation(
-                    judge(candidate), latency(fp32, _session_of(candidate), val_batches[0], batch_sizes)
+                    judge(candidate),
+                    latency(fp32, _session_of(candidate), val_batches[0], batch_sizes, axes=signature.batch_axes),
                 )
             return evaluated[candidate]
 
