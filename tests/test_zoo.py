@@ -155,7 +155,9 @@ def test_efficientnet_lite0_exported_from_memory_recognises_a_real_photo(tmp_pat
 
 def test_silero_vad_binds_its_sample_rate_with_constant(tmp_path):
     """Silero VAD (ONNX, from the silero-vad package) takes its sample rate as an int64 scalar
-    input: a random one is refused, and --constant sr=16000 makes it part of the model."""
+    input: a random one is refused, and --constant sr=16000 makes it part of the model. Its
+    recurrent state is [2, batch, 128]: exported from four streams of example rows, the samples
+    are cut along that axis."""
     from console import assert_one_line_error, deploy
 
     model = zoo_models.shipped("silero_vad/data/silero_vad.onnx")
@@ -175,3 +177,26 @@ def test_silero_vad_binds_its_sample_rate_with_constant(tmp_path):
     chunk = (0.1 * rng.standard_normal((1, 512))).astype(np.float32)
     out = unideploy.run(tmp_path / "vad", {"input": chunk, "state": np.zeros((2, 1, 128), np.float32)})
     assert 0.0 <= float(out["output"][0, 0]) <= 1.0  # a speech probability
+    # four streams at once: its recurrent state is [2, batch, 128], the batch on axis 1
+    streams = {
+        "input": (0.1 * rng.standard_normal((4, 512))).astype(np.float32),
+        "state": np.zeros((2, 4, 128), np.float32),
+    }
+    np.savez(tmp_path / "streams.npz", **streams)
+    made = deploy(
+        "export",
+        model,
+        "-o",
+        tmp_path / "streams",
+        *sizes,
+        "--constant",
+        "sr=16000",
+        "--example-input",
+        tmp_path / "streams.npz",
+    )
+    assert made.returncode == 0, made.stderr
+    manifest = json.loads((tmp_path / "streams" / "manifest.json").read_text())
+    assert manifest["validation"]["onnx-fp32"]["passed"] and sorted(s["batch_size"] for s in manifest["samples"]) == [
+        1,
+        4,
+    ]
