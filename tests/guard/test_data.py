@@ -79,50 +79,9 @@ def test_accuracy_metric_needs_labels(digits_package, tmp_path):
         optimize(digits_package, tmp_path / "nolabels.npz", metric="accuracy")
 
 
-def stateful_model(path):
-    """An ONNX graph with recurrent state laid out as ONNX's LSTM lays it out, [2, batch, 3]: the
-    batch is axis 0 of 'x' and axis 1 of 'state' (and of the output 'stateN')."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "W"], ["xw"]),
-            helper.make_node("ReduceSum", ["state", "axes"], ["summed"], keepdims=0),
-            helper.make_node("Add", ["xw", "summed"], ["y"]),
-            helper.make_node("Mul", ["state", "half"], ["stateN"]),
-        ],
-        "stateful",
-        [
-            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
-            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 3]),
-        ],
-        [
-            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3]),
-            helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "batch", 3]),
-        ],
-        [
-            numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "W"),
-            numpy_helper.from_array(np.array([0], np.int64), "axes"),
-            numpy_helper.from_array(np.array(0.5, np.float32), "half"),
-        ],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
-
-
-def rows_of_state(count, seed):
-    rng = np.random.default_rng(seed)
-    return {
-        "x": rng.standard_normal((count, 4)).astype(np.float32),
-        "state": rng.standard_normal((2, count, 3)).astype(np.float32),
-    }
-
-
 def test_the_batch_is_found_by_name_not_assumed_at_axis_0(tmp_path):
+    from onnx_models import rows_of_state, stateful_model
+
     """Export from example rows, calibration splits, batches and timing all cut each input along
     its own batch axis (axis 1 of the state): before, export was refused ("size 4 on axis 0,
     expected 2") and optimize saw "different row counts"."""

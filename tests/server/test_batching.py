@@ -336,3 +336,42 @@ def test_model_yaml_device_pins_a_model_to_the_cpu_or_refuses_without_a_gpu(digi
     assert (ran["device"], ran["providers"]) == ("cpu", ["CPUExecutionProvider"])
     ((_, reason),) = failures.values()
     assert "no GPU execution provider" in reason and "device: cpu in model.yaml" in reason, reason
+
+
+def test_requests_merge_along_each_tensors_own_batch_axis(tmp_path):
+    """Recurrent state laid out [2, batch, 3]: requests are merged along axis 1 of the state (and
+    axis 0 of 'x'), and each answer's state split back along axis 1, the axes of the outputs
+    measured on the warm-up sample; every answer equals the model's answer to that request alone."""
+    import yaml
+    from onnx_models import rows_of_state, stateful_model
+
+    import unideploy
+    from unideploy.server.metrics import ServerMetrics
+    from unideploy.server.models import ModelRegistry
+
+    (tmp_path / "src").mkdir()
+    np.savez(tmp_path / "src" / "example.npz", **rows_of_state(4, 1))
+    model = stateful_model(tmp_path / "src" / "stateful.onnx")
+    unideploy.export(
+        model, tmp_path / "repo" / "stateful" / "1", example_inputs=str(tmp_path / "src" / "example.npz")
+    ).close()
+    (tmp_path / "repo" / "stateful" / "model.yaml").write_text(yaml.safe_dump({"max_batch_size": 8}))
+    requests = [rows_of_state(rows, seed) for rows, seed in ((1, 10), (2, 11), (3, 12))]
+    alone = [unideploy.run(tmp_path / "repo" / "stateful" / "1", r) for r in requests]
+
+    async def scenario():
+        with ThreadPoolExecutor(2) as pool:
+            registry = ModelRegistry(tmp_path / "repo", pool, ServerMetrics())
+            await registry.sync()
+            served = registry.get("stateful")
+            axes = (served.batcher.axes, served.batcher.output_axes, served.batcher.merges)
+            results = await asyncio.gather(*(served.batcher.submit(r) for r in requests))
+            await registry.close()
+            return axes, results
+
+    axes, results = asyncio.run(scenario())
+    assert axes == ({"x": 0, "state": 1}, {"y": 0, "stateN": 1}, True)
+    for got, want in zip(results, alone, strict=True):
+        np.testing.assert_allclose(got.outputs["y"], want["y"], rtol=1e-6)
+        np.testing.assert_allclose(got.outputs["stateN"], want["stateN"], rtol=1e-6)
+    assert [r.batch_rows for r in results] == [6, 6, 6]  # one call: all three queued before the batcher ran

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -39,6 +39,7 @@ from functools import partial
 import numpy as np
 
 from unideploy.runtimes.batch_buckets import bucket_for
+from unideploy.samples import Axes, batch_size_of, resize_batch
 
 Tensors = dict[str, np.ndarray]
 
@@ -48,15 +49,49 @@ class _Pending:
     inputs: Tensors
     rows: int
     future: asyncio.Future
+    axes: Axes | None = None  # each input's batch axis (axis 0 where None)
     enqueued: float = field(default_factory=time.perf_counter)
 
     @property
     def key(self) -> tuple:
-        """What requests must share to be merged: each input's dtype and shape past the batch
+        """What requests must share to be merged: each input's dtype and shape but for its batch
         axis, and a scalar input's value (a sample rate is one value for the whole call)."""
         return tuple(
-            (k, v.shape[1:], v.dtype.str, v.tobytes() if v.ndim == 0 else None) for k, v in sorted(self.inputs.items())
+            (k, _without(v.shape, _axis(self.axes, k, v)), v.dtype.str, v.tobytes() if v.ndim == 0 else None)
+            for k, v in sorted(self.inputs.items())
         )
+
+
+def _axis(axes: Axes | None, name: str, array: np.ndarray) -> int | None:
+    return None if array.ndim == 0 else 0 if axes is None else axes.get(name, 0)
+
+
+def _without(shape: tuple[int, ...], axis: int | None) -> tuple[int, ...]:
+    return shape if axis is None else shape[:axis] + shape[axis + 1 :]
+
+
+def _rows(array: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
+    return array[(slice(None),) * axis + (slice(start, stop),)]
+
+
+def output_batch_axes(run: Callable[[Tensors], Tensors], sample: Tensors, axes: Axes) -> dict[str, int] | None:
+    """Where each output's batch is, measured: ``run`` at the sample's batch size and at one row
+    more, each output's one axis that grew by that row. None where an output has no such axis or
+    more than one (an output every row shares, a count of detections): such a model's requests are
+    not merged, since its answers could not be split back."""
+    rows = batch_size_of(sample, axes)
+    one, more = run(sample), run(resize_batch(sample, rows + 1, axes))
+    found: dict[str, int] = {}
+    for name, value in one.items():
+        grown = [
+            a
+            for a, (before, after) in enumerate(zip(value.shape, more[name].shape))
+            if (before, after) == (rows, rows + 1)
+        ]
+        if len(grown) != 1 or value.ndim != more[name].ndim:
+            return None
+        found[name] = grown[0]
+    return found
 
 
 # A model whose warm-up request answers within this runs on the event loop itself: handing a call
@@ -64,25 +99,29 @@ class _Pending:
 INLINE_RUN_S = 0.0002
 
 
-def merged(parts: Sequence[Tensors], size: int) -> Tensors:
-    """The requests ``parts`` as one batch of ``size`` rows: each request's rows copied once into
-    place, any rows past theirs filled with the last real row (a bucket's padding: a real row, never
-    values the model was not made for). A scalar is the same in every part (the merge key)."""
+def merged(parts: Sequence[Tensors], size: int, axes: Axes | None = None) -> Tensors:
+    """The requests ``parts`` as one batch of ``size`` rows along each input's batch axis
+    (``axes``; axis 0 where None): each request's rows copied once into place, any rows past theirs
+    filled with the last real row (a bucket's padding: a real row, never values the model was not
+    made for). A scalar is the same in every part (the merge key)."""
     first = parts[0]
-    if len(parts) == 1 and all(a.ndim == 0 or a.shape[0] == size for a in first.values()):
+    if len(parts) == 1 and all((axis := _axis(axes, k, a)) is None or a.shape[axis] == size for k, a in first.items()):
         return first
     batch: Tensors = {}
     for name, array in first.items():
-        if array.ndim == 0:
+        axis = _axis(axes, name, array)
+        if axis is None:
             batch[name] = array
             continue
-        out = np.empty((size, *array.shape[1:]), array.dtype)
+        shape = list(array.shape)
+        shape[axis] = size
+        out = np.empty(shape, array.dtype)
         at = 0
         for part in parts:
-            rows = part[name].shape[0]
-            out[at : at + rows] = part[name]
+            rows = part[name].shape[axis]
+            _rows(out, axis, at, at + rows)[...] = part[name]
             at += rows
-        out[at:] = out[at - 1]
+        _rows(out, axis, at, size)[...] = _rows(out, axis, at - 1, at)
         batch[name] = out
     return batch
 
@@ -98,8 +137,10 @@ class Caller:
     executor: Executor
     inline_bytes: int = 0
 
+    axes: Axes | None = None  # each input's batch axis (axis 0 where None)
+
     def _merge_and_run(self, parts: Sequence[Tensors], size: int) -> Tensors:
-        return self.run(merged(parts, size))
+        return self.run(merged(parts, size, self.axes))
 
     async def __call__(self, parts: Sequence[Tensors], size: int) -> Tensors:
         """``run`` on ``parts`` merged into ``size`` rows."""
@@ -155,12 +196,15 @@ class DynamicBatcher:
         lanes: Sequence[Callable[[Tensors], Tensors]] = (),
         buckets: Sequence[int] = (),
         in_flight: int = 1,
+        axes: Axes | None = None,
+        output_axes: Mapping[str, int] | None = None,
     ) -> None:
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-batch-{i}") for i in range(in_flight)]
-        self._call = Caller(run, self._threads[0], inline_bytes)
+        self._call = Caller(run, self._threads[0], inline_bytes, axes)
         self._idle: asyncio.Queue[Caller] = asyncio.Queue()  # the callers not running a batch
         for thread in self._threads:
-            self._idle.put_nowait(Caller(run, thread, inline_bytes))
+            self._idle.put_nowait(Caller(run, thread, inline_bytes, axes))
+        self.axes, self.output_axes = axes, output_axes  # where the rows are (axis 0 where None)
         self._runs: set[asyncio.Task] = set()
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_s
@@ -190,8 +234,8 @@ class DynamicBatcher:
             self._task = asyncio.get_running_loop().create_task(
                 self._lanes_loop() if self._lane_threads else self._loop()
             )
-        rows = max((a.shape[0] for a in inputs.values() if a.ndim), default=1)
-        pending = _Pending(inputs, rows, asyncio.get_running_loop().create_future())
+        rows = batch_size_of(inputs, self.axes)
+        pending = _Pending(inputs, rows, asyncio.get_running_loop().create_future(), self.axes)
         await self._queue.put(pending)
         return await pending.future
 
@@ -261,7 +305,11 @@ class DynamicBatcher:
         compute = time.perf_counter() - start
         offset = 0
         for p in group:
-            part = {k: v[offset : offset + p.rows] for k, v in outputs.items()} if size > p.rows else outputs
+            part = (
+                {k: _rows(v, (self.output_axes or {}).get(k, 0), offset, offset + p.rows) for k, v in outputs.items()}
+                if size > p.rows
+                else outputs
+            )
             offset += p.rows
             if not p.future.done():
                 p.future.set_result(BatchResult(part, start - p.enqueued, compute, rows))

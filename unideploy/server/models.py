@@ -24,8 +24,8 @@ from unideploy.runtimes import RuntimeOptions
 from unideploy.runtimes.base import Runtime, usable_cores
 from unideploy.runtimes.batch_buckets import default_buckets
 from unideploy.runtimes.selection import open_runtime, what_ran
-from unideploy.samples import resize_batch
-from unideploy.server.batching import DynamicBatcher, inline_bytes
+from unideploy.samples import Axes, resize_batch
+from unideploy.server.batching import DynamicBatcher, Tensors, inline_bytes, output_batch_axes
 from unideploy.server.config import ModelSettings
 from unideploy.server.errors import NotFound, Unavailable
 from unideploy.server.memory import release_free_memory
@@ -73,6 +73,18 @@ class ServedModel:
     failures: dict[str, tuple[tuple, str]] = field(default_factory=dict)
     routing: Routing | None = None
     routing_error: str | None = None
+
+
+def mergeable(runtime: Runtime, sample: Tensors) -> tuple[Axes | None, dict[str, int] | None]:
+    """Where a version's requests are merged: each input's batch axis (by the batch dimension's
+    name: recurrent state ``[2, batch, H]`` merges along axis 1) and each output's, measured on the
+    warm-up sample (``output_batch_axes``). (None, None) where requests cannot be merged: no
+    dynamic batch, an input without the batch dimension, or an output that does not grow by rows."""
+    signature = runtime.signature
+    axes = signature.batch_axes
+    if signature.batch_dim is None or any(axes[t.name] is None and t.shape for t in signature.inputs):
+        return None, None
+    return axes, output_batch_axes(runtime.run, sample, axes)
 
 
 class ModelRegistry:
@@ -260,14 +272,17 @@ class ModelRegistry:
         ran = what_ran(artifact, runtime)  # the main session's account, not a lane's (fewer threads)
         # never merged past what the engine was built for (a TensorRT profile's max batch)
         rows = min(settings.max_batch_size, runtime.max_batch_size or settings.max_batch_size)
+        axes, output_axes = mergeable(runtime, sample) if rows > 1 else (None, None)
         batcher = DynamicBatcher(
             runtime.run,
-            rows if rows > 1 and runtime.signature.has_dynamic_batch else 1,
+            rows if output_axes is not None else 1,
             settings.max_queue_delay_ms / 1000.0,
             inline_bytes=inline,
             lanes=[lane.run for lane in lanes],
             buckets=runtime.batch_buckets,
             in_flight=settings.batches_in_flight or (2 if ran.get("device") == "gpu" else 1),
+            axes=axes,
+            output_axes=output_axes,
         )
         for line in ran.get("passed_over", ()):
             log.warning("model %s version %s: passed over %s", src.model, src.version, line)

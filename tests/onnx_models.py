@@ -1,0 +1,50 @@
+"""Small ONNX graphs the tests build with onnx.helper, for layouts no exporter here writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def stateful_model(path: Path) -> Path:
+    """An ONNX graph with recurrent state laid out as ONNX's LSTM lays it out, [2, batch, 3]: the
+    batch is axis 0 of 'x' and axis 1 of 'state' (and of the output 'stateN')."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "W"], ["xw"]),
+            helper.make_node("ReduceSum", ["state", "axes"], ["summed"], keepdims=0),
+            helper.make_node("Add", ["xw", "summed"], ["y"]),
+            helper.make_node("Mul", ["state", "half"], ["stateN"]),
+        ],
+        "stateful",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", 3]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3]),
+            helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, "batch", 3]),
+        ],
+        [
+            numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "W"),
+            numpy_helper.from_array(np.array([0], np.int64), "axes"),
+            numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def rows_of_state(count: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "x": rng.standard_normal((count, 4)).astype(np.float32),
+        "state": rng.standard_normal((2, count, 3)).astype(np.float32),
+    }
