@@ -20,8 +20,9 @@ DEFAULT_DYNAMIC_SIZE = 8
 Axes = Mapping[str, int | None]  # each input's batch axis (Signature.batch_axes); None: no batch axis
 
 
-def _axis(axes: Axes | None, name: str, array: np.ndarray) -> int | None:
-    """Where ``array``'s rows are: its batch axis, axis 0 when none is given, None for a scalar."""
+def row_axis(axes: Axes | None, name: str, array: np.ndarray) -> int | None:
+    """Where input ``name``'s rows are: its batch axis in ``axes``, axis 0 when none is given, None
+    for a scalar."""
     if array.ndim == 0:
         return None
     return 0 if axes is None else axes.get(name, 0)
@@ -30,10 +31,15 @@ def _axis(axes: Axes | None, name: str, array: np.ndarray) -> int | None:
 def batch_size_of(inputs: Mapping[str, np.ndarray], axes: Axes | None = None) -> int:
     """Rows in ``inputs``: the size of the first batch axis (1 where none has one)."""
     for name, array in inputs.items():
-        axis = _axis(axes, name, array)
+        axis = row_axis(axes, name, array)
         if axis is not None:
             return int(array.shape[axis])
     return 1
+
+
+def rows_along(array: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of ``array`` along ``axis`` (a view)."""
+    return array[(slice(None),) * axis + (slice(start, stop),)]
 
 
 def take_rows(
@@ -42,8 +48,8 @@ def take_rows(
     """Rows ``start:stop`` of every input, along its batch axis; an input without one is kept whole."""
     out = {}
     for name, array in inputs.items():
-        axis = _axis(axes, name, array)
-        out[name] = array if axis is None else array[(slice(None),) * axis + (slice(start, stop),)]
+        axis = row_axis(axes, name, array)
+        out[name] = array if axis is None else rows_along(array, axis, start, stop)
     return out
 
 
@@ -133,13 +139,13 @@ def resize_batch(inputs: Mapping[str, np.ndarray], batch: int, axes: Axes | None
     value for every row."""
     out = {}
     for name, array in inputs.items():
-        axis = _axis(axes, name, array)
+        axis = row_axis(axes, name, array)
         if axis is None:
             out[name] = array
             continue
         reps = -(-batch // array.shape[axis])
         grown = np.concatenate([array] * reps, axis=axis)
-        out[name] = contiguous(grown[(slice(None),) * axis + (slice(0, batch),)])
+        out[name] = contiguous(rows_along(grown, axis, 0, batch))
     return out
 
 

@@ -19,6 +19,7 @@ from unideploy.samples import (
     concrete_shape,
     load_npz_inputs,
     random_tensor,
+    row_axis,
     row_batches,
     take_rows,
 )
@@ -113,7 +114,7 @@ def _check(dataset: Dataset, signature: Signature, what: str, path: Path) -> Non
     rows = {
         name: a.shape[axis]
         for name, a in dataset.inputs.items()
-        if (axis := axes.get(name, 0 if a.ndim else None)) is not None and axis < a.ndim
+        if (axis := row_axis(axes, name, a)) is not None and axis < a.ndim
     }
     if len(set(rows.values())) > 1:
         along = {name: f"{count} (axis {axes.get(name, 0)})" for name, count in rows.items()}

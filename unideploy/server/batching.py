@@ -39,7 +39,7 @@ from functools import partial
 import numpy as np
 
 from unideploy.runtimes.batch_buckets import bucket_for
-from unideploy.samples import Axes, batch_size_of, resize_batch
+from unideploy.samples import Axes, batch_size_of, resize_batch, row_axis, rows_along
 
 Tensors = dict[str, np.ndarray]
 
@@ -57,21 +57,13 @@ class _Pending:
         """What requests must share to be merged: each input's dtype and shape but for its batch
         axis, and a scalar input's value (a sample rate is one value for the whole call)."""
         return tuple(
-            (k, _without(v.shape, _axis(self.axes, k, v)), v.dtype.str, v.tobytes() if v.ndim == 0 else None)
+            (k, _without(v.shape, row_axis(self.axes, k, v)), v.dtype.str, v.tobytes() if v.ndim == 0 else None)
             for k, v in sorted(self.inputs.items())
         )
 
 
-def _axis(axes: Axes | None, name: str, array: np.ndarray) -> int | None:
-    return None if array.ndim == 0 else 0 if axes is None else axes.get(name, 0)
-
-
 def _without(shape: tuple[int, ...], axis: int | None) -> tuple[int, ...]:
     return shape if axis is None else shape[:axis] + shape[axis + 1 :]
-
-
-def _rows(array: np.ndarray, axis: int, start: int, stop: int) -> np.ndarray:
-    return array[(slice(None),) * axis + (slice(start, stop),)]
 
 
 def output_batch_axes(run: Callable[[Tensors], Tensors], sample: Tensors, axes: Axes) -> dict[str, int] | None:
@@ -105,11 +97,13 @@ def merged(parts: Sequence[Tensors], size: int, axes: Axes | None = None) -> Ten
     filled with the last real row (a bucket's padding: a real row, never values the model was not
     made for). A scalar is the same in every part (the merge key)."""
     first = parts[0]
-    if len(parts) == 1 and all((axis := _axis(axes, k, a)) is None or a.shape[axis] == size for k, a in first.items()):
+    if len(parts) == 1 and all(
+        (axis := row_axis(axes, k, a)) is None or a.shape[axis] == size for k, a in first.items()
+    ):
         return first
     batch: Tensors = {}
     for name, array in first.items():
-        axis = _axis(axes, name, array)
+        axis = row_axis(axes, name, array)
         if axis is None:
             batch[name] = array
             continue
@@ -119,9 +113,9 @@ def merged(parts: Sequence[Tensors], size: int, axes: Axes | None = None) -> Ten
         at = 0
         for part in parts:
             rows = part[name].shape[axis]
-            _rows(out, axis, at, at + rows)[...] = part[name]
+            rows_along(out, axis, at, at + rows)[...] = part[name]
             at += rows
-        _rows(out, axis, at, size)[...] = _rows(out, axis, at - 1, at)
+        rows_along(out, axis, at, size)[...] = rows_along(out, axis, at - 1, at)
         batch[name] = out
     return batch
 
@@ -306,7 +300,10 @@ class DynamicBatcher:
         offset = 0
         for p in group:
             part = (
-                {k: _rows(v, (self.output_axes or {}).get(k, 0), offset, offset + p.rows) for k, v in outputs.items()}
+                {
+                    k: rows_along(v, (self.output_axes or {}).get(k, 0), offset, offset + p.rows)
+                    for k, v in outputs.items()
+                }
                 if size > p.rows
                 else outputs
             )
