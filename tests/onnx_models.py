@@ -48,3 +48,28 @@ def rows_of_state(count: int, seed: int) -> dict[str, np.ndarray]:
         "x": rng.standard_normal((count, 4)).astype(np.float32),
         "state": rng.standard_normal((2, count, 3)).astype(np.float32),
     }
+
+
+def batch_statistic_model(path: Path) -> Path:
+    """A graph answering each row's sum ('rows', [batch]) and the sum over the whole call ('total',
+    a scalar): an output that does not grow by rows, which no split of a merged call could answer."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["x", "last"], ["rows"], keepdims=0),
+            helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0),
+        ],
+        "statistic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [
+            helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["batch"]),
+            helper.make_tensor_value_info("total", TensorProto.FLOAT, []),
+        ],
+        [numpy_helper.from_array(np.array([1], np.int64), "last")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path

@@ -375,3 +375,32 @@ def test_requests_merge_along_each_tensors_own_batch_axis(tmp_path):
         np.testing.assert_allclose(got.outputs["y"], want["y"], rtol=1e-6)
         np.testing.assert_allclose(got.outputs["stateN"], want["stateN"], rtol=1e-6)
     assert [r.batch_rows for r in results] == [6, 6, 6]  # one call: all three queued before the batcher ran
+
+
+def test_a_model_whose_answer_is_not_per_row_is_not_merged(tmp_path):
+    """An output that does not grow by rows (a sum over the whole call) cannot be split from a
+    merged batch: such a version runs every request on its own, and each total is its own."""
+    from onnx_models import batch_statistic_model
+
+    import unideploy
+    from unideploy.server.metrics import ServerMetrics
+    from unideploy.server.models import ModelRegistry
+
+    model = batch_statistic_model(tmp_path / "statistic.onnx")
+    unideploy.export(model, tmp_path / "repo" / "statistic" / "1", input_shapes=["x:batch=2,4"]).close()
+    requests = [{"x": np.full((rows, 4), float(rows), np.float32)} for rows in (1, 2, 3)]
+
+    async def scenario():
+        with ThreadPoolExecutor(2) as pool:
+            registry = ModelRegistry(tmp_path / "repo", pool, ServerMetrics())
+            await registry.sync()
+            served = registry.get("statistic")
+            batcher = served.batcher
+            results = await asyncio.gather(*(batcher.submit(r) for r in requests))
+            await registry.close()
+            return (served.signature.batch_dim, batcher.merges), results
+
+    merges, results = asyncio.run(scenario())
+    assert merges == ("batch", False)  # a dynamic batch, and still not merged
+    assert [float(r.outputs["total"]) for r in results] == [4.0, 16.0, 36.0]
+    assert [r.batch_rows for r in results] == [1, 2, 3]

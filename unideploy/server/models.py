@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from unideploy.errors import UnideployError
+from unideploy.errors import UnideployError, first_line
 from unideploy.package import Artifact, Package
 from unideploy.package.signing import TrustedSigners, verify_signature
 from unideploy.runtimes import RuntimeOptions
@@ -75,7 +75,7 @@ class ServedModel:
     routing_error: str | None = None
 
 
-def mergeable(runtime: Runtime, sample: Tensors) -> tuple[Axes | None, dict[str, int] | None]:
+def mergeable(runtime: Runtime, sample: Tensors, served_as: str) -> tuple[Axes | None, dict[str, int] | None]:
     """Where a version's requests are merged: each input's batch axis (by the batch dimension's
     name: recurrent state ``[2, batch, H]`` merges along axis 1) and each output's, measured on the
     warm-up sample (``output_batch_axes``). (None, None) where requests cannot be merged: no
@@ -84,7 +84,13 @@ def mergeable(runtime: Runtime, sample: Tensors) -> tuple[Axes | None, dict[str,
     axes = signature.batch_axes
     if signature.batch_dim is None or any(axes[t.name] is None and t.shape for t in signature.inputs):
         return None, None
-    return axes, output_batch_axes(runtime.run, sample, axes)
+    try:
+        return axes, output_batch_axes(runtime.run, sample, axes)
+    except Exception as exc:  # a model that cannot run one row more cannot take merged batches either
+        log.warning(
+            "%s: requests are not merged: its warm-up sample failed at one row more (%s)", served_as, first_line(exc)
+        )
+        return None, None
 
 
 class ModelRegistry:
@@ -272,7 +278,8 @@ class ModelRegistry:
         ran = what_ran(artifact, runtime)  # the main session's account, not a lane's (fewer threads)
         # never merged past what the engine was built for (a TensorRT profile's max batch)
         rows = min(settings.max_batch_size, runtime.max_batch_size or settings.max_batch_size)
-        axes, output_axes = mergeable(runtime, sample) if rows > 1 else (None, None)
+        served_as = f"model {src.model} version {src.version}"
+        axes, output_axes = mergeable(runtime, sample, served_as) if rows > 1 else (None, None)
         batcher = DynamicBatcher(
             runtime.run,
             rows if output_axes is not None else 1,
