@@ -63,6 +63,9 @@ def test_fp16_fuses_the_real_minilm_transformer_blocks(tmp_path):
         "SkipLayerNormalization": 12,
     }
     assert record["accuracy"]["outputs"]["output"]["cosine_min"] > 0.999
+    # fused operators are ONNX Runtime's CPU and CUDA kernels: not offered to mobile and web builds
+    artifact = json.loads((tmp_path / "fp16" / "manifest.json").read_text())["artifacts"][-1]
+    assert artifact["targets"] == ["gpu"] and any("gpu target only" in n for n in record["notes"])
 
 
 def test_efficientnet_lite0_recognises_a_real_photo(tmp_path):

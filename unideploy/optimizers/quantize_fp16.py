@@ -142,11 +142,20 @@ class Fp16Conversion(OptimizerPass):
         return PassResult(
             path=out,
             precision="fp16",
-            targets=["gpu", "edge"],
+            # fused operators are ONNX Runtime's CPU and CUDA kernels: mobile and web builds may lack them
+            targets=["gpu"] if "operators" in fusions else ["gpu", "edge"],
             params={**params, "fp32_layers": fp32_layers},
             notes=[
                 "on CPU, FP16 halves the size but does not run faster (ONNX Runtime computes it in fp32); "
-                "it is meant for GPU and mobile runtimes"
+                "it is meant for GPU and mobile runtimes",
+                *(
+                    [
+                        "its transformer blocks are fused into ONNX Runtime's own operators, so it is marked for "
+                        "the gpu target only (--no-transformer-fusions writes one for edge and mobile too)"
+                    ]
+                    if "operators" in fusions
+                    else []
+                ),
             ],
         )
 
