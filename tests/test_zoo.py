@@ -160,7 +160,7 @@ def test_silero_vad_binds_its_sample_rate_with_constant(tmp_path):
     """Silero VAD (ONNX, from the silero-vad package) takes its sample rate as an int64 scalar
     input: a random one is refused, and --constant sr=16000 makes it part of the model. Its
     recurrent state is [2, batch, 128]: exported from four streams of example rows, the samples
-    are cut along that axis."""
+    are cut along that axis, and fp16 judges that state by its relative error."""
     from console import assert_one_line_error, deploy
 
     model = zoo_models.shipped("silero_vad/data/silero_vad.onnx")
@@ -199,7 +199,15 @@ def test_silero_vad_binds_its_sample_rate_with_constant(tmp_path):
     )
     assert made.returncode == 0, made.stderr
     manifest = json.loads((tmp_path / "streams" / "manifest.json").read_text())
-    assert manifest["validation"]["onnx-fp32"]["passed"] and sorted(s["batch_size"] for s in manifest["samples"]) == [
-        1,
-        4,
-    ]
+    assert manifest["validation"]["onnx-fp32"]["passed"]
+    assert sorted(s["batch_size"] for s in manifest["samples"]) == [1, 4]
+    # fp16 judged per output: the speech probability per row, the state (batch on axis 1) by its
+    # relative error (read as per-position class scores, it was taken for CTC text and refused)
+    calls = {
+        "input": (0.1 * rng.standard_normal((32, 512))).astype(np.float32),
+        "state": np.zeros((2, 32, 128), np.float32),
+    }
+    np.savez(tmp_path / "calls.npz", **calls)
+    with unideploy.optimize(tmp_path / "streams", quantize="fp16", calibration=str(tmp_path / "calls.npz")) as package:
+        outputs = package.manifest.optimizations[-1]["accuracy"]["outputs"]
+    assert outputs["stateN"]["metric"] == "relerr" and "another axis" in outputs["stateN"]["why"]

@@ -109,10 +109,13 @@ def _ctc(ref: np.ndarray) -> tuple[str, str] | None:
 
 
 def choose_metrics(
-    requested: str | Sequence[str], reference: Mapping[str, np.ndarray], has_labels: bool
+    requested: str | Sequence[str], reference: Mapping[str, np.ndarray], has_labels: bool, rows: int | None = None
 ) -> dict[str, tuple[str, str]]:
     """(metric, why) per output: ``auto`` chooses; ``NAME`` applies to every output, ``OUTPUT=NAME``
-    to one. ``accuracy`` (chosen by auto when there are labels) goes to the first class-score output."""
+    to one. ``accuracy`` (chosen by auto when there are labels) goes to the first class-score output.
+    ``rows``: how many rows the reference was computed on; an output whose axis 0 is not that many
+    (recurrent state ``[layers, batch, hidden]``) holds no rows or positions to score one by one, and is
+    judged by its relative error (read as per-position class scores, a state was taken for text)."""
     items = [requested] if isinstance(requested, str) else list(requested) or ["auto"]
     default, per_output = "auto", {}
     for item in items:
@@ -135,8 +138,15 @@ def choose_metrics(
             )
     chosen: dict[str, tuple[str, str]] = {}
     auto = [name for name in reference if per_output.get(name, default) == "auto"]
+    off_rows = {n for n in auto if rows is not None and reference[n].ndim and reference[n].shape[0] != rows}
     for name, ref in reference.items():
         chosen[name] = output_metric(name, ref) if name in auto else (per_output.get(name, default), "as requested")
+        if name in off_rows:
+            chosen[name] = (
+                "relerr",
+                f"axis 0 of '{name}' is {ref.shape[0]} for {rows} rows (the batch lies on another axis, as in "
+                "recurrent state): relative error",
+            )
     # A detector head gives class probabilities and, beside them, raw boxes or landmarks: those
     # are coordinates or regressions, whatever their width (MTCNN: probabilities, 4 box offsets,
     # 10 landmarks, per window).
@@ -146,6 +156,7 @@ def choose_metrics(
         if (
             not classes
             or name == classes
+            or name in off_rows
             or chosen[name][0] not in ("top1", "relerr")
             or probabilities(ref)
             or not np.issubdtype(ref.dtype, np.floating)

@@ -34,6 +34,7 @@ class Guard:
     budget_points: float = DEFAULT_BUDGET_POINTS  # percentage points of each output's metric
     min_cosine: float | None = None  # the budget of cosine-judged outputs (default: 1 - budget/100)
     rows_are: str = "rows"  # how a refusal names the rows ("validation rows", "reference rows")
+    rows: int | None = None  # how many rows ``batches`` hold (along each input's batch axis), where known
     _judged: dict[Hashable, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -46,7 +47,7 @@ class Guard:
         """(metric, why) per output, chosen once for every candidate; asked for first, it refuses a
         bad ``--metric`` before any candidate is made."""
         joined = {n: np.concatenate([b[n] for b in self.reference]) for n in self.reference[0]}
-        return choose_metrics(self.metric, joined, self.labels is not None)
+        return choose_metrics(self.metric, joined, self.labels is not None, self.rows)
 
     def judge(self, key: Hashable, open_runner: Callable[[], Runner]) -> dict[str, Any]:
         """The candidate's accuracy record (every output by its metric, and the verdict); the

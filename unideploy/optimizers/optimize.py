@@ -27,6 +27,7 @@ from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import OptimizationRecord, ValidationRecord
 from unideploy.package.writer import extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
+from unideploy.samples import batch_size_of
 from unideploy.validation import measured_tolerance_record
 
 Progress = Callable[[str], None]
@@ -126,6 +127,7 @@ def optimize(
             budget_points=request.max_accuracy_drop,
             min_cosine=request.min_cosine,
             rows_are="validation rows",
+            rows=sum(batch_size_of(b, signature.batch_axes) for b in val_batches),
         )
         for name, (metric, why) in guard.metrics.items():  # refuses a bad --metric before any work
             say(f"judging '{name}' by {metric}: {why}")
