@@ -151,10 +151,15 @@ class Signature:
         ``[layers, batch, hidden]`` has it at axis 1); None for an input without one (a scalar, or a
         table every row shares). A model without a dynamic dim has its rows on axis 0."""
         dim = self.batch_dim
-        return {
-            t.name: None if not t.shape else 0 if dim is None else t.shape.index(dim) if dim in t.shape else None
-            for t in self.inputs
-        }
+
+        def axis(spec: TensorSpec) -> int | None:
+            if not spec.shape:
+                return None
+            if dim is None:
+                return 0
+            return spec.shape.index(dim) if dim in spec.shape else None
+
+        return {t.name: axis(t) for t in self.inputs}
 
     @property
     def has_dynamic_inputs(self) -> bool:

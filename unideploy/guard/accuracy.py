@@ -140,13 +140,14 @@ def choose_metrics(
     auto = [name for name in reference if per_output.get(name, default) == "auto"]
     off_rows = {n for n in auto if rows is not None and reference[n].ndim and reference[n].shape[0] != rows}
     for name, ref in reference.items():
-        chosen[name] = output_metric(name, ref) if name in auto else (per_output.get(name, default), "as requested")
         if name in off_rows:
             chosen[name] = (
                 "relerr",
                 f"axis 0 of '{name}' is {ref.shape[0]} for {rows} rows (the batch lies on another axis, as in "
                 "recurrent state): relative error",
             )
+        else:
+            chosen[name] = output_metric(name, ref) if name in auto else (per_output.get(name, default), "as requested")
     # A detector head gives class probabilities and, beside them, raw boxes or landmarks: those
     # are coordinates or regressions, whatever their width (MTCNN: probabilities, 4 box offsets,
     # 10 landmarks, per window).

@@ -111,14 +111,14 @@ def _check(dataset: Dataset, signature: Signature, what: str, path: Path) -> Non
     axes = signature.batch_axes
     if any(a.size == 0 for a in dataset.inputs.values()):
         raise InputError(f"{what} data '{path}' is empty")
-    rows = {
-        name: a.shape[axis]
+    along = {
+        name: (a.shape[axis], axis)
         for name, a in dataset.inputs.items()
         if (axis := row_axis(axes, name, a)) is not None and axis < a.ndim
     }
-    if len(set(rows.values())) > 1:
-        along = {name: f"{count} (axis {axes.get(name, 0)})" for name, count in rows.items()}
-        raise InputError(f"{what} inputs in '{path}' have different row counts along their batch axes: {along}")
+    if len({count for count, _ in along.values()}) > 1:
+        counts = {name: f"{count} (axis {axis})" for name, (count, axis) in along.items()}
+        raise InputError(f"{what} inputs in '{path}' have different row counts along their batch axes: {counts}")
     if dataset.labels is not None and len(dataset.labels) != dataset.rows:
         raise InputError(f"{what} '{path}': {len(dataset.labels)} labels for {dataset.rows} rows")
     try:

@@ -71,15 +71,18 @@ def fuse(model_path: Path, rows: Batch, out: Path) -> Fused | None:
     if found is None:
         return None
     heads, hidden = found
+    before = _interface(model.graph)  # the optimizer rewrites the model it is given
     # opt_level 0: only the Python fusions, the same on every machine (higher levels run ONNX
     # Runtime's own graph optimizer for the provider of the machine the pass runs on)
-    fused = optimize_model(str(model_path), model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=0)
+    fused = optimize_model(model, model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=0)
     operators = {op: n for op, n in fused.get_fused_operator_statistics().items() if n}
-    if not operators.get("Attention") and not operators.get("MultiHeadAttention"):
-        return None
-    before = [(v.name, v.type.tensor_type.elem_type) for v in (*model.graph.input, *model.graph.output)]
-    graph = fused.model.graph
-    if [(v.name, v.type.tensor_type.elem_type) for v in (*graph.input, *graph.output)] != before:
+    attention = operators.get("Attention") or operators.get("MultiHeadAttention")
+    if not attention or _interface(fused.model.graph) != before:
         return None
     fused.save_model_to_file(str(out))
     return Fused(out, heads, hidden, operators)
+
+
+def _interface(graph: onnx.GraphProto) -> list[tuple[str, int]]:
+    """The names and element types a graph takes and gives."""
+    return [(v.name, v.type.tensor_type.elem_type) for v in (*graph.input, *graph.output)]

@@ -161,7 +161,7 @@ class DataPlane:
             ],
         }
         config["parameters"] = {k: {"string_value": v} for k, v in _ran_parameters(served.ran).items()}
-        # Triton's instance count: the merged batches that run at once, where
+        # Triton's instance group: how many merged batches run at once, and on what
         kind = "KIND_GPU" if served.ran.get("device") == "gpu" else "KIND_CPU"
         config["instance_group"] = [{"count": served.batcher.in_flight, "kind": kind}]
         if served.batcher.merges:  # merging needs a batch dimension

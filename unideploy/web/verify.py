@@ -177,10 +177,8 @@ def _check(page: Any, package: Package, pairs: Samples, artifact: str, backend: 
     atol, rtol = recorded_tolerance(package, artifact)
     try:
         record = validate(lambda inputs: outputs[id(inputs)], pairs, atol, rtol, package.manifest.source["framework"])
-    except (
-        ValidationError,
-        KeyError,
-    ) as exc:  # an output of another shape, or missing: the page computed something else
+    # an output of another shape, or missing: the page computed something else
+    except (ValidationError, KeyError) as exc:
         return BrowserCheck(artifact, backend, "failed", f"{type(exc).__name__}: {exc}")
     return BrowserCheck(
         artifact,
