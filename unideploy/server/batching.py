@@ -66,15 +66,17 @@ def _without(shape: tuple[int, ...], axis: int | None) -> tuple[int, ...]:
     return shape if axis is None else shape[:axis] + shape[axis + 1 :]
 
 
-def output_batch_axes(run: Callable[[Tensors], Tensors], sample: Tensors, axes: Axes) -> dict[str, int] | None:
-    """Where each output's batch is, measured: ``run`` at the sample's batch size and at one row
-    more, each output's one axis that grew by that row. None where an output has no such axis or
-    more than one (an output every row shares, a count of detections): such a model's requests are
-    not merged, since its answers could not be split back."""
+def output_batch_axes(
+    run: Callable[[Tensors], Tensors], sample: Tensors, answered: Tensors, axes: Axes
+) -> dict[str, int] | None:
+    """Where each output's batch is, measured: what ``run`` ``answered`` for the sample against its
+    answer at one row more, each output's one axis that grew by that row. None where an output has
+    no such axis or more than one (an output every row shares, a count of detections): such a
+    model's requests are not merged, since its answers could not be split back."""
     rows = batch_size_of(sample, axes)
-    one, more = run(sample), run(resize_batch(sample, rows + 1, axes))
+    more = run(resize_batch(sample, rows + 1, axes))
     found: dict[str, int] = {}
-    for name, value in one.items():
+    for name, value in answered.items():
         grown = [
             a
             for a, (before, after) in enumerate(zip(value.shape, more[name].shape))

@@ -75,17 +75,20 @@ class ServedModel:
     routing_error: str | None = None
 
 
-def mergeable(runtime: Runtime, sample: Tensors, served_as: str) -> tuple[Axes | None, dict[str, int] | None]:
+def mergeable(
+    runtime: Runtime, sample: Tensors, answered: Tensors, served_as: str
+) -> tuple[Axes | None, dict[str, int] | None]:
     """Where a version's requests are merged: each input's batch axis (by the batch dimension's
     name: recurrent state ``[2, batch, H]`` merges along axis 1) and each output's, measured on the
-    warm-up sample (``output_batch_axes``). (None, None) where requests cannot be merged: no
-    dynamic batch, an input without the batch dimension, or an output that does not grow by rows."""
+    warm-up sample and what it ``answered`` (``output_batch_axes``). (None, None) where requests
+    cannot be merged: no dynamic batch, an input without the batch dimension, or an output that does
+    not grow by rows."""
     signature = runtime.signature
     axes = signature.batch_axes
     if signature.batch_dim is None or any(axes[t.name] is None and t.shape for t in signature.inputs):
         return None, None
     try:
-        return axes, output_batch_axes(runtime.run, sample, axes)
+        return axes, output_batch_axes(runtime.run, sample, answered, axes)
     except Exception as exc:  # a model that cannot run one row more cannot take merged batches either
         log.warning(
             "%s: requests are not merged: its warm-up sample failed at one row more (%s)", served_as, first_line(exc)
@@ -235,19 +238,19 @@ class ModelRegistry:
         package = Package.open(src.path)
         opened: list[Runtime] = []  # closed again if anything fails (a TensorRT engine holds GPU memory)
 
-        def warmed(options: RuntimeOptions) -> tuple[Artifact, Runtime, float]:
+        def warmed(options: RuntimeOptions) -> tuple[Artifact, Runtime, float, Tensors]:
             """A session of the served artifact, run once on the sample: the first inference pays for
             allocations (and, for an engine with batch buckets, once at each bucket's size: a
             bucket's first call plans its kernels, about a second on a GPU). Also returns the
-            artifact it runs and how long the sample's run took."""
+            artifact it runs, how long the sample's run took and what it answered."""
             artifact, engine = open_runtime(package, settings.artifact, options=options)
             opened.append(engine)
             started = time.perf_counter()
-            engine.run(sample)
+            answered = engine.run(sample)
             took = time.perf_counter() - started
             for size in engine.batch_buckets:
                 engine.run(resize_batch(sample, size))
-            return artifact, engine, took
+            return artifact, engine, took, answered
 
         try:
             if self.trusted is not None:  # before any of its files is run
@@ -265,7 +268,7 @@ class ModelRegistry:
                 tf32=settings.tf32,
                 batch_buckets=buckets,
             )
-            artifact, runtime, warm_up_s = warmed(options)
+            artifact, runtime, warm_up_s, answered = warmed(options)
             inline = inline_bytes(runtime.run, sample, warm_up_s)
             # lanes share the threads one run would have (none for lanes: 1)
             share = replace(options, threads=max(1, (settings.threads or usable_cores()) // settings.lanes))
@@ -279,7 +282,7 @@ class ModelRegistry:
         # never merged past what the engine was built for (a TensorRT profile's max batch)
         rows = min(settings.max_batch_size, runtime.max_batch_size or settings.max_batch_size)
         served_as = f"model {src.model} version {src.version}"
-        axes, output_axes = mergeable(runtime, sample, served_as) if rows > 1 else (None, None)
+        axes, output_axes = mergeable(runtime, sample, answered, served_as) if rows > 1 else (None, None)
         batcher = DynamicBatcher(
             runtime.run,
             rows if output_axes is not None else 1,
