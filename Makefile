@@ -13,7 +13,7 @@ ONNX2TF := 'onnx2tf==1.29.24'
 # --no-deps into a folder of their own, so their runtimes' pins never reach the venv.
 ZOO_MODELS ?= .zoo-models
 
-.PHONY: demo test lint format bench zoo install install-edge image-tools web-tools clean
+.PHONY: demo test lint format bench zoo install install-edge image-tools web-tools speech-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,17 @@ web-tools:
 	  else echo "chromium/npm need apt-get as root: the web tests will skip"; fi; \
 	fi
 
+# The zoo's voice-activity model hears speech from eSpeak NG (Debian's espeak-ng), installed where
+# apt-get can (as root). Elsewhere its zoo row is blocked and its test skips, each saying why.
+speech-tools:
+	@if ! command -v espeak-ng >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q espeak-ng >/dev/null 2>&1 \
+	    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q espeak-ng >/dev/null 2>&1; } \
+	    || echo "espeak-ng could not be installed: the zoo's speech test will skip"; \
+	  else echo "espeak-ng needs apt-get as root: the zoo's speech test will skip"; fi; \
+	fi
+
 # Style and types (configured in pyproject.toml; .ci/run runs it before the tests). `make format` fixes what it can.
 LINTED := unideploy tests benchmarks examples
 lint: $(VENV)/.installed
@@ -82,7 +93,7 @@ format: $(VENV)/.installed
 # The main venv's tests in one process per core, at most 4 (each converter can take 2-3 GB); a test
 # file stays in one process, so its module fixtures (a server, an image) are built once.
 TEST_PROCESSES ?= --numprocesses auto --maxprocesses 4 --dist loadfile
-test: $(VENV)/.installed $(MS_VENV)/.installed image-tools web-tools
+test: $(VENV)/.installed $(MS_VENV)/.installed image-tools web-tools speech-tools
 	$(BIN)/python -m pytest -q -m "not mindspore" $(TEST_PROCESSES)
 	$(MS_VENV)/bin/python -m pytest -q -m mindspore $(MINDSPORE_TESTS)
 
@@ -99,9 +110,9 @@ bench: $(VENV)/.installed web-tools
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/web.py
 
 # Real pretrained models through every stage; writes docs/zoo.md (about 2.6 hours on 2 cores; --only and --stage re-run parts).
-zoo: $(VENV)/.installed $(MS_VENV)/.installed
+zoo: $(VENV)/.installed $(MS_VENV)/.installed speech-tools
 	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,dev,bench]' 'torch==2.13.0'
-	HF_HUB_OFFLINE=1 UNIDEPLOY_ZOO_MODELS=$(abspath $(ZOO_MODELS)) $(BIN)/python benchmarks/zoo.py
+	HF_HUB_OFFLINE=1 UNIDEPLOY_ZOO_MODELS=$(abspath $(ZOO_MODELS)) $(BIN)/python benchmarks/zoo.py --json docs/zoo.json
 
 clean:
 	rm -rf $(VENV) $(MS_VENV) $(ZOO_MODELS) examples/out .pytest_cache

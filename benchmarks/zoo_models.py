@@ -124,6 +124,54 @@ def face_windows(count: int) -> list[np.ndarray]:
     return interleaved(list(windows[:half]), list(windows[half:]))[:count]
 
 
+def english_text() -> str:
+    """Real English prose that ships with Python: the Zen of Python and the documentation of a few
+    standard-library modules (what a character-level language model reads)."""
+    import argparse
+    import codecs
+    import contextlib
+    import heapq
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):  # importing it prints it
+        import this
+
+    return " ".join(
+        " ".join(doc.split()) for doc in (codecs.decode(this.s, "rot13"), argparse.__doc__, heapq.__doc__) if doc
+    )
+
+
+def speech(seconds: float = 24.0) -> np.ndarray:
+    """16 kHz mono speech, float32 in [-1, 1]: English sentences spoken by eSpeak NG (a formant
+    synthesiser, Debian's espeak-ng) with pauses between them, so a voice-activity detector sees
+    speech start and stop."""
+    import shutil
+    import subprocess
+    import tempfile
+    import wave
+
+    from scipy.signal import resample_poly
+
+    if not shutil.which("espeak-ng"):
+        raise FileNotFoundError("espeak-ng is missing: apt-get install espeak-ng (make zoo does it)")
+    sentences = [s.strip() + "." for s in english_text().split(".") if len(s.split()) >= 4]
+    pause = np.zeros(8000, np.float32)  # half a second
+    pieces, total = [pause], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, sentence in enumerate(sentences):
+            path = Path(tmp) / f"{i}.wav"
+            subprocess.run(["espeak-ng", "-w", str(path), sentence], check=True, capture_output=True)
+            with wave.open(str(path)) as wav:
+                rate = wav.getframerate()
+                pcm = np.frombuffer(wav.readframes(wav.getnframes()), np.int16).astype(np.float32) / 32768.0
+            voice = resample_poly(pcm, 16000, rate).astype(np.float32)
+            pieces += [voice, pause]
+            total += len(voice) + len(pause)
+            if total >= seconds * 16000:
+                break
+    return np.concatenate(pieces)
+
+
 def interleaved(*groups: list[np.ndarray]) -> list[np.ndarray]:
     """One item of each group in turn: calibration takes the first half of the data and validation
     the rest, so each half gets its share of every kind of input."""
@@ -262,10 +310,6 @@ def minilm(work: Path) -> Path:
 def mindspore_digits(work: Path) -> Path:
     """A LeNet-style CNN trained here on scikit-learn's digits with MindSpore, saved as MindIR
     (no MindSpore model ships in a package): runs in the MindSpore venv."""
-    script = ROOT / "benchmarks" / "zoo_mindspore.py"
-    python = ROOT / ".venv-ms" / "bin" / "python"
-    if not python.exists():
-        raise FileNotFoundError(f"{python} is missing: make test (or make zoo) builds the MindSpore venv")
     from sklearn.datasets import load_digits
 
     digits = load_digits()  # the last 128 are the zoo's held-out data (_digits)
@@ -274,8 +318,154 @@ def mindspore_digits(work: Path) -> Path:
         x=(digits.images[:-128] / 16.0).astype(np.float32)[:, None],
         labels=digits.target[:-128].astype(np.int64),
     )
-    _child([str(python), str(script), str(work)])
+    _child([*_mindspore_script(), "digits", str(work)])
     return work / "digits_lenet.mindir"
+
+
+def _mindspore_script() -> list[str]:
+    """The command that runs ``zoo_mindspore.py`` in the MindSpore venv."""
+    python = ROOT / ".venv-ms" / "bin" / "python"
+    if not python.exists():
+        raise FileNotFoundError(f"{python} is missing: make test (or make zoo) builds the MindSpore venv")
+    return [str(python), str(ROOT / "benchmarks" / "zoo_mindspore.py")]
+
+
+def mtcnn_pnet_mindir(work: Path) -> Path:
+    """MTCNN's proposal network (PReLU, pooling with ceil mode) built as a MindSpore Cell with the
+    ``mtcnn`` package's weights and saved as MindIR with dynamic batch, height and width: a face
+    detector from a MindIR source. The weights are read here (joblib-lz4) and handed over as .npz."""
+    import joblib
+
+    weights = joblib.load(shipped("mtcnn/assets/weights/pnet.lz4"))
+    _save_npz(work / "pnet-weights.npz", **{f"w{i}": w for i, w in enumerate(weights)})
+    _child([*_mindspore_script(), "pnet", str(work)])
+    return work / "mtcnn_pnet.mindir"
+
+
+def breast_cancer_forest(work: Path) -> Path:
+    """A random forest trained here on scikit-learn's breast-cancer data (30 measurements of a
+    tumour's cell nuclei) answering 'malignant' or 'benign', converted by skl2onnx without ZipMap:
+    ONNX-ML with a text label output (no tabular model ships in a package). The last 100 rows are
+    held out for the zoo's data."""
+    import onnx
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.ensemble import RandomForestClassifier
+
+    data = load_breast_cancer()
+    x = data.data.astype(np.float32)
+    diagnosis = np.array(data.target_names)[data.target]
+    forest = RandomForestClassifier(n_estimators=100, max_depth=8, random_state=0).fit(x[:-100], diagnosis[:-100])
+    path = work / "breast_cancer_forest.onnx"
+    onnx.save(to_onnx(forest, x[:1], options={id(forest): {"zipmap": False}}), path)
+    _save_npz(work / "data.npz", X=x[-100:])
+    return path
+
+
+CHAR_LM_CONTEXT = 40  # textgenrnn's max_length: it reads the last 40 characters
+
+
+def char_lm(work: Path) -> Path:
+    """textgenrnn's pretrained character-level language model (an embedding, two LSTMs, an
+    attention-weighted average of all three over the last 40 characters, and the next character's
+    probabilities over 465), its Keras weights (CuDNN LSTMs: two biases, gates i, f, c, o as
+    PyTorch orders them) loaded into the same network in PyTorch and traced to TorchScript. On
+    the zoo's English text it predicts the next character 46 % of the time (top-1)."""
+    import h5py
+    import torch
+    from torch import nn
+
+    class CharLM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = nn.Embedding(465, 100)
+            self.rnn_1 = nn.LSTM(100, 128, batch_first=True)
+            self.rnn_2 = nn.LSTM(128, 128, batch_first=True)
+            self.attention = nn.Linear(356, 1, bias=False)
+            self.output = nn.Linear(356, 465)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            embedded = self.embedding(ids)
+            first, _ = self.rnn_1(embedded)
+            second, _ = self.rnn_2(first)
+            sequence = torch.cat([embedded, first, second], dim=-1)
+            logits = self.attention(sequence).squeeze(-1)
+            weights = torch.exp(logits - logits.amax(dim=-1, keepdim=True))
+            weights = weights / (weights.sum(dim=1, keepdim=True) + 1e-7)  # Keras' epsilon, as trained
+            return torch.softmax(self.output((sequence * weights.unsqueeze(-1)).sum(dim=1)), dim=-1)
+
+    def from_cudnn(kernel: np.ndarray) -> torch.Tensor:
+        """A CuDNN LSTM kernel [inputs, 4 x units] as PyTorch's [4 x units, inputs]: CuDNN keeps
+        each gate's block in column-major order (Keras converts it the same way to load it into
+        an LSTM); read as a plain matrix, next-character top-1 on English text was 0.5 %, not 46 %."""
+        gates = [g.T.reshape(g.shape, order="F") for g in np.hsplit(kernel, 4)]
+        return torch.from_numpy(np.ascontiguousarray(np.hstack(gates).T))
+
+    model = CharLM().eval()
+    with h5py.File(shipped("textgenrnn/textgenrnn_weights.hdf5")) as f:
+
+        def tensor(layer: str, name: str) -> torch.Tensor:
+            return torch.from_numpy(f[f"{layer}/{layer}/{name}:0"][()])
+
+        with torch.no_grad():
+            model.embedding.weight.copy_(tensor("embedding", "embeddings"))
+            for layer in ("rnn_1", "rnn_2"):
+                rnn, bias = getattr(model, layer), tensor(layer, "bias")
+                rnn.weight_ih_l0.copy_(from_cudnn(f[f"{layer}/{layer}/kernel:0"][()]))
+                rnn.weight_hh_l0.copy_(from_cudnn(f[f"{layer}/{layer}/recurrent_kernel:0"][()]))
+                rnn.bias_ih_l0.copy_(bias[:512])
+                rnn.bias_hh_l0.copy_(bias[512:])
+            model.attention.weight.copy_(tensor("attention", "attention_W").T)
+            model.output.weight.copy_(tensor("output", "kernel").T)
+            model.output.bias.copy_(tensor("output", "bias"))
+    path = work / "textgenrnn.pt"
+    with torch.no_grad():
+        torch.jit.save(torch.jit.trace(model, torch.ones(2, CHAR_LM_CONTEXT, dtype=torch.int64)), str(path))
+    return path
+
+
+def _next_characters(work: Path, count: int = 200) -> Path:
+    """The 40 characters before a position of real English text, encoded with textgenrnn's own
+    vocabulary (left-padded with 0 as it pads), and the character that follows as the label."""
+    import json
+
+    vocab = json.loads(shipped("textgenrnn/textgenrnn_vocab.json").read_text(encoding="utf-8"))
+    text = english_text()
+    ids, labels = [], []
+    for end in range(1, len(text), max(len(text) // count, 1)):
+        if text[end] not in vocab:
+            continue
+        window = [vocab.get(c, 0) for c in text[max(end - CHAR_LM_CONTEXT, 0) : end]]
+        ids.append([0] * (CHAR_LM_CONTEXT - len(window)) + window)
+        labels.append(vocab[text[end]])
+    return _save_npz(work / "data.npz", ids=np.array(ids[:count], np.int64), labels=np.array(labels[:count], np.int64))
+
+
+SILERO_VAD = "silero_vad/data/silero_vad.onnx"
+
+
+def _vad_chunks(work: Path, count: int = 256) -> Path:
+    """Silero VAD's real inputs: speech cut into the 512-sample chunks it reads at 16 kHz, each
+    after the 64 samples before it (its context, as the package's wrapper feeds it), with the
+    recurrent state the model itself carried to that chunk (run over the recording in order)."""
+    import onnxruntime as ort
+
+    audio = speech()
+    session = ort.InferenceSession(str(shipped(SILERO_VAD)), providers=["CPUExecutionProvider"])
+    state, context = np.zeros((2, 1, 128), np.float32), np.zeros(64, np.float32)
+    chunks, states = [], []
+    for start in range(0, len(audio) - 511, 512):
+        chunk = np.concatenate([context, audio[start : start + 512]])
+        chunks.append(chunk)
+        states.append(state[:, 0])
+        _, state = session.run(None, {"input": chunk[None], "state": state, "sr": np.array(16000, np.int64)})
+        context = chunk[-64:]
+    every = max(len(chunks) // count, 1)
+    return _save_npz(
+        work / "data.npz",
+        input=np.stack(chunks[::every][:count]),
+        state=np.stack(states[::every][:count], axis=1),
+    )
 
 
 def _digits(work: Path) -> Path:
@@ -459,6 +649,51 @@ def zoo() -> list[ZooModel]:
             ),
             ["--input-shape", "input1:1,1,64,image_width=256"],
             ["--trt-profile", "input1:1x1x64x64,1x1x64x256,1x1x64x1024"],
+        ),
+        ZooModel(
+            "breast-cancer-forest",
+            "tabular random forest with text labels, trained here (ONNX-ML, skl2onnx)",
+            "scikit-learn (trained here)",
+            "BSD-3-Clause (scikit-learn breast-cancer data)",
+            breast_cancer_forest,
+            lambda w: w / "data.npz",
+        ),
+        ZooModel(
+            "silero-vad",
+            "streaming voice-activity detector, LSTM state [2, batch, 128], int64 sample-rate scalar (ONNX)",
+            "silero-vad 6.2.3",
+            "MIT",
+            lambda w: shipped(SILERO_VAD),
+            _vad_chunks,
+            [
+                "--input-shape",
+                "input:batch=1,samples=576",
+                "--input-shape",
+                "state:2,batch=1,128",
+                "--constant",
+                "sr=16000",
+            ],
+            ["--trt-profile", "input:1x576,8x576,32x576"],
+        ),
+        ZooModel(
+            "textgenrnn-char-lm",
+            "character-level language model, 2 LSTMs + attention (TorchScript from its Keras weights)",
+            "textgenrnn 2.0.0",
+            "MIT",
+            char_lm,
+            _next_characters,
+            ["--input-shape", f"ids:1x{CHAR_LM_CONTEXT}:int64"],
+        ),
+        ZooModel(
+            "mtcnn-pnet-mindspore",
+            "face proposal CNN with PReLU and ceil-mode pooling, any image size (MindSpore MindIR)",
+            "mtcnn 1.0.0",
+            "MIT",
+            mtcnn_pnet_mindir,
+            lambda w: _save_npz(w / "data.npz", x=(nchw(photos(32), 120, 160) - 0.5) / 0.5),
+            ["--input-shape", "x:1,3,height=120,width=160"],
+            ["--trt-profile", "x:1x3x12x12,8x3x120x160,16x3x480x640"],
+            venv=".venv-ms",
         ),
     ]
 

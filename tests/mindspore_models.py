@@ -1,6 +1,6 @@
 """MindSpore Cells the MindIR tests export: a CNN, a transformer block with exact GELU, a wide
-operator mix, a face-detector stem (PReLU, ceil-mode pooling), and one with an operator outside
-the translator's table (CumSum)."""
+operator mix, a face-detector stem (PReLU, ceil-mode pooling), a mobile network's head, a detector's
+neck and its decoding, and one with an operator outside the translator's table (CumSum)."""
 
 from __future__ import annotations
 
@@ -113,6 +113,53 @@ def build_cells() -> dict[str, tuple[object, list[object]]]:
         def construct(self, x):
             return self.prelu2(self.conv2(self.pool(self.prelu(self.conv(x)))))
 
+    class MobileHead(nn.Cell):
+        """MobileNetV3's and YOLO's activations and a squeeze-excite gate: HSwish, HSigmoid,
+        LeakyReLU, Mish, ELU, global average and max pooling, GroupNorm."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(4, 8, 3, pad_mode="same", has_bias=True)
+            self.norm = nn.GroupNorm(2, 8)
+            self.hswish, self.hsigmoid = nn.HSwish(), nn.HSigmoid()
+            self.leaky, self.mish, self.elu = nn.LeakyReLU(0.1), nn.Mish(), nn.ELU()
+            self.avg, self.max = nn.AdaptiveAvgPool2d(1), nn.AdaptiveMaxPool2d(1)
+
+        def construct(self, x):
+            y = self.hswish(self.norm(self.conv(x)))
+            gate = self.hsigmoid(self.avg(y))  # squeeze-excite
+            y = self.leaky(y * gate) + self.mish(y) - self.elu(y)
+            return y, self.max(y)
+
+    class DetectorNeck(nn.Cell):
+        """A feature pyramid's upsampling (transposed convolution, and resizing to a fixed size,
+        which is how MindSpore writes nn.Upsample for static shapes) and a local response norm."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = nn.Conv2dTranspose(4, 6, 4, stride=2, pad_mode="same", has_bias=True)
+            self.odd = nn.Conv2dTranspose(4, 2, 1, stride=2, pad_mode="same")  # kernel < stride
+            self.lrn = nn.LRN(depth_radius=2, bias=1.0, alpha=0.5, beta=0.75)
+            self.nearest = ops.ResizeNearestNeighborV2()
+            self.bilinear = ops.ResizeBilinearV2(align_corners=True)
+
+        def construct(self, x):
+            up = ops.concat((self.up(x), self.odd(x), self.nearest(x, (16, 16))), 1)
+            return self.lrn(up), self.bilinear(x, (11, 13))
+
+    class Decoding(nn.Cell):
+        """What classification and detection heads do with their scores: LogSoftmax, Argmax, TopK,
+        ReduceMax/Min, Greater and Select, Slice, Stack, and the element-wise Rsqrt, Square, Floor,
+        Sin, Cos, Softplus and Softsign."""
+
+        def construct(self, x):
+            probs = nn.LogSoftmax(axis=-1)(x)
+            values, _ = ops.TopK()(x, 3)
+            kept = ops.select(x > 0.5, ops.Rsqrt()(ops.Square()(x) + 1.0), ops.Floor()(x))
+            waves = ops.Sin()(x) * ops.Cos()(x) + ops.Softplus()(x) - ops.Softsign()(x)
+            extremes = ops.stack((ops.ReduceMax()(x, 1), ops.ReduceMin()(x, 1)), 1)
+            return probs, ops.Argmax(axis=1)(x), values, ops.Slice()(kept + waves, (0, 1), (-1, 4)), extremes
+
     class Unsupported(nn.Cell):
         def __init__(self) -> None:
             super().__init__()
@@ -133,6 +180,14 @@ def build_cells() -> dict[str, tuple[object, list[object]]]:
         "mix": (Mix(), [Tensor(shape=[None, 4, 4], dtype=f32), Tensor(shape=[None], dtype=ms.int32)]),
         "elementwise": (Elementwise(), [Tensor(shape=[None, 6], dtype=f32)]),
         "face": (face, [Tensor(shape=[None, 3, 24, 24], dtype=f32)]),
+        "mobile": (MobileHead(), [Tensor(shape=[None, 4, 8, 8], dtype=f32)]),
+        "neck": (DetectorNeck(), [Tensor(shape=[None, 4, 8, 8], dtype=f32)]),
+        "decoding": (Decoding(), [Tensor(shape=[None, 10], dtype=f32)]),
+        # with a dynamic batch, nn.Upsample keeps a branch on whether a dim is known: nested graphs
+        "upsample": (
+            nn.Upsample(scale_factor=2.0, mode="nearest", recompute_scale_factor=True),
+            [Tensor(shape=[None, 4, 8, 8], dtype=f32)],
+        ),
         "unsupported": (Unsupported(), [Tensor(shape=[None, 6], dtype=f32)]),
     }
 

@@ -73,3 +73,38 @@ def batch_statistic_model(path: Path) -> Path:
     model.ir_version = 8
     onnx.save(model, path)
     return path
+
+
+def branching_model(path: Path) -> Path:
+    """An ONNX graph whose only weighted layer, a 3x3 Conv, sits in an If branch (as Silero VAD
+    keeps its layers, one branch per sample rate): the condition is a graph constant."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    image = ["batch", 1, 8, 8]
+    conv = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["convolved"], pads=[1, 1, 1, 1])],
+        "conv_branch",
+        [],
+        [helper.make_tensor_value_info("convolved", TensorProto.FLOAT, image)],
+        [numpy_helper.from_array(rng.standard_normal((1, 1, 3, 3)).astype(np.float32), "W")],
+    )
+    same = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["kept"])],
+        "identity_branch",
+        [],
+        [helper.make_tensor_value_info("kept", TensorProto.FLOAT, image)],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("If", ["convolve"], ["y"], then_branch=conv, else_branch=same)],
+        "branching",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, image)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, image)],
+        [numpy_helper.from_array(np.array(True), "convolve")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path

@@ -211,3 +211,71 @@ def test_silero_vad_binds_its_sample_rate_with_constant(tmp_path):
     with unideploy.optimize(tmp_path / "streams", quantize="fp16", calibration=str(tmp_path / "calls.npz")) as package:
         outputs = package.manifest.optimizations[-1]["accuracy"]["outputs"]
     assert outputs["stateN"]["metric"] == "relerr" and "another axis" in outputs["stateN"]["why"]
+
+
+def test_a_tabular_forest_answering_diagnoses_is_served_as_text_and_refused_what_it_cannot_take(tmp_path):
+    """ONNX-ML from skl2onnx (a random forest answering 'malignant' or 'benign', trained on
+    scikit-learn's breast-cancer data): exported, verified by equal labels, answered over REST as
+    BYTES equal to the reference; INT8 and FP16 refused with exit 2 (the guard crashed reading its
+    text labels as numbers, exit 70, and FP16 had admitted an unchanged model)."""
+    stages = ("export", "verify", "int8", "fp16", "serve")
+    cells = zoo.run_model(MODELS["breast-cancer-forest"], stages, tmp_path)
+    assert {s: c.status for s, c in cells.items()} == {
+        "export": "pass",
+        "verify": "pass",
+        "int8": "refused",
+        "fp16": "refused",
+        "serve": "pass",
+    }, {s: c.reason for s, c in cells.items()}
+    assert "nothing to quantize" in cells["int8"].reason and "TreeEnsembleClassifier" in cells["int8"].reason
+    assert "FP16 has nothing to convert" in cells["fp16"].reason
+
+
+def test_textgenrnn_predicts_the_next_character_of_english_after_export(tmp_path):
+    """textgenrnn's pretrained character-level LSTM language model, its Keras (CuDNN) weights in
+    PyTorch, traced and exported: served answers match the reference, and the exported model
+    predicts the next character of real English prose as the weights do (46 % top-1; read as
+    plain matrices, CuDNN's kernels gave 0.5 %)."""
+    import unideploy
+
+    cells = zoo.run_model(MODELS["textgenrnn-char-lm"], ("export", "verify", "serve"), tmp_path)
+    assert {s: c.status for s, c in cells.items()} == dict.fromkeys(cells, "pass"), cells
+    with np.load(tmp_path / "data.npz") as data:
+        ids, labels = data["ids"], data["labels"]
+    (probabilities,) = unideploy.run(tmp_path / "pkg", {"ids": ids}).values()
+    assert probabilities.shape == (len(ids), 465)
+    assert (probabilities.argmax(axis=1) == labels).mean() >= 0.4
+
+
+def test_mtcnn_pnet_from_mindir_is_judged_per_face_like_its_keras_twin(tmp_path):
+    """MTCNN's P-Net as a MindSpore Cell with the mtcnn package's weights (PReLU, ceil-mode
+    pooling), from MindIR: its channels-first maps are judged as the Keras network's are (face
+    probabilities by top-1, box offsets in window units where fp32 sees faces), so its INT8 is
+    admitted as the Keras one is (by relative error over every position it was refused)."""
+    if not (zoo.ROOT / ".venv-ms" / "bin" / "python").exists():
+        pytest.skip("the MindSpore venv is not built (make test builds it)")
+    cells = zoo.run_model(MODELS["mtcnn-pnet-mindspore"], ("export", "verify", "int8"), tmp_path)
+    assert {s: c.status for s, c in cells.items()} == dict.fromkeys(cells, "pass"), cells
+    int8 = next(o for o in zoo._manifest(tmp_path / "int8")["optimizations"] if o["artifact"] == "onnx-int8")
+    boxes, faces = (int8["accuracy"]["outputs"][name] for name in ("output_0", "output_1"))
+    assert faces["metric"] == "top1" and "channels on axis 1" in faces["why"]
+    assert boxes["metric"] == "coords" and boxes["windows"] > 0
+
+
+def test_silero_vad_on_real_speech_serves_and_says_why_for_what_it_cannot_take(tmp_path):
+    """Silero VAD on speech (eSpeak NG sentences and pauses), each chunk with the state the model
+    carried to it: exported with its sample rate bound, served; INT8 names the layers its If
+    branches hold; the edge target keeps the ORT artifact and leaves TFLite out with onnx2tf's
+    reason (ONNX Runtime's folding of its declared-size graph segfaulted and took `deploy` down)."""
+    import shutil
+
+    if not shutil.which("espeak-ng"):
+        pytest.skip("speech for the VAD comes from espeak-ng (apt-get install espeak-ng; make speech-tools)")
+    cells = zoo.run_model(MODELS["silero-vad"], ("export", "verify", "int8", "edge", "serve"), tmp_path)
+    statuses = {s: c.status for s, c in cells.items()}
+    assert statuses == {"export": "pass", "verify": "pass", "int8": "refused", "edge": "refused", "serve": "pass"}, {
+        s: c.reason for s, c in cells.items()
+    }
+    assert "inside control-flow branches" in cells["int8"].reason
+    assert cells["edge"].reason.startswith("no tflite-fp32") and "onnx2tf" in cells["edge"].reason
+    assert "ort-fp32" in {a["id"] for a in zoo._manifest(tmp_path / "edge")["artifacts"]}

@@ -67,6 +67,11 @@ class RuntimeFailure(UnideployError):
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:
-    """The first line of a third-party exception, for one-line messages (converters are verbose)."""
-    text = str(exc).strip()
-    return text.splitlines()[0][:limit] if text else type(exc).__name__
+    """The first line of a third-party exception that says something, for one-line messages
+    (converters are verbose; MindSpore opens its errors with a rule of dashes)."""
+    lines = [line.strip().removeprefix("- ") for line in str(exc).splitlines() if line.strip(" -=_*#\t")]
+    if not lines:
+        return type(exc).__name__
+    if lines[0].endswith(":") and len(lines) > 1:  # a heading ("Kernel select failed:"): what follows says it
+        return f"{lines[0]} {lines[1]}"[:limit]
+    return lines[0][:limit]

@@ -65,29 +65,34 @@ def test_raw_values_beside_class_probabilities_are_regressions():
     assert choose_metrics(["box=top1"], outputs, has_labels=False)["box"][0] == "top1"  # asked for: kept
 
 
-@pytest.mark.parametrize("layout", ["rows", "positions"])
+@pytest.mark.parametrize("layout", ["rows", "positions", "channels-first"])
 def test_window_coordinates_are_judged_in_window_units_at_the_windows_fp32_detects(layout):
     """MTCNN: per window, face probabilities and, beside them, box offsets and landmarks in units of
-    the window (O-Net: rows; P-Net: every position of a map). The application drops the coordinates
-    of background windows: noise there changes nothing, noise at a face moves its box."""
+    the window (O-Net: rows; P-Net: every position of a map, channels last from Keras, channels
+    first from MindSpore or PyTorch). The application drops the coordinates of background windows:
+    noise there changes nothing, noise at a face moves its box."""
     faces = np.arange(64) % 4 == 0
     shape = (64,) if layout == "rows" else (4, 4, 4)
-    prob = _face_probabilities(faces).reshape(*shape, 2)
-    box = (0.1 * rng.standard_normal((64, 4))).reshape(*shape, 4)
-    noise = np.where(faces[:, None], 0.003, 0.5) * rng.choice([-1.0, 1.0], (64, 4))
+
+    def laid_out(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.moveaxis(a, -1, 1)) if layout == "channels-first" else a
+
+    prob = laid_out(_face_probabilities(faces).reshape(*shape, 2))
+    box = laid_out((0.1 * rng.standard_normal((64, 4))).reshape(*shape, 4))
+    noise = laid_out((np.where(faces[:, None], 0.003, 0.5) * rng.choice([-1.0, 1.0], (64, 4))).reshape(*shape, 4))
     chosen = choose_metrics("auto", {"prob": prob, "box": box}, has_labels=False)
     assert chosen["box"][0] == "coords" and "16 windows" in chosen["box"][1] and "'prob'" in chosen["box"][1]
+    assert chosen["prob"][0] == "top1"
+    assert ("channels on axis 1" in chosen["prob"][1]) == (layout == "channels-first")
 
-    result = compare(
-        [{"prob": prob, "box": box}], [{"prob": prob, "box": box + noise.reshape(box.shape)}], None, "auto", 1.0
-    )
+    result = compare([{"prob": prob, "box": box}], [{"prob": prob, "box": box + noise}], None, "auto", 1.0)
     entry = result["outputs"]["box"]
     assert entry["windows"] == 16 and entry["windows_total"] == 64
     assert entry["drop_points"] == pytest.approx(0.3) and result["within_budget"]
     assert entry["relative_error"] > 1.0  # relerr over every window would have refused it
     assert "off by 0.30% of the window on average" in describe(result)
 
-    shifted = box + np.where(faces[:, None], 0.02, 0.0).reshape(*shape, 1)  # faces' edges move 2 %
+    shifted = box + laid_out(np.where(faces[:, None], 0.02, 0.0).reshape(*shape, 1))  # faces' edges move 2 %
     result = compare([{"prob": prob, "box": box}], [{"prob": prob, "box": shifted}], None, "auto", 1.0)
     assert result["deciding_output"] == "box" and result["drop_points"] == pytest.approx(2.0)
     assert not result["within_budget"]
@@ -100,6 +105,28 @@ def test_coords_needs_windows_classed_as_objects():
     for outputs in ({"box": box}, {"prob": background, "box": box}):
         with pytest.raises(InputError, match="--metric coords: output 'box'.*use --metric relerr"):
             compare([outputs], [outputs], None, ["box=coords"], 1.0)
+
+
+def test_text_labels_are_judged_by_equal_values():
+    """A classifier answering class names (scikit-learn's, through skl2onnx): each row's name equal
+    to fp32's, and no distance computed between texts (it crashed on 'benign' as a float)."""
+    names = np.array(["malignant", "benign"] * 4)
+    probabilities = _face_probabilities(np.arange(8) % 2 == 0)
+    chosen = choose_metrics("auto", {"label": names, "probabilities": probabilities}, has_labels=False)
+    assert chosen["label"] == ("top1", "text values (class names): share of equal values")
+    flipped = names.copy()
+    flipped[0] = "benign"
+    result = compare(
+        [{"label": names, "probabilities": probabilities}],
+        [{"label": flipped, "probabilities": probabilities}],
+        None,
+        "auto",
+        1.0,
+    )
+    label = result["outputs"]["label"]
+    assert label["top1_agreement"] == 0.875 and label["drop_points"] == 12.5 and label["max_abs_error"] == 1.0
+    assert "cosine_mean" not in label and not result["within_budget"] and result["deciding_output"] == "label"
+    assert "label: top1 drop 12.50 points (budget 1), top-1 agreement 0.8750" in describe(result)
 
 
 def test_embeddings_are_judged_by_cosine_not_top1():

@@ -252,6 +252,53 @@ def test_int8_of_a_tree_ensemble_is_refused_as_nothing_to_quantize(tmp_path):
     assert tree_digest(tmp_path / "tree.udp") == before
 
 
+def test_layers_inside_control_flow_are_named_when_nothing_else_can_be_optimized(tmp_path):
+    """A graph whose only Conv sits in an If branch (Silero VAD's layout): INT8 and pruning, which
+    edit the top-level graph, say where the layers are and how to reach them (they said the model
+    had none)."""
+    from console import assert_one_line_error, deploy
+    from onnx_models import branching_model
+
+    x = np.random.default_rng(0).standard_normal((16, 1, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    unideploy.export(
+        branching_model(tmp_path / "if.onnx"), tmp_path / "pkg", example_inputs=str(tmp_path / "x.npz")
+    ).close()
+    for asked, tool in ((("--quantize", "int8"), "the quantizer"), (("--prune", "0.3"), "pruning")):
+        refused = deploy("optimize", tmp_path / "pkg", *asked, "--calibration", tmp_path / "x.npz")
+        assert_one_line_error(
+            refused,
+            2,
+            rf"weighted layers \(1 Conv in If\) sit inside control-flow branches, which {tool} does not enter "
+            r"\(export a graph without the control flow",
+        )
+
+
+@pytest.mark.parametrize(
+    "asked, refusal",
+    [
+        (("--quantize", "int8"), r"INT8 has nothing to quantize .*ai\.onnx\.ml\.LinearClassifier"),
+        (("--quantize", "fp16"), r"FP16 has nothing to convert .*ai\.onnx\.ml\.LinearClassifier.* stay in fp32"),
+        (("--prune", "0.3"), r"the model has no Conv/Gemm/MatMul weights to prune"),
+    ],
+)
+def test_a_classifier_answering_class_names_is_refused_what_it_cannot_take(
+    text_packages, text_models, tmp_path, asked, refusal
+):
+    """scikit-learn's classifier as skl2onnx writes it (ONNX-ML, a text label output beside the
+    probabilities), trained on the real iris data: the guard reads its text labels (they crashed
+    its choice of metric: exit 70), and each optimization it cannot take is refused with exit 2,
+    fp16 included (the converter left every operator in fp32 and an "fp16" artifact was admitted)."""
+    from console import assert_one_line_error, deploy
+
+    before = tree_digest(text_packages["labels"])
+    refused = deploy(
+        "optimize", text_packages["labels"], "-o", tmp_path / "out", *asked, "--calibration", text_models["features"]
+    )
+    assert_one_line_error(refused, 2, refusal)
+    assert tree_digest(text_packages["labels"]) == before and not (tmp_path / "out").exists()
+
+
 def test_the_passes_own_options_are_checked_through_the_python_api_too(tmp_path):
     """The Python API takes a pass's options as keywords, checked by the pass's own model before
     anything is opened: a bad value names the flag and the pass, an unknown option the ones there are."""

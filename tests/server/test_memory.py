@@ -31,9 +31,9 @@ def test_freed_small_blocks_below_a_live_one_go_back_to_the_system():
 
 
 def test_memory_is_released_once_per_burst_and_never_while_calls_run():
-    """Counted in the watcher's looks at the activity, not in seconds: each step waits until the
+    """Once after each burst of calls, and once where the process grew by 32 MB without any. Counted in the watcher's looks at the activity, not in seconds: each step waits until the
     watcher has looked as often as the rule needs, however slow the machine."""
-    finished, running, released = [0], [0], []
+    finished, running, resident, released = [0], [0], [0], []
     looks = [0]
 
     async def scenario() -> None:
@@ -51,7 +51,7 @@ def test_memory_is_released_once_per_burst_and_never_while_calls_run():
                 await looked.wait()
 
         watcher = asyncio.get_running_loop().create_task(
-            release_after_bursts(activity, lambda: released.append(finished[0]), 0.001)
+            release_after_bursts(activity, lambda: released.append(finished[0]), 0.001, lambda: resident[0])
         )
         await after_looks(4)  # idle from the start: nothing freed, nothing to release
         assert released == []
@@ -66,6 +66,13 @@ def test_memory_is_released_once_per_burst_and_never_while_calls_run():
         finished[0] += 1
         await after_looks(4)
         assert released == [5, 6]
+        # no call at all, but the process grew (gRPC refusing oversized messages): released once
+        resident[0] += 16 << 20
+        await after_looks(4)
+        assert released == [5, 6]
+        resident[0] += 24 << 20
+        await after_looks(4)
+        assert released == [5, 6, 6]
         watcher.cancel()
 
     asyncio.run(scenario())

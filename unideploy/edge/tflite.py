@@ -69,7 +69,17 @@ def _onnx2tf(onnx_path: Path, workdir: Path, fixed: Signature | None, folded: bo
     if folded:
         if fixed is not None:
             declare_signature(private, Signature(fixed.inputs))
-        basic_optimized(private, workdir / "onnx2tf-folded.onnx").replace(private)
+        # in a process of its own: ONNX Runtime's optimizer segfaults on some graphs with control
+        # flow once their sizes are declared (Silero VAD's If branches), which took `deploy` down
+        folded_model = child_process.call(
+            basic_optimized,
+            private,
+            workdir / "onnx2tf-folded.onnx",
+            workdir=workdir,
+            what="ONNX Runtime's constant folding",
+            hint="the .ort artifact still runs on ONNX Runtime Mobile",
+        )
+        folded_model.replace(private)
     _scope_safe_node_names(private)
     _test_images_offline(workdir)
     try:

@@ -52,6 +52,8 @@ _REGRESSION_NAME = re.compile(r"(?i)box|coord|landmark|offset|delta|regress|dept
 
 def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
     """The metric for one output, from its shape and its fp32 values, and why."""
+    if ref.dtype.kind in "OSU":
+        return "top1", "text values (class names): share of equal values"
     if not np.issubdtype(ref.dtype, np.floating):
         return "top1", "integer values (labels or ids): share of equal values"
     values = ref.astype(np.float64)
@@ -108,6 +110,28 @@ def _ctc(ref: np.ndarray) -> tuple[str, str] | None:
     )
 
 
+def channels_first(reference: Mapping[str, np.ndarray]) -> set[str]:
+    """Outputs laid out channels-first (NCHW, as PyTorch and MindSpore models answer): a map of
+    class probabilities over axis 1 (a face detector's face/not-face per position), and the outputs
+    beside it with the same rows and positions (its box offsets). Their metrics read them with the
+    channels last, as they read a Keras model's; judged along the last axis, MTCNN's P-Net from
+    MindIR fell back to relative error where the same network from Keras is judged per face."""
+    maps = {
+        name
+        for name, ref in reference.items()
+        if ref.ndim >= 3 and ref.shape[1] >= 2 and not probabilities(ref) and probabilities(np.moveaxis(ref, 1, -1))
+    }
+    places = {(reference[m].shape[0], *reference[m].shape[2:]) for m in maps}
+    return maps | {
+        name for name, ref in reference.items() if ref.ndim >= 3 and (ref.shape[0], *ref.shape[2:]) in places
+    }
+
+
+def channels_last(arrays: Mapping[str, np.ndarray], names: set[str]) -> dict[str, np.ndarray]:
+    """``arrays`` with axis 1 of ``names`` moved last (``channels_first``'s view)."""
+    return {n: np.moveaxis(a, 1, -1) if n in names else a for n, a in arrays.items()}
+
+
 def choose_metrics(
     requested: str | Sequence[str], reference: Mapping[str, np.ndarray], has_labels: bool, rows: int | None = None
 ) -> dict[str, tuple[str, str]]:
@@ -136,6 +160,8 @@ def choose_metrics(
             raise InputError(
                 f"--metric {asked} needs labels", "add a 'labels' array to the data, or use --metric top1/cosine"
             )
+    first = channels_first(reference)
+    reference = channels_last(reference, first)
     chosen: dict[str, tuple[str, str]] = {}
     auto = [name for name in reference if per_output.get(name, default) == "auto"]
     off_rows = {n for n in auto if rows is not None and reference[n].ndim and reference[n].shape[0] != rows}
@@ -178,9 +204,11 @@ def choose_metrics(
                 "regression): relative error",
             )
     if has_labels and default == "auto" and "accuracy" not in per_output.values():
-        first = next((n for n, (m, _) in chosen.items() if m == "top1" and n not in per_output), None)
-        if first is not None:
-            chosen[first] = ("accuracy", f"labelled data: top-1 accuracy against the labels ({chosen[first][1]})")
+        scored = next((n for n, (m, _) in chosen.items() if m == "top1" and n not in per_output), None)
+        if scored is not None:
+            chosen[scored] = ("accuracy", f"labelled data: top-1 accuracy against the labels ({chosen[scored][1]})")
+    for name in first & set(auto):
+        chosen[name] = (chosen[name][0], f"{chosen[name][1]} (channels on axis 1, read last)")
     return chosen
 
 
@@ -198,8 +226,12 @@ def compare(
     caller judges many candidates against one (the guard), so it is not chosen again each time."""
     names = list(reference[0])
     ref = {n: np.concatenate([b[n] for b in reference]) for n in names}
-    cand = {n: np.concatenate([b[n] for b in candidate]) for n in names}
     chosen = chosen or choose_metrics(metric, ref, labels is not None)
+    first = channels_first(ref)
+    ref = channels_last(ref, first)
+    cand = channels_last({n: np.concatenate([b[n] for b in candidate]) for n in names}, first)
+    reference = [channels_last(b, first) for b in reference]
+    candidate = [channels_last(b, first) for b in candidate]
     budgets: dict[Budget, float] = {
         "max_accuracy_drop": budget_points,
         "min_cosine": budget_points if min_cosine is None else round((1.0 - min_cosine) * 100.0, 6),
@@ -211,16 +243,18 @@ def compare(
         kind, why = chosen[n]
         judge = METRICS.get(kind)()
         r, c = ref[n], cand[n]
-        cos = cosines(r, c)
-        entry: dict[str, Any] = {
-            "metric": kind,
-            "why": why,
-            "max_abs_error": float(np.abs(r.astype(np.float64) - c).max()),
-            "cosine_mean": float(cos.mean()),
-            "cosine_min": float(cos.min()),
-            "relative_error": relative_error(r, c),
-            "top1_agreement": float((classes(r) == classes(c)).mean()),
-        }
+        entry: dict[str, Any] = {"metric": kind, "why": why}
+        if r.dtype.kind in "OSU":  # text has no distance: 1 where any value differs, as verify records it
+            entry["max_abs_error"] = float(bool((r != c).any()))
+        else:
+            cos = cosines(r, c)
+            entry.update(
+                max_abs_error=float(np.abs(r.astype(np.float64) - c).max()),
+                cosine_mean=float(cos.mean()),
+                cosine_min=float(cos.min()),
+                relative_error=relative_error(r, c),
+            )
+        entry["top1_agreement"] = float((classes(r) == classes(c)).mean())
         drop, found = judge.score(Output(n, r, c, [b[n] for b in reference], [b[n] for b in candidate], ref, labels))
         entry.update(found)
         if "accuracy" in found:  # labelled accuracy is the whole model's too

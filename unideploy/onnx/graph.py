@@ -40,6 +40,36 @@ def names_read(nodes: Sequence[onnx.NodeProto]) -> set[str]:
     return names
 
 
+def branch_layers(graph: onnx.GraphProto, ops: set[str], weights: frozenset[str] = frozenset()) -> list[str]:
+    """The ``ops`` nodes fed by a weight inside ``graph``'s control flow (If branches, Loop and Scan
+    bodies, at any depth), as ``op_type in NodeType``: layers that the quantizer and the pruners,
+    which edit the top-level graph, do not reach (Silero VAD keeps its Conv and LSTM layers in If
+    branches). ``weights``: the enclosing graphs' initializers and constants, which a body may read."""
+    weights = weights | {t.name for t in graph.initializer}
+    weights |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    found: list[str] = []
+    for node in graph.node:
+        for attribute in node.attribute:
+            for body in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
+                inner = weights | {t.name for t in body.initializer}
+                inner |= {o for n in body.node if n.op_type == "Constant" for o in n.output}
+                found += [
+                    f"{n.op_type} in {node.op_type}"
+                    for n in body.node
+                    if n.op_type in ops and any(i in inner for i in n.input)
+                ]
+                found += branch_layers(body, ops, weights)
+    return found
+
+
+def control_flow_note(layers: list[str], tool: str) -> str:
+    """The words for weighted layers that only control flow holds (``branch_layers``), or nothing."""
+    if not layers:
+        return ""
+    counted = sorted({f"{layers.count(kind)} {kind}" for kind in layers})
+    return f"; its weighted layers ({', '.join(counted)}) sit inside control-flow branches, which {tool} does not enter"
+
+
 def constants_to_initializers(model: onnx.ModelProto) -> int:
     """Move top-level ``Constant`` tensors into initializers, where every tool looks for weights.
 

@@ -26,6 +26,7 @@ import onnx
 
 from unideploy.errors import InputError
 from unideploy.guard.search import search_record
+from unideploy.onnx.graph import branch_layers, control_flow_note
 from unideploy.optimizers.base import OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import (
     REFIT_ROWS,
@@ -78,7 +79,13 @@ class MagnitudePruning(OptimizerPass):
                     "pruning works on float Conv/Gemm/MatMul weights",
                     "prune the float model, then quantize it (deploy optimize --prune ... --quantize int8)",
                 )
-            raise InputError("the model has no Conv/Gemm/MatMul weights to prune")
+            nested = branch_layers(original.graph, {"Conv", "Gemm", "MatMul"})
+            raise InputError(
+                "the model has no Conv/Gemm/MatMul weights to prune" + control_flow_note(nested, "pruning"),
+                "export a graph without the control flow (the branch your settings take)"
+                if nested
+                else "serve it as it is (its fp32 artifact is what runs), or prune a model with such layers",
+            )
         masks = self._masks(original, layers, ctx)
         model = self._pruned(original, layers, masks)
         refitted = self.refit and bool(ctx.calibration)

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from unideploy.errors import ExportError, first_line
+from unideploy.errors import ExportError, InputError, first_line
 from unideploy.guard.search import search, search_record, skipped
 from unideploy.onnx.graph import consumers
 from unideploy.optimizers.base import Batch, OptimizeRequest, OptimizerPass, PassContext, PassResult
@@ -133,6 +133,7 @@ class Fp16Conversion(OptimizerPass):
             + (f" ({len(in_fp32)} layer(s) stay fp32: out of fp16's range)" if in_fp32 else "")
         )
         out = _convert(model, list(in_fp32), ctx.workdir / "fp16.onnx")
+        _refuse_unchanged(onnx.load(str(out)), set(in_fp32))
         fp32_layers: list[dict[str, Any]] = [{"node": n, "why": why} for n, why in in_fp32.items()]
         params: dict[str, Any] = {"keep_io_types": True, **({"transformer_fusions": fusions} if fusions else {})}
         if not ctx.judge(out)["within_budget"]:
@@ -158,6 +159,38 @@ class Fp16Conversion(OptimizerPass):
                 ),
             ],
         )
+
+
+def _refuse_unchanged(converted: onnx.ModelProto, in_fp32: set[str]) -> None:
+    """An InputError (exit 2) where the conversion left every operator in fp32: a tree ensemble's
+    and the other ONNX-ML operators are on the converter's block list (no fp16 kernels), so their
+    "fp16" model is the fp32 one with Casts around it, and an artifact labelled fp16 would hold none."""
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
+
+    kept = set(DEFAULT_OP_BLOCK_LIST) | QUANTIZED_OPS | {"Cast"}
+
+    def converts(graph: onnx.GraphProto) -> bool:
+        if any(t.data_type == onnx.TensorProto.FLOAT16 for t in graph.initializer):
+            return True
+        for node in graph.node:
+            if node.op_type not in kept and node.name not in in_fp32:
+                return True
+            bodies = [b for a in node.attribute for b in ([a.g] if a.HasField("g") else list(a.graphs))]
+            if any(converts(body) for body in bodies):
+                return True
+        return False
+
+    if converts(converted.graph):
+        return
+    found = sorted({f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in converted.graph.node} - {"Cast"})
+    raise InputError(
+        "FP16 has nothing to convert in this model: its operators ("
+        + ", ".join(found[:12])
+        + (", ..." if len(found) > 12 else "")
+        + ") stay in fp32 (ONNX Runtime's converter keeps operators without fp16 kernels, and those out of "
+        "fp16's range, as they are)",
+        "serve it as it is (its fp32 artifact is what runs)",
+    )
 
 
 def _convert(model: onnx.ModelProto, in_fp32: list[str], out: Path) -> Path:

@@ -41,6 +41,7 @@ import onnx
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.guard.measure import cpu_has_vnni
 from unideploy.guard.search import search, search_record, skipped
+from unideploy.onnx.graph import branch_layers, control_flow_note
 from unideploy.onnx.interface import opset_of
 from unideploy.optimizers.base import Batch, Evaluation, OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import gemm_to_matmul, name_nodes
@@ -100,12 +101,19 @@ def refuse_without_weights(model: onnx.ModelProto) -> None:
     if any(n.op_type in WEIGHTED_OPS and any(i in weights for i in n.input) for n in model.graph.node):
         return
     found = sorted({f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in model.graph.node})
+    nested = branch_layers(model.graph, WEIGHTED_OPS)
     raise InputError(
         "INT8 has nothing to quantize in this model: none of its operators ("
         + ", ".join(found[:12])
         + (", ..." if len(found) > 12 else "")
-        + ") is a Conv, MatMul, Gemm, embedding Gather or recurrent layer with weights",
-        "serve it as it is (its fp32 artifact is what runs), or optimize a model with such layers",
+        + ") is a Conv, MatMul, Gemm, embedding Gather or recurrent layer with weights"
+        + control_flow_note(nested, "the quantizer"),
+        (
+            "export a graph without the control flow (the branch your settings take), or serve it as it is "
+            "(its fp32 artifact is what runs)"
+            if nested
+            else "serve it as it is (its fp32 artifact is what runs), or optimize a model with such layers"
+        ),
     )
 
 

@@ -6,7 +6,8 @@ burst of merged batches leave tens of megabytes resident that are free: a server
 load depended on which heap the load had used (measured at ready with two models: 277-370 MB, and
 252-253 MB with the free pages returned). ``malloc_trim`` returns them. The server calls it after
 versions are loaded or retired, and once when traffic stops, after each engine has shrunk what
-merged batches grew (``Runtime.shrink``); never between requests, where each run would fault the
+merged batches grew (``Runtime.shrink``), or when the process grew with no call at all (refused
+messages); never between requests, where each run would fault the
 pages back in (docs/server.md measured that costing 6-7 % of throughput).
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import os
 from collections.abc import Callable
 from functools import lru_cache
 
@@ -53,18 +55,36 @@ def release_free_memory() -> None:
         trim(0)
 
 
+GROWTH_BYTES = 32 << 20  # resident growth without a runtime call that is worth a release
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (0 where /proc is not there: no release is then triggered by growth)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 async def release_after_bursts(
-    activity: Callable[[], tuple[int, int]], release: Callable[[], None], interval_s: float = IDLE_S
+    activity: Callable[[], tuple[int, int]],
+    release: Callable[[], None],
+    interval_s: float = IDLE_S,
+    resident: Callable[[], int] = resident_bytes,
 ) -> None:
     """Release once after each burst of traffic. ``activity`` gives (runtime calls finished,
     runtime calls running); a burst has ended when a whole interval passed with none finished and
-    none running, and some finished since the last release."""
+    none running, and some finished since the last release, or the process grew by GROWTH_BYTES
+    since then without any: gRPC's refusal of oversized messages happens before any call (up to
+    64 MB per heap stayed resident after such an attack, docs/server.md)."""
     loop = asyncio.get_running_loop()
     released = previous = activity()[0]
+    floor = resident()
     while True:
         await asyncio.sleep(interval_s)
         finished, running = activity()
-        if finished == previous and running == 0 and finished != released:
+        if finished == previous and running == 0 and (finished != released or resident() - floor >= GROWTH_BYTES):
             await loop.run_in_executor(None, release)
-            released = finished
+            released, floor = finished, resident()
         previous = finished

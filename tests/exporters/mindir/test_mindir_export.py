@@ -21,7 +21,7 @@ def graph_cell_outputs(path, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [t.asnumpy() for t in (out if isinstance(out, (tuple, list)) else [out])]
 
 
-@pytest.mark.parametrize("name", ["cnn", "encoder", "mix", "elementwise", "face"])
+@pytest.mark.parametrize("name", ["cnn", "encoder", "mix", "elementwise", "face", "mobile", "neck", "decoding"])
 def test_mindir_translates_to_onnx_matching_graph_cell(mindir_models, name, tmp_path):
     src = mindir_models[name]
     with unideploy.export(src, tmp_path / "pkg") as package:
@@ -58,10 +58,33 @@ def test_onnx_is_standard_opset_17_with_exact_gelu(mindir_models, tmp_path):
     assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
 
 
+def test_ceil_mode_pooling_is_translated_as_2d_pooling(mindir_models, tmp_path):
+    """MindSpore writes nn.MaxPool2d(ceil_mode=True) as a 3-D MaxPool3DWithArgmax of depth one
+    between ExpandDims and Squeeze: translated as 2-D pooling, which TFLite has (its converter
+    refused MTCNN's P-Net from MindIR for a MaxPool3D)."""
+    with unideploy.export(mindir_models["face"], tmp_path / "pkg") as package:
+        model = onnx.load(str(package.path_of("onnx-fp32")))
+    (pool,) = [n for n in model.graph.node if n.op_type == "MaxPool"]
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in pool.attribute}
+    assert attributes["kernel_shape"] == [3, 3] and attributes["ceil_mode"] == 1
+
+
 def test_unsupported_operator_is_named_with_the_supported_list_and_writes_nothing(mindir_models, tmp_path):
     with pytest.raises(ExportError) as info:
         unideploy.export(mindir_models["unsupported"], tmp_path / "pkg")
     assert "CumSum" in info.value.message and "Conv2D" in info.value.hint and "--keep-native-only" in info.value.hint
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_control_flow_left_in_the_graph_is_named_with_the_way_out(mindir_models, tmp_path):
+    """nn.Upsample exported with a dynamic batch keeps both branches of "is a dim unknown?" as
+    nested graphs (MindSpore's CPU runtime cannot run that file either): named as control flow,
+    with static shapes as the way out (it was called a corrupt file). Exported with static shapes
+    it is a plain resize ("neck" above)."""
+    with pytest.raises(ExportError) as info:
+        unideploy.export(mindir_models["upsample"], tmp_path / "pkg")
+    assert "control flow MindSpore left unresolved: nested graphs (interpolate)" in info.value.message
+    assert "static input shapes" in info.value.hint
     assert not (tmp_path / "pkg").exists()
 
 

@@ -29,6 +29,18 @@ def test_a_dynamic_batch_alone_gets_the_default_range_and_fixed_dims_stay_fixed(
     assert fixed.min == fixed.opt == fixed.max == (4, 3, 32, 32)
 
 
+def test_the_default_batch_range_goes_on_each_inputs_batch_axis():
+    """Recurrent state laid out as [layers, batch, hidden] (Silero VAD's) has the batch at axis 1:
+    it gets the default range there, as the audio chunk does at axis 0 (it needed a --trt-profile
+    of its own, as if its batch were another dimension)."""
+    vad = Signature(
+        (TensorSpec("input", "float32", ("batch", 576)), TensorSpec("state", "float32", (2, "batch", 128))),
+    )
+    chunk, state = build_profiles(vad)
+    assert (chunk.min, chunk.max) == ((DEFAULT_BATCH[0], 576), (DEFAULT_BATCH[2], 576))
+    assert (state.min, state.opt, state.max) == tuple((2, b, 128) for b in DEFAULT_BATCH)
+
+
 def test_other_dynamic_dims_need_a_range_and_the_message_shows_how_to_give_it():
     with pytest.raises(InputError, match=r"'seq'.*needs a range") as info:
         build_profiles(TOKENS)

@@ -25,6 +25,7 @@ class OnnxBuilder:
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.ranks: dict[str, int] = {}
+        self.dtypes: dict[str, str] = {}  # as MindSpore recorded them: a comparison's constant takes its operand's
         self._names: set[str] = set()
 
     def fresh(self, hint: str) -> str:
@@ -40,6 +41,7 @@ class OnnxBuilder:
         name = self.fresh(hint)
         self.initializers.append(numpy_helper.from_array(np.asarray(array), name))
         self.ranks[name] = np.asarray(array).ndim
+        self.dtypes[name] = str(np.asarray(array).dtype)
         return Tensor(name)
 
     def ints(self, values: Any, hint: str = "ints") -> Tensor:

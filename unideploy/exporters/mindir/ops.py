@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -41,7 +41,20 @@ PAD_MODES = {0: "pad", 1: "same", 2: "valid"}  # MindSpore's enum for pad_mode a
 FORMATS = {0: "NCHW", 1: "NHWC"}
 INT64_MAX = np.iinfo(np.int64).max
 # operators whose output rank is not their inputs' (Squeeze and ExpandDims say by how much)
-RANK_CHANGING = {"Reshape", "Flatten", "ReduceMean", "MeanExt", "ReduceSum", "SumExt", "Gather", "StridedSlice"}
+RANK_CHANGING = {
+    "Shape",
+    "Reshape",
+    "Flatten",
+    "ReduceMean",
+    "MeanExt",
+    "ReduceSum",
+    "SumExt",
+    "ReduceMax",
+    "ReduceMin",
+    "Argmax",
+    "Gather",
+    "StridedSlice",
+}
 
 
 class Ctx:
@@ -86,7 +99,7 @@ class Ctx:
     def emit(self, op_type: str, inputs: Sequence[str], rank: int | None = None, **attrs: Any) -> Tensor:
         return self.b.op(op_type, inputs, self.hint, self.rank if rank is None else rank, **attrs)
 
-    def fail(self, why: str) -> None:
+    def fail(self, why: str) -> NoReturn:
         raise ExportError(
             f"MindIR operator {self.call.op} ('{self.hint}'): {why}",
             "re-run with --keep-native-only to package the MindIR artifact alone",
@@ -130,13 +143,18 @@ def _require_nchw(ctx: Ctx, value: Any) -> None:
 
 
 # -- convolution and pooling -------------------------------------------------------------------
-@op("Conv2D", onnx="Conv", notes="pad modes same/valid/pad, groups, dilation; NCHW")
-def conv2d(ctx: Ctx) -> Tensor:
+def _conv_geometry(ctx: Ctx) -> tuple[list[int], list[int], list[int], int]:
+    """A convolution's padding (top, bottom, left, right), strides, dilations and groups (NCHW)."""
     a = ctx.call.attrs
     _require_nchw(ctx, a.get("format"))
-    mode = _pad_mode(a.get("pad_mode", "valid"))
-    top, bottom, left, right = (list(a.get("pad_list") or a.get("pad") or (0, 0, 0, 0)) * 4)[:4]
-    strides, dilations = _pair(a.get("stride", 1)), _pair(a.get("dilation", 1))
+    pads = [int(p) for p in (list(a.get("pad_list") or a.get("pad") or (0, 0, 0, 0)) * 4)[:4]]
+    return pads, _pair(a.get("stride", 1)), _pair(a.get("dilation", 1)), int(a.get("group", a.get("groups", 1)))
+
+
+@op("Conv2D", onnx="Conv", notes="pad modes same/valid/pad, groups, dilation; NCHW")
+def conv2d(ctx: Ctx) -> Tensor:
+    (top, bottom, left, right), strides, dilations, group = _conv_geometry(ctx)
+    mode = _pad_mode(ctx.call.attrs.get("pad_mode", "valid"))
     weights = ctx.b.constant(ctx.x(1))
     if mode == "same" and set(strides) == {1} and weights is not None:
         # at stride 1 "same" padding does not depend on the input size: explicit pads, which
@@ -149,9 +167,48 @@ def conv2d(ctx: Ctx) -> Tensor:
         [ctx.x(0), ctx.x(1)],
         strides=strides,
         dilations=dilations,
-        group=int(a.get("group", a.get("groups", 1))),
+        group=group,
         auto_pad="SAME_UPPER" if mode == "same" else None,
         pads=[top, left, bottom, right] if mode == "pad" else None,
+    )
+
+
+@op(
+    "Conv2DTranspose",
+    onnx="ConvTranspose",
+    notes="pad modes same/valid/pad, groups, dilation; NCHW (the output size argument follows from them)",
+)
+def conv2d_transpose(ctx: Ctx) -> Tensor:
+    """MindSpore's transposed convolution (Conv2DBackpropInput) with the forward convolution's
+    padding, which ONNX's ConvTranspose removes from its output the same way. 'same' makes the
+    output ``input x stride``: where the kernel is shorter than the stride, padding cannot make up
+    the difference and ``output_padding`` does."""
+    (top, bottom, left, right), strides, dilations, group = _conv_geometry(ctx)
+    weights = ctx.b.constant(ctx.x(1))
+    if weights is None:
+        ctx.fail("the kernel must be a weight, not a computed tensor")
+    extra = [0, 0]
+    if _pad_mode(ctx.call.attrs.get("pad_mode", "valid")) == "same":
+        spans = [d * (k - 1) + 1 for d, k in zip(dilations, weights.shape[2:])]
+        extra = [max(s - span, 0) for s, span in zip(strides, spans)]
+    return ctx.emit(
+        "ConvTranspose",
+        [ctx.x(0), ctx.x(1)],
+        strides=strides,
+        dilations=dilations,
+        group=group,
+        pads=[top, left, bottom, right],
+        output_padding=extra if any(extra) else None,
+    )
+
+
+@op("Shape", onnx="Shape, Gather per axis", notes="a tuple of scalars, as MindSpore uses it")
+def shape(ctx: Ctx) -> tuple[Tensor, ...]:
+    rank = ctx.b.rank(ctx.x(0))
+    whole = ctx.emit("Shape", [ctx.x(0)], rank=1)
+    return tuple(
+        ctx.emit("Gather", [whole, ctx.b.initializer(np.array(axis, np.int64), f"{ctx.hint}_axis")], rank=0, axis=0)
+        for axis in range(rank)
     )
 
 
@@ -174,7 +231,7 @@ def max_pool(ctx: Ctx) -> Tensor:
 
 @op(
     "MaxPool3DWithArgmax",
-    onnx="MaxPool (3-D)",
+    onnx="MaxPool (2-D where the depth is one, else 3-D)",
     notes="what nn.MaxPool2d(ceil_mode=True) and padded max pooling export as (between ExpandDims and Squeeze); "
     "ceil mode, pads, dilation; the argmax output is not translated",
 )
@@ -188,17 +245,39 @@ def max_pool_with_argmax(ctx: Ctx) -> tuple[Tensor, None]:
         values = [values] * 3 if isinstance(values, int) else list(values)
         return [int(v) for v in values[-3:]]
 
-    pads = triple("pads", 0)
-    y = ctx.emit(
-        "MaxPool",
-        [ctx.x(0)],
-        kernel_shape=triple("ksize", 1),
-        strides=triple("strides", 1),
-        dilations=triple("dilation", 1),
-        pads=pads + pads,
-        ceil_mode=int(bool(a.get("ceil_mode", False))),
+    kernel, strides, dilations, pads = (
+        triple("ksize", 1),
+        triple("strides", 1),
+        triple("dilation", 1),
+        triple("pads", 0),
     )
-    return (y, None)
+    ceil_mode = int(bool(a.get("ceil_mode", False)))
+    if (kernel[0], strides[0], dilations[0], pads[0]) != (1, 1, 1, 0):
+        y = ctx.emit(
+            "MaxPool",
+            [ctx.x(0)],
+            kernel_shape=kernel,
+            strides=strides,
+            dilations=dilations,
+            pads=pads + pads,
+            ceil_mode=ceil_mode,
+        )
+        return (y, None)
+    # a 2-D pooling MindSpore wrote as 3-D with a depth of one: pooled in 2-D, which every converter
+    # and mobile runtime has (TFLite has no 3-D max pooling: MTCNN's P-Net from MindIR had no TFLite)
+    depth = ctx.b.ints([2])
+    flat = ctx.emit("Squeeze", [ctx.x(0), depth], rank=4)
+    pooled = ctx.emit(
+        "MaxPool",
+        [flat],
+        rank=4,
+        kernel_shape=kernel[1:],
+        strides=strides[1:],
+        dilations=dilations[1:],
+        pads=pads[1:] + pads[1:],
+        ceil_mode=ceil_mode,
+    )
+    return (ctx.emit("Unsqueeze", [pooled, depth], rank=5), None)
 
 
 @op("AvgPool", onnx="AveragePool", notes="pad modes same/valid (padding excluded from the average); NCHW")
@@ -213,6 +292,25 @@ def batch_norm(ctx: Ctx) -> tuple[Any, ...]:
     _require_nchw(ctx, ctx.arg(8, "format", 0))
     y = ctx.emit("BatchNormalization", [ctx.x(i) for i in range(5)], epsilon=float(ctx.arg(6, "epsilon", 1e-5)))
     return (y, None, None, None, None)
+
+
+@op(
+    "GroupNorm",
+    onnx="Reshape, InstanceNormalization, Reshape, Mul, Add",
+    notes="ONNX's GroupNormalization needs opset 18: groups normalized as instances of [N, groups, -1]",
+)
+def group_norm(ctx: Ctx) -> tuple[Any, ...]:
+    x, groups, eps = ctx.x(0), int(ctx.arg(1, "num_groups")), float(ctx.arg(4, "eps", 1e-5))
+    rank = ctx.rank
+    grouped = ctx.emit("Reshape", [x, ctx.b.ints([0, groups, -1], f"{ctx.hint}_groups")], rank=3)
+    ones = ctx.b.initializer(np.ones(groups, np.float32), f"{ctx.hint}_ones")
+    zeros = ctx.b.initializer(np.zeros(groups, np.float32), f"{ctx.hint}_zeros")
+    normed = ctx.emit("InstanceNormalization", [grouped, ones, zeros], rank=3, epsilon=eps)
+    y = ctx.emit("Reshape", [normed, ctx.emit("Shape", [x], rank=1)])
+    per_channel = [-1] + [1] * (rank - 2)
+    gamma = ctx.emit("Reshape", [ctx.x(2), ctx.b.ints(per_channel, f"{ctx.hint}_c")], rank=rank - 1)
+    beta = ctx.emit("Reshape", [ctx.x(3), ctx.b.ints(per_channel, f"{ctx.hint}_c")], rank=rank - 1)
+    return (ctx.emit("Add", [ctx.emit("Mul", [y, gamma]), beta]), None, None)
 
 
 @op("BiasAdd", onnx="Conv with bias (after a Conv) or Add (bias reshaped to the channel axis)")
@@ -246,8 +344,41 @@ for _ms, _onnx in {
     "Log": "Log",
     "Neg": "Neg",
     "Reciprocal": "Reciprocal",
+    "HSwish": "HardSwish",
+    "Softplus": "Softplus",
+    "Softsign": "Softsign",
+    "Floor": "Floor",
+    "Sin": "Sin",
+    "Cos": "Cos",
 }.items():
     op(_ms, onnx=_onnx)(_unary(_onnx))
+
+
+@op("HSigmoid", onnx="HardSigmoid(1/6, 1/2)", notes="MobileNetV3's hard sigmoid: relu6(x + 3) / 6")
+def hsigmoid(ctx: Ctx) -> Tensor:
+    return ctx.emit("HardSigmoid", [ctx.x(0)], alpha=1.0 / 6.0, beta=0.5)
+
+
+@op("Elu", onnx="Elu")
+def elu(ctx: Ctx) -> Tensor:
+    return ctx.emit("Elu", [ctx.x(0)], alpha=float(ctx.arg(1, "alpha", 1.0)))
+
+
+@op("Mish", onnx="Mul(x, Tanh(Softplus(x)))", notes="ONNX's Mish needs opset 18")
+def mish(ctx: Ctx) -> Tensor:
+    x = ctx.x(0)
+    return ctx.emit("Mul", [x, ctx.emit("Tanh", [ctx.emit("Softplus", [x])])])
+
+
+@op("Rsqrt", onnx="Reciprocal(Sqrt(x))")
+def rsqrt(ctx: Ctx) -> Tensor:
+    return ctx.emit("Reciprocal", [ctx.emit("Sqrt", [ctx.x(0)])])
+
+
+@op("Square", onnx="Mul(x, x)")
+def square(ctx: Ctx) -> Tensor:
+    x = ctx.x(0)
+    return ctx.emit("Mul", [x, x])
 
 
 @op("PReLU", onnx="PRelu", notes="one slope per channel (channel axis 1) or one for all")
@@ -287,6 +418,27 @@ def softmax(ctx: Ctx) -> Tensor:
     if len(axes) != 1:
         ctx.fail(f"softmax over several axes {axes} is not supported")
     return ctx.emit("Softmax", [ctx.x(0)], axis=int(axes[0]))
+
+
+@op("LogSoftmax", onnx="LogSoftmax")
+def log_softmax(ctx: Ctx) -> Tensor:
+    return ctx.emit("LogSoftmax", [ctx.x(0)], axis=int(ctx.arg(1, "axis", -1)))
+
+
+@op("LRN", onnx="LRN", notes="across channels; ONNX's alpha is scaled by the window (MindSpore's is not)")
+def lrn(ctx: Ctx) -> Tensor:
+    a = ctx.call.attrs
+    if str(a.get("norm_region", "ACROSS_CHANNELS")) != "ACROSS_CHANNELS":
+        ctx.fail(f"norm_region {a.get('norm_region')} is not supported")
+    size = 2 * int(a.get("depth_radius", 5)) + 1
+    return ctx.emit(
+        "LRN",
+        [ctx.x(0)],
+        size=size,
+        alpha=float(a.get("alpha", 1.0)) * size,
+        beta=float(a.get("beta", 0.5)),
+        bias=float(a.get("bias", 1.0)),
+    )
 
 
 @op("LayerNorm", onnx="LayerNormalization")
@@ -355,6 +507,33 @@ for _ms, _onnx in {
     op(_ms, onnx=_onnx, notes="scalar second operand" if _ms in ("Muls", "Divs") else "")(_binary(_onnx))
 
 
+def _compare(onnx_op: str) -> Callable[[Ctx], Tensor]:
+    """A comparison: its output is bool, so a constant operand takes the other operand's dtype."""
+
+    def translate(ctx: Ctx) -> Tensor:
+        known = (ctx.b.dtypes.get(v) for v in ctx.args[:2] if isinstance(v, Tensor))
+        dtype = next((d for d in known if d), "float32")
+        operands = [ctx.b.tensor(v, dtype, f"{ctx.hint}_arg{i}") for i, v in enumerate(ctx.args[:2])]
+        return ctx.emit(onnx_op, operands)
+
+    return translate
+
+
+for _ms, _onnx in {
+    "Greater": "Greater",
+    "GreaterEqual": "GreaterOrEqual",
+    "Less": "Less",
+    "LessEqual": "LessOrEqual",
+    "Equal": "Equal",
+}.items():
+    op(_ms, onnx=_onnx)(_compare(_onnx))
+
+
+@op("Select", onnx="Where")
+def select(ctx: Ctx) -> Tensor:
+    return ctx.emit("Where", [ctx.b.tensor(ctx.args[0], "bool", f"{ctx.hint}_cond"), ctx.x(1), ctx.x(2)])
+
+
 @op("AddExt", "AddScalar", onnx="Add (Mul for alpha != 1)", notes="x + alpha * y")
 def add_ext(ctx: Ctx) -> Tensor:
     other = ctx.x(1)
@@ -397,6 +576,71 @@ def reduce_sum(ctx: Ctx) -> Tensor:
 
 
 # -- shape and indexing ---------------------------------------------------------------------------------
+@op("ReduceMax", "ReduceMin", onnx="ReduceMax, ReduceMin", notes="global max pooling when over the spatial axes")
+def reduce_extreme(ctx: Ctx) -> Tensor:
+    axes = _axes(ctx.arg(1, "axis"))
+    onnx_op = "ReduceMax" if ctx.call.op == "ReduceMax" else "ReduceMin"
+    return ctx.emit(onnx_op, [ctx.x(0)], axes=axes or None, keepdims=int(bool(ctx.arg(2, "keep_dims", False))))
+
+
+@op("Argmax", onnx="ArgMax (+ Cast to MindSpore's int32)")
+def argmax(ctx: Ctx) -> Tensor:
+    type_id = int(ctx.arg(2, "output_type", 34))
+    if type_id not in TYPE_IDS:
+        ctx.fail(f"argmax to MindSpore type id {type_id} is not supported")
+    index = ctx.emit("ArgMax", [ctx.x(0)], axis=int(ctx.arg(1, "axis", -1)), keepdims=0)
+    return ctx.emit("Cast", [index], to=TYPE_IDS[type_id])
+
+
+@op("TopK", onnx="TopK (+ Cast of the indices to int32)", notes="sorted, along the last axis")
+def top_k(ctx: Ctx) -> tuple[Tensor, Tensor]:
+    if not ctx.call.attrs.get("sorted", True):
+        ctx.fail("unsorted TopK is not supported")
+    k = ctx.b.ints([int(ctx.arg(1))], f"{ctx.hint}_k")
+    values, indices = ctx.b.multi_op("TopK", [ctx.x(0), k], ctx.hint, 2, ctx.rank, axis=-1)
+    return values, ctx.b.op("Cast", [indices], ctx.hint, ctx.rank, to=TensorProto.INT32)
+
+
+@op("AdaptiveAvgPool2D", "AdaptiveMaxPool2D", onnx="GlobalAveragePool, GlobalMaxPool", notes="output size 1x1")
+def adaptive_pool(ctx: Ctx) -> Any:
+    size = ctx.arg(1, "output_size")
+    if size is None or _pair(size) != [1, 1]:
+        ctx.fail(f"output size {size} is not supported (only 1x1, global pooling)")
+    if ctx.call.op == "AdaptiveAvgPool2D":
+        return ctx.emit("GlobalAveragePool", [ctx.x(0)])
+    return (ctx.emit("GlobalMaxPool", [ctx.x(0)], rank=4), None)  # the argmax output is not translated
+
+
+@op(
+    "ResizeNearestNeighborV2",
+    "ResizeBilinearV2",
+    onnx="Resize (sizes from the input's batch and channels and the given height and width)",
+    notes="a fixed output size (nn.Upsample and ops.interpolate with static input shapes); align_corners; "
+    "half_pixel_centers for bilinear",
+)
+def resize(ctx: Ctx) -> Tensor:
+    size = _axes(ctx.arg(1, "size"))
+    align, half = bool(ctx.arg(2, "align_corners", False)), bool(ctx.arg(3, "half_pixel_centers", False))
+    nearest = ctx.call.op == "ResizeNearestNeighborV2"
+    if len(size) != 2 or any(d < 1 for d in size):
+        ctx.fail(f"output size {size} is not supported (a fixed height and width)")
+    if nearest and half:
+        ctx.fail("nearest-neighbour resizing with half_pixel_centers is not supported")
+    x = ctx.x(0)
+    leading = ctx.emit(
+        "Slice", [ctx.emit("Shape", [x], rank=1), ctx.b.ints([0], "starts"), ctx.b.ints([2], "ends")], rank=1
+    )
+    sizes = ctx.emit("Concat", [leading, ctx.b.ints(size, f"{ctx.hint}_size")], rank=1, axis=0)
+    return ctx.emit(
+        "Resize",
+        [x, "", "", sizes],
+        mode="nearest" if nearest else "linear",
+        coordinate_transformation_mode="align_corners" if align else "half_pixel" if half else "asymmetric",
+        # TensorFlow's (and MindSpore's) nearest neighbour rounds with align_corners, else floors
+        nearest_mode=("round_prefer_ceil" if align else "floor") if nearest else None,
+    )
+
+
 @op("Reshape", onnx="Reshape", notes="-1 (dynamic batch) stays dynamic")
 def reshape(ctx: Ctx) -> Tensor:
     shape = ctx.args[1]
@@ -432,6 +676,19 @@ def concat(ctx: Ctx) -> Tensor:
         ctx.fail("expected a tuple of tensors")
     return ctx.emit(
         "Concat", [ctx.b.tensor(p, ctx.dtype, f"{ctx.hint}_part") for p in parts], axis=int(ctx.arg(1, "axis", 0))
+    )
+
+
+@op("Stack", onnx="Unsqueeze each, Concat")
+def stack(ctx: Ctx) -> Tensor:
+    parts, axis = ctx.args[0], int(ctx.arg(1, "axis", 0))
+    if not isinstance(parts, tuple):
+        ctx.fail("expected a tuple of tensors")
+    grown = ctx.b.ints([axis], f"{ctx.hint}_axis")
+    return ctx.emit(
+        "Concat",
+        [ctx.emit("Unsqueeze", [ctx.b.tensor(p, ctx.dtype, f"{ctx.hint}_part"), grown]) for p in parts],
+        axis=axis,
     )
 
 
@@ -506,3 +763,11 @@ def strided_slice(ctx: Ctx) -> Tensor:
     )
     squeezed = [axis for axis in axes if shrink >> axis & 1]
     return ctx.emit("Squeeze", [out, ctx.b.ints(squeezed, "shrink")]) if squeezed else out
+
+
+@op("Slice", onnx="Slice", notes="begin and size (-1: to the end)")
+def slice_(ctx: Ctx) -> Tensor:
+    begin, size = _axes(ctx.arg(1)), _axes(ctx.arg(2))
+    end = [INT64_MAX if n == -1 else b + n for b, n in zip(begin, size)]
+    axes = list(range(len(begin)))
+    return ctx.emit("Slice", [ctx.x(0), ctx.b.ints(begin, "starts"), ctx.b.ints(end, "ends"), ctx.b.ints(axes, "axes")])

@@ -72,6 +72,7 @@ class MindIRGraph:
     constants: dict[str, Any]
     calls: list[Call] = field(default_factory=list)
     subgraph_calls: list[str] = field(default_factory=list)  # ops that call nested graphs (control flow)
+    nested_graphs: list[str] = field(default_factory=list)  # graphs chosen while running (Switch, Partial)
     primitives: list[str] = field(default_factory=list)  # op types of every primitive the file defines
 
 
@@ -158,6 +159,12 @@ def _shape_tensors(attr: Any) -> list[Any]:
     return list(attr.tensors) + [t for value in attr.values for t in _shape_tensors(value)]
 
 
+def _graph_label(name: str) -> str:
+    """A nested graph's readable part: '61_57_✗5↓interpolate_38' -> 'interpolate'."""
+    words = [w for w in name.replace("↓", "_").split("_") if w.isidentifier() and not w.startswith(("✓", "✗"))]
+    return words[-1] if words else name
+
+
 def read_mindir(path: Path) -> MindIRGraph:
     from mindspore.train import mind_ir_pb2 as pb
 
@@ -194,6 +201,11 @@ def read_mindir(path: Path) -> MindIRGraph:
             result.subgraph_calls.append(node.op_type)
             continue
         prim = primitives.get(node.op_type[len("REF::") :])
+        if prim is None and model.functions:
+            # a call of a graph chosen while running (Switch over Partial): nn.Upsample and
+            # ops.interpolate branch on whether a dim is known, and keep both branches
+            result.nested_graphs = sorted({_graph_label(f.name) for f in model.functions})
+            continue
         if prim is None:
             raise InputError(
                 f"'{path}' calls primitive '{node.op_type}', which the file does not define",

@@ -24,6 +24,7 @@ PLUMBING = {
     "Load": "reads a parameter (weights become ONNX initializers)",
     "TupleGetItem": "indexes a tuple (multi-output operators, tuple outputs)",
     "MakeTuple": "builds a tuple (Concat inputs, several model outputs)",
+    "make_list": "builds a list (Stack inputs), as MakeTuple does",
     "UpdateState": "orders side effects; no data",
     "Depend": "orders side effects; its value is its first input",
 }
@@ -37,7 +38,7 @@ def unsupported_operators(graph: MindIRGraph) -> list[str]:
 def _plumbing(call: Call, args: list[Any]) -> Any:
     if call.op in ("Load", "UpdateState", "Depend"):
         return args[0]
-    if call.op == "MakeTuple":
+    if call.op in ("MakeTuple", "make_list"):
         return tuple(args)
     container, index = args
     if not isinstance(container, tuple) or not isinstance(index, int):
@@ -59,6 +60,13 @@ def _flatten(value: Any) -> list[Any]:
 
 def translate(graph: MindIRGraph, signature: Signature) -> onnx.ModelProto:
     """The ONNX model computing ``graph``, with the signature's input and output names."""
+    if graph.nested_graphs:
+        raise UntranslatableError(
+            f"the MindIR model holds control flow MindSpore left unresolved: nested graphs "
+            f"({', '.join(graph.nested_graphs)}) chosen while it runs; unideploy translates straight-line graphs",
+            "export the Cell with static input shapes (mindspore.export(net, Tensor(np.zeros(shape)))): MindSpore "
+            "then resolves the branches (its own CPU runtime could not run such a file here either)",
+        )
     missing = unsupported_operators(graph)
     if missing:
         raise UntranslatableError(
@@ -72,6 +80,7 @@ def translate(graph: MindIRGraph, signature: Signature) -> onnx.ModelProto:
         values[info.ref] = Tensor(spec.name)
         b.fresh(spec.name)
         b.ranks[spec.name] = len(spec.shape)
+        b.dtypes[spec.name] = spec.dtype
     for name, array in graph.parameters.items():
         values[name] = b.initializer(array, short_name(name))
 
@@ -87,6 +96,8 @@ def translate(graph: MindIRGraph, signature: Signature) -> onnx.ModelProto:
             values[call.output] = _plumbing(call, args)
         else:
             values[call.output] = OPS[call.op].translate(Ctx(b, call, args))
+            results = values[call.output] if isinstance(values[call.output], tuple) else (values[call.output],)
+            b.dtypes.update({v: info.dtype for v, info in zip(results, call.out) if isinstance(v, Tensor)})
 
     results = [leaf for name in graph.outputs for leaf in _flatten(values[name])]
     if len(results) != len(signature.outputs):

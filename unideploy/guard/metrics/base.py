@@ -61,14 +61,10 @@ class Metric(ABC):
 
 def probabilities(ref: np.ndarray) -> bool:
     """Rows of non-negative values summing to one over a last axis of two or more: class probabilities."""
+    if ref.ndim < 2 or ref.shape[-1] < 2 or not np.issubdtype(ref.dtype, np.floating):
+        return False  # text labels (a scikit-learn classifier's) are not scores
     values = ref.astype(np.float64)
-    return (
-        ref.ndim >= 2
-        and ref.shape[-1] >= 2
-        and np.issubdtype(ref.dtype, np.floating)
-        and bool((values >= -1e-6).all())
-        and bool(np.allclose(values.sum(-1), 1.0, atol=1e-3))
-    )
+    return bool((values >= -1e-6).all()) and bool(np.allclose(values.sum(-1), 1.0, atol=1e-3))
 
 
 def rows(a: np.ndarray) -> np.ndarray:

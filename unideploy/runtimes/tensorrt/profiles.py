@@ -56,14 +56,15 @@ def parse_profile(text: str) -> tuple[str, tuple[tuple[int, ...], ...]]:
 
 def build_profiles(signature: Signature, given: list[str] | None = None) -> list[InputProfile]:
     """One profile entry per input: fixed inputs are their shape; dynamic ones the given range or,
-    for a dynamic batch alone, DEFAULT_BATCH."""
+    for a dynamic batch alone, DEFAULT_BATCH (on the input's batch axis: recurrent state
+    ``[layers, batch, hidden]`` has it at axis 1)."""
     overrides = dict(parse_profile(text) for text in given or [])
     unknown = set(overrides) - set(signature.input_names)
     if unknown:
         raise InputError(
             f"--trt-profile names unknown input(s) {sorted(unknown)}", f"inputs: {', '.join(signature.input_names)}"
         )
-    profiles = [_profile(spec, overrides.get(spec.name)) for spec in signature.inputs]
+    profiles = [_profile(spec, overrides.get(spec.name), signature.batch_axes[spec.name]) for spec in signature.inputs]
     _check_shared_dims(signature, profiles)
     return profiles
 
@@ -86,7 +87,7 @@ def _check_shared_dims(signature: Signature, profiles: list[InputProfile]) -> No
                 )
 
 
-def _profile(spec: TensorSpec, given: tuple[tuple[int, ...], ...] | None) -> InputProfile:
+def _profile(spec: TensorSpec, given: tuple[tuple[int, ...], ...] | None, batch_axis: int | None) -> InputProfile:
     if given is not None:
         low, opt, high = given
         for shape in given:
@@ -107,7 +108,7 @@ def _profile(spec: TensorSpec, given: tuple[tuple[int, ...], ...] | None) -> Inp
     for axis, dim in enumerate(spec.shape):
         if isinstance(dim, int):
             dims.append((dim, dim, dim))
-        elif axis == 0:
+        elif axis == batch_axis:
             dims.append(DEFAULT_BATCH)
         else:
             raise InputError(
