@@ -230,3 +230,33 @@ def train_digits_cnn(epochs: int = 6, network: type[nn.Module] = DigitsCNN) -> t
             nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
             optimizer.step()
     return model.eval(), images[held_out], digits.target[held_out]
+
+
+class Framer(torch.nn.Module):
+    """A voice-activity front end whose forward() takes the sample rate as an int (as Silero's VAD
+    does): it picks the frame length and the branch from it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 2)
+
+    def forward(self, audio: torch.Tensor, sample_rate: int) -> torch.Tensor:
+        frame = 8 if sample_rate == 8000 else 16
+        frames = audio.reshape(audio.shape[0], -1, frame)[..., :8]
+        if sample_rate > 8000:
+            frames = frames * 0.5
+        return self.proj(frames).softmax(-1)
+
+
+def check_framer_package(path: Path, audio: np.ndarray, expected: np.ndarray) -> None:
+    """A Framer exported with --constant sample_rate=16000: the value in the manifest, the audio its
+    only input, and the 16 kHz branch's answers (frames of 16 samples, not 8 kHz's 8)."""
+    import unideploy
+
+    with unideploy.open_package(path) as package:
+        assert package.manifest.source["constants"] == {"sample_rate": 16000}
+        assert [s.name for s in package.manifest.signature.inputs] == ["audio"]
+        assert package.manifest.validation["onnx-fp32"]["passed"]
+        got = unideploy.run(package, {"audio": audio})["output"]
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert got.shape == (len(audio), audio.shape[1] // 16, 2)

@@ -161,6 +161,17 @@ class Signature:
 
         return {t.name: axis(t) for t in self.inputs}
 
+    @cached_property
+    def output_batch_axes(self) -> dict[str, int | None]:
+        """Each output's batch axis, by the batch dimension's name as for the inputs (a recurrent
+        model's state ``[layers, batch, hidden]``: axis 1); axis 0 where the output does not name
+        it (exporters name output dims their own way), None for a scalar."""
+        dim = self.batch_dim
+        return {
+            t.name: (t.shape.index(dim) if dim is not None and dim in t.shape else 0) if t.shape else None
+            for t in self.outputs
+        }
+
     @property
     def has_dynamic_inputs(self) -> bool:
         """Whether any input dim is dynamic, the batch included."""

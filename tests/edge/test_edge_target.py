@@ -519,3 +519,38 @@ def test_a_model_onnx_runtime_quantized_is_converted_as_float_and_judged_against
     ), omitted
     assert "convert the float model" in omitted["fix"]
     assert "left out tflite-*" in result.stdout
+
+
+def test_recurrent_state_with_its_batch_on_axis_1_reaches_every_tflite_artifact(tmp_path):
+    """Recurrent state laid out as ONNX's LSTM lays it out, [2, batch, 3]: onnx2tf read its axis 1
+    as an image's channels and moved it last (the fp32 TFLite answered [3, 3] for [1, 3]), and the
+    int8 calibration cut its rows along axis 0 (a layer of two became one, and the conversion
+    failed). Its layout is kept, its rows cut along axis 1: fp32, fp16 and int8 all pass."""
+    from onnx_models import rows_of_state, stateful_model
+
+    np.savez(tmp_path / "example.npz", **rows_of_state(4, 0))
+    np.savez(tmp_path / "calibration.npz", **rows_of_state(64, 1))
+    made = deploy(
+        "export",
+        stateful_model(tmp_path / "stateful.onnx"),
+        "-o",
+        tmp_path / "edge",
+        "--target",
+        "edge",
+        "--example-input",
+        tmp_path / "example.npz",
+        "--calibration",
+        tmp_path / "calibration.npz",
+    )
+    assert made.returncode == 0, made.stderr
+    with unideploy.open_package(tmp_path / "edge") as package:
+        made = {a.id for a in package.manifest.artifacts}
+        assert {"tflite-fp32", "tflite-fp16", "tflite-int8"} <= made, package.manifest.omitted
+        fp32 = package.manifest.validation["tflite-fp32"]
+        assert fp32["passed"] and max(o["max_abs_error"] for o in fp32["outputs"].values()) < 1e-5
+        rows = rows_of_state(3, 2)
+        expected = unideploy.run(package, rows, artifact="onnx-fp32")
+        got = unideploy.run(package, rows, artifact="tflite-fp32")
+    assert got["stateN"].shape == (2, 3, 3) and got["y"].shape == (3, 3)
+    np.testing.assert_allclose(got["stateN"], expected["stateN"], atol=1e-5)
+    np.testing.assert_allclose(got["y"], expected["y"], atol=1e-5)

@@ -102,6 +102,8 @@ def test_cli_export_of_a_savedmodel(saved_models, tmp_path):
 
 
 def test_constant_is_refused_for_a_savedmodel_naming_the_sources_that_take_it(saved_models, tmp_path):
-    with pytest.raises(InputError, match=r"--constant binds non-tensor forward\(\) arguments of TorchScript sources"):
+    with pytest.raises(
+        InputError, match=r"--constant binds non-tensor forward\(\) arguments of TorchScript and torch.export sources"
+    ):
         unideploy.export(saved_models / "scaler", tmp_path / "pkg", constants={"rate": 16000})
     assert not (tmp_path / "pkg").exists()

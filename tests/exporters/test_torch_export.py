@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from console import assert_one_line_error, deploy
-from models import AttentionBlock, SmallCNN
+from models import AttentionBlock, Framer, SmallCNN, check_framer_package
 
 import unideploy
 from unideploy.errors import InputError
@@ -69,3 +69,26 @@ def test_file_that_is_not_a_program_is_refused(tmp_path):
         unideploy.export(tmp_path / "bad.pt2", tmp_path / "pkg")
     result = deploy("export", tmp_path / "bad.pt2", "-o", tmp_path / "pkg", "--exporter", "torch-export")
     assert_one_line_error(result, 2, "cannot be loaded as a torch.export program")
+
+
+def test_a_non_tensor_argument_fixed_by_torch_export_is_confirmed_with_constant(tmp_path):
+    """`forward(audio, sample_rate: int)` through torch.export: the program answers only for the
+    rate it was exported with. Without --constant the refusal names the flag and that value;
+    another value is refused saying why; the right one exports, is recorded in the manifest and
+    runs the 16 kHz branch (it was refused as "not a tensor", while the hint said to leave
+    --constant out)."""
+    audio = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    program = torch.export.export(Framer().eval(), (torch.from_numpy(audio), 16000), dynamic_shapes=({0: batch}, None))
+    torch.export.save(program, str(tmp_path / "framer.pt2"))
+    args = ["export", tmp_path / "framer.pt2"]
+
+    refused = deploy(*args, "-o", tmp_path / "none.udp")
+    assert_one_line_error(
+        refused, 2, r"'sample_rate' is not a tensor: torch.export fixed it at 16000.*--constant sample_rate=16000"
+    )
+    other = deploy(*args, "-o", tmp_path / "other.udp", "--constant", "sample_rate=8000")
+    assert_one_line_error(other, 2, r"--constant sample_rate=8000, but torch.export fixed 'sample_rate' at 16000")
+    made = deploy(*args, "-o", tmp_path / "vad.udp", "--constant", "sample_rate=16000")
+    assert made.returncode == 0, made.stderr
+    check_framer_package(tmp_path / "vad.udp", audio, program.module()(torch.from_numpy(audio), 16000).detach().numpy())

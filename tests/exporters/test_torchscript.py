@@ -182,28 +182,13 @@ def test_torch_save_files_are_named_with_the_way_to_convert_them(tmp_path):
     unideploy.export(tmp_path / "scripted.pt", tmp_path / "pkg", input_shapes=["x:1x1x8x8"]).close()
 
 
-class Framer(torch.nn.Module):
-    """A voice-activity front end whose forward() takes the sample rate as an int (as Silero's VAD
-    does): it picks the frame length and the branch from it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(8, 2)
-
-    def forward(self, audio: torch.Tensor, sample_rate: int) -> torch.Tensor:
-        frame = 8 if sample_rate == 8000 else 16
-        frames = audio.reshape(audio.shape[0], -1, frame)[..., :8]
-        if sample_rate > 8000:
-            frames = frames * 0.5
-        return self.proj(frames).softmax(-1)
-
-
 def test_a_non_tensor_argument_is_bound_with_constant_and_recorded(tmp_path):
     """`forward(audio, sample_rate: int)`: refused without a value (naming the flag), exported with
     --constant sample_rate=16000 (the 16 kHz branch, checked against the module at that rate), the
     value recorded in the manifest; an argument forward() does not have, and --constant on a source
     that has no such arguments, are refused."""
     from console import assert_one_line_error, deploy
+    from models import Framer, check_framer_package
 
     scripted = tmp_path / "framer.pt"
     torch.jit.save(torch.jit.script(Framer().eval()), str(scripted))
@@ -215,13 +200,8 @@ def test_a_non_tensor_argument_is_bound_with_constant_and_recorded(tmp_path):
     assert_one_line_error(refused, 2, r"forward\(\) argument 'sample_rate' has type int.*--constant sample_rate=VALUE")
     result = deploy(*args, "-o", tmp_path / "vad.udp", "--constant", "sample_rate=16000")
     assert result.returncode == 0, result.stderr
-    with unideploy.open_package(tmp_path / "vad.udp") as package:
-        assert package.manifest.source["constants"] == {"sample_rate": 16000}
-        assert [s.name for s in package.manifest.signature.inputs] == ["audio"]
-        got = unideploy.run(package, {"audio": audio})["output"]
     expected = torch.jit.load(str(scripted))(torch.from_numpy(audio), 16000).detach().numpy()
-    np.testing.assert_allclose(got, expected, atol=1e-5)
-    assert got.shape == (3, 4, 2)  # 16 kHz frames of 16 samples, not 8 kHz's 8
+    check_framer_package(tmp_path / "vad.udp", audio, expected)
 
     unknown = deploy(*args, "-o", tmp_path / "x.udp", "--constant", "sample_rate=16000", "--constant", "hop=4")
     assert_one_line_error(unknown, 2, r"--constant hop: forward\(\) has no such non-tensor argument")

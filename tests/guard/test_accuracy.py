@@ -129,6 +129,24 @@ def test_text_labels_are_judged_by_equal_values():
     assert "label: top1 drop 12.50 points (budget 1), top-1 agreement 0.8750" in describe(result)
 
 
+def test_recurrent_state_is_joined_along_its_rows_and_judged_by_relative_error():
+    """An LSTM's state [2, batch, 128] beside a speech probability per row, over two batches of 3
+    and 5 rows: where the signature says its rows lie on axis 1, the batches are joined there (8
+    rows, not a [4, ...] stack) and it is judged by its relative error, saying why; without the
+    signature, the rows it does not have on axis 0 say the same."""
+    rng = np.random.default_rng(0)
+    batches = [
+        {"speech": rng.random((n, 1)).astype(np.float32), "stateN": rng.standard_normal((2, n, 128))} for n in (3, 5)
+    ]
+    moved = [{"speech": b["speech"], "stateN": b["stateN"] + 1e-4} for b in batches]
+    result = compare(batches, moved, None, "auto", 1.0, output_axes={"speech": 0, "stateN": 1})
+    state = result["outputs"]["stateN"]
+    assert state["metric"] == "relerr" and state["why"].startswith("the rows of 'stateN' lie on axis 1")
+    assert "[2, 8, 128]" in state["why"] and result["rows"] == 8 and result["within_budget"]
+    inferred = choose_metrics("auto", {"speech": np.zeros((8, 1)), "stateN": np.zeros((4, 4, 128))}, False, rows=8)
+    assert inferred["stateN"][0] == "relerr" and "axis 0 of 'stateN' is 4 for 8 rows" in inferred["stateN"][1]
+
+
 def test_embeddings_are_judged_by_cosine_not_top1():
     rows = rng.standard_normal((16, 64))
     rows[:, :2] = 4.0  # two equal largest components: any noise flips the argmax of an embedding

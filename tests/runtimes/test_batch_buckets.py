@@ -24,6 +24,42 @@ def test_padding_repeats_a_real_row():
     assert pad_rows({"ids": ids}, 2)["ids"] is ids
 
 
+def test_padding_and_pieces_follow_each_tensors_batch_axis(tmp_path):
+    """Recurrent state [2, batch, 3] beside x [batch, 4] (ONNX's LSTM layout): padded, cut and
+    joined along axis 1 (buckets applied only where every input's batch was axis 0, so a GPU
+    session of such a model re-planned for each new batch size). A real session through buckets
+    answers every row as a direct run does."""
+    from onnx_models import rows_of_state, stateful_model
+
+    import unideploy
+
+    state = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
+    padded = pad_rows({"state": state, "scale": np.float32(2)}, 4, {"state": 1})
+    assert padded["state"].shape == (2, 4, 3) and padded["scale"] == 2
+    np.testing.assert_array_equal(padded["state"][:, 3], state[:, 1])  # the last real row, repeated
+
+    np.savez(tmp_path / "example.npz", **rows_of_state(4, 0))
+    unideploy.export(
+        stateful_model(tmp_path / "stateful.onnx"), tmp_path / "pkg", example_inputs=str(tmp_path / "example.npz")
+    ).close()
+    rows = rows_of_state(11, 1)
+    with Package.open(tmp_path / "pkg") as pkg:
+        signature = pkg.manifest.signature
+        assert signature.output_batch_axes == {"y": 0, "stateN": 1}
+        _, engine = open_runtime(pkg, options=RuntimeOptions(device="cpu"))
+        direct = engine.run(rows)
+        seen: list[tuple[int, int]] = []
+
+        def run(size, inputs):
+            seen.append((inputs["x"].shape[0], inputs["state"].shape[1]))
+            return engine.run(inputs)
+
+        out = run_in_buckets(run, rows, (1, 4), signature.batch_axes, signature.output_batch_axes)
+    assert seen == [(4, 4), (4, 4), (4, 4)]  # 11 rows: 4 + 4 + 3 padded to 4
+    for name in ("y", "stateN"):
+        np.testing.assert_allclose(out[name], direct[name], rtol=1e-6, atol=1e-6)
+
+
 def test_a_real_session_answers_the_same_through_buckets(cnn_package):
     """Every row answered as by a direct run; the session saw only bucket sizes, and a call past
     the largest bucket ran in pieces of it."""

@@ -96,6 +96,7 @@ def _check_mindir(path: Path, manifest: Manifest, references: list, undone: list
             [inputs for inputs, _ in references],
             [dict(outputs) for _, outputs in references],
             rows_are="reference rows",
+            output_axes=manifest.signature.output_batch_axes,
         )
         accuracy = guard.admit(
             guard.judge(path, lambda: runtime.run),

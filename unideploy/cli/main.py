@@ -70,8 +70,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="TorchScript: bind a non-tensor forward() argument (sample_rate=16000); ONNX: make a settings "
-        "input (a scalar or fixed-shape one) part of the model; repeatable, recorded in the manifest",
+        help="TorchScript: bind a non-tensor forward() argument (sample_rate=16000); torch.export (.pt2): "
+        "confirm the value torch.export fixed such an argument at; ONNX: make a settings input (a scalar or "
+        "fixed-shape one) part of the model; repeatable, recorded in the manifest",
     )
     p.add_argument("--opset", type=int, help="ONNX opset for TorchScript exports (default: 17)")
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"absolute tolerance (default: {DEFAULT_ATOL})")

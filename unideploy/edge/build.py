@@ -50,6 +50,7 @@ from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import OmittedRecord, Precision, SearchTrial
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
+from unideploy.samples import batch_size_of, take_rows
 from unideploy.signature import CHANNELS_LAST, Signature, to_channels_last
 from unideploy.validation import (
     DEFAULT_ATOL,
@@ -89,13 +90,17 @@ def _to_ort(onnx_path: Path, workdir: Path) -> tuple[Path, Path]:
     return models[0], configs[0]
 
 
-def _calibration_batches(path: str | Path, source: Signature, model: Signature) -> list[dict[str, np.ndarray]]:
-    """The half of the user's data that calibrates (``split``: the guard judges on the other), in
-    the TFLite model's own layout."""
+def _calibration_rows(path: str | Path, source: Signature, model: Signature) -> list[dict[str, np.ndarray]]:
+    """The half of the user's data that calibrates (``split``: the guard judges on the other), one
+    row at a time as TensorFlow's calibrator takes it, cut along each input's batch axis (axis 1 of
+    recurrent state: cut along axis 0, its layers were resized and the conversion failed), in the
+    TFLite model's own layout."""
     layouts = {t.name: t.layout for t in model.inputs}
+    axes = source.batch_axes
     return [
-        {k: to_channels_last(v) if layouts.get(k) == CHANNELS_LAST else v for k, v in batch.items()}
+        {k: to_channels_last(v) if layouts.get(k) == CHANNELS_LAST else v for k, v in row.items()}
         for batch in split(load_dataset(path, source))[0].batches()
+        for row in (take_rows(batch, i, i + 1, axes) for i in range(batch_size_of(batch, axes)))
     ]
 
 
@@ -103,12 +108,15 @@ def _guard(package: Package, base: Artifact | None, calibration: str | Path | No
     """What the accuracy guard judges edge artifacts on: the half of the user's data that int8 was not
     calibrated on (with its labels) against the fp32 ONNX artifact's outputs, or else the package's
     reference samples against the source's."""
-    if calibration is None or base is None:
-        return Guard([inputs for inputs, _ in references], [dict(outputs) for _, outputs in references])
     manifest = package.manifest
+    axes = manifest.signature.output_batch_axes
+    if calibration is None or base is None:
+        return Guard(
+            [inputs for inputs, _ in references], [dict(outputs) for _, outputs in references], output_axes=axes
+        )
     data = split(load_dataset(calibration, manifest.signature))[1]
     with RUNTIMES.get("onnxruntime")(package.path_of(base), manifest.signature, RuntimeOptions(device="cpu")) as fp32:
-        return Guard.of(fp32.run, data.batches(manifest.fixed_batch), data.labels)
+        return Guard.of(fp32.run, data.batches(manifest.fixed_batch), data.labels, output_axes=axes)
 
 
 def _fewest_float_layers(
@@ -182,6 +190,9 @@ def _onnx2tf(
     ``folded_only``: the folded tries alone, for a model whose unfolded conversion ran wrong."""
     fixed = fixed_signature(signature, sample)  # dynamic non-batch dims: converted at the sample's sizes
     pinned = fixed_signature(signature, sample, batch_too=True)
+    # onnx2tf moves the channels of 3-D to 5-D inputs last, reading axis 1 as channels: not where
+    # the rows lie on another axis (recurrent state [layers, batch, hidden]), which then ran wrong
+    kept = [t.name for t in signature.inputs if len(t.shape) >= 3 and signature.batch_axes[t.name] != 0]
     attempts = (
         []
         if folded_only
@@ -201,7 +212,7 @@ def _onnx2tf(
             else f"converting ONNX to TensorFlow with onnx2tf{how}"
         )
         try:
-            return onnx_to_saved_model(onnx_path, work, shapes, folded, simplified), shapes, folded
+            return onnx_to_saved_model(onnx_path, work, shapes, folded, simplified, kept), shapes, folded
         except ExportError as failed:
             failures.append(failed)
     raise failures[0]  # what onnx2tf found in the model as it is
@@ -275,7 +286,7 @@ def _tflite_artifacts(
             data = None
             searched: dict[str, Any] = {}  # int8-selective: the layers left in float, and the search
             if mode in ("int8", "int8-selective") and calibration is not None:  # planned only with calibration
-                data = _calibration_batches(calibration, manifest.signature, signature or manifest.signature)
+                data = _calibration_rows(calibration, manifest.signature, signature or manifest.signature)
             if mode == "int8-selective":  # planned only after full integer, calibrated, was over budget
                 path, searched = _fewest_float_layers(saved_model, work, data or [], judge, say)
             else:

@@ -13,13 +13,12 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import itertools
 import math
 import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,12 @@ from unideploy.targets import EDGE_INSTALL
 
 
 def onnx_to_saved_model(
-    onnx_path: Path, workdir: Path, fixed: Signature | None = None, folded: bool = False, simplified: bool = True
+    onnx_path: Path,
+    workdir: Path,
+    fixed: Signature | None = None,
+    folded: bool = False,
+    simplified: bool = True,
+    kept_layout: Sequence[str] = (),
 ) -> Path:
     """Convert with onnx2tf; ``erf`` becomes pseudo-ops LiteRT's builtins run (no FlexErf).
 
@@ -47,16 +51,19 @@ def onnx_to_saved_model(
     simplifier leaves shape arithmetic it cannot convert (a transformer's attention mask and
     scale). ``simplified``: let onnx2tf run onnxsim on its input; it drops an LSTM's all-zero initial
     states, which onnx2tf's LSTM then cannot do without (ddddocr's CRNN), so after folding it may be
-    left out.
+    left out. ``kept_layout``: inputs whose axes stay as they are (onnx2tf otherwise moves axis 1 of
+    every 3-D to 5-D input last, as an image's channels).
 
     onnx2tf builds with Keras 2 (tf_keras) and, when imported, sets TF_USE_LEGACY_KERAS and
     TF_CPP_MIN_LOG_LEVEL for the whole process: both hold only while it runs, so that what the
     caller starts afterwards (a Keras 3 script, a model builder) inherits neither."""
     with environment(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL=None):
-        return _onnx2tf(onnx_path, workdir, fixed, folded, simplified)
+        return _onnx2tf(onnx_path, workdir, fixed, folded, simplified, kept_layout)
 
 
-def _onnx2tf(onnx_path: Path, workdir: Path, fixed: Signature | None, folded: bool, simplified: bool) -> Path:
+def _onnx2tf(
+    onnx_path: Path, workdir: Path, fixed: Signature | None, folded: bool, simplified: bool, kept_layout: Sequence[str]
+) -> Path:
     try:
         with quiet():
             import onnx2tf
@@ -95,6 +102,7 @@ def _onnx2tf(onnx_path: Path, workdir: Path, fixed: Signature | None, folded: bo
                 replace_to_pseudo_operators=["erf"],
                 output_signaturedefs=True,
                 not_use_onnxsim=not simplified,
+                keep_shape_absolutely_input_names=list(kept_layout) or None,
                 overwrite_input_shape=[f"{t.name}:{','.join(map(str, t.shape))}" for t in fixed.inputs]
                 if fixed
                 else None,
@@ -159,8 +167,8 @@ DEBUG_ROWS = 16  # calibration rows the quantization debugger measures every lay
 def saved_model_to_tflite(
     saved_model: Path, precision: str, workdir: Path, calibration: list[dict[str, np.ndarray]] | None = None
 ) -> Path:
-    """fp32, fp16 (weights), int8 (full integer: needs ``calibration`` batches in the model's own
-    layout) or int8-dynamic (int8 weights, activations quantized on the fly).
+    """fp32, fp16 (weights), int8 (full integer: needs ``calibration`` rows, one per batch, in the
+    model's own layout) or int8-dynamic (int8 weights, activations quantized on the fly).
 
     Full-integer conversion runs in a process of its own: TensorFlow's calibrator runs the model in
     native code that can crash (a segfault on ddddocr's LSTM), and that must cost the int8
@@ -211,15 +219,9 @@ def _int8_converter(tf: Any, saved_model: Path, calibration: list[dict[str, np.n
     """A converter to full-integer int8 kernels (float input and output), calibrated row by row."""
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model))
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    converter.representative_dataset = lambda: _rows(calibration)
+    converter.representative_dataset = lambda: iter(calibration)
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     return converter
-
-
-def _rows(batches: list[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
-    for batch in batches:
-        for row in range(len(next(iter(batch.values())))):
-            yield {k: v[row : row + 1] for k, v in batch.items()}
 
 
 def selective_int8(
@@ -258,7 +260,7 @@ def _selective_candidates(
         converter = _int8_converter(tf, saved_model, calibration)
         # the layers left in float need float kernels beside the int8 ones
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8, tf.lite.OpsSet.TFLITE_BUILTINS]
-        rows = list(itertools.islice(_rows(calibration), DEBUG_ROWS))
+        rows = calibration[:DEBUG_ROWS]
         order: list[str] = []  # the debugger feeds inputs as a list, in the model's input order
 
         def debug_rows() -> Iterator[list[np.ndarray]]:
@@ -319,10 +321,15 @@ def fixed_signature(signature: Signature, sample: dict[str, np.ndarray], batch_t
 
     if not dynamic_dims(signature) and not (batch_too and signature.has_dynamic_inputs):
         return None
-    inputs = tuple(
-        TensorSpec(t.name, t.dtype, (1, *sample[t.name].shape[1:]) if t.shape else (), t.layout)
-        for t in signature.inputs
-    )
+
+    def at_one_row(spec: TensorSpec) -> tuple[int, ...]:
+        """The sample's sizes with one row on the input's batch axis (axis 1 of recurrent state)."""
+        shape, axis = list(sample[spec.name].shape), signature.batch_axes[spec.name]
+        if axis is not None and shape:
+            shape[axis] = 1
+        return tuple(shape)
+
+    inputs = tuple(TensorSpec(t.name, t.dtype, at_one_row(t), t.layout) for t in signature.inputs)
     return Signature(inputs, signature.outputs)
 
 

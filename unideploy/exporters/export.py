@@ -75,10 +75,9 @@ def export(
 
     if options.constants and not exporter_cls.binds_constants:
         raise InputError(
-            f"--constant binds non-tensor forward() arguments of TorchScript sources and settings inputs of ONNX "
-            f"files; '{src.name}' is a {exporter_cls.framework} model ({exporter_cls.name})",
-            "leave --constant out: this source's inputs are its tensors (a .pt2 program fixes such values when "
-            "torch.export runs)",
+            f"--constant binds non-tensor forward() arguments of TorchScript and torch.export sources and settings "
+            f"inputs of ONNX files; '{src.name}' is a {exporter_cls.framework} model ({exporter_cls.name})",
+            "leave --constant out: this source's inputs are its tensors",
         )
     if options.native_only and not exporter_cls.native_format:
         raise InputError(

@@ -29,6 +29,7 @@ class TorchExportExporter(Exporter):
     framework = "torch"
     required_modules = ("torch", "onnxscript")
     extra = "torch"
+    binds_constants = True  # a non-tensor forward() argument, fixed when torch.export ran, confirmed by --constant
 
     @classmethod
     def detect(cls, src: Path) -> bool:
@@ -42,10 +43,16 @@ class TorchExportExporter(Exporter):
         trust.check(trust.pt2_pickle_findings(src), src, options.trust_source)  # before loading runs them
         program = _load(src)
         trust.check(trust.program_findings(program), src, options.trust_source)
-        declared = _declared_inputs(program)
+        declared, fixed = _declared_inputs(program)
+        _check_constants(fixed, options.constants)
         apply_input_shapes(readable_dims(Signature(tuple(declared))), options)  # refuse contradictions first
         example = _example_arrays(program, declared, options)
-        args = tuple(torch.from_numpy(example[t.name]) for t in declared)
+        order = [name for name, _ in _user_inputs(program)]  # tensors and constants, in forward()'s order
+
+        def arguments(tensors: dict[str, np.ndarray]) -> tuple:
+            return tuple(fixed[n] if n in fixed else torch.from_numpy(contiguous(tensors[n])) for n in order)
+
+        args = arguments(example)
         module = program.module()
         try:
             with torch.no_grad():
@@ -84,11 +91,10 @@ class TorchExportExporter(Exporter):
             for axis, d in enumerate(t.shape)
             if isinstance(d, str)
         }
-        input_names = [t.name for t in declared]
 
         def run_source(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             with torch.no_grad():
-                result = flatten_outputs(module(*(torch.from_numpy(contiguous(inputs[n])) for n in input_names)))
+                result = flatten_outputs(module(*arguments(inputs)))
             return {n: t.detach().cpu().numpy() for n, t in zip(output_names, result)}
 
         opset = opset_of(model)
@@ -116,14 +122,25 @@ def _load(src: Path) -> Any:
         ) from exc
 
 
-def _declared_inputs(program: Any) -> list[TensorSpec]:
-    """The program's user inputs, with static dims as ints and symbolic ones by symbol name."""
+def _user_inputs(program: Any) -> list[tuple[str, Any]]:
+    """The program's user inputs in forward()'s order, each with its ``graph_signature`` argument
+    (a tensor's, or a ``ConstantArgument`` that torch.export fixed at the value it ran with)."""
     from torch.export.graph_signature import InputKind
 
-    user = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    return [(s.arg.name, s.arg) for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+
+
+def _declared_inputs(program: Any) -> tuple[list[TensorSpec], dict[str, Any]]:
+    """The program's tensor inputs, with static dims as ints and symbolic ones by symbol name, and
+    its non-tensor inputs with the values torch.export fixed them at."""
+    from torch.export.graph_signature import ConstantArgument
+
     values = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
-    specs = []
-    for name in user:
+    specs, fixed = [], {}
+    for name, arg in _user_inputs(program):
+        if isinstance(arg, ConstantArgument):
+            fixed[name] = arg.value
+            continue
         value = values.get(name)
         if value is None or not hasattr(value, "shape"):
             raise ExportError(
@@ -134,7 +151,29 @@ def _declared_inputs(program: Any) -> list[TensorSpec]:
         specs.append(TensorSpec(name, str(value.dtype).removeprefix("torch."), dims))
     if not specs:
         raise ExportError("the program takes no tensor inputs, so there is nothing to export")
-    return specs
+    return specs, fixed
+
+
+def _check_constants(fixed: dict[str, Any], given: dict[str, Any]) -> None:
+    """torch.export fixed each non-tensor argument at the value it ran with: the program answers
+    only for that value, so ``--constant`` must name it (recorded in the manifest), and no other."""
+    if unknown := [name for name in given if name not in fixed]:
+        raise InputError(
+            f"--constant {', '.join(unknown)}: the program has no such non-tensor input",
+            f"its non-tensor inputs: {', '.join(fixed) or 'none'}",
+        )
+    for name, value in fixed.items():
+        if name not in given:
+            raise InputError(
+                f"forward() argument '{name}' is not a tensor: torch.export fixed it at {value!r}",
+                f"pass --constant {name}={value} to export the program at that value (recorded in the manifest)",
+            )
+        if given[name] != value or type(given[name]) is not type(value):
+            raise InputError(
+                f"--constant {name}={given[name]!r}, but torch.export fixed '{name}' at {value!r} when the program "
+                "was made: it answers only for that value",
+                f"pass --constant {name}={value}, or export the program again with {name}={given[name]!r}",
+            )
 
 
 def _example_arrays(program: Any, declared: list[TensorSpec], options: ExportOptions) -> dict[str, np.ndarray]:

@@ -110,6 +110,14 @@ def _ctc(ref: np.ndarray) -> tuple[str, str] | None:
     )
 
 
+def joined(
+    batches: Sequence[Mapping[str, np.ndarray]], output_axes: Mapping[str, int | None] | None = None
+) -> dict[str, np.ndarray]:
+    """Each output's batches as one array, joined along its rows' axis (axis 0 where not given)."""
+    axes = output_axes or {}
+    return {n: np.concatenate([b[n] for b in batches], axis=axes.get(n, 0) or 0) for n in batches[0]}
+
+
 def channels_first(reference: Mapping[str, np.ndarray]) -> set[str]:
     """Outputs laid out channels-first (NCHW, as PyTorch and MindSpore models answer): a map of
     class probabilities over axis 1 (a face detector's face/not-face per position), and the outputs
@@ -133,13 +141,19 @@ def channels_last(arrays: Mapping[str, np.ndarray], names: set[str]) -> dict[str
 
 
 def choose_metrics(
-    requested: str | Sequence[str], reference: Mapping[str, np.ndarray], has_labels: bool, rows: int | None = None
+    requested: str | Sequence[str],
+    reference: Mapping[str, np.ndarray],
+    has_labels: bool,
+    rows: int | None = None,
+    output_axes: Mapping[str, int | None] | None = None,
 ) -> dict[str, tuple[str, str]]:
     """(metric, why) per output: ``auto`` chooses; ``NAME`` applies to every output, ``OUTPUT=NAME``
     to one. ``accuracy`` (chosen by auto when there are labels) goes to the first class-score output.
     ``rows``: how many rows the reference was computed on; an output whose axis 0 is not that many
     (recurrent state ``[layers, batch, hidden]``) holds no rows or positions to score one by one, and is
-    judged by its relative error (read as per-position class scores, a state was taken for text)."""
+    judged by its relative error (read as per-position class scores, a state was taken for text).
+    ``output_axes``: where each output's rows lie, where the signature says (``reference`` joined
+    along them); an output whose rows are not on axis 0 is such a state."""
     items = [requested] if isinstance(requested, str) else list(requested) or ["auto"]
     default, per_output = "auto", {}
     for item in items:
@@ -164,9 +178,19 @@ def choose_metrics(
     reference = channels_last(reference, first)
     chosen: dict[str, tuple[str, str]] = {}
     auto = [name for name in reference if per_output.get(name, default) == "auto"]
-    off_rows = {n for n in auto if rows is not None and reference[n].ndim and reference[n].shape[0] != rows}
+    axes = output_axes or {}
+    off_rows = {
+        n
+        for n in auto
+        if axes.get(n, 0) not in (0, None) or (rows is not None and reference[n].ndim and reference[n].shape[0] != rows)
+    }
     for name, ref in reference.items():
-        if name in off_rows:
+        if name in off_rows and axes.get(name, 0) not in (0, None):
+            chosen[name] = (
+                "relerr",
+                f"the rows of '{name}' lie on axis {axes[name]} (recurrent state, {list(ref.shape)}): relative error",
+            )
+        elif name in off_rows:
             chosen[name] = (
                 "relerr",
                 f"axis 0 of '{name}' is {ref.shape[0]} for {rows} rows (the batch lies on another axis, as in "
@@ -220,16 +244,18 @@ def compare(
     budget_points: float,
     min_cosine: float | None = None,
     chosen: Mapping[str, tuple[str, str]] | None = None,
+    output_axes: Mapping[str, int | None] | None = None,
 ) -> dict[str, Any]:
     """Every output of ``candidate`` against ``reference``, by its metric, and the verdict.
     ``chosen``: the (metric, why) per output ``choose_metrics`` gave for this reference, where the
-    caller judges many candidates against one (the guard), so it is not chosen again each time."""
+    caller judges many candidates against one (the guard), so it is not chosen again each time.
+    ``output_axes``: where each output's rows lie (the batches are joined along them)."""
     names = list(reference[0])
-    ref = {n: np.concatenate([b[n] for b in reference]) for n in names}
-    chosen = chosen or choose_metrics(metric, ref, labels is not None)
+    ref = joined(reference, output_axes)
+    chosen = chosen or choose_metrics(metric, ref, labels is not None, output_axes=output_axes)
     first = channels_first(ref)
     ref = channels_last(ref, first)
-    cand = channels_last({n: np.concatenate([b[n] for b in candidate]) for n in names}, first)
+    cand = channels_last(joined(candidate, output_axes), first)
     reference = [channels_last(b, first) for b in reference]
     candidate = [channels_last(b, first) for b in candidate]
     budgets: dict[Budget, float] = {

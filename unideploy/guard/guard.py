@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import UnideployError
-from unideploy.guard.accuracy import DEFAULT_BUDGET_POINTS, choose_metrics, compare, describe
+from unideploy.guard.accuracy import DEFAULT_BUDGET_POINTS, choose_metrics, compare, describe, joined
 
 Batch = dict[str, np.ndarray]
 Runner = Callable[[Batch], Mapping[str, np.ndarray]]
@@ -35,6 +35,7 @@ class Guard:
     min_cosine: float | None = None  # the budget of cosine-judged outputs (default: 1 - budget/100)
     rows_are: str = "rows"  # how a refusal names the rows ("validation rows", "reference rows")
     rows: int | None = None  # how many rows ``batches`` hold (along each input's batch axis), where known
+    output_axes: Mapping[str, int | None] | None = None  # where each output's rows lie (the signature's)
     _judged: dict[Hashable, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -46,8 +47,8 @@ class Guard:
     def metrics(self) -> dict[str, tuple[str, str]]:
         """(metric, why) per output, chosen once for every candidate; asked for first, it refuses a
         bad ``--metric`` before any candidate is made."""
-        joined = {n: np.concatenate([b[n] for b in self.reference]) for n in self.reference[0]}
-        return choose_metrics(self.metric, joined, self.labels is not None, self.rows)
+        reference = joined(self.reference, self.output_axes)
+        return choose_metrics(self.metric, reference, self.labels is not None, self.rows, self.output_axes)
 
     def judge(self, key: Hashable, open_runner: Callable[[], Runner]) -> dict[str, Any]:
         """The candidate's accuracy record (every output by its metric, and the verdict); the
@@ -62,6 +63,7 @@ class Guard:
                 self.budget_points,
                 self.min_cosine,
                 self.metrics,
+                self.output_axes,
             )
         return self._judged[key]
 

@@ -128,6 +128,7 @@ def optimize(
             min_cosine=request.min_cosine,
             rows_are="validation rows",
             rows=sum(batch_size_of(b, signature.batch_axes) for b in val_batches),
+            output_axes=signature.output_batch_axes,
         )
         for name, (metric, why) in guard.metrics.items():  # refuses a bad --metric before any work
             say(f"judging '{name}' by {metric}: {why}")

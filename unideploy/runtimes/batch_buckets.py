@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from unideploy.samples import Axes, batch_size_of, row_axis, rows_along, take_rows
+
 Tensors = dict[str, np.ndarray]
 
 
@@ -34,26 +36,39 @@ def pieces(rows: int, largest: int) -> Iterator[slice]:
         yield slice(start, min(start + largest, rows))
 
 
-def pad_rows(inputs: Tensors, size: int) -> Tensors:
-    """Every input grown to ``size`` rows by repeating its last row: a real row, so padding never
-    feeds the model values it was not made for (an all-zero attention mask, say)."""
+def pad_rows(inputs: Tensors, size: int, axes: Axes | None = None) -> Tensors:
+    """Every input grown to ``size`` rows along its batch axis by repeating its last row: a real
+    row, so padding never feeds the model values it was not made for (an all-zero attention mask,
+    say). An input without a batch axis is the same for every row and stays as it is."""
     out = {}
     for name, array in inputs.items():
-        missing = size - array.shape[0]
-        out[name] = np.concatenate([array, np.repeat(array[-1:], missing, axis=0)]) if missing > 0 else array
+        axis = row_axis(axes, name, array)
+        rows = 0 if axis is None else array.shape[axis]
+        if axis is not None and size > rows:
+            last = rows_along(array, axis, rows - 1, rows)
+            out[name] = np.concatenate([array, np.repeat(last, size - rows, axis=axis)], axis=axis)
+        else:
+            out[name] = array
     return out
 
 
-def run_in_buckets(run: Callable[[int, Tensors], Tensors], inputs: Tensors, buckets: Sequence[int]) -> Tensors:
+def run_in_buckets(
+    run: Callable[[int, Tensors], Tensors],
+    inputs: Tensors,
+    buckets: Sequence[int],
+    axes: Axes | None = None,
+    output_axes: Axes | None = None,
+) -> Tensors:
     """``run(bucket, padded_inputs)`` for each piece of ``inputs``, padded to its bucket; the
-    outputs cut back to the real rows and joined."""
-    rows = next(iter(inputs.values())).shape[0]
+    outputs cut back to the real rows and joined. ``axes``/``output_axes``: where each input's and
+    output's rows lie (axis 0 where not given; recurrent state ``[layers, batch, hidden]``: 1)."""
+    rows = batch_size_of(inputs, axes)
     parts: list[Tensors] = []
     for piece in pieces(rows, buckets[-1]):
         count = piece.stop - piece.start
         size = bucket_for(count, buckets)
-        outputs = run(size, pad_rows({k: v[piece] for k, v in inputs.items()}, size))
-        parts.append({k: v[:count] for k, v in outputs.items()})
+        outputs = run(size, pad_rows(take_rows(inputs, piece.start, piece.stop, axes), size, axes))
+        parts.append(take_rows(outputs, 0, count, output_axes))
     if len(parts) == 1:
         return parts[0]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return {k: np.concatenate([p[k] for p in parts], axis=row_axis(output_axes, k, parts[0][k]) or 0) for k in parts[0]}

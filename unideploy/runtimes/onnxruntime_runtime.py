@@ -100,9 +100,11 @@ class OnnxRuntime(Runtime):
         self._output_names = [o.name for o in self.session.get_outputs()]
         # one session per batch size where a new shape costs a re-plan (the CUDA provider's cuDNN);
         # TensorRT's engines take any shape inside their profile
-        on_cuda = CUDA in got and TENSORRT not in got and self.signature.has_dynamic_batch
+        on_cuda = CUDA in got and TENSORRT not in got and self.signature.batch_dim is not None
         self._buckets = tuple(sorted(set(self.options.batch_buckets))) if on_cuda else ()
         self._sessions = {self._buckets[0]: self.session} if self._buckets else {}
+        # where rows lie, for padding and cutting: recurrent state [layers, batch, hidden] on axis 1
+        self._axes = (self.signature.batch_axes, self.signature.output_batch_axes)
 
     def _open(self) -> Opened:
         import onnxruntime as ort
@@ -167,7 +169,7 @@ class OnnxRuntime(Runtime):
         if self.spec is not None:
             check_shapes(self.spec.profiles, inputs)
         if self._buckets:
-            return run_in_buckets(self._run_bucket, inputs, self._buckets)
+            return run_in_buckets(self._run_bucket, inputs, self._buckets, *self._axes)
         return self._call(self.session, inputs)
 
     def _run_bucket(self, size: int, inputs: dict[str, np.ndarray], run_options: Any = None) -> dict[str, np.ndarray]:
@@ -195,7 +197,9 @@ class OnnxRuntime(Runtime):
         options.add_run_config_entry("memory.enable_memory_arena_shrinkage", devices)
         inputs = self.signature.validate_inputs(inputs)
         if self._buckets:
-            run_in_buckets(lambda size, padded: self._run_bucket(size, padded, options), inputs, self._buckets)
+            run_in_buckets(
+                lambda size, padded: self._run_bucket(size, padded, options), inputs, self._buckets, *self._axes
+            )
         else:
             self._call(self.session, inputs, options)
 
