@@ -70,7 +70,11 @@ def test_a_target_from_an_entry_point_is_offered_with_its_options_listed_and_run
         in shown
     )
     assert (result := deploy(*args)).returncode == 0, result.stderr
-    assert json.loads((tmp_path / "given.json").read_text()) == {"npu_cores": 4, "calibration": None}
+    assert json.loads((tmp_path / "given.json").read_text()) == {
+        "npu_cores": 4,
+        "calibration": None,
+        "accuracy": {"max_accuracy_drop": 1.0, "metric": ["auto"], "min_cosine": None},  # what its guard judges with
+    }
     with Package.open(tmp_path / "pkg") as package:
         assert package.manifest.validation["onnx-fp32"]["passed"]
     findings = json.loads(deploy("doctor", "--json").stdout)["findings"]

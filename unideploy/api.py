@@ -34,11 +34,14 @@ def export(
     module is saved as TorchScript (scripted, else traced on ``example_inputs`` or zeros of
     ``input_shapes``), a Keras model as ``.keras``, a Cell as MindIR (its batch dimension dynamic):
     the package keeps that file as its source.
-    ``constants``: values for a TorchScript ``forward()``'s non-tensor arguments (``{"sr": 16000}``).
+    ``constants``: values for a TorchScript ``forward()``'s non-tensor arguments (``{"sr": 16000}``;
+    a ``.pt2`` program's as torch.export fixed them).
 
     ``kwargs`` are those of :func:`unideploy.exporters.export.export` (name, version, exporter,
     target, atol, rtol, overwrite), and ``target_options``: the target stage's options by name
-    (``calibration``; ``trt_precision``, ``trt_profile``, ``trt_workspace``; targets.py).
+    (``calibration``; ``trt_precision``, ``trt_profile``, ``trt_workspace``; targets.py) and
+    ``accuracy``, the budget and metric its accuracy guard judges with
+    (``{"max_accuracy_drop": 5, "metric": ("auto",), "min_cosine": None}``).
     """
     from unideploy.exporters import ExportOptions
     from unideploy.pipeline import export_package

@@ -31,14 +31,19 @@ def export_package(
     **export_kwargs: Any,
 ) -> Path:
     """``target_options``: the options of ``target``'s stage by name, checked against the target's
-    own model (``trt_precision``, ``trt_profile``, ``trt_workspace`` for ``gpu``; targets.py), and
-    ``calibration`` (the int8 TFLite of ``edge``, TensorRT's calibrator)."""
+    own model (``trt_precision``, ``trt_profile``, ``trt_workspace`` for ``gpu``; targets.py),
+    ``calibration`` (the int8 TFLite of ``edge``, TensorRT's calibrator) and ``accuracy`` (the budget
+    and metric a stage's accuracy guard judges with: ``max_accuracy_drop``, ``metric``, ``min_cosine``)."""
     stages: list[Stage] = []
     if optimization is not None:
         stages.append(lambda pkg, dest, force: optimize(pkg, optimization, dest, overwrite=force, progress=progress))
     target = export_kwargs.get("target", "cpu")
     given = dict(target_options or {})
-    options = {**check_options(target, given), "calibration": given.get("calibration")}  # before any work
+    options = {  # checked before any work
+        **check_options(target, given),
+        "calibration": given.get("calibration"),
+        "accuracy": given.get("accuracy"),
+    }
     target_stage = require_target(target).load_stage()
     if target_stage is not None:
         stages.append(lambda pkg, dest, force: target_stage(pkg, dest, options, overwrite=force, progress=progress))

@@ -9,8 +9,8 @@ points (a ``Target`` object) with no core file edited. A target whose stage need
 not installed is refused up front, before any work, with the install command.
 
 A stage is called as ``stage(package, output, options, overwrite=..., progress=...)`` with
-``options`` the target's options by name, checked against its model, plus ``calibration``, and
-returns the package it wrote.
+``options`` the target's options by name, checked against its model, plus ``calibration`` and
+``accuracy`` (the guard's budget and metric, ``guard.settings_of``), and returns the package it wrote.
 """
 
 from __future__ import annotations

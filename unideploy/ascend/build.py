@@ -20,7 +20,7 @@ import onnx
 
 from unideploy.ascend.network import export_mindir, require_supported
 from unideploy.errors import ExportError, RuntimeFailure, ValidationError
-from unideploy.guard.guard import Guard
+from unideploy.guard.guard import Guard, settings_of
 from unideploy.onnx.dequantize import float_onnx
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
@@ -83,9 +83,12 @@ def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact
     return path, planned, undone
 
 
-def _check_mindir(path: Path, manifest: Manifest, references: list, undone: list[str]) -> ValidationRecord:
+def _check_mindir(
+    path: Path, manifest: Manifest, references: list, undone: list[str], accuracy: Mapping[str, Any] | None = None
+) -> ValidationRecord:
     """The MindIR against the reference outputs: to the default tolerance, or, rebuilt from a
-    dequantized graph (whose activations are no longer rounded to 8 bits), by the accuracy guard."""
+    dequantized graph (whose activations are no longer rounded to 8 bits), by the accuracy guard
+    (with the budget and metric in ``accuracy``)."""
     framework = manifest.source["framework"]
     with RUNTIMES.get("mindspore")(path, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
         if not undone:
@@ -97,6 +100,7 @@ def _check_mindir(path: Path, manifest: Manifest, references: list, undone: list
             [dict(outputs) for _, outputs in references],
             rows_are="reference rows",
             output_axes=manifest.signature.output_batch_axes,
+            **settings_of(accuracy),
         )
         accuracy = guard.admit(
             guard.judge(path, lambda: runtime.run),
@@ -169,7 +173,8 @@ def build_ascend(
     progress: Progress | None = None,
 ) -> Path:
     """Write ``output``: the package with its MindIR artifact and MindSpore Lite recipes. The
-    stage of ``--target ascend`` (targets.py), which has no options of its own."""
+    stage of ``--target ascend`` (targets.py), which has no options of its own (``accuracy``: the
+    guard's budget and metric, as every stage takes them)."""
     say = progress or (lambda _msg: None)  # MindSpore's presence: checked up front (targets.py)
     with Package.open(package_path) as package, scratch_dir("unideploy-ascend-") as tmp:
         work, manifest = Path(tmp), package.manifest
@@ -177,7 +182,7 @@ def build_ascend(
         mindir, of, undone = _mindir(package, work, say)
         say("checking the MindIR against the reference outputs with MindSpore")
         try:
-            record = _check_mindir(mindir, manifest, references, undone)
+            record = _check_mindir(mindir, manifest, references, undone, (options or {}).get("accuracy"))
         except (ValidationError, RuntimeFailure) as exc:
             raise ExportError(
                 f"the MindIR MindSpore exported does not reproduce the model: {exc.message}",

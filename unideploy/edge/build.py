@@ -41,7 +41,7 @@ from unideploy.errors import (
 )
 from unideploy.guard.accuracy import describe
 from unideploy.guard.data import load_dataset, split
-from unideploy.guard.guard import Guard
+from unideploy.guard.guard import Guard, settings_of
 from unideploy.guard.search import search_record, trial
 from unideploy.onnx.dequantize import float_onnx
 from unideploy.onnx.files import copy_model
@@ -104,19 +104,23 @@ def _calibration_rows(path: str | Path, source: Signature, model: Signature) -> 
     ]
 
 
-def _guard(package: Package, base: Artifact | None, calibration: str | Path | None, references: list) -> Guard:
+def _guard(
+    package: Package,
+    base: Artifact | None,
+    calibration: str | Path | None,
+    references: list,
+    accuracy: Mapping[str, Any] | None,
+) -> Guard:
     """What the accuracy guard judges edge artifacts on: the half of the user's data that int8 was not
     calibrated on (with its labels) against the fp32 ONNX artifact's outputs, or else the package's
-    reference samples against the source's."""
+    reference samples against the source's; with the budget and metric the user asked for."""
     manifest = package.manifest
-    axes = manifest.signature.output_batch_axes
+    settings = {**settings_of(accuracy), "output_axes": manifest.signature.output_batch_axes}
     if calibration is None or base is None:
-        return Guard(
-            [inputs for inputs, _ in references], [dict(outputs) for _, outputs in references], output_axes=axes
-        )
+        return Guard([inputs for inputs, _ in references], [dict(outputs) for _, outputs in references], **settings)
     data = split(load_dataset(calibration, manifest.signature))[1]
     with RUNTIMES.get("onnxruntime")(package.path_of(base), manifest.signature, RuntimeOptions(device="cpu")) as fp32:
-        return Guard.of(fp32.run, data.batches(manifest.fixed_batch), data.labels, output_axes=axes)
+        return Guard.of(fp32.run, data.batches(manifest.fixed_batch), data.labels, **settings)
 
 
 def _fewest_float_layers(
@@ -219,10 +223,16 @@ def _onnx2tf(
 
 
 def _tflite_artifacts(
-    package: Package, base: Artifact | None, work: Path, calibration: str | Path | None, references: list, say: Progress
+    package: Package,
+    base: Artifact | None,
+    work: Path,
+    calibration: str | Path | None,
+    references: list,
+    say: Progress,
+    accuracy: Mapping[str, Any] | None = None,
 ) -> tuple[list[AddedArtifact], list[OmittedRecord]]:
     """TFLite fp32 (held to the default tolerance), fp16 and int8 (each through the accuracy guard,
-    left out with its numbers when over budget)."""
+    with the budget and metric in ``accuracy``, left out with its numbers when over budget)."""
     manifest = package.manifest
     framework = manifest.source["framework"]
     tflite = RUNTIMES.get("tflite")
@@ -269,7 +279,7 @@ def _tflite_artifacts(
 
     def accuracy_of(path: Path, run: Callable, fitting: list) -> tuple[Guard, dict[str, Any]]:
         nonlocal guard
-        guard = guard or _guard(package, base, calibration, fitting)
+        guard = guard or _guard(package, base, calibration, fitting, accuracy)
         return guard, guard.judge(path, lambda: run)
 
     def judge(path: Path) -> dict[str, Any]:
@@ -377,6 +387,7 @@ def build_edge(
     overwrite: bool = False,
     progress: Progress | None = None,
     calibration: str | Path | None = None,
+    accuracy: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``output``: the package plus its edge artifacts (int8 TFLite when ``calibration`` is given)."""
     say = progress or (lambda _msg: None)
@@ -412,7 +423,9 @@ def build_edge(
                 )
             )
         try:
-            tflite_added, tflite_omitted = _tflite_artifacts(package, base, work, calibration, references, say)
+            tflite_added, tflite_omitted = _tflite_artifacts(
+                package, base, work, calibration, references, say, accuracy
+            )
             added += tflite_added
             omitted += tflite_omitted
         except (ExportError, ValidationError, AccuracyBudgetError) as exc:  # usable without TFLite; it says why
@@ -439,4 +452,11 @@ def target_stage(
     progress: Progress | None = None,
 ) -> Path:
     """``--target edge`` (targets.py): the edge artifacts; int8 TFLite with ``options["calibration"]``."""
-    return build_edge(package, output, overwrite=overwrite, progress=progress, calibration=options.get("calibration"))
+    return build_edge(
+        package,
+        output,
+        overwrite=overwrite,
+        progress=progress,
+        calibration=options.get("calibration"),
+        accuracy=options.get("accuracy"),
+    )

@@ -25,6 +25,18 @@ Batch = dict[str, np.ndarray]
 Runner = Callable[[Batch], Mapping[str, np.ndarray]]
 
 
+def settings_of(accuracy: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A guard's budget and metric from what the user asked for (``max_accuracy_drop``, ``metric``,
+    ``min_cosine``, as ``deploy export`` and ``optimize`` take them), the defaults where not given:
+    a target's stage (edge's TFLite, ascend's MindIR) judges with the same request an optimization does."""
+    given = {k: v for k, v in (accuracy or {}).items() if v is not None}
+    return {
+        "budget_points": given.get("max_accuracy_drop", DEFAULT_BUDGET_POINTS),
+        "metric": given.get("metric", "auto"),
+        "min_cosine": given.get("min_cosine"),
+    }
+
+
 @dataclass
 class Guard:
     batches: list[Batch]
