@@ -108,3 +108,31 @@ def branching_model(path: Path) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, path)
     return path
+
+
+def conv1d_model(path: Path) -> Path:
+    """An audio front end: two 1-D convolutions over [batch, 1, samples] (Silero VAD's layers are
+    such), which magnitude pruning, made for 2-D convolutions and matrix products, does not edit."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["audio", "W1"], ["hidden"], pads=[1, 1]),
+            helper.make_node("Relu", ["hidden"], ["active"]),
+            helper.make_node("Conv", ["active", "W2"], ["y"], pads=[1, 1]),
+        ],
+        "conv1d",
+        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", 1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 64])],
+        [
+            numpy_helper.from_array(rng.standard_normal((8, 1, 3)).astype(np.float32), "W1"),
+            numpy_helper.from_array(rng.standard_normal((4, 8, 3)).astype(np.float32), "W2"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path

@@ -274,6 +274,21 @@ def test_layers_inside_control_flow_are_named_when_nothing_else_can_be_optimized
         )
 
 
+def test_pruning_names_the_weighted_layers_it_does_not_edit(tmp_path):
+    """Two 1-D convolutions (an audio front end): pruning edits 2-D convolutions and matrix
+    products, and says which layers it found instead (it said the model had no Conv weights)."""
+    from console import assert_one_line_error, deploy
+    from onnx_models import conv1d_model
+
+    audio = np.random.default_rng(0).standard_normal((16, 1, 64)).astype(np.float32)
+    np.savez(tmp_path / "audio.npz", audio=audio)
+    unideploy.export(
+        conv1d_model(tmp_path / "conv1d.onnx"), tmp_path / "pkg", example_inputs=str(tmp_path / "audio.npz")
+    ).close()
+    refused = deploy("optimize", tmp_path / "pkg", "--prune", "0.3", "--calibration", tmp_path / "audio.npz")
+    assert_one_line_error(refused, 2, r"none of the model's weighted layers is one pruning edits \(2 1-D convolution;")
+
+
 @pytest.mark.parametrize(
     "asked, refusal",
     [

@@ -167,8 +167,9 @@ DEBUG_ROWS = 16  # calibration rows the quantization debugger measures every lay
 def saved_model_to_tflite(
     saved_model: Path, precision: str, workdir: Path, calibration: list[dict[str, np.ndarray]] | None = None
 ) -> Path:
-    """fp32, fp16 (weights), int8 (full integer: needs ``calibration`` rows, one per batch, in the
-    model's own layout) or int8-dynamic (int8 weights, activations quantized on the fly).
+    """fp32, fp16 (weights), int8 (full integer: needs ``calibration``, one dict of one-row inputs
+    per calibration row, in the model's own layout) or int8-dynamic (int8 weights, activations
+    quantized on the fly).
 
     Full-integer conversion runs in a process of its own: TensorFlow's calibrator runs the model in
     native code that can crash (a segfault on ddddocr's LSTM), and that must cost the int8

@@ -178,6 +178,28 @@ def linear_layers(model: onnx.ModelProto) -> list[Layer]:
     return layers
 
 
+def left_dense(model: onnx.ModelProto) -> list[str]:
+    """Why each weighted Conv, Gemm or MatMul that ``linear_layers`` does not take is left out, as a
+    short kind ("1-D convolution"), one per layer: what a refusal counts where none is left."""
+    inits, taken = initializers(model), {tuple(layer.node.output) for layer in linear_layers(model)}
+    kinds = []
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        if tuple(node.output) in taken:
+            continue
+        a, dims = attributes(node), len(inits[node.input[1]].dims)
+        if node.op_type == "Conv" and dims != 4:
+            kinds.append(f"{dims - 2}-D convolution")
+        elif node.op_type == "Conv":
+            kinds.append("grouped convolution" if a.get("group", 1) != 1 else "dilated or auto-padded convolution")
+        elif node.op_type == "Gemm":
+            kinds.append("Gemm with transA, alpha or beta")
+        else:
+            kinds.append(f"MatMul with a {dims}-D weight")
+    return kinds
+
+
 def computing(model: onnx.ModelProto, tensors: list[str]) -> Any:
     """A session computing ``tensors`` of ``model``, and only the nodes they depend on. ONNX
     Runtime runs every node of a graph whatever outputs are asked for, and the re-fit asks for one

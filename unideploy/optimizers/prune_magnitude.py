@@ -32,6 +32,7 @@ from unideploy.optimizers.graph import (
     REFIT_ROWS,
     first_rows,
     input_statistics,
+    left_dense,
     linear_layers,
     load_for_pruning,
     refit_all,
@@ -80,8 +81,16 @@ class MagnitudePruning(OptimizerPass):
                     "prune the float model, then quantize it (deploy optimize --prune ... --quantize int8)",
                 )
             nested = branch_layers(original.graph, {"Conv", "Gemm", "MatMul"})
+            skipped = left_dense(original)
+            kinds = ", ".join(f"{skipped.count(k)} {k}" for k in sorted(set(skipped)))
             raise InputError(
-                "the model has no Conv/Gemm/MatMul weights to prune" + control_flow_note(nested, "pruning"),
+                (
+                    f"none of the model's weighted layers is one pruning edits ({kinds}; it edits 2-D "
+                    "convolutions without groups or dilation, Gemm and MatMul with 2-D weights)"
+                    if skipped
+                    else "the model has no Conv/Gemm/MatMul weights to prune"
+                )
+                + control_flow_note(nested, "pruning"),
                 "export a graph without the control flow (the branch your settings take)"
                 if nested
                 else "serve it as it is (its fp32 artifact is what runs), or prune a model with such layers",
