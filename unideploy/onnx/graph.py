@@ -4,6 +4,7 @@ weights written as Constant nodes moved where every tool looks for them."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 import onnx
 
@@ -28,16 +29,36 @@ def upstream(graph: onnx.GraphProto, tensors: Sequence[str]) -> list[onnx.NodePr
     return nodes[::-1]
 
 
+def bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node holds: an If's branches, a Loop's or Scan's body."""
+    return [graph for a in node.attribute for graph in ([a.g] if a.HasField("g") else list(a.graphs))]
+
+
 def names_read(nodes: Sequence[onnx.NodeProto]) -> set[str]:
     """Every tensor name ``nodes`` read, inside their subgraphs too (If/Loop/Scan bodies may read
     the enclosing graph's tensors without listing them as inputs)."""
     names: set[str] = set()
     for node in nodes:
         names.update(node.input)
-        for attribute in node.attribute:
-            for body in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-                names |= names_read(body.node)
+        for body in bodies(node):
+            names |= names_read(body.node)
     return names
+
+
+def weight_names(graph: onnx.GraphProto) -> set[str]:
+    """The tensors of ``graph`` that hold weights: its initializers and its Constant nodes' outputs."""
+    return {t.name for t in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+
+
+def operator_list(graph: onnx.GraphProto, leaving: AbstractSet[str] = frozenset()) -> str:
+    """The operator types of ``graph`` for a message (domain-qualified, at most 12), but ``leaving``."""
+    found = sorted({f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in graph.node} - leaving)
+    return ", ".join(found[:12]) + (", ..." if len(found) > 12 else "")
+
+
+def counted(kinds: list[str]) -> str:
+    """``["1-D convolution", "1-D convolution"]`` as "2 1-D convolution": each kind with its count."""
+    return ", ".join(f"{kinds.count(kind)} {kind}" for kind in sorted(set(kinds)))
 
 
 def branch_layers(graph: onnx.GraphProto, ops: set[str], weights: frozenset[str] = frozenset()) -> list[str]:
@@ -45,20 +66,17 @@ def branch_layers(graph: onnx.GraphProto, ops: set[str], weights: frozenset[str]
     bodies, at any depth), as ``op_type in NodeType``: layers that the quantizer and the pruners,
     which edit the top-level graph, do not reach (Silero VAD keeps its Conv and LSTM layers in If
     branches). ``weights``: the enclosing graphs' initializers and constants, which a body may read."""
-    weights = weights | {t.name for t in graph.initializer}
-    weights |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    weights = weights | weight_names(graph)
     found: list[str] = []
     for node in graph.node:
-        for attribute in node.attribute:
-            for body in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-                inner = weights | {t.name for t in body.initializer}
-                inner |= {o for n in body.node if n.op_type == "Constant" for o in n.output}
-                found += [
-                    f"{n.op_type} in {node.op_type}"
-                    for n in body.node
-                    if n.op_type in ops and any(i in inner for i in n.input)
-                ]
-                found += branch_layers(body, ops, weights)
+        for body in bodies(node):
+            inner = weights | weight_names(body)
+            found += [
+                f"{n.op_type} in {node.op_type}"
+                for n in body.node
+                if n.op_type in ops and any(i in inner for i in n.input)
+            ]
+            found += branch_layers(body, ops, weights)
     return found
 
 
@@ -66,8 +84,7 @@ def control_flow_note(layers: list[str], tool: str) -> str:
     """The words for weighted layers that only control flow holds (``branch_layers``), or nothing."""
     if not layers:
         return ""
-    counted = sorted({f"{layers.count(kind)} {kind}" for kind in layers})
-    return f"; its weighted layers ({', '.join(counted)}) sit inside control-flow branches, which {tool} does not enter"
+    return f"; its weighted layers ({counted(layers)}) sit inside control-flow branches, which {tool} does not enter"
 
 
 def constants_to_initializers(model: onnx.ModelProto) -> int:

@@ -26,7 +26,7 @@ import onnx
 
 from unideploy.errors import InputError
 from unideploy.guard.search import search_record
-from unideploy.onnx.graph import branch_layers, control_flow_note
+from unideploy.onnx.graph import branch_layers, control_flow_note, counted
 from unideploy.optimizers.base import OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import (
     REFIT_ROWS,
@@ -82,10 +82,9 @@ class MagnitudePruning(OptimizerPass):
                 )
             nested = branch_layers(original.graph, {"Conv", "Gemm", "MatMul"})
             skipped = left_dense(original)
-            kinds = ", ".join(f"{skipped.count(k)} {k}" for k in sorted(set(skipped)))
             raise InputError(
                 (
-                    f"none of the model's weighted layers is one pruning edits ({kinds}; it edits 2-D "
+                    f"none of the model's weighted layers is one pruning edits ({counted(skipped)}; it edits 2-D "
                     "convolutions without groups or dilation, Gemm and MatMul with 2-D weights)"
                     if skipped
                     else "the model has no Conv/Gemm/MatMul weights to prune"

@@ -27,7 +27,7 @@ from onnx import numpy_helper
 
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.guard.search import search, search_record, skipped
-from unideploy.onnx.graph import consumers
+from unideploy.onnx.graph import bodies, consumers, operator_list
 from unideploy.optimizers.base import Batch, OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import intermediate_tensors, name_nodes
 from unideploy.optimizers.options import Fp16Options
@@ -175,20 +175,16 @@ def _refuse_unchanged(converted: onnx.ModelProto, in_fp32: set[str]) -> None:
         for node in graph.node:
             if node.op_type not in kept and node.name not in in_fp32:
                 return True
-            bodies = [b for a in node.attribute for b in ([a.g] if a.HasField("g") else list(a.graphs))]
-            if any(converts(body) for body in bodies):
+            if any(converts(body) for body in bodies(node)):
                 return True
         return False
 
     if converts(converted.graph):
         return
-    found = sorted({f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in converted.graph.node} - {"Cast"})
     raise InputError(
-        "FP16 has nothing to convert in this model: its operators ("
-        + ", ".join(found[:12])
-        + (", ..." if len(found) > 12 else "")
-        + ") stay in fp32 (ONNX Runtime's converter keeps operators without fp16 kernels, and those out of "
-        "fp16's range, as they are)",
+        f"FP16 has nothing to convert in this model: its operators ({operator_list(converted.graph, {'Cast'})}) "
+        "stay in fp32 (ONNX Runtime's converter keeps operators without fp16 kernels, and those out of fp16's "
+        "range, as they are)",
         "serve it as it is (its fp32 artifact is what runs)",
     )
 

@@ -41,7 +41,7 @@ import onnx
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.guard.measure import cpu_has_vnni
 from unideploy.guard.search import search, search_record, skipped
-from unideploy.onnx.graph import branch_layers, control_flow_note
+from unideploy.onnx.graph import branch_layers, control_flow_note, operator_list, weight_names
 from unideploy.onnx.interface import opset_of
 from unideploy.optimizers.base import Batch, Evaluation, OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import gemm_to_matmul, name_nodes
@@ -96,17 +96,13 @@ def refuse_without_weights(model: onnx.ModelProto) -> None:
     """An InputError (exit 2) for a model INT8 cannot change: no Conv, MatMul, Gemm, embedding or
     recurrent node takes a weight (a tree ensemble or another ONNX-ML model: ONNX Runtime's
     quantizer otherwise failed inside with "Failed to find proper ai.onnx domain" and exit 1)."""
-    weights = {i.name for i in model.graph.initializer}
-    weights |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    weights = weight_names(model.graph)
     if any(n.op_type in WEIGHTED_OPS and any(i in weights for i in n.input) for n in model.graph.node):
         return
-    found = sorted({f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in model.graph.node})
     nested = branch_layers(model.graph, WEIGHTED_OPS)
     raise InputError(
-        "INT8 has nothing to quantize in this model: none of its operators ("
-        + ", ".join(found[:12])
-        + (", ..." if len(found) > 12 else "")
-        + ") is a Conv, MatMul, Gemm, embedding Gather or recurrent layer with weights"
+        f"INT8 has nothing to quantize in this model: none of its operators ({operator_list(model.graph)}) "
+        "is a Conv, MatMul, Gemm, embedding Gather or recurrent layer with weights"
         + control_flow_note(nested, "the quantizer"),
         (
             "export a graph without the control flow (the branch your settings take), or serve it as it is "

@@ -294,6 +294,11 @@ def batch_norm(ctx: Ctx) -> tuple[Any, ...]:
     return (y, None, None, None, None)
 
 
+def _per_channel(ctx: Ctx, values: Tensor) -> Tensor:
+    """``values`` of shape (C,) as (C, 1, ..., 1): one per channel of an NCHW output of this rank."""
+    return ctx.b.op("Reshape", [values, ctx.b.ints([-1] + [1] * (ctx.rank - 2))], ctx.hint, ctx.rank - 1)
+
+
 @op(
     "GroupNorm",
     onnx="Reshape, InstanceNormalization, Reshape, Mul, Add",
@@ -301,16 +306,16 @@ def batch_norm(ctx: Ctx) -> tuple[Any, ...]:
 )
 def group_norm(ctx: Ctx) -> tuple[Any, ...]:
     x, groups, eps = ctx.x(0), int(ctx.arg(1, "num_groups")), float(ctx.arg(4, "eps", 1e-5))
-    rank = ctx.rank
     grouped = ctx.emit("Reshape", [x, ctx.b.ints([0, groups, -1], f"{ctx.hint}_groups")], rank=3)
     ones = ctx.b.initializer(np.ones(groups, np.float32), f"{ctx.hint}_ones")
     zeros = ctx.b.initializer(np.zeros(groups, np.float32), f"{ctx.hint}_zeros")
     normed = ctx.emit("InstanceNormalization", [grouped, ones, zeros], rank=3, epsilon=eps)
     y = ctx.emit("Reshape", [normed, ctx.emit("Shape", [x], rank=1)])
-    per_channel = [-1] + [1] * (rank - 2)
-    gamma = ctx.emit("Reshape", [ctx.x(2), ctx.b.ints(per_channel, f"{ctx.hint}_c")], rank=rank - 1)
-    beta = ctx.emit("Reshape", [ctx.x(3), ctx.b.ints(per_channel, f"{ctx.hint}_c")], rank=rank - 1)
-    return (ctx.emit("Add", [ctx.emit("Mul", [y, gamma]), beta]), None, None)
+    return (
+        ctx.emit("Add", [ctx.emit("Mul", [y, _per_channel(ctx, ctx.x(2))]), _per_channel(ctx, ctx.x(3))]),
+        None,
+        None,
+    )
 
 
 @op("BiasAdd", onnx="Conv with bias (after a Conv) or Add (bias reshaped to the channel axis)")
@@ -324,7 +329,7 @@ def bias_add(ctx: Ctx) -> Tensor:
         attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
         return ctx.emit("Conv", [*conv.input, bias], **attrs)
     if ctx.rank > 2 and layout == "NCHW":
-        bias = ctx.b.op("Reshape", [bias, ctx.b.ints([-1] + [1] * (ctx.rank - 2))], ctx.hint, ctx.rank - 1)
+        bias = _per_channel(ctx, bias)
     return ctx.emit("Add", [x, bias])
 
 
@@ -387,7 +392,7 @@ def prelu(ctx: Ctx) -> Tensor:
     weights = ctx.b.constant(slope)
     if ctx.rank > 2 and (weights is None or weights.size > 1):
         # a slope per channel, shaped (C,), broadcasts over NCHW's trailing axes as (C, 1, 1)
-        slope = ctx.b.op("Reshape", [slope, ctx.b.ints([-1] + [1] * (ctx.rank - 2))], ctx.hint, ctx.rank - 1)
+        slope = _per_channel(ctx, slope)
     return ctx.emit("PRelu", [ctx.x(0), slope])
 
 
@@ -558,12 +563,17 @@ def _axes(value: Any) -> list[int]:
     return [int(v) for v in (value if isinstance(value, (tuple, list)) else [value])]
 
 
+def _reduce(ctx: Ctx, onnx_op: str) -> Tensor:
+    """A reduction whose axes are an attribute at opset 17 (ReduceMean, ReduceMax, ReduceMin)."""
+    axes = _axes(ctx.arg(1, "axis"))
+    return ctx.emit(onnx_op, [ctx.x(0)], axes=axes or None, keepdims=int(bool(ctx.arg(2, "keep_dims", False))))
+
+
 @op("ReduceMean", "MeanExt", onnx="ReduceMean", notes="global pooling when over the spatial axes")
 def reduce_mean(ctx: Ctx) -> Tensor:
-    axes = _axes(ctx.arg(1, "axis"))
     if ctx.call.op == "MeanExt" and ctx.arg(3) is not None:
         ctx.fail("a mean with a dtype argument is not supported")
-    return ctx.emit("ReduceMean", [ctx.x(0)], axes=axes or None, keepdims=int(bool(ctx.arg(2, "keep_dims", False))))
+    return _reduce(ctx, "ReduceMean")
 
 
 @op("ReduceSum", "SumExt", onnx="ReduceSum")
@@ -576,11 +586,10 @@ def reduce_sum(ctx: Ctx) -> Tensor:
 
 
 # -- shape and indexing ---------------------------------------------------------------------------------
-@op("ReduceMax", "ReduceMin", onnx="ReduceMax, ReduceMin", notes="global max pooling when over the spatial axes")
-def reduce_extreme(ctx: Ctx) -> Tensor:
-    axes = _axes(ctx.arg(1, "axis"))
-    onnx_op = "ReduceMax" if ctx.call.op == "ReduceMax" else "ReduceMin"
-    return ctx.emit(onnx_op, [ctx.x(0)], axes=axes or None, keepdims=int(bool(ctx.arg(2, "keep_dims", False))))
+for _ms in ("ReduceMax", "ReduceMin"):
+    op(_ms, onnx=_ms, notes="global max pooling when over the spatial axes" if _ms == "ReduceMax" else "")(
+        lambda ctx: _reduce(ctx, ctx.call.op)
+    )
 
 
 @op("Argmax", onnx="ArgMax (+ Cast to MindSpore's int32)")
