@@ -5,7 +5,10 @@ that make fp16 pay, what a change of input shape costs, and TensorRT where it ru
     package given with ``--package``, which must hold onnx-fp32 and onnx-fp16), on real photos.
 (b) What a change of batch size costs one CUDA session, against a session per batch bucket (the
     cause of GPU serving's collapse under load, and its fix: runtimes/batch_buckets.py).
-(c) A MiniLM-sized BERT encoder (random weights; needs torch and transformers): exact fp32, TF32,
+(c) What a server's batch threads get from the GPU: batches of one bucket run back to back by one
+    thread, two sharing a runtime, or two with a runtime each; the session's CPU threads per core or one.
+(d) The merged batch's host memory: a new array, a kept one, a kept page-locked one (runtimes/pinned.py).
+(e) A MiniLM-sized BERT encoder (random weights; needs torch and transformers): exact fp32, TF32,
     fp16 and the fp16 artifact ``deploy optimize --quantize fp16`` writes (ONNX Runtime's transformer
     fusions first), against PyTorch eager fp16.
 
@@ -17,7 +20,7 @@ CUDA buffers allocated once (and capture a CUDA graph where asked); they still c
 from the host and the answer back each call, as a server must. On a machine without a usable CUDA
 provider it says so and exits 0.
 
-    python benchmarks/gpu.py [--package PKG --photos PHOTOS.npz] [--only cnn|shapes|encoder] [--json] [--markdown]
+    python benchmarks/gpu.py [--package PKG --photos PHOTOS.npz] [--only cnn|shapes|threads|pinned|encoder] [--json] [--markdown]
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from unideploy.package import Package
 from unideploy.runtimes import Runtime, RuntimeOptions
 from unideploy.runtimes.batch_buckets import default_buckets
 from unideploy.runtimes.ort_providers import CUDA, cuda_options
+from unideploy.runtimes.pinned import BatchBuffers, PinnedBuffers, pinning_problem
 from unideploy.runtimes.selection import open_artifact
 from unideploy.samples import resize_batch
 
@@ -160,6 +164,7 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None) -> dict
         engines["onnx-fp16, input already on the GPU"] = _DeviceBuffers(
             fp16_path, cuda_options("fp16", False), False, copy=False
         )
+        engines["onnx-fp16, NHWC, input already on the GPU"] = _DeviceBuffers(fp16_path, nhwc, False, copy=False)
         for artifact in (a for a in package.manifest.artifacts if a.format == "tensorrt"):
             engines[artifact.id] = _engine(package, artifact.id, device="gpu")
         rows, timed, labels = [], {}, {}
@@ -222,14 +227,38 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None) -> dict
                 f"{best[f'b{b} vs exact fp32']}x",
             )
         )
+    left = cpu_nodes(fp16_path, held_out)
     return {
         "model": "EfficientNet-Lite0 (ImageNet weights), 1x3x224x224, real photos",
         "quality": "top-1 agreement with fp32 on the CPU %",
         "rows": rows,
         "targets": targets,
         "note": "rows copy the request to the GPU and the answer back, as a server must, except those whose "
-        "input is already on the GPU",
+        "input is already on the GPU; nodes of onnx-fp16 the CUDA provider left to the CPU (why a CUDA graph "
+        f"cannot be captured): {left or 'none'}",
     }
+
+
+def cpu_nodes(model: Path, inputs: dict[str, np.ndarray]) -> str:
+    """The nodes a CUDA session of ``model`` runs on the CPU provider, by operator, read from ONNX
+    Runtime's own profile of one call (each node event names its provider)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    with tempfile.TemporaryDirectory() as folder:
+        options.profile_file_prefix = str(Path(folder) / "placement")
+        session = ort.InferenceSession(
+            str(model), options, providers=[(CUDA, cuda_options("fp16", False)), "CPUExecutionProvider"]
+        )
+        session.run(None, inputs)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    on_cpu: dict[str, set[str]] = {}
+    for event in events:
+        args = event.get("args", {})
+        if event.get("cat") == "Node" and args.get("provider") == "CPUExecutionProvider":
+            on_cpu.setdefault(args.get("op_name", "?"), set()).add(event["name"].removesuffix("_kernel_time"))
+    return "; ".join(f"{len(names)} {op} ({', '.join(sorted(names)[:3])})" for op, names in sorted(on_cpu.items()))
 
 
 def _label(engine: Runtime | _DeviceBuffers) -> str:
@@ -379,10 +408,13 @@ def encoder(work: Path) -> dict[str, Any] | None:
 
 
 def shape_changes(package_path: Path) -> dict[str, Any]:
-    """One session fed batches of 8 and 32 in turn, against a session per bucket: seconds per call."""
+    """One session fed batches of 8 and 32 in turn, against a session per bucket: seconds per call.
+    Rows are cut and repeated along each input's batch axis (a recurrent model's state has it on
+    axis 1, where the buckets pad it too)."""
     rows = []
     with unideploy.open_package(package_path) as package:
         sample = package.reference_samples()[0].inputs
+        axes = package.manifest.signature.batch_axes
         for name, buckets in (
             ("one session, every size as it comes", ()),
             ("a session per bucket", default_buckets(32)),
@@ -392,20 +424,133 @@ def shape_changes(package_path: Path) -> dict[str, Any]:
                 rows.append({"engine": name, "ran": f"not run: {engine}"})
                 continue
             for size in (8, 32):  # first calls of each shape: planned once, as a server's warm-up does
-                engine.run(resize_batch(sample, size))
+                engine.run(resize_batch(sample, size, axes))
             calls = []
             for size in (8, 32, 8, 32, 5, 17):
                 start = time.perf_counter()
-                engine.run(resize_batch(sample, size))
+                engine.run(resize_batch(sample, size, axes))
                 calls.append(round((time.perf_counter() - start) * 1000, 1))
             rows.append({"engine": name, "ran": _label(engine), "ms per call (8, 32, 8, 32, 5, 17 rows)": calls})
             engine.close()
+        model = package.manifest.name
+    shown = {k: v for k, v in axes.items() if v}
     return {
-        "model": "a change of batch size on the CUDA provider (EfficientNet-Lite0, onnx-fp32)",
+        "model": f"a change of batch size on the CUDA provider ({model}, onnx-fp32"
+        + (f"; batch on axis {', '.join(f'{v} of {k}' for k, v in shown.items())}" if shown else "")
+        + ")",
         "quality": "",
         "rows": rows,
         "targets": [],
         "note": "the server pads merged batches to its buckets (model.yaml batch_buckets) and warms each at load",
+    }
+
+
+def _back_to_back(engines: list[Runtime], callers: int, sample: dict[str, np.ndarray], seconds: float) -> int:
+    """Calls ``callers`` threads made in ``seconds``, each calling its engine (round robin) back to back."""
+    import threading
+
+    counts = [0] * callers
+    stop = time.perf_counter() + seconds
+
+    def work(i: int) -> None:
+        engine = engines[i % len(engines)]
+        while time.perf_counter() < stop:
+            engine.run(sample)
+            counts[i] += 1
+
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(callers)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return sum(counts)
+
+
+def concurrent_runs(package_path: Path, rows: int = 16, seconds: float = 2.0) -> dict[str, Any]:
+    """A server's batch threads, in process: batches of ``rows`` (one bucket) run back to back by one
+    thread, by two threads sharing one runtime (the server's ``batches_in_flight: 2``), and by two
+    threads with a runtime each (Triton's instance count); each with the session's CPU threads at
+    the default (one per core, spinning within a run) and at one. Images per second."""
+    rows_out = []
+    with unideploy.open_package(package_path) as package:
+        sample = resize_batch(package.reference_samples()[0].inputs, rows, package.manifest.signature.batch_axes)
+        for threads in (None, 1):
+            for name, callers, separate in (
+                ("one thread", 1, False),
+                ("two threads, one runtime", 2, False),
+                ("two threads, a runtime each", 2, True),
+            ):
+                engines = [
+                    _engine(package, "onnx-fp32", device="gpu", batch_buckets=(rows,), threads=threads)
+                    for _ in range(callers if separate else 1)
+                ]
+                refused = [e for e in engines if isinstance(e, str)]
+                if refused:
+                    rows_out.append({"engine": name, "ran": f"not run: {refused[0]}", "images/s": ""})
+                    for engine in engines:
+                        if not isinstance(engine, str):
+                            engine.close()
+                    continue
+                for engine in engines:
+                    engine.run(sample)
+                counts = _back_to_back(engines, callers, sample, seconds)
+                rows_out.append(
+                    {
+                        "engine": f"{name}, session threads {threads or 'per core'}",
+                        "ran": _label(engines[0]),
+                        "images/s": round(counts * rows / seconds),
+                    }
+                )
+                for engine in engines:
+                    engine.close()
+    return {
+        "model": f"batches of {rows} rows run back to back in process ({package_path.name}, onnx-fp32)",
+        "quality": "",
+        "rows": rows_out,
+        "targets": [],
+        "note": "what the server's batch threads can get from the GPU, without the server",
+    }
+
+
+class _WrittenInto:
+    """A runtime fed as the server feeds it: each batch first written (copied) into ``buffers``
+    (``BatchBuffers``: kept pageable memory; ``PinnedBuffers``: page-locked), or into a new array."""
+
+    def __init__(self, runtime: Runtime, buffers: BatchBuffers | None) -> None:
+        self.runtime, self.buffers = runtime, buffers
+
+    def run(self, _names: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        batch = {}
+        for name, array in inputs.items():
+            out = self.buffers.array(name, array.shape, array.dtype) if self.buffers else np.empty_like(array)
+            out[...] = array
+            batch[name] = out
+        return list(self.runtime.run(batch).values())
+
+
+def pinned_copies(package_path: Path) -> dict[str, Any]:
+    """The batch the GPU copies from: a new array, a kept one, or a kept page-locked one (each
+    written first, as the server's merge writes it). Milliseconds per call, turns taken."""
+    why = pinning_problem()
+    with unideploy.open_package(package_path) as package:
+        engine = _engine(package, "onnx-fp32", device="gpu")
+        assert not isinstance(engine, str), engine
+        sample = package.reference_samples()[0].inputs
+        engines: dict[str, Any] = {
+            "written into a new array": _WrittenInto(engine, None),
+            "written into a kept array": _WrittenInto(engine, BatchBuffers()),
+        }
+        if why is None:
+            engines["written into a kept page-locked array"] = _WrittenInto(engine, PinnedBuffers())
+        timings = interleaved_latency(engines, sample, (1, 16, 32), rounds=5, max_seconds=3.0)
+        rows = [{"batch": name, **{f"b{b} ms": timings[b][name] for b in (1, 16, 32)}} for name in engines]
+        engine.close()
+    return {
+        "model": f"the batch's host memory ({package_path.name}, onnx-fp32 on the CUDA provider)",
+        "quality": "",
+        "rows": rows,
+        "targets": [],
+        "note": "page-locked: cudaHostRegister (runtimes/pinned.py)" + (f"; not run: {why}" if why else ""),
     }
 
 
@@ -415,7 +560,7 @@ def main() -> None:
     parser.add_argument("--photos", type=Path, help=".npz of real inputs 'x' for --package")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--markdown", action="store_true")
-    parts = ("cnn", "shapes", "encoder")
+    parts = ("cnn", "shapes", "threads", "pinned", "encoder")
     parser.add_argument("--only", choices=parts, action="append", help="parts to run (default: all)")
     args = parser.parse_args()
     chosen = args.only or parts
@@ -430,6 +575,14 @@ def main() -> None:
             if args.package is None and "cnn" not in chosen:
                 parser.error("--only shapes needs --package (or the cnn part, which builds one)")
             results.append(shape_changes(args.package or work / "cnn.udp"))
+        if "pinned" in chosen:
+            if args.package is None and "cnn" not in chosen:
+                parser.error("--only pinned needs --package (or the cnn part, which builds one)")
+            results.append(pinned_copies(args.package or work / "cnn.udp"))
+        if "threads" in chosen:
+            if args.package is None and "cnn" not in chosen:
+                parser.error("--only threads needs --package (or the cnn part, which builds one)")
+            results.append(concurrent_runs(args.package or work / "cnn.udp"))
         found = encoder(work) if "encoder" in chosen else None
         if found:
             results.append(found)

@@ -13,7 +13,9 @@ generator does not take the server's cores. Policies (``model.yaml``):
 - ``buckets, threads: 1``: the default with one ONNX Runtime thread per session;
 - ``N front ends`` (``deploy serve --frontends N``) and ``shm`` (perf_analyzer's tensors through
   system shared memory): the server's protocols in more processes, and no tensor bytes on the wire;
-  ``one batch in flight``: ``batches_in_flight: 1`` against the GPU's default of two;
+  ``one batch in flight``: ``batches_in_flight: 1`` against the GPU's default of two; ``threads: 1``:
+  the GPU session's CPU threads; ``no pinned memory``: merged batches in new pageable arrays instead
+  of the default's page-locked buffers (runtimes/pinned.py);
 - ``cpu, ...``: the same server with the model on the CPU (``device: cpu``) on the same cores,
   against the model in process on those cores: the host's CPU row of issue 44.
 
@@ -23,9 +25,12 @@ the default counted front ends from the cores.
 Targets: concurrency 32 >= 0.8x in-process batch-32 throughput and p99 <= 3x p50 (issue 42, the
 default server); through front ends >= 0.5x over gRPC and >= 0.8x with shared memory, c1 p50 <=
 in process at batch 1 + 0.5 ms, RSS <= in process + 100 MB per front end (issue 44). The server's
-RSS is its processes' together, after the run.
+RSS is its processes' together, after the run. Each row also says how much CPU a request cost the
+model process and the front ends (their CPU time over the requests its metrics counted), and
+``--profile DIR`` samples the server's stacks at each policy's highest concurrency
+(``stack_samples.py``: which process, and which of its functions, holds the ceiling).
 
-    python benchmarks/gpu_serving.py --package PKG [--seconds 2] [--only POLICY]
+    python benchmarks/gpu_serving.py --package PKG [--seconds 2] [--only POLICY] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +51,9 @@ from typing import Any
 import httpx
 import perf_analyzer
 import psutil
+import stack_samples
 import yaml
+from process_cpu import server_cpu_seconds
 
 import unideploy
 from unideploy.runtimes import RuntimeOptions
@@ -88,10 +96,18 @@ POLICIES: dict[str, Policy] = {
     "buckets, 2 front ends": Policy({}, (1, 32), ("grpc", "http"), ("--frontends", "2")),
     "buckets, 4 front ends": Policy({}, (1, 32), ("grpc", "http"), ("--frontends", "4")),
     "buckets, 4 front ends, shm": Policy({}, (1, 32), ("grpc", "http"), ("--frontends", "4"), SHARED_MEMORY),
+    # the GPU session's CPU threads (one per core, spinning within a run, against one), and merged
+    # batches in new pageable arrays against the page-locked buffers of the default (runtimes/pinned.py)
+    "buckets, 4 front ends, shm, threads: 1": Policy(
+        {"threads": 1}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
+    ),
+    "buckets, 4 front ends, shm, no pinned memory": Policy(
+        {"pinned_memory": False}, (1, 32), ("grpc", "http"), ("--frontends", "4"), SHARED_MEMORY
+    ),
     "buckets, 4 front ends, shm, one batch in flight": Policy(
         {"batches_in_flight": 1}, (32,), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
     ),
-    "buckets, shm": Policy({}, (32,), ("grpc",), client=SHARED_MEMORY),
+    "buckets, shm": Policy({}, (1, 32), ("grpc", "http"), client=SHARED_MEMORY),
     # the host's CPU (issue 44): one process, front ends, and front ends with shared memory
     "cpu, one process": Policy(ON_CPU, (1, 32), ("grpc",)),
     "cpu, 4 front ends": Policy(ON_CPU, (1, 32), ("grpc", "http"), ("--frontends", "4")),
@@ -131,6 +147,48 @@ def server_rss_mb(server: Any) -> float:
     return sum(p.memory_info().rss for p in (root, *root.children(recursive=True))) / 2**20
 
 
+def answered(server: Any) -> float:
+    """Requests the server has answered (its compute-stage count, over every version)."""
+    text = httpx.get(f"{server.http}/metrics", timeout=10).text
+    return sum(
+        float(v)
+        for v in re.findall(
+            r'^unideploy_request_duration_seconds_count\{[^}]*stage="compute"[^}]*\} (\S+)$', text, re.M
+        )
+    )
+
+
+def measured(
+    tool: Any,
+    server: Any,
+    url: str,
+    protocol: str,
+    c: int,
+    policy: Policy,
+    seconds: float,
+    work: Path,
+    profile: Path | None,
+) -> dict[str, Any]:
+    """One perf_analyzer window with the server's CPU per request (model process, front ends), and
+    its stacks sampled meanwhile into ``profile`` where given."""
+    spy = stack_samples.record(server.process.pid, 3 * seconds, profile) if profile else None
+    before, cpu_before = answered(server), server_cpu_seconds(server.process.pid)
+    try:
+        found: dict[str, Any] = perf_analyzer.measure(
+            tool, url, protocol, "model", c, seconds, {}, work, 90, policy.client
+        )
+    except (RuntimeError, OSError) as exc:
+        found = {"failed": " ".join(str(exc).split())[-200:]}
+    requests = answered(server) - before
+    if requests:
+        model_s, frontends_s = (a - b for a, b in zip(server_cpu_seconds(server.process.pid), cpu_before, strict=True))
+        found["model process ms/req"] = round(1000 * model_s / requests, 3)
+        found["front ends ms/req"] = round(1000 * frontends_s / requests, 3) if policy.frontends else ""
+    if isinstance(spy, subprocess.Popen):
+        spy.wait(timeout=60)
+    return found
+
+
 def scrape(server: Any) -> dict[str, Any]:
     """What the server says it ran and how: its engine labels, mean rows and compute per call."""
     text = httpx.get(f"{server.http}/metrics", timeout=10).text
@@ -163,6 +221,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="perf_analyzer's measurement window")
     parser.add_argument("--only", choices=list(POLICIES), action="append", help="policies to run (default: all)")
     parser.add_argument("--device", default="gpu", help="of the in-process row (cpu: a dry run without a GPU)")
+    parser.add_argument(
+        "--profile", type=Path, help="a folder: py-spy stacks of the server at each highest concurrency"
+    )
     args = parser.parse_args()
     tool = perf_analyzer.ensure()
     if isinstance(tool, str):
@@ -177,12 +238,14 @@ def main() -> None:
     }
     os.sched_setaffinity(0, client_cores)  # perf_analyzer inherits it; the server gets the other half
     rows: list[dict[str, Any]] = []
+    profiles: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(prefix="unideploy-gpu-serving-") as folder:
         work = Path(folder)
         for name, policy in POLICIES.items():
             if args.only and name not in args.only:
                 continue
-            repo = work / re.sub(r"\W+", "-", name)
+            slug = re.sub(r"\W+", "-", name)
+            repo = work / slug
             shutil.copytree(args.package, repo / "model" / "1")
             (repo / "model" / "model.yaml").write_text(yaml.safe_dump({"max_batch_size": 32, **policy.settings}))
             started = time.perf_counter()
@@ -199,12 +262,12 @@ def main() -> None:
                     url = server.grpc if protocol == "grpc" else server.http.removeprefix("http://")
                     for c in policy.levels:
                         print(f"{name}: {protocol} concurrency {c}", file=sys.stderr, flush=True)
-                        try:
-                            found: dict[str, Any] = perf_analyzer.measure(
-                                tool, url, protocol, "model", c, args.seconds, {}, work, 90, policy.client
-                            )
-                        except (RuntimeError, OSError) as exc:
-                            found = {"failed": " ".join(str(exc).split())[-200:]}
+                        profile = None
+                        if args.profile and c == max(policy.levels):
+                            args.profile.mkdir(parents=True, exist_ok=True)
+                            profile = args.profile / f"{slug}-{protocol}-c{c}.txt"
+                            profiles[f"{name}, {protocol}, concurrency {c}"] = profile
+                        found = measured(tool, server, url, protocol, c, policy, args.seconds, work, profile)
                         rows.append(
                             {
                                 "policy": name,
@@ -221,13 +284,18 @@ def main() -> None:
             finally:
                 stop_server(server)
     print_rows(rows, baseline)
+    for label, path in profiles.items():
+        if path.exists():
+            print(f"\nWhere the server's CPU went, {label} (py-spy, {path.name}):\n\n```")
+            print("\n".join(stack_samples.summary(path)))
+            print("```")
 
 
 def print_rows(rows: list[dict[str, Any]], baseline: dict[str, dict[int, tuple[float, float, float]]]) -> None:
     """One markdown table, and the targets; the last row of each policy carries what its server's
     metrics said over the whole run (engine, mean rows and compute per call) and its RSS."""
     columns = ["policy", "ready s", "protocol", "concurrency", "p50_ms", "p99_ms", "throughput", "failed"]
-    columns += ["rows per call", "compute ms", "RSS MB", "engine"]
+    columns += ["model process ms/req", "front ends ms/req", "rows per call", "compute ms", "RSS MB", "engine"]
     lines = [
         f"in process on the server's cores, onnx-fp32 on the {device}: batch 1 {b[1][1]:.2f} ms, "
         f"batch 32 {b[32][0]:.0f} images/s, RSS {b[32][2]:.0f} MB"

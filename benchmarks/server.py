@@ -39,6 +39,7 @@ import perf_analyzer
 import pytriton_peer
 import yaml
 from bench_models import imagenet_cnn_torchscript, minilm_torchscript
+from process_cpu import cpu_seconds
 from rich.console import Console
 
 import unideploy
@@ -57,33 +58,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a running process (``/proc/PID/stat``, fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def frontend_pids(pid: int) -> list[int]:
-    """The front-end processes of the server ``pid`` (``deploy serve --frontends N``)."""
-    import psutil
-
-    return [child.pid for child in psutil.Process(pid).children(recursive=True)]
-
-
-def server_cpu_seconds(pid: int) -> tuple[float, float]:
-    """CPU time of the server's model process and of its front-end processes together."""
-    import psutil
-
-    frontends = 0.0
-    for child in psutil.Process(pid).children(recursive=True):
-        try:
-            times = child.cpu_times()
-            frontends += times.user + times.system
-        except psutil.NoSuchProcess:  # a front end that exited (restarted) takes its time with it
-            pass
-    return cpu_seconds(pid), frontends
 
 
 def with_cpu(model_pid: int | None, measure: Callable[..., dict[str, float]], *args: Any) -> dict[str, float]:

@@ -35,9 +35,10 @@ import onnx
 import perf_analyzer
 from floor_server import GrpcFloor, HttpFloor
 from onnx import TensorProto, helper
+from process_cpu import server_cpu_seconds
 from prometheus_client.parser import text_string_to_metric_families
 from report import print_result
-from server import console, server_cpu_seconds
+from server import console
 
 import unideploy
 

@@ -58,6 +58,20 @@ def test_queued_requests_are_merged_straight_into_the_engines_batch_bucket():
     assert two[:, 0].tolist() == [1.0, 2.0] and not np.shares_memory(two, rows[1])
 
 
+def test_a_merged_batch_is_written_into_the_callers_kept_buffers():
+    """With ``buffers`` (on a GPU, page-locked ones) each merged batch is written into the same
+    memory, padded with the last real row; without, a new array each time."""
+    from unideploy.runtimes.pinned import BatchBuffers
+
+    buffers = BatchBuffers()
+    parts = [{"x": np.full((1, 2), float(i), np.float32)} for i in range(3)]
+    first = merged(parts, 4, None, buffers)["x"]
+    assert first[:, 0].tolist() == [0.0, 1.0, 2.0, 2.0]
+    second = merged(parts[1:], 4, None, buffers)["x"]
+    assert second is first and second[:, 0].tolist() == [1.0, 2.0, 2.0, 2.0]
+    assert merged(parts[1:], 4)["x"] is not first
+
+
 def test_batches_in_flight_run_at_once_each_on_a_thread_of_its_own():
     """``in_flight=2``: a request that arrives while a batch runs starts a second batch at once
     (each call here waits until the other has started too: with one batch at a time it would wait
@@ -319,9 +333,13 @@ def test_model_yaml_device_pins_a_model_to_the_cpu_or_refuses_without_a_gpu(digi
     from unideploy.server.metrics import ServerMetrics
     from unideploy.server.models import ModelRegistry
 
-    for name, device in (("on-cpu", "cpu"), ("on-gpu", "gpu")):
+    for name, settings in (
+        ("on-cpu", {"device": "cpu", "pinned_memory": True}),
+        ("on-gpu", {"device": "gpu"}),
+        ("default", {"device": "cpu"}),
+    ):
         shutil.copytree(digits["package"], tmp_path / name / "1")
-        (tmp_path / name / "model.yaml").write_text(yaml.safe_dump({"device": device}))
+        (tmp_path / name / "model.yaml").write_text(yaml.safe_dump(settings))
 
     async def scenario():
         with ThreadPoolExecutor(2) as pool:
@@ -329,11 +347,14 @@ def test_model_yaml_device_pins_a_model_to_the_cpu_or_refuses_without_a_gpu(digi
             await registry.sync()
             ran = registry.get("on-cpu").ran
             failures = dict(registry.models["on-gpu"].failures)
+            default = registry.get("default").ran
             await registry.close()
-            return ran, failures
+            return ran, failures, default
 
-    ran, failures = asyncio.run(scenario())
+    ran, failures, default = asyncio.run(scenario())
     assert (ran["device"], ran["providers"]) == ("cpu", ["CPUExecutionProvider"])
+    # page-locked batches: asked for on the CPU, named off and why; by default, on a GPU only
+    assert ran["pinned_memory"] == "off: the model runs on the CPU" and "pinned_memory" not in default
     ((_, reason),) = failures.values()
     assert "no GPU execution provider" in reason and "device: cpu in model.yaml" in reason, reason
 

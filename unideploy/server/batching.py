@@ -20,7 +20,8 @@ event loop and padding again in the thread made a 16-row call cost 9.5 ms in the
 ``in_flight``: how many merged batches may run at once, each on a thread of its own (Triton's
 instance count). A GPU session's run is mostly waiting for the device and for copies; a second
 batch merged and copied while the first runs keeps the device busy. On the CPU one (the default):
-a run's threads take every core.
+a run's threads take every core. They share one runtime: a runtime each (Triton's instances) measured
+no faster on an H200, in process or served (docs/gpu.md).
 
 With lanes (``model.yaml``'s ``lanes``), requests that queue are not merged but run side by side,
 one per lane, each lane a session with a share of the cores; a lone request still runs on the
@@ -39,6 +40,7 @@ from functools import partial
 import numpy as np
 
 from unideploy.runtimes.batch_buckets import bucket_for
+from unideploy.runtimes.pinned import BatchBuffers
 from unideploy.samples import Axes, batch_size_of, resize_batch, row_axis, rows_along
 
 Tensors = dict[str, np.ndarray]
@@ -93,11 +95,14 @@ def output_batch_axes(
 INLINE_RUN_S = 0.0002
 
 
-def merged(parts: Sequence[Tensors], size: int, axes: Axes | None = None) -> Tensors:
+def merged(
+    parts: Sequence[Tensors], size: int, axes: Axes | None = None, buffers: BatchBuffers | None = None
+) -> Tensors:
     """The requests ``parts`` as one batch of ``size`` rows along each input's batch axis
     (``axes``; axis 0 where None): each request's rows copied once into place, any rows past theirs
     filled with the last real row (a bucket's padding: a real row, never values the model was not
-    made for). A scalar is the same in every part (the merge key)."""
+    made for). A scalar is the same in every part (the merge key). The batch is written into
+    ``buffers`` where given (kept, and on a GPU page-locked: ``runtimes.pinned``), else new arrays."""
     first = parts[0]
     if len(parts) == 1 and all(
         (axis := row_axis(axes, k, a)) is None or a.shape[axis] == size for k, a in first.items()
@@ -111,7 +116,7 @@ def merged(parts: Sequence[Tensors], size: int, axes: Axes | None = None) -> Ten
             continue
         shape = list(array.shape)
         shape[axis] = size
-        out = np.empty(shape, array.dtype)
+        out = buffers.array(name, tuple(shape), array.dtype) if buffers is not None else np.empty(shape, array.dtype)
         at = 0
         for part in parts:
             rows = part[name].shape[axis]
@@ -134,9 +139,10 @@ class Caller:
     inline_bytes: int = 0
 
     axes: Axes | None = None  # each input's batch axis (axis 0 where None)
+    buffers: BatchBuffers | None = None  # where merged batches are written: this caller's own
 
     def _merge_and_run(self, parts: Sequence[Tensors], size: int) -> Tensors:
-        return self.run(merged(parts, size, self.axes))
+        return self.run(merged(parts, size, self.axes, self.buffers))
 
     async def __call__(self, parts: Sequence[Tensors], size: int) -> Tensors:
         """``run`` on ``parts`` merged into ``size`` rows."""
@@ -194,12 +200,15 @@ class DynamicBatcher:
         in_flight: int = 1,
         axes: Axes | None = None,
         output_axes: Mapping[str, int] | None = None,
+        buffers: Callable[[], BatchBuffers] | None = None,
     ) -> None:
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-batch-{i}") for i in range(in_flight)]
         self._call = Caller(run, self._threads[0], inline_bytes, axes)
         self._idle: asyncio.Queue[Caller] = asyncio.Queue()  # the callers not running a batch
-        for thread in self._threads:
-            self._idle.put_nowait(Caller(run, thread, inline_bytes, axes))
+        self._buffers = [buffers() for _ in self._threads] if buffers else []  # each batch thread its own
+        for i, thread in enumerate(self._threads):
+            own = self._buffers[i] if self._buffers else None
+            self._idle.put_nowait(Caller(run, thread, inline_bytes, axes, own))
         self.axes, self.output_axes = axes, output_axes  # where the rows are (axis 0 where None)
         self._runs: set[asyncio.Task] = set()
         self.max_batch_size = max_batch_size
@@ -318,5 +327,7 @@ class DynamicBatcher:
             self._task.cancel()
         for run in [*self._runs, *self._lane_runs]:
             run.cancel()
+        for thread, buffers in zip(self._threads, self._buffers):  # after the thread's last batch has run
+            thread.submit(buffers.close)
         for thread in (*self._threads, *self._lane_threads):
             thread.shutdown(wait=False)

@@ -217,6 +217,7 @@ class ModelSettings:
     tf32: bool = False  # fp32 artifacts computed in TF32 on a GPU
     device: Device = "auto"  # where the model runs: auto (the GPU where one is usable), cpu or gpu
     batches_in_flight: int | None = None  # merged batches run at once; None: 2 on a GPU, 1 on the CPU
+    pinned_memory: bool | None = None  # merged batches in page-locked buffers (runtimes/pinned.py); None: on a GPU
     min_replicas: int = 1  # scale-out only (KServe, Ray Serve): one server process serves one replica
     max_replicas: int = 1
     target_concurrency: int | None = None  # requests in flight per replica the autoscaler aims for
@@ -315,6 +316,12 @@ class ModelFile(StrictModel):
         "a GPU session waits on the device and on copies, so a second batch keeps it busy "
         "(default: 2 on a GPU, 1 on the CPU, whose runs take every core)",
     )
+    pinned_memory: bool | None = Field(
+        None,
+        description="on a GPU, write merged batches into page-locked host buffers kept for reuse, which the "
+        "GPU copies from directly (needs cuda-bindings; the model's metadata says on, or off and why); "
+        "default: on wherever a GPU runs the model; false: off",
+    )
     replicas: Annotated[int, Field(ge=1)] | Replicas = Field(
         1, description="scale-out: a fixed count, or {min, max, target_concurrency}"
     )
@@ -362,6 +369,7 @@ class ModelFile(StrictModel):
             tf32=self.tf32,
             device=self.device,
             batches_in_flight=self.batches_in_flight,
+            pinned_memory=self.pinned_memory,
             min_replicas=replicas.min,
             max_replicas=replicas.max or replicas.min,
             target_concurrency=replicas.target_concurrency,

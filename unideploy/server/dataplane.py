@@ -31,7 +31,17 @@ EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics_metrics", "a
 def _ran_parameters(ran: Mapping[str, Any]) -> dict[str, str]:
     """What a version runs on (``selection.what_ran``), as the string parameters REST metadata and
     Triton-style configs carry: the providers it got, not those asked for, and any fallback."""
-    shown = ("artifact", "runtime", "device", "providers", "precision", "batch_buckets", "fallback", "passed_over")
+    shown = (
+        "artifact",
+        "runtime",
+        "device",
+        "providers",
+        "precision",
+        "batch_buckets",
+        "pinned_memory",
+        "fallback",
+        "passed_over",
+    )
     return {
         key: "; ".join(map(str, ran[key])) if isinstance(ran[key], list) else str(ran[key])
         for key in shown

@@ -23,6 +23,7 @@ from unideploy.package.signing import TrustedSigners, verify_signature
 from unideploy.runtimes import RuntimeOptions
 from unideploy.runtimes.base import Runtime, usable_cores
 from unideploy.runtimes.batch_buckets import default_buckets
+from unideploy.runtimes.pinned import PinnedBuffers, pinning_problem
 from unideploy.runtimes.selection import open_runtime, what_ran
 from unideploy.samples import Axes, resize_batch
 from unideploy.server.batching import DynamicBatcher, Tensors, inline_bytes, output_batch_axes
@@ -57,9 +58,14 @@ class ServedVersion:
     def signature(self) -> Signature:
         return self.runtime.signature
 
+    @property
+    def runtimes(self) -> tuple[Runtime, ...]:
+        """Every runtime this version opened."""
+        return (self.runtime, *self.lanes)
+
     def close(self) -> None:
         self.batcher.close()
-        for runtime in (self.runtime, *self.lanes):
+        for runtime in self.runtimes:
             runtime.close()
         self.package.close()
 
@@ -248,8 +254,8 @@ class ModelRegistry:
             started = time.perf_counter()
             answered = engine.run(sample)
             took = time.perf_counter() - started
-            for size in engine.batch_buckets:
-                engine.run(resize_batch(sample, size))
+            for size in engine.batch_buckets:  # along each input's batch axis (state [layers, batch, hidden]: 1)
+                engine.run(resize_batch(sample, size, engine.signature.batch_axes))
             return artifact, engine, took, answered
 
         try:
@@ -283,6 +289,13 @@ class ModelRegistry:
         rows = min(settings.max_batch_size, runtime.max_batch_size or settings.max_batch_size)
         served_as = f"model {src.model} version {src.version}"
         axes, output_axes = mergeable(runtime, sample, answered, served_as) if rows > 1 else (None, None)
+        buffers = None
+        if settings.pinned_memory is not False and (ran.get("device") == "gpu" or settings.pinned_memory):
+            why_not = pinning_problem() if ran.get("device") == "gpu" else "the model runs on the CPU"
+            ran["pinned_memory"] = f"off: {why_not}" if why_not else "on"
+            if why_not and settings.pinned_memory:  # asked for by name: say why it is off
+                log.warning("model %s version %s: pinned_memory is off: %s", src.model, src.version, why_not)
+            buffers = None if why_not else PinnedBuffers
         batcher = DynamicBatcher(
             runtime.run,
             rows if output_axes is not None else 1,
@@ -293,6 +306,7 @@ class ModelRegistry:
             in_flight=settings.batches_in_flight or (2 if ran.get("device") == "gpu" else 1),
             axes=axes,
             output_axes=output_axes,
+            buffers=buffers,
         )
         for line in ran.get("passed_over", ()):
             log.warning("model %s version %s: passed over %s", src.model, src.version, line)
@@ -347,7 +361,7 @@ class ModelRegistry:
                     continue
                 served.ran_since_release = False
                 try:
-                    for runtime in (served.runtime, *served.lanes):
+                    for runtime in served.runtimes:
                         runtime.shrink(served.sample)
                 except Exception as exc:  # giving memory back must never take a model down
                     log.warning("model %s version %s could not shrink: %s", served.model, served.version, exc)
