@@ -87,25 +87,32 @@ def test_two_frontends_answer_exactly_and_their_requests_merge(merging_repo, ima
         got = np.concatenate([np.asarray(a.json()["outputs"][0]["data"], np.float32).reshape(1, 10) for a in answers])
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
-        # 8 gRPC connections (spread over both front ends by the kernel), 8 requests each at once
-        rows, calls = metric(server, "unideploy_batch_rows_sum"), metric(server, "unideploy_batch_rows_count")
+        # 8 gRPC connections (spread over both front ends by the kernel), 8 requests each at once; the
+        # digits model answers in a fraction of a millisecond, so on a loaded machine a burst can
+        # arrive one request at a time and nothing queues to merge: up to five bursts, until one merged
         clients = [grpcclient.InferenceServerClient(server.grpc) for _ in range(8)]
         done: list = []
         finished = threading.Semaphore(0)
-        for client in clients:
-            for i in range(8):
-                tensor = grpcclient.InferInput("x", [1, 1, 8, 8], "FP32")
-                tensor.set_data_from_numpy(images[i : i + 1])
-                client.async_infer(
-                    "digits", [tensor], lambda result, error: (done.append((result, error)), finished.release())
-                )
-        for _ in range(64):
-            assert finished.acquire(timeout=60)
-        assert not [e for _, e in done if e is not None]
-        # each request counts the rows of the runtime call it was part of: more than its own one row
-        seen_rows = sum(metric(server, "unideploy_batch_rows_sum").values()) - sum(rows.values())
-        requests = sum(metric(server, "unideploy_batch_rows_count").values()) - sum(calls.values())
-        assert requests == 64 and seen_rows > 64  # one batcher merged them, whichever front end took them
+        for _ in range(5):
+            rows, calls = metric(server, "unideploy_batch_rows_sum"), metric(server, "unideploy_batch_rows_count")
+            done.clear()
+            for client in clients:
+                for i in range(8):
+                    tensor = grpcclient.InferInput("x", [1, 1, 8, 8], "FP32")
+                    tensor.set_data_from_numpy(images[i : i + 1])
+                    client.async_infer(
+                        "digits", [tensor], lambda result, error: (done.append((result, error)), finished.release())
+                    )
+            for _ in range(64):
+                assert finished.acquire(timeout=60)
+            assert not [e for _, e in done if e is not None]
+            # each request counts the rows of the runtime call it was part of: more than its own one row
+            seen_rows = sum(metric(server, "unideploy_batch_rows_sum").values()) - sum(rows.values())
+            requests = sum(metric(server, "unideploy_batch_rows_count").values()) - sum(calls.values())
+            assert requests == 64
+            if seen_rows > 64:
+                break
+        assert seen_rows > 64  # one batcher merged them, whichever front end took them
         handed = metric(server, "unideploy_frontend_requests_total")
         assert set(handed) == {(("frontend", "0"),), (("frontend", "1"),)} and all(handed.values())
         assert metric(server, "unideploy_frontends") == {(): 2.0}
