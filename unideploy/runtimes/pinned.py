@@ -14,12 +14,14 @@ does not keep every size locked.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from functools import cache
 from typing import Any
 
 import numpy as np
 
+log = logging.getLogger("unideploy.runtime")
 KEPT = 16  # buffers kept per batch thread: a few inputs at each of the default six buckets
 
 
@@ -55,18 +57,29 @@ class BatchBuffers:
 
 
 class PinnedBuffers(BatchBuffers):
-    """``BatchBuffers`` whose numeric arrays are page-locked for the GPU (``cudaHostRegister``)."""
+    """``BatchBuffers`` whose numeric arrays are page-locked for the GPU (``cudaHostRegister``). A
+    buffer the driver will not lock (page-locked memory is limited) stays pageable, with a warning:
+    the batch is slower to copy, never refused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._locked: set[int] = set()  # addresses of the buffers this holds locked
 
     def _allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         array = np.empty(shape, dtype)
         if array.nbytes and dtype.kind in "biufc":  # text stays where ONNX Runtime reads it, on the host
             runtime = _cuda_runtime()
-            _check(runtime.cudaHostRegister(array.ctypes.data, array.nbytes, runtime.cudaHostRegisterDefault)[0])
+            error = runtime.cudaHostRegister(array.ctypes.data, array.nbytes, runtime.cudaHostRegisterDefault)[0]
+            if error == runtime.cudaError_t.cudaSuccess:
+                self._locked.add(array.ctypes.data)
+            else:
+                log.warning("a %s batch buffer stays pageable: %s", "x".join(map(str, shape)), _describe(error))
         return array
 
     def _release(self, array: np.ndarray) -> None:
-        if array.nbytes and array.dtype.kind in "biufc":
-            _check(_cuda_runtime().cudaHostUnregister(array.ctypes.data)[0])
+        if array.ctypes.data in self._locked:
+            self._locked.discard(array.ctypes.data)
+            _cuda_runtime().cudaHostUnregister(array.ctypes.data)
 
 
 def pinning_problem() -> str | None:
@@ -81,20 +94,11 @@ def pinning_problem() -> str | None:
     return None if count else "the CUDA runtime sees no GPU"
 
 
-class PinningError(RuntimeError):
-    """The CUDA runtime refused to lock or unlock a buffer."""
-
-
 @cache
 def _cuda_runtime() -> Any:
     from cuda.bindings import runtime
 
     return runtime
-
-
-def _check(error: Any) -> None:
-    if error != _cuda_runtime().cudaError_t.cudaSuccess:
-        raise PinningError(f"page-locking a batch buffer failed: {_describe(error)}")
 
 
 def _describe(error: Any) -> str:

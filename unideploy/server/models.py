@@ -70,6 +70,20 @@ class ServedVersion:
         self.package.close()
 
 
+def pinned_buffers(asked: bool | None, ran: dict[str, Any], served_as: str) -> type[PinnedBuffers] | None:
+    """Page-locked batch buffers where a GPU runs the version, unless ``pinned_memory: false``
+    (``asked``); ``ran`` records whether they are on, or off and why (a CPU model only when they
+    were asked for by name, which also logs why not)."""
+    on_gpu = ran.get("device") == "gpu"
+    if asked is False or not (on_gpu or asked):
+        return None
+    why_not = pinning_problem() if on_gpu else "the model runs on the CPU"
+    ran["pinned_memory"] = f"off: {why_not}" if why_not else "on"
+    if why_not and asked:
+        log.warning("%s: pinned_memory is off: %s", served_as, why_not)
+    return None if why_not else PinnedBuffers
+
+
 @dataclass
 class ServedModel:
     name: str
@@ -289,13 +303,6 @@ class ModelRegistry:
         rows = min(settings.max_batch_size, runtime.max_batch_size or settings.max_batch_size)
         served_as = f"model {src.model} version {src.version}"
         axes, output_axes = mergeable(runtime, sample, answered, served_as) if rows > 1 else (None, None)
-        buffers = None
-        if settings.pinned_memory is not False and (ran.get("device") == "gpu" or settings.pinned_memory):
-            why_not = pinning_problem() if ran.get("device") == "gpu" else "the model runs on the CPU"
-            ran["pinned_memory"] = f"off: {why_not}" if why_not else "on"
-            if why_not and settings.pinned_memory:  # asked for by name: say why it is off
-                log.warning("model %s version %s: pinned_memory is off: %s", src.model, src.version, why_not)
-            buffers = None if why_not else PinnedBuffers
         batcher = DynamicBatcher(
             runtime.run,
             rows if output_axes is not None else 1,
@@ -306,7 +313,7 @@ class ModelRegistry:
             in_flight=settings.batches_in_flight or (2 if ran.get("device") == "gpu" else 1),
             axes=axes,
             output_axes=output_axes,
-            buffers=buffers,
+            buffers=pinned_buffers(settings.pinned_memory, ran, served_as),
         )
         for line in ran.get("passed_over", ()):
             log.warning("model %s version %s: passed over %s", src.model, src.version, line)
