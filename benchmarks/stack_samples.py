@@ -21,7 +21,7 @@ from pathlib import Path
 # leaf frames of a thread that waits: the event loop's selector, a pool worker's queue, a lock
 IDLE = (
     ".select (selectors.py",
-    "_worker (concurrent/futures/thread.py:81",
+    "_worker (concurrent/futures/thread.py",  # a worker with nothing under it waits in its queue
     ".wait (threading.py",
     "_wait_for_tstate_lock",
 )
