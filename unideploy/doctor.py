@@ -87,6 +87,7 @@ def _gpu_finding() -> Finding:
 
     from unideploy.runtimes.cuda_devices import find_gpus
     from unideploy.runtimes.ort_providers import CUDA, GPU_PROVIDERS, TENSORRT
+    from unideploy.runtimes.pinned import pinning_problem
 
     gpus, detail = find_gpus()
     listed = [p for p in GPU_PROVIDERS if p in onnxruntime.get_available_providers()]
@@ -108,7 +109,9 @@ def _gpu_finding() -> Finding:
             if lost.get(TENSORRT)
             else ""
         )
-        return Finding("device", "gpu", True, f"{said}; {detail}{tensorrt}")
+        why_not = pinning_problem()  # deploy serve page-locks merged batches where it can (runtimes/pinned.py)
+        pinned = f"; merged batches stay pageable: {why_not}" if why_not else "; merged batches are page-locked"
+        return Finding("device", "gpu", True, f"{said}; {detail}{tensorrt}{pinned}")
     return Finding(
         "device",
         "gpu",
