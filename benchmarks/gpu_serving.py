@@ -147,15 +147,15 @@ def server_rss_mb(server: Any) -> float:
     return sum(p.memory_info().rss for p in (root, *root.children(recursive=True))) / 2**20
 
 
+def compute_stage(text: str, which: str) -> float:
+    """The ``sum`` or ``count`` of the compute stage in a /metrics text, over every version."""
+    pattern = rf'^unideploy_request_duration_seconds_{which}\{{[^}}]*stage="compute"[^}}]*\}} (\S+)$'
+    return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
 def answered(server: Any) -> float:
-    """Requests the server has answered (its compute-stage count, over every version)."""
-    text = httpx.get(f"{server.http}/metrics", timeout=10).text
-    return sum(
-        float(v)
-        for v in re.findall(
-            r'^unideploy_request_duration_seconds_count\{[^}]*stage="compute"[^}]*\} (\S+)$', text, re.M
-        )
-    )
+    """Requests the server has answered (its compute-stage count)."""
+    return compute_stage(httpx.get(f"{server.http}/metrics", timeout=10).text, "count")
 
 
 def measured(
@@ -197,16 +197,7 @@ def scrape(server: Any) -> dict[str, Any]:
     def total(name: str) -> float:
         return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
 
-    compute_sum = sum(
-        float(v)
-        for v in re.findall(r'^unideploy_request_duration_seconds_sum\{[^}]*stage="compute"[^}]*\} (\S+)$', text, re.M)
-    )
-    compute_count = sum(
-        float(v)
-        for v in re.findall(
-            r'^unideploy_request_duration_seconds_count\{[^}]*stage="compute"[^}]*\} (\S+)$', text, re.M
-        )
-    )
+    compute_sum, compute_count = compute_stage(text, "sum"), compute_stage(text, "count")
     calls = total("unideploy_batch_rows_count")
     return {
         "engine": engine.group(1) if engine else "(no engine metric)",

@@ -75,15 +75,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             overwrite=args.force,
             optimization=request if request.requested else None,
             progress=lambda msg: status.update(msg),
-            target_options={
-                **target_options,
-                "calibration": args.calibration,
-                "accuracy": {
-                    "max_accuracy_drop": request.max_accuracy_drop,
-                    "metric": request.metric,
-                    "min_cosine": request.min_cosine,
-                },
-            },
+            target_options={**target_options, "calibration": args.calibration, "accuracy": request.accuracy},
         )
     return _show_package(path, args.json, render.export_summary)
 

@@ -97,6 +97,11 @@ class OptimizeRequest:
     def requested(self) -> bool:
         return bool(self.quantize or self.prune or self.passes)
 
+    @property
+    def accuracy(self) -> dict[str, Any]:
+        """The budget and metric asked for, as every stage's guard takes them (``guard.settings_of``)."""
+        return {"max_accuracy_drop": self.max_accuracy_drop, "metric": self.metric, "min_cosine": self.min_cosine}
+
 
 STAGES = ("prune", "quantize")  # the order passes run in: quantizing a pruned model keeps its zeros
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from unideploy.errors import AccuracyBudgetError, ExportError, InputError, first_line
 from unideploy.guard.data import Dataset, load_dataset, split, synthetic_dataset
-from unideploy.guard.guard import Guard
+from unideploy.guard.guard import Guard, settings_of
 from unideploy.guard.measure import latency, size_effects, slower_everywhere, slower_int8_note, timing_session
 from unideploy.guard.search import tried
 from unideploy.optimizers import PASSES, OptimizerPass, PassContext, pass_options
@@ -123,9 +123,7 @@ def optimize(
             _runner(fp32),
             val_batches,
             validation.labels,
-            metric=request.metric,
-            budget_points=request.max_accuracy_drop,
-            min_cosine=request.min_cosine,
+            **settings_of(request.accuracy),
             rows_are="validation rows",
             rows=sum(batch_size_of(b, signature.batch_axes) for b in val_batches),
             output_axes=signature.output_batch_axes,
