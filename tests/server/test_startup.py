@@ -114,6 +114,7 @@ def test_model_yaml_sets_spinning_threads_and_delay(tmp_path):
         {"tf32": "maybe"},
         {"batches_in_flight": 0},
         {"device": "tpu"},
+        {"pinned_memory": "maybe"},
     ],
 )
 def test_bad_model_yaml_is_explained(tmp_path, document):
@@ -134,8 +135,11 @@ def test_model_yaml_sets_gpu_batch_buckets_and_tf32(tmp_path):
     assert (ModelSettings().batch_buckets, ModelSettings().tf32) == (None, False)  # None: powers of two
     (tmp_path / "model.yaml").write_text(yaml.safe_dump({"batch_buckets": [32, 8, 1, 8], "tf32": True}))
     assert (model_settings(tmp_path).batch_buckets, model_settings(tmp_path).tf32) == ((1, 8, 32), True)
-    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"batch_buckets": [], "batches_in_flight": 3, "device": "cpu"}))
+    (tmp_path / "model.yaml").write_text(
+        yaml.safe_dump({"batch_buckets": [], "batches_in_flight": 3, "device": "cpu", "pinned_memory": False})
+    )
     assert (model_settings(tmp_path).batch_buckets, model_settings(tmp_path).batches_in_flight) == ((), 3)
+    assert (ModelSettings().pinned_memory, model_settings(tmp_path).pinned_memory) == (None, False)  # None: on a GPU
     assert (ModelSettings().batches_in_flight, model_settings(tmp_path).device) == (None, "cpu")  # None: 2 on a GPU
     (tmp_path / "model.yaml").write_text(yaml.safe_dump({"max_batch_size": 16, "batch_buckets": [8, 32]}))
     with pytest.raises(InputError, match=r"batch_buckets \[32\] exceed max_batch_size 16"):
