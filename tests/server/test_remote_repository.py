@@ -47,6 +47,11 @@ def _tampered(package, dest):
     return dest
 
 
+def _refusals_of_3(log: str) -> list[str]:
+    """What the server said each time version 3 failed to load."""
+    return [line.split("version 3 failed to load", 1)[1] for line in log.splitlines() if "version 3 failed to load" in line]
+
+
 def test_versions_uploaded_to_s3_serve_without_a_failed_request(s3, digits, torch_models, tmp_path):
     import unideploy
 
@@ -66,7 +71,9 @@ def test_versions_uploaded_to_s3_serve_without_a_failed_request(s3, digits, torc
         fs.put(str(tmp_path / "other.udp"), "models/repo/digits/2", recursive=True)  # object by object
         server.wait_for(lambda: load.latest()[1] == "2", what="version 2 from S3 to serve")
         fs.put(str(_tampered(digits["package"], tmp_path / "bad.udp")), "models/repo/digits/3", recursive=True)
-        server.wait_for(lambda: "version 3 failed to load" in server.log.read_text(), what="the refusal")
+        # a poll that sees the upload half-way refuses version 3 as incomplete and tries it again when
+        # its objects change: wait for the refusal of the whole upload, which names the checksum
+        server.wait_for(lambda: any("checksum" in r for r in _refusals_of_3(server.log.read_text())), what="the refusal")
         load.more()
     finally:
         failed = load.finish()
@@ -74,7 +81,9 @@ def test_versions_uploaded_to_s3_serve_without_a_failed_request(s3, digits, torc
         stop_server(server)
     assert failed == [], f"failed requests: {failed[:3]}"
     assert load.latest()[1] == "2" and load.latest()[2] == expected_other
-    assert "checksum" in log.split("version 3 failed to load", 1)[1].splitlines()[0]
+    refusals = _refusals_of_3(log)
+    assert "checksum" in refusals[-1], refusals
+    assert all("checksum" in r or "is missing" in r for r in refusals), refusals
     assert "remote repository s3://models/repo: digits/2 changed" in log
 
 
