@@ -2,7 +2,8 @@
 # The GPU path as a user runs it, on a machine with an NVIDIA GPU and onnxruntime-gpu, in a few minutes:
 # doctor, export --target gpu, optimize fp16, verify --device gpu (exact fp32, and TF32 judged as tf32),
 # run on real photos against the CPU, bench at several batch sizes, deploy serve under perf_analyzer
-# (benchmarks/gpu_serving.py) and the engine variants of benchmarks/gpu.py. Writes one markdown report.
+# (benchmarks/gpu_serving.py, tensors in system and CUDA shared memory too), the CUDA shared-memory
+# tests, and the engine variants of benchmarks/gpu.py. Writes one markdown report.
 #
 #   benchmarks/gpu_check.sh MODEL PHOTOS.npz [OUT_DIR]
 #
@@ -57,6 +58,8 @@ for b in 1 8 32 256; do
 done
 step bench-fp16-b32 "${DEPLOY[@]}" bench "$PKG" --artifact onnx-fp16 --device gpu --batch-size 32 --iterations 50 --json
 step bench-cpu-b32 "${DEPLOY[@]}" bench "$PKG" --device cpu --batch-size 32 --iterations 20 --json
+# CUDA shared memory (deploy serve --shared-memory cuda) with tritonclient's own CUDA utilities (the dev extra)
+step cuda-shared-memory "$PY" -m pytest -q -p no:cacheprovider "$HERE/../tests/server/test_cuda_shared_memory.py"
 
 # What each step reported: the GPU finding, each artifact's verification, the run, the benchmarks.
 "$PY" - "$OUT" >>"$REPORT" 2>&1 <<'EOF'
@@ -106,7 +109,7 @@ for name in ("bench-b1", "bench-b8", "bench-b32", "bench-b256", "bench-fp16-b32"
 EOF
 
 echo -e "\n## deploy serve under perf_analyzer (server on half the cores, perf_analyzer on the other half)\n" >>"$REPORT"
-"$PY" "$HERE/gpu_serving.py" --package "$PKG" --only buckets --only "buckets, 4 front ends, shm" >>"$REPORT" 2>"$OUT/gpu_serving.log" || echo "gpu_serving.py FAILED: $(tail -3 "$OUT/gpu_serving.log")" >>"$REPORT"
+"$PY" "$HERE/gpu_serving.py" --package "$PKG" --only buckets --only "buckets, 4 front ends, shm" --only "buckets, 4 front ends, cuda shm" >>"$REPORT" 2>"$OUT/gpu_serving.log" || echo "gpu_serving.py FAILED: $(tail -3 "$OUT/gpu_serving.log")" >>"$REPORT"
 echo -e "\n## Engines in process (benchmarks/gpu.py)\n" >>"$REPORT"
 "$PY" "$HERE/gpu.py" --package "$PKG" --photos "$PHOTOS" --only cnn --only shapes --only pinned --only encoder --markdown >>"$REPORT" 2>"$OUT/gpu_bench.log" || echo "gpu.py FAILED: $(tail -3 "$OUT/gpu_bench.log")" >>"$REPORT"
 cat "$REPORT"

@@ -12,7 +12,8 @@ generator does not take the server's cores. Policies (``model.yaml``):
 - ``fp16 + buckets``: the onnx-fp16 artifact with the default buckets;
 - ``buckets, threads: 1``: the default with one ONNX Runtime thread per session;
 - ``N front ends`` (``deploy serve --frontends N``) and ``shm`` (perf_analyzer's tensors through
-  system shared memory): the server's protocols in more processes, and no tensor bytes on the wire;
+  system shared memory; ``cuda shm``: in GPU memory perf_analyzer allocated, the server started with
+  ``--shared-memory cuda``): the server's protocols in more processes, and no tensor bytes on the wire;
   ``one batch in flight``: ``batches_in_flight: 1`` against the GPU's default of two; ``threads: 1``:
   the GPU session's CPU threads; ``no pinned memory``: merged batches in new pageable arrays instead
   of the default's page-locked buffers (runtimes/pinned.py);
@@ -83,6 +84,7 @@ class Policy:
 
 ON_CPU = {"device": "cpu"}
 SHARED_MEMORY = ("--shared-memory", "system", "--output-shared-memory-size", "4096")
+CUDA_SHARED_MEMORY = ("--shared-memory", "cuda", "--output-shared-memory-size", "4096")
 POLICIES: dict[str, Policy] = {
     "buckets": Policy({}, (1, 4, 8, 16, 32), ("grpc",)),
     "buckets, HTTP": Policy({}, (1, 32), ("http",)),
@@ -108,6 +110,10 @@ POLICIES: dict[str, Policy] = {
         {"batches_in_flight": 1}, (32,), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
     ),
     "buckets, shm": Policy({}, (1, 32), ("grpc", "http"), client=SHARED_MEMORY),
+    # perf_analyzer's tensors in GPU memory it allocated (CUDA shared memory, server/cuda_shared_memory.py)
+    "buckets, 4 front ends, cuda shm": Policy(
+        {}, (1, 32), ("grpc", "http"), ("--frontends", "4", "--shared-memory", "cuda"), CUDA_SHARED_MEMORY
+    ),
     # the host's CPU (issue 44): one process, front ends, and front ends with shared memory
     "cpu, one process": Policy(ON_CPU, (1, 32), ("grpc",)),
     "cpu, 4 front ends": Policy(ON_CPU, (1, 32), ("grpc", "http"), ("--frontends", "4")),

@@ -49,7 +49,9 @@ def _tampered(package, dest):
 
 def _refusals_of_3(log: str) -> list[str]:
     """What the server said each time version 3 failed to load."""
-    return [line.split("version 3 failed to load", 1)[1] for line in log.splitlines() if "version 3 failed to load" in line]
+    return [
+        line.split("version 3 failed to load", 1)[1] for line in log.splitlines() if "version 3 failed to load" in line
+    ]
 
 
 def test_versions_uploaded_to_s3_serve_without_a_failed_request(s3, digits, torch_models, tmp_path):
@@ -73,7 +75,9 @@ def test_versions_uploaded_to_s3_serve_without_a_failed_request(s3, digits, torc
         fs.put(str(_tampered(digits["package"], tmp_path / "bad.udp")), "models/repo/digits/3", recursive=True)
         # a poll that sees the upload half-way refuses version 3 as incomplete and tries it again when
         # its objects change: wait for the refusal of the whole upload, which names the checksum
-        server.wait_for(lambda: any("checksum" in r for r in _refusals_of_3(server.log.read_text())), what="the refusal")
+        server.wait_for(
+            lambda: any("checksum" in r for r in _refusals_of_3(server.log.read_text())), what="the refusal"
+        )
         load.more()
     finally:
         failed = load.finish()

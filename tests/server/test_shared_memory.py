@@ -4,7 +4,9 @@ bad key, region, offset and size refused with a message, the server healthy afte
 
 from __future__ import annotations
 
+import base64
 import os
+import subprocess
 import uuid
 
 import numpy as np
@@ -14,6 +16,8 @@ httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is in
 import tritonclient.grpc as grpcclient  # noqa: E402
 import tritonclient.utils.shared_memory as shm  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from unideploy.runtimes import cuda_api  # noqa: E402
 
 CLIENTS = {
     "http": lambda server: httpclient.InferenceServerClient(server.http.removeprefix("http://")),
@@ -131,7 +135,55 @@ def test_an_operator_can_turn_shared_memory_off(repo, images, regions, tmp_path)
         client = httpclient.InferenceServerClient(server.http.removeprefix("http://"))
         with pytest.raises(InferenceServerException, match="shared memory is turned off"):
             client.register_system_shared_memory("r", key, images.nbytes)
+        with pytest.raises(InferenceServerException, match="shared memory is turned off"):
+            client.register_cuda_shared_memory("r", base64.b64encode(bytes(64)), 0, 16)
         assert "system_shared_memory" not in client.get_server_metadata()["extensions"]
     finally:
         stop_server(server)
     assert os.path.exists(f"/dev/shm{key}")  # the client's segment is the client's: never removed by the server
+
+
+@pytest.mark.parametrize("protocol", CLIENTS)
+def test_cuda_shared_memory_is_refused_unless_turned_on(server, images, regions, protocol):
+    """The default (--shared-memory system) offers no CUDA regions: registering one is refused
+    with how to turn it on, its status is empty, and a system region is not reachable as CUDA."""
+    client = CLIENTS[protocol](server)
+    handle = base64.b64encode(bytes(64))
+    with pytest.raises(InferenceServerException, match="CUDA shared memory is turned off.*--shared-memory cuda"):
+        client.register_cuda_shared_memory("c", handle, 0, 16)
+    assert not _names(client.get_cuda_shared_memory_status(), protocol)
+    metadata = client.get_server_metadata()
+    extensions = metadata["extensions"] if protocol == "http" else metadata.extensions
+    assert "system_shared_memory" in extensions and "cuda_shared_memory" not in extensions
+    _, name, key = regions(images.nbytes)
+    client.register_system_shared_memory(name, key, images.nbytes)
+    try:
+        with pytest.raises(InferenceServerException, match=f"'{name}' is system shared memory, not cuda"):
+            client.unregister_cuda_shared_memory(name)
+        assert _names(client.get_system_shared_memory_status(), protocol) == {name}
+    finally:
+        client.unregister_system_shared_memory(name)
+
+
+def test_a_cuda_handle_over_rest_must_be_base64(server):
+    import httpx
+
+    url = f"{server.http}/v2/cudasharedmemory/region/c/register"
+    for body in ({"raw_handle": "AAAA", "device_id": 0, "byte_size": 16}, {"raw_handle": {"b64": "@@"}}):
+        answer = httpx.post(url, json=body)
+        assert answer.status_code == 400 and "raw_handle must be" in answer.json()["error"], answer.text
+
+
+@pytest.mark.skipif(cuda_api.problem() is None, reason="this machine has a CUDA GPU: the server would start")
+def test_cuda_shared_memory_without_a_gpu_is_refused_before_any_port_opens(repo):
+    from serving import DEPLOY, free_port
+
+    result = subprocess.run(
+        [DEPLOY, "serve", str(repo), "--shared-memory", "cuda", "--http-port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "--shared-memory cuda needs a GPU" in lines[0] and cuda_api.problem() in lines[0]

@@ -252,10 +252,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--shared-memory",
-        choices=["off", "system"],
+        choices=["off", "system", "cuda"],
         default=None,
         help="tensors through POSIX shared memory that co-located clients register (Triton's system shared "
-        "memory extension; default: system, authorized like inference); off refuses it",
+        "memory extension; default: system, authorized like inference); cuda: GPU memory too (CUDA shared "
+        "memory, on a GPU machine); off refuses both",
     )
     p.add_argument(
         "--frontends",

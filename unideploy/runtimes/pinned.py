@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from functools import cache
-from typing import Any
 
 import numpy as np
+
+from unideploy.runtimes import cuda_api
 
 log = logging.getLogger("unideploy.runtime")
 KEPT = 16  # buffers kept per batch thread: a few inputs at each of the default six buckets
@@ -68,39 +68,20 @@ class PinnedBuffers(BatchBuffers):
     def _allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         array = np.empty(shape, dtype)
         if array.nbytes and dtype.kind in "biufc":  # text stays where ONNX Runtime reads it, on the host
-            runtime = _cuda_runtime()
-            error = runtime.cudaHostRegister(array.ctypes.data, array.nbytes, runtime.cudaHostRegisterDefault)[0]
-            if error == runtime.cudaError_t.cudaSuccess:
+            cudart = cuda_api.runtime()
+            error = cudart.cudaHostRegister(array.ctypes.data, array.nbytes, cudart.cudaHostRegisterDefault)[0]
+            if cuda_api.succeeded(error):
                 self._locked.add(array.ctypes.data)
             else:
-                log.warning("a %s batch buffer stays pageable: %s", "x".join(map(str, shape)), _describe(error))
+                log.warning("a %s batch buffer stays pageable: %s", "x".join(map(str, shape)), cuda_api.describe(error))
         return array
 
     def _release(self, array: np.ndarray) -> None:
         if array.ctypes.data in self._locked:
             self._locked.discard(array.ctypes.data)
-            _cuda_runtime().cudaHostUnregister(array.ctypes.data)
+            cuda_api.runtime().cudaHostUnregister(array.ctypes.data)
 
 
 def pinning_problem() -> str | None:
     """None where host memory can be page-locked here, else why not (for the model's metadata)."""
-    try:
-        runtime = _cuda_runtime()
-    except ImportError:
-        return "cuda-bindings is not installed (pip install 'unideploy[gpu]')"
-    error, count = runtime.cudaGetDeviceCount()
-    if error != runtime.cudaError_t.cudaSuccess:
-        return f"the CUDA runtime cannot be used here ({_describe(error)})"
-    return None if count else "the CUDA runtime sees no GPU"
-
-
-@cache
-def _cuda_runtime() -> Any:
-    from cuda.bindings import runtime
-
-    return runtime
-
-
-def _describe(error: Any) -> str:
-    runtime = _cuda_runtime()
-    return f"{runtime.cudaGetErrorName(error)[1].decode()}: {runtime.cudaGetErrorString(error)[1].decode()}"
+    return cuda_api.problem()

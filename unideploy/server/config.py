@@ -115,10 +115,11 @@ class ServerConfig(BaseSettings):
         description="seconds a gRPC connection may stay open with no call (then closed with GOAWAY; clients "
         "reconnect on their next call)",
     )
-    shared_memory: Literal["off", "system"] = Field(
+    shared_memory: Literal["off", "system", "cuda"] = Field(
         "system",
         description="tensors through POSIX shared memory registered by co-located clients (Triton's system "
-        "shared memory extension; registration is authorized like inference); off refuses it",
+        "shared memory extension; registration is authorized like inference); cuda: GPU memory too (its CUDA "
+        "shared memory extension, on a GPU machine); off refuses both",
     )
     frontends: int | None = Field(
         None,

@@ -88,9 +88,10 @@ class DataPlaneAPI(Protocol):
     async def model_metadata(self, name: str, version: str | None) -> dict[str, Any]: ...
     async def model_config(self, name: str, version: str | None) -> dict[str, Any]: ...
     async def metrics_text(self) -> bytes: ...
-    async def shm_status(self, region: str | None) -> list[dict[str, Any]]: ...
+    async def shm_status(self, region: str | None, kind: str = "system") -> list[dict[str, Any]]: ...
     async def shm_register(self, region: str, key: Any, offset: Any, byte_size: Any) -> None: ...
-    async def shm_unregister(self, region: str | None) -> None: ...
+    async def cuda_shm_register(self, region: str, raw_handle: Any, device_id: Any, byte_size: Any) -> None: ...
+    async def shm_unregister(self, region: str | None, kind: str = "system") -> None: ...
     async def repository_index(self, ready_only: bool) -> list[dict[str, Any]]: ...
     async def repository_load(self, name: str) -> None: ...
     async def repository_unload(self, name: str) -> None: ...
@@ -111,7 +112,7 @@ class DataPlane:
         self, registry: ModelRegistry, metrics: ServerMetrics, max_request_rows: int, shared_memory: str = "system"
     ) -> None:
         self.registry = registry
-        self.shared_memory = SharedMemoryRegions(shared_memory)  # the system shared memory extension
+        self.shared_memory = SharedMemoryRegions(shared_memory)  # the system and CUDA shared memory extensions
         self.repository = RepositoryAPI(registry)  # the repository and routing extensions
         self.metrics = metrics
         self.max_request_rows = max_request_rows
@@ -127,7 +128,7 @@ class DataPlane:
         return bool(self.registry.ready_models())
 
     async def server_metadata(self) -> dict[str, Any]:
-        return server_metadata(("system_shared_memory",) if self.shared_memory.mode == "system" else ())
+        return server_metadata(self.shared_memory.extensions())
 
     async def model_ready(self, name: str, version: str | None) -> bool:
         """Whether the model (version) serves; a name the repository does not have raises
@@ -186,15 +187,18 @@ class DataPlane:
 
         return generate_latest(self.metrics.registry)
 
-    # -- the system shared memory, repository and routing extensions ---------------------------
-    async def shm_status(self, region: str | None) -> list[dict[str, Any]]:
-        return self.shared_memory.status(region)
+    # -- the shared memory (system and CUDA), repository and routing extensions -----------------
+    async def shm_status(self, region: str | None, kind: str = "system") -> list[dict[str, Any]]:
+        return self.shared_memory.status(region, kind)
 
     async def shm_register(self, region: str, key: Any, offset: Any, byte_size: Any) -> None:
         self.shared_memory.register(region, key, offset, byte_size)
 
-    async def shm_unregister(self, region: str | None) -> None:
-        self.shared_memory.unregister(region)
+    async def cuda_shm_register(self, region: str, raw_handle: Any, device_id: Any, byte_size: Any) -> None:
+        self.shared_memory.register_cuda(region, raw_handle, device_id, byte_size)
+
+    async def shm_unregister(self, region: str | None, kind: str = "system") -> None:
+        self.shared_memory.unregister(region, kind)
 
     async def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
         return self.repository.index(ready_only)

@@ -143,14 +143,23 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         return await self._call(context, self.inference_token, work)
 
-    # -- the system shared memory extension (authorized like inference) -----------------------
-    async def SystemSharedMemoryStatus(self, request, context):
+    # -- the system and CUDA shared memory extensions (authorized like inference) --------------
+    async def _shm_status(self, request, context, kind: str, response):
         async def work():
-            Status = pb.SystemSharedMemoryStatusResponse.RegionStatus  # noqa: N806
-            regions = await self.dataplane.shm_status(request.name or None)
-            return pb.SystemSharedMemoryStatusResponse(regions={r["name"]: Status(**r) for r in regions})
+            regions = await self.dataplane.shm_status(request.name or None, kind)
+            return response(regions={r["name"]: response.RegionStatus(**r) for r in regions})
 
         return await self._call(context, self.inference_token, work)
+
+    async def _shm_unregister(self, request, context, kind: str, response):
+        async def work():
+            await self.dataplane.shm_unregister(request.name or None, kind)
+            return response()
+
+        return await self._call(context, self.inference_token, work)
+
+    async def SystemSharedMemoryStatus(self, request, context):
+        return await self._shm_status(request, context, "system", pb.SystemSharedMemoryStatusResponse)
 
     async def SystemSharedMemoryRegister(self, request, context):
         async def work():
@@ -160,11 +169,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return await self._call(context, self.inference_token, work)
 
     async def SystemSharedMemoryUnregister(self, request, context):
+        return await self._shm_unregister(request, context, "system", pb.SystemSharedMemoryUnregisterResponse)
+
+    async def CudaSharedMemoryStatus(self, request, context):
+        return await self._shm_status(request, context, "cuda", pb.CudaSharedMemoryStatusResponse)
+
+    async def CudaSharedMemoryRegister(self, request, context):
         async def work():
-            await self.dataplane.shm_unregister(request.name or None)
-            return pb.SystemSharedMemoryUnregisterResponse()
+            await self.dataplane.cuda_shm_register(
+                request.name, request.raw_handle, request.device_id, request.byte_size
+            )
+            return pb.CudaSharedMemoryRegisterResponse()
 
         return await self._call(context, self.inference_token, work)
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        return await self._shm_unregister(request, context, "cuda", pb.CudaSharedMemoryUnregisterResponse)
 
     # -- repository --------------------------------------------------------------------------
     async def RepositoryIndex(self, request, context):

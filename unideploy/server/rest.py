@@ -27,7 +27,7 @@ from unideploy.server import codec
 from unideploy.server.config import ServerConfig
 from unideploy.server.dataplane import DataPlaneAPI, InferRequest
 from unideploy.server.errors import RequestTimeout, TooLarge, check_token, http_status
-from unideploy.server.rest_decode import JsonDecoder, json_length, json_object
+from unideploy.server.rest_decode import JsonDecoder, b64_bytes, json_length, json_object
 from unideploy.server.shared_memory import Written
 
 log = logging.getLogger("unideploy.server")
@@ -106,9 +106,19 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
     async def model_config(request: Request) -> Response:
         return JSONResponse(await dataplane.model_config(request.path_params["model"], version_of(request)))
 
-    # -- the system shared memory extension -------------------------------------------------
-    async def shm_status(request: Request) -> Response:
-        return JSONResponse(await dataplane.shm_status(request.path_params.get("region")))
+    # -- the system and CUDA shared memory extensions -----------------------------------------
+    def shm_status(kind: str) -> Handler:
+        async def endpoint(request: Request) -> Response:
+            return JSONResponse(await dataplane.shm_status(request.path_params.get("region"), kind))
+
+        return endpoint
+
+    def shm_unregister(kind: str) -> Handler:
+        async def endpoint(request: Request) -> Response:
+            await dataplane.shm_unregister(request.path_params.get("region"), kind)
+            return JSONResponse({})
+
+        return endpoint
 
     async def shm_register(request: Request) -> Response:
         found = json_object(await read_body(request))
@@ -117,8 +127,14 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
         )
         return JSONResponse({})
 
-    async def shm_unregister(request: Request) -> Response:
-        await dataplane.shm_unregister(request.path_params.get("region"))
+    async def cuda_shm_register(request: Request) -> Response:
+        found = json_object(await read_body(request))
+        await dataplane.cuda_shm_register(
+            request.path_params["region"],
+            b64_bytes(found.get("raw_handle"), "raw_handle"),
+            found.get("device_id"),
+            found.get("byte_size"),
+        )
         return JSONResponse({})
 
     async def metrics(request: Request) -> Response:
@@ -212,11 +228,21 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
         Route("/v2/models/{model}/versions/{version}", inference(model_metadata)),
         Route("/v2/models/{model}/ready", inference(model_ready)),
         Route("/v2/models/{model}/versions/{version}/ready", inference(model_ready)),
-        Route("/v2/systemsharedmemory/status", inference(shm_status)),
-        Route("/v2/systemsharedmemory/region/{region}/status", inference(shm_status)),
-        Route("/v2/systemsharedmemory/region/{region}/register", inference(shm_register), methods=["POST"]),
-        Route("/v2/systemsharedmemory/unregister", inference(shm_unregister), methods=["POST"]),
-        Route("/v2/systemsharedmemory/region/{region}/unregister", inference(shm_unregister), methods=["POST"]),
+        *(
+            route
+            for kind, register in (("system", shm_register), ("cuda", cuda_shm_register))
+            for route in (
+                Route(f"/v2/{kind}sharedmemory/status", inference(shm_status(kind))),
+                Route(f"/v2/{kind}sharedmemory/region/{{region}}/status", inference(shm_status(kind))),
+                Route(f"/v2/{kind}sharedmemory/region/{{region}}/register", inference(register), methods=["POST"]),
+                Route(f"/v2/{kind}sharedmemory/unregister", inference(shm_unregister(kind)), methods=["POST"]),
+                Route(
+                    f"/v2/{kind}sharedmemory/region/{{region}}/unregister",
+                    inference(shm_unregister(kind)),
+                    methods=["POST"],
+                ),
+            )
+        ),
         Route("/v2/models/{model}/config", inference(model_config)),
         Route("/v2/models/{model}/versions/{version}/config", inference(model_config)),
         Route("/v2/repository/index", repository(repository_index), methods=["POST"]),

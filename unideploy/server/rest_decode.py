@@ -11,6 +11,7 @@ which returns the tensors; the event loop meanwhile answers everything else.
 from __future__ import annotations
 
 import asyncio
+import base64
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -97,6 +98,17 @@ def json_object(raw: bytes | memoryview) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")
     return data
+
+
+def b64_bytes(value: Any, what: str) -> bytes:
+    """``{"b64": "..."}``, how Triton's REST API carries bytes in JSON (a CUDA IPC handle), decoded."""
+    encoded = value.get("b64") if isinstance(value, dict) else None
+    try:
+        if not isinstance(encoded, str):
+            raise ValueError("not a string")
+        return base64.b64decode(encoded, validate=True)
+    except ValueError:
+        raise BadRequest(f'{what} must be {{"b64": "<base64>"}}, got {str(value)[:80]}') from None
 
 
 def _json_parameter(params: dict[str, Any], key: str) -> Any:

@@ -6,6 +6,10 @@ is to be written. The request then carries no tensor bytes: the server reads the
 segment and writes the output into it (``tritonclient.utils.shared_memory`` makes such segments;
 ``perf_analyzer --shared-memory system`` uses them).
 
+CUDA shared memory (device memory a client exports with cudaIpcGetMemHandle) is the same extension
+for tensors in GPU memory: its regions (``server.cuda_shared_memory``) share the names, the window
+checks, the reads and the writes with the system ones.
+
 Shared memory is a way into the server's address space, so: registering is authorized like
 inference; a key is a plain shared-memory name (letters, digits, ``._-``, one optional leading
 ``/``), never a path; the segment is opened without following links; every read and write is
@@ -26,25 +30,43 @@ from typing import Any
 
 import numpy as np
 
+from unideploy.errors import InputError
+from unideploy.runtimes import cuda_api
 from unideploy.server import codec
+from unideploy.server.cuda_shared_memory import CudaRegion
 from unideploy.server.errors import BadRequest, NotFound
 
 SHM_ROOT = "/dev/shm"  # where Linux keeps POSIX shared memory (shm_open's names)
 KEY = re.compile(r"/?[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 REGION_NAME = re.compile(r"[^\x00/]{1,255}")
-MODES = ("off", "system")
+MODES = ("off", "system", "cuda")  # cuda: system shared memory and CUDA shared memory
 
 
 @dataclass
-class Region:
+class SystemRegion:
+    """A window of a client's POSIX shared-memory segment, mapped until unregistered."""
+
     name: str
     key: str
     offset: int
     byte_size: int
     mapped: mmap.mmap
 
+    def read(self, start: int, nbytes: int) -> bytes:
+        return self.mapped[self.offset + start : self.offset + start + nbytes]  # slicing an mmap copies
+
+    def write(self, start: int, blob: bytes) -> None:
+        self.mapped[self.offset + start : self.offset + start + len(blob)] = blob
+
+    def close(self) -> None:
+        self.mapped.close()
+
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+
+Region = SystemRegion | CudaRegion
+KINDS: dict[str, type] = {"system": SystemRegion, "cuda": CudaRegion}
 
 
 @dataclass(frozen=True)
@@ -85,40 +107,49 @@ class Written:
 
 
 class SharedMemoryRegions:
-    """The regions registered with one server; all methods may be called from any thread."""
+    """The regions registered with one server, of both kinds (system and CUDA) under one set of
+    names, as Triton keeps them; all methods may be called from any thread."""
 
     def __init__(self, mode: str = "system") -> None:
+        if mode == "cuda" and (why := cuda_api.problem()):  # refused before any port opens
+            raise InputError(
+                f"--shared-memory cuda needs a GPU the CUDA runtime can use here: {why}",
+                "start the server with --shared-memory system, or on a GPU machine with the gpu extra",
+            )
         self.mode = mode
         self._regions: dict[str, Region] = {}
         self._lock = threading.Lock()  # a region is never unmapped while it is read or written
 
-    def _require_on(self) -> None:
+    def extensions(self) -> tuple[str, ...]:
+        """The server metadata's names for the extensions this mode offers."""
+        return {"off": (), "system": ("system_shared_memory",)}.get(
+            self.mode, ("system_shared_memory", "cuda_shared_memory")
+        )
+
+    def _require_on(self, kind: str = "system") -> None:
         if self.mode == "off":
             raise BadRequest(
                 "shared memory is turned off on this server",
-                "send tensor bytes in the request, or start it with --shared-memory system",
+                "send tensor bytes in the request, or start it with --shared-memory system (or cuda)",
+            )
+        if kind == "cuda" and self.mode != "cuda":
+            raise BadRequest(
+                "CUDA shared memory is turned off on this server",
+                "use system shared memory, or start the server on a GPU machine with --shared-memory cuda",
             )
 
     def register(self, name: str, key: Any, offset: Any, byte_size: Any) -> None:
-        """``key``, ``offset`` and ``byte_size`` as a client sent them: checked here."""
+        """A system region: ``key``, ``offset`` and ``byte_size`` as a client sent them, checked here."""
         self._require_on()
-        if not isinstance(name, str) or not REGION_NAME.fullmatch(name):
-            raise BadRequest(f"shared memory region name {str(name)[:80]!r} is not a name")
+        _check_name(name)
         if not isinstance(key, str) or not KEY.fullmatch(key) or key.strip("/") in (".", ".."):
             raise BadRequest(
                 f"shared memory key {str(key)[:80]!r} is not a plain shared-memory name",
                 "a key is what shm_open takes: letters, digits, '.', '_' and '-', with one optional leading '/'",
             )
-        for field, value in (("offset", offset), ("byte_size", byte_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise BadRequest(f"shared memory {field} {value!r} is not a whole number of bytes")
-        if byte_size == 0:
-            raise BadRequest("shared memory byte_size is 0: a region holds at least one byte")
+        _check_sizes(offset=offset, byte_size=byte_size)
         with self._lock:
-            if name in self._regions:
-                raise BadRequest(
-                    f"shared memory region '{name}' is already registered", "unregister it first, or use another name"
-                )
+            self._check_free(name)
             path = os.path.join(SHM_ROOT, key.lstrip("/"))
             try:
                 fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
@@ -137,49 +168,68 @@ class SharedMemoryRegions:
                 mapped = mmap.mmap(fd, size)
             finally:
                 os.close(fd)
-            self._regions[name] = Region(name, key, offset, byte_size, mapped)
+            self._regions[name] = SystemRegion(name, key, offset, byte_size, mapped)
 
-    def unregister(self, name: str | None = None) -> None:
-        """One region, or every region when ``name`` is None or empty."""
+    def register_cuda(self, name: str, raw_handle: Any, device_id: Any, byte_size: Any) -> None:
+        """A CUDA region: the device memory ``raw_handle`` (cudaIpcMemHandle_t's 64 bytes) exports."""
+        self._require_on("cuda")
+        _check_name(name)
+        _check_sizes(byte_size=byte_size)
         with self._lock:
-            if name:
-                if name not in self._regions:
-                    raise NotFound(f"no shared memory region '{name}' is registered")
-                names = [name]
-            else:
-                names = list(self._regions)
-            for each in names:
-                self._regions.pop(each).mapped.close()
+            self._check_free(name)
+            self._regions[name] = CudaRegion.open(name, raw_handle, device_id, byte_size)
 
-    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+    def _check_free(self, name: str) -> None:
+        if name in self._regions:
+            raise BadRequest(
+                f"shared memory region '{name}' is already registered", "unregister it first, or use another name"
+            )
+
+    def _of_kind(self, name: str | None, kind: str) -> list[str]:
+        """The names of the ``kind`` regions ``name`` asks for (all of them when it is None or empty)."""
+        if not name:
+            return [n for n, r in self._regions.items() if isinstance(r, KINDS[kind])]
+        found = self._regions.get(name)
+        if found is None:
+            raise NotFound(f"no shared memory region '{name}' is registered")
+        if not isinstance(found, KINDS[kind]):
+            other = next(k for k, region_type in KINDS.items() if isinstance(found, region_type))
+            raise NotFound(
+                f"shared memory region '{name}' is {other} shared memory, not {kind}",
+                f"use the {other}sharedmemory endpoints (or the {other.capitalize()}SharedMemory calls) for it",
+            )
+        return [name]
+
+    def unregister(self, name: str | None = None, kind: str = "system") -> None:
+        """One region of ``kind``, or every region of it when ``name`` is None or empty."""
         with self._lock:
-            if name:
-                if name not in self._regions:
-                    raise NotFound(f"no shared memory region '{name}' is registered")
-                return [self._regions[name].status()]
-            return [r.status() for r in self._regions.values()]
+            for each in self._of_kind(name, kind):
+                self._regions.pop(each).close()
 
-    def _window(self, place: Placement, what: str) -> tuple[Region, int]:
-        """The region and the absolute start of ``place`` in its segment, checked against the window."""
+    def status(self, name: str | None = None, kind: str = "system") -> list[dict[str, Any]]:
+        with self._lock:
+            return [self._regions[n].status() for n in self._of_kind(name, kind)]
+
+    def _window(self, place: Placement, what: str) -> Region:
+        """The region ``place`` lies in, checked against its window."""
         region = self._regions.get(place.region)
         if region is None:
             raise BadRequest(
                 f"{what} names shared memory region '{place.region}', which is not registered",
-                "register it first (v2/systemsharedmemory/region/NAME/register)",
+                "register it first (v2/systemsharedmemory/region/NAME/register, or cudasharedmemory)",
             )
         if place.offset < 0 or place.byte_size < 0 or place.offset + place.byte_size > region.byte_size:
             raise BadRequest(
                 f"{what}: offset {place.offset} + {place.byte_size} bytes falls outside shared memory region "
                 f"'{place.region}' ({region.byte_size} bytes)"
             )
-        return region, region.offset + place.offset
+        return region
 
     def read(self, place: Placement, datatype: Any, shape: Sequence[int], name: str) -> np.ndarray:
         """Input ``name`` from its region, copied out (the client may rewrite the region)."""
         self._require_on()
         with self._lock:
-            region, start = self._window(place, f"input '{name}'")
-            copied = region.mapped[start : start + place.byte_size]  # slicing an mmap copies
+            copied = self._window(place, f"input '{name}'").read(place.offset, place.byte_size)
         return codec.from_bytes(copied, datatype, shape, name)
 
     def write(self, place: Placement, array: np.ndarray, name: str) -> Written:
@@ -187,17 +237,32 @@ class SharedMemoryRegions:
         self._require_on()
         blob = codec.to_bytes(array)
         with self._lock:
-            region, start = self._window(place, f"output '{name}'")
+            region = self._window(place, f"output '{name}'")
             if len(blob) > place.byte_size:
                 raise BadRequest(
                     f"output '{name}' has {len(blob)} bytes, more than the {place.byte_size} given for it in "
                     f"shared memory region '{place.region}'"
                 )
-            region.mapped[start : start + len(blob)] = blob
+            region.write(place.offset, blob)
         return Written(place, codec.v2_datatype(array), tuple(array.shape), len(blob))
 
     def close(self) -> None:
-        self.unregister()
+        with self._lock:
+            while self._regions:
+                self._regions.popitem()[1].close()
+
+
+def _check_name(name: Any) -> None:
+    if not isinstance(name, str) or not REGION_NAME.fullmatch(name):
+        raise BadRequest(f"shared memory region name {str(name)[:80]!r} is not a name")
+
+
+def _check_sizes(**sizes: Any) -> None:
+    for field, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise BadRequest(f"shared memory {field} {value!r} is not a whole number of bytes")
+    if sizes.get("byte_size") == 0:
+        raise BadRequest("shared memory byte_size is 0: a region holds at least one byte")
 
 
 def placement(params: Any, get: Any, what: str) -> Placement | None:

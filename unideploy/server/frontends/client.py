@@ -99,14 +99,17 @@ class RemoteDataPlane:
     async def metrics_text(self) -> bytes:
         return await self._call("metrics_text")
 
-    async def shm_status(self, region: str | None) -> list[dict[str, Any]]:
-        return await self._call("shm_status", region)
+    async def shm_status(self, region: str | None, kind: str = "system") -> list[dict[str, Any]]:
+        return await self._call("shm_status", region, kind)
 
     async def shm_register(self, region: str, key: Any, offset: Any, byte_size: Any) -> None:
         await self._call("shm_register", region, key, offset, byte_size)
 
-    async def shm_unregister(self, region: str | None) -> None:
-        await self._call("shm_unregister", region)
+    async def cuda_shm_register(self, region: str, raw_handle: Any, device_id: Any, byte_size: Any) -> None:
+        await self._call("cuda_shm_register", region, raw_handle, device_id, byte_size)
+
+    async def shm_unregister(self, region: str | None, kind: str = "system") -> None:
+        await self._call("shm_unregister", region, kind)
 
     async def repository_index(self, ready_only: bool) -> list[dict[str, Any]]:
         return await self._call("repository_index", ready_only)

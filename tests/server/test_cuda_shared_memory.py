@@ -1,0 +1,125 @@
+"""Triton's CUDA shared memory extension on a real GPU, driven by tritonclient's own CUDA shared-memory
+utilities over REST and gRPC, in one process and through front ends: a signal in device memory the
+client allocated, run through a small 1-D convolution network, its output written into another
+region, and bad handles, devices and sizes refused with a message, the server healthy after each.
+(The model is built here with onnx, so the check runs on a GPU machine without torch; where there is
+no GPU, the refusals that need none are tested in test_shared_memory.py.)"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+
+import numpy as np
+import pytest
+
+from unideploy.runtimes import cuda_api
+
+pytestmark = pytest.mark.skipif(cuda_api.problem() is not None, reason=f"needs a CUDA GPU: {cuda_api.problem()}")
+httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is in the dev extra")
+import tritonclient.grpc as grpcclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+CLIENTS = {
+    "http": lambda server: httpclient.InferenceServerClient(server.http.removeprefix("http://")),
+    "grpc": lambda server: grpcclient.InferenceServerClient(server.grpc),
+}
+
+
+@pytest.fixture(scope="module", params=["0", "2"], ids=["one process", "two front ends"])
+def cuda_server(request, tmp_path_factory):
+    from onnx_models import conv1d_model
+    from serving import start_server, stop_server
+
+    import unideploy
+
+    root = tmp_path_factory.mktemp("cuda-shm")
+    unideploy.export(conv1d_model(root / "conv1d.onnx"), root / "repo" / "conv" / "1").close()
+    server = start_server(root / "repo", root, "--shared-memory", "cuda", "--frontends", request.param)
+    yield server
+    stop_server(server)
+
+
+def _signal(rows: int) -> np.ndarray:
+    """Tones with a little noise, [rows, 1, 64]: what the network's audio input takes."""
+    t = np.arange(64, dtype=np.float32) / 64
+    tones = np.sin(2 * np.pi * np.arange(1, rows + 1, dtype=np.float32)[:, None] * t)
+    noise = np.random.default_rng(0).normal(0, 0.05, tones.shape)
+    return np.ascontiguousarray((tones + noise)[:, None, :], dtype=np.float32)
+
+
+@pytest.fixture
+def device_regions():
+    """Device memory allocated as a client allocates it, each freed afterwards."""
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    made = []
+
+    def make(size: int) -> tuple[object, str]:
+        name = f"c{uuid.uuid4().hex[:8]}"
+        made.append(cudashm.create_shared_memory_region(name, size, 0))
+        return made[-1], name
+
+    yield make
+    for handle in made:
+        cudashm.destroy_shared_memory_region(handle)
+
+
+@pytest.mark.parametrize("protocol", CLIENTS)
+def test_tensors_in_gpu_memory_in_and_out(cuda_server, device_regions, protocol):
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    client, module = CLIENTS[protocol](cuda_server), httpclient if protocol == "http" else grpcclient
+    images = _signal(5)
+    plain = module.InferInput("audio", list(images.shape), "FP32")
+    plain.set_data_from_numpy(images)
+    expected = client.infer("conv", [plain]).as_numpy("y")
+    (in_handle, in_name), (out_handle, out_name) = device_regions(images.nbytes), device_regions(expected.nbytes)
+    cudashm.set_shared_memory_region(in_handle, [images])
+    client.register_cuda_shared_memory(in_name, cudashm.get_raw_handle(in_handle), 0, images.nbytes)
+    client.register_cuda_shared_memory(out_name, cudashm.get_raw_handle(out_handle), 0, expected.nbytes)
+    try:
+        x = module.InferInput("audio", list(images.shape), "FP32")
+        x.set_shared_memory(in_name, images.nbytes)
+        wanted = module.InferRequestedOutput("y")
+        wanted.set_shared_memory(out_name, expected.nbytes)
+        client.infer("conv", [x], outputs=[wanted])
+        got = cudashm.get_contents_as_numpy(out_handle, np.float32, list(expected.shape))
+        np.testing.assert_array_equal(got, expected)
+        status = client.get_cuda_shared_memory_status()
+        names = {r["name"] for r in status} if protocol == "http" else set(status.regions)
+        assert {in_name, out_name} <= names
+        metadata = client.get_server_metadata()
+        assert "cuda_shared_memory" in (metadata["extensions"] if protocol == "http" else metadata.extensions)
+    finally:
+        client.unregister_cuda_shared_memory(in_name)
+        client.unregister_cuda_shared_memory(out_name)
+
+
+@pytest.mark.parametrize("protocol", CLIENTS)
+def test_bad_handles_devices_and_sizes_are_refused(cuda_server, device_regions, protocol):
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    client, module = CLIENTS[protocol](cuda_server), httpclient if protocol == "http" else grpcclient
+    handle, name = device_regions(4096)
+    raw = cudashm.get_raw_handle(handle)
+
+    def refused(call, fragment: str) -> None:
+        with pytest.raises(InferenceServerException) as caught:
+            call()
+        assert fragment in str(caught.value), str(caught.value)
+
+    refused(lambda: client.register_cuda_shared_memory("z", base64.b64encode(bytes(64)), 0, 16), "cannot be opened")
+    refused(lambda: client.register_cuda_shared_memory("z", base64.b64encode(bytes(8)), 0, 16), "not a 64-byte")
+    refused(lambda: client.register_cuda_shared_memory("z", raw, 4096, 16), "GPU 4096 cannot be used")
+    refused(lambda: client.register_cuda_shared_memory("z", raw, 0, 1 << 40), "is larger than its memory")
+    client.register_cuda_shared_memory(name, raw, 0, 4096)
+    try:
+        refused(lambda: client.register_cuda_shared_memory(name, raw, 0, 16), "already registered")
+        x = module.InferInput("audio", [1, 1, 64], "FP32")
+        x.set_shared_memory(name, 256, offset=4000)
+        refused(lambda: client.infer("conv", [x]), "falls outside shared memory region")
+    finally:
+        client.unregister_cuda_shared_memory(name)
+    refused(lambda: client.unregister_cuda_shared_memory(name), "no shared memory region")
+    assert client.is_server_ready()
