@@ -112,7 +112,7 @@ POLICIES: dict[str, Policy] = {
     "buckets, shm": Policy({}, (1, 32), ("grpc", "http"), client=SHARED_MEMORY),
     # perf_analyzer's tensors in GPU memory it allocated (CUDA shared memory, server/cuda_shared_memory.py)
     "buckets, 4 front ends, cuda shm": Policy(
-        {}, (1, 32), ("grpc", "http"), ("--frontends", "4", "--shared-memory", "cuda"), CUDA_SHARED_MEMORY
+        {}, (1, 32), ("grpc",), ("--frontends", "4", "--shared-memory", "cuda"), CUDA_SHARED_MEMORY
     ),
     # the host's CPU (issue 44): one process, front ends, and front ends with shared memory
     "cpu, one process": Policy(ON_CPU, (1, 32), ("grpc",)),

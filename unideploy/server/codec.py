@@ -155,7 +155,8 @@ def _shaped(flat: np.ndarray, shape: Sequence[int], tensor: str) -> np.ndarray:
 
 def from_bytes(raw: bytes | memoryview, datatype: Any, shape: Sequence[int], tensor: str) -> np.ndarray:
     """Raw little-endian row-major bytes (binary extension, raw_input_contents) to an array, without
-    a copy (a memoryview of the request body stays one); BYTES as Triton serializes it."""
+    a copy (a memoryview of the request body stays one) unless the bytes are not aligned to the
+    type's size; BYTES as Triton serializes it."""
     if datatype == BYTES:
         return _texts_from_raw(raw, shape, tensor)
     dtype = numpy_dtype(datatype, tensor)
@@ -164,7 +165,12 @@ def from_bytes(raw: bytes | memoryview, datatype: Any, shape: Sequence[int], ten
         raise BadRequest(
             f"input '{tensor}' has {len(raw)} bytes of data, but {datatype} {list(shape)} needs {expected}"
         )
-    return _shaped(np.frombuffer(raw, dtype=dtype), shape, tensor)
+    array = np.frombuffer(raw, dtype=dtype)
+    if not array.flags.aligned:
+        # bytes after a JSON header of any length: ONNX Runtime reads an unaligned array element by
+        # element (a 600 KB image: 0.17 ms a call against 0.03), so one copy here is cheaper
+        array = array.copy()
+    return _shaped(array, shape, tensor)
 
 
 def from_contents(contents: Any, datatype: str, shape: Sequence[int], tensor: str) -> np.ndarray:

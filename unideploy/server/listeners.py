@@ -101,7 +101,13 @@ class Listeners:
                 # connections beyond a front end's share (frontends.supervisor) are refused as they open
                 # (http_limits); uvicorn's own check, which counts running requests too, stays one above it
                 limit_concurrency=cfg.max_connections + 1,
-                http=limited_protocol(cfg.max_header_bytes, cfg.max_headers, cfg.header_timeout_s, cfg.max_connections),
+                http=limited_protocol(
+                    cfg.max_header_bytes,
+                    cfg.max_headers,
+                    cfg.header_timeout_s,
+                    cfg.max_connections,
+                    cfg.max_request_bytes,
+                ),
                 timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
                 log_config=None,  # uvicorn logs through our JSON handler
                 ssl_certfile=str(cfg.tls_cert) if cfg.tls_cert else None,

@@ -33,6 +33,7 @@ from unideploy.server.shared_memory import Written
 log = logging.getLogger("unideploy.server")
 
 HEADER_LENGTH = "inference-header-content-length"
+ALIGNMENT = 64  # where a request's binary tensors start in memory: any type's size, and a cache line
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -62,7 +63,8 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
 
         return endpoint
 
-    async def read_body(request: Request) -> bytes:
+    async def read_chunks(request: Request) -> tuple[list[bytes], int]:
+        """The body's chunks and its size, within the limits."""
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > max_request_bytes):
             raise TooLarge(f"request body of {declared} bytes exceeds the limit of {max_request_bytes}")
@@ -78,7 +80,26 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
             raise RequestTimeout(
                 f"request body did not arrive within {body_timeout_s:g} s ({size} bytes came)"
             ) from None
-        return b"".join(chunks)
+        return chunks, size
+
+    async def read_body(request: Request) -> bytes:
+        return b"".join((await read_chunks(request))[0])
+
+    async def read_tensors(request: Request, aligned_from: int) -> bytes | memoryview:
+        """An inference body laid out so that byte ``aligned_from``, where binary tensors start
+        after the JSON header, sits on a 64-byte boundary: the tensors are then read in place (an
+        unaligned one is copied, ``codec.from_bytes``)."""
+        chunks, size = await read_chunks(request)
+        if not 0 < aligned_from < size:
+            return b"".join(chunks)
+        buffer = np.empty(size + ALIGNMENT, np.uint8)
+        start = -(buffer.ctypes.data + aligned_from) % ALIGNMENT
+        body = buffer.data[start : start + size]
+        at = 0
+        for chunk in chunks:  # the one copy b"".join would make
+            body[at : at + len(chunk)] = chunk
+            at += len(chunk)
+        return body
 
     def version_of(request: Request) -> str | None:
         return request.path_params.get("version")
@@ -142,12 +163,15 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
 
     # -- inference ---------------------------------------------------------------------------
     async def infer(request: Request) -> Response:
-        body = await read_body(request)
+        header_length = request.headers.get(HEADER_LENGTH)
+        given = header_length or ""
+        readable = given.isascii() and given.isdigit() and len(given) < 16
+        body = await read_tensors(request, int(given) if readable else 0)  # json_length checks it
         decoding = time.perf_counter()
         # A large JSON part takes milliseconds to decode: in the decoder's process, other requests go
         # on. Binary tensors are read in place at any size, so only the JSON part counts (a 600 KB
         # binary request sent to a thread and back cost 0.18 ms of its 1.05 ms in the server).
-        decoded = await decoder.decode(body, json_length(body, request.headers.get(HEADER_LENGTH)))
+        decoded = await decoder.decode(body, json_length(body, header_length))
         result = await dataplane.infer(
             InferRequest(
                 request.path_params["model"],

@@ -48,10 +48,11 @@ class JsonDecoder:
     def __init__(self) -> None:
         self._pool: ProcessPoolExecutor | None = None
 
-    async def decode(self, body: bytes, cut: int) -> DecodedRequest:
+    async def decode(self, body: bytes | memoryview, cut: int) -> DecodedRequest:
         """``body``, whose first ``cut`` bytes are JSON (binary tensors follow)."""
         if cut <= DECODE_INLINE_BYTES:
             return parse(body, cut)
+        body = bytes(body)  # what goes to the decoder's process is pickled
         if self._pool is None:
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
         try:
@@ -72,7 +73,7 @@ class DecoderLost(UnideployError):
     """The worker process decoding a large JSON body died (a 500: no fault of the request's)."""
 
 
-def json_length(body: bytes, header_length: str | None) -> int:
+def json_length(body: bytes | memoryview, header_length: str | None) -> int:
     """How many of the body's bytes are its JSON part: all of them, or what
     ``Inference-Header-Content-Length`` says (binary tensors follow)."""
     if header_length is None:
@@ -85,7 +86,7 @@ def json_length(body: bytes, header_length: str | None) -> int:
     return int(header_length)
 
 
-def parse(body: bytes, cut: int) -> DecodedRequest:
+def parse(body: bytes | memoryview, cut: int) -> DecodedRequest:
     view = memoryview(body)  # the tensors' bytes are read in place: no copy of a large body
     return _decode_request(json_object(view[:cut]), view[cut:])
 
