@@ -47,7 +47,7 @@ from unideploy.onnx.dequantize import float_onnx
 from unideploy.onnx.files import copy_model
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
-from unideploy.package.manifest import OmittedRecord, Precision, SearchTrial
+from unideploy.package.manifest import AccuracyRecord, OmittedRecord, Precision, SearchTrial
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.samples import batch_size_of, take_rows
@@ -127,7 +127,7 @@ def _fewest_float_layers(
     saved_model: Path,
     work: Path,
     data: list[dict[str, np.ndarray]],
-    judge: Callable[[Path], dict[str, Any]],
+    judge: Callable[[Path], AccuracyRecord],
     say: Progress,
 ) -> tuple[Path, dict[str, Any]]:
     """Full-integer int8 with the fewest of its most error-prone layers in float that holds the
@@ -138,7 +138,7 @@ def _fewest_float_layers(
     if not candidates:
         raise AccuracyBudgetError(f"{len(ranked)} quantized layer(s): too few to keep some in float")
     trials: list[SearchTrial] = []
-    closest: tuple[int, dict[str, Any]] | None = None  # the candidate with the smallest drop
+    closest: tuple[int, AccuracyRecord] | None = None  # the candidate with the smallest drop
     for count, path in candidates:
         say(f"TFLite int8 with the {count} most error-prone layer(s) in float")
         accuracy = judge(path)
@@ -277,12 +277,12 @@ def _tflite_artifacts(
     failed: dict[Precision, list[tuple[str, UnideployError]]] = {}
     made: set[str] = set()  # precisions added: the dynamic-range int8 runs only where full integer did not
 
-    def accuracy_of(path: Path, run: Callable, fitting: list) -> tuple[Guard, dict[str, Any]]:
+    def accuracy_of(path: Path, run: Callable, fitting: list) -> tuple[Guard, AccuracyRecord]:
         nonlocal guard
         guard = guard or _guard(package, base, calibration, fitting, accuracy)
         return guard, guard.judge(path, lambda: run)
 
-    def judge(path: Path) -> dict[str, Any]:
+    def judge(path: Path) -> AccuracyRecord:
         spec = tflite_signature(path, fixed or manifest.signature) or fixed or manifest.signature
         with tflite(path, spec) as runtime:
             return accuracy_of(path, *fitted(runtime.run, spec, references))[1]

@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from unideploy.errors import InputError
 from unideploy.guard.metrics import METRICS, coords, ctc, detections, maps
 from unideploy.guard.metrics.base import BUDGET_OPTIONS, Budget, Output, classes, cosines, probabilities, relative_error
+from unideploy.package.manifest import AccuracyRecord, OutputAccuracy
 
 DEFAULT_BUDGET_POINTS = 1.0  # what a non-exact artifact may lose, in percentage points of its metric
 _EMBEDDING_NAME = re.compile(r"(?i)embed|pool|sentence|feature|vector|hidden|encod")
@@ -245,7 +246,7 @@ def compare(
     min_cosine: float | None = None,
     chosen: Mapping[str, tuple[str, str]] | None = None,
     output_axes: Mapping[str, int | None] | None = None,
-) -> dict[str, Any]:
+) -> AccuracyRecord:
     """Every output of ``candidate`` against ``reference``, by its metric, and the verdict.
     ``chosen``: the (metric, why) per output ``choose_metrics`` gave for this reference, where the
     caller judges many candidates against one (the guard), so it is not chosen again each time.
@@ -263,8 +264,8 @@ def compare(
         "min_cosine": budget_points if min_cosine is None else round((1.0 - min_cosine) * 100.0, 6),
     }
     rows = int(ref[names[0]].shape[0])
-    outputs: dict[str, dict[str, Any]] = {}
-    result: dict[str, Any] = {"rows": rows, "outputs": outputs}
+    outputs: dict[str, OutputAccuracy] = {}
+    labelled: tuple[float, float] | None = None  # (fp32, candidate)
     for n in names:
         kind, why = chosen[n]
         judge = METRICS.get(kind)()
@@ -284,20 +285,24 @@ def compare(
         drop, found = judge.score(Output(n, r, c, [b[n] for b in reference], [b[n] for b in candidate], ref, labels))
         entry.update(found)
         if "accuracy" in found:  # labelled accuracy is the whole model's too
-            result.update(accuracy_fp32=found["accuracy_fp32"], accuracy=found["accuracy"])
+            labelled = (found["accuracy_fp32"], found["accuracy"])
         entry["drop_points"] = round(max(drop, 0.0) * 100.0, 4)
         entry["budget_points"] = budgets[judge.budget]
         entry["within_budget"] = entry["drop_points"] <= entry["budget_points"]
-        outputs[n] = entry
+        outputs[n] = cast(OutputAccuracy, entry)  # with the metric's own measurements beside the typed ones
     worst = max(outputs, key=lambda n: outputs[n]["drop_points"] - outputs[n]["budget_points"])
-    result.update(
-        metric=outputs[worst]["metric"],
-        deciding_output=worst,
-        top1_agreement=outputs[names[0]]["top1_agreement"],
-        drop_points=outputs[worst]["drop_points"],
-        budget_points=outputs[worst]["budget_points"],
-        within_budget=all(o["within_budget"] for o in outputs.values()),
-    )
+    result: AccuracyRecord = {
+        "rows": rows,
+        "outputs": outputs,
+        "metric": outputs[worst]["metric"],
+        "deciding_output": worst,
+        "top1_agreement": outputs[names[0]]["top1_agreement"],
+        "drop_points": outputs[worst]["drop_points"],
+        "budget_points": outputs[worst]["budget_points"],
+        "within_budget": all(o["within_budget"] for o in outputs.values()),
+    }
+    if labelled is not None:
+        result["accuracy_fp32"], result["accuracy"] = labelled
     return result
 
 
@@ -311,7 +316,7 @@ def metric_help() -> str:
     return "; ".join(f"{name}: {cls.measures} ({BUDGET_OPTIONS[cls.budget]})" for name, cls in METRICS)
 
 
-def describe(accuracy: dict[str, Any]) -> str:
+def describe(accuracy: AccuracyRecord) -> str:
     """One line of numbers for messages: each output's metric, drop and budget."""
     return "; ".join(
         f"{name}: {o['metric']} drop {o['drop_points']:.2f} points (budget {o['budget_points']:g}), {detail(o)}"

@@ -20,6 +20,7 @@ import numpy as np
 
 from unideploy.errors import UnideployError
 from unideploy.guard.accuracy import DEFAULT_BUDGET_POINTS, choose_metrics, compare, describe, joined
+from unideploy.package.manifest import AccuracyRecord
 
 Batch = dict[str, np.ndarray]
 Runner = Callable[[Batch], Mapping[str, np.ndarray]]
@@ -48,7 +49,7 @@ class Guard:
     rows_are: str = "rows"  # how a refusal names the rows ("validation rows", "reference rows")
     rows: int | None = None  # how many rows ``batches`` hold (along each input's batch axis), where known
     output_axes: Mapping[str, int | None] | None = None  # where each output's rows lie (the signature's)
-    _judged: dict[Hashable, dict[str, Any]] = field(default_factory=dict, repr=False)
+    _judged: dict[Hashable, AccuracyRecord] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, fp32: Runner, batches: list[Batch], labels: np.ndarray | None = None, **settings: Any) -> Guard:
@@ -62,7 +63,7 @@ class Guard:
         reference = joined(self.reference, self.output_axes)
         return choose_metrics(self.metric, reference, self.labels is not None, self.rows, self.output_axes)
 
-    def judge(self, key: Hashable, open_runner: Callable[[], Runner]) -> dict[str, Any]:
+    def judge(self, key: Hashable, open_runner: Callable[[], Runner]) -> AccuracyRecord:
         """The candidate's accuracy record (every output by its metric, and the verdict); the
         candidate is opened (``open_runner``) and run only the first time ``key`` is judged."""
         if key not in self._judged:
@@ -79,11 +80,11 @@ class Guard:
             )
         return self._judged[key]
 
-    def numbers(self, accuracy: Mapping[str, Any]) -> str:
+    def numbers(self, accuracy: AccuracyRecord) -> str:
         """'on N rows: <each output's metric, drop and budget>', for messages."""
-        return f"on {accuracy['rows']} {self.rows_are}: {describe(dict(accuracy))}"
+        return f"on {accuracy['rows']} {self.rows_are}: {describe(accuracy)}"
 
-    def admit(self, accuracy: dict[str, Any], refusal: Callable[[str], UnideployError]) -> dict[str, Any]:
+    def admit(self, accuracy: AccuracyRecord, refusal: Callable[[str], UnideployError]) -> AccuracyRecord:
         """``accuracy`` when it is within budget; else the stage's ``refusal``, given the numbers."""
         if not accuracy["within_budget"]:
             raise refusal(self.numbers(accuracy))

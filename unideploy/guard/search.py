@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unideploy.package.manifest import SearchRecord, SearchTrial
+from unideploy.package.manifest import AccuracyRecord, SearchRecord, SearchTrial
 
 MAX_TRIALS = 10
 
@@ -26,7 +26,7 @@ class SearchResult:
     trials: list[SearchTrial] = field(default_factory=list)
 
 
-def trial(restored: int, accuracy: dict[str, Any]) -> SearchTrial:
+def trial(restored: int, accuracy: AccuracyRecord) -> SearchTrial:
     return {
         "restored": restored,
         "drop_points": accuracy["drop_points"],
@@ -37,7 +37,7 @@ def trial(restored: int, accuracy: dict[str, Any]) -> SearchTrial:
 def search(
     ranked: list[str],
     build: Callable[[list[str]], Path],
-    judge: Callable[[Path], dict[str, Any]],
+    judge: Callable[[Path], AccuracyRecord],
     say: Callable[[str], None],
     what: str,
     max_trials: int | None = None,

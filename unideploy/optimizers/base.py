@@ -19,7 +19,7 @@ import numpy as np
 from unideploy.errors import InputError
 from unideploy.guard.accuracy import DEFAULT_BUDGET_POINTS
 from unideploy.options import PluginOptions
-from unideploy.package.manifest import Precision, TargetName
+from unideploy.package.manifest import AccuracyRecord, Precision, TargetName
 from unideploy.registry import Availability, modules_availability
 from unideploy.signature import Signature
 
@@ -30,7 +30,7 @@ Batch = dict[str, np.ndarray]
 class Evaluation:
     """A candidate model measured against the fp32 artifact."""
 
-    accuracy: dict[str, Any]  # metrics, "metric", "drop_points", "within_budget"
+    accuracy: AccuracyRecord
     latency_ms: dict[int, dict[str, float]]  # batch size -> {"fp32", "optimized", "speedup"}
 
     @property
@@ -50,7 +50,7 @@ class PassContext:
     calibration: list[Batch]  # batches of named inputs, no labels
     workdir: Path
     evaluate: Callable[[Path], Evaluation]
-    judge: Callable[[Path], dict[str, Any]]  # the accuracy part of evaluate, without timing
+    judge: Callable[[Path], AccuracyRecord]  # the accuracy part of evaluate, without timing
     fixed_batch: int | None = None  # the batch size every input batch must have, if the model fixes one
     say: Callable[[str], None] = lambda _msg: None
 

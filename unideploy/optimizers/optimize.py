@@ -24,7 +24,7 @@ from unideploy.optimizers.base import STAGES, Evaluation, OptimizeRequest
 from unideploy.options import flag
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
-from unideploy.package.manifest import OptimizationRecord, ValidationRecord
+from unideploy.package.manifest import AccuracyRecord, OptimizationRecord, ValidationRecord
 from unideploy.package.writer import extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.samples import batch_size_of
@@ -132,7 +132,7 @@ def optimize(
             say(f"judging '{name}' by {metric}: {why}")
         evaluated: dict[Path, Evaluation] = {}
 
-        def judge(candidate: Path) -> dict[str, Any]:
+        def judge(candidate: Path) -> AccuracyRecord:
             return guard.judge(candidate, lambda: _runner(_session_of(candidate)))
 
         def evaluate(candidate: Path) -> Evaluation:

@@ -52,6 +52,41 @@ class OutputErrors(TypedDict):
     mismatched: int
 
 
+class OutputAccuracy(TypedDict):
+    """One output of a candidate judged by its metric (``guard/accuracy.py``): which metric and why,
+    the distances every numeric output gets, the drop against its budget, and the verdict. The
+    metric adds what it measured under its own names (``accuracy_fp32`` and ``accuracy``,
+    ``mask_iou``, ``character_error_rate``, ...: ``Metric.score``)."""
+
+    metric: str
+    why: str
+    max_abs_error: float
+    top1_agreement: float
+    drop_points: float  # percentage points lost by the metric's measure, never negative
+    budget_points: float
+    within_budget: bool
+    cosine_mean: NotRequired[float]
+    cosine_min: NotRequired[float]
+    relative_error: NotRequired[float]
+
+
+class AccuracyRecord(TypedDict):
+    """The guard's verdict on a candidate: each output's, and the deciding one (the output furthest
+    over, or nearest to, its budget) as the whole candidate's; labelled accuracy where labels were
+    given."""
+
+    rows: int
+    outputs: dict[str, OutputAccuracy]
+    metric: str
+    deciding_output: str
+    top1_agreement: float
+    drop_points: float
+    budget_points: float
+    within_budget: bool
+    accuracy_fp32: NotRequired[float]
+    accuracy: NotRequired[float]
+
+
 class SearchTrial(TypedDict):
     """One candidate of an accuracy search: how many of the ranked layers it left as they were."""
 
@@ -94,7 +129,7 @@ class ValidationRecord(TypedDict):
     batch_sizes: NotRequired[list[int]]
     outputs: NotRequired[dict[str, OutputErrors]]
     tolerance_basis: NotRequired[str]
-    accuracy: NotRequired[dict[str, Any]]  # a non-exact artifact's guard verdict (edge fp16/int8)
+    accuracy: NotRequired[AccuracyRecord]  # a non-exact artifact's guard verdict (edge fp16/int8)
     quantization: NotRequired[str]  # an edge int8 artifact's kind (full integer or dynamic range)
     float_layers: NotRequired[list[dict[str, Any]]]  # an int8 TFLite's layers left in float, worst first
     search: NotRequired[SearchRecord]  # how many were ranked, and each candidate tried
@@ -118,7 +153,7 @@ class OptimizationRecord(TypedDict):
     derived_from: str
     passes: list[dict[str, Any]]
     data: dict[str, Any]
-    accuracy: dict[str, Any]
+    accuracy: AccuracyRecord
     effects: dict[str, Any]
     notes: list[str]
 
