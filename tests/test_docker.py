@@ -81,5 +81,8 @@ def test_gpu_image_installs_tensorrt_and_keeps_engines_in_a_volume():
     volumes = json.loads(re.search(r"^VOLUME (\[.*\])", text, re.MULTILINE).group(1))
     assert any(cache.startswith(v + "/") for v in volumes), (cache, volumes)
     assert f"mkdir -p {cache}" in text and "chown -R unideploy" in text  # writable by the image's user
-    assert "tensorrt-cu12" in text and "onnxruntime-gpu" in text and "pip uninstall -y onnxruntime" in text
+    assert "tensorrt-cu13>=10.13,<11" in text and "onnxruntime-gpu>=1.31,<1.32" in text
+    assert "pip uninstall -y onnxruntime" in text
+    # one CUDA major: onnxruntime-gpu 1.31 and cuda-bindings 13 are CUDA 13 builds, and so must be the base
+    assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:13\.", text, re.MULTILINE)
     assert "gpu" in re.search(r"^ARG EXTRAS=(\S+)", text, re.MULTILINE).group(1).split(",")

@@ -29,8 +29,8 @@ from unideploy.runtimes.tensorrt.spec import EngineSpec, check_shapes
 log = logging.getLogger("unideploy.tensorrt")
 
 INSTALL_HINT = (
-    "pip install 'unideploy[gpu]' tensorrt-cu12 --extra-index-url https://pypi.nvidia.com "
-    "(TensorRT wheels come from NVIDIA's index)"
+    "pip install 'unideploy[gpu]' 'tensorrt-cu13>=10.13,<11' --extra-index-url https://pypi.nvidia.com "
+    "(TensorRT wheels come from NVIDIA's index; 10.x for ONNX Runtime's provider, CUDA 13 as onnxruntime-gpu 1.31)"
 )
 
 
