@@ -9,7 +9,8 @@ generator does not take the server's cores. Policies (``model.yaml``):
 - ``pad to max``: ``batch_buckets: [32]``, every call padded to 32 rows, one session;
 - ``every size``: ``batch_buckets: []``, each merged batch run at its own size (the behaviour that
   collapsed: every new shape re-plans the CUDA provider's convolutions);
-- ``fp16 + buckets``: the onnx-fp16 artifact with the default buckets;
+- ``fp16 + buckets``: the onnx-fp16 artifact with the default buckets; ``finer buckets``: 12 and 24
+  besides the powers of two;
 - ``buckets, threads: 1``: the default with one ONNX Runtime thread per session;
 - ``N front ends`` (``deploy serve --frontends N``) and ``shm`` (perf_analyzer's tensors through
   system shared memory; ``cuda shm``: in GPU memory perf_analyzer allocated, the server started with
@@ -110,6 +111,11 @@ POLICIES: dict[str, Policy] = {
         {"batches_in_flight": 1}, (32,), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
     ),
     "buckets, shm": Policy({}, (1, 32), ("grpc", "http"), client=SHARED_MEMORY),
+    # at c32 with two batches in flight a batch holds 9-15 rows, padded to 16 (2026-11-27): finer
+    # buckets waste less of each GPU call on padding rows
+    "finer buckets, 4 front ends, shm": Policy(
+        {"batch_buckets": [1, 2, 4, 8, 12, 16, 24, 32]}, (32,), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
+    ),
     # perf_analyzer's tensors in GPU memory it allocated (CUDA shared memory, server/cuda_shared_memory.py)
     "buckets, 4 front ends, cuda shm": Policy(
         {}, (1, 32), ("grpc",), ("--frontends", "4", "--shared-memory", "cuda"), CUDA_SHARED_MEMORY

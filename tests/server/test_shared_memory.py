@@ -186,4 +186,4 @@ def test_cuda_shared_memory_without_a_gpu_is_refused_before_any_port_opens(repo)
     )
     lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert result.returncode == 2 and len(lines) == 1, result.stderr
-    assert "--shared-memory cuda needs a GPU" in lines[0] and cuda_api.problem() in lines[0]
+    assert "--shared-memory cuda needs a CUDA GPU" in lines[0] and cuda_api.problem() in lines[0]

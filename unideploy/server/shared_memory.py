@@ -113,7 +113,7 @@ class SharedMemoryRegions:
     def __init__(self, mode: str = "system") -> None:
         if mode == "cuda" and (why := cuda_api.problem()):  # refused before any port opens
             raise InputError(
-                f"--shared-memory cuda needs a GPU the CUDA runtime can use here: {why}",
+                f"--shared-memory cuda needs a CUDA GPU: {why}",
                 "start the server with --shared-memory system, or on a GPU machine with the gpu extra",
             )
         self.mode = mode
