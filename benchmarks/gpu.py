@@ -40,10 +40,10 @@ import unideploy
 from unideploy.errors import UnideployError
 from unideploy.guard.measure import interleaved_latency
 from unideploy.package import Package
-from unideploy.runtimes import Runtime, RuntimeOptions
+from unideploy.runtimes import Runtime, RuntimeOptions, cuda_api
 from unideploy.runtimes.batch_buckets import default_buckets
 from unideploy.runtimes.ort_providers import CUDA, cuda_options
-from unideploy.runtimes.pinned import BatchBuffers, PinnedBuffers, pinning_problem
+from unideploy.runtimes.pinned import BatchBuffers, PinnedBuffers
 from unideploy.runtimes.selection import open_artifact
 from unideploy.samples import resize_batch
 
@@ -531,7 +531,7 @@ class _WrittenInto:
 def pinned_copies(package_path: Path) -> dict[str, Any]:
     """The batch the GPU copies from: a new array, a kept one, or a kept page-locked one (each
     written first, as the server's merge writes it). Milliseconds per call, turns taken."""
-    why = pinning_problem()
+    why = cuda_api.problem()
     with unideploy.open_package(package_path) as package:
         engine = _engine(package, "onnx-fp32", device="gpu")
         assert not isinstance(engine, str), engine

@@ -85,9 +85,9 @@ def _gpu_finding() -> Finding:
     one-node model is opened on each GPU provider the build lists, and what loaded is reported."""
     import onnxruntime
 
+    from unideploy.runtimes import cuda_api
     from unideploy.runtimes.cuda_devices import find_gpus
     from unideploy.runtimes.ort_providers import CUDA, GPU_PROVIDERS, TENSORRT
-    from unideploy.runtimes.pinned import pinning_problem
 
     gpus, detail = find_gpus()
     listed = [p for p in GPU_PROVIDERS if p in onnxruntime.get_available_providers()]
@@ -109,9 +109,15 @@ def _gpu_finding() -> Finding:
             if lost.get(TENSORRT)
             else ""
         )
-        why_not = pinning_problem()  # deploy serve page-locks merged batches where it can (runtimes/pinned.py)
-        pinned = f"; merged batches stay pageable: {why_not}" if why_not else "; merged batches are page-locked"
-        return Finding("device", "gpu", True, f"{said}; {detail}{tensorrt}{pinned}")
+        # deploy serve page-locks merged batches (runtimes/pinned.py) and maps clients' GPU memory
+        # (--shared-memory cuda) through the same CUDA runtime
+        why_not = cuda_api.problem()
+        served = (
+            f"; merged batches stay pageable and --shared-memory cuda is refused: {why_not}"
+            if why_not
+            else "; merged batches are page-locked, and --shared-memory cuda is available"
+        )
+        return Finding("device", "gpu", True, f"{said}; {detail}{tensorrt}{served}")
     return Finding(
         "device",
         "gpu",

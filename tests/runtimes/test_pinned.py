@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unideploy.runtimes.pinned import KEPT, BatchBuffers, PinnedBuffers, pinning_problem
+from unideploy.runtimes import cuda_api
+from unideploy.runtimes.pinned import KEPT, BatchBuffers, PinnedBuffers
 
 
 def test_a_buffer_is_kept_per_input_and_shape_and_the_least_recent_given_back():
@@ -21,14 +22,14 @@ def test_a_buffer_is_kept_per_input_and_shape_and_the_least_recent_given_back():
     assert buffers.array("y", (KEPT, 2), np.dtype(np.float32)).shape == (KEPT, 2)
 
 
-@pytest.mark.skipif(pinning_problem() is None, reason="this machine can page-lock memory (it has a CUDA GPU)")
+@pytest.mark.skipif(cuda_api.problem() is None, reason="this machine can page-lock memory (it has a CUDA GPU)")
 def test_without_a_cuda_gpu_the_reason_is_named():
-    why = pinning_problem()
+    why = cuda_api.problem()
     assert why is not None and ("cuda-bindings is not installed" in why or "CUDA runtime" in why), why
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(pinning_problem() is not None, reason=f"needs a CUDA GPU: {pinning_problem()}")
+@pytest.mark.skipif(cuda_api.problem() is not None, reason=f"needs a CUDA GPU: {cuda_api.problem()}")
 def test_buffers_are_page_locked_on_a_gpu_and_unlocked_on_close():
     from cuda.bindings import runtime
 

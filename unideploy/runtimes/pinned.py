@@ -80,8 +80,3 @@ class PinnedBuffers(BatchBuffers):
         if array.ctypes.data in self._locked:
             self._locked.discard(array.ctypes.data)
             cuda_api.runtime().cudaHostUnregister(array.ctypes.data)
-
-
-def pinning_problem() -> str | None:
-    """None where host memory can be page-locked here, else why not (for the model's metadata)."""
-    return cuda_api.problem()

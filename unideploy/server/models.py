@@ -20,10 +20,10 @@ from typing import Any
 from unideploy.errors import UnideployError, first_line
 from unideploy.package import Artifact, Package
 from unideploy.package.signing import TrustedSigners, verify_signature
-from unideploy.runtimes import RuntimeOptions
+from unideploy.runtimes import RuntimeOptions, cuda_api
 from unideploy.runtimes.base import Runtime, usable_cores
 from unideploy.runtimes.batch_buckets import default_buckets
-from unideploy.runtimes.pinned import PinnedBuffers, pinning_problem
+from unideploy.runtimes.pinned import PinnedBuffers
 from unideploy.runtimes.selection import open_runtime, what_ran
 from unideploy.samples import Axes, resize_batch
 from unideploy.server.batching import DynamicBatcher, Tensors, inline_bytes, output_batch_axes
@@ -77,7 +77,7 @@ def pinned_buffers(asked: bool | None, ran: dict[str, Any], served_as: str) -> t
     on_gpu = ran.get("device") == "gpu"
     if asked is False or not (on_gpu or asked):
         return None
-    why_not = pinning_problem() if on_gpu else "the model runs on the CPU"
+    why_not = cuda_api.problem() if on_gpu else "the model runs on the CPU"
     ran["pinned_memory"] = f"off: {why_not}" if why_not else "on"
     if why_not and asked:
         log.warning("%s: pinned_memory is off: %s", served_as, why_not)
