@@ -26,17 +26,14 @@ from unideploy.server.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
 from unideploy.server.shared_memory import Placed, Written, placement
 
 # gRPC's own receive limit sits this far above --max-request-bytes: a message just over the limit
-# reaches ModelInfer and gets the same message as REST, and one far over it is refused by gRPC
+# reaches the request deserializer (``_tolerant``) and gets the same message as REST, and one far over it is refused by gRPC
 # before it is buffered (at twice the limit, 10 refused messages of 65-92 MiB grew the server from
 # 133 to 984 MB, and it stayed there)
 TRANSPORT_SLACK_BYTES = 1 << 20
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(
-        self, dataplane: DataPlaneAPI, inference_token: str | None, repository_token: str | None, max_request_bytes: int
-    ) -> None:
-        self.max_request_bytes = max_request_bytes
+    def __init__(self, dataplane: DataPlaneAPI, inference_token: str | None, repository_token: str | None) -> None:
         self.dataplane = dataplane
         self.inference_token = inference_token
         self.repository_token = repository_token
@@ -95,12 +92,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- inference ---------------------------------------------------------------------------
     async def ModelInfer(self, request, context):
         async def work():
-            size = request.ByteSize()
-            if size > self.max_request_bytes:
-                raise TooLarge(
-                    f"request of {size} bytes exceeds the limit of {self.max_request_bytes} bytes "
-                    "(the server's --max-request-bytes)"
-                )
             decoding = time.perf_counter()
             inputs = _decode_inputs(request)
             requested = [o.name for o in request.outputs]
@@ -252,11 +243,22 @@ class _Undecodable:
     why: str
 
 
-def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+@dataclass(frozen=True)
+class _Oversized:
+    """What a request over ``--max-request-bytes`` decodes to (its bytes are not parsed)."""
+
+    size: int
+
+
+def _tolerant(parse: Callable[[bytes], Any], max_request_bytes: int) -> Callable[[bytes], Any]:
     """A request deserializer that never raises: grpc.aio answers a raising one with UNKNOWN and
-    logs a traceback per request, so bad bytes become ``_Undecodable`` for the method to refuse."""
+    logs a traceback per request, so bad bytes become ``_Undecodable`` for the method to refuse. The
+    size limit is checked here, on the bytes' length (the transport's own limit has some slack):
+    counting a parsed message's size re-encodes it, 0.1 ms for a 600 KB tensor."""
 
     def deserialize(data: bytes) -> Any:
+        if len(data) > max_request_bytes:
+            return _Oversized(len(data))
         try:
             return parse(data)
         except DecodeError as exc:
@@ -266,9 +268,15 @@ def _tolerant(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
 
 
 def _refusing_undecodable(
-    method: Callable[[Any, Any], Awaitable[Any]], message: str
+    method: Callable[[Any, Any], Awaitable[Any]], message: str, max_request_bytes: int
 ) -> Callable[[Any, Any], Awaitable[Any]]:
     async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Oversized):
+            await context.abort(
+                getattr(grpc.StatusCode, TooLarge.grpc_code),
+                f"request of {request.size} bytes exceeds the limit of {max_request_bytes} bytes "
+                "(the server's --max-request-bytes)",
+            )
         if isinstance(request, _Undecodable):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -289,12 +297,12 @@ def add_servicer(
 ) -> None:
     """Every method of the service, from the proto's descriptor, each with a deserializer that
     turns undecodable bytes into an INVALID_ARGUMENT answer instead of an UNKNOWN and a traceback."""
-    servicer = InferenceServicer(dataplane, inference_token, repository_token, max_request_bytes)
+    servicer = InferenceServicer(dataplane, inference_token, repository_token)
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     handlers = {
         method.name: grpc.unary_unary_rpc_method_handler(
-            _refusing_undecodable(getattr(servicer, method.name), method.input_type.name),
-            request_deserializer=_tolerant(getattr(pb, method.input_type.name).FromString),
+            _refusing_undecodable(getattr(servicer, method.name), method.input_type.name, max_request_bytes),
+            request_deserializer=_tolerant(getattr(pb, method.input_type.name).FromString, max_request_bytes),
             response_serializer=getattr(pb, method.output_type.name).SerializeToString,
         )
         for method in service.methods
