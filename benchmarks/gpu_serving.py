@@ -15,7 +15,8 @@ generator does not take the server's cores. Policies (``model.yaml``):
 - ``N front ends`` (``deploy serve --frontends N``) and ``shm`` (perf_analyzer's tensors through
   system shared memory; ``cuda shm``: in GPU memory perf_analyzer allocated, the server started with
   ``--shared-memory cuda``): the server's protocols in more processes, and no tensor bytes on the wire;
-  ``one batch in flight``: ``batches_in_flight: 1`` against the GPU's default of two; ``threads: 1``:
+  ``one batch in flight``, ``three batches in flight``: ``batches_in_flight`` against the GPU's
+  default of two; ``threads: 1``:
   the GPU session's CPU threads; ``no pinned memory``: merged batches in new pageable arrays instead
   of the default's page-locked buffers (runtimes/pinned.py);
 - ``cpu, ...``: the same server with the model on the CPU (``device: cpu``) on the same cores,
@@ -109,6 +110,10 @@ POLICIES: dict[str, Policy] = {
     ),
     "buckets, 4 front ends, shm, one batch in flight": Policy(
         {"batches_in_flight": 1}, (32,), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
+    ),
+    # at c32 half of a request's time was waiting for one of the default two batch slots (2026-11-27)
+    "buckets, 4 front ends, shm, three batches in flight": Policy(
+        {"batches_in_flight": 3}, (32,), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
     ),
     "buckets, shm": Policy({}, (1, 32), ("grpc", "http"), client=SHARED_MEMORY),
     # at c32 with two batches in flight a batch holds 9-15 rows, padded to 16 (2026-11-27): finer
