@@ -153,3 +153,52 @@ def test_the_descriptor_limit_is_raised_to_the_hard_limit(repo, tmp_path):
     finally:
         stop_server(server)
     assert limits[0] == limits[1], limits
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_binary_body_sent_in_pieces_is_answered_as_if_sent_at_once(limited, digits, framing):
+    """Real digit images as binary tensors after a JSON header of odd length (so the tensor does not
+    start aligned in the body), the body sent in pieces with pauses: the server waits for the whole
+    declared body (or the last chunk) and answers exactly as for the body sent at once."""
+    import json
+    import time
+
+    import numpy as np
+
+    x = np.ascontiguousarray(np.load(digits["data"])["x"][:3])
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "datatype": "FP32", "shape": list(x.shape), "parameters": {"binary_data_size": x.nbytes}}
+            ],
+            "outputs": [{"name": "output", "parameters": {"binary_data": False}}],
+        }
+    ).encode()
+    header += b" " * (1 - len(header) % 2)  # odd: the tensor starts off any 4-byte boundary
+    body = header + x.tobytes()
+    with httpx.Client(base_url=limited.http, timeout=30) as client:
+        whole = client.post(
+            "/v2/models/digits/infer", content=body, headers={"Inference-Header-Content-Length": str(len(header))}
+        )
+    assert whole.status_code == 200, whole.text
+    head = f"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nInference-Header-Content-Length: {len(header)}\r\n"
+    cut = len(header) + x.nbytes // 2
+    if framing == "content-length":
+        pieces = [f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body[:cut], body[cut:]]
+    else:
+        pieces = [f"{head}Transfer-Encoding: chunked\r\n\r\n".encode()]
+        pieces += [b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:cut], body[cut:])] + [b"0\r\n\r\n"]
+    host, port = limited.http.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for piece in pieces:
+            sock.sendall(piece)
+            time.sleep(0.2)  # the input's shape: pieces that arrive apart
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < int(
+            answer.split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0]
+        ):
+            answer += sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+    got = json.loads(answer.split(b"\r\n\r\n", 1)[1])["outputs"][0]["data"]
+    assert got == whole.json()["outputs"][0]["data"]
