@@ -39,7 +39,6 @@ from unideploy.server.errors import BadRequest, NotFound
 SHM_ROOT = "/dev/shm"  # where Linux keeps POSIX shared memory (shm_open's names)
 KEY = re.compile(r"/?[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 REGION_NAME = re.compile(r"[^\x00/]{1,255}")
-MODES = ("off", "system", "cuda")  # cuda: system shared memory and CUDA shared memory
 
 
 @dataclass
