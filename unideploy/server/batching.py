@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import zip_longest
 
 import numpy as np
 
@@ -206,8 +207,7 @@ class DynamicBatcher:
         self._call = Caller(run, self._threads[0], inline_bytes, axes)
         self._idle: asyncio.Queue[Caller] = asyncio.Queue()  # the callers not running a batch
         self._buffers = [buffers() for _ in self._threads] if buffers else []  # each batch thread its own
-        for i, thread in enumerate(self._threads):
-            own = self._buffers[i] if self._buffers else None
+        for thread, own in zip_longest(self._threads, self._buffers):
             self._idle.put_nowait(Caller(run, thread, inline_bytes, axes, own))
         self.axes, self.output_axes = axes, output_axes  # where the rows are (axis 0 where None)
         self._runs: set[asyncio.Task] = set()

@@ -26,9 +26,9 @@ from unideploy.server.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
 from unideploy.server.shared_memory import Placed, Written, placement
 
 # gRPC's own receive limit sits this far above --max-request-bytes: a message just over the limit
-# reaches the request deserializer (``_tolerant``) and gets the same message as REST, and one far over it is refused by gRPC
-# before it is buffered (at twice the limit, 10 refused messages of 65-92 MiB grew the server from
-# 133 to 984 MB, and it stayed there)
+# reaches the request deserializer (``_tolerant``) and gets the same message as REST, and one far
+# over it is refused by gRPC before it is buffered (at twice the limit, 10 refused messages of
+# 65-92 MiB grew the server from 133 to 984 MB, and it stayed there)
 TRANSPORT_SLACK_BYTES = 1 << 20
 
 

@@ -36,6 +36,22 @@ HEADER_LENGTH = "inference-header-content-length"
 ALIGNMENT = 64  # where a request's binary tensors start in memory: any type's size, and a cache line
 
 
+def _aligned_body(chunks: list[bytes], size: int, aligned_from: int) -> bytes | memoryview:
+    """An inference body from its chunks, laid out so that byte ``aligned_from``, where binary
+    tensors start after the JSON header, sits on a 64-byte boundary: the tensors are then read in
+    place (an unaligned one is copied, ``codec.from_bytes``)."""
+    if not 0 < aligned_from < size:
+        return b"".join(chunks)
+    buffer = np.empty(size + ALIGNMENT, np.uint8)
+    start = -(buffer.ctypes.data + aligned_from) % ALIGNMENT
+    body = buffer.data[start : start + size]
+    at = 0
+    for chunk in chunks:  # the one copy b"".join would make
+        body[at : at + len(chunk)] = chunk
+        at += len(chunk)
+    return body
+
+
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
@@ -84,22 +100,6 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
 
     async def read_body(request: Request) -> bytes:
         return b"".join((await read_chunks(request))[0])
-
-    async def read_tensors(request: Request, aligned_from: int) -> bytes | memoryview:
-        """An inference body laid out so that byte ``aligned_from``, where binary tensors start
-        after the JSON header, sits on a 64-byte boundary: the tensors are then read in place (an
-        unaligned one is copied, ``codec.from_bytes``)."""
-        chunks, size = await read_chunks(request)
-        if not 0 < aligned_from < size:
-            return b"".join(chunks)
-        buffer = np.empty(size + ALIGNMENT, np.uint8)
-        start = -(buffer.ctypes.data + aligned_from) % ALIGNMENT
-        body = buffer.data[start : start + size]
-        at = 0
-        for chunk in chunks:  # the one copy b"".join would make
-            body[at : at + len(chunk)] = chunk
-            at += len(chunk)
-        return body
 
     def version_of(request: Request) -> str | None:
         return request.path_params.get("version")
@@ -163,15 +163,14 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
 
     # -- inference ---------------------------------------------------------------------------
     async def infer(request: Request) -> Response:
-        header_length = request.headers.get(HEADER_LENGTH)
-        given = header_length or ""
-        readable = given.isascii() and given.isdigit() and len(given) < 16
-        body = await read_tensors(request, int(given) if readable else 0)  # json_length checks it
+        chunks, size = await read_chunks(request)
+        cut = json_length(size, request.headers.get(HEADER_LENGTH))
+        body = _aligned_body(chunks, size, cut)
         decoding = time.perf_counter()
         # A large JSON part takes milliseconds to decode: in the decoder's process, other requests go
         # on. Binary tensors are read in place at any size, so only the JSON part counts (a 600 KB
         # binary request sent to a thread and back cost 0.18 ms of its 1.05 ms in the server).
-        decoded = await decoder.decode(body, json_length(body, header_length))
+        decoded = await decoder.decode(body, cut)
         result = await dataplane.infer(
             InferRequest(
                 request.path_params["model"],

@@ -73,16 +73,16 @@ class DecoderLost(UnideployError):
     """The worker process decoding a large JSON body died (a 500: no fault of the request's)."""
 
 
-def json_length(body: bytes | memoryview, header_length: str | None) -> int:
-    """How many of the body's bytes are its JSON part: all of them, or what
+def json_length(size: int, header_length: str | None) -> int:
+    """How many of a ``size``-byte body's bytes are its JSON part: all of them, or what
     ``Inference-Header-Content-Length`` says (binary tensors follow)."""
     if header_length is None:
-        return len(body)
+        return size
     # ASCII digits ("²" is a digit int() refuses), no more of them than the body's size has (int()
     # refuses 4,300 and more)
     digits = header_length.isascii() and header_length.isdigit()
-    if not digits or len(header_length) > len(str(len(body))) or int(header_length) > len(body):
-        raise BadRequest(f"Inference-Header-Content-Length {header_length!r} does not fit a {len(body)}-byte body")
+    if not digits or len(header_length) > len(str(size)) or int(header_length) > size:
+        raise BadRequest(f"Inference-Header-Content-Length {header_length!r} does not fit a {size}-byte body")
     return int(header_length)
 
 
