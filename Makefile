@@ -58,12 +58,14 @@ image-tools:
 
 # Web sites (deploy bundle --platform web) are built with npm (once per ONNX Runtime Web version) and
 # verified in Debian's Chromium, installed where apt-get can (as root). Elsewhere the tests that open
-# a browser skip and say why.
+# a browser skip and say why. Only what is missing is asked for: Debian's npm conflicts with a
+# NodeSource nodejs, which brings its own npm.
 web-tools:
-	@if ! command -v chromium >/dev/null || ! command -v npm >/dev/null; then \
+	@missing=""; command -v chromium >/dev/null || missing="chromium"; command -v npm >/dev/null || missing="$$missing npm"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get install -y -q chromium npm >/dev/null 2>&1 \
-	    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium npm >/dev/null 2>&1; } \
+	    apt-get install -y -q $$missing >/dev/null 2>&1 \
+	    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $$missing >/dev/null 2>&1; } \
 	    || echo "chromium/npm could not be installed: the web tests will skip"; \
 	  else echo "chromium/npm need apt-get as root: the web tests will skip"; fi; \
 	fi
