@@ -138,7 +138,7 @@ class RemoteDataPlane:
                 offset += aligned(array.nbytes)
         request.headers = dict(request.headers)  # a Starlette Headers is not for pickling
         if self.pool.retired:
-            self.channel.send(("forget", self.pool.retired))
+            self.channel.defer(("forget", self.pool.retired))  # rides with the request below
             self.pool.retired = []
         request_id, answer = self._send("infer", slot.name if slot else None, request)
         try:
@@ -171,9 +171,10 @@ class RemoteDataPlane:
         self._done(request_id, None, None)
 
     def _done(self, request_id: int, encode_s: float | None, total_s: float | None) -> None:
-        """Tell the model process the response is encoded (None: it never was; nothing to record)."""
+        """Tell the model process the response is encoded (None: it never was; nothing to record),
+        with the next message (it only records it)."""
         with contextlib.suppress(ConnectionError):
-            self.channel.send(("done", request_id, encode_s, total_s))
+            self.channel.defer(("done", request_id, encode_s, total_s))
 
     def encoded(self, result: InferResult, encode_s: float) -> None:
         assert isinstance(result, RemoteResult)

