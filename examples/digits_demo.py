@@ -63,10 +63,16 @@ def train() -> tuple[Path, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return path, x_train, y_train, x_test, y_test
 
 
-def deploy(*args: object) -> None:
+def deploy(*args: object, may_refuse: bool = False) -> None:
+    """Run one ``deploy`` command as a user would; ``may_refuse``: a refusal (exit 1, with its
+    reason, the package unchanged) is one of the outcomes shown, not a failed demo."""
     cmd = [DEPLOY, *map(str, args)]
     print(f"\n$ deploy {shlex.join(cmd[1:])}", flush=True)
-    subprocess.run(cmd, check=True)
+    returncode = subprocess.run(cmd).returncode
+    if returncode == 1 and may_refuse:
+        print("(refused: the package is as it was)")
+    elif returncode:
+        raise subprocess.CalledProcessError(returncode, cmd)
 
 
 def main() -> None:
@@ -84,7 +90,8 @@ def main() -> None:
     with np.load(OUT / "predictions.npz") as predictions:
         accuracy = (predictions["output"].argmax(1) == y_test).mean()
     print(f"accuracy of the packaged model on ONNX Runtime: {accuracy:.3f}")
-    deploy("optimize", package, "--quantize", "int8", "--calibration", OUT / "calibration.npz")
+    # INT8 is kept only where it runs faster than fp32: this small CNN is about even, so on some CPUs it is refused
+    deploy("optimize", package, "--quantize", "int8", "--calibration", OUT / "calibration.npz", may_refuse=True)
     deploy(
         "optimize", package, "--prune", "0.5", "--prune-method", "channels", "--calibration", OUT / "calibration.npz"
     )

@@ -254,7 +254,13 @@ def test_mtcnn_pnet_from_mindir_is_judged_per_face_like_its_keras_twin(tmp_path)
     admitted as the Keras one is (by relative error over every position it was refused)."""
     if not (zoo.ROOT / ".venv-ms" / "bin" / "python").exists():
         pytest.skip("the MindSpore venv is not built (make test builds it)")
-    cells = zoo.run_model(MODELS["mtcnn-pnet-mindspore"], ("export", "verify", "int8"), tmp_path)
+    model = MODELS["mtcnn-pnet-mindspore"]
+    cells = zoo.run_model(model, ("export", "verify"), tmp_path)
+    # the zoo's INT8 cell with --keep-slower: P-Net's INT8 runs 0.65-0.84x fp32 on a CPU without VNNI,
+    # which the zoo's own cell refuses there; how it is judged is what this test is about
+    cells["int8"] = zoo._optimize("--quantize", "int8", "--keep-slower")(
+        model, tmp_path, model.data(tmp_path), tmp_path
+    )
     assert {s: c.status for s, c in cells.items()} == dict.fromkeys(cells, "pass"), cells
     int8 = next(o for o in zoo._manifest(tmp_path / "int8")["optimizations"] if o["artifact"] == "onnx-int8")
     boxes, faces = (int8["accuracy"]["outputs"][name] for name in ("output_0", "output_1"))

@@ -60,6 +60,13 @@ class AccuracyBudgetError(UnideployError):
     exit_code = 1
 
 
+class NotFasterError(UnideployError):
+    """An optimization made for speed measured slower than the model it would replace; nothing
+    was written."""
+
+    exit_code = 1
+
+
 class RuntimeFailure(UnideployError):
     """The runtime itself failed on inputs that passed signature validation."""
 

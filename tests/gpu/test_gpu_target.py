@@ -221,6 +221,7 @@ def _export_int8(digits, tmp_path, variant):
         "int8",
         "--int8-variant",
         variant,
+        "--keep-slower",  # built for the GPU's TensorRT: how fast it runs on this CPU is beside the point
         "--calibration",
         digits["data"],
     )

@@ -33,7 +33,7 @@ def ops(package, artifact) -> list[str]:
 
 
 def test_int8_auto_measures_both_variants_and_explains_its_choice(digits_package, digits):
-    with unideploy.optimize(digits_package, quantize="int8", calibration=digits["data"]) as pkg:
+    with unideploy.optimize(digits_package, quantize="int8", keep_slower=True, calibration=digits["data"]) as pkg:
         record = pkg.manifest.optimizations[-1]
         params = record["passes"][0]["params"]
         assert {c["variant"] for c in params["candidates"]} == {"static", "dynamic"}
@@ -57,7 +57,9 @@ def test_int8_auto_measures_both_variants_and_explains_its_choice(digits_package
 
 def test_int8_dynamic_quantizes_a_cnn_classifier_head(digits_package, digits):
     """nn.Linear exports as Gemm, which onnxruntime's dynamic quantizer skips: it must still be quantized."""
-    with unideploy.optimize(digits_package, quantize="int8", int8_variant="dynamic", calibration=digits["data"]) as pkg:
+    with unideploy.optimize(
+        digits_package, quantize="int8", int8_variant="dynamic", keep_slower=True, calibration=digits["data"]
+    ) as pkg:
         assert "MatMulInteger" in ops(pkg, "onnx-int8") or "DynamicQuantizeMatMul" in ops(pkg, "onnx-int8")
         assert pkg.manifest.optimizations[-1]["effects"]["size_ratio"] < 0.5
 
@@ -69,6 +71,7 @@ def test_int8_static_is_qdq_with_sensitive_ops_in_float(torch_models, tmp_path):
         tmp_path / "attn.udp",
         quantize="int8",
         int8_variant="static",
+        keep_slower=True,  # a small attention block: INT8 is about its graph here, not its speed
         synthetic=True,
         metric="cosine",
         max_accuracy_drop=5.0,
@@ -90,6 +93,7 @@ def test_int8_dynamic_quantizes_matmuls(torch_models, tmp_path):
         tmp_path / "attn.udp",
         quantize="int8",
         int8_variant="dynamic",
+        keep_slower=True,  # a small attention block: INT8 is about its graph here, not its speed
         synthetic=True,
         metric="cosine",
         max_accuracy_drop=5.0,
@@ -185,24 +189,53 @@ def _request(**kwargs):
     return OptimizeRequest.of(**kwargs)
 
 
-def test_an_int8_model_slower_than_fp32_is_kept_with_a_note_that_says_so():
-    """INT8 is asked for speed. MTCNN's P-Net (12-pixel windows, 33 KB) runs its static INT8 at
-    0.65-0.71x fp32 at batch 1 on an AVX2 CPU and is no smaller: the user hears it, as a note
-    rather than a refusal, since a package is often served on another CPU than the one it was
-    built on. Judged from the measured speedups, never timed here."""
-    from unittest import mock
+def test_an_int8_model_slower_than_fp32_is_refused_with_the_numbers_unless_kept(tmp_path):
+    """INT8 is asked for speed. A chain of eight 8x8 MatMuls, where quantizing and dequantizing
+    each product costs more than the product (0.5-0.6x fp32 on a CPU with VNNI, slower still
+    without), is refused with the measured speedups and the package left as it was, from the
+    command line too; ``keep_slower`` (for a package served on another CPU) keeps it with a note.
+    A ratio far below the 0.95 the rule allows for noise, measured as optimize always measures."""
+    from console import assert_one_line_error, deploy
+    from onnx import TensorProto, helper, numpy_helper
 
-    from unideploy.guard import measure
+    from unideploy.errors import NotFasterError
 
-    slower = {1: {"speedup": 0.71}, 64: {"speedup": 0.84}}
-    assert measure.slower_everywhere(slower) == "0.71x at batch 1, 0.84x at batch 64"
-    assert measure.slower_everywhere({1: {"speedup": 0.71}, 64: {"speedup": 0.96}}) == ""  # faster somewhere: no note
-    with mock.patch("unideploy.guard.measure.cpu_has_vnni", return_value=False):
-        note = measure.slower_int8_note("onnx-int8", measure.slower_everywhere(slower), 1.08)
-    assert note == (
-        "onnx-int8 runs slower than fp32 on this CPU (0.71x at batch 1, 0.84x at batch 64) and is no smaller "
-        "(108% of fp32); a CPU with an int8 dot-product instruction (VNNI) may run it faster"
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array((rng.standard_normal((8, 8)) / 3).astype(np.float32), f"w{i}") for i in range(8)]
+    nodes = [helper.make_node("MatMul", [f"h{i}", f"w{i}"], [f"h{i + 1}"]) for i in range(8)]
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("h0", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("h8", TensorProto.FLOAT, ["N", 8])],
+        weights,
     )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "chain.onnx")
+    rows = rng.standard_normal((64, 8)).astype(np.float32)
+    np.savez(tmp_path / "rows.npz", h0=rows)
+    unideploy.export(tmp_path / "chain.onnx", tmp_path / "chain.udp", example_inputs={"h0": rows[:4]}).close()
+    before = tree_digest(tmp_path / "chain.udp")
+    asked = {
+        "quantize": "int8",
+        "int8_variant": "dynamic",
+        "metric": "cosine",
+        "calibration": str(tmp_path / "rows.npz"),
+    }
+
+    with pytest.raises(NotFasterError, match=r"INT8 runs slower than fp32 on this CPU \(0\.\d\dx at batch 1, "):
+        unideploy.optimize(tmp_path / "chain.udp", **asked)
+    refused = deploy("optimize", str(tmp_path / "chain.udp"), "--quantize", "int8", "--int8-variant", "dynamic",
+                     "--metric", "cosine", "--calibration", str(tmp_path / "rows.npz"))  # fmt: skip
+    assert_one_line_error(refused, 1, r"INT8 runs slower than fp32 on this CPU .*the package was not changed")
+    assert "add --keep-slower" in refused.stderr
+    assert tree_digest(tmp_path / "chain.udp") == before
+
+    with unideploy.optimize(tmp_path / "chain.udp", keep_slower=True, **asked) as pkg:
+        notes = pkg.manifest.optimizations[-1]["notes"]
+        assert pkg.manifest.artifact("onnx-int8").precision == "int8"
+    assert any(n.startswith("onnx-int8 runs slower than fp32 on this CPU (0.") for n in notes), notes
 
 
 def test_int8_of_a_tree_ensemble_is_refused_as_nothing_to_quantize(tmp_path):

@@ -47,7 +47,9 @@ def test_int8_keeps_the_layer_quantization_breaks_in_fp32(digits, tmp_path):
         state["classifier.3.weight"][:, 63] = 40.0
     package = _export(model, digits, tmp_path)
 
-    with unideploy.optimize(package, quantize="int8", int8_variant="static", calibration=digits["data"]) as pkg:
+    with unideploy.optimize(
+        package, quantize="int8", int8_variant="static", keep_slower=True, calibration=digits["data"]
+    ) as pkg:
         params = pkg.manifest.optimizations[-1]["passes"][0]["params"]
         search_record = params["search"]
         assert search_record["drop_points_all_int8"] > 1.0, search_record  # plain static INT8 is over the budget
@@ -213,7 +215,7 @@ def test_int8_keeps_a_concat_of_boxes_and_probabilities_in_fp32(digits, tmp_path
     unideploy.export(onnx_path, tmp_path / "head.udp").close()
 
     with unideploy.optimize(
-        tmp_path / "head.udp", quantize="int8", int8_variant="static", calibration=digits["data"]
+        tmp_path / "head.udp", quantize="int8", int8_variant="static", keep_slower=True, calibration=digits["data"]
     ) as pkg:
         kept = pkg.manifest.optimizations[-1]["passes"][0]["params"]["fp32_layers"]
         assert kept[0]["node"] == "head_concat" and "ranges differ" in kept[0]["why"], kept

@@ -110,7 +110,7 @@ def test_model_yaml_chooses_the_artifact_to_serve(digits, tmp_path):
 
     repo = tmp_path / "repo"
     unideploy.optimize(
-        digits["package"], repo / "digits" / "1", quantize="int8", calibration=str(digits["data"])
+        digits["package"], repo / "digits" / "1", quantize="int8", keep_slower=True, calibration=str(digits["data"])
     ).close()
     (repo / "digits" / "model.yaml").write_text(yaml.safe_dump({"artifact": "onnx-int8"}))
     with np.load(digits["data"]) as d:

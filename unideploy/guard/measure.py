@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from unideploy.errors import NotFasterError
 from unideploy.onnx.session import cpu_session
 from unideploy.samples import Axes, resize_batch
 
@@ -121,12 +122,25 @@ def slower_everywhere(latency_ms: dict[int, dict[str, float]]) -> str:
 
 
 def slower_int8_note(artifact_id: str, slower: str, size_ratio: float) -> str:
-    """INT8 is asked for speed: where it runs slower, the user hears it, and why it may. A note, not
-    a refusal: a package is often built on another CPU than the one that serves it."""
-    size = f"is smaller ({size_ratio:.0%} of fp32)" if size_ratio < 1.0 else f"is no smaller ({size_ratio:.0%} of fp32)"
-    why = (
-        "a CPU with an int8 dot-product instruction (VNNI) may run it faster"
-        if not cpu_has_vnni()
-        else "keep fp32 here"
+    """What a user who kept a slower INT8 (``--keep-slower``) hears about it, and why it may be."""
+    return f"{artifact_id} runs slower than fp32 on this CPU ({slower}) and {_size(size_ratio)}; {_why_slower()}"
+
+
+def slower_int8_refusal(slower: str, size_ratio: float) -> NotFasterError:
+    """INT8 is asked for speed, and one slower than fp32 at every batch size measured is not kept
+    (as NVIDIA ModelOpt keeps a quantized model only where it measures faster); a package built on
+    one CPU for another that serves it keeps it with ``--keep-slower``."""
+    return NotFasterError(
+        f"INT8 runs slower than fp32 on this CPU ({slower}) and {_size(size_ratio)}; the package was not changed",
+        f"{_why_slower()}; to build it for another CPU that will serve it, add --keep-slower",
     )
-    return f"{artifact_id} runs slower than fp32 on this CPU ({slower}) and {size}; {why}"
+
+
+def _size(size_ratio: float) -> str:
+    return f"is {'smaller' if size_ratio < 1.0 else 'no smaller'} ({size_ratio:.0%} of fp32)"
+
+
+def _why_slower() -> str:
+    if cpu_has_vnni():
+        return "serve the fp32 artifact here: this CPU has VNNI, so the model may be too small for INT8 to pay"
+    return "serve the fp32 artifact here; a CPU with an int8 dot-product instruction (VNNI) may run it faster"

@@ -22,6 +22,11 @@ class Int8Options(PluginOptions):
     quantize_sensitive_ops: bool = Field(
         False, description="also quantize LayerNorm/Softmax/GELU/... (kept in float by default)"
     )
+    keep_slower: bool = Field(
+        False,
+        description="keep an INT8 model that runs slower than fp32 on this CPU (refused by default), "
+        "for another CPU that will serve it",
+    )
 
 
 class Fp16Options(PluginOptions):

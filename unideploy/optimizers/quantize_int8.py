@@ -26,6 +26,8 @@ what they cost in speed.
 
 ``auto`` builds ``static`` and ``dynamic``, measures each against fp32 (accuracy on validation data and latency at
 batch 1 and a large batch) and keeps the fastest one within the accuracy budget, saying why.
+INT8 is asked for speed: one slower than fp32 at every batch size measured is refused with the
+numbers (``keep_slower``, for a package built on one CPU and served on another, keeps it with a note).
 On CPUs without VNNI, u8 x s8 products can saturate; weights then use 7 bits (reduce_range).
 """
 
@@ -39,7 +41,7 @@ import numpy as np
 import onnx
 
 from unideploy.errors import ExportError, InputError, first_line
-from unideploy.guard.measure import cpu_has_vnni
+from unideploy.guard.measure import cpu_has_vnni, slower_everywhere, slower_int8_refusal
 from unideploy.guard.search import search, search_record, skipped
 from unideploy.onnx.graph import branch_layers, control_flow_note, operator_list, weight_names
 from unideploy.onnx.interface import opset_of
@@ -200,6 +202,7 @@ class Int8Quantization(OptimizerPass):
         self.variant = options.int8_variant
         self.calibration_method = options.calibration_method
         self.quantize_sensitive = options.quantize_sensitive_ops
+        self.keep_slower = options.keep_slower
 
     @classmethod
     def from_request(cls, request: OptimizeRequest) -> Int8Quantization | None:
@@ -274,6 +277,9 @@ class Int8Quantization(OptimizerPass):
             candidates: list[dict[str, Any]] = []
         else:
             variant, why, candidates = self._choose(built, ctx)
+        chosen = ctx.evaluate(built[variant])  # measured once: the final check reuses it
+        if chosen.within_budget and not self.keep_slower and (slower := slower_everywhere(chosen.latency_ms)):
+            raise slower_int8_refusal(slower, built[variant].stat().st_size / Path(model_path).stat().st_size)
         return PassResult(
             path=built[variant],
             precision="int8",
