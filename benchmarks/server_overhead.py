@@ -14,7 +14,9 @@ must do to receive the bytes, which no server avoids; the ``over floor`` column 
 ``deploy serve`` itself adds to p50. Rows marked ``shm`` pass the tensors through system shared
 memory (perf_analyzer's ``--shared-memory system``): the request names a region instead of carrying
 the bytes (no floor: the stand-in has no shared memory). ``--blocks`` interleaves the repeats so their spread shows
-the noise. Needs the serve and bench extras and perf_analyzer
+the noise. At concurrency 1 it checks issue 44's 2-core targets (server CPU per 600 KB request in
+one process: <= 0.15 ms with shared memory, <= 0.6 ms over gRPC, <= 0.5 ms over HTTP), each against
+its worst block. Needs the serve and bench extras and perf_analyzer
 (benchmarks/perf_analyzer.py says what it needs when it cannot run).
 
     python benchmarks/server_overhead.py [--blocks N] [--seconds S] [--json] [--markdown]
@@ -108,6 +110,34 @@ def measure(
     }
 
 
+# Issue 44's 2-core targets: server CPU per 600 KB request at concurrency 1, one process (no front ends)
+TARGETS_MS = {"shm": 0.15, "grpc": 0.6, "http": 0.5}
+
+
+def targets(rows: list[dict]) -> list[tuple[str, bool, str]]:
+    """Each target against the worst of its rows (every block; shared memory: the better protocol
+    of each block), as (name, met, measured)."""
+    fe0 = [r for r in rows if " noop-600kb " in r["row"] and " fe0" in r["row"]]
+    found = []
+    for what, limit in TARGETS_MS.items():
+        if what == "shm":
+            blocks = {r["row"].split()[0] for r in fe0}
+            shm = [r for r in fe0 if r["row"].endswith(" shm")]
+            measured = [min(r["server_cpu_ms_per_request"] for r in shm if r["row"].split()[0] == b) for b in blocks]
+            name = "shared memory (the better protocol)"
+        else:
+            measured = [
+                r["server_cpu_ms_per_request"] for r in fe0 if f" {what} " in r["row"] and "shm" not in r["row"]
+            ]
+            name = {"http": "HTTP", "grpc": "gRPC"}[what]
+        if measured:
+            worst = max(measured)
+            found.append(
+                (f"server CPU per 600 KB request, {name}, one process, <= {limit} ms", worst <= limit, f"{worst} ms")
+            )
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=2, help="repeat every measurement, interleaved")
@@ -162,7 +192,7 @@ def main() -> None:
         "model": f"deploy serve, averaging models, concurrency {c} ({os.cpu_count()} cores shared with the client)",
         "quality": "-",
         "rows": rows,
-        "targets": [],
+        "targets": targets(rows) if c == 1 else [],
     }
     if args.json:
         print(json.dumps(result, indent=2))
