@@ -36,6 +36,18 @@ class RunningServer:
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.http, timeout=30, **kwargs)
 
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples of ``name`` on /metrics whose labels include ``labels``."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(f"{self.http}/metrics", timeout=30).text
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and labels.items() <= sample.labels.items()
+        )
+
     def ready(self, verify: str | bool = True) -> bool:
         """Whether the server answers its readiness probe now (False while it cannot be reached)."""
         try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +86,10 @@ def test_explicit_unload_and_load(reload_server):
     with reload_server.client() as http:
         assert http.post("/v2/repository/models/digits/unload").status_code == 200
         assert http.get("/v2/models/digits/ready").status_code in (404, 503)
-        time.sleep(0.6)  # the watcher must not bring an unloaded model back by itself
+        scans = lambda: reload_server.metric("unideploy_repository_scans_total", result="ok")  # noqa: E731
+        unloaded = scans()
+        # the watcher must not bring an unloaded model back by itself: two whole scans later it is still out
+        reload_server.wait_for(lambda: scans() >= unloaded + 2, what="two repository scans")
         assert http.get("/v2/models/digits/ready").status_code in (404, 503)
         assert http.post("/v2/repository/models/digits/load").status_code == 200
         assert http.get("/v2/models/digits/ready").status_code == 200

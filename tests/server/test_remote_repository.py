@@ -15,14 +15,14 @@ pytest.importorskip("s3fs", reason="the remote extra is not installed")
 moto_server = pytest.importorskip("moto.server", reason="moto is in the dev extra")
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """An S3 endpoint on 127.0.0.1, the environment that points the server at it, and a client."""
+def _store(bucket: str):
+    """An S3 endpoint on 127.0.0.1 with ``bucket``: the endpoint, the environment that points the
+    server at it, and a client."""
     import fsspec
 
     port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    store = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    store.start()
     env = {
         "AWS_ACCESS_KEY_ID": "test",
         "AWS_SECRET_ACCESS_KEY": "test",
@@ -30,9 +30,15 @@ def s3(tmp_path_factory):
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
     }
     fs = fsspec.filesystem("s3", key="test", secret="test", endpoint_url=env["AWS_ENDPOINT_URL"])
-    fs.mkdir("models")
+    fs.mkdir(bucket)
+    return store, env, fs
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    store, env, fs = _store("models")
     yield env, fs
-    server.stop()
+    store.stop()
 
 
 def _tampered(package, dest):
@@ -103,3 +109,28 @@ def test_a_missing_bucket_is_refused_before_any_port_opens(s3, tmp_path):
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "s3://no-such-bucket/repo" in lines[0], result.stderr
+
+
+def test_a_store_that_goes_away_leaves_the_loaded_versions_serving_and_counts_failed_scans(digits, tmp_path):
+    """The S3 store stops answering (an outage): each scan fails, is counted as failed in /metrics
+    (the log says so once a minute), and the versions already loaded keep answering."""
+    store, env, fs = _store("outage")
+    fs.put(str(digits["package"]), "outage/repo/digits/1", recursive=True)
+    server = start_server("s3://outage/repo", tmp_path, env={**env, "AWS_MAX_ATTEMPTS": "1"})
+
+    try:
+        store.stop()
+        server.wait_for(
+            lambda: server.metric("unideploy_repository_scans_total", result="failed") >= 2,
+            what="two failed scans",
+            timeout=120,
+        )
+        with np.load(digits["data"]) as d:
+            x = d["x"][:2]
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}
+        with server.client() as http:
+            answer = http.post("/v2/models/digits/infer", json=body)
+        assert answer.status_code == 200 and answer.json()["model_version"] == "1"
+        assert "repository scan failed" in server.log.read_text()
+    finally:
+        stop_server(server)

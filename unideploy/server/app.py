@@ -108,8 +108,10 @@ class Server:
                 if self.remote is not None:  # downloads run beside the event loop, which keeps serving
                     await asyncio.get_running_loop().run_in_executor(None, self.remote.sync)
                 await self.registry.sync()
+                self.metrics.scans.labels("ok").inc()
             except Exception:  # the watcher must outlive any one bad scan
                 log.exception("repository scan failed; will try again")
+                self.metrics.scans.labels("failed").inc()
 
 
 def serve(config: ServerConfig) -> None:

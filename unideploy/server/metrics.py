@@ -74,6 +74,12 @@ class ServerMetrics:
             ("model", "version", "artifact", "runtime", "device", "providers", "precision"),
             registry=self.registry,
         )
+        self.scans = Counter(
+            "unideploy_repository_scans",
+            "Repository scans of the hot-reload watcher (--poll-interval), by result (ok, failed)",
+            ("result",),
+            registry=self.registry,
+        )
         self.frontend_requests = Counter(
             "unideploy_frontend_requests",
             "Inference requests each front-end process handed to the model process (--frontends)",
