@@ -187,3 +187,40 @@ def test_cuda_shared_memory_without_a_gpu_is_refused_before_any_port_opens(repo)
     lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert "--shared-memory cuda needs a CUDA GPU" in lines[0] and cuda_api.problem() in lines[0]
+
+
+def test_an_input_is_read_where_it_lies_and_its_region_unmaps_only_once_no_request_reads_it(regions):
+    """As Triton reads them: an input in a client's region becomes an array over the mapping (no
+    copy on the server's event loop). Unregistering the region while a request still holds the
+    array leaves that array whole (the mapping goes when the last view does), and the name is free
+    at once: new requests naming it are refused."""
+    import gc
+
+    from unideploy.server.errors import BadRequest
+    from unideploy.server.shared_memory import Placement, SharedMemoryRegions
+
+    def mappings() -> int:  # of the segment in this process: the client's own, and the server's
+        with open("/proc/self/maps") as maps:
+            return sum(key.lstrip("/") in line for line in maps)
+
+    rows = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    handle, name, key = regions(rows.nbytes)
+    shm.set_shared_memory_region(handle, [rows])
+    client_only = mappings()
+    held = SharedMemoryRegions("system")
+    held.register(name, key, 0, rows.nbytes)
+    place = Placement(name, rows.nbytes)
+    array = held.read(place, "FP32", rows.shape, "x")
+    np.testing.assert_array_equal(array, rows)
+    assert not array.flags.owndata and not array.flags.writeable  # a read-only view of the client's memory
+
+    held.unregister(name)
+    assert held.status() == [] and mappings() == client_only + 1  # gone by name, still mapped under the array
+    np.testing.assert_array_equal(array, rows)
+    with pytest.raises(BadRequest, match="not registered"):
+        held.read(place, "FP32", rows.shape, "x")
+    del array
+    gc.collect()
+    assert mappings() == client_only
+    held.register(name, key, 0, rows.nbytes)  # the name is free again
+    held.close()

@@ -14,12 +14,15 @@ Shared memory is a way into the server's address space, so: registering is autho
 inference; a key is a plain shared-memory name (letters, digits, ``._-``, one optional leading
 ``/``), never a path; the segment is opened without following links; every read and write is
 checked against the registered window; an operator can turn the extension off
-(``--shared-memory off``). Inputs are copied out of the segment once, so a client rewriting it
-mid-request, or unregistering it, cannot change a tensor the model is running on.
+(``--shared-memory off``). Inputs are read where they lie, as Triton reads them (no copy on the
+event loop; merging a batch is the one copy): a client must not rewrite an input's window before
+its response comes. Unregistering a region a request still reads frees its name at once and
+unmaps it once the request's last view of it is gone, so no read ever touches unmapped memory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
@@ -51,14 +54,16 @@ class SystemRegion:
     byte_size: int
     mapped: mmap.mmap
 
-    def read(self, start: int, nbytes: int) -> bytes:
-        return self.mapped[self.offset + start : self.offset + start + nbytes]  # slicing an mmap copies
+    def read(self, start: int, nbytes: int) -> memoryview:
+        """The bytes where they lie, read-only: an array over them keeps the mapping alive."""
+        return memoryview(self.mapped).toreadonly()[self.offset + start : self.offset + start + nbytes]
 
     def write(self, start: int, blob: bytes) -> None:
         self.mapped[self.offset + start : self.offset + start + len(blob)] = blob
 
     def close(self) -> None:
-        self.mapped.close()
+        with contextlib.suppress(BufferError):  # a request still reads it: unmapped with its last view
+            self.mapped.close()
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -225,11 +230,12 @@ class SharedMemoryRegions:
         return region
 
     def read(self, place: Placement, datatype: Any, shape: Sequence[int], name: str) -> np.ndarray:
-        """Input ``name`` from its region, copied out (the client may rewrite the region)."""
+        """Input ``name`` from its region: a read-only array over a system region's memory (a CUDA
+        region's is copied to the host)."""
         self._require_on()
         with self._lock:
-            copied = self._window(place, f"input '{name}'").read(place.offset, place.byte_size)
-        return codec.from_bytes(copied, datatype, shape, name)
+            found = self._window(place, f"input '{name}'").read(place.offset, place.byte_size)
+        return codec.from_bytes(found, datatype, shape, name)
 
     def write(self, place: Placement, array: np.ndarray, name: str) -> Written:
         """Output ``name`` into its region."""
