@@ -193,7 +193,8 @@ def test_an_int8_model_slower_than_fp32_is_refused_with_the_numbers_unless_kept(
     """INT8 is asked for speed. A chain of eight 8x8 MatMuls, where quantizing and dequantizing
     each product costs more than the product (0.5-0.6x fp32 on a CPU with VNNI, slower still
     without), is refused with the measured speedups and the package left as it was, from the
-    command line too; ``keep_slower`` (for a package served on another CPU) keeps it with a note.
+    command line too; ``keep_slower`` (for a package served on another CPU) keeps it with a note, and
+    the symmetric variant, made for TensorRT, is not judged by this CPU's speed.
     A ratio far below the 0.95 the rule allows for noise, measured as optimize always measures."""
     from console import assert_one_line_error, deploy
     from onnx import TensorProto, helper, numpy_helper
@@ -232,10 +233,14 @@ def test_an_int8_model_slower_than_fp32_is_refused_with_the_numbers_unless_kept(
     assert "add --keep-slower" in refused.stderr
     assert tree_digest(tmp_path / "chain.udp") == before
 
-    with unideploy.optimize(tmp_path / "chain.udp", keep_slower=True, **asked) as pkg:
+    with unideploy.optimize(tmp_path / "chain.udp", tmp_path / "kept.udp", keep_slower=True, **asked) as pkg:
         notes = pkg.manifest.optimizations[-1]["notes"]
         assert pkg.manifest.artifact("onnx-int8").precision == "int8"
     assert any(n.startswith("onnx-int8 runs slower than fp32 on this CPU (0.") for n in notes), notes
+    # the symmetric variant is TensorRT's (--target gpu): how fast it runs on this CPU is no reason to refuse it
+    symmetric = {**asked, "int8_variant": "symmetric"}
+    with unideploy.optimize(tmp_path / "chain.udp", tmp_path / "trt.udp", **symmetric) as pkg:
+        assert pkg.manifest.optimizations[-1]["passes"][0]["params"]["variant"] == "symmetric"
 
 
 def test_int8_of_a_tree_ensemble_is_refused_as_nothing_to_quantize(tmp_path):

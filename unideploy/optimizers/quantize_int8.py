@@ -27,7 +27,8 @@ what they cost in speed.
 ``auto`` builds ``static`` and ``dynamic``, measures each against fp32 (accuracy on validation data and latency at
 batch 1 and a large batch) and keeps the fastest one within the accuracy budget, saying why.
 INT8 is asked for speed: one slower than fp32 at every batch size measured is refused with the
-numbers (``keep_slower``, for a package built on one CPU and served on another, keeps it with a note).
+numbers (``keep_slower``, for a package built on one CPU and served on another, keeps it with a
+note), except ``symmetric``, which is made for TensorRT on a GPU.
 On CPUs without VNNI, u8 x s8 products can saturate; weights then use 7 bits (reduce_range).
 """
 
@@ -278,7 +279,9 @@ class Int8Quantization(OptimizerPass):
         else:
             variant, why, candidates = self._choose(built, ctx)
         chosen = ctx.evaluate(built[variant])  # measured once: the final check reuses it
-        if chosen.within_budget and not self.keep_slower and (slower := slower_everywhere(chosen.latency_ms)):
+        for_cpu = variant != "symmetric"  # symmetric is TensorRT's: its speed on this CPU says nothing
+        slower = slower_everywhere(chosen.latency_ms) if for_cpu and not self.keep_slower else ""
+        if slower and chosen.within_budget:
             raise slower_int8_refusal(slower, built[variant].stat().st_size / Path(model_path).stat().st_size)
         return PassResult(
             path=built[variant],
