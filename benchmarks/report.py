@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -17,6 +18,27 @@ from rich.table import Table
 Benchmark = Callable[[Path], dict[str, Any]]
 
 
+def machine() -> str:
+    """The CPU the figures were measured on ('AMD EPYC, family 26, 2 cores, AVX-512, VNNI'): the
+    same benchmark ran twice as fast on one 2-core machine as on another, so a result names its CPU."""
+    from unideploy.guard.measure import cpu_has_vnni
+
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return f"{os.cpu_count()} cores"
+    fields = dict(line.split(":", 1) for line in info.split("\n\n")[0].splitlines() if ":" in line)
+    found = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = found.get("flags", "").split()
+    parts = [
+        found.get("model name", "unknown CPU"),
+        f"family {found.get('cpu family', '?')}",
+        f"{os.cpu_count()} cores",
+    ]
+    parts.append("AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2")
+    return ", ".join(parts + (["VNNI"] if cpu_has_vnni() else []))
+
+
 def print_result(result: dict[str, Any], markdown: bool) -> None:
     """One model's rows (the first column names the row) with its targets and note."""
     rows = result["rows"]
@@ -25,6 +47,7 @@ def print_result(result: dict[str, Any], markdown: bool) -> None:
     lines = [f"{'met' if ok else 'MISSED'}: {name} (measured {value})" for name, ok, value in result["targets"]]
     if result.get("note"):
         lines.append(f"note: {result['note']}")
+    lines.append(f"machine: {machine()}")
     if markdown:
         print(f"\n### {result['model']}\n")
         print(f"| {key} | " + " | ".join(columns).replace("quality", result["quality"]) + " |")
