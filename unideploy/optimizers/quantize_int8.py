@@ -278,11 +278,10 @@ class Int8Quantization(OptimizerPass):
             candidates: list[dict[str, Any]] = []
         else:
             variant, why, candidates = self._choose(built, ctx)
-        chosen = ctx.evaluate(built[variant])  # measured once: the final check reuses it
-        for_cpu = variant != "symmetric"  # symmetric is TensorRT's: its speed on this CPU says nothing
-        slower = slower_everywhere(chosen.latency_ms) if for_cpu and not self.keep_slower else ""
-        if slower and chosen.within_budget:
-            raise slower_int8_refusal(slower, built[variant].stat().st_size / Path(model_path).stat().st_size)
+        if variant != "symmetric" and not self.keep_slower:  # symmetric is TensorRT's: this CPU says nothing
+            chosen = ctx.evaluate(built[variant])  # measured once: the final check reuses it
+            if chosen.within_budget and (slower := slower_everywhere(chosen.latency_ms)):
+                raise slower_int8_refusal(slower, built[variant].stat().st_size / Path(model_path).stat().st_size)
         return PassResult(
             path=built[variant],
             precision="int8",
