@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from unideploy.server import logs
 from unideploy.server.config import ServerConfig, is_remote
 from unideploy.server.dataplane import DataPlane
-from unideploy.server.listeners import Listeners, bind
+from unideploy.server.listeners import Listeners, bind, run_event_loop
 from unideploy.server.memory import release_after_bursts
 from unideploy.server.metrics import ServerMetrics
 from unideploy.server.models import ModelRegistry
@@ -116,4 +116,4 @@ class Server:
 
 def serve(config: ServerConfig) -> None:
     logs.configure()
-    asyncio.run(Server(config).run())
+    run_event_loop(Server(config).run())

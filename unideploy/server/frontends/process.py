@@ -17,7 +17,7 @@ from unideploy.errors import UnideployError
 from unideploy.server import logs
 from unideploy.server.config import ServerConfig
 from unideploy.server.frontends.client import RemoteDataPlane
-from unideploy.server.listeners import Listeners, bind
+from unideploy.server.listeners import Listeners, bind, run_event_loop
 from unideploy.server.memory import keep_request_buffers
 
 log = logging.getLogger("unideploy.server")
@@ -64,7 +64,7 @@ def main() -> None:
     keep_request_buffers()
     cfg = ServerConfig.model_validate_json(sys.stdin.buffer.read())
     try:
-        asyncio.run(run(cfg, hub, int(index)))
+        run_event_loop(run(cfg, hub, int(index)))
     except UnideployError as exc:  # e.g. its port is taken: one line in the server's log, and the supervisor says which
         log.error("front-end process %s cannot serve: %s", index, exc)
         raise SystemExit(exc.exit_code) from None

@@ -11,7 +11,7 @@ import asyncio
 import pickle
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 _LENGTH = struct.Struct("<I")
 # How long a deferred message waits for another to ride with. A front end's "done" (a response's
@@ -34,8 +34,7 @@ class Channel(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio's subclasses
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
