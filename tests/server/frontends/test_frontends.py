@@ -18,7 +18,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from serving import start_server, stop_server
 
 import unideploy
@@ -56,16 +55,6 @@ def frontends(server) -> list:
     return psutil.Process(server.process.pid).children(recursive=True)
 
 
-def metric(server, name: str) -> dict[tuple, float]:
-    """Every sample of ``name`` from the one /metrics, by its label values."""
-    found = {}
-    for family in text_string_to_metric_families(httpx.get(f"{server.http}/metrics", timeout=10).text):
-        for sample in family.samples:
-            if sample.name == name:
-                found[tuple(sorted(sample.labels.items()))] = sample.value
-    return found
-
-
 def infer(http: str, x: np.ndarray) -> httpx.Response:
     """One request on a connection of its own (the kernel gives each connection to one front end)."""
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]}
@@ -94,7 +83,7 @@ def test_two_frontends_answer_exactly_and_their_requests_merge(merging_repo, ima
         done: list = []
         finished = threading.Semaphore(0)
         for _ in range(5):
-            rows, calls = metric(server, "unideploy_batch_rows_sum"), metric(server, "unideploy_batch_rows_count")
+            rows, calls = server.metric("unideploy_batch_rows_sum"), server.metric("unideploy_batch_rows_count")
             done.clear()
             for client in clients:
                 for i in range(8):
@@ -107,15 +96,14 @@ def test_two_frontends_answer_exactly_and_their_requests_merge(merging_repo, ima
                 assert finished.acquire(timeout=60)
             assert not [e for _, e in done if e is not None]
             # each request counts the rows of the runtime call it was part of: more than its own one row
-            seen_rows = sum(metric(server, "unideploy_batch_rows_sum").values()) - sum(rows.values())
-            requests = sum(metric(server, "unideploy_batch_rows_count").values()) - sum(calls.values())
+            seen_rows = server.metric("unideploy_batch_rows_sum") - rows
+            requests = server.metric("unideploy_batch_rows_count") - calls
             assert requests == 64
             if seen_rows > 64:
                 break
         assert seen_rows > 64  # one batcher merged them, whichever front end took them
-        handed = metric(server, "unideploy_frontend_requests_total")
-        assert set(handed) == {(("frontend", "0"),), (("frontend", "1"),)} and all(handed.values())
-        assert metric(server, "unideploy_frontends") == {(): 2.0}
+        assert all(server.metric("unideploy_frontend_requests_total", frontend=i) for i in ("0", "1"))
+        assert server.metric("unideploy_frontends") == 2.0
 
         # gRPC and REST binary through the front ends, the same answers; errors keep their status
         for module, url in ((grpcclient, server.grpc), (httpclient, server.http.removeprefix("http://"))):
@@ -195,7 +183,7 @@ def test_a_killed_frontend_is_replaced_while_the_other_answers(repo, images, exp
             lambda: len([p for p in frontends(server) if p.pid != victim.pid]) == 2,
             what="a replacement front end",
         )
-        server.wait_for(lambda: metric(server, "unideploy_frontends") == {(): 2.0}, what="it to connect")
+        server.wait_for(lambda: server.metric("unideploy_frontends") == 2.0, what="it to connect")
         served = len(answered)
         server.wait_for(lambda: len(answered) > served + 50, what="traffic after the restart")
     finally:
