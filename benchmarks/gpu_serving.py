@@ -28,8 +28,8 @@ the default counted front ends from the cores.
 Targets: concurrency 32 >= 0.8x in-process batch-32 throughput and p99 <= 3x p50 (issue 42, the
 default server); through front ends >= 0.5x over gRPC and >= 0.8x with shared memory, c1 p50 <=
 in process at batch 1 + 0.5 ms, RSS <= in process + 100 MB per front end (issue 44). The server's
-RSS is its processes' together, after the run. Each row also says how much CPU a request cost the
-model process and the front ends (their CPU time over the requests its metrics counted), and
+RSS is its processes' together, after the run, beside their PSS (a page they share counted once).
+Each row also says how much CPU a request cost the model process and the front ends (their CPU time over the requests its metrics counted), and
 ``--profile DIR`` samples the server's stacks at each policy's highest concurrency
 (``stack_samples.py``: which process, and which of its functions, holds the ceiling).
 
@@ -158,10 +158,14 @@ def in_process(package: Path, batch: int, device: str) -> tuple[float, float, fl
     return batch * len(times) / (time.perf_counter() - start), 1000 * statistics.median(times), rss
 
 
-def server_rss_mb(server: Any) -> float:
-    """The server's resident memory: its process and every child (front ends, decoders) together."""
+def server_memory_mb(server: Any) -> tuple[float, float]:
+    """The server's resident memory, its process and every child (front ends, decoders) together:
+    RSS summed (what issue 44's target counts), and PSS summed, where a page the processes share
+    (the front ends' slots, which the model process maps too; the libraries) counts once, as it
+    does in the machine's memory and in a container's limit."""
     root = psutil.Process(server.process.pid)
-    return sum(p.memory_info().rss for p in (root, *root.children(recursive=True))) / 2**20
+    found = [p.memory_full_info() for p in (root, *root.children(recursive=True))]
+    return sum(m.rss for m in found) / 2**20, sum(m.pss for m in found) / 2**20
 
 
 def compute_stage(text: str, which: str) -> float:
@@ -288,7 +292,7 @@ def main() -> None:
                             }
                         )
                 rows[-1].update(scrape(server))
-                rows[-1]["RSS MB"] = round(server_rss_mb(server))
+                rows[-1]["RSS MB"], rows[-1]["PSS MB"] = (round(mb) for mb in server_memory_mb(server))
             finally:
                 stop_server(server)
     print_rows(rows, baseline)
@@ -303,7 +307,15 @@ def print_rows(rows: list[dict[str, Any]], baseline: dict[str, dict[int, tuple[f
     """One markdown table, and the targets; the last row of each policy carries what its server's
     metrics said over the whole run (engine, mean rows and compute per call) and its RSS."""
     columns = ["policy", "ready s", "protocol", "concurrency", "p50_ms", "p99_ms", "throughput", "failed"]
-    columns += ["model process ms/req", "front ends ms/req", "rows per call", "compute ms", "RSS MB", "engine"]
+    columns += [
+        "model process ms/req",
+        "front ends ms/req",
+        "rows per call",
+        "compute ms",
+        "RSS MB",
+        "PSS MB",
+        "engine",
+    ]
     lines = [
         f"in process on the server's cores, onnx-fp32 on the {device}: batch 1 {b[1][1]:.2f} ms, "
         f"batch 32 {b[32][0]:.0f} images/s, RSS {b[32][2]:.0f} MB"
@@ -331,7 +343,7 @@ def print_rows(rows: list[dict[str, Any]], baseline: dict[str, dict[int, tuple[f
             allowed = rss + 100 * row["front ends"]
             lines.append(
                 f"{'met' if row['RSS MB'] <= allowed else 'MISSED'}: {row['policy']} RSS <= in process + 100 MB "
-                f"per front end ({row['RSS MB']} MB, allowed {allowed:.0f})"
+                f"per front end ({row['RSS MB']} MB, allowed {allowed:.0f}; PSS, shared pages once: {row['PSS MB']} MB)"
             )
     print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
     for row in rows:

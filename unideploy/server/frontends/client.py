@@ -39,6 +39,7 @@ class RemoteDataPlane:
         self.lost = asyncio.Event()  # the model process is gone: the front end stops
         self._waiting: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
+        self.answered = 0  # inference requests whose answers are done with (encoded, or their client left)
 
     async def connect(self, path: str, index: int) -> None:
         """Connect to the model process's hub as front end ``index``."""
@@ -170,9 +171,15 @@ class RemoteDataPlane:
             self.pool.give(slot)
         self._done(request_id, None, None)
 
+    def activity(self) -> tuple[int, int]:
+        """(requests answered, calls waiting for the model process): when a burst of traffic has
+        ended (``memory.release_after_bursts``)."""
+        return self.answered, len(self._waiting)
+
     def _done(self, request_id: int, encode_s: float | None, total_s: float | None) -> None:
         """Tell the model process the response is encoded (None: it never was; nothing to record),
         with the next message (it only records it)."""
+        self.answered += 1
         with contextlib.suppress(ConnectionError):
             self.channel.defer(("done", request_id, encode_s, total_s))
 
