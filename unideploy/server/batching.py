@@ -145,13 +145,9 @@ class Caller:
     def _merge_and_run(self, parts: Sequence[Tensors], size: int) -> Tensors:
         return self.run(merged(parts, size, self.axes, self.buffers))
 
-    def runs_inline(self, parts: Sequence[Tensors]) -> bool:
-        """Whether a call on ``parts`` runs on the event loop (it then never yields to it)."""
-        return bool(self.inline_bytes) and sum(a.nbytes for p in parts for a in p.values()) <= self.inline_bytes
-
     async def __call__(self, parts: Sequence[Tensors], size: int) -> Tensors:
         """``run`` on ``parts`` merged into ``size`` rows."""
-        if self.runs_inline(parts):
+        if self.inline_bytes and sum(a.nbytes for p in parts for a in p.values()) <= self.inline_bytes:
             return self._merge_and_run(parts, size)
         return await asyncio.get_running_loop().run_in_executor(self.executor, self._merge_and_run, parts, size)
 
@@ -274,12 +270,6 @@ class DynamicBatcher:
                     leftovers.append(item)
             for item in leftovers:  # served by the next round, in arrival order
                 self._queue.put_nowait(item)
-            if call.runs_inline([p.inputs for p in group]):
-                # it never yields: run here rather than in a task of its own, a turn of the event
-                # loop sooner and no task to make (docs/server.md, "The event loop")
-                await self._execute(group, rows, call)
-                self._idle.put_nowait(call)
-                continue
             run = asyncio.get_running_loop().create_task(self._execute(group, rows, call))
             self._runs.add(run)
             run.add_done_callback(partial(self._ran, call))
