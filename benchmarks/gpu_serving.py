@@ -29,9 +29,10 @@ Targets: concurrency 32 >= 0.8x in-process batch-32 throughput and p99 <= 3x p50
 default server); through front ends >= 0.5x over gRPC and >= 0.8x with shared memory, c1 p50 <=
 in process at batch 1 + 0.5 ms, RSS <= in process + 100 MB per front end (issue 44). The server's
 RSS is its processes' together, after the run, beside their PSS (a page they share counted once).
-Each row also says how much CPU a request cost the model process and the front ends (their CPU time over the requests its metrics counted), and
-``--profile DIR`` samples the server's stacks at each policy's highest concurrency
-(``stack_samples.py``: which process, and which of its functions, holds the ceiling).
+Each row also says how much CPU a request cost the model process and the front ends (their CPU
+time over the requests its metrics counted), and ``--profile DIR`` samples the server's stacks at
+each policy's highest concurrency (``stack_samples.py``: which process, and which of its functions,
+holds the ceiling).
 
     python benchmarks/gpu_serving.py --package PKG [--seconds 2] [--only POLICY] [--profile DIR]
 """
