@@ -157,6 +157,39 @@ def test_without_a_delay_only_requests_that_queued_while_busy_are_merged():
     assert calls == [1, 3, 1] and results[-1].batch_rows == 1
 
 
+def test_a_fast_models_lone_request_runs_at_once_and_requests_arriving_together_still_merge():
+    """A version answering on the event loop (``inline_bytes``): a lone request to it runs at once on
+    the loop, and requests submitted in the same turn still go as one call, each answer its own
+    rows, whether the batch loop has started yet or not."""
+    calls: list[tuple[int, str]] = []
+
+    def run(inputs):
+        calls.append((inputs["x"].shape[0], threading.current_thread().name))
+        return {"y": inputs["x"] * 10}
+
+    def rows(value: float, count: int = 1) -> dict:
+        return {"x": np.full((count, 1), value, np.float32)}
+
+    async def scenario():
+        batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0.0, inline_bytes=1024)
+        together = await asyncio.gather(*(batcher.submit(rows(i)) for i in (1.0, 2.0, 3.0)))  # loop not started
+        alone = await batcher.submit(rows(4.0))
+        again = await asyncio.gather(*(batcher.submit(rows(i, 2)) for i in (5.0, 6.0)))  # loop waiting
+        batcher.close()
+        return together, alone, again
+
+    together, alone, again = asyncio.run(scenario())
+    loop_thread = threading.main_thread().name
+    assert calls == [(3, loop_thread), (1, loop_thread), (4, loop_thread)]
+    for value, result in zip((1.0, 2.0, 3.0), together, strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], np.full((1, 1), 10 * value))
+        assert result.batch_rows == 3
+    np.testing.assert_array_equal(alone.outputs["y"], np.full((1, 1), 40.0))
+    assert alone.batch_rows == 1
+    for value, result in zip((5.0, 6.0), again, strict=True):
+        np.testing.assert_array_equal(result.outputs["y"], np.full((2, 1), 10 * value))
+
+
 def test_requests_with_other_shapes_are_not_merged():
     calls: list[tuple] = []
 

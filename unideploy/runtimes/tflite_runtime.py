@@ -63,6 +63,9 @@ class TFLiteRuntime(Runtime):
         self._require_its_size(inputs)
         return super().run(inputs)
 
+    def run_checked(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.run(arrays)  # a channels-first array is moved to the artifact's layout first
+
     def _require_its_size(self, inputs: Mapping[str, Any]) -> None:
         """An artifact converted at fixed input sizes (onnx2tf, where dims could not stay dynamic)
         refuses others with its own sizes in the caller's layout and what to run instead, rather than

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from unideploy.server import logs
 from unideploy.server.config import ServerConfig, is_remote
 from unideploy.server.dataplane import DataPlane
-from unideploy.server.listeners import Listeners, bind, run_event_loop
+from unideploy.server.listeners import Listeners, bind, event_loop_name, run_event_loop
 from unideploy.server.memory import release_after_bursts
 from unideploy.server.metrics import ServerMetrics
 from unideploy.server.models import ModelRegistry
@@ -69,7 +69,7 @@ class Server:
             )
         )
         log.info(
-            "serving %s on http://%s:%d and grpc %s:%d, ready in %.2fs (%d model(s)%s)",
+            "serving %s on http://%s:%d and grpc %s:%d, ready in %.2fs (%d model(s), %s event loop%s)",
             cfg.repository,
             cfg.host,
             http_socket.getsockname()[1],
@@ -77,6 +77,7 @@ class Server:
             cfg.grpc_port,
             time.perf_counter() - started,
             len(self.registry.ready_models()),
+            event_loop_name(),
             f", {frontends} front-end processes" if frontends else "",
         )
         await self._stop.wait()

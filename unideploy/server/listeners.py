@@ -54,6 +54,11 @@ def run_event_loop(main: Coroutine[Any, Any, None]) -> None:
         uvloop.run(main)
 
 
+def event_loop_name() -> str:
+    """Which loop ``run_event_loop`` got (the start-up line names it: what is reported is what ran)."""
+    return "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+
+
 class Listeners:
     """REST on ``http_socket`` and gRPC on the config's port. The gRPC port is taken in
     ``__init__`` (a busy port fails before any model loads, with its name); ``start`` serves."""

@@ -304,11 +304,11 @@ class ModelRegistry:
         served_as = f"model {src.model} version {src.version}"
         axes, output_axes = mergeable(runtime, sample, answered, served_as) if rows > 1 else (None, None)
         batcher = DynamicBatcher(
-            runtime.run,
+            runtime.run_checked,
             rows if output_axes is not None else 1,
             settings.max_queue_delay_ms / 1000.0,
             inline_bytes=inline,
-            lanes=[lane.run for lane in lanes],
+            lanes=[lane.run_checked for lane in lanes],
             buckets=runtime.batch_buckets,
             in_flight=settings.batches_in_flight or (2 if ran.get("device") == "gpu" else 1),
             axes=axes,
