@@ -130,6 +130,12 @@ POLICIES: dict[str, Policy] = {
     "cpu, one process": Policy(ON_CPU, (1, 32), ("grpc",)),
     "cpu, 4 front ends": Policy(ON_CPU, (1, 32), ("grpc", "http"), ("--frontends", "4")),
     "cpu, 4 front ends, shm": Policy(ON_CPU, (1, 32), ("grpc",), ("--frontends", "4"), SHARED_MEMORY),
+    # at c32 a CPU batch held 10-11 rows where 16 were queued (2026-11-26): the session's threads spin
+    # on every server core during a run, and the front ends and the event loop that take in the next
+    # requests wait for them; two cores left to those
+    "cpu, 4 front ends, shm, threads: 6": Policy(
+        {**ON_CPU, "threads": 6}, (1, 32), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
+    ),
 }
 
 
