@@ -30,7 +30,9 @@ default server); through front ends >= 0.5x over gRPC and >= 0.8x with shared me
 in process at batch 1 + 0.5 ms, RSS <= in process + 100 MB per front end (issue 44). The server's
 RSS is its processes' together, after the run, beside their PSS (a page they share counted once).
 Each row also says how much CPU a request cost the model process and the front ends (their CPU
-time over the requests its metrics counted), and ``--profile DIR`` samples the server's stacks at
+time over the requests its metrics counted), where the server says a request's time went (the mean
+of each stage of its request-duration histogram over the window: decode, queue, compute, encode;
+what of a c1 p50 above the model's own call the server accounts for), and ``--profile DIR`` samples the server's stacks at
 each policy's highest concurrency (``stack_samples.py``: which process, and which of its functions,
 holds the ceiling).
 
@@ -58,6 +60,7 @@ import psutil
 import stack_samples
 import yaml
 from process_cpu import server_cpu_seconds
+from server_stages import STAGES, stage_means_ms, stage_sums
 
 import unideploy
 from unideploy.runtimes import RuntimeOptions
@@ -85,6 +88,7 @@ class Policy:
         return int(self.server[self.server.index("--frontends") + 1]) if "--frontends" in self.server else 0
 
 
+STAGES_COLUMN = "server ms: " + " / ".join(STAGES)
 ON_CPU = {"device": "cpu"}
 SHARED_MEMORY = ("--shared-memory", "system", "--output-shared-memory-size", "4096")
 CUDA_SHARED_MEMORY = ("--shared-memory", "cuda", "--output-shared-memory-size", "4096")
@@ -175,17 +179,6 @@ def server_memory_mb(server: Any) -> tuple[float, float]:
     return sum(m.rss for m in found) / 2**20, sum(m.pss for m in found) / 2**20
 
 
-def compute_stage(text: str, which: str) -> float:
-    """The ``sum`` or ``count`` of the compute stage in a /metrics text, over every version."""
-    pattern = rf'^unideploy_request_duration_seconds_{which}\{{[^}}]*stage="compute"[^}}]*\}} (\S+)$'
-    return sum(float(v) for v in re.findall(pattern, text, re.M))
-
-
-def answered(server: Any) -> float:
-    """Requests the server has answered (its compute-stage count)."""
-    return compute_stage(httpx.get(f"{server.http}/metrics", timeout=10).text, "count")
-
-
 def measured(
     tool: Any,
     server: Any,
@@ -200,37 +193,37 @@ def measured(
     """One perf_analyzer window with the server's CPU per request (model process, front ends), and
     its stacks sampled meanwhile into ``profile`` where given."""
     spy = stack_samples.record(server.process.pid, 3 * seconds, profile) if profile else None
-    before, cpu_before = answered(server), server_cpu_seconds(server.process.pid)
+    before, cpu_before = stage_sums(server.http, "model"), server_cpu_seconds(server.process.pid)
     try:
         found: dict[str, Any] = perf_analyzer.measure(
             tool, url, protocol, "model", c, seconds, {}, work, 90, policy.client
         )
     except (RuntimeError, OSError) as exc:
         found = {"failed": " ".join(str(exc).split())[-200:]}
-    requests = answered(server) - before
+    requests, means = stage_means_ms(before, stage_sums(server.http, "model"))
     if requests:
         model_s, frontends_s = (a - b for a, b in zip(server_cpu_seconds(server.process.pid), cpu_before, strict=True))
         found["model process ms/req"] = round(1000 * model_s / requests, 3)
         found["front ends ms/req"] = round(1000 * frontends_s / requests, 3) if policy.frontends else ""
+        # the server's own account of a request (means): what of p50 is not the model's call
+        found[STAGES_COLUMN] = " / ".join(f"{means[stage]:.2f}" for stage in STAGES)
     if isinstance(spy, subprocess.Popen):
         spy.wait(timeout=60)
     return found
 
 
 def scrape(server: Any) -> dict[str, Any]:
-    """What the server says it ran and how: its engine labels, mean rows and compute per call."""
+    """What the server says it ran and how: its engine labels and mean rows per call."""
     text = httpx.get(f"{server.http}/metrics", timeout=10).text
     engine = re.search(r"unideploy_model_engine\{([^}]*)\} 1", text)
 
     def total(name: str) -> float:
         return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
 
-    compute_sum, compute_count = compute_stage(text, "sum"), compute_stage(text, "count")
     calls = total("unideploy_batch_rows_count")
     return {
         "engine": engine.group(1) if engine else "(no engine metric)",
         "rows per call": round(total("unideploy_batch_rows_sum") / calls, 1) if calls else None,
-        "compute ms": round(1000 * compute_sum / compute_count, 2) if compute_count else None,
     }
 
 
@@ -312,13 +305,13 @@ def main() -> None:
 
 def print_rows(rows: list[dict[str, Any]], baseline: dict[str, dict[int, tuple[float, float, float]]]) -> None:
     """One markdown table, and the targets; the last row of each policy carries what its server's
-    metrics said over the whole run (engine, mean rows and compute per call) and its RSS."""
+    metrics said over the whole run (engine, mean rows per call) and its RSS."""
     columns = ["policy", "ready s", "protocol", "concurrency", "p50_ms", "p99_ms", "throughput", "failed"]
     columns += [
         "model process ms/req",
         "front ends ms/req",
+        STAGES_COLUMN,
         "rows per call",
-        "compute ms",
         "RSS MB",
         "PSS MB",
         "engine",

@@ -31,16 +31,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
 import numpy as np
 import onnx
 import perf_analyzer
 from floor_server import GrpcFloor, HttpFloor
 from onnx import TensorProto, helper
 from process_cpu import server_cpu_seconds
-from prometheus_client.parser import text_string_to_metric_families
 from report import print_result
 from server import console
+from server_stages import stage_means_ms, stage_sums
 
 import unideploy
 
@@ -48,7 +47,6 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from serving import start_server, stop_server
 
 REQUESTS = {"noop-600kb": [3, 224, 224], "noop-16b": [4]}  # per-row shape after the batch dim
-STAGES = ("decode", "queue", "compute", "encode")
 
 
 def averaging_model(dims: list[int], dest: Path) -> None:
@@ -67,20 +65,6 @@ def averaging_model(dims: list[int], dest: Path) -> None:
     (dest / "model.yaml").write_text("max_batch_size: 8\n")
 
 
-def stage_sums(http: str, model: str) -> dict[str, tuple[float, float]]:
-    """(sum, count) per stage of the server's request-duration histogram for ``model`` (0 before
-    its first request)."""
-    totals = {stage: [0.0, 0.0] for stage in STAGES}
-    for family in text_string_to_metric_families(httpx.get(f"{http}/metrics", timeout=10).text):
-        if family.name != "unideploy_request_duration_seconds":
-            continue
-        for sample in family.samples:
-            stage = sample.labels.get("stage")
-            if sample.labels.get("model") == model and stage in totals and sample.name.endswith(("_sum", "_count")):
-                totals[stage][sample.name.endswith("_count")] = sample.value
-    return {stage: (total, count) for stage, (total, count) in totals.items()}
-
-
 # perf_analyzer's tensors through system shared memory: the request carries region names, not bytes
 SHARED_MEMORY = ("--shared-memory", "system", "--output-shared-memory-size", "64")
 
@@ -96,8 +80,8 @@ def measure(
     extra = SHARED_MEMORY if shared else ()
     row = perf_analyzer.measure(tool, url, protocol, model, concurrency, seconds, {}, work, extra=extra)
     after, cpu_after = stage_sums(server.http, model), server_cpu_seconds(server.process.pid)
-    requests = after["decode"][1] - before["decode"][1]  # every answered request, warm-up windows included
-    stages = {f"{stage}_ms": round((after[stage][0] - before[stage][0]) / requests * 1000, 3) for stage in STAGES}
+    requests, means = stage_means_ms(before, after)  # every answered request, warm-up windows included
+    stages = {f"{stage}_ms": ms for stage, ms in means.items()}
     model_ms, frontends_ms = ((a - b) / requests * 1000 for a, b in zip(cpu_after, cpu_before, strict=True))
     return {
         **row,

@@ -1,0 +1,34 @@
+"""Where a served request's time went, as the server's own metrics say it (its request-duration
+histogram: decode, queue, compute, encode), read from outside between two moments."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+STAGES = ("decode", "queue", "compute", "encode")
+
+
+def stage_sums(http: str, model: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) per stage of the server's request-duration histogram for ``model`` (0 before
+    its first request), summed over its versions and variants."""
+    totals = {stage: [0.0, 0.0] for stage in STAGES}
+    for family in text_string_to_metric_families(httpx.get(f"{http}/metrics", timeout=10).text):
+        if family.name != "unideploy_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            stage = sample.labels.get("stage")
+            if sample.labels.get("model") == model and stage in totals and sample.name.endswith(("_sum", "_count")):
+                totals[stage][sample.name.endswith("_count")] += sample.value
+    return {stage: (total, count) for stage, (total, count) in totals.items()}
+
+
+def stage_means_ms(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> tuple[float, dict[str, float]]:
+    """The requests answered between two ``stage_sums`` and each stage's mean over them in ms
+    (empty where none was)."""
+    requests = after["decode"][1] - before["decode"][1]
+    if not requests:
+        return 0, {}
+    return requests, {stage: round((after[stage][0] - before[stage][0]) / requests * 1000, 3) for stage in STAGES}
