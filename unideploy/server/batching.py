@@ -281,7 +281,7 @@ class DynamicBatcher:
             self._gathering = True
             if self._deciding:  # a request deciding whether to run alone joins this batch instead
                 await asyncio.sleep(0)
-            group, rows = [first], first.rows
+            group, rows, key = [first], first.rows, first.key
             deadline = first.enqueued + self.max_delay_s
             leftovers: list[_Pending] = []
             while rows < self.max_batch_size:
@@ -296,7 +296,7 @@ class DynamicBatcher:
                     )
                 except TimeoutError:
                     break
-                if item.key == first.key and rows + item.rows <= self.max_batch_size:
+                if item.key == key and rows + item.rows <= self.max_batch_size:
                     group.append(item)
                     rows += item.rows
                 else:
