@@ -208,6 +208,23 @@ def test_requests_with_other_shapes_are_not_merged():
     assert sorted(calls) == [(1, 3), (1, 4)]
 
 
+def test_a_model_whose_largest_batch_is_fast_too_runs_its_merged_batches_on_the_event_loop():
+    """Where the largest batch a version merges answers within the hand-off's cost too (merge
+    included, timed at load), that batch's size is the bound; where it does not, the sample's."""
+    sample = {"x": np.zeros((1, 4), np.float32)}
+    fast = lambda inputs: {"y": inputs["x"] + 1}  # noqa: E731
+    assert inline_bytes(fast, sample, warm_up_s=0.0001, largest=8) == 8 * sample["x"].nbytes
+    assert inline_bytes(fast, sample, warm_up_s=0.0001, largest=6, axes={"x": 0}) == 6 * sample["x"].nbytes
+
+    def slower_past_one_row(inputs):
+        if inputs["x"].shape[0] > 1:
+            threading.Event().wait(0.005)
+        return {"y": inputs["x"]}
+
+    assert inline_bytes(slower_past_one_row, sample, warm_up_s=0.0001, largest=8) == sample["x"].nbytes
+    assert inline_bytes(fast, sample, warm_up_s=0.0001, largest=1) == sample["x"].nbytes  # merges nothing
+
+
 def test_a_fast_model_runs_on_the_event_loop_but_never_a_larger_call():
     """A call no larger than a warm-up that answered within the hand-off's cost runs on the loop's
     own thread; anything larger (a merged batch, a big request) still goes to a worker thread."""

@@ -152,18 +152,45 @@ class Caller:
         return await asyncio.get_running_loop().run_in_executor(self.executor, self._merge_and_run, parts, size)
 
 
-def inline_bytes(run: Callable[[Tensors], Tensors], sample: Tensors, warm_up_s: float) -> int:
-    """``Caller.inline_bytes`` for a runtime whose warm-up request took ``warm_up_s``: that request
-    run again, best of three, unless the warm-up was clearly too slow (a slow model pays no run
-    more at load)."""
-    fastest = warm_up_s
+def _fastest(call: Callable[[], object], first_s: float) -> float:
+    """The fastest of ``first_s`` (a call already timed) and up to three more ``call``s, stopping
+    once it is clearly too slow for the event loop (a slow model pays no run more at load)."""
+    fastest = first_s
     for _ in range(3):
         if fastest > 10 * INLINE_RUN_S:
             break
         start = time.perf_counter()
-        run(sample)
+        call()
         fastest = min(fastest, time.perf_counter() - start)
-    return sum(np.asarray(a).nbytes for a in sample.values()) if fastest < INLINE_RUN_S else 0
+    return fastest
+
+
+def inline_bytes(
+    run: Callable[[Tensors], Tensors],
+    sample: Tensors,
+    warm_up_s: float,
+    largest: int = 0,
+    axes: Axes | None = None,
+) -> int:
+    """``Caller.inline_bytes`` for a runtime whose warm-up request took ``warm_up_s``: the sample's
+    size where it answers within ``INLINE_RUN_S`` (run again, best of three), and where the largest
+    batch the version merges (``largest`` rows along ``axes``; 0: it merges none) also does, merge
+    included, that batch's size: merged batches of a model this small then run on the loop too (a
+    16-byte model's two-row batches went to a worker thread, and 16 concurrent gRPC clients were
+    answered 5-10 % slower, docs/server.md)."""
+    if _fastest(lambda: run(sample), warm_up_s) >= INLINE_RUN_S:
+        return 0
+    one = sum(np.asarray(a).nbytes for a in sample.values())
+    rows = batch_size_of(sample, axes)
+    if largest <= rows:
+        return one
+    parts = [sample] * -(-largest // rows)
+    size = rows * len(parts)
+    start = time.perf_counter()
+    run(merged(parts, size, axes))
+    if _fastest(lambda: run(merged(parts, size, axes)), time.perf_counter() - start) >= INLINE_RUN_S:
+        return one
+    return one * len(parts)
 
 
 @dataclass

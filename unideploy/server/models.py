@@ -289,7 +289,6 @@ class ModelRegistry:
                 batch_buckets=buckets,
             )
             artifact, runtime, warm_up_s, answered = warmed(options)
-            inline = inline_bytes(runtime.run, sample, warm_up_s)
             # lanes share the threads one run would have (none for lanes: 1)
             share = replace(options, threads=max(1, (settings.threads or usable_cores()) // settings.lanes))
             lanes = [warmed(share)[1] for _ in range(settings.lanes if settings.lanes > 1 else 0)]
@@ -303,6 +302,8 @@ class ModelRegistry:
         rows = min(settings.max_batch_size, runtime.max_batch_size or settings.max_batch_size)
         served_as = f"model {src.model} version {src.version}"
         axes, output_axes = mergeable(runtime, sample, answered, served_as) if rows > 1 else (None, None)
+        merges = rows if output_axes is not None and settings.lanes <= 1 else 0
+        inline = inline_bytes(runtime.run, sample, warm_up_s, merges, axes)
         batcher = DynamicBatcher(
             runtime.run_checked,
             rows if output_axes is not None else 1,
