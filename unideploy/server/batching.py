@@ -131,9 +131,9 @@ def merged(
 @dataclass(frozen=True)
 class Caller:
     """How the event loop calls one version's runtime: in a worker thread, or on the loop itself
-    when the version answered its warm-up within ``INLINE_RUN_S`` and the call's inputs are no
-    larger than that warm-up's (``inline_bytes``; 0: never), so a large batch never blocks the loop.
-    The requests are merged where the call runs (``merged``)."""
+    when the version answered its warm-up (or its largest merged batch) within ``INLINE_RUN_S`` and
+    the call's inputs are no larger than that (``inline_bytes``; 0: never), so a large batch never
+    blocks the loop. The requests are merged where the call runs (``merged``)."""
 
     run: Callable[[Tensors], Tensors]
     executor: Executor
