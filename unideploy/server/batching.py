@@ -145,9 +145,13 @@ class Caller:
     def _merge_and_run(self, parts: Sequence[Tensors], size: int) -> Tensors:
         return self.run(merged(parts, size, self.axes, self.buffers))
 
+    def on_the_loop(self, parts: Sequence[Tensors]) -> bool:
+        """Whether a call on ``parts`` runs on the event loop (``inline_bytes``)."""
+        return bool(self.inline_bytes) and sum(a.nbytes for p in parts for a in p.values()) <= self.inline_bytes
+
     async def __call__(self, parts: Sequence[Tensors], size: int) -> Tensors:
         """``run`` on ``parts`` merged into ``size`` rows."""
-        if self.inline_bytes and sum(a.nbytes for p in parts for a in p.values()) <= self.inline_bytes:
+        if self.on_the_loop(parts):
             return self._merge_and_run(parts, size)
         return await asyncio.get_running_loop().run_in_executor(self.executor, self._merge_and_run, parts, size)
 
@@ -291,14 +295,13 @@ class DynamicBatcher:
         idle, and no other request is queued or about to be; bursts are still merged, as the
         requests that arrive with it find it deciding and queue."""
         return (
-            self._call.inline_bytes > 0
-            and not self._deciding
+            not self._deciding
             and not self._runs
             and not self._gathering
             and not self.buckets
             and not self._lane_threads
             and self._queue.empty()
-            and sum(a.nbytes for a in inputs.values()) <= self._call.inline_bytes
+            and self._call.on_the_loop([inputs])
         )
 
     async def _loop(self) -> None:
