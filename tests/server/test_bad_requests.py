@@ -614,7 +614,8 @@ def test_running_out_of_descriptors_closes_the_excess_quietly_and_recovers(repo,
     server = start_server(repo, tmp_path, wrapper=("prlimit", "--nofile=256"))
     idle: list[socket.socket] = []
     try:
-        assert "uvloop event loop" in server.log.read_text()  # the start-up line names the loop that runs
+        # the start-up line names the loop that runs; it is written just after the listeners answer
+        server.wait_for(lambda: "uvloop event loop" in server.log.read_text(), what="the start-up line")
         host, port = server.http.removeprefix("http://").split(":")
         for _ in range(300):
             idle.append(socket.create_connection((host, int(port)), timeout=10))
