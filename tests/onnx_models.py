@@ -136,3 +136,28 @@ def conv1d_model(path: Path) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, path)
     return path
+
+
+def value_sized_model(path: Path) -> Path:
+    """A graph whose work is set by an input's value, not its shape: 'total' counts the ones of a
+    tensor 'n' elements long (ConstantOfShape, then ReduceSum), as a loop's trip count or the boxes a
+    detector keeps set a real model's work. Eight bytes of input take microseconds or seconds."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "ConstantOfShape", ["n"], ["ones"], value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
+            ),
+            helper.make_node("ReduceSum", ["ones"], ["total"], keepdims=1),
+        ],
+        "value_sized",
+        [helper.make_tensor_value_info("n", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from unideploy.server.batching import Caller, DynamicBatcher, inline_bytes, merged
+from unideploy.server.batching import LOOP_CALL_LIMIT_S, Caller, DynamicBatcher, LoopBudget, inline_bytes, merged
 
 
 def behind_a_held_call(run, first: dict, queued: list[dict], **settings) -> tuple[list, list]:
@@ -242,7 +242,7 @@ def test_a_fast_model_runs_on_the_event_loop_but_never_a_larger_call():
 
     async def scenario() -> int:
         with ThreadPoolExecutor(1) as pool:
-            call = Caller(run, pool, inline_bytes(run, sample, warm_up_s=0.001))
+            call = Caller(run, pool, LoopBudget(inline_bytes(run, sample, warm_up_s=0.001)))
             threads.clear()
             small = await call([{"x": np.ones((1, 4), np.float32)}], 1)
             large = await call([{"x": np.ones((64, 4), np.float32)}], 64)
@@ -251,6 +251,37 @@ def test_a_fast_model_runs_on_the_event_loop_but_never_a_larger_call():
 
     loop_thread = asyncio.run(scenario())
     assert threads[0] == loop_thread and threads[1] != loop_thread
+
+
+def test_a_call_that_holds_the_event_loop_too_long_sends_the_versions_calls_to_its_thread(caplog):
+    """A version on the event loop whose work depends on a value (here: a flag in the input): the
+    first call past ``LOOP_CALL_LIMIT_S`` still answers, one warning names the version and the
+    time, and from then on its lone requests and merged batches run on its worker thread."""
+    threads: list[int] = []
+
+    def run(inputs):
+        threads.append(threading.get_ident())
+        if inputs["x"].max() > 0:  # the value asks for more work than the warm-up's zeros did
+            threading.Event().wait(5 * LOOP_CALL_LIMIT_S)
+        return {"y": inputs["x"] + 1}
+
+    quick, slow = np.zeros((1, 2), np.float32), np.ones((1, 2), np.float32)
+
+    async def scenario():
+        batcher = DynamicBatcher(
+            run, max_batch_size=8, max_delay_s=0.0, inline_bytes=4 * quick.nbytes, served_as="model m version 1"
+        )
+        answers = [await batcher.submit({"x": x}) for x in (quick, slow, quick, slow)]
+        together = await asyncio.gather(*(batcher.submit({"x": quick}) for _ in range(3)))
+        batcher.close()
+        return threading.get_ident(), batcher.loop.max_bytes, answers + together
+
+    with caplog.at_level("WARNING", logger="unideploy.server"):
+        loop_thread, budget, answers = asyncio.run(scenario())
+    assert [t == loop_thread for t in threads] == [True, True, False, False, False]  # the last: 3 rows merged
+    assert budget == 0 and [a.outputs["y"][0, 0] for a in answers] == [1, 2, 1, 2, 1, 1, 1]
+    (warning,) = [r.getMessage() for r in caplog.records if "event loop" in r.getMessage()]
+    assert warning.startswith("model m version 1: a call took ") and "worker thread from now on" in warning
 
 
 def test_queued_requests_run_side_by_side_on_lanes_and_a_lone_one_on_every_core():
@@ -446,6 +477,46 @@ def test_requests_merge_along_each_tensors_own_batch_axis(tmp_path):
         np.testing.assert_allclose(got.outputs["y"], want["y"], rtol=1e-6)
         np.testing.assert_allclose(got.outputs["stateN"], want["stateN"], rtol=1e-6)
     assert [r.batch_rows for r in results] == [6, 6, 6]  # one call: all three queued before the batcher ran
+
+
+def test_a_real_model_whose_work_grows_with_a_value_leaves_the_event_loop_after_one_long_call(tmp_path, caplog):
+    """An ONNX graph whose work is set by an input's value (a count of 2**26 ones: a 256 MB fill
+    and sum) warms up in microseconds on its reference sample (a count of 1), so its calls run on
+    the event loop; the first large count still answers, exactly as the model alone does, and
+    moves the version's calls to its worker thread with one warning naming it."""
+    from onnx_models import value_sized_model
+
+    import unideploy
+    from unideploy.server.metrics import ServerMetrics
+    from unideploy.server.models import ModelRegistry
+
+    (tmp_path / "src").mkdir()
+    np.savez(tmp_path / "src" / "example.npz", n=np.array([1], np.int64))
+    model = value_sized_model(tmp_path / "src" / "counter.onnx")
+    package = tmp_path / "repo" / "counter" / "1"
+    unideploy.export(model, package, example_inputs=str(tmp_path / "src" / "example.npz")).close()
+    large = {"n": np.array([2**26], np.int64)}
+    alone = unideploy.run(package, large)["total"]
+
+    async def scenario():
+        with ThreadPoolExecutor(2) as pool:
+            registry = ModelRegistry(tmp_path / "repo", pool, ServerMetrics())
+            await registry.sync()
+            budget = registry.get("counter").batcher.loop
+            on_load = budget.max_bytes
+            small = await registry.get("counter").batcher.submit({"n": np.array([3], np.int64)})
+            answers = [await registry.get("counter").batcher.submit(large) for _ in range(2)]
+            await registry.close()
+            return on_load, budget.max_bytes, small, answers
+
+    with caplog.at_level("WARNING", logger="unideploy.server"):
+        on_load, after, small, answers = asyncio.run(scenario())
+    assert on_load == 8 and after == 0  # 8 bytes of input answered within 0.2 ms at load: on the loop, then not
+    assert small.outputs["total"].tolist() == [3.0]
+    for answer in answers:
+        np.testing.assert_array_equal(answer.outputs["total"], alone)
+    (warning,) = [r.getMessage() for r in caplog.records if "event loop" in r.getMessage()]
+    assert warning.startswith("model counter version 1: a call took "), warning
 
 
 def test_a_model_whose_answer_is_not_per_row_is_not_merged(tmp_path):

@@ -31,6 +31,7 @@ session with all of them, and never while a lane runs, so the cores are never as
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -45,6 +46,7 @@ from unideploy.runtimes.pinned import BatchBuffers
 from unideploy.samples import Axes, batch_size_of, resize_batch, row_axis, rows_along
 
 Tensors = dict[str, np.ndarray]
+log = logging.getLogger("unideploy.server")
 
 
 @dataclass
@@ -94,6 +96,45 @@ def output_batch_axes(
 # A model whose warm-up request answers within this runs on the event loop itself: handing a call
 # to a worker thread and back costs 0.13 ms back to back and 0.25 ms after idling on this machine.
 INLINE_RUN_S = 0.0002
+# A call on the event loop that takes longer than this has held up every other request of the
+# server by as much: its version's calls go to a worker thread from then on (``LoopBudget``).
+LOOP_CALL_LIMIT_S = 10 * INLINE_RUN_S
+
+
+class LoopBudget:
+    """How large a call of one version may run on the event loop itself (``max_bytes``, from
+    ``inline_bytes``; 0: none), shared by the version's callers, and the watch that ends it.
+
+    The bound was measured on the warm-up sample, but a model's work can depend on its inputs'
+    values (a loop's trip count, a size read from a tensor, the boxes a detector keeps), and while
+    a call runs on the loop no other request of the server is read or answered. So each call on
+    the loop is timed, and the first one past ``LOOP_CALL_LIMIT_S`` sends the version's calls to
+    its worker thread for as long as it stays loaded, with one warning that says so."""
+
+    def __init__(self, max_bytes: int = 0, served_as: str = "a model version") -> None:
+        self.max_bytes = max_bytes
+        self.served_as = served_as
+
+    def takes(self, parts: Sequence[Tensors]) -> bool:
+        """Whether a call on ``parts`` runs on the event loop."""
+        return bool(self.max_bytes) and sum(a.nbytes for p in parts for a in p.values()) <= self.max_bytes
+
+    def run(self, call: Callable[..., Tensors], *args: object) -> Tensors:
+        """``call(*args)`` on the event loop, timed; past the limit, the last call there."""
+        start = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            took = time.perf_counter() - start
+            if took > LOOP_CALL_LIMIT_S and self.max_bytes:
+                self.max_bytes = 0
+                log.warning(
+                    "%s: a call took %.1f ms on the event loop, where its warm-up answered within %.1f ms; "
+                    "its calls run on a worker thread from now on, so that other requests do not wait for them",
+                    self.served_as,
+                    1000 * took,
+                    1000 * INLINE_RUN_S,
+                )
 
 
 def merged(
@@ -132,12 +173,13 @@ def merged(
 class Caller:
     """How the event loop calls one version's runtime: in a worker thread, or on the loop itself
     when the version answered its warm-up (or its largest merged batch) within ``INLINE_RUN_S`` and
-    the call's inputs are no larger than that (``inline_bytes``; 0: never), so a large batch never
-    blocks the loop. The requests are merged where the call runs (``merged``)."""
+    the call's inputs are no larger than that (``loop``, shared by the version's callers; by
+    default never), so a large batch never blocks the loop. The requests are merged where the call
+    runs (``merged``)."""
 
     run: Callable[[Tensors], Tensors]
     executor: Executor
-    inline_bytes: int = 0
+    loop: LoopBudget = field(default_factory=LoopBudget)
 
     axes: Axes | None = None  # each input's batch axis (axis 0 where None)
     buffers: BatchBuffers | None = None  # where merged batches are written: this caller's own
@@ -145,14 +187,10 @@ class Caller:
     def _merge_and_run(self, parts: Sequence[Tensors], size: int) -> Tensors:
         return self.run(merged(parts, size, self.axes, self.buffers))
 
-    def on_the_loop(self, parts: Sequence[Tensors]) -> bool:
-        """Whether a call on ``parts`` runs on the event loop (``inline_bytes``)."""
-        return bool(self.inline_bytes) and sum(a.nbytes for p in parts for a in p.values()) <= self.inline_bytes
-
     async def __call__(self, parts: Sequence[Tensors], size: int) -> Tensors:
         """``run`` on ``parts`` merged into ``size`` rows."""
-        if self.on_the_loop(parts):
-            return self._merge_and_run(parts, size)
+        if self.loop.takes(parts):
+            return self.loop.run(self._merge_and_run, parts, size)
         return await asyncio.get_running_loop().run_in_executor(self.executor, self._merge_and_run, parts, size)
 
 
@@ -176,7 +214,7 @@ def inline_bytes(
     largest: int = 0,
     axes: Axes | None = None,
 ) -> int:
-    """``Caller.inline_bytes`` for a runtime whose warm-up request took ``warm_up_s``: the sample's
+    """``LoopBudget.max_bytes`` for a runtime whose warm-up request took ``warm_up_s``: the sample's
     size where it answers within ``INLINE_RUN_S`` (run again, best of three), and where the largest
     batch the version merges (``largest`` rows along ``axes``; 0: it merges none) also does, merge
     included, that batch's size: merged batches of a model this small then run on the loop too (a
@@ -209,7 +247,8 @@ class DynamicBatcher:
     """One version's queue of requests, run one batch at a time (``in_flight`` at a time) on a
     thread of its own (one each).
 
-    ``run`` is the version's runtime; ``inline_bytes`` as for ``Caller``. The thread is the
+    ``run`` is the version's runtime; ``inline_bytes`` as for ``LoopBudget`` (``served_as`` names
+    the version in its warning). The thread is the
     batcher's, not the server's pool: with a pool each call woke a second idle worker besides the
     one that took it, which then competed with ONNX Runtime's threads for the GIL and the cores. With its own thread EfficientNet-Lite0 at concurrency 1 answered with a p99
     of 6.6-8.0 ms instead of 12.5-17.2 ms, and its runtime call took 4.1-4.3 ms instead of
@@ -233,13 +272,15 @@ class DynamicBatcher:
         axes: Axes | None = None,
         output_axes: Mapping[str, int] | None = None,
         buffers: Callable[[], BatchBuffers] | None = None,
+        served_as: str = "a model version",
     ) -> None:
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-batch-{i}") for i in range(in_flight)]
-        self._call = Caller(run, self._threads[0], inline_bytes, axes)
+        self.loop = LoopBudget(inline_bytes, served_as)  # one for every caller of the version's runtime
+        self._call = Caller(run, self._threads[0], self.loop, axes)
         self._idle: asyncio.Queue[Caller] = asyncio.Queue()  # the callers not running a batch
         self._buffers = [buffers() for _ in self._threads] if buffers else []  # each batch thread its own
         for thread, own in zip_longest(self._threads, self._buffers):
-            self._idle.put_nowait(Caller(run, thread, inline_bytes, axes, own))
+            self._idle.put_nowait(Caller(run, thread, self.loop, axes, own))
         self.axes, self.output_axes = axes, output_axes  # where the rows are (axis 0 where None)
         self._runs: set[asyncio.Task] = set()
         self._deciding = 0  # requests waiting a turn to see whether they are alone (``submit``)
@@ -282,7 +323,7 @@ class DynamicBatcher:
                 self._deciding -= 1
             if self._queue.empty() and not self._runs and not self._gathering:  # none did; still idle
                 start = time.perf_counter()
-                outputs = self._call.run(inputs)
+                outputs = self.loop.run(self._call.run, inputs)
                 return BatchResult(outputs, start - enqueued, time.perf_counter() - start, rows)
         pending = _Pending(inputs, rows, asyncio.get_running_loop().create_future(), self.axes)
         await self._queue.put(pending)
@@ -301,7 +342,7 @@ class DynamicBatcher:
             and not self.buckets
             and not self._lane_threads
             and self._queue.empty()
-            and self._call.on_the_loop([inputs])
+            and self.loop.takes([inputs])
         )
 
     async def _loop(self) -> None:

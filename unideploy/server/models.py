@@ -315,6 +315,7 @@ class ModelRegistry:
             axes=axes,
             output_axes=output_axes,
             buffers=pinned_buffers(settings.pinned_memory, ran, served_as),
+            served_as=served_as,
         )
         for line in ran.get("passed_over", ()):
             log.warning("model %s version %s: passed over %s", src.model, src.version, line)
