@@ -13,8 +13,10 @@ import yaml
 REQUESTS = 2000
 
 
-@pytest.fixture(scope="module")
-def ab_server(digits, tmp_path_factory):
+@pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "2-frontends"])
+def ab_server(digits, tmp_path_factory, request):
+    """Routing and merging run in the model process; with front-end processes (--frontends) the
+    headers routing reads, and the requests to merge, reach it from two other processes."""
     from serving import start_server, stop_server
 
     tmp = tmp_path_factory.mktemp("ab")
@@ -34,7 +36,7 @@ def ab_server(digits, tmp_path_factory):
         )
     )
     (repo / "digits" / "model.yaml").write_text(yaml.safe_dump({"max_batch_size": 64, "max_queue_delay_ms": 5}))
-    running = start_server(repo, tmp)
+    running = start_server(repo, tmp, "--frontends", request.param)
     yield running
     stop_server(running)
 

@@ -16,13 +16,20 @@ from tritonclient.grpc import service_pb2_grpc  # noqa: E402
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1, 8, 8], "data": [0.0] * 64}]}
 
 
-@pytest.fixture(scope="module")
-def token_server(repo, tmp_path_factory):
+# one process, and front-end processes that decode, check and encode for the model process
+# (--frontends; none by default below 8 cores): each must guard and encrypt alike
+FRONTENDS = pytest.mark.parametrize("frontends", ["0", "2"], ids=["one-process", "2-frontends"])
+
+
+@pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "2-frontends"])
+def token_server(repo, tmp_path_factory, request):
     from serving import start_server, stop_server
 
     running = start_server(
         repo,
         tmp_path_factory.mktemp("auth"),
+        "--frontends",
+        request.param,
         env={"UNIDEPLOY_INFERENCE_TOKEN": "infer-secret", "UNIDEPLOY_REPOSITORY_TOKEN": "repo-secret"},
     )
     yield running
@@ -58,7 +65,8 @@ def test_tokens_guard_inference_and_repository_separately(token_server):
         assert meta.name == "digits"
 
 
-def test_tls_on_both_ports(repo, tmp_path):
+@FRONTENDS
+def test_tls_on_both_ports(repo, tmp_path, frontends):
     from serving import start_server, stop_server
 
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
@@ -84,7 +92,7 @@ def test_tls_on_both_ports(repo, tmp_path):
         check=True,
         capture_output=True,
     )
-    running = start_server(repo, tmp_path, tls=(cert, key))
+    running = start_server(repo, tmp_path, "--frontends", frontends, tls=(cert, key))
     try:
         assert running.http.startswith("https://")
         assert httpx.post(f"{running.http}/v2/models/digits/infer", json=BODY, verify=str(cert)).status_code == 200
