@@ -6,8 +6,11 @@ import pytest
 from serving import start_server, stop_server
 
 
-@pytest.fixture(scope="module")
-def server(repo, tmp_path_factory):
-    running = start_server(repo, tmp_path_factory.mktemp("server"))
+@pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "2-frontends"])
+def server(repo, tmp_path_factory, request):
+    """A server in one process (the default below 8 cores), and one whose requests are decoded,
+    checked and answered by two front-end processes (``--frontends``): every test of protocols,
+    bad requests and shared memory runs against both, since they must answer alike."""
+    running = start_server(repo, tmp_path_factory.mktemp("server"), "--frontends", request.param)
     yield running
     stop_server(running)
