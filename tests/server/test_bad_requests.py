@@ -611,7 +611,8 @@ def test_running_out_of_descriptors_closes_the_excess_quietly_and_recovers(repo,
     import httpx
     from serving import start_server, stop_server
 
-    server = start_server(repo, tmp_path, wrapper=("prlimit", "--nofile=256"))
+    # one process (the default only below 8 cores): front ends would each have 256 descriptors
+    server = start_server(repo, tmp_path, "--frontends", "0", wrapper=("prlimit", "--nofile=256"))
     idle: list[socket.socket] = []
     try:
         # the start-up line names the loop that runs; it is written just after the listeners answer

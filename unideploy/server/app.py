@@ -58,10 +58,13 @@ class Server:
         else:
             serving = Listeners(self.dataplane, cfg, http_socket)
         await self.registry.sync()
-        await serving.start()
         loop = asyncio.get_running_loop()
+        # before any request is taken: the first front end answers while the others still start
+        # (``serving.start`` returns once all do), and a SIGTERM then killed the model process with
+        # those requests in flight; now it drains them once the start is done
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stop.set)
+        await serving.start()
         watch_task = loop.create_task(self.watch()) if cfg.poll_interval_s > 0 else None
         release_task = loop.create_task(
             release_after_bursts(
