@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -261,8 +262,8 @@ def test_a_call_that_holds_the_event_loop_too_long_sends_the_versions_calls_to_i
 
     def run(inputs):
         threads.append(threading.get_ident())
-        if inputs["x"].max() > 0:  # the value asks for more work than the warm-up's zeros did
-            threading.Event().wait(5 * LOOP_CALL_LIMIT_S)
+        if inputs["x"].max() > 0:  # the value asks for more work than the warm-up's zeros did:
+            hashlib.sha256(bytes(64 << 20)).digest()  # 64 MB hashed on this thread, tens of ms
         return {"y": inputs["x"] + 1}
 
     quick, slow = np.zeros((1, 2), np.float32), np.ones((1, 2), np.float32)
@@ -282,6 +283,32 @@ def test_a_call_that_holds_the_event_loop_too_long_sends_the_versions_calls_to_i
     assert budget == 0 and [a.outputs["y"][0, 0] for a in answers] == [1, 2, 1, 2, 1, 1, 1]
     (warning,) = [r.getMessage() for r in caplog.records if "event loop" in r.getMessage()]
     assert warning.startswith("model m version 1: a call took ") and "worker thread from now on" in warning
+
+
+def test_a_call_on_the_event_loop_that_only_waited_for_a_core_keeps_its_version_there(caplog):
+    """A call that took long on the clock but not on the loop's thread (it waited: on a busy
+    machine, for a core) says nothing about the model: its version's calls stay on the loop."""
+    threads: list[int] = []
+
+    def run(inputs):
+        threads.append(threading.get_ident())
+        if inputs["x"].max() > 0:
+            threading.Event().wait(5 * LOOP_CALL_LIMIT_S)  # waiting, not computing
+        return {"y": inputs["x"] + 1}
+
+    quick, waits = np.zeros((1, 2), np.float32), np.ones((1, 2), np.float32)
+
+    async def scenario():
+        batcher = DynamicBatcher(run, max_batch_size=8, max_delay_s=0.0, inline_bytes=quick.nbytes)
+        for x in (waits, quick):
+            await batcher.submit({"x": x})
+        batcher.close()
+        return threading.get_ident(), batcher.loop.max_bytes
+
+    with caplog.at_level("WARNING", logger="unideploy.server"):
+        loop_thread, budget = asyncio.run(scenario())
+    assert threads == [loop_thread, loop_thread] and budget == quick.nbytes
+    assert not [r for r in caplog.records if "event loop" in r.getMessage()]
 
 
 def test_queued_requests_run_side_by_side_on_lanes_and_a_lone_one_on_every_core():
