@@ -8,7 +8,7 @@ Requests that queued while the previous batch ran are merged at once; with ``max
 traffic (others were already queued), so a lone request never pays the delay. Up to
 ``max_batch_size`` rows are merged along the batch axis (only requests whose other dimensions
 agree) and the outputs are split back by rows. The runtime call runs in a worker thread, except
-for models measured at warm-up to answer faster than that hand-off (``Caller``).
+for models measured at warm-up to answer faster than that hand-off (``LoopBudget``).
 
 Merging is one copy, made in the worker thread: each request's rows are written straight into the
 batch, at the size of the engine's batch bucket where it pads to buckets (a GPU session that
