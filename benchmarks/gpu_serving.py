@@ -60,7 +60,7 @@ import psutil
 import stack_samples
 import yaml
 from process_cpu import server_cpu_seconds
-from server_stages import STAGES, stage_means_ms, stage_sums
+from server_stages import STAGES, rows_per_call, stage_means_ms, stage_sums
 
 import unideploy
 from unideploy.runtimes import RuntimeOptions
@@ -121,8 +121,9 @@ POLICIES: dict[str, Policy] = {
         {"batches_in_flight": 3}, (32,), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
     ),
     "buckets, shm": Policy({}, (1, 32), ("grpc", "http"), client=SHARED_MEMORY),
-    # at c32 with two batches in flight a batch holds 9-15 rows, padded to 16 (2026-11-27): finer
-    # buckets waste less of each GPU call on padding rows
+    # at c32 with two batches in flight a batch held 9-15 rows, padded to 16 (2026-11-27; the batch an
+    # average request ran in, over all of a policy's levels: the metric before it counted calls):
+    # finer buckets waste less of each GPU call on padding rows
     "finer buckets, 4 front ends, shm": Policy(
         {"batch_buckets": [1, 2, 4, 8, 12, 16, 24, 32]}, (32,), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
     ),
@@ -134,7 +135,8 @@ POLICIES: dict[str, Policy] = {
     "cpu, one process": Policy(ON_CPU, (1, 32), ("grpc",)),
     "cpu, 4 front ends": Policy(ON_CPU, (1, 32), ("grpc", "http"), ("--frontends", "4")),
     "cpu, 4 front ends, shm": Policy(ON_CPU, (1, 32), ("grpc",), ("--frontends", "4"), SHARED_MEMORY),
-    # at c32 a CPU batch held 10-11 rows where 16 were queued (2026-11-26): the session's threads spin
+    # at c32 a CPU batch held 10-11 rows where 16 were queued (2026-11-26; measured as above, so c1's
+    # one-row requests were in that mean too: this session's CPU dry run read 10.3 the old way): the session's threads spin
     # on every server core during a run, and the front ends and the event loop that take in the next
     # requests wait for them; two cores left to those
     "cpu, 4 front ends, shm, threads: 6": Policy(
@@ -200,7 +202,9 @@ def measured(
         )
     except (RuntimeError, OSError) as exc:
         found = {"failed": " ".join(str(exc).split())[-200:]}
-    requests, means = stage_means_ms(before, stage_sums(server.http, "model"))
+    after = stage_sums(server.http, "model")
+    requests, means = stage_means_ms(before, after)
+    found["rows per call"] = rows_per_call(before, after)  # at this concurrency only
     if requests:
         model_s, frontends_s = (a - b for a, b in zip(server_cpu_seconds(server.process.pid), cpu_before, strict=True))
         found["model process ms/req"] = round(1000 * model_s / requests, 3)
@@ -213,18 +217,10 @@ def measured(
 
 
 def scrape(server: Any) -> dict[str, Any]:
-    """What the server says it ran and how: its engine labels and mean rows per call."""
+    """What the server says it ran: its engine labels."""
     text = httpx.get(f"{server.http}/metrics", timeout=10).text
     engine = re.search(r"unideploy_model_engine\{([^}]*)\} 1", text)
-
-    def total(name: str) -> float:
-        return sum(float(v) for v in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", text, re.M))
-
-    calls = total("unideploy_batch_rows_count")
-    return {
-        "engine": engine.group(1) if engine else "(no engine metric)",
-        "rows per call": round(total("unideploy_batch_rows_sum") / calls, 1) if calls else None,
-    }
+    return {"engine": engine.group(1) if engine else "(no engine metric)"}
 
 
 def main() -> None:
@@ -304,8 +300,8 @@ def main() -> None:
 
 
 def print_rows(rows: list[dict[str, Any]], baseline: dict[str, dict[int, tuple[float, float, float]]]) -> None:
-    """One markdown table, and the targets; the last row of each policy carries what its server's
-    metrics said over the whole run (engine, mean rows per call) and its RSS."""
+    """One markdown table, and the targets; each row the mean rows of the runtime calls at its
+    concurrency, and the last row of each policy its server's engine and RSS."""
     columns = ["policy", "ready s", "protocol", "concurrency", "p50_ms", "p99_ms", "throughput", "failed"]
     columns += [
         "model process ms/req",

@@ -1,5 +1,6 @@
 """Where a served request's time went, as the server's own metrics say it (its request-duration
-histogram: decode, queue, compute, encode), read from outside between two moments."""
+histogram: decode, queue, compute, encode; and its batch sizes), read from outside between two
+moments."""
 
 from __future__ import annotations
 
@@ -11,16 +12,23 @@ STAGES = ("decode", "queue", "compute", "encode")
 
 def stage_sums(http: str, model: str) -> dict[str, tuple[float, float]]:
     """(sum, count) per stage of the server's request-duration histogram for ``model`` (0 before
-    its first request), summed over its versions and variants."""
-    totals = {stage: [0.0, 0.0] for stage in STAGES}
+    its first request), summed over its versions and variants; and under "rows" its batch-size
+    histogram's (rows, runtime calls)."""
+    totals = {stage: [0.0, 0.0] for stage in (*STAGES, "rows")}
     for family in text_string_to_metric_families(httpx.get(f"{http}/metrics", timeout=10).text):
-        if family.name != "unideploy_request_duration_seconds":
+        if family.name not in ("unideploy_request_duration_seconds", "unideploy_batch_rows"):
             continue
         for sample in family.samples:
-            stage = sample.labels.get("stage")
+            stage = sample.labels.get("stage", "rows" if family.name == "unideploy_batch_rows" else None)
             if sample.labels.get("model") == model and stage in totals and sample.name.endswith(("_sum", "_count")):
                 totals[stage][sample.name.endswith("_count")] += sample.value
     return {stage: (total, count) for stage, (total, count) in totals.items()}
+
+
+def rows_per_call(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> float | None:
+    """The mean rows of the runtime calls made between two ``stage_sums`` (None where none was)."""
+    calls = after["rows"][1] - before["rows"][1]
+    return round((after["rows"][0] - before["rows"][0]) / calls, 1) if calls else None
 
 
 def stage_means_ms(

@@ -158,6 +158,29 @@ def test_without_a_delay_only_requests_that_queued_while_busy_are_merged():
     assert calls == [1, 3, 1] and results[-1].batch_rows == 1
 
 
+def test_the_batch_size_metric_is_told_each_runtime_calls_rows_once():
+    """``on_call`` (the server's ``unideploy_batch_rows``) hears of every runtime call once, with its
+    real rows: queued requests merged, and a fast model's lone request run at once on the loop."""
+    observed: list[int] = []
+    behind_a_held_call(
+        lambda inputs: inputs["x"].shape[0],
+        {"x": np.zeros((1, 1), np.float32)},
+        [{"x": np.zeros((2, 1), np.float32)}] * 3,
+        on_call=observed.append,
+    )
+    assert observed == [1, 6, 1]  # five requests, three calls
+
+    async def lone() -> None:
+        batcher = DynamicBatcher(
+            lambda x: x, max_batch_size=8, max_delay_s=0.0, inline_bytes=1024, on_call=observed.append
+        )
+        await batcher.submit({"x": np.zeros((3, 1), np.float32)})
+        batcher.close()
+
+    asyncio.run(lone())
+    assert observed == [1, 6, 1, 3]
+
+
 def test_a_fast_models_lone_request_runs_at_once_and_requests_arriving_together_still_merge():
     """A version answering on the event loop (``inline_bytes``): a lone request to it runs at once on
     the loop, and requests submitted in the same turn still go as one call, each answer its own

@@ -44,7 +44,7 @@ class ServerMetrics:
         )
         self.batch_rows = Histogram(
             "unideploy_batch_rows",
-            "Rows per runtime call after dynamic batching",
+            "Rows per runtime call after dynamic batching (one observation per call; _count: the calls)",
             ("model", "version"),
             buckets=BATCH_BUCKETS,
             registry=self.registry,
