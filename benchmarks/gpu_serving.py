@@ -32,7 +32,9 @@ RSS is its processes' together, after the run, beside their PSS (a page they sha
 Each row also says how much CPU a request cost the model process and the front ends (their CPU
 time over the requests its metrics counted), where the server says a request's time went (the mean
 of each stage of its request-duration histogram over the window: decode, queue, compute, encode;
-what of a c1 p50 above the model's own call the server accounts for), and ``--profile DIR``
+what of a c1 p50 above the model's own call the server accounts for), the mean rows of the
+runtime calls at that concurrency (``unideploy_batch_rows``: how full the batches were), and
+``--profile DIR``
 samples the server's stacks at each policy's highest concurrency (``stack_samples.py``: which
 process, and which of its functions, holds the ceiling).
 
