@@ -338,8 +338,9 @@ class DynamicBatcher:
             if self._queue.empty() and not self._runs and not self._gathering:  # none did; still idle
                 start = time.perf_counter()
                 outputs = self.loop.run(self._call.run, inputs)
+                compute = time.perf_counter() - start
                 self._on_call(rows)
-                return BatchResult(outputs, start - enqueued, time.perf_counter() - start, rows)
+                return BatchResult(outputs, start - enqueued, compute, rows)
         pending = _Pending(inputs, rows, asyncio.get_running_loop().create_future(), self.axes)
         await self._queue.put(pending)
         return await pending.future
