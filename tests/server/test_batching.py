@@ -298,7 +298,7 @@ def test_a_call_that_holds_the_event_loop_too_long_sends_the_versions_calls_to_i
         answers = [await batcher.submit({"x": x}) for x in (quick, slow, quick, slow)]
         together = await asyncio.gather(*(batcher.submit({"x": quick}) for _ in range(3)))
         batcher.close()
-        return threading.get_ident(), batcher.loop.max_bytes, answers + together
+        return threading.get_ident(), batcher.on_loop.max_bytes, answers + together
 
     with caplog.at_level("WARNING", logger="unideploy.server"):
         loop_thread, budget, answers = asyncio.run(scenario())
@@ -326,7 +326,7 @@ def test_a_call_on_the_event_loop_that_only_waited_for_a_core_keeps_its_version_
         for x in (waits, quick):
             await batcher.submit({"x": x})
         batcher.close()
-        return threading.get_ident(), batcher.loop.max_bytes
+        return threading.get_ident(), batcher.on_loop.max_bytes
 
     with caplog.at_level("WARNING", logger="unideploy.server"):
         loop_thread, budget = asyncio.run(scenario())
@@ -552,7 +552,7 @@ def test_a_real_model_whose_work_grows_with_a_value_leaves_the_event_loop_after_
         with ThreadPoolExecutor(2) as pool:
             registry = ModelRegistry(tmp_path / "repo", pool, ServerMetrics())
             await registry.sync()
-            budget = registry.get("counter").batcher.loop
+            budget = registry.get("counter").batcher.on_loop
             on_load = budget.max_bytes
             small = await registry.get("counter").batcher.submit({"n": np.array([3], np.int64)})
             answers = [await registry.get("counter").batcher.submit(large) for _ in range(2)]

@@ -184,13 +184,13 @@ def merged(
 class Caller:
     """How the event loop calls one version's runtime: in a worker thread, or on the loop itself
     when the version answered its warm-up (or its largest merged batch) within ``INLINE_RUN_S`` and
-    the call's inputs are no larger than that (``loop``, shared by the version's callers; by
+    the call's inputs are no larger than that (``on_loop``, shared by the version's callers; by
     default never), so a large batch never blocks the loop. The requests are merged where the call
     runs (``merged``)."""
 
     run: Callable[[Tensors], Tensors]
     executor: Executor
-    loop: LoopBudget = field(default_factory=LoopBudget)
+    on_loop: LoopBudget = field(default_factory=LoopBudget)
 
     axes: Axes | None = None  # each input's batch axis (axis 0 where None)
     buffers: BatchBuffers | None = None  # where merged batches are written: this caller's own
@@ -200,8 +200,8 @@ class Caller:
 
     async def __call__(self, parts: Sequence[Tensors], size: int) -> Tensors:
         """``run`` on ``parts`` merged into ``size`` rows."""
-        if self.loop.takes(parts):
-            return self.loop.run(self._merge_and_run, parts, size)
+        if self.on_loop.takes(parts):
+            return self.on_loop.run(self._merge_and_run, parts, size)
         return await asyncio.get_running_loop().run_in_executor(self.executor, self._merge_and_run, parts, size)
 
 
@@ -288,13 +288,13 @@ class DynamicBatcher:
         on_call: Callable[[int], None] | None = None,
     ) -> None:
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-batch-{i}") for i in range(in_flight)]
-        self.loop = LoopBudget(inline_bytes, served_as)  # one for every caller of the version's runtime
+        self.on_loop = LoopBudget(inline_bytes, served_as)  # one for every caller of the version's runtime
         self._on_call = on_call or (lambda rows: None)
-        self._call = Caller(run, self._threads[0], self.loop, axes)
+        self._call = Caller(run, self._threads[0], self.on_loop, axes)
         self._idle: asyncio.Queue[Caller] = asyncio.Queue()  # the callers not running a batch
         self._buffers = [buffers() for _ in self._threads] if buffers else []  # each batch thread its own
         for thread, own in zip_longest(self._threads, self._buffers):
-            self._idle.put_nowait(Caller(run, thread, self.loop, axes, own))
+            self._idle.put_nowait(Caller(run, thread, self.on_loop, axes, own))
         self.axes, self.output_axes = axes, output_axes  # where the rows are (axis 0 where None)
         self._runs: set[asyncio.Task] = set()
         self._deciding = 0  # requests waiting a turn to see whether they are alone (``submit``)
@@ -335,9 +335,9 @@ class DynamicBatcher:
                 await asyncio.sleep(0)
             finally:
                 self._deciding -= 1
-            if self._queue.empty() and not self._runs and not self._gathering:  # none did; still idle
+            if self._idle_now():  # none did
                 start = time.perf_counter()
-                outputs = self.loop.run(self._call.run, inputs)
+                outputs = self.on_loop.run(self._call.run, inputs)
                 compute = time.perf_counter() - start
                 self._on_call(rows)
                 return BatchResult(outputs, start - enqueued, compute, rows)
@@ -348,18 +348,20 @@ class DynamicBatcher:
     def _alone(self, inputs: Tensors) -> bool:
         """Whether a request may run at once, on the event loop, instead of through the queue and
         the batch loop (two turns of the loop and a task fewer: 5-10 % of a trivial model's request
-        in the server, docs/server.md): its version runs such calls on the loop (``Caller``), is
+        in the server, docs/server.md): its version runs such calls on the loop (``LoopBudget``), is
         idle, and no other request is queued or about to be; bursts are still merged, as the
         requests that arrive with it find it deciding and queue."""
         return (
             not self._deciding
-            and not self._runs
-            and not self._gathering
+            and self._idle_now()
             and not self.buckets
             and not self._lane_threads
-            and self._queue.empty()
-            and self.loop.takes([inputs])
+            and self.on_loop.takes([inputs])
         )
+
+    def _idle_now(self) -> bool:
+        """Nothing queued, no batch running, none being gathered."""
+        return self._queue.empty() and not self._runs and not self._gathering
 
     async def _loop(self) -> None:
         while True:
