@@ -17,6 +17,10 @@ import httpx
 import numpy as np
 
 DEPLOY = shutil.which("deploy", path=str(Path(sys.executable).parent)) or "deploy"
+# the ``--frontends`` counts a server test runs under, and their ids: one process (the default below
+# 8 cores, so the only one a 2-core CI would try) and two front-end processes, which must answer alike
+FRONTEND_COUNTS = ("0", "2")
+FRONTEND_IDS = ("one-process", "2-frontends")
 
 
 def free_port() -> int:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from serving import start_server, stop_server
+from serving import FRONTEND_COUNTS, FRONTEND_IDS, start_server, stop_server
 
 
-@pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "2-frontends"])
+@pytest.fixture(scope="module", params=FRONTEND_COUNTS, ids=FRONTEND_IDS)
 def server(repo, tmp_path_factory, request):
     """A server in one process (the default below 8 cores), and one whose requests are decoded,
     checked and answered by two front-end processes (``--frontends``): every test of protocols,

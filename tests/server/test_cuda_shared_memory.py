@@ -18,6 +18,7 @@ from unideploy.runtimes import cuda_api
 pytestmark = pytest.mark.skipif(cuda_api.problem() is not None, reason=f"needs a CUDA GPU: {cuda_api.problem()}")
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is in the dev extra")
 import tritonclient.grpc as grpcclient  # noqa: E402
+from serving import FRONTEND_COUNTS, FRONTEND_IDS  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 CLIENTS = {
@@ -26,7 +27,7 @@ CLIENTS = {
 }
 
 
-@pytest.fixture(scope="module", params=["0", "2"], ids=["one process", "two front ends"])
+@pytest.fixture(scope="module", params=FRONTEND_COUNTS, ids=FRONTEND_IDS)
 def cuda_server(request, tmp_path_factory):
     from onnx_models import conv1d_model
     from serving import start_server, stop_server

@@ -9,11 +9,12 @@ import shutil
 import numpy as np
 import pytest
 import yaml
+from serving import FRONTEND_COUNTS, FRONTEND_IDS
 
 REQUESTS = 2000
 
 
-@pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "2-frontends"])
+@pytest.fixture(scope="module", params=FRONTEND_COUNTS, ids=FRONTEND_IDS)
 def ab_server(digits, tmp_path_factory, request):
     """Routing and merging run in the model process; with front-end processes (--frontends) the
     headers routing reads, and the requests to merge, reach it from two other processes."""

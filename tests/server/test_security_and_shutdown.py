@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2", reason="tritonclient is in the dev extra")
+from serving import FRONTEND_COUNTS, FRONTEND_IDS  # noqa: E402
 from tritonclient.grpc import service_pb2_grpc  # noqa: E402
 
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1, 8, 8], "data": [0.0] * 64}]}
@@ -18,10 +19,10 @@ BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 1, 8, 8], "dat
 
 # one process, and front-end processes that decode, check and encode for the model process
 # (--frontends; none by default below 8 cores): each must guard and encrypt alike
-FRONTENDS = pytest.mark.parametrize("frontends", ["0", "2"], ids=["one-process", "2-frontends"])
+FRONTENDS = pytest.mark.parametrize("frontends", FRONTEND_COUNTS, ids=FRONTEND_IDS)
 
 
-@pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "2-frontends"])
+@pytest.fixture(scope="module", params=FRONTEND_COUNTS, ids=FRONTEND_IDS)
 def token_server(repo, tmp_path_factory, request):
     from serving import start_server, stop_server
 
