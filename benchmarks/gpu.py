@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -360,9 +361,14 @@ def encoder(work: Path) -> dict[str, Any] | None:
 
     reference = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, batch)[0]
     rows, timed = [], {}
+    # every ONNX Runtime session is made and bound at each batch size before PyTorch (last) takes the
+    # GPU: on the H200, a session made after PyTorch had run failed its first copy to the GPU
+    # ("CUDA failure 1: invalid argument" in cudaMemcpy, 2026-11-27)
     for name, engine in engines.items():
         try:
             engine = engines[name] = _TorchHalf(engine) if name.startswith("PyTorch") else engine
+            for b in BATCHES:
+                engine.run(None, resize_batch(sample, b))
             out = engine.run(None, batch)[0]
         except Exception as exc:
             rows.append({"engine": name, "ran": f"failed: {' '.join(str(exc).split())[:200]}"})
@@ -568,29 +574,37 @@ def main() -> None:
     if why:
         print(f"benchmarks/gpu.py: skipped, ONNX Runtime's CUDA provider is not usable here ({why})")
         return
+    for name in ("shapes", "pinned", "threads"):
+        if name in chosen and args.package is None and "cnn" not in chosen:
+            parser.error(f"--only {name} needs --package (or the cnn part, which builds one)")
+    results, failed = [], []
     with tempfile.TemporaryDirectory(prefix="unideploy-gpu-bench-") as folder:
         work = Path(folder)
-        results = [cnn(work, args.package, args.photos)] if "cnn" in chosen else []
-        if "shapes" in chosen:
-            if args.package is None and "cnn" not in chosen:
-                parser.error("--only shapes needs --package (or the cnn part, which builds one)")
-            results.append(shape_changes(args.package or work / "cnn.udp"))
-        if "pinned" in chosen:
-            if args.package is None and "cnn" not in chosen:
-                parser.error("--only pinned needs --package (or the cnn part, which builds one)")
-            results.append(pinned_copies(args.package or work / "cnn.udp"))
-        if "threads" in chosen:
-            if args.package is None and "cnn" not in chosen:
-                parser.error("--only threads needs --package (or the cnn part, which builds one)")
-            results.append(concurrent_runs(args.package or work / "cnn.udp"))
-        found = encoder(work) if "encoder" in chosen else None
-        if found:
+        package = args.package or work / "cnn.udp"
+        measured = {
+            "cnn": lambda: cnn(work, args.package, args.photos),
+            "shapes": lambda: shape_changes(package),
+            "pinned": lambda: pinned_copies(package),
+            "threads": lambda: concurrent_runs(package),
+            "encoder": lambda: encoder(work),
+        }
+        for name in (p for p in parts if p in chosen):
+            try:
+                found = measured[name]()
+            except Exception as exc:  # a part that fails is a section saying why; the others still run
+                console.print_exception()
+                failed.append(name)
+                why = f"failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                found = {"model": f"part {name}", "quality": "", "rows": [{"part": name, "ran": why}], "targets": []}
+            if found is None:
+                continue
             results.append(found)
+            if not args.json:  # each table as its part ends, so a GPU session cut short keeps what ran
+                report.print_result(found, args.markdown)
+                sys.stdout.flush()
     if args.json:
         print(json.dumps(results, indent=2, default=str))
-    else:
-        for result in results:
-            report.print_result(result, args.markdown)
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -98,12 +98,17 @@ unpack() {
     find "$@" -name 'part.*' -printf '%f %p\n' | sort | cut -d' ' -f2- | xargs cat | xz -dc | tar xf - -C "$DEST"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$DEST/site" "$DEST"/wheels/*.whl >&2
   fi
+  # the project is the working tree there, not an installed wheel: `deploy` (which the server tests and
+  # gpu_serving.py start) runs its CLI module with the Python that the exports below point at the tree
+  mkdir -p "$DEST/bin"
+  printf '#!/bin/sh\nexec python3 -m unideploy.cli.main "$@"\n' >"$DEST/bin/deploy"
+  chmod +x "$DEST/bin/deploy"
   local nvidia
   nvidia=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/nvidia
   # onnxruntime-gpu's CUDA provider loads the image's CUDA 13 and cuDNN 9 from its nvidia wheels
   echo "export PYTHONPATH=$DEST/site:$ROOT\${PYTHONPATH:+:\$PYTHONPATH}"
   echo "export LD_LIBRARY_PATH=$DEST/lib:$(find "$nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null | sort -u | tr '\n' ':')\${LD_LIBRARY_PATH:-}"
-  echo "export XDG_CACHE_HOME=$DEST/cache PATH=$DEST/site/bin:\$PATH"
+  echo "export XDG_CACHE_HOME=$DEST/cache PATH=$DEST/bin:$DEST/site/bin:\$PATH"
 }
 
 case "${1:-}" in

@@ -11,7 +11,7 @@ unpacks the two files; where that cannot happen it says why, and the benchmark l
 from __future__ import annotations
 
 import csv
-import ctypes.util
+import ctypes
 import os
 import subprocess
 import sys
@@ -44,10 +44,21 @@ def ensure(cache: Path = CACHE) -> tuple[Path, dict[str, str]] | str:
                         binary.chmod(0o755)
                     elif name.endswith("/libcudart.so.12"):
                         (libs / "libcudart.so.12").write_bytes(zf.read(name))
-    if ctypes.util.find_library("b64") is None:
+    if not _loadable("libb64.so.0d"):
         return "perf_analyzer needs Debian's libb64 (apt-get install libb64-0d)"
     env = {**os.environ, "LD_LIBRARY_PATH": f"{libs}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
     return binary, env
+
+
+def _loadable(library: str) -> bool:
+    """Whether the dynamic loader finds ``library`` as it will for perf_analyzer: through
+    LD_LIBRARY_PATH too, which ``ctypes.util.find_library`` ignores (a GPU machine's payload puts
+    libb64 there, benchmarks/gpu_payload.sh)."""
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        return False
+    return True
 
 
 def measure(
