@@ -123,6 +123,16 @@ POLICIES: dict[str, Policy] = {
         {"batches_in_flight": 3}, (32,), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
     ),
     "buckets, shm": Policy({}, (1, 32), ("grpc", "http"), client=SHARED_MEMORY),
+    # a batch whose GPU run has ended waits for the GIL until a busy event loop idles, unless the model
+    # process's switch interval is short (benchmarks/gil_handoff.py: 5.3 ms for a 2 ms call at 80% busy
+    # with CPython's 5 ms, 2.9 with 20 us): one process at c32 made calls of 5.8 rows taking 12.5 ms
+    # (2026-11-27, 20:00 UTC, CPython's interval), where in process batch 8 takes 2 ms
+    "buckets, switch interval 5 ms": Policy(
+        {}, (1, 32), ("grpc",), ("--frontends", "0", "--switch-interval-us", "5000")
+    ),
+    "buckets, 4 front ends, shm, switch interval 5 ms": Policy(
+        {}, (1, 32), ("grpc", "http"), ("--frontends", "4", "--switch-interval-us", "5000"), SHARED_MEMORY
+    ),
     # at c32 with two batches in flight a batch held 9-15 rows, padded to 16 (2026-11-27; the batch an
     # average request ran in, over all of a policy's levels: the metric before it counted calls):
     # finer buckets waste less of each GPU call on padding rows

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 import yaml
-from serving import DEPLOY, free_port
+from serving import DEPLOY, free_port, start_server, stop_server
 
 from unideploy.errors import InputError
 from unideploy.server.config import ModelSettings, ServerConfig, model_settings
@@ -61,6 +61,20 @@ def test_bad_server_settings_are_named(tmp_path, monkeypatch):
     monkeypatch.setenv("UNIDEPLOY_HTTP_PORT", "eighty")
     with pytest.raises(InputError, match="http_port: Input should be a valid integer"):
         ServerConfig.load(None, repository=tmp_path)
+
+
+def test_the_model_process_takes_its_gil_switch_interval_from_the_settings(repo, tmp_path):
+    """The interval the model process runs with (docs/server.md) is the one set, and its start-up
+    line says so; one that is not a positive number of microseconds is refused by name."""
+    server = start_server(repo, tmp_path, "--frontends", "0", env={"UNIDEPLOY_SWITCH_INTERVAL_US": "50"})
+    try:
+        server.wait_for(lambda: "event loop" in server.log.read_text(), what="the start-up line")
+        assert "GIL switch interval 50 us" in server.log.read_text()
+    finally:
+        stop_server(server)
+    assert ServerConfig.load(None, repository=tmp_path).switch_interval_us == 20.0
+    with pytest.raises(InputError, match="switch_interval_us: Input should be greater than 0"):
+        ServerConfig.load(None, repository=tmp_path, switch_interval_us=0)
 
 
 def test_misspelt_model_yaml_key_is_named_with_the_valid_ones(tmp_path):

@@ -378,6 +378,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         shared_memory=args.shared_memory,
         frontends=args.frontends,
+        switch_interval_us=args.switch_interval_us,
         require_signed=args.require_signed,
         trusted_key=args.trusted_key,
         trusted_chain=tuple(args.trusted_chain) or None,

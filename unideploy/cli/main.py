@@ -267,6 +267,14 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "(0: one process does it all; default: from the cores, 0 below 8; docs/server.md)",
     )
     p.add_argument(
+        "--switch-interval-us",
+        type=float,
+        default=None,
+        metavar="US",
+        help="microseconds after which a batch thread waiting for Python's GIL makes the event loop hand it "
+        "over (sys.setswitchinterval in the model process; default 20, CPython's 5000; docs/server.md)",
+    )
+    p.add_argument(
         "--require-signed",
         action="store_true",
         default=None,

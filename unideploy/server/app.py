@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -65,6 +66,8 @@ class Server:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stop.set)
         await serving.start()
+        # this process only (its batch threads and its event loop), once the front ends have started
+        sys.setswitchinterval(cfg.switch_interval_us / 1e6)
         watch_task = loop.create_task(self.watch()) if cfg.poll_interval_s > 0 else None
         release_task = loop.create_task(
             release_after_bursts(
@@ -72,7 +75,8 @@ class Server:
             )
         )
         log.info(
-            "serving %s on http://%s:%d and grpc %s:%d, ready in %.2fs (%d model(s), %s event loop%s)",
+            "serving %s on http://%s:%d and grpc %s:%d, ready in %.2fs (%d model(s), %s event loop, "
+            "GIL switch interval %g us%s)",
             cfg.repository,
             cfg.host,
             http_socket.getsockname()[1],
@@ -81,6 +85,7 @@ class Server:
             time.perf_counter() - started,
             len(self.registry.ready_models()),
             event_loop_name(),
+            cfg.switch_interval_us,
             f", {frontends} front-end processes" if frontends else "",
         )
         await self._stop.wait()

@@ -128,6 +128,15 @@ class ServerConfig(BaseSettings):
         description="processes that decode and encode requests for the one that runs the models (both ports "
         "shared); 0: this process does it all; default: from the cores (docs/server.md, Front-end processes)",
     )
+    switch_interval_us: float = Field(
+        20.0,
+        gt=0,
+        le=100_000,
+        description="microseconds after which a thread waiting for Python's GIL (a batch whose run has ended) "
+        "makes the thread holding it (the event loop) hand it over: sys.setswitchinterval in the model "
+        "process, CPython's default 5000; a busy event loop otherwise keeps a finished batch waiting until it "
+        "idles (docs/server.md, The GIL between the event loop and batch threads)",
+    )
     require_signed: bool = Field(False, description="load only versions signed by trusted_key or trusted_chain")
     trusted_key: Path | None = Field(None, description="public key versions must be signed with")
     trusted_chain: tuple[Path, ...] = Field((), description="certificate chain a signing certificate must lead to")
