@@ -589,6 +589,7 @@ def main() -> None:
             "encoder": lambda: encoder(work),
         }
         for name in (p for p in parts if p in chosen):
+            began = time.perf_counter()
             try:
                 found = measured[name]()
             except Exception as exc:  # a part that fails is a section saying why; the others still run
@@ -598,6 +599,8 @@ def main() -> None:
                 found = {"model": f"part {name}", "quality": "", "rows": [{"part": name, "ran": why}], "targets": []}
             if found is None:
                 continue
+            took = f"this part took {time.perf_counter() - began:.0f} s"  # where the check's minutes go
+            found["note"] = "; ".join(filter(None, (found.get("note"), took)))
             results.append(found)
             if not args.json:  # each table as its part ends, so a GPU session cut short keeps what ran
                 report.print_result(found, args.markdown)
