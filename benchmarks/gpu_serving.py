@@ -147,10 +147,8 @@ POLICIES: dict[str, Policy] = {
     "cpu, one process": Policy(ON_CPU, (1, 32), ("grpc",)),
     "cpu, 4 front ends": Policy(ON_CPU, (1, 32), ("grpc", "http"), ("--frontends", "4")),
     "cpu, 4 front ends, shm": Policy(ON_CPU, (1, 32), ("grpc",), ("--frontends", "4"), SHARED_MEMORY),
-    # at c32 a CPU batch held 10-11 rows where 16 were queued (2026-11-26; measured as above, so c1's
-    # one-row requests were in that mean too: this session's CPU dry run read 10.3 the old way): the session's threads spin
-    # on every server core during a run, and the front ends and the event loop that take in the next
-    # requests wait for them; two cores left to those
+    # two of the server's eight cores left to the front ends and the event loop: on 2026-11-27 (evening)
+    # its batches held 15.6 rows at c32 as the default's did, and it served 7 % less (not adopted)
     "cpu, 4 front ends, shm, threads: 6": Policy(
         {**ON_CPU, "threads": 6}, (1, 32), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
     ),
