@@ -12,6 +12,7 @@
 #
 # The payload: onnxruntime-gpu (built for CUDA 13, which the image's nvidia wheels provide), the wheels of
 # what unideploy, its serve and gpu extras and tritonclient need that the image lacks (IMAGE_HAS below),
+# py-spy (gpu_serving.py --profile),
 # perf_analyzer with libcudart.so.12 and Debian's libb64 (benchmarks/perf_analyzer.py), and
 # EfficientNet-Lite0 with six real photos, written as docs/gpu.md shows (the zoo's packages: make zoo).
 # Then, there: benchmarks/gpu_check.sh /tmp/unideploy-gpu/models/effnet.onnx /tmp/unideploy-gpu/models/photos.npz OUT
@@ -24,9 +25,9 @@ ORT_GPU=${ORT_GPU:-onnxruntime-gpu==1.31.1}
 TARGET=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
   --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
   --platform manylinux1_x86_64 --platform any)
-# carried as wheels: what the server, the gpu extra and the GPU check's clients import
+# carried as wheels: what the server, the gpu extra and the GPU check's clients import, and py-spy
 WANTED=(jsonschema rapidfuzz "pydantic>=2.6" "pydantic-settings>=2.3" "starlette>=0.37" "uvicorn>=0.30" "httptools>=0.6"
-  "orjson>=3.10" "polygraphy>=0.49" "tritonclient[http,grpc]>=2.40")
+  "orjson>=3.10" "polygraphy>=0.49" "tritonclient[http,grpc]>=2.40" "py-spy>=0.3")
 # installed in the image (its package list, 2026-11-17): not carried, so that one version of each is imported
 IMAGE_HAS=(numpy onnx onnxruntime protobuf grpcio httpx httpcore anyio idna h11 certifi sniffio urllib3 requests
   charset_normalizer pyyaml psutil prometheus_client rich markdown_it_py mdurl pygments click typer shellingham attrs
