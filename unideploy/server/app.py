@@ -66,8 +66,7 @@ class Server:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stop.set)
         await serving.start()
-        # this process only (its batch threads and its event loop), once the front ends have started
-        sys.setswitchinterval(cfg.switch_interval_us / 1e6)
+        self.hand_over_gil_quickly()  # once the front ends (processes of their own) have started
         watch_task = loop.create_task(self.watch()) if cfg.poll_interval_s > 0 else None
         release_task = loop.create_task(
             release_after_bursts(
@@ -95,6 +94,12 @@ class Server:
         release_task.cancel()
         await serving.stop()
         await self.close()
+
+    def hand_over_gil_quickly(self) -> None:
+        """This process's GIL switch interval (``switch_interval_us``): a batch thread whose run has
+        ended takes the GIL back from a busy event loop within it, not when the loop next idles
+        (docs/server.md, The GIL between the event loop and batch threads)."""
+        sys.setswitchinterval(self.config.switch_interval_us / 1e6)
 
     def rest_app(self) -> Starlette:
         from unideploy.server.rest import create_app

@@ -66,6 +66,7 @@ class ModelReplica:
         from unideploy.server.app import Server
 
         self.server: Server = Server(config)
+        self.server.hand_over_gil_quickly()  # the actor's loop and batch threads, as in deploy serve
         await self.server.registry.sync()
         watching = config.poll_interval_s > 0
         self.watcher = asyncio.get_running_loop().create_task(self.server.watch()) if watching else None
