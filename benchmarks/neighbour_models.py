@@ -34,8 +34,8 @@ POLICIES = {"default": "", "spin: never": "spin: never\n", "threads: 1": "thread
 ROUNDS, SECONDS = 3, 2.0
 
 
-def _repository(work: Path, heavy: Path, policy: str) -> Path:
-    repo = work / f"repo-{len(list(work.glob('repo-*')))}"
+def _repository(work: Path, heavy: Path, index: int, policy: str) -> Path:
+    repo = work / f"repo-{index}"
     (repo / FAST).mkdir(parents=True)
     averaging_model(REQUESTS[FAST], repo / FAST)
     shutil.copytree(heavy, repo / HEAVY / "1")
@@ -45,13 +45,12 @@ def _repository(work: Path, heavy: Path, policy: str) -> Path:
 
 def _beside(tool: Any, url: str, work: Path) -> tuple[dict[str, float], dict[str, float]]:
     """The fast model at concurrency 1 while the heavy one is kept at 2: both perf_analyzers' rows."""
-    loaded, measured = threading.Event(), threading.Event()
+    measured = threading.Event()
     heavy: list[dict[str, float]] = []
 
     def load() -> None:
         while not measured.is_set():  # windows until the fast model's measurement has ended
             heavy.append(perf_analyzer.measure(tool, url, "http", HEAVY, 2, SECONDS, {}, work / "heavy"))
-            loaded.set()
 
     (work / "heavy").mkdir(exist_ok=True)
     loader = threading.Thread(target=load)
@@ -73,8 +72,8 @@ def neighbours(work: Path) -> dict[str, Any]:
     heavy = work / "effnet.udp"
     unideploy.export(efficientnet_lite0(work), heavy, input_shapes=["x:1x3x224x224"]).close()
     servers = {
-        name: start_server(_repository(work, heavy, policy), work, "--frontends", "0")
-        for name, policy in POLICIES.items()
+        name: start_server(_repository(work, heavy, index, policy), work, "--frontends", "0")
+        for index, (name, policy) in enumerate(POLICIES.items())
     }
     found: dict[str, dict[str, list[float]]] = {name: {"alone": [], "beside": [], "rate": []} for name in POLICIES}
     try:
