@@ -34,3 +34,11 @@ def test_a_crash_says_how_the_process_ended(tmp_path):
             signal.raise_signal, signal.SIGSEGV, workdir=tmp_path, what="the converter", hint="the rest is unaffected"
         )
     assert raised.value.hint == "the rest is unaffected"
+
+
+def test_a_framework_exception_there_is_an_export_error_here_naming_what_failed(tmp_path):
+    """Not an internal error: ONNX Runtime's constant folding raises its own ``Fail`` on Silero VAD's
+    If branches in some runs (and segfaults in the others), and either must cost only the step."""
+    with pytest.raises(ExportError, match=r"the folding failed: ZeroDivisionError: division by zero") as raised:
+        child_process.call(operator.truediv, 1, 0, workdir=tmp_path, what="the folding", hint="the rest still runs")
+    assert raised.value.hint == "the rest still runs"
