@@ -18,6 +18,7 @@ import ctypes
 import os
 from collections.abc import Callable
 from functools import lru_cache
+from typing import cast
 
 IDLE_S = 1.0  # a quiet second after a burst of runtime calls: time to give back what they freed
 
@@ -55,11 +56,30 @@ def release_free_memory() -> None:
         trim(0)
 
 
-GROWTH_BYTES = 32 << 20  # resident growth without a runtime call that is worth a release
+GROWTH_BYTES = 32 << 20  # memory freed without a runtime call that is worth a release
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (2.33 and later), summed over every heap."""
+
+    _fields_ = [
+        (field, ctypes.c_size_t)
+        for field in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ] + [("keepcost", ctypes.c_size_t)]
+
+
+@lru_cache(maxsize=1)
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except AttributeError:  # glibc before 2.33, musl, macOS
+        return None
+    mallinfo2.restype = _MallInfo2
+    return cast(Callable[[], _MallInfo2], mallinfo2)
 
 
 def resident_bytes() -> int:
-    """This process's resident memory (0 where /proc is not there: no release is then triggered by growth)."""
+    """This process's resident memory (0 where /proc is not there)."""
     try:
         with open("/proc/self/statm", "rb") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -67,24 +87,40 @@ def resident_bytes() -> int:
         return 0
 
 
+def held_bytes() -> int:
+    """Resident memory that malloc does not have in use: what has been freed and glibc kept, the
+    most a release can give back (resident memory less the bytes malloc has handed out, from its
+    heaps and mapped apart). Resident memory itself where glibc cannot say (no ``mallinfo2``);
+    0 where /proc is not there, so that no release is triggered by growth."""
+    resident = resident_bytes()
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None or not resident:
+        return resident
+    used = mallinfo2()
+    return resident - used.uordblks - used.hblkhd
+
+
 async def release_after_bursts(
     activity: Callable[[], tuple[int, int]],
     release: Callable[[], None],
     interval_s: float = IDLE_S,
-    resident: Callable[[], int] = resident_bytes,
+    held: Callable[[], int] = held_bytes,
 ) -> None:
     """Release once after each burst of traffic. ``activity`` gives (runtime calls finished,
     runtime calls running); a burst has ended when a whole interval passed with none finished and
-    none running, and some finished since the last release, or the process grew by GROWTH_BYTES
-    since then without any: gRPC's refusal of oversized messages happens before any call (up to
-    64 MB per heap stayed resident after such an attack, docs/server.md)."""
+    none running, and some finished since the last release, or ``held`` (memory freed and kept)
+    grew by GROWTH_BYTES since then without any: gRPC's refusal of oversized messages happens
+    before any call (up to 64 MB per heap stayed resident after such an attack, docs/server.md).
+    Freed memory, not resident memory: measured as resident memory, a release during such an
+    attack counted the message still being read into the bar, and what that message freed
+    afterwards could stay under the bar for good (docs/server.md)."""
     loop = asyncio.get_running_loop()
     released = previous = activity()[0]
-    floor = resident()
+    floor = held()
     while True:
         await asyncio.sleep(interval_s)
         finished, running = activity()
-        if finished == previous and running == 0 and (finished != released or resident() - floor >= GROWTH_BYTES):
+        if finished == previous and running == 0 and (finished != released or held() - floor >= GROWTH_BYTES):
             await loop.run_in_executor(None, release)
-            released, floor = finished, resident()
+            released, floor = finished, held()
         previous = finished
