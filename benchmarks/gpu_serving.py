@@ -162,9 +162,16 @@ def cores() -> tuple[list[int], list[int]]:
     return allowed[:half], allowed[half:] or allowed
 
 
-def in_process(package: Path, batch: int, device: str) -> tuple[float, float, float]:
+# a request every ~2.5 ms at concurrency 1 on the GPU (a 1 ms call): the engine idles between calls
+PACED_GAP_S = 0.002
+PACED = 0  # the baseline's key for batch 1 with that gap
+
+
+def in_process(package: Path, batch: int, device: str, gap_s: float = 0.0) -> tuple[float, float, float]:
     """onnx-fp32 at ``batch``, the call repeated (one shape): images per second, the median call in
-    ms, and this process's RSS in MB with the session open."""
+    ms, and this process's RSS in MB with the session open. ``gap_s``: the engine idles that long
+    before each call, as it does between the requests of concurrency 1 (what of c1's excess over
+    back-to-back calls is the engine's own, caches and clocks, rather than the server's)."""
     with unideploy.open_package(package) as pkg:
         engine = open_artifact(pkg, pkg.manifest.artifact("onnx-fp32"), None, RuntimeOptions(device=device))
         inputs = resize_batch(pkg.reference_samples()[0].inputs, batch)
@@ -173,6 +180,8 @@ def in_process(package: Path, batch: int, device: str) -> tuple[float, float, fl
         times: list[float] = []
         start = time.perf_counter()
         while time.perf_counter() - start < 2.0:
+            if gap_s:
+                time.sleep(gap_s)
             began = time.perf_counter()
             engine.run(inputs)
             times.append(time.perf_counter() - began)
@@ -253,7 +262,10 @@ def main() -> None:
     chosen = [p for name, p in POLICIES.items() if not args.only or name in args.only]
     os.sched_setaffinity(0, server_cores)  # in process on the cores the server gets
     baseline = {
-        device: {batch: in_process(args.package, batch, device) for batch in (1, 32)}
+        device: {
+            **{batch: in_process(args.package, batch, device) for batch in (1, 32)},
+            PACED: in_process(args.package, 1, device, PACED_GAP_S),
+        }
         for device in sorted({args.device if p.device == "gpu" else "cpu" for p in chosen})
     }
     os.sched_setaffinity(0, client_cores)  # perf_analyzer inherits it; the server gets the other half
@@ -328,18 +340,20 @@ def print_rows(rows: list[dict[str, Any]], baseline: dict[str, dict[int, tuple[f
         "engine",
     ]
     lines = [
-        f"in process on the server's cores, onnx-fp32 on the {device}: batch 1 {b[1][1]:.2f} ms, "
+        f"in process on the server's cores, onnx-fp32 on the {device}: batch 1 {b[1][1]:.2f} ms "
+        f"({b[PACED][1]:.2f} ms idling {1000 * PACED_GAP_S:g} ms before each call), "
         f"batch 32 {b[32][0]:.0f} images/s, RSS {b[32][2]:.0f} MB"
         for device, b in baseline.items()
     ]
     for row in rows:
         batch1_ms, (batch32, _, rss) = baseline[row["device"]][1][1], baseline[row["device"]][32]
+        paced_ms = baseline[row["device"]][PACED][1]
         shm = "shm" in row["policy"]
         if row["concurrency"] == 1 and "p50_ms" in row and (row["front ends"] or shm):
             over = row["p50_ms"] - batch1_ms
             lines.append(
                 f"{'met' if over <= 0.5 else 'MISSED'}: {row['policy']} {row['protocol']} c1 p50 <= in process "
-                f"+ 0.5 ms (measured + {over:.2f} ms)"
+                f"+ 0.5 ms (measured + {over:.2f} ms; + {row['p50_ms'] - paced_ms:.2f} over the engine idling between calls)"
             )
         if row["concurrency"] == 32 and "throughput" in row:
             ratio = row["throughput"] / batch32
