@@ -123,9 +123,11 @@ PART=$SECONDS
 "$PY" "$HERE/gpu_serving.py" --package "$PKG" --seconds 1 --only "buckets, 4 front ends, shm" --only "buckets, 4 front ends, cuda shm" >>"$REPORT" 2>"$OUT/gpu_serving.log" || echo "gpu_serving.py FAILED: $(tail -3 "$OUT/gpu_serving.log")" >>"$REPORT"
 echo -e "\n($((SECONDS - PART)) s)\n\n## Engines in process (benchmarks/gpu.py)\n" >>"$REPORT"
 PART=$SECONDS
-"$PY" "$HERE/gpu.py" --package "$PKG" --photos "$PHOTOS" --only cnn --only encoder --markdown >>"$REPORT" 2>"$OUT/gpu_bench.log" || echo "gpu.py FAILED: $(tail -3 "$OUT/gpu_bench.log")" >>"$REPORT"
-# (its studies of shape changes, page-locked batches and batch threads are recorded in docs/gpu.md and
-# run with --only shapes|pinned|threads; the one-process server with gpu_serving.py --only buckets)
+"$PY" "$HERE/gpu.py" --package "$PKG" --photos "$PHOTOS" --only cnn --only encoder --quick --markdown >>"$REPORT" 2>"$OUT/gpu_bench.log" || echo "gpu.py FAILED: $(tail -3 "$OUT/gpu_bench.log")" >>"$REPORT"
+# --quick: the engines the targets compare (as deploy runs each artifact, the fused encoder, PyTorch);
+# gpu.py's CUDA-option studies, shape changes, page-locked batches and batch threads are recorded in
+# docs/gpu.md and run with gpu.py alone (--only shapes|pinned|threads; the one-process server with
+# gpu_serving.py --only buckets). The check took 4 min 11 s without serving on 2026-11-27, gpu.py 172 s of it.
 # where the check's time went, so that it can be kept short (its steps' seconds are in the table above)
 echo -e "\n($((SECONDS - PART)) s)\n\ngpu_check.sh took $((SECONDS / 60)) min $((SECONDS % 60)) s in all." >>"$REPORT"
 cat "$REPORT"
