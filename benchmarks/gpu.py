@@ -194,7 +194,9 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
         console.log(f"timing {len(timed)} engines at batch sizes {BATCHES}")
         # the CPU apart: in the same rounds its 37 ms batch of 32 (16 cores) left every GPU engine one
         # call per round within the time allowed, where each now gets a dozen
-        on_cpu = {name: engine for name, engine in timed.items() if name.endswith(", CPU")}
+        on_cpu = {
+            name: engine for name, engine in timed.items() if isinstance(engine, _Timed) and engine.runtime is cpu
+        }
         on_gpu = {name: engine for name, engine in timed.items() if name not in on_cpu}
         timings: dict[int, dict[str, float]] = {b: {} for b in BATCHES}
         for engines_here, rounds, seconds in ((on_gpu, 5, 4.0), (on_cpu, 3, 1.0)):
@@ -351,8 +353,6 @@ def encoder(work: Path, quick: bool = False) -> dict[str, Any] | None:
         opset_version=17,
         dynamo=False,
     )
-    fp16 = work / "encoder.fp16.onnx"
-    onnx.save(convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True), str(fp16))
     # the fused fp16 artifact as `deploy optimize --quantize fp16` writes it (fusions on by default)
     rows16 = {
         k: rng.integers(1000, 30000, (16, 128)).astype(np.int64) if k == "input_ids" else np.ones((16, 128), np.int64)
@@ -364,15 +364,16 @@ def encoder(work: Path, quick: bool = False) -> dict[str, Any] | None:
         fused_path = pkg.path_of(pkg.manifest.artifact("onnx-fp16"))
         fusions = pkg.manifest.optimizations[-1]["passes"][0]["params"].get("transformer_fusions")
     console.log(f"deploy optimize --quantize fp16 on the encoder: {fusions}")
-    engines: dict[str, Any] = {
-        "fp32, exact": _DeviceBuffers(fp32, cuda_options("fp32", False), False),
-        "fp32, tf32": _DeviceBuffers(fp32, cuda_options("fp32", True), False),
-        "fp16": _DeviceBuffers(fp16, cuda_options("fp16", False), False),
-        "fp16, deploy optimize (transformer fusions)": _DeviceBuffers(fused_path, cuda_options("fp16", False), False),
-        "PyTorch eager fp16": model,
-    }
-    if quick:
-        del engines["fp32, tf32"], engines["fp16"]
+    engines: dict[str, Any] = {"fp32, exact": _DeviceBuffers(fp32, cuda_options("fp32", False), False)}
+    if not quick:  # TF32, and the fp32 graph converted without the fusions, beside the fused artifact
+        fp16 = work / "encoder.fp16.onnx"
+        onnx.save(convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True), str(fp16))
+        engines["fp32, tf32"] = _DeviceBuffers(fp32, cuda_options("fp32", True), False)
+        engines["fp16"] = _DeviceBuffers(fp16, cuda_options("fp16", False), False)
+    engines["fp16, deploy optimize (transformer fusions)"] = _DeviceBuffers(
+        fused_path, cuda_options("fp16", False), False
+    )
+    engines["PyTorch eager fp16"] = model  # last: see below
     batch = resize_batch(sample, 32)
     import onnxruntime as ort
 
