@@ -62,7 +62,7 @@ import psutil
 import stack_samples
 import yaml
 from process_cpu import server_cpu_seconds
-from server_stages import STAGES, rows_per_call, stage_means_ms, stage_sums
+from server_stages import CALL_PARTS, STAGES, call_means_ms, rows_per_call, stage_means_ms, stage_sums
 
 import unideploy
 from unideploy.runtimes import RuntimeOptions
@@ -91,6 +91,7 @@ class Policy:
 
 
 STAGES_COLUMN = "server ms: " + " / ".join(STAGES)
+CALLS_COLUMN = "call ms: " + " / ".join(part.replace("_", " ") for part in CALL_PARTS)
 ON_CPU = {"device": "cpu"}
 SHARED_MEMORY = ("--shared-memory", "system", "--output-shared-memory-size", "4096")
 CUDA_SHARED_MEMORY = ("--shared-memory", "cuda", "--output-shared-memory-size", "4096")
@@ -225,6 +226,9 @@ def measured(
     after = stage_sums(server.http, "model")
     requests, means = stage_means_ms(before, after)
     found["rows per call"] = rows_per_call(before, after)  # at this concurrency only
+    # a runtime call's mean parts: the hand-offs, the merge and the run (in process: the baseline)
+    if parts := call_means_ms(before, after):
+        found[CALLS_COLUMN] = " / ".join(f"{parts[part]:.2f}" for part in CALL_PARTS)
     if requests:
         model_s, frontends_s = (a - b for a, b in zip(server_cpu_seconds(server.process.pid), cpu_before, strict=True))
         found["model process ms/req"] = round(1000 * model_s / requests, 3)
@@ -331,6 +335,7 @@ def print_rows(
         "front ends ms/req",
         STAGES_COLUMN,
         "rows per call",
+        CALLS_COLUMN,
         "RSS MB",
         "PSS MB",
         "model process RSS MB",

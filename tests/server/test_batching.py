@@ -9,7 +9,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from unideploy.server.batching import LOOP_CALL_LIMIT_S, Caller, DynamicBatcher, LoopBudget, inline_bytes, merged
+from unideploy.server.batching import (
+    LOOP_CALL_LIMIT_S,
+    Caller,
+    CallParts,
+    DynamicBatcher,
+    LoopBudget,
+    inline_bytes,
+    merged,
+)
 
 
 def behind_a_held_call(run, first: dict, queued: list[dict], **settings) -> tuple[list, list]:
@@ -162,23 +170,63 @@ def test_the_batch_size_metric_is_told_each_runtime_calls_rows_once():
     """``on_call`` (the server's ``unideploy_batch_rows``) hears of every runtime call once, with its
     real rows: queued requests merged, and a fast model's lone request run at once on the loop."""
     observed: list[int] = []
+
+    def on_call(rows: int, parts: CallParts) -> None:
+        observed.append(rows)
+
     behind_a_held_call(
         lambda inputs: inputs["x"].shape[0],
         {"x": np.zeros((1, 1), np.float32)},
         [{"x": np.zeros((2, 1), np.float32)}] * 3,
-        on_call=observed.append,
+        on_call=on_call,
     )
     assert observed == [1, 6, 1]  # five requests, three calls
 
     async def lone() -> None:
-        batcher = DynamicBatcher(
-            lambda x: x, max_batch_size=8, max_delay_s=0.0, inline_bytes=1024, on_call=observed.append
-        )
+        batcher = DynamicBatcher(lambda x: x, max_batch_size=8, max_delay_s=0.0, inline_bytes=1024, on_call=on_call)
         await batcher.submit({"x": np.zeros((3, 1), np.float32)})
         batcher.close()
 
     asyncio.run(lone())
     assert observed == [1, 6, 1, 3]
+
+
+def test_each_call_says_where_its_time_went():
+    """``CallParts``: a call on the batch thread has both hand-offs, its merge (``input``) and its
+    run (``infer``: here at least the 20 ms the runtime waits) apart, their sum within the request's
+    ``compute``; a lone request on the event loop has only its run."""
+    told: list[tuple[int, CallParts]] = []
+
+    def run(inputs):
+        if inputs["x"].shape[0] > 1:
+            threading.Event().wait(0.02)  # a slow merged run
+        return {"y": inputs["x"] * 2}
+
+    async def scenario() -> list:
+        batcher = DynamicBatcher(
+            run, max_batch_size=8, max_delay_s=0.0, buckets=(4,), on_call=lambda rows, parts: told.append((rows, parts))
+        )
+        try:
+            results = await asyncio.gather(*(batcher.submit({"x": np.ones((1, 2), np.float32)}) for _ in range(3)))
+        finally:
+            batcher.close()
+        fast = DynamicBatcher(
+            run,
+            max_batch_size=8,
+            max_delay_s=0.0,
+            inline_bytes=64,
+            on_call=lambda rows, parts: told.append((rows, parts)),
+        )
+        results.append(await fast.submit({"x": np.ones((1, 2), np.float32)}))
+        fast.close()
+        return results
+
+    results = asyncio.run(scenario())
+    (rows, threaded), (lone_rows, on_loop) = told
+    assert rows == 3 and lone_rows == 1
+    assert threaded.to_thread > 0 and threaded.input > 0 and threaded.from_thread > 0 and threaded.infer >= 0.02
+    assert sum(threaded) <= results[0].compute_s
+    assert on_loop == CallParts(infer=results[-1].compute_s)
 
 
 def test_a_fast_models_lone_request_runs_at_once_and_requests_arriving_together_still_merge():
@@ -268,8 +316,8 @@ def test_a_fast_model_runs_on_the_event_loop_but_never_a_larger_call():
         with ThreadPoolExecutor(1) as pool:
             call = Caller(run, pool, LoopBudget(inline_bytes(run, sample, warm_up_s=0.001)))
             threads.clear()
-            small = await call([{"x": np.ones((1, 4), np.float32)}], 1)
-            large = await call([{"x": np.ones((64, 4), np.float32)}], 64)
+            small, _ = await call([{"x": np.ones((1, 4), np.float32)}], 1)
+            large, _ = await call([{"x": np.ones((64, 4), np.float32)}], 64)
             assert small["y"][0, 0] == 2 and large["y"].shape == (64, 4)
             return threading.get_ident()
 

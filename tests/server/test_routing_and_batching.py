@@ -11,6 +11,8 @@ import pytest
 import yaml
 from serving import FRONTEND_COUNTS, FRONTEND_IDS
 
+from unideploy.server.batching import CallParts
+
 REQUESTS = 2000
 
 
@@ -125,3 +127,8 @@ def test_concurrent_requests_are_batched_and_split_back(ab_server):
         re.findall(r'unideploy_batch_rows_bucket\{le="([\d.+Inf]+)",model="digits",version="3"\} ([\d.]+)', metrics)
     )
     assert float(buckets["1.0"]) < float(buckets["+Inf"]), "no runtime call ever merged two requests"
+    parts = re.findall(
+        r'unideploy_runtime_call_seconds_total\{model="digits",part="(\w+)",version="3"\} ([\d.e+-]+)', metrics
+    )
+    assert [name for name, _ in parts] == list(CallParts._fields)
+    assert float(dict(parts)["infer"]) > 0

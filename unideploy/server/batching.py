@@ -38,6 +38,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import zip_longest
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -46,6 +47,7 @@ from unideploy.runtimes.pinned import BatchBuffers
 from unideploy.samples import Axes, batch_size_of, resize_batch, row_axis, rows_along
 
 Tensors = dict[str, np.ndarray]
+Result = TypeVar("Result")
 log = logging.getLogger("unideploy.server")
 
 
@@ -126,7 +128,7 @@ class LoopBudget:
         """Whether a call on ``parts`` runs on the event loop."""
         return bool(self.max_bytes) and sum(a.nbytes for p in parts for a in p.values()) <= self.max_bytes
 
-    def run(self, call: Callable[..., Tensors], *args: object) -> Tensors:
+    def run(self, call: Callable[..., Result], *args: object) -> Result:
         """``call(*args)`` on the event loop, timed; past the limit, the last call there."""
         start, computing = time.perf_counter(), time.thread_time()  # 0.04 us and 0.4 us
         try:
@@ -180,6 +182,21 @@ def merged(
     return batch
 
 
+class CallParts(NamedTuple):
+    """Where one runtime call's time went, in seconds: waiting for its batch thread to start
+    (``to_thread``), merging its requests into the batch (``input``: Triton's compute_input), the
+    runtime's run (``infer``: compute_infer; on a GPU it includes the copies to and from the
+    device), and waiting for the event loop to take the answers back (``from_thread``). A call on
+    the event loop has no hand-offs. Served, the request-duration stage ``compute`` is their sum;
+    apart, they say whether a slow call was the model, the merge, or the threads waiting for a core
+    or for Python's GIL (docs/server.md, Metrics)."""
+
+    to_thread: float = 0.0
+    input: float = 0.0
+    infer: float = 0.0
+    from_thread: float = 0.0
+
+
 @dataclass(frozen=True)
 class Caller:
     """How the event loop calls one version's runtime: in a worker thread, or on the loop itself
@@ -195,14 +212,23 @@ class Caller:
     axes: Axes | None = None  # each input's batch axis (axis 0 where None)
     buffers: BatchBuffers | None = None  # where merged batches are written: this caller's own
 
-    def _merge_and_run(self, parts: Sequence[Tensors], size: int) -> Tensors:
-        return self.run(merged(parts, size, self.axes, self.buffers))
+    def _merge_and_run(self, parts: Sequence[Tensors], size: int) -> tuple[Tensors, float, float, float]:
+        """The outputs, and when the merge started, when the run started and when it ended."""
+        start = time.perf_counter()
+        batch = merged(parts, size, self.axes, self.buffers)
+        running = time.perf_counter()
+        return self.run(batch), start, running, time.perf_counter()
 
-    async def __call__(self, parts: Sequence[Tensors], size: int) -> Tensors:
-        """``run`` on ``parts`` merged into ``size`` rows."""
+    async def __call__(self, parts: Sequence[Tensors], size: int) -> tuple[Tensors, CallParts]:
+        """``run`` on ``parts`` merged into ``size`` rows, and where the call's time went."""
         if self.on_loop.takes(parts):
-            return self.on_loop.run(self._merge_and_run, parts, size)
-        return await asyncio.get_running_loop().run_in_executor(self.executor, self._merge_and_run, parts, size)
+            outputs, start, running, ended = self.on_loop.run(self._merge_and_run, parts, size)
+            return outputs, CallParts(input=running - start, infer=ended - running)
+        handed = time.perf_counter()
+        outputs, start, running, ended = await asyncio.get_running_loop().run_in_executor(
+            self.executor, self._merge_and_run, parts, size
+        )
+        return outputs, CallParts(start - handed, running - start, ended - running, time.perf_counter() - ended)
 
 
 def _fastest(call: Callable[[], object], first_s: float) -> float:
@@ -260,7 +286,8 @@ class DynamicBatcher:
 
     ``run`` is the version's runtime; ``inline_bytes`` as for ``LoopBudget`` (``served_as`` names
     the version in its warning); ``on_call`` is told the rows of each runtime call that answered
-    (the batch-size metric: one observation per call, as Triton counts executions). The thread is the
+    and where its time went (the batch-size metric: one observation per call, as Triton counts
+    executions; and the call's parts, ``CallParts``). The thread is the
     batcher's, not the server's pool: with a pool each call woke a second idle worker besides the
     one that took it, which then competed with ONNX Runtime's threads for the GIL and the cores. With its own thread EfficientNet-Lite0 at concurrency 1 answered with a p99
     of 6.6-8.0 ms instead of 12.5-17.2 ms, and its runtime call took 4.1-4.3 ms instead of
@@ -285,11 +312,11 @@ class DynamicBatcher:
         output_axes: Mapping[str, int] | None = None,
         buffers: Callable[[], BatchBuffers] | None = None,
         served_as: str = "a model version",
-        on_call: Callable[[int], None] | None = None,
+        on_call: Callable[[int, CallParts], None] | None = None,
     ) -> None:
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-batch-{i}") for i in range(in_flight)]
         self.on_loop = LoopBudget(inline_bytes, served_as)  # one for every caller of the version's runtime
-        self._on_call = on_call or (lambda rows: None)
+        self._on_call = on_call or (lambda rows, parts: None)
         self._call = Caller(run, self._threads[0], self.on_loop, axes)
         self._idle: asyncio.Queue[Caller] = asyncio.Queue()  # the callers not running a batch
         self._buffers = [buffers() for _ in self._threads] if buffers else []  # each batch thread its own
@@ -339,7 +366,7 @@ class DynamicBatcher:
                 start = time.perf_counter()
                 outputs = self.on_loop.run(self._call.run, inputs)
                 compute = time.perf_counter() - start
-                self._on_call(rows)
+                self._on_call(rows, CallParts(infer=compute))
                 return BatchResult(outputs, start - enqueued, compute, rows)
         pending = _Pending(inputs, rows, asyncio.get_running_loop().create_future(), self.axes)
         await self._queue.put(pending)
@@ -424,14 +451,14 @@ class DynamicBatcher:
         start = time.perf_counter()
         size = bucket_for(rows, self.buckets) if self.buckets and rows <= self.buckets[-1] else rows
         try:
-            outputs = await call([p.inputs for p in group], size)
+            outputs, parts = await call([p.inputs for p in group], size)
         except Exception as exc:  # the runtime's failure belongs to every request in the batch
             for p in group:
                 if not p.future.done():
                     p.future.set_exception(exc)
             return
         compute = time.perf_counter() - start
-        self._on_call(rows)
+        self._on_call(rows, parts)
         offset = 0
         for p in group:
             part = (

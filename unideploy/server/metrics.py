@@ -7,6 +7,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from unideploy.server.batching import CallParts
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -20,6 +22,21 @@ class RequestSeries:
 
     requests: Any  # Counter child
     stages: dict[str, Any]  # stage -> Histogram child
+
+
+@dataclass(frozen=True)
+class CallSeries:
+    """The series one runtime call of a version updates (``DynamicBatcher``'s ``on_call``): its rows,
+    and each part of its time where not zero (a call on the event loop has no hand-offs)."""
+
+    rows: Any  # Histogram child
+    parts: tuple[Any, ...]  # Counter children, in CallParts' order
+
+    def observe(self, rows: int, parts: CallParts) -> None:
+        self.rows.observe(rows)
+        for series, seconds in zip(self.parts, parts):
+            if seconds:
+                series.inc(seconds)
 
 
 class ServerMetrics:
@@ -47,6 +64,14 @@ class ServerMetrics:
             "Rows per runtime call after dynamic batching (one observation per call; _count: the calls)",
             ("model", "version"),
             buckets=BATCH_BUCKETS,
+            registry=self.registry,
+        )
+        self.call_seconds = Counter(
+            "unideploy_runtime_call_seconds",
+            "Runtime calls' time by part, summed (divided by unideploy_batch_rows_count: a call's mean): "
+            "to_thread (waiting for the batch thread), input (merging requests into the batch), infer (the "
+            "runtime's run), from_thread (until the event loop takes the answers back)",
+            ("model", "version", "part"),
             registry=self.registry,
         )
         self.shadow = Histogram(
@@ -91,7 +116,7 @@ class ServerMetrics:
         )
         self._engines: dict[tuple[str, str], tuple[str, ...]] = {}
         self._series: dict[tuple[str, str, str, str], RequestSeries] = {}
-        self._rows: dict[tuple[str, str], Any] = {}
+        self._calls: dict[tuple[str, str], CallSeries] = {}
 
     def engine_serving(self, model: str, version: str, ran: dict[str, Any] | None) -> None:
         """Name what a version runs on (``selection.what_ran``), or, with None, forget it."""
@@ -121,9 +146,13 @@ class ServerMetrics:
             )
         return found
 
-    def rows(self, model: str, version: str) -> Any:
-        """The batch-size histogram of one version (every runtime call, shadow copies included)."""
-        found = self._rows.get((model, version))
+    def calls(self, model: str, version: str) -> CallSeries:
+        """The batch-size histogram and the call-time parts of one version (every runtime call,
+        shadow copies included)."""
+        found = self._calls.get((model, version))
         if found is None:
-            found = self._rows[(model, version)] = self.batch_rows.labels(model, version)
+            found = self._calls[(model, version)] = CallSeries(
+                self.batch_rows.labels(model, version),
+                tuple(self.call_seconds.labels(model, version, part) for part in CallParts._fields),
+            )
         return found

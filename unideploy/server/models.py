@@ -316,7 +316,7 @@ class ModelRegistry:
             output_axes=output_axes,
             buffers=pinned_buffers(settings.pinned_memory, ran, served_as),
             served_as=served_as,
-            on_call=self.metrics.rows(src.model, src.version).observe,
+            on_call=self.metrics.calls(src.model, src.version).observe,
         )
         for line in ran.get("passed_over", ()):
             log.warning("model %s version %s: passed over %s", src.model, src.version, line)
