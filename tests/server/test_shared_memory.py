@@ -189,38 +189,77 @@ def test_cuda_shared_memory_without_a_gpu_is_refused_before_any_port_opens(repo)
     assert "--shared-memory cuda needs a CUDA GPU" in lines[0] and cuda_api.problem() in lines[0]
 
 
-def test_an_input_is_read_where_it_lies_and_its_region_unmaps_only_once_no_request_reads_it(regions):
-    """As Triton reads them: an input in a client's region becomes an array over the mapping (no
-    copy on the server's event loop). Unregistering the region while a request still holds the
-    array leaves that array whole (the mapping goes when the last view does), and the name is free
-    at once: new requests naming it are refused."""
-    import gc
-
+def test_an_input_is_copied_as_it_arrives_and_unregistering_closes_the_segment(regions):
+    """An input in a client's region becomes an array of the server's own (the client may rewrite its
+    window once the request is sent), read through the descriptor registration opened: the segment
+    registered, even where the key is then removed and made again. Unregistering closes it and frees
+    the name at once."""
     from unideploy.server.errors import BadRequest
     from unideploy.server.shared_memory import Placement, SharedMemoryRegions
 
-    def mappings() -> int:  # of the segment in this process: the client's own, and the server's
-        with open("/proc/self/maps") as maps:
-            return sum(key.lstrip("/") in line for line in maps)
+    def descriptors() -> int:  # of the segment in this process: the client's own, and the server's
+        return sum(key.lstrip("/") in os.readlink(f"/proc/self/fd/{fd}") for fd in _open_fds())
 
     rows = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     handle, name, key = regions(rows.nbytes)
     shm.set_shared_memory_region(handle, [rows])
-    client_only = mappings()
+    client_only = descriptors()
     held = SharedMemoryRegions("system")
     held.register(name, key, 0, rows.nbytes)
+    assert descriptors() == client_only + 1
     place = Placement(name, rows.nbytes)
     array = held.read(place, "FP32", rows.shape, "x")
+    shm.set_shared_memory_region(handle, [np.zeros_like(rows)])  # rewritten after the read: the copy stays
     np.testing.assert_array_equal(array, rows)
-    assert not array.flags.owndata and not array.flags.writeable  # a read-only view of the client's memory
 
     held.unregister(name)
-    assert held.status() == [] and mappings() == client_only + 1  # gone by name, still mapped under the array
-    np.testing.assert_array_equal(array, rows)
+    assert held.status() == [] and descriptors() == client_only
     with pytest.raises(BadRequest, match="not registered"):
         held.read(place, "FP32", rows.shape, "x")
-    del array
-    gc.collect()
-    assert mappings() == client_only
     held.register(name, key, 0, rows.nbytes)  # the name is free again
     held.close()
+    assert descriptors() == client_only
+
+
+def _open_fds() -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            os.readlink(f"/proc/self/fd/{fd}")
+            found.append(fd)
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return found
+
+
+@pytest.mark.parametrize("protocol", CLIENTS)
+def test_a_segment_made_smaller_after_registration_is_refused_and_the_server_stays_up(
+    server, images, regions, protocol
+):
+    """The client owns its segment and may shrink it while the region is registered (tritonclient's
+    ``create_shared_memory_region`` does, making a key again smaller). A server reading it through a
+    mapping died of SIGBUS on the next request naming the region; the request, and an output that
+    no longer fits, are refused with 400 / INVALID_ARGUMENT naming the region and the sizes."""
+    client, module = CLIENTS[protocol](server), _module(protocol)
+    handle, name, key = regions(images.nbytes)
+    shm.set_shared_memory_region(handle, [images])
+    client.register_system_shared_memory(name, key, images.nbytes)
+    try:
+        os.truncate(f"/dev/shm/{key.lstrip('/')}", 64)
+        x = module.InferInput("x", list(images.shape), "FP32")
+        x.set_shared_memory(name, images.nbytes)
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("digits", [x])
+        assert f"needs {images.nbytes} bytes of segment '{key}', which now holds 64" in str(caught.value)
+        assert "made smaller after the region was registered" in str(caught.value)
+        x = module.InferInput("x", list(images.shape), "FP32")
+        x.set_data_from_numpy(images)
+        out = module.InferRequestedOutput("output")
+        out.set_shared_memory(name, 5 * 10 * 4)  # the ten scores of each of the five images
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("digits", [x], outputs=[out])
+        assert "which now holds 64" in str(caught.value)
+        assert os.stat(f"/dev/shm/{key.lstrip('/')}").st_size == 64  # not grown back by the server
+    finally:
+        client.unregister_system_shared_memory(name)
+    assert client.is_server_ready()

@@ -14,16 +14,17 @@ Shared memory is a way into the server's address space, so: registering is autho
 inference; a key is a plain shared-memory name (letters, digits, ``._-``, one optional leading
 ``/``), never a path; the segment is opened without following links; every read and write is
 checked against the registered window; an operator can turn the extension off
-(``--shared-memory off``). Inputs are read where they lie, as Triton reads them (no copy on the
-event loop; merging a batch is the one copy): a client must not rewrite an input's window before
-its response comes. Unregistering a region a request still reads frees its name at once and
-unmaps it once the request's last view of it is gone, so no read ever touches unmapped memory.
+(``--shared-memory off``). A segment is read and written through the descriptor registration
+opened (``preadv``, ``pwrite``), never through a mapping: the client owns the segment and may
+shrink it at any time (``ftruncate``; tritonclient's ``create_shared_memory_region`` does when a
+key is made again smaller), and a mapping read past a segment's new end killed the whole server
+with SIGBUS. A read or write the segment no longer holds is refused instead (400). So an input is
+copied once as its request arrives (the copy a CUDA region's input gets too), and a client may
+rewrite its window as soon as the request is sent.
 """
 
 from __future__ import annotations
 
-import contextlib
-import mmap
 import os
 import re
 import threading
@@ -46,24 +47,49 @@ REGION_NAME = re.compile(r"[^\x00/]{1,255}")
 
 @dataclass
 class SystemRegion:
-    """A window of a client's POSIX shared-memory segment, mapped until unregistered."""
+    """A window of a client's POSIX shared-memory segment, held open until unregistered."""
 
     name: str
     key: str
     offset: int
     byte_size: int
-    mapped: mmap.mmap
+    fd: int  # the segment as registration opened it (the one registered, even if the key is reused)
 
     def read(self, start: int, nbytes: int) -> memoryview:
-        """The bytes where they lie, read-only: an array over them keeps the mapping alive."""
-        return memoryview(self.mapped).toreadonly()[self.offset + start : self.offset + start + nbytes]
+        """``nbytes`` from ``start``, copied into memory of their own."""
+        out = np.empty(nbytes, np.uint8)
+        done, at = 0, self.offset + start
+        while done < nbytes:
+            got = self._io(os.preadv, self.fd, [out.data[done:]], at + done)
+            if not got:  # the segment ends before the window does
+                raise self._shrunk(at + nbytes)
+            done += got
+        return out.data
 
     def write(self, start: int, blob: bytes) -> None:
-        self.mapped[self.offset + start : self.offset + start + len(blob)] = blob
+        at = self.offset + start
+        if self._io(os.fstat, self.fd).st_size < at + len(blob):  # never grow a segment the client shrank
+            raise self._shrunk(at + len(blob))
+        done = 0
+        while done < len(blob):
+            done += self._io(os.pwrite, self.fd, memoryview(blob)[done:], at + done)
+
+    def _shrunk(self, needed: int) -> BadRequest:
+        size = self._io(os.fstat, self.fd).st_size
+        return BadRequest(
+            f"shared memory region '{self.name}' needs {needed} bytes of segment '{self.key}', which now holds "
+            f"{size}: the segment was made smaller after the region was registered",
+            "unregister the region and register it again once the segment has its size",
+        )
+
+    def _io(self, call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except OSError as exc:
+            raise BadRequest(f"shared memory region '{self.name}' (segment '{self.key}'): {exc.strerror}") from None
 
     def close(self) -> None:
-        with contextlib.suppress(BufferError):  # a request still reads it: unmapped with its last view
-            self.mapped.close()
+        os.close(self.fd)
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
@@ -162,17 +188,14 @@ class SharedMemoryRegions:
                     f"shared memory key '{key}' cannot be opened: {exc.strerror}",
                     "create the segment first (tritonclient.utils.shared_memory.create_shared_memory_region)",
                 ) from None
-            try:
-                size = os.fstat(fd).st_size
-                if offset + byte_size > size:
-                    raise BadRequest(
-                        f"shared memory region '{name}' ({offset} + {byte_size} bytes) is larger than the "
-                        f"{size}-byte segment '{key}'"
-                    )
-                mapped = mmap.mmap(fd, size)
-            finally:
+            size = os.fstat(fd).st_size
+            if offset + byte_size > size:
                 os.close(fd)
-            self._regions[name] = SystemRegion(name, key, offset, byte_size, mapped)
+                raise BadRequest(
+                    f"shared memory region '{name}' ({offset} + {byte_size} bytes) is larger than the "
+                    f"{size}-byte segment '{key}'"
+                )
+            self._regions[name] = SystemRegion(name, key, offset, byte_size, fd)
 
     def register_cuda(self, name: str, raw_handle: Any, device_id: Any, byte_size: Any) -> None:
         """A CUDA region: the device memory ``raw_handle`` (cudaIpcMemHandle_t's 64 bytes) exports."""
@@ -230,8 +253,7 @@ class SharedMemoryRegions:
         return region
 
     def read(self, place: Placement, datatype: Any, shape: Sequence[int], name: str) -> np.ndarray:
-        """Input ``name`` from its region: a read-only array over a system region's memory (a CUDA
-        region's is copied to the host)."""
+        """Input ``name`` from its region, copied into an array of its own."""
         self._require_on()
         with self._lock:
             found = self._window(place, f"input '{name}'").read(place.offset, place.byte_size)
