@@ -41,6 +41,10 @@ from unideploy.server.cuda_shared_memory import CudaRegion
 from unideploy.server.errors import BadRequest, NotFound
 
 SHM_ROOT = "/dev/shm"  # where Linux keeps POSIX shared memory (shm_open's names)
+# Each region holds a descriptor (a CUDA one a device mapping) until unregistered: without a bound,
+# a client registering regions in a loop would take every descriptor the process may open, and the
+# server could accept no connection
+MAX_REGIONS = 1024
 KEY = re.compile(r"/?[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 REGION_NAME = re.compile(r"[^\x00/]{1,255}")
 
@@ -140,13 +144,13 @@ class SharedMemoryRegions:
     """The regions registered with one server, of both kinds (system and CUDA) under one set of
     names, as Triton keeps them; all methods may be called from any thread."""
 
-    def __init__(self, mode: str = "system") -> None:
+    def __init__(self, mode: str = "system", max_regions: int = MAX_REGIONS) -> None:
         if mode == "cuda" and (why := cuda_api.problem()):  # refused before any port opens
             raise InputError(
                 f"--shared-memory cuda needs a CUDA GPU: {why}",
                 "start the server with --shared-memory system, or on a GPU machine with the gpu extra",
             )
-        self.mode = mode
+        self.mode, self.max_regions = mode, max_regions
         self._regions: dict[str, Region] = {}
         self._lock = threading.Lock()  # a region is never unmapped while it is read or written
 
@@ -210,6 +214,11 @@ class SharedMemoryRegions:
         if name in self._regions:
             raise BadRequest(
                 f"shared memory region '{name}' is already registered", "unregister it first, or use another name"
+            )
+        if len(self._regions) >= self.max_regions:
+            raise BadRequest(
+                f"this server already holds {len(self._regions)} shared memory regions, the most it registers",
+                "unregister the regions no longer used (or all of a client's at once: unregister without a name)",
             )
 
     def _of_kind(self, name: str | None, kind: str) -> list[str]:
