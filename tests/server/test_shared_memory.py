@@ -189,6 +189,28 @@ def test_cuda_shared_memory_without_a_gpu_is_refused_before_any_port_opens(repo)
     assert "--shared-memory cuda needs a CUDA GPU" in lines[0] and cuda_api.problem() in lines[0]
 
 
+@pytest.mark.parametrize("protocol", CLIENTS)
+def test_inputs_in_shared_memory_count_against_the_request_size_limit(server, regions, protocol):
+    """A region's bytes are copied into the server, so a window of 256 MiB in a sparse segment (no
+    memory on the client's side) is refused as a request of that size would be, before any byte is
+    read, with the limit and the option named."""
+    client, module = CLIENTS[protocol](server), _module(protocol)
+    rows = (256 << 20) // (8 * 8 * 4)
+    _, name, key = regions(16)
+    os.truncate(f"/dev/shm/{key.lstrip('/')}", 256 << 20)  # sparse: nothing is written
+    client.register_system_shared_memory(name, key, 256 << 20)
+    try:
+        x = module.InferInput("x", [rows, 1, 8, 8], "FP32")
+        x.set_shared_memory(name, 256 << 20)
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("digits", [x])
+        assert f"come to {256 << 20} bytes, over the limit of {64 << 20} bytes" in str(caught.value)
+        assert "--max-request-bytes" in str(caught.value)
+    finally:
+        client.unregister_system_shared_memory(name)
+    assert client.is_server_ready()
+
+
 def test_an_input_is_copied_as_it_arrives_and_unregistering_closes_the_segment(regions):
     """An input in a client's region becomes an array of the server's own (the client may rewrite its
     window once the request is sent), read through the descriptor registration opened: the segment

@@ -203,7 +203,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         metavar="S",
         help="seconds between repository scans for hot reload (default: 2; 0 turns watching off)",
     )
-    p.add_argument("--max-request-bytes", type=_positive_int, default=None, help="largest request body accepted")
+    p.add_argument(
+        "--max-request-bytes",
+        type=_positive_int,
+        default=None,
+        help="largest request accepted: its body, and its inputs in shared memory",
+    )
     p.add_argument(
         "--max-request-rows",
         type=_positive_int,

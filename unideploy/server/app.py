@@ -43,7 +43,9 @@ class Server:
         self.metrics = ServerMetrics()
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="unideploy-model")
         self.registry = ModelRegistry(repository, self.executor, self.metrics, config.trusted_signers(), model_name)
-        self.dataplane = DataPlane(self.registry, self.metrics, config.max_request_rows, config.shared_memory)
+        self.dataplane = DataPlane(
+            self.registry, self.metrics, config.max_request_rows, config.shared_memory, config.max_request_bytes
+        )
         self._stop = asyncio.Event()
 
     async def run(self) -> None:

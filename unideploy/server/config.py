@@ -84,7 +84,11 @@ class ServerConfig(BaseSettings):
     http_port: int = Field(8000, ge=0, le=65535, description="REST port")
     grpc_port: int = Field(8001, ge=0, le=65535, description="gRPC port")
     poll_interval_s: float = Field(2.0, ge=0, description="seconds between repository scans; 0 turns watching off")
-    max_request_bytes: int = Field(DEFAULT_MAX_REQUEST_BYTES, ge=1, description="largest request body, both protocols")
+    max_request_bytes: int = Field(
+        DEFAULT_MAX_REQUEST_BYTES,
+        ge=1,
+        description="largest request, both protocols: its body, and its inputs in shared memory",
+    )
     max_request_rows: int = Field(DEFAULT_MAX_REQUEST_ROWS, ge=1, description="most rows (batch dimension) per request")
     inference_token: str | None = Field(None, description="bearer token for inference and metadata")
     repository_token: str | None = Field(None, description="bearer token for the repository and routing APIs")

@@ -18,7 +18,8 @@ import numpy as np
 import unideploy
 from unideploy.errors import InputError, UnideployError
 from unideploy.server.codec import NUMPY_TO_V2
-from unideploy.server.errors import BadRequest, Unavailable
+from unideploy.server.config import DEFAULT_MAX_REQUEST_BYTES
+from unideploy.server.errors import BadRequest, TooLarge, Unavailable
 from unideploy.server.metrics import RequestSeries, ServerMetrics
 from unideploy.server.models import ModelRegistry, ServedVersion
 from unideploy.server.repository_api import RepositoryAPI
@@ -109,13 +110,19 @@ REMOTE_CALLS = frozenset(
 
 class DataPlane:
     def __init__(
-        self, registry: ModelRegistry, metrics: ServerMetrics, max_request_rows: int, shared_memory: str = "system"
+        self,
+        registry: ModelRegistry,
+        metrics: ServerMetrics,
+        max_request_rows: int,
+        shared_memory: str = "system",
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
         self.registry = registry
         self.shared_memory = SharedMemoryRegions(shared_memory)  # the system and CUDA shared memory extensions
         self.repository = RepositoryAPI(registry)  # the repository and routing extensions
         self.metrics = metrics
         self.max_request_rows = max_request_rows
+        self.max_request_bytes = max_request_bytes  # a request's tensors, in its body or in shared memory
         self._shadow_tasks: set[asyncio.Task] = set()
         self.runs_finished = 0  # runtime calls, for giving memory back once traffic stops
         self.runs_running = 0
@@ -231,6 +238,13 @@ class DataPlane:
     async def _infer(self, request: InferRequest) -> InferResult:
         start = time.perf_counter()
         name, version, variant = request.model, request.version, None
+        placed = sum(v.place.byte_size for v in request.inputs.values() if isinstance(v, Placed))
+        if placed > self.max_request_bytes:  # refused before a byte is copied into this process
+            raise TooLarge(
+                f"the request's inputs in shared memory come to {placed} bytes, over the limit of "
+                f"{self.max_request_bytes} bytes (the server's --max-request-bytes)",
+                "send smaller batches, or start the server with a larger --max-request-bytes",
+            )
         inputs = {
             key: self.shared_memory.read(v.place, v.datatype, v.shape, key) if isinstance(v, Placed) else v
             for key, v in request.inputs.items()
