@@ -5,6 +5,7 @@ from __future__ import annotations
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -20,7 +21,17 @@ DEFAULT_DYNAMIC_SIZE = 8
 Axes = Mapping[str, int | None]  # each input's batch axis (Signature.batch_axes); None: no batch axis
 
 
-def row_axis(axes: Axes | None, name: str, array: np.ndarray) -> int | None:
+class Shaped(Protocol):
+    """What finding rows needs of a tensor: an array, or one not yet read (``server.unread``)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def ndim(self) -> int: ...
+
+
+def row_axis(axes: Axes | None, name: str, array: Shaped) -> int | None:
     """Where input ``name``'s rows are: its batch axis in ``axes``, axis 0 when none is given, None
     for a scalar."""
     if array.ndim == 0:
@@ -28,7 +39,7 @@ def row_axis(axes: Axes | None, name: str, array: np.ndarray) -> int | None:
     return 0 if axes is None else axes.get(name, 0)
 
 
-def batch_size_of(inputs: Mapping[str, np.ndarray], axes: Axes | None = None) -> int:
+def batch_size_of(inputs: Mapping[str, Shaped], axes: Axes | None = None) -> int:
     """Rows in ``inputs``: the size of the first batch axis (1 where none has one)."""
     for name, array in inputs.items():
         axis = row_axis(axes, name, array)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from unideploy.server.batching import (
     LOOP_CALL_LIMIT_S,
@@ -15,6 +18,7 @@ from unideploy.server.batching import (
     CallParts,
     DynamicBatcher,
     LoopBudget,
+    UnreadInputs,
     inline_bytes,
     merged,
 )
@@ -41,7 +45,7 @@ def behind_a_held_call(run, first: dict, queued: list[dict], **settings) -> tupl
         tasks += [asyncio.ensure_future(batcher.submit(inputs)) for inputs in queued]
         await asyncio.sleep(0)  # each submit puts its request in the queue at its first step
         release.set()
-        results = await asyncio.gather(*tasks)
+        results = await asyncio.gather(*tasks, return_exceptions=True)  # each request's own outcome
         later = await batcher.submit(first)  # idle again: runs alone, at once
         batcher.close()
         return [*results, later]
@@ -65,6 +69,49 @@ def test_queued_requests_are_merged_straight_into_the_engines_batch_bucket():
     assert merged([lone], 4) is lone
     two = merged([{"x": rows[1]}, {"x": rows[2]}], 2)["x"]
     assert two[:, 0].tolist() == [1.0, 2.0] and not np.shares_memory(two, rows[1])
+
+
+def test_a_request_whose_shared_memory_cannot_be_read_fails_alone_in_its_batch():
+    """Inputs still in clients' shared memory are read straight into the batch when it is merged.
+    One whose client shrank its segment meanwhile fails its own request with the reason; its rows
+    hold another request's first row, the others are answered; where every part fails, each gets
+    its own error (``UnreadInputs``)."""
+    shm = pytest.importorskip("tritonclient.utils.shared_memory", reason="tritonclient is in the dev extra")
+    from unideploy.server.errors import BadRequest
+    from unideploy.server.shared_memory import Placement, SharedMemoryRegions
+
+    regions, made = SharedMemoryRegions("system"), []
+
+    def region(value: float) -> tuple:
+        x = np.full((1, 2), value, np.float32)
+        name, key = f"r{uuid.uuid4().hex[:8]}", f"/unideploy-test-{uuid.uuid4().hex[:12]}"
+        made.append(shm.create_shared_memory_region(name, key, x.nbytes))
+        shm.set_shared_memory_region(made[-1], [x])
+        regions.register(name, key, 0, x.nbytes)
+        return regions.input(Placement(name, x.nbytes), "FP32", x.shape, "x"), f"/dev/shm/{key.lstrip('/')}"
+
+    try:
+        (one, _), (two, shrunk), (three, _) = region(1.0), region(2.0), region(3.0)
+        os.truncate(shrunk, 4)
+        results, calls = behind_a_held_call(
+            lambda inputs: inputs["x"][:, 0].tolist(),
+            {"x": np.zeros((1, 2), np.float32)},
+            [{"x": one}, {"x": two}, {"x": three}],
+            buckets=(1, 4),
+        )
+        assert calls == [[0.0], [1.0, 1.0, 3.0, 3.0], [0.0]]  # one call for the three, padded to 4
+        assert isinstance(results[2], BadRequest) and "which now holds 4" in str(results[2])
+        assert [results[i].outputs["y"][0, 0] for i in (1, 3)] == [10.0, 30.0]
+
+        with pytest.raises(UnreadInputs) as every:
+            merged([{"x": two}, {"x": two}], 2, failed={})
+        assert sorted(every.value.failed) == [0, 1]
+        with pytest.raises(BadRequest, match="which now holds 4"):  # no ``failed`` to tell: raised
+            merged([{"x": one}, {"x": two}], 2)
+    finally:
+        regions.close()
+        for handle in made:
+            shm.destroy_shared_memory_region(handle)
 
 
 def test_a_merged_batch_is_written_into_the_callers_kept_buffers():
@@ -316,8 +363,8 @@ def test_a_fast_model_runs_on_the_event_loop_but_never_a_larger_call():
         with ThreadPoolExecutor(1) as pool:
             call = Caller(run, pool, LoopBudget(inline_bytes(run, sample, warm_up_s=0.001)))
             threads.clear()
-            small, _ = await call([{"x": np.ones((1, 4), np.float32)}], 1)
-            large, _ = await call([{"x": np.ones((64, 4), np.float32)}], 64)
+            small = (await call([{"x": np.ones((1, 4), np.float32)}], 1)).outputs
+            large = (await call([{"x": np.ones((64, 4), np.float32)}], 64)).outputs
             assert small["y"][0, 0] == 2 and large["y"].shape == (64, 4)
             return threading.get_ident()
 

@@ -211,13 +211,15 @@ def test_inputs_in_shared_memory_count_against_the_request_size_limit(server, re
     assert client.is_server_ready()
 
 
-def test_an_input_is_copied_as_it_arrives_and_unregistering_closes_the_segment(regions):
-    """An input in a client's region becomes an array of the server's own (the client may rewrite its
-    window once the request is sent), read through the descriptor registration opened: the segment
-    registered, even where the key is then removed and made again. Unregistering closes it and frees
-    the name at once."""
+def test_an_input_stays_in_its_region_until_read_and_unregistering_closes_the_segment(regions):
+    """An input in a client's region is checked as its request arrives and read through the
+    descriptor registration opened when its batch is merged (``Unread``: straight into the batch's
+    rows, or into an array of its own), as Triton reads in place: the client must not rewrite it
+    before its response. Unregistering closes the descriptor and frees the name at once; a read
+    after that is refused."""
     from unideploy.server.errors import BadRequest
     from unideploy.server.shared_memory import Placement, SharedMemoryRegions
+    from unideploy.server.unread import Unread
 
     def descriptors() -> int:  # of the segment in this process: the client's own, and the server's
         return sum(key.lstrip("/") in os.readlink(f"/proc/self/fd/{fd}") for fd in _open_fds())
@@ -230,38 +232,22 @@ def test_an_input_is_copied_as_it_arrives_and_unregistering_closes_the_segment(r
     held.register(name, key, 0, rows.nbytes)
     assert descriptors() == client_only + 1
     place = Placement(name, rows.nbytes)
-    array = held.read(place, "FP32", rows.shape, "x")
-    shm.set_shared_memory_region(handle, [np.zeros_like(rows)])  # rewritten after the read: the copy stays
-    np.testing.assert_array_equal(array, rows)
+    unread = held.input(place, "FP32", rows.shape, "x")
+    assert isinstance(unread, Unread) and unread.shape == rows.shape and unread.dtype == np.float32
+    np.testing.assert_array_equal(unread.read(), rows)
+    strided = np.zeros((2, 3, 8), np.float32)[:, :, ::2]  # rows a batch keeps along another axis
+    unread.into(strided)
+    np.testing.assert_array_equal(strided, rows)
+    with pytest.raises(BadRequest, match="has 96 bytes of data, but FP32 \\[2, 3, 3\\] needs 72"):
+        held.input(place, "FP32", (2, 3, 3), "x")
 
     held.unregister(name)
     assert held.status() == [] and descriptors() == client_only
     with pytest.raises(BadRequest, match="not registered"):
-        held.read(place, "FP32", rows.shape, "x")
+        unread.read()
     held.register(name, key, 0, rows.nbytes)  # the name is free again
     held.close()
     assert descriptors() == client_only
-
-
-def test_a_server_holds_a_bounded_number_of_regions(regions):
-    """Each region keeps a descriptor open: past ``max_regions`` (1024 by default) registering is
-    refused with what to do, so a client registering in a loop cannot take every descriptor the
-    server needs to accept connections; unregistering makes room again."""
-    from unideploy.server.errors import BadRequest
-    from unideploy.server.shared_memory import MAX_REGIONS, SharedMemoryRegions
-
-    assert SharedMemoryRegions("system").max_regions == MAX_REGIONS == 1024
-    _, _, key = regions(16)
-    held = SharedMemoryRegions("system", max_regions=2)
-    held.register("a", key, 0, 16)
-    held.register("b", key, 0, 16)
-    with pytest.raises(BadRequest, match="already holds 2 shared memory regions") as refused:
-        held.register("c", key, 0, 16)
-    assert "unregister the regions no longer used" in refused.value.hint
-    held.unregister("a")
-    held.register("c", key, 0, 16)
-    assert sorted(r["name"] for r in held.status()) == ["b", "c"]
-    held.close()
 
 
 def _open_fds() -> list[str]:

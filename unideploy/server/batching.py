@@ -37,23 +37,26 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import zip_longest
-from typing import NamedTuple, TypeVar
+from itertools import accumulate, zip_longest
+from typing import NamedTuple, TypeGuard, TypeVar
 
 import numpy as np
 
+from unideploy.errors import InputError
 from unideploy.runtimes.batch_buckets import bucket_for
 from unideploy.runtimes.pinned import BatchBuffers
 from unideploy.samples import Axes, batch_size_of, resize_batch, row_axis, rows_along
+from unideploy.server.unread import Unread, read_all
 
 Tensors = dict[str, np.ndarray]
+Inputs = Mapping[str, "np.ndarray | Unread"]  # a request's: some may still be in a client's shared memory
 Result = TypeVar("Result")
 log = logging.getLogger("unideploy.server")
 
 
 @dataclass
 class _Pending:
-    inputs: Tensors
+    inputs: Inputs
     rows: int
     future: asyncio.Future
     axes: Axes | None = None  # each input's batch axis (axis 0 where None)
@@ -64,9 +67,13 @@ class _Pending:
         """What requests must share to be merged: each input's dtype and shape but for its batch
         axis, and a scalar input's value (a sample rate is one value for the whole call)."""
         return tuple(
-            (k, _without(v.shape, row_axis(self.axes, k, v)), v.dtype.str, v.tobytes() if v.ndim == 0 else None)
+            (k, _without(v.shape, row_axis(self.axes, k, v)), v.dtype.str, v.tobytes() if _scalar(v) else None)
             for k, v in sorted(self.inputs.items())
         )
+
+
+def _scalar(value: np.ndarray | Unread) -> TypeGuard[np.ndarray]:
+    return isinstance(value, np.ndarray) and value.ndim == 0  # an Unread has a dimension
 
 
 def _without(shape: tuple[int, ...], axis: int | None) -> tuple[int, ...]:
@@ -124,7 +131,7 @@ class LoopBudget:
         self.max_bytes = max_bytes
         self.served_as = served_as
 
-    def takes(self, parts: Sequence[Tensors]) -> bool:
+    def takes(self, parts: Sequence[Inputs]) -> bool:
         """Whether a call on ``parts`` runs on the event loop."""
         return bool(self.max_bytes) and sum(a.nbytes for p in parts for a in p.values()) <= self.max_bytes
 
@@ -150,35 +157,71 @@ class LoopBudget:
                     )
 
 
+class UnreadInputs(Exception):
+    """Every request of a batch failed to read its inputs (``merged``): each its own error."""
+
+    def __init__(self, failed: dict[int, Exception]) -> None:
+        super().__init__(next(iter(failed.values())))
+        self.failed = failed
+
+
 def merged(
-    parts: Sequence[Tensors], size: int, axes: Axes | None = None, buffers: BatchBuffers | None = None
+    parts: Sequence[Inputs],
+    size: int,
+    axes: Axes | None = None,
+    buffers: BatchBuffers | None = None,
+    failed: dict[int, Exception] | None = None,
 ) -> Tensors:
     """The requests ``parts`` as one batch of ``size`` rows along each input's batch axis
     (``axes``; axis 0 where None): each request's rows copied once into place, any rows past theirs
     filled with the last real row (a bucket's padding: a real row, never values the model was not
     made for). A scalar is the same in every part (the merge key). The batch is written into
-    ``buffers`` where given (kept, and on a GPU page-locked: ``runtimes.pinned``), else new arrays."""
+    ``buffers`` where given (kept, and on a GPU page-locked: ``runtimes.pinned``), else new arrays.
+
+    An input still in a client's shared memory (``Unread``) is read straight into its rows. Where
+    that fails (the client shrank its segment or unregistered the region meanwhile), the part's
+    index and error go into ``failed`` (raised where it is None) and its rows hold another part's
+    first row, so one client's mistake fails its own request only; where every part fails,
+    ``UnreadInputs``."""
     first = parts[0]
     if len(parts) == 1 and all(
         (axis := row_axis(axes, k, a)) is None or a.shape[axis] == size for k, a in first.items()
     ):
-        return first
+        return read_all(first)
+    starts = list(accumulate((batch_size_of(p, axes) for p in parts), initial=0))
+    lost: dict[int, Exception] = {}
     batch: Tensors = {}
     for name, array in first.items():
         axis = row_axis(axes, name, array)
         if axis is None:
-            batch[name] = array
+            batch[name] = np.asarray(array)  # a scalar, read with its request (the merge key holds it)
             continue
         shape = list(array.shape)
         shape[axis] = size
         out = buffers.array(name, tuple(shape), array.dtype) if buffers is not None else np.empty(shape, array.dtype)
-        at = 0
-        for part in parts:
-            rows = part[name].shape[axis]
-            rows_along(out, axis, at, at + rows)[...] = part[name]
-            at += rows
-        rows_along(out, axis, at, size)[...] = rows_along(out, axis, at - 1, at)
+        for i, part in enumerate(parts):
+            rows = rows_along(out, axis, starts[i], starts[i + 1])
+            if not isinstance(value := part[name], Unread):
+                rows[...] = value
+            elif i not in lost:
+                try:
+                    value.into(rows)
+                except InputError as exc:
+                    lost[i] = exc
         batch[name] = out
+    if lost and failed is None:
+        raise next(iter(lost.values()))
+    if len(lost) == len(parts):
+        raise UnreadInputs(lost)
+    good = next(i for i in range(len(parts)) if i not in lost)
+    for name, out in batch.items():
+        if (axis := row_axis(axes, name, out)) is None:
+            continue
+        for i in lost:
+            rows_along(out, axis, starts[i], starts[i + 1])[...] = rows_along(out, axis, starts[good], starts[good] + 1)
+        rows_along(out, axis, starts[-1], size)[...] = rows_along(out, axis, starts[-1] - 1, starts[-1])
+    if failed is not None:
+        failed.update(lost)
     return batch
 
 
@@ -212,23 +255,41 @@ class Caller:
     axes: Axes | None = None  # each input's batch axis (axis 0 where None)
     buffers: BatchBuffers | None = None  # where merged batches are written: this caller's own
 
-    def _merge_and_run(self, parts: Sequence[Tensors], size: int) -> tuple[Tensors, float, float, float]:
+    def _merge_and_run(
+        self, parts: Sequence[Inputs], size: int, failed: dict[int, Exception]
+    ) -> tuple[Tensors, float, float, float]:
         """The outputs, and when the merge started, when the run started and when it ended."""
         start = time.perf_counter()
-        batch = merged(parts, size, self.axes, self.buffers)
+        batch = merged(parts, size, self.axes, self.buffers, failed)
         running = time.perf_counter()
         return self.run(batch), start, running, time.perf_counter()
 
-    async def __call__(self, parts: Sequence[Tensors], size: int) -> tuple[Tensors, CallParts]:
-        """``run`` on ``parts`` merged into ``size`` rows, and where the call's time went."""
+    async def __call__(self, parts: Sequence[Inputs], size: int) -> Ran:
+        """``run`` on ``parts`` merged into ``size`` rows, where the call's time went, and the parts
+        whose inputs could not be read (``merged``)."""
+        failed: dict[int, Exception] = {}
         if self.on_loop.takes(parts):
-            outputs, start, running, ended = self.on_loop.run(self._merge_and_run, parts, size)
-            return outputs, CallParts(input=running - start, infer=ended - running)
+            # only the run is the loop's budget (it may depend on the values): the merge's time is
+            # the bytes', bounded by ``takes``, and reading shared memory costs the kernel more
+            start = time.perf_counter()
+            batch = merged(parts, size, self.axes, self.buffers, failed)
+            running = time.perf_counter()
+            outputs = self.on_loop.run(self.run, batch)
+            return Ran(outputs, CallParts(input=running - start, infer=time.perf_counter() - running), failed)
         handed = time.perf_counter()
         outputs, start, running, ended = await asyncio.get_running_loop().run_in_executor(
-            self.executor, self._merge_and_run, parts, size
+            self.executor, self._merge_and_run, parts, size, failed
         )
-        return outputs, CallParts(start - handed, running - start, ended - running, time.perf_counter() - ended)
+        back = time.perf_counter()
+        return Ran(outputs, CallParts(start - handed, running - start, ended - running, back - ended), failed)
+
+
+class Ran(NamedTuple):
+    """A runtime call's outputs, where its time went, and the parts it could not read (by index)."""
+
+    outputs: Tensors
+    parts: CallParts
+    failed: dict[int, Exception]
 
 
 def _fastest(call: Callable[[], object], first_s: float) -> float:
@@ -349,7 +410,7 @@ class DynamicBatcher:
         """Whether requests are ever merged (lanes run them side by side instead)."""
         return not self._lane_threads and self.max_batch_size > 1
 
-    async def submit(self, inputs: Tensors) -> BatchResult:
+    async def submit(self, inputs: Inputs) -> BatchResult:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
                 self._lanes_loop() if self._lane_threads else self._loop()
@@ -364,7 +425,7 @@ class DynamicBatcher:
                 self._deciding -= 1
             if self._idle_now():  # none did
                 start = time.perf_counter()
-                outputs = self.on_loop.run(self._call.run, inputs)
+                outputs = self.on_loop.run(self._call.run, read_all(inputs))
                 compute = time.perf_counter() - start
                 self._on_call(rows, CallParts(infer=compute))
                 return BatchResult(outputs, start - enqueued, compute, rows)
@@ -372,7 +433,7 @@ class DynamicBatcher:
         await self._queue.put(pending)
         return await pending.future
 
-    def _alone(self, inputs: Tensors) -> bool:
+    def _alone(self, inputs: Inputs) -> bool:
         """Whether a request may run at once, on the event loop, instead of through the queue and
         the batch loop (two turns of the loop and a task fewer: 5-10 % of a trivial model's request
         in the server, docs/server.md): its version runs such calls on the loop (``LoopBudget``), is
@@ -451,16 +512,22 @@ class DynamicBatcher:
         start = time.perf_counter()
         size = bucket_for(rows, self.buckets) if self.buckets and rows <= self.buckets[-1] else rows
         try:
-            outputs, parts = await call([p.inputs for p in group], size)
+            outputs, parts, failed = await call([p.inputs for p in group], size)
         except Exception as exc:  # the runtime's failure belongs to every request in the batch
-            for p in group:
+            each = exc.failed if isinstance(exc, UnreadInputs) else {}
+            for i, p in enumerate(group):
                 if not p.future.done():
-                    p.future.set_exception(exc)
+                    p.future.set_exception(each.get(i, exc))
             return
         compute = time.perf_counter() - start
         self._on_call(rows, parts)
         offset = 0
-        for p in group:
+        for i, p in enumerate(group):
+            if i in failed:  # its inputs could not be read: its rows held another's
+                offset += p.rows
+                if not p.future.done():
+                    p.future.set_exception(failed[i])
+                continue
             part = (
                 {
                     k: rows_along(v, (self.output_axes or {}).get(k, 0), offset, offset + p.rows)

@@ -153,19 +153,22 @@ def _shaped(flat: np.ndarray, shape: Sequence[int], tensor: str) -> np.ndarray:
         raise BadRequest(f"input '{tensor}' cannot have shape {list(shape)}: {exc}") from exc
 
 
+def sized_dtype(nbytes: int, datatype: Any, shape: Sequence[int], tensor: str) -> np.dtype:
+    """``datatype``'s numpy dtype, where ``nbytes`` of raw data are what ``shape`` of it needs."""
+    dtype = numpy_dtype(datatype, tensor)
+    expected = math.prod(shape) * dtype.itemsize
+    if nbytes != expected:
+        raise BadRequest(f"input '{tensor}' has {nbytes} bytes of data, but {datatype} {list(shape)} needs {expected}")
+    return dtype
+
+
 def from_bytes(raw: bytes | memoryview, datatype: Any, shape: Sequence[int], tensor: str) -> np.ndarray:
     """Raw little-endian row-major bytes (binary extension, raw_input_contents) to an array, without
     a copy (a memoryview of the request body stays one) unless the bytes are not aligned to the
     type's size; BYTES as Triton serializes it."""
     if datatype == BYTES:
         return _texts_from_raw(raw, shape, tensor)
-    dtype = numpy_dtype(datatype, tensor)
-    expected = math.prod(shape) * dtype.itemsize
-    if len(raw) != expected:
-        raise BadRequest(
-            f"input '{tensor}' has {len(raw)} bytes of data, but {datatype} {list(shape)} needs {expected}"
-        )
-    array = np.frombuffer(raw, dtype=dtype)
+    array = np.frombuffer(raw, dtype=sized_dtype(len(raw), datatype, shape, tensor))
     if not array.flags.aligned:
         # bytes after a JSON header of any length: ONNX Runtime reads an unaligned array element by
         # element (a 600 KB image: 0.17 ms a call against 0.03), so one copy here is cheaper

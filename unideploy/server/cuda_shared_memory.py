@@ -75,11 +75,10 @@ class CudaRegion:
             )
         return region
 
-    def read(self, start: int, nbytes: int) -> memoryview:
-        """``nbytes`` from ``start``, copied to host memory of their own."""
-        host = np.empty(nbytes, np.uint8)
-        self._copy(host.ctypes.data, self.pointer + start, nbytes, "cudaMemcpyDeviceToHost")
-        return host.data
+    def into(self, start: int, out: memoryview) -> None:
+        """``len(out)`` bytes from ``start``, copied from the device into host memory ``out``."""
+        host = np.frombuffer(out, np.uint8)
+        self._copy(host.ctypes.data, self.pointer + start, len(out), "cudaMemcpyDeviceToHost")
 
     def write(self, start: int, blob: bytes) -> None:
         source = np.frombuffer(blob, np.uint8)

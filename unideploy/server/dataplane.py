@@ -17,6 +17,7 @@ import numpy as np
 
 import unideploy
 from unideploy.errors import InputError, UnideployError
+from unideploy.server.batching import Inputs
 from unideploy.server.codec import NUMPY_TO_V2
 from unideploy.server.config import DEFAULT_MAX_REQUEST_BYTES
 from unideploy.server.errors import BadRequest, TooLarge, Unavailable
@@ -24,6 +25,7 @@ from unideploy.server.metrics import RequestSeries, ServerMetrics
 from unideploy.server.models import ModelRegistry, ServedVersion
 from unideploy.server.repository_api import RepositoryAPI
 from unideploy.server.shared_memory import Placed, Placement, SharedMemoryRegions, Written
+from unideploy.server.unread import Unread
 
 log = logging.getLogger("unideploy.server")
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics_metrics", "ab_routing"]
@@ -245,8 +247,8 @@ class DataPlane:
                 f"{self.max_request_bytes} bytes (the server's --max-request-bytes)",
                 "send smaller batches, or start the server with a larger --max-request-bytes",
             )
-        inputs = {
-            key: self.shared_memory.read(v.place, v.datatype, v.shape, key) if isinstance(v, Placed) else v
+        inputs: dict[str, Any] = {  # an input in shared memory stays there until its batch is merged (unread.py)
+            key: self.shared_memory.input(v.place, v.datatype, v.shape, key) if isinstance(v, Placed) else v
             for key, v in request.inputs.items()
         }
         model = self.registry.models.get(name)
@@ -260,7 +262,10 @@ class DataPlane:
                 f"request of {rows} rows exceeds the limit of {self.max_request_rows}",
                 "send it in smaller batches, or raise --max-request-rows",
             )
-        arrays = served.signature.validate_inputs(inputs)
+        checked = served.signature.validate_inputs(
+            {k: v.stand_in() if isinstance(v, Unread) else v for k, v in inputs.items()}
+        )
+        arrays = {k: v if isinstance(v := inputs[k], Unread) else a for k, a in checked.items()}
         requested = request.requested
         if requested:
             unknown = [o for o in requested if o not in served.signature.output_names]
@@ -294,9 +299,7 @@ class DataPlane:
         series.stages["encode"].observe(encode_s)
         series.stages["total"].observe(total_s)
 
-    async def _run(
-        self, served: ServedVersion, arrays: dict[str, np.ndarray]
-    ) -> tuple[dict[str, np.ndarray], float, float]:
+    async def _run(self, served: ServedVersion, arrays: Inputs) -> tuple[dict[str, np.ndarray], float, float]:
         served.in_flight += 1
         served.ran_since_release = True
         self.runs_running += 1
@@ -311,19 +314,28 @@ class DataPlane:
             if served.in_flight == 0:
                 served.drained.set()
 
-    def _shadow(self, name: str, version: str, arrays: dict[str, np.ndarray]) -> None:
+    def _shadow(self, name: str, version: str, arrays: Inputs) -> None:
         """Send a copy to the shadow version; its answer is measured and discarded. The arrays
-        are copied: the request's may live in a front end's memory, reused once it is answered."""
-        arrays = {key: np.array(a) for key, a in arrays.items()}
+        are copied now: the request's may live in a front end's memory, reused once it is answered,
+        or in a client's shared memory, which it may rewrite once answered."""
+
+        def failed(exc: Exception) -> None:  # a failing shadow must never touch the real response
+            self.metrics.shadow_failures.labels(name, version).inc()
+            log.warning("shadow copy to %s version %s failed: %s", name, version, exc)
+
+        try:
+            own = {key: a.read() if isinstance(a, Unread) else np.array(a) for key, a in arrays.items()}
+        except InputError as exc:
+            failed(exc)
+            return
 
         async def copy() -> None:
             start = time.perf_counter()
             try:
-                await self._run(self.registry.get(name, version), arrays)
+                await self._run(self.registry.get(name, version), own)
                 self.metrics.shadow.labels(name, version).observe(time.perf_counter() - start)
-            except Exception as exc:  # a failing shadow must never touch the real response
-                self.metrics.shadow_failures.labels(name, version).inc()
-                log.warning("shadow copy to %s version %s failed: %s", name, version, exc)
+            except Exception as exc:
+                failed(exc)
 
         task = asyncio.get_running_loop().create_task(copy())
         self._shadow_tasks.add(task)

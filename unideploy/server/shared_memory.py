@@ -18,9 +18,10 @@ checked against the registered window; an operator can turn the extension off
 opened (``preadv``, ``pwrite``), never through a mapping: the client owns the segment and may
 shrink it at any time (``ftruncate``; tritonclient's ``create_shared_memory_region`` does when a
 key is made again smaller), and a mapping read past a segment's new end killed the whole server
-with SIGBUS. A read or write the segment no longer holds is refused instead (400). So an input is
-copied once as its request arrives (the copy a CUDA region's input gets too), and a client may
-rewrite its window as soon as the request is sent.
+with SIGBUS. A read or write the segment no longer holds is refused instead (400). An input is
+checked as its request arrives and read when its batch is merged, straight into the batch
+(``RegionInput``, ``server.unread``), in a CUDA region as in a system one: as with Triton, a client
+must not rewrite an input's window before its response comes.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from unideploy.runtimes import cuda_api
 from unideploy.server import codec
 from unideploy.server.cuda_shared_memory import CudaRegion
 from unideploy.server.errors import BadRequest, NotFound
+from unideploy.server.unread import Unread
 
 SHM_ROOT = "/dev/shm"  # where Linux keeps POSIX shared memory (shm_open's names)
 # Each region holds a descriptor (a CUDA one a device mapping) until unregistered: without a bound,
@@ -47,6 +49,19 @@ SHM_ROOT = "/dev/shm"  # where Linux keeps POSIX shared memory (shm_open's names
 MAX_REGIONS = 1024
 KEY = re.compile(r"/?[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 REGION_NAME = re.compile(r"[^\x00/]{1,255}")
+
+
+class RegionInput(Unread):
+    """An input in a registered region, read where it is wanted (``unread``)."""
+
+    def __init__(
+        self, regions: SharedMemoryRegions, place: Placement, name: str, shape: Sequence[int], dtype: np.dtype
+    ) -> None:
+        super().__init__(shape, dtype)
+        self.regions, self.place, self.name = regions, place, name
+
+    def _into(self, out: memoryview) -> None:
+        self.regions.read_into(self.place, out, self.name)
 
 
 @dataclass
@@ -59,16 +74,14 @@ class SystemRegion:
     byte_size: int
     fd: int  # the segment as registration opened it (the one registered, even if the key is reused)
 
-    def read(self, start: int, nbytes: int) -> memoryview:
-        """``nbytes`` from ``start``, copied into memory of their own."""
-        out = np.empty(nbytes, np.uint8)
-        done, at = 0, self.offset + start
+    def into(self, start: int, out: memoryview) -> None:
+        """``len(out)`` bytes from ``start``, copied into ``out``."""
+        done, at, nbytes = 0, self.offset + start, len(out)
         while done < nbytes:
-            got = self._io(os.preadv, self.fd, [out.data[done:]], at + done)
+            got = self._io(os.preadv, self.fd, [out[done:]], at + done)
             if not got:  # the segment ends before the window does
                 raise self._shrunk(at + nbytes)
             done += got
-        return out.data
 
     def write(self, start: int, blob: bytes) -> None:
         at = self.offset + start
@@ -261,12 +274,30 @@ class SharedMemoryRegions:
             )
         return region
 
-    def read(self, place: Placement, datatype: Any, shape: Sequence[int], name: str) -> np.ndarray:
-        """Input ``name`` from its region, copied into an array of its own."""
+    def input(self, place: Placement, datatype: Any, shape: Sequence[int], name: str) -> np.ndarray | Unread:
+        """Input ``name`` in its region, checked against the region and its byte count: an ``Unread``
+        the batch thread copies straight into the merged batch, or, for text (BYTES, parsed here)
+        and empty tensors, an array of its own."""
         self._require_on()
         with self._lock:
-            found = self._window(place, f"input '{name}'").read(place.offset, place.byte_size)
-        return codec.from_bytes(found, datatype, shape, name)
+            self._window(place, f"input '{name}'")
+        if datatype == codec.BYTES or not place.byte_size:
+            return codec.from_bytes(self._read(place, name), datatype, shape, name)
+        found = RegionInput(self, place, name, shape, codec.sized_dtype(place.byte_size, datatype, shape, name))
+        if not found.ndim:  # a scalar is part of the merge key, which reads its value
+            return found.read()
+        return found
+
+    def _read(self, place: Placement, name: str) -> memoryview:
+        out = np.empty(place.byte_size, np.uint8).data
+        self.read_into(place, out, name)
+        return out
+
+    def read_into(self, place: Placement, out: memoryview, name: str) -> None:
+        """Input ``name``'s bytes from its region into ``out``: refused where the region is gone or
+        its segment no longer holds the window."""
+        with self._lock:  # never read from a descriptor that unregistering closed
+            self._window(place, f"input '{name}'").into(place.offset, out)
 
     def write(self, place: Placement, array: np.ndarray, name: str) -> Written:
         """Output ``name`` into its region."""

@@ -1,0 +1,68 @@
+"""Inputs not yet copied into the server: windows of a client's shared memory, read where the model
+wants them.
+
+A request whose input lies in a shared-memory region is checked on the event loop (the region, the
+window, the byte count, the shape and dtype against the model's signature) and queued as an
+``Unread``: its shape and dtype, and a way to copy its bytes into memory it is given. The batch
+thread's merge then copies it straight into the merged batch's rows (page-locked on a GPU), so the
+merge is its one copy and the event loop makes none; a call that merges nothing reads it into an
+array of its own where the call runs. Reading through the segment's descriptor costs the kernel
+three times a ``memcpy`` (a mapping cannot be read safely: docs/server.md, Shared-memory tensors),
+so this keeps that copy off the loop and in place of the merge's.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+class Unread(ABC):
+    """An input of known ``shape`` and ``dtype`` (at least one dimension, at least one byte) whose
+    bytes are still elsewhere."""
+
+    def __init__(self, shape: Sequence[int], dtype: np.dtype) -> None:
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def stand_in(self) -> np.ndarray:
+        """An array of this shape and dtype for checks of shape and dtype, its memory never written
+        (no page of it is touched). C-contiguous, so a check that wants contiguous arrays copies
+        nothing: a zero-stride stand-in was copied whole by ``Signature.validate_inputs`` (0.03 ms for
+        a 600 KB input)."""
+        return np.empty(self.shape, self.dtype)
+
+    @abstractmethod
+    def _into(self, out: memoryview) -> None:
+        """Copy the bytes into ``out`` (``nbytes`` of contiguous memory); raises ``InputError``."""
+
+    def into(self, out: np.ndarray) -> None:
+        """Copy the input into ``out`` (its shape and dtype): straight in where ``out`` is contiguous."""
+        if out.flags.c_contiguous:
+            self._into(out.reshape(-1).view(np.uint8).data)
+        else:
+            out[...] = self.read()
+
+    def read(self) -> np.ndarray:
+        """The input, in an array of its own."""
+        out = np.empty(self.shape, self.dtype)
+        self._into(out.reshape(-1).view(np.uint8).data)
+        return out
+
+
+def read_all(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """``inputs`` with every ``Unread`` one read into an array of its own (the same dict where none is)."""
+    if not any(isinstance(v, Unread) for v in inputs.values()):
+        return inputs if isinstance(inputs, dict) else dict(inputs)
+    return {k: v.read() if isinstance(v, Unread) else v for k, v in inputs.items()}
