@@ -215,8 +215,8 @@ def test_an_input_stays_in_its_region_until_read_and_unregistering_closes_the_se
     """An input in a client's region is checked as its request arrives and read through the
     descriptor registration opened when its batch is merged (``Unread``: straight into the batch's
     rows, or into an array of its own), as Triton reads in place: the client must not rewrite it
-    before its response. Unregistering closes the descriptor and frees the name at once; a read
-    after that is refused."""
+    before its response. Unregistering frees the name at once and closes the descriptor once no
+    read is using it; a read after that is refused."""
     from unideploy.server.errors import BadRequest
     from unideploy.server.shared_memory import Placement, SharedMemoryRegions
     from unideploy.server.unread import Unread
@@ -241,8 +241,13 @@ def test_an_input_stays_in_its_region_until_read_and_unregistering_closes_the_se
     with pytest.raises(BadRequest, match="has 96 bytes of data, but FP32 \\[2, 3, 3\\] needs 72"):
         held.input(place, "FP32", (2, 3, 3), "x")
 
-    held.unregister(name)
-    assert held.status() == [] and descriptors() == client_only
+    with held.using(place, "input 'x'") as region:  # a read in progress (a batch thread's)
+        held.unregister(name)
+        assert held.status() == [] and descriptors() == client_only + 1  # the name goes, the descriptor stays
+        got = np.empty(rows.shape, np.float32)
+        region.into(place.offset, got.reshape(-1).view(np.uint8).data)
+        np.testing.assert_array_equal(got, rows)
+    assert descriptors() == client_only  # closed once the read was done
     with pytest.raises(BadRequest, match="not registered"):
         unread.read()
     held.register(name, key, 0, rows.nbytes)  # the name is free again

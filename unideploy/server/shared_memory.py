@@ -26,10 +26,11 @@ must not rewrite an input's window before its response comes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,7 +166,11 @@ class SharedMemoryRegions:
             )
         self.mode, self.max_regions = mode, max_regions
         self._regions: dict[str, Region] = {}
-        self._lock = threading.Lock()  # a region is never unmapped while it is read or written
+        self._lock = threading.Lock()  # guards the names; a region is never closed while it is read or written
+        # reads and writes run outside the lock (``using``): the regions in use, by id, with how
+        # many users; unregistered ones close when their last user is done
+        self._users: dict[int, int] = {}
+        self._retired: dict[int, Region] = {}
 
     def extensions(self) -> tuple[str, ...]:
         """The server metadata's names for the extensions this mode offers."""
@@ -253,7 +258,14 @@ class SharedMemoryRegions:
         """One region of ``kind``, or every region of it when ``name`` is None or empty."""
         with self._lock:
             for each in self._of_kind(name, kind):
-                self._regions.pop(each).close()
+                self._retire(self._regions.pop(each))
+
+    def _retire(self, region: Region) -> None:
+        """Close ``region`` now, or once its last read ends (under the lock)."""
+        if id(region) in self._users:
+            self._retired[id(region)] = region
+        else:
+            region.close()
 
     def status(self, name: str | None = None, kind: str = "system") -> list[dict[str, Any]]:
         with self._lock:
@@ -296,15 +308,31 @@ class SharedMemoryRegions:
     def read_into(self, place: Placement, out: memoryview, name: str) -> None:
         """Input ``name``'s bytes from its region into ``out``: refused where the region is gone or
         its segment no longer holds the window."""
-        with self._lock:  # never read from a descriptor that unregistering closed
-            self._window(place, f"input '{name}'").into(place.offset, out)
+        with self.using(place, f"input '{name}'") as region:
+            region.into(place.offset, out)
+
+    @contextlib.contextmanager
+    def using(self, place: Placement, what: str) -> Iterator[Region]:
+        """The region ``place`` lies in, checked against its window and open until the block ends,
+        even if it is unregistered meanwhile (then closed at the end). Reads and writes run outside
+        the lock: two batch threads read at once, and the event loop never waits for a read."""
+        with self._lock:
+            region = self._window(place, what)
+            self._users[id(region)] = self._users.get(id(region), 0) + 1
+        try:
+            yield region
+        finally:
+            with self._lock:
+                if left := self._users.pop(id(region)) - 1:
+                    self._users[id(region)] = left
+                elif (retired := self._retired.pop(id(region), None)) is not None:
+                    retired.close()
 
     def write(self, place: Placement, array: np.ndarray, name: str) -> Written:
         """Output ``name`` into its region."""
         self._require_on()
         blob = codec.to_bytes(array)
-        with self._lock:
-            region = self._window(place, f"output '{name}'")
+        with self.using(place, f"output '{name}'") as region:
             if len(blob) > place.byte_size:
                 raise BadRequest(
                     f"output '{name}' has {len(blob)} bytes, more than the {place.byte_size} given for it in "
@@ -316,7 +344,7 @@ class SharedMemoryRegions:
     def close(self) -> None:
         with self._lock:
             while self._regions:
-                self._regions.popitem()[1].close()
+                self._retire(self._regions.popitem()[1])
 
 
 def _check_name(name: Any) -> None:
