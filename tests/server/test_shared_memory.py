@@ -255,6 +255,27 @@ def test_an_input_stays_in_its_region_until_read_and_unregistering_closes_the_se
     assert descriptors() == client_only
 
 
+def test_a_server_holds_a_bounded_number_of_regions(regions):
+    """Each region keeps a descriptor open: past ``max_regions`` (1024 by default) registering is
+    refused with what to do, so a client registering in a loop cannot take every descriptor the
+    server needs to accept connections; unregistering makes room again."""
+    from unideploy.server.errors import BadRequest
+    from unideploy.server.shared_memory import MAX_REGIONS, SharedMemoryRegions
+
+    assert SharedMemoryRegions("system").max_regions == MAX_REGIONS == 1024
+    _, _, key = regions(16)
+    held = SharedMemoryRegions("system", max_regions=2)
+    held.register("a", key, 0, 16)
+    held.register("b", key, 0, 16)
+    with pytest.raises(BadRequest, match="already holds 2 shared memory regions") as refused:
+        held.register("c", key, 0, 16)
+    assert "unregister the regions no longer used" in refused.value.hint
+    held.unregister("a")
+    held.register("c", key, 0, 16)
+    assert sorted(r["name"] for r in held.status()) == ["b", "c"]
+    held.close()
+
+
 def _open_fds() -> list[str]:
     found = []
     for fd in os.listdir("/proc/self/fd"):
