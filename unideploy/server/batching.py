@@ -256,29 +256,30 @@ class Caller:
     buffers: BatchBuffers | None = None  # where merged batches are written: this caller's own
 
     def _merge_and_run(
-        self, parts: Sequence[Inputs], size: int, failed: dict[int, Exception]
+        self, parts: Sequence[Inputs], size: int, failed: dict[int, Exception], run: Callable[[Tensors], Tensors]
     ) -> tuple[Tensors, float, float, float]:
-        """The outputs, and when the merge started, when the run started and when it ended."""
+        """``run``'s outputs, and when the merge started, when the run started and when it ended."""
         start = time.perf_counter()
         batch = merged(parts, size, self.axes, self.buffers, failed)
         running = time.perf_counter()
-        return self.run(batch), start, running, time.perf_counter()
+        return run(batch), start, running, time.perf_counter()
+
+    def _budgeted(self, batch: Tensors) -> Tensors:
+        """The run on the event loop, in the loop's budget: the run only (it may depend on the
+        values); the merge's time is the bytes', bounded by ``takes``, and reading shared memory
+        costs the kernel more."""
+        return self.on_loop.run(self.run, batch)
 
     async def __call__(self, parts: Sequence[Inputs], size: int) -> Ran:
         """``run`` on ``parts`` merged into ``size`` rows, where the call's time went, and the parts
         whose inputs could not be read (``merged``)."""
         failed: dict[int, Exception] = {}
         if self.on_loop.takes(parts):
-            # only the run is the loop's budget (it may depend on the values): the merge's time is
-            # the bytes', bounded by ``takes``, and reading shared memory costs the kernel more
-            start = time.perf_counter()
-            batch = merged(parts, size, self.axes, self.buffers, failed)
-            running = time.perf_counter()
-            outputs = self.on_loop.run(self.run, batch)
-            return Ran(outputs, CallParts(input=running - start, infer=time.perf_counter() - running), failed)
+            outputs, start, running, ended = self._merge_and_run(parts, size, failed, self._budgeted)
+            return Ran(outputs, CallParts(input=running - start, infer=ended - running), failed)
         handed = time.perf_counter()
         outputs, start, running, ended = await asyncio.get_running_loop().run_in_executor(
-            self.executor, self._merge_and_run, parts, size, failed
+            self.executor, self._merge_and_run, parts, size, failed, self.run
         )
         back = time.perf_counter()
         return Ran(outputs, CallParts(start - handed, running - start, ended - running, back - ended), failed)

@@ -291,10 +291,10 @@ class SharedMemoryRegions:
         the batch thread copies straight into the merged batch, or, for text (BYTES, parsed here)
         and empty tensors, an array of its own."""
         self._require_on()
-        with self._lock:
-            self._window(place, f"input '{name}'")
         if datatype == codec.BYTES or not place.byte_size:
             return codec.from_bytes(self._read(place, name), datatype, shape, name)
+        with self._lock:  # an unknown region or a window outside it is refused as the request arrives
+            self._window(place, f"input '{name}'")
         found = RegionInput(self, place, name, shape, codec.sized_dtype(place.byte_size, datatype, shape, name))
         if not found.ndim:  # a scalar is part of the merge key, which reads its value
             return found.read()

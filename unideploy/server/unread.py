@@ -57,7 +57,7 @@ class Unread(ABC):
     def read(self) -> np.ndarray:
         """The input, in an array of its own."""
         out = np.empty(self.shape, self.dtype)
-        self._into(out.reshape(-1).view(np.uint8).data)
+        self.into(out)
         return out
 
 
