@@ -6,7 +6,14 @@ import numpy as np
 
 from unideploy.package import Package
 from unideploy.runtimes import RuntimeOptions
-from unideploy.runtimes.batch_buckets import bucket_for, default_buckets, pad_rows, run_in_buckets
+from unideploy.runtimes.batch_buckets import (
+    bucket_for,
+    bucket_seconds,
+    cut_at_bucket,
+    default_buckets,
+    pad_rows,
+    run_in_buckets,
+)
 from unideploy.runtimes.selection import open_runtime
 
 
@@ -15,6 +22,44 @@ def test_default_buckets_are_powers_of_two_up_to_the_batch_limit():
     assert default_buckets(24) == (1, 2, 4, 8, 16, 24)
     assert default_buckets(1) == (1,)
     assert [bucket_for(n, (1, 8, 32)) for n in (1, 2, 8, 9, 32, 40)] == [1, 8, 8, 32, 32, 32]
+
+
+# EfficientNet-Lite0's calls on the H200 (bench and served, docs/gpu.md): about the same time up
+# to 4 rows, then roughly proportional to the rows
+H200_SECONDS = {1: 0.00100, 2: 0.00102, 4: 0.00120, 8: 0.00205, 16: 0.00360, 32: 0.00660}
+
+
+def test_a_batch_that_would_mostly_be_padding_is_cut_at_the_bucket_below():
+    """Where a bucket's calls cost the device about their rows, 9 rows run 8 and carry one and 20
+    run 16; where padding is nearly free (the small buckets) or small, everything runs at once."""
+    buckets = tuple(H200_SECONDS)
+    assert cut_at_bucket([1] * 9, buckets, H200_SECONDS) == 8
+    assert cut_at_bucket([1] * 20, buckets, H200_SECONDS) == 16
+    assert cut_at_bucket([1] * 15, buckets, H200_SECONDS) == 15  # one row of padding
+    assert cut_at_bucket([1] * 3, buckets, H200_SECONDS) == 3  # a 4-row call costs what a 2-row one does
+    assert cut_at_bucket([1] * 8, buckets, H200_SECONDS) == 8  # a bucket's size: nothing to cut
+    assert cut_at_bucket([4, 3, 2], buckets, H200_SECONDS) == 2  # whole requests: 7 rows now, 2 next
+    assert cut_at_bucket([6, 5], buckets, H200_SECONDS) == 1  # 6 rows in the 8-row bucket, 5 next
+    assert cut_at_bucket([9, 2], buckets, H200_SECONDS) == 2  # the first request alone is past 8
+    assert cut_at_bucket([1] * 9, buckets, {}) == 9  # not measured: padded, as before
+    assert cut_at_bucket([1] * 40, buckets, H200_SECONDS) == 40  # past the largest: run in pieces
+
+
+def test_each_bucket_is_planned_then_timed_on_a_real_session(cnn_package):
+    """A bucket's first call (the GPU's re-plan) is not its time: each bucket runs once, then twice
+    more timed, and the faster counts."""
+    x = np.random.default_rng(0).random((8, 1, 8, 8), dtype=np.float32)
+    with Package.open(cnn_package) as pkg:
+        _, engine = open_runtime(pkg, options=RuntimeOptions(device="cpu"))
+        sizes: list[int] = []
+
+        def run(inputs):
+            sizes.append(inputs["x"].shape[0])
+            return engine.run(inputs)
+
+        measured = bucket_seconds(run, lambda size: {"x": x[:size]}, (1, 8))
+    assert sizes == [1, 1, 1, 8, 8, 8]
+    assert set(measured) == {1, 8} and all(s > 0 for s in measured.values())
 
 
 def test_padding_repeats_a_real_row():

@@ -22,6 +22,7 @@ from unideploy.server.batching import (
     inline_bytes,
     merged,
 )
+from unideploy.server.unread import Unread
 
 
 def behind_a_held_call(run, first: dict, queued: list[dict], **settings) -> tuple[list, list]:
@@ -71,11 +72,36 @@ def test_queued_requests_are_merged_straight_into_the_engines_batch_bucket():
     assert two[:, 0].tolist() == [1.0, 2.0] and not np.shares_memory(two, rows[1])
 
 
-def test_a_request_whose_shared_memory_cannot_be_read_fails_alone_in_its_batch():
-    """Inputs still in clients' shared memory are read straight into the batch when it is merged.
-    One whose client shrank its segment meanwhile fails its own request with the reason; its rows
-    hold another request's first row, the others are answered; where every part fails, each gets
-    its own error (``UnreadInputs``)."""
+def test_a_batch_that_would_mostly_be_padding_runs_the_bucket_below_and_carries_the_rest_first():
+    """With the buckets' call times measured (H200-like: a 16-row call costs almost twice an 8-row
+    one), nine queued one-row requests run as a call of 8 and the last one next, ahead of anything
+    that arrives later; where padding costs nothing measurable they run as one padded call of 16."""
+    rows = [np.full((1, 1), float(i), np.float32) for i in range(10)]
+    seconds = {1: 1.0, 2: 1.0, 4: 1.2, 8: 2.0, 16: 3.6}
+    settings = {"max_batch_size": 16, "buckets": tuple(seconds)}
+    results, calls = behind_a_held_call(
+        lambda inputs: inputs["x"][:, 0].tolist(),
+        {"x": rows[0]},
+        [{"x": r} for r in rows[1:]],
+        bucket_seconds=seconds,
+        **settings,
+    )
+    assert calls == [[0.0], [float(i) for i in range(1, 9)], [9.0], [0.0]]
+    assert [r.outputs["y"].item() for r in results] == [10.0 * i for i in range(10)] + [0.0]
+    assert [r.batch_rows for r in results] == [1] + [8] * 8 + [1, 1]
+    flat = dict.fromkeys(seconds, 1.0)
+    results, calls = behind_a_held_call(
+        lambda inputs: len(inputs["x"]), {"x": rows[0]}, [{"x": r} for r in rows[1:]], bucket_seconds=flat, **settings
+    )
+    assert calls == [1, 16, 1] and [r.batch_rows for r in results[1:-1]] == [9] * 9
+
+
+@pytest.mark.parametrize("readers", [0, 3], ids=["one-reader", "readers"])
+def test_a_request_whose_shared_memory_cannot_be_read_fails_alone_in_its_batch(readers):
+    """Inputs still in clients' shared memory are read straight into the batch when it is merged
+    (by the batch thread, or side by side by reader threads). One whose client shrank its segment
+    meanwhile fails its own request with the reason; its rows hold another request's first row, the
+    others are answered; where every part fails, each gets its own error (``UnreadInputs``)."""
     shm = pytest.importorskip("tritonclient.utils.shared_memory", reason="tritonclient is in the dev extra")
     from unideploy.server.errors import BadRequest
     from unideploy.server.shared_memory import Placement, SharedMemoryRegions
@@ -98,13 +124,17 @@ def test_a_request_whose_shared_memory_cannot_be_read_fails_alone_in_its_batch()
             {"x": np.zeros((1, 2), np.float32)},
             [{"x": one}, {"x": two}, {"x": three}],
             buckets=(1, 4),
+            readers=readers,
         )
         assert calls == [[0.0], [1.0, 1.0, 3.0, 3.0], [0.0]]  # one call for the three, padded to 4
         assert isinstance(results[2], BadRequest) and "which now holds 4" in str(results[2])
         assert [results[i].outputs["y"][0, 0] for i in (1, 3)] == [10.0, 30.0]
 
-        with pytest.raises(UnreadInputs) as every:
-            merged([{"x": two}, {"x": two}], 2, failed={})
+        with (
+            pytest.raises(UnreadInputs) as every,
+            ThreadPoolExecutor(readers or 1) as pool,
+        ):
+            merged([{"x": two}, {"x": two}], 2, failed={}, readers=pool if readers else None)
         assert sorted(every.value.failed) == [0, 1]
         with pytest.raises(BadRequest, match="which now holds 4"):  # no ``failed`` to tell: raised
             merged([{"x": one}, {"x": two}], 2)
@@ -112,6 +142,28 @@ def test_a_request_whose_shared_memory_cannot_be_read_fails_alone_in_its_batch()
         regions.close()
         for handle in made:
             shm.destroy_shared_memory_region(handle)
+
+
+def test_a_batchs_shared_memory_inputs_are_read_side_by_side():
+    """With reader threads, each input of a merged batch is read on a thread of its own, the batch
+    thread reading the first: each read here waits until all three have started (one after the
+    other, the first would wait in vain), and each lands in its own rows."""
+    started = threading.Barrier(3, timeout=30)
+    threads: set[str] = set()
+
+    class Waiting(Unread):
+        def __init__(self, value: float) -> None:
+            super().__init__((1, 2), np.dtype(np.float32))
+            self.value = value
+
+        def _into(self, out: memoryview) -> None:
+            threads.add(threading.current_thread().name)
+            started.wait()
+            out[:] = np.full((1, 2), self.value, np.float32).tobytes()
+
+    with ThreadPoolExecutor(2, thread_name_prefix="reader") as readers:
+        batch = merged([{"x": Waiting(float(i))} for i in range(3)], 4, readers=readers)["x"]
+    assert batch[:, 0].tolist() == [0.0, 1.0, 2.0, 2.0] and len(threads) == 3
 
 
 def test_a_merged_batch_is_written_into_the_callers_kept_buffers():

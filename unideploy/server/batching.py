@@ -15,7 +15,9 @@ batch, at the size of the engine's batch bucket where it pads to buckets (a GPU 
 costs a re-plan per new shape), the rows past the real ones filled with the last real row, so the
 engine's own padding finds nothing to do. On an H200 serving EfficientNet-Lite0, merging on the
 event loop and padding again in the thread made a 16-row call cost 9.5 ms in the server against
-3.2 ms in process (docs/gpu.md).
+3.2 ms in process (docs/gpu.md). Where the buckets' call times were measured at warm-up
+(``bucket_seconds``), a batch that would mostly be padding runs the requests that fill the bucket
+below and carries the others into the next batch, ahead of later arrivals (``cut_at_bucket``).
 
 ``in_flight``: how many merged batches may run at once, each on a thread of its own (Triton's
 instance count). A GPU session's run is mostly waiting for the device and for copies; a second
@@ -33,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,11 +45,10 @@ from typing import NamedTuple, TypeGuard, TypeVar
 
 import numpy as np
 
-from unideploy.errors import InputError
-from unideploy.runtimes.batch_buckets import bucket_for
+from unideploy.runtimes.batch_buckets import bucket_for, cut_at_bucket
 from unideploy.runtimes.pinned import BatchBuffers
 from unideploy.samples import Axes, batch_size_of, resize_batch, row_axis, rows_along
-from unideploy.server.unread import Unread, read_all
+from unideploy.server.unread import Unread, read_all, read_into
 
 Tensors = dict[str, np.ndarray]
 Inputs = Mapping[str, "np.ndarray | Unread"]  # a request's: some may still be in a client's shared memory
@@ -171,6 +173,7 @@ def merged(
     axes: Axes | None = None,
     buffers: BatchBuffers | None = None,
     failed: dict[int, Exception] | None = None,
+    readers: Executor | None = None,
 ) -> Tensors:
     """The requests ``parts`` as one batch of ``size`` rows along each input's batch axis
     (``axes``; axis 0 where None): each request's rows copied once into place, any rows past theirs
@@ -178,7 +181,8 @@ def merged(
     made for). A scalar is the same in every part (the merge key). The batch is written into
     ``buffers`` where given (kept, and on a GPU page-locked: ``runtimes.pinned``), else new arrays.
 
-    An input still in a client's shared memory (``Unread``) is read straight into its rows. Where
+    An input still in a client's shared memory (``Unread``) is read straight into its rows (by
+    ``readers`` side by side, where given: ``read_into``). Where
     that fails (the client shrank its segment or unregistered the region meanwhile), the part's
     index and error go into ``failed`` (raised where it is None) and its rows hold another part's
     first row, so one client's mistake fails its own request only; where every part fails,
@@ -190,6 +194,7 @@ def merged(
         return read_all(first)
     starts = list(accumulate((batch_size_of(p, axes) for p in parts), initial=0))
     lost: dict[int, Exception] = {}
+    unread: list[tuple[int, Unread, np.ndarray]] = []  # (part, input, its rows in the batch)
     batch: Tensors = {}
     for name, array in first.items():
         axis = row_axis(axes, name, array)
@@ -203,12 +208,12 @@ def merged(
             rows = rows_along(out, axis, starts[i], starts[i + 1])
             if not isinstance(value := part[name], Unread):
                 rows[...] = value
-            elif i not in lost:
-                try:
-                    value.into(rows)
-                except InputError as exc:
-                    lost[i] = exc
+            else:
+                unread.append((i, value, rows))
         batch[name] = out
+    for (i, _, _), error in zip(unread, read_into([(u, rows) for _, u, rows in unread], readers), strict=True):
+        if error is not None:
+            lost.setdefault(i, error)
     if lost and failed is None:
         raise next(iter(lost.values()))
     if len(lost) == len(parts):
@@ -254,13 +259,14 @@ class Caller:
 
     axes: Axes | None = None  # each input's batch axis (axis 0 where None)
     buffers: BatchBuffers | None = None  # where merged batches are written: this caller's own
+    readers: Executor | None = None  # threads reading a batch's shared-memory inputs side by side
 
     def _merge_and_run(
         self, parts: Sequence[Inputs], size: int, failed: dict[int, Exception], run: Callable[[Tensors], Tensors]
     ) -> tuple[Tensors, float, float, float]:
         """``run``'s outputs, and when the merge started, when the run started and when it ended."""
         start = time.perf_counter()
-        batch = merged(parts, size, self.axes, self.buffers, failed)
+        batch = merged(parts, size, self.axes, self.buffers, failed, self.readers)
         running = time.perf_counter()
         return run(batch), start, running, time.perf_counter()
 
@@ -369,10 +375,12 @@ class DynamicBatcher:
         inline_bytes: int = 0,
         lanes: Sequence[Callable[[Tensors], Tensors]] = (),
         buckets: Sequence[int] = (),
+        bucket_seconds: Mapping[int, float] | None = None,
         in_flight: int = 1,
         axes: Axes | None = None,
         output_axes: Mapping[str, int] | None = None,
         buffers: Callable[[], BatchBuffers] | None = None,
+        readers: int = 0,
         served_as: str = "a model version",
         on_call: Callable[[int, CallParts], None] | None = None,
     ) -> None:
@@ -382,8 +390,10 @@ class DynamicBatcher:
         self._call = Caller(run, self._threads[0], self.on_loop, axes)
         self._idle: asyncio.Queue[Caller] = asyncio.Queue()  # the callers not running a batch
         self._buffers = [buffers() for _ in self._threads] if buffers else []  # each batch thread its own
+        # shared by the batch threads; its threads start only when a merge reads shared memory
+        self._readers = ThreadPoolExecutor(readers, thread_name_prefix="unideploy-read") if readers > 1 else None
         for thread, own in zip_longest(self._threads, self._buffers):
-            self._idle.put_nowait(Caller(run, thread, self.on_loop, axes, own))
+            self._idle.put_nowait(Caller(run, thread, self.on_loop, axes, own, self._readers))
         self.axes, self.output_axes = axes, output_axes  # where the rows are (axis 0 where None)
         self._runs: set[asyncio.Task] = set()
         self._deciding = 0  # requests waiting a turn to see whether they are alone (``submit``)
@@ -391,7 +401,9 @@ class DynamicBatcher:
         self.max_batch_size = max_batch_size
         self.max_delay_s = max_delay_s
         self.buckets = tuple(sorted(buckets))  # the engine's batch buckets: merged batches are padded to them
+        self.bucket_seconds = dict(bucket_seconds or {})  # their measured call times: ``cut_at_bucket``
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._carried: deque[_Pending] = deque()  # gathered by one round, left to the next: served first
         self._task: asyncio.Task | None = None
         self._lane_threads = [
             ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-lane-{i}") for i in range(len(lanes))
@@ -450,12 +462,12 @@ class DynamicBatcher:
 
     def _idle_now(self) -> bool:
         """Nothing queued, no batch running, none being gathered."""
-        return self._queue.empty() and not self._runs and not self._gathering
+        return self._queue.empty() and not self._carried and not self._runs and not self._gathering
 
     async def _loop(self) -> None:
         while True:
             call = await self._idle.get()  # a batch is gathered only when it can start at once
-            first = await self._queue.get()
+            first = self._carried.popleft() if self._carried else await self._queue.get()
             self._gathering = True
             if self._deciding:  # a request deciding whether to run alone joins this batch instead
                 await asyncio.sleep(0)
@@ -464,23 +476,30 @@ class DynamicBatcher:
             leftovers: list[_Pending] = []
             while rows < self.max_batch_size:
                 timeout = deadline - time.perf_counter()
-                if self._queue.empty() and (len(group) + len(leftovers) == 1 or timeout <= 0):
+                if self._carried:
+                    item = self._carried.popleft()
+                elif self._queue.empty() and (len(group) + len(leftovers) == 1 or timeout <= 0):
                     break  # alone (no concurrent traffic), or waited long enough
-                try:
-                    item = (
-                        self._queue.get_nowait()
-                        if not self._queue.empty()
-                        else await asyncio.wait_for(self._queue.get(), timeout)
-                    )
-                except TimeoutError:
-                    break
+                else:
+                    try:
+                        item = (
+                            self._queue.get_nowait()
+                            if not self._queue.empty()
+                            else await asyncio.wait_for(self._queue.get(), timeout)
+                        )
+                    except TimeoutError:
+                        break
                 if item.key == key and rows + item.rows <= self.max_batch_size:
                     group.append(item)
                     rows += item.rows
                 else:
                     leftovers.append(item)
-            for item in leftovers:  # served by the next round, in arrival order
-                self._queue.put_nowait(item)
+            if self.bucket_seconds:  # mostly padding: the rows that fill the bucket below now, the rest next
+                kept = cut_at_bucket([p.rows for p in group], self.buckets, self.bucket_seconds)
+                leftovers += group[kept:]
+                group, rows = group[:kept], sum(p.rows for p in group[:kept])
+            # served by the next round, first, in arrival order
+            self._carried = deque(sorted([*leftovers, *self._carried], key=lambda p: p.enqueued))
             run = asyncio.get_running_loop().create_task(self._execute(group, rows, call))
             self._runs.add(run)
             self._gathering = False
@@ -550,3 +569,5 @@ class DynamicBatcher:
             thread.submit(buffers.close)
         for thread in (*self._threads, *self._lane_threads):
             thread.shutdown(wait=False)
+        if self._readers is not None:
+            self._readers.shutdown(wait=False)

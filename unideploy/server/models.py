@@ -22,7 +22,7 @@ from unideploy.package import Artifact, Package
 from unideploy.package.signing import TrustedSigners, verify_signature
 from unideploy.runtimes import RuntimeOptions, cuda_api
 from unideploy.runtimes.base import Runtime, usable_cores
-from unideploy.runtimes.batch_buckets import default_buckets
+from unideploy.runtimes.batch_buckets import bucket_seconds, default_buckets
 from unideploy.runtimes.pinned import PinnedBuffers
 from unideploy.runtimes.selection import open_runtime, what_ran
 from unideploy.samples import Axes, resize_batch
@@ -258,19 +258,21 @@ class ModelRegistry:
         package = Package.open(src.path)
         opened: list[Runtime] = []  # closed again if anything fails (a TensorRT engine holds GPU memory)
 
-        def warmed(options: RuntimeOptions) -> tuple[Artifact, Runtime, float, Tensors]:
+        def warmed(options: RuntimeOptions) -> tuple[Artifact, Runtime, float, Tensors, dict[int, float]]:
             """A session of the served artifact, run once on the sample: the first inference pays for
             allocations (and, for an engine with batch buckets, once at each bucket's size: a
-            bucket's first call plans its kernels, about a second on a GPU). Also returns the
-            artifact it runs, how long the sample's run took and what it answered."""
+            bucket's first call plans its kernels, about a second on a GPU; each bucket is then
+            timed, for the batcher's ``cut_at_bucket``). Also returns the artifact it runs, how long
+            the sample's run took, what it answered and each bucket's call time."""
             artifact, engine = open_runtime(package, settings.artifact, options=options)
             opened.append(engine)
             started = time.perf_counter()
             answered = engine.run(sample)
             took = time.perf_counter() - started
-            for size in engine.batch_buckets:  # along each input's batch axis (state [layers, batch, hidden]: 1)
-                engine.run(resize_batch(sample, size, engine.signature.batch_axes))
-            return artifact, engine, took, answered
+            timed = bucket_seconds(  # along each input's batch axis (state [layers, batch, hidden]: 1)
+                engine.run, lambda size: resize_batch(sample, size, engine.signature.batch_axes), engine.batch_buckets
+            )
+            return artifact, engine, took, answered, timed
 
         try:
             if self.trusted is not None:  # before any of its files is run
@@ -288,7 +290,7 @@ class ModelRegistry:
                 tf32=settings.tf32,
                 batch_buckets=buckets,
             )
-            artifact, runtime, warm_up_s, answered = warmed(options)
+            artifact, runtime, warm_up_s, answered, buckets_s = warmed(options)
             # lanes share the threads one run would have (none for lanes: 1)
             share = replace(options, threads=max(1, (settings.threads or usable_cores()) // settings.lanes))
             lanes = [warmed(share)[1] for _ in range(settings.lanes if settings.lanes > 1 else 0)]
@@ -311,10 +313,12 @@ class ModelRegistry:
             inline_bytes=inline,
             lanes=[lane.run_checked for lane in lanes],
             buckets=runtime.batch_buckets,
+            bucket_seconds=buckets_s,
             in_flight=settings.batches_in_flight or (2 if ran.get("device") == "gpu" else 1),
             axes=axes,
             output_axes=output_axes,
             buffers=pinned_buffers(settings.pinned_memory, ran, served_as),
+            readers=min(4, usable_cores() // 2),  # a merged batch's shared-memory inputs, side by side
             served_as=served_as,
             on_call=self.metrics.calls(src.model, src.version).observe,
         )

@@ -16,9 +16,12 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
+
+from unideploy.errors import InputError
 
 
 class Unread(ABC):
@@ -66,3 +69,22 @@ def read_all(inputs: Mapping[str, Any]) -> dict[str, Any]:
     if not any(isinstance(v, Unread) for v in inputs.values()):
         return inputs if isinstance(inputs, dict) else dict(inputs)
     return {k: v.read() if isinstance(v, Unread) else v for k, v in inputs.items()}
+
+
+def read_into(jobs: Sequence[tuple[Unread, np.ndarray]], readers: Executor | None = None) -> list[InputError | None]:
+    """Each job's input copied into its rows, and the error of each that could not be (None where
+    it was). With ``readers``, side by side: the kernel's copy from a segment holds no GIL, and a
+    merged batch's rows read one after the other took 1.6-2.3 ms of a 5.4 ms call for 8-9 rows of
+    600 KB on the H200's host (docs/gpu.md); the calling thread reads the first itself."""
+
+    def read(unread: Unread, out: np.ndarray) -> InputError | None:
+        try:
+            unread.into(out)
+        except InputError as exc:
+            return exc
+        return None
+
+    if readers is None or len(jobs) < 2:
+        return [read(*job) for job in jobs]
+    others = [readers.submit(read, *job) for job in jobs[1:]]
+    return [read(*jobs[0]), *(f.result() for f in others)]

@@ -32,6 +32,7 @@ class Channel(asyncio.Protocol):
         self._buffer = bytearray()
         self._deferred: list[bytes] = []  # framed messages waiting for the next write
         self._timer: asyncio.TimerHandle | None = None
+        self._soon: asyncio.Handle | None = None  # the write at the end of this turn of the loop
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio's subclasses
@@ -55,9 +56,14 @@ class Channel(asyncio.Protocol):
         self.on_close()
 
     def send(self, message: Any) -> None:
-        """Send ``message`` now, after any deferred ones (in one write)."""
+        """Send ``message`` at the end of this turn of the event loop, with any deferred ones and
+        every other message sent in the same turn, in one write: a merged batch's answers to one
+        front end go together. The socket's write holds the GIL (uvloop writes at once) and wakes
+        the other process: 19 % of the model process's GIL time, one write per answer, serving a
+        noop model to two front ends at concurrency 8 (docs/server.md)."""
         self._deferred.append(self._frame(message))
-        self._flush()
+        if self._soon is None:
+            self._soon = asyncio.get_running_loop().call_soon(self._flush)
 
     def defer(self, message: Any) -> None:
         """Send ``message`` with the next one sent, or ``DEFERRED_S`` from now if none is: for
@@ -81,6 +87,9 @@ class Channel(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
         frames, self._deferred = self._deferred, []
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(frames))
