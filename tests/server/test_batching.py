@@ -96,6 +96,25 @@ def test_a_batch_that_would_mostly_be_padding_runs_the_bucket_below_and_carries_
     assert calls == [1, 16, 1] and [r.batch_rows for r in results[1:-1]] == [9] * 9
 
 
+def test_requests_carried_over_from_a_cut_batch_go_before_those_still_queued():
+    """Fourteen one-row requests queue behind a call, at most 12 rows a batch: the first 12 are
+    gathered and cut at 8, and the four carried run next, before the two that were never gathered
+    (put back at the queue's end, they would have gone behind them, and could be cut again)."""
+    x = [{"x": np.full((1, 1), float(i), np.float32)} for i in range(15)]
+    seconds = {1: 1.0, 2: 1.0, 4: 1.2, 8: 2.0, 16: 3.6}
+    results, calls = behind_a_held_call(
+        lambda inputs: inputs["x"][:, 0].tolist(),
+        x[0],
+        x[1:],
+        max_batch_size=12,
+        buckets=tuple(seconds),
+        bucket_seconds=seconds,
+    )
+    rows = [float(i) for i in range(15)]
+    assert calls == [rows[:1], rows[1:9], rows[9:13], rows[13:15], rows[:1]]  # 6 rows: 4 now, 2 next
+    assert [r.outputs["y"].item() for r in results] == [10.0 * i for i in range(15)] + [0.0]
+
+
 @pytest.mark.parametrize("readers", [0, 3], ids=["one-reader", "readers"])
 def test_a_request_whose_shared_memory_cannot_be_read_fails_alone_in_its_batch(readers):
     """Inputs still in clients' shared memory are read straight into the batch when it is merged
