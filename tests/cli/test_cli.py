@@ -193,6 +193,7 @@ def test_optimize_command_round_trip(digits, digits_package, tmp_path):
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
     assert record["artifact"] == "onnx-int8" and record["accuracy"]["within_budget"]
+    assert record["effects"]["latency_on"].startswith("the CPU (")
     human = deploy("optimize", tmp_path / "int8.zip", "--quantize", "fp16", "--calibration", digits["data"])
     assert human.returncode == 0 and "Accuracy against fp32" in human.stdout and "note:" in human.stdout
     assert [a["status"] for a in json.loads(deploy("verify", tmp_path / "int8.zip", "--json").stdout)["artifacts"]] == [

@@ -43,6 +43,7 @@ def test_int8_auto_measures_both_variants_and_explains_its_choice(digits_package
         assert record["accuracy"]["metric"] == "accuracy" and record["accuracy"]["within_budget"]
         assert record["effects"]["size_ratio"] < 0.75
         assert set(record["effects"]["latency_ms"]) == {"1", "64"}
+        assert record["effects"]["latency_on"].startswith("the CPU (")  # where it was timed, named
         assert record["data"] == {
             "calibration": "data.npz",
             "calibration_rows": 348,

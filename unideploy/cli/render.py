@@ -496,7 +496,9 @@ def optimization(package: Package, record: OptimizationRecord) -> None:
         out.print(f"  judged '{escape(name)}' by {o['metric']}: {escape(o['why'])}")
     out.print(f"  on {acc['rows']} validation rows")
     table = Table(title="Effects", title_justify="left")
-    for col in ("size", "size vs fp32", "gzip vs fp32", "weight sparsity", "latency fp32 -> optimized (ms)"):
+    # packages optimized before it was recorded were timed on the CPU too
+    timed = f"latency fp32 -> optimized (ms), on {eff.get('latency_on', 'the CPU')}"
+    for col in ("size", "size vs fp32", "gzip vs fp32", "weight sparsity", timed):
         table.add_column(col)
     lat = ", ".join(
         f"b{b}: {v['fp32']:.3f} -> {v['optimized']:.3f} ({v['speedup']:.2f}x)" for b, v in eff["latency_ms"].items()

@@ -7,6 +7,7 @@ machine noise hits both alike.
 from __future__ import annotations
 
 import gzip
+import os
 import statistics
 import time
 from pathlib import Path
@@ -43,6 +44,12 @@ def weight_sparsity(model_path: Path) -> float:
                 zeros += int(np.count_nonzero(array == 0))
                 total += array.size
     return zeros / total if total else 0.0
+
+
+def timed_on() -> str:
+    """Where ``timing_session`` runs, for the record beside what it measured: an fp16 artifact
+    meant for a GPU runs slower there, and a latency shown without its device would say otherwise."""
+    return f"the CPU ({len(os.sched_getaffinity(0))} cores), ONNX Runtime's CPUExecutionProvider"
 
 
 def timing_session(model: Path | bytes) -> Any:

@@ -17,7 +17,14 @@ import numpy as np
 from unideploy.errors import AccuracyBudgetError, ExportError, InputError, first_line
 from unideploy.guard.data import Dataset, load_dataset, split, synthetic_dataset
 from unideploy.guard.guard import Guard, settings_of
-from unideploy.guard.measure import latency, size_effects, slower_everywhere, slower_int8_note, timing_session
+from unideploy.guard.measure import (
+    latency,
+    size_effects,
+    slower_everywhere,
+    slower_int8_note,
+    timed_on,
+    timing_session,
+)
 from unideploy.guard.search import tried
 from unideploy.optimizers import PASSES, OptimizerPass, PassContext, pass_options
 from unideploy.optimizers.base import STAGES, Evaluation, OptimizeRequest
@@ -172,7 +179,11 @@ def optimize(
         )
         artifact_id = _artifact_id(passes)
         record = _source_tolerance(package, current, signature)
-        effects = {**size_effects(base_path, current), "latency_ms": {str(b): v for b, v in final.latency_ms.items()}}
+        effects = {
+            **size_effects(base_path, current),
+            "latency_ms": {str(b): v for b, v in final.latency_ms.items()},
+            "latency_on": timed_on(),
+        }
         data_info = {
             "calibration": calibration.origin,
             "calibration_rows": calibration.rows,
