@@ -199,6 +199,29 @@ def test_a_merged_batch_is_written_into_the_callers_kept_buffers():
     assert merged(parts[1:], 4)["x"] is not first
 
 
+def test_a_lone_request_still_in_shared_memory_is_read_into_the_kept_buffer():
+    """A request alone in its call is run as it is, but an input still in shared memory must be
+    read anyway: into the caller's kept (on a GPU page-locked) buffer where it has one, else into an
+    array of its own."""
+    from unideploy.runtimes.pinned import BatchBuffers
+
+    class InMemory(Unread):  # an input elsewhere, as a shared-memory region is
+        def __init__(self, value: np.ndarray) -> None:
+            super().__init__(value.shape, value.dtype)
+            self.value = value
+
+        def _into(self, out: memoryview) -> None:
+            out[:] = self.value.tobytes()
+
+    buffers, value = BatchBuffers(), np.full((1, 2), 7.0, np.float32)
+    read = merged([{"x": InMemory(value)}], 1, None, buffers)["x"]
+    assert read is buffers.array("x", (1, 2), np.dtype(np.float32)) and read.tolist() == [[7.0, 7.0]]
+    alone = merged([{"x": InMemory(value)}], 1)["x"]
+    assert alone is not read and alone.tolist() == [[7.0, 7.0]]
+    ready = {"x": value}
+    assert merged([ready], 1, None, buffers) is ready  # already an array: run as it is
+
+
 def test_batches_in_flight_run_at_once_each_on_a_thread_of_its_own():
     """``in_flight=2``: a request that arrives while a batch runs starts a second batch at once
     (each call here waits until the other has started too: with one batch at a time it would wait

@@ -179,7 +179,10 @@ def merged(
     (``axes``; axis 0 where None): each request's rows copied once into place, any rows past theirs
     filled with the last real row (a bucket's padding: a real row, never values the model was not
     made for). A scalar is the same in every part (the merge key). The batch is written into
-    ``buffers`` where given (kept, and on a GPU page-locked: ``runtimes.pinned``), else new arrays.
+    ``buffers`` where given (kept, and on a GPU page-locked: ``runtimes.pinned``), else new arrays;
+    a lone request of the batch's size is run as it is, unless an input is still in shared memory
+    and there are buffers: it is read into them, as into a batch (the same one copy, into memory
+    the GPU copies from directly and whose pages are already there, not a new array).
 
     An input still in a client's shared memory (``Unread``) is read straight into its rows (by
     ``readers`` side by side, where given: ``read_into``). Where
@@ -188,9 +191,11 @@ def merged(
     first row, so one client's mistake fails its own request only; where every part fails,
     ``UnreadInputs``."""
     first = parts[0]
-    if len(parts) == 1 and all(
-        (axis := row_axis(axes, k, a)) is None or a.shape[axis] == size for k, a in first.items()
-    ):
+    if (
+        len(parts) == 1
+        and all((axis := row_axis(axes, k, a)) is None or a.shape[axis] == size for k, a in first.items())
+        and (buffers is None or not any(isinstance(a, Unread) for a in first.values()))
+    ):  # as it is; but an input still in shared memory is read into the kept (page-locked) buffer
         return read_all(first)
     starts = list(accumulate((batch_size_of(p, axes) for p in parts), initial=0))
     lost: dict[int, Exception] = {}
