@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, wait
 from typing import Any
 
 import numpy as np
@@ -87,4 +87,8 @@ def read_into(jobs: Sequence[tuple[Unread, np.ndarray]], readers: Executor | Non
     if readers is None or len(jobs) < 2:
         return [read(*job) for job in jobs]
     others = [readers.submit(read, *job) for job in jobs[1:]]
-    return [read(*jobs[0]), *(f.result() for f in others)]
+    try:
+        first = read(*jobs[0])
+    finally:
+        wait(others)  # even when the first read fails unexpectedly: no read outlives its batch's buffer
+    return [first, *(f.result() for f in others)]

@@ -62,9 +62,8 @@ class Channel(asyncio.Protocol):
     def send(self, message: Any) -> None:
         """Send ``message`` at the end of this turn of the event loop, with any deferred ones and
         every other message sent in the same turn, in one write: a merged batch's answers to one
-        front end go together. The socket's write holds the GIL (uvloop writes at once) and wakes
-        the other process: 19 % of the model process's GIL time, one write per answer, serving a
-        noop model to two front ends at concurrency 8 (docs/server.md)."""
+        front end go together, and each write wakes the other process (serving a noop model to two
+        front ends at concurrency 8: 0.47 writes per request instead of 1.00, docs/server.md)."""
         self._deferred.append(self._frame(message))
         if self._soon is None:
             self._soon = asyncio.get_running_loop().call_soon(self._flush)
