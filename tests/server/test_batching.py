@@ -25,6 +25,17 @@ from unideploy.server.batching import (
 from unideploy.server.unread import Unread
 
 
+class InMemory(Unread):
+    """An input whose bytes are elsewhere, as a shared-memory region's are (a real ``Unread``)."""
+
+    def __init__(self, value: np.ndarray) -> None:
+        super().__init__(value.shape, value.dtype)
+        self.value = value
+
+    def _into(self, out: memoryview) -> None:
+        out[:] = self.value.tobytes()
+
+
 def behind_a_held_call(run, first: dict, queued: list[dict], **settings) -> tuple[list, list]:
     """Submit ``first``, hold its runtime call until every one of ``queued`` has been submitted
     (so they queue behind it), then let it go; returns the results (first's first) and, per
@@ -170,18 +181,15 @@ def test_a_batchs_shared_memory_inputs_are_read_side_by_side():
     started = threading.Barrier(3, timeout=30)
     threads: set[str] = set()
 
-    class Waiting(Unread):
-        def __init__(self, value: float) -> None:
-            super().__init__((1, 2), np.dtype(np.float32))
-            self.value = value
-
+    class Waiting(InMemory):
         def _into(self, out: memoryview) -> None:
             threads.add(threading.current_thread().name)
             started.wait()
-            out[:] = np.full((1, 2), self.value, np.float32).tobytes()
+            super()._into(out)
 
     with ThreadPoolExecutor(2, thread_name_prefix="reader") as readers:
-        batch = merged([{"x": Waiting(float(i))} for i in range(3)], 4, readers=readers)["x"]
+        parts = [{"x": Waiting(np.full((1, 2), float(i), np.float32))} for i in range(3)]
+        batch = merged(parts, 4, readers=readers)["x"]
     assert batch[:, 0].tolist() == [0.0, 1.0, 2.0, 2.0] and len(threads) == 3
 
 
@@ -204,14 +212,6 @@ def test_a_lone_request_still_in_shared_memory_is_read_into_the_kept_buffer():
     read anyway: into the caller's kept (on a GPU page-locked) buffer where it has one, else into an
     array of its own."""
     from unideploy.runtimes.pinned import BatchBuffers
-
-    class InMemory(Unread):  # an input elsewhere, as a shared-memory region is
-        def __init__(self, value: np.ndarray) -> None:
-            super().__init__(value.shape, value.dtype)
-            self.value = value
-
-        def _into(self, out: memoryview) -> None:
-            out[:] = self.value.tobytes()
 
     buffers, value = BatchBuffers(), np.full((1, 2), 7.0, np.float32)
     read = merged([{"x": InMemory(value)}], 1, None, buffers)["x"]

@@ -503,8 +503,8 @@ class DynamicBatcher:
                 kept = cut_at_bucket([p.rows for p in group], self.buckets, self.bucket_seconds)
                 leftovers += group[kept:]
                 group, rows = group[:kept], sum(p.rows for p in group[:kept])
-            # served by the next round, first, in arrival order
-            self._carried = deque(sorted([*leftovers, *self._carried], key=lambda p: p.enqueued))
+            if leftovers:  # served by the next round, first, in arrival order
+                self._carried = deque(sorted([*leftovers, *self._carried], key=lambda p: p.enqueued))
             run = asyncio.get_running_loop().create_task(self._execute(group, rows, call))
             self._runs.add(run)
             self._gathering = False
