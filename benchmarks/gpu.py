@@ -20,13 +20,14 @@ CUDA buffers allocated once (and capture a CUDA graph where asked); they still c
 from the host and the answer back each call, as a server must. On a machine without a usable CUDA
 provider it says so and exits 0.
 
-    python benchmarks/gpu.py [--package PKG --photos PHOTOS.npz] [--only cnn|shapes|threads|pinned|encoder] [--quick] [--json] [--markdown]
+    python benchmarks/gpu.py [--package PKG --photos PHOTOS.npz] [--only cnn|shapes|threads|pinned|encoder] [--quick] [--work DIR [--prepare]] [--json] [--markdown]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -132,10 +133,14 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
 
         package_path = work / "cnn.udp"
         photos = imagenet_photos(48)
-        np.savez(work / "photos.npz", x=photos)
-        console.log("exporting EfficientNet-Lite0 with --target gpu, then fp16")
-        unideploy.export(efficientnet_lite0(work), package_path, input_shapes=["x:1x3x224x224"], target="gpu").close()
-        unideploy.optimize(package_path, quantize="fp16", calibration=str(work / "photos.npz")).close()
+        if not (package_path / "manifest.json").exists():  # a --work folder keeps it for the next run
+            np.savez(work / "photos.npz", x=photos)
+            console.log("exporting EfficientNet-Lite0 with --target gpu, then fp16")
+            building = work / "cnn.building.udp"
+            shutil.rmtree(building, ignore_errors=True)
+            unideploy.export(efficientnet_lite0(work), building, input_shapes=["x:1x3x224x224"], target="gpu").close()
+            unideploy.optimize(building, quantize="fp16", calibration=str(work / "photos.npz")).close()
+            building.rename(package_path)
     else:
         photos = np.load(photos_path)["x"] if photos_path else None
     with unideploy.open_package(package_path) as package:
@@ -171,8 +176,12 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
         engines["onnx-fp16, NHWC, input already on the GPU"] = _DeviceBuffers(fp16_path, nhwc, False, copy=False)
         for artifact in (a for a in package.manifest.artifacts if a.format == "tensorrt"):
             engines[artifact.id] = _engine(package, artifact.id, device="gpu")
-        if quick:
-            engines = {name: engine for name, engine in engines.items() if not isinstance(engine, _DeviceBuffers)}
+        if quick:  # as deploy runs each artifact on the GPU; the CPU's batch 32 is `deploy bench`'s in the check
+            engines = {
+                name: engine
+                for name, engine in engines.items()
+                if not isinstance(engine, _DeviceBuffers) and engine is not cpu
+            }
         rows, timed, labels = [], {}, {}
         for name, engine in engines.items():
             if isinstance(engine, str):
@@ -306,15 +315,18 @@ class _TorchHalf:
             return [out.float().cpu().numpy()]
 
 
-def encoder(work: Path, quick: bool = False) -> dict[str, Any] | None:
-    """A MiniLM-sized BERT encoder (6 layers, 384 wide, 12 heads, seq 128; random weights, as
-    latency does not depend on them): exact fp32, TF32, fp16, and the fused fp16 artifact of
-    ``deploy optimize --quantize fp16``, against PyTorch eager fp16 (``quick``: exact fp32, the
-    fused artifact and PyTorch, what the targets compare). None where torch or transformers is missing."""
+def _encoder_rows(rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """``rows`` token sequences of 128, attending to every token."""
+    ids = np.random.default_rng(seed).integers(1000, 30000, (rows, 128)).astype(np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones((rows, 128), np.int64)}
+
+
+def encoder_model() -> Any:
+    """A MiniLM-sized BERT encoder in PyTorch, named inputs in and the last hidden state out; its
+    random weights seeded, so that a process reusing artifacts another one exported (``--work``)
+    builds the same model. None where torch or transformers is missing."""
     try:
-        import onnx
         import torch
-        from onnxruntime.transformers.float16 import convert_float_to_float16
         from transformers import BertConfig, BertModel
     except ImportError as exc:
         console.log(f"encoder skipped: {exc}")
@@ -326,9 +338,10 @@ def encoder(work: Path, quick: bool = False) -> dict[str, Any] | None:
         intermediate_size=1536,
         attn_implementation="eager",
     )
+    torch.manual_seed(0)
     bert = BertModel(config, add_pooling_layer=False).eval()
 
-    class Encoder(torch.nn.Module):  # named inputs in, the last hidden state out
+    class Encoder(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.bert = bert
@@ -336,36 +349,60 @@ def encoder(work: Path, quick: bool = False) -> dict[str, Any] | None:
         def forward(self, input_ids: Any, attention_mask: Any) -> Any:
             return self.bert(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-    model = Encoder().eval()
-    rng = np.random.default_rng(0)
-    sample = {
-        "input_ids": rng.integers(1000, 30000, (1, 128)).astype(np.int64),
-        "attention_mask": np.ones((1, 128), np.int64),
-    }
-    fp32 = work / "encoder.onnx"
-    torch.onnx.export(
-        model,
-        (torch.from_numpy(sample["input_ids"]), torch.from_numpy(sample["attention_mask"])),
-        str(fp32),
-        input_names=list(sample),
-        output_names=["hidden"],
-        dynamic_axes={"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}, "hidden": {0: "batch"}},
-        opset_version=17,
-        dynamo=False,
-    )
-    # the fused fp16 artifact as `deploy optimize --quantize fp16` writes it (fusions on by default)
-    rows16 = {
-        k: rng.integers(1000, 30000, (16, 128)).astype(np.int64) if k == "input_ids" else np.ones((16, 128), np.int64)
-        for k in sample
-    }
-    np.savez(work / "encoder-rows.npz", **rows16)
-    unideploy.export(fp32, work / "encoder.udp", example_inputs={k: v[:2] for k, v in rows16.items()}).close()
-    with unideploy.optimize(work / "encoder.udp", quantize="fp16", calibration=str(work / "encoder-rows.npz")) as pkg:
+    return Encoder().eval()
+
+
+def encoder_artifacts(work: Path, model: Any) -> tuple[Path, Path, Any]:
+    """The encoder's fp32 ONNX and the fused fp16 artifact ``deploy optimize --quantize fp16``
+    writes (fusions on by default), with the fusions it applied: made once per ``work`` folder, on
+    the CPU alone (the GPU check makes them beside its other steps, ``--prepare``)."""
+    import torch
+
+    fp32, package = work / "encoder.onnx", work / "encoder.udp"
+    if not (package / "manifest.json").exists():
+        shutil.rmtree(work / "encoder.building.udp", ignore_errors=True)  # what a run cut short left
+        sample = _encoder_rows(1)
+        torch.onnx.export(
+            model,
+            (torch.from_numpy(sample["input_ids"]), torch.from_numpy(sample["attention_mask"])),
+            str(fp32),
+            input_names=list(sample),
+            output_names=["hidden"],
+            dynamic_axes={"input_ids": {0: "batch"}, "attention_mask": {0: "batch"}, "hidden": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
+        rows16 = _encoder_rows(16)
+        np.savez(work / "encoder-rows.npz", **rows16)
+        unideploy.export(
+            fp32, work / "encoder.building.udp", example_inputs={k: v[:2] for k, v in rows16.items()}
+        ).close()
+        unideploy.optimize(
+            work / "encoder.building.udp", quantize="fp16", calibration=str(work / "encoder-rows.npz")
+        ).close()
+        (work / "encoder.building.udp").rename(package)  # whole or absent: a reader never sees it half made
+    with unideploy.open_package(package) as pkg:
         fused_path = pkg.path_of(pkg.manifest.artifact("onnx-fp16"))
         fusions = pkg.manifest.optimizations[-1]["passes"][0]["params"].get("transformer_fusions")
+    return fp32, fused_path, fusions
+
+
+def encoder(work: Path, quick: bool = False) -> dict[str, Any] | None:
+    """A MiniLM-sized BERT encoder (6 layers, 384 wide, 12 heads, seq 128; random weights, as
+    latency does not depend on them): exact fp32, TF32, fp16, and the fused fp16 artifact of
+    ``deploy optimize --quantize fp16``, against PyTorch eager fp16 (``quick``: exact fp32, the
+    fused artifact and PyTorch, what the targets compare). None where torch or transformers is missing."""
+    model = encoder_model()
+    if model is None:
+        return None
+    fp32, fused_path, fusions = encoder_artifacts(work, model)
+    sample = _encoder_rows(1)
     console.log(f"deploy optimize --quantize fp16 on the encoder: {fusions}")
     engines: dict[str, Any] = {"fp32, exact": _DeviceBuffers(fp32, cuda_options("fp32", False), False)}
     if not quick:  # TF32, and the fp32 graph converted without the fusions, beside the fused artifact
+        import onnx
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
         fp16 = work / "encoder.fp16.onnx"
         onnx.save(convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True), str(fp16))
         engines["fp32, tf32"] = _DeviceBuffers(fp32, cuda_options("fp32", True), False)
@@ -591,8 +628,26 @@ def main() -> None:
         action="store_true",
         help="only the engines the targets compare (the GPU check's: it must take under 3 minutes)",
     )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        help="a folder for what the parts build, kept, and reused by the next run given it (default: a temporary one)",
+    )
+    parser.add_argument(
+        "--prepare",
+        action="store_true",
+        help="only build the encoder's artifacts into --work, on the CPU (the GPU check does it beside its other steps)",
+    )
     args = parser.parse_args()
     chosen = args.only or parts
+    if args.prepare:
+        if args.work is None:
+            parser.error("--prepare needs --work")
+        args.work.mkdir(parents=True, exist_ok=True)
+        model = encoder_model()
+        if model is not None:
+            encoder_artifacts(args.work, model)
+        return
     why = usable_cuda()
     if why:
         print(f"benchmarks/gpu.py: skipped, ONNX Runtime's CUDA provider is not usable here ({why})")
@@ -602,7 +657,8 @@ def main() -> None:
             parser.error(f"--only {name} needs --package (or the cnn part, which builds one)")
     results, failed = [], []
     with tempfile.TemporaryDirectory(prefix="unideploy-gpu-bench-") as folder:
-        work = Path(folder)
+        work = args.work or Path(folder)
+        work.mkdir(parents=True, exist_ok=True)
         package = args.package or work / "cnn.udp"
         measured = {
             "cnn": lambda: cnn(work, args.package, args.photos, args.quick),

@@ -40,12 +40,19 @@ def test_export_inspect_run_verify_bench_round_trip(torch_models, tmp_path):
     assert 0 < bench["latency_ms"]["p50"] <= bench["latency_ms"]["p99"]
     assert bench["throughput_per_s"] > 0
 
+    # a sweep: every batch size in one process, on one session, what ran named once
+    sweep = json.loads(deploy("bench", pkg, "--batch-size", "1,4,1", "--iterations", "3", "--json").stdout)
+    assert [r["batch_size"] for r in sweep["runs"]] == [1, 4] and sweep["artifact"] == "onnx-fp32"
+    assert all(r["iterations"] == 3 and r["throughput_per_s"] > 0 for r in sweep["runs"])
+
 
 def test_human_tables(cnn_package, tmp_path):
     verify = deploy("verify", cnn_package)
     assert verify.returncode == 0 and "integrity" in verify.stdout and "passed" in verify.stdout
-    bench = deploy("bench", cnn_package, "--iterations", "5")
+    bench = deploy("bench", cnn_package, "--iterations", "5", "--batch-size", "2,3")
     assert bench.returncode == 0 and "p99 ms" in bench.stdout
+    rows = [line.split("│")[1].strip() for line in bench.stdout.splitlines() if line.count("│") > 6]
+    assert rows[-2:] == ["2", "3"]  # one row per batch size
 
 
 def test_doctor_reports_each_plugin_with_a_fix(tmp_path):
@@ -169,6 +176,8 @@ def test_parsing_the_command_line_imports_no_framework_or_converter():
 def test_argument_errors_use_usage_and_exit_2():
     result = deploy("bench", "pkg", "--batch-size", "0")
     assert result.returncode == 2 and "must be at least 1" in result.stderr
+    result = deploy("bench", "pkg", "--batch-size", "8,x")
+    assert result.returncode == 2 and "'x' is not a whole number" in result.stderr
     assert deploy("frobnicate").returncode == 2
 
 

@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -290,18 +290,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with Package.open(args.package) as package:
         sample = package.reference_samples()[-1].inputs
         fixed = package.manifest.fixed_batch
-        if fixed is not None and args.batch_size != fixed:
+        if fixed is not None and set(args.batch_size) != {fixed}:
             raise InputError(
                 f"this package has a fixed batch size of {fixed}",
                 "re-export without --static-shapes to benchmark other batch sizes",
             )
-        inputs = resize_batch(sample, args.batch_size)
         options = RuntimeOptions(
             device=args.device, threads=args.threads, engine_cache=_engine_cache(args), tf32=args.tf32
         )
         artifact, engine = open_runtime(package, args.artifact, args.runtime, options, args.target)
-        with engine, render.progress(f"bench {artifact.id} on {engine.name}", args.iterations) as tick:
-            result = benchmark(engine, inputs, args.iterations, args.warmup, tick=tick)
+        runs: list[dict[str, Any]] = []
+        with engine:
+            # one session for every batch size: a sweep in one process spares each size the start
+            # (imports, session, provider) that its own `deploy bench` would pay
+            for batch in args.batch_size:
+                label = f"bench {artifact.id} on {engine.name}, batch {batch}"
+                with render.progress(label, args.iterations) as tick:
+                    runs.append(benchmark(engine, resize_batch(sample, batch), args.iterations, args.warmup, tick=tick))
+            result: dict[str, Any] = {**runs[0]} if len(runs) == 1 else {"runs": runs}
             result.update({"package": str(args.package), **what_ran(artifact, engine)})
     if args.json:
         _print_json(result)

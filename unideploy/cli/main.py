@@ -173,7 +173,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="measure latency percentiles and throughput")
     p.add_argument("package")
-    p.add_argument("--batch-size", type=_positive_int, default=1)
+    p.add_argument(
+        "--batch-size",
+        type=_batch_sizes,
+        default=(1,),
+        metavar="B[,B...]",
+        help="batch size, or several (1,8,32): one session runs each in turn (default: 1)",
+    )
     p.add_argument("--iterations", type=_positive_int, default=100)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=_positive_int, help="intra-op threads (default: the runtime decides)")
@@ -434,6 +440,11 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    """``--batch-size 1,8,32``: each a whole number of at least 1, in the order given, once each."""
+    return tuple(dict.fromkeys(_positive_int(part.strip()) for part in text.split(",")))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -373,6 +373,7 @@ def _status(status: str) -> str:
 
 
 _BENCH_SHOWN = {
+    "runs",
     "latency_ms",
     "precision",
     "device",
@@ -391,20 +392,21 @@ _BENCH_SHOWN = {
 
 
 def bench(result: dict[str, Any]) -> None:
-    lat = result["latency_ms"]
     fallbacks(result)
     table = Table(title=escape(ran(result)), title_justify="left")
     for col in ("batch", "runs", "p50 ms", "p90 ms", "p99 ms", "mean ms", "throughput /s"):
         table.add_column(col, justify="right")
-    table.add_row(
-        str(result["batch_size"]),
-        str(result["iterations"]),
-        f"{lat['p50']:.3f}",
-        f"{lat['p90']:.3f}",
-        f"{lat['p99']:.3f}",
-        f"{lat['mean']:.3f}",
-        f"{result['throughput_per_s']:.1f}",
-    )
+    for run in result.get("runs", [result]):  # one row per batch size
+        lat = run["latency_ms"]
+        table.add_row(
+            str(run["batch_size"]),
+            str(run["iterations"]),
+            f"{lat['p50']:.3f}",
+            f"{lat['p90']:.3f}",
+            f"{lat['p99']:.3f}",
+            f"{lat['mean']:.3f}",
+            f"{run['throughput_per_s']:.1f}",
+        )
     out.print(table)
     for key, value in result.items():  # engine details (TensorRT: precision, profiles, where the engine came from)
         if key not in _BENCH_SHOWN:
