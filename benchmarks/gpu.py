@@ -154,6 +154,15 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
             "onnx-fp32, exact": _engine(package, "onnx-fp32", device="gpu"),
             "onnx-fp32, tf32": _engine(package, "onnx-fp32", device="gpu", tf32=True),
             "onnx-fp16": _engine(package, "onnx-fp16", device="gpu"),
+            # as the server runs a model with cuda_graphs: a session per batch bucket, each told its
+            # batch size and replaying a CUDA graph (runtimes/ort_bound.py); where capture fails the
+            # row says so in its "ran" column
+            "onnx-fp32, exact, buckets + CUDA graphs": _engine(
+                package, "onnx-fp32", device="gpu", batch_buckets=BATCHES, cuda_graphs=True
+            ),
+            "onnx-fp16, buckets + CUDA graphs": _engine(
+                package, "onnx-fp16", device="gpu", batch_buckets=BATCHES, cuda_graphs=True
+            ),
         }
         fp16_path = package.path_of(package.manifest.artifact("onnx-fp16"))
         fp32_path = package.path_of(package.manifest.artifact("onnx-fp32"))
@@ -298,6 +307,7 @@ def _label(engine: Runtime | _DeviceBuffers) -> str:
     found = engine.describe()
     return (
         f"{found['runtime']} ({', '.join(found.get('providers', [])) or found.get('device', '')}), {found['precision']}"
+        + (f", CUDA graphs: {found['cuda_graphs']}" if "cuda_graphs" in found else "")
     )
 
 

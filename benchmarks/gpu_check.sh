@@ -2,9 +2,10 @@
 # The GPU path as a user runs it, on a machine with an NVIDIA GPU and onnxruntime-gpu, in a few minutes:
 # doctor, export --target gpu, optimize fp16, verify --device gpu (exact fp32, and TF32 judged as tf32),
 # run on real photos against the CPU, bench at several batch sizes, deploy serve under perf_analyzer
-# (benchmarks/gpu_serving.py, tensors in system and CUDA shared memory too), the CUDA shared-memory
-# tests, and the engine variants of benchmarks/gpu.py. Writes one markdown report. The steps that
-# check results run side by side (the table says which); what is timed runs alone.
+# (benchmarks/gpu_serving.py, tensors in system shared memory, without and with CUDA graphs), the GPU
+# tests (CUDA shared memory, CUDA graphs), and the engine variants of benchmarks/gpu.py. Writes one
+# markdown report. The steps that check results run side by side (the table says which); what is
+# timed runs alone.
 #
 #   benchmarks/gpu_check.sh MODEL PHOTOS.npz [OUT_DIR]
 #
@@ -61,8 +62,9 @@ rows() {  # the report lines of the steps named, in that order
 } >"$REPORT"
 
 rm -rf "$PKG" "$OUT/gpu-work"
-# doctor beside export; then what needs only the package (the fp16 artifact, the CUDA shared-memory
-# tests with tritonclient's own CUDA utilities, gpu.py's encoder built on the CPU) side by side; then
+# doctor beside export; then what needs only the package (the fp16 artifact, the GPU tests: CUDA shared
+# memory with tritonclient's own CUDA utilities, and buckets replaying CUDA graphs; gpu.py's encoder
+# built on the CPU) side by side; then
 # what checks the finished package side by side. Timing nothing, these share the machine: the steps
 # took 98 s one after the other (2026-11-28), the check 3 min 55 s against issue 42's 3 minutes.
 PART=$SECONDS
@@ -71,7 +73,7 @@ step export "${DEPLOY[@]}" export "$MODEL" -o "$PKG" --target gpu
 wait
 GROUP="side by side (2)"
 step optimize-fp16 "${DEPLOY[@]}" optimize "$PKG" --quantize fp16 --calibration "$PHOTOS" &
-step cuda-shared-memory "$PY" -m pytest -q -p no:cacheprovider "$HERE/../tests/server/test_cuda_shared_memory.py" &
+step gpu-tests "$PY" -m pytest -q -p no:cacheprovider "$HERE/../tests/server/test_cuda_shared_memory.py" "$HERE/../tests/gpu/test_cuda_graphs.py" &
 step prepare-encoder "$PY" "$HERE/gpu.py" --work "$OUT/gpu-work" --prepare &
 wait
 GROUP="side by side (3)"
@@ -86,7 +88,7 @@ unset GROUP
 step bench-gpu "${DEPLOY[@]}" bench "$PKG" --device gpu --batch-size 1,8,32,256 --iterations 50 --json
 step bench-fp16-b32 "${DEPLOY[@]}" bench "$PKG" --artifact onnx-fp16 --device gpu --batch-size 32 --iterations 50 --json
 step bench-cpu-b32 "${DEPLOY[@]}" bench "$PKG" --device cpu --batch-size 32 --iterations 20 --json
-rows doctor export optimize-fp16 cuda-shared-memory prepare-encoder verify-gpu verify-gpu-tf32 run-gpu run-cpu \
+rows doctor export optimize-fp16 gpu-tests prepare-encoder verify-gpu verify-gpu-tf32 run-gpu run-cpu \
   bench-gpu bench-fp16-b32 bench-cpu-b32
 echo -e "\nThe checking steps took $CHECKED s side by side, the steps $SECONDS s in all." >>"$REPORT"
 
@@ -141,7 +143,7 @@ echo -e "\n## deploy serve under perf_analyzer (server on half the cores, perf_a
 PART=$SECONDS
 # perf_analyzer's windows of 1 s (2 s by default): at a GPU's thousands of requests/s each holds
 # thousands, and the serving part was about half of the 4 min 43 s the check took (issue 42: < 3 min)
-"$PY" "$HERE/gpu_serving.py" --package "$PKG" --seconds 1 --only "buckets, 4 front ends, shm" --only "buckets, 4 front ends, cuda shm" >>"$REPORT" 2>"$OUT/gpu_serving.log" || echo "gpu_serving.py FAILED: $(tail -3 "$OUT/gpu_serving.log")" >>"$REPORT"
+"$PY" "$HERE/gpu_serving.py" --package "$PKG" --seconds 1 --only "buckets, 4 front ends, shm" --only "buckets, 4 front ends, shm, CUDA graphs" >>"$REPORT" 2>"$OUT/gpu_serving.log" || echo "gpu_serving.py FAILED: $(tail -3 "$OUT/gpu_serving.log")" >>"$REPORT"
 echo -e "\n($((SECONDS - PART)) s)\n\n## Engines in process (benchmarks/gpu.py)\n" >>"$REPORT"
 PART=$SECONDS
 "$PY" "$HERE/gpu.py" --package "$PKG" --photos "$PHOTOS" --only cnn --only encoder --quick --work "$OUT/gpu-work" --markdown >>"$REPORT" 2>"$OUT/gpu_bench.log" || echo "gpu.py FAILED: $(tail -3 "$OUT/gpu_bench.log")" >>"$REPORT"

@@ -177,3 +177,12 @@ def test_shrinking_gives_back_what_a_large_batch_grew(cnn_package, shared_arena)
     np.testing.assert_array_equal(engine.run(small)["output"], expected)
     engine.close()
     pkg.close()
+
+
+def test_cuda_graphs_asked_for_on_the_cpu_say_they_did_not_run(cnn_package):
+    """What is reported is what ran: ``cuda_graphs`` needs the CUDA provider's batch buckets."""
+    with Package.open(cnn_package) as pkg:
+        _, runtime = open_runtime(pkg, options=RuntimeOptions(cuda_graphs=True))
+        with runtime:
+            assert runtime.run({"x": np.zeros((3, 1, 8, 8), np.float32)})["output"].shape == (3, 10)
+            assert runtime.describe()["cuda_graphs"].startswith("not used: they run on ONNX Runtime's CUDA provider")

@@ -126,6 +126,7 @@ def test_model_yaml_sets_spinning_threads_and_delay(tmp_path):
         {"batch_buckets": [0, 8]},
         {"batch_buckets": "powers of two"},
         {"tf32": "maybe"},
+        {"cuda_graphs": "sometimes"},
         {"batches_in_flight": 0},
         {"device": "tpu"},
         {"pinned_memory": "maybe"},
@@ -145,10 +146,13 @@ def test_model_yaml_sets_lanes_which_do_not_merge(tmp_path):
         model_settings(tmp_path)
 
 
-def test_model_yaml_sets_gpu_batch_buckets_and_tf32(tmp_path):
-    assert (ModelSettings().batch_buckets, ModelSettings().tf32) == (None, False)  # None: powers of two
-    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"batch_buckets": [32, 8, 1, 8], "tf32": True}))
-    assert (model_settings(tmp_path).batch_buckets, model_settings(tmp_path).tf32) == ((1, 8, 32), True)
+def test_model_yaml_sets_gpu_batch_buckets_tf32_and_cuda_graphs(tmp_path):
+    assert (ModelSettings().batch_buckets, ModelSettings().tf32, ModelSettings().cuda_graphs) == (None, False, False)
+    (tmp_path / "model.yaml").write_text(
+        yaml.safe_dump({"batch_buckets": [32, 8, 1, 8], "tf32": True, "cuda_graphs": True})
+    )
+    found = model_settings(tmp_path)
+    assert (found.batch_buckets, found.tf32, found.cuda_graphs) == ((1, 8, 32), True, True)
     (tmp_path / "model.yaml").write_text(
         yaml.safe_dump({"batch_buckets": [], "batches_in_flight": 3, "device": "cpu", "pinned_memory": False})
     )

@@ -47,6 +47,10 @@ class RuntimeOptions:
     # new input shape is costly (ONNX Runtime's CUDA provider: batch_buckets.py); () runs any size
     # as it comes. The server sets them; engines that do not need them ignore them.
     batch_buckets: tuple[int, ...] = ()
+    # Each bucket's session captures its calls as a CUDA graph and replays it on device buffers bound
+    # once (ONNX Runtime's CUDA provider; runtimes/ort_bound.py); where capture fails, plain sessions
+    # run and describe() says why.
+    cuda_graphs: bool = False
 
 
 SPIN_POLICIES = ("always", "run", "never")

@@ -19,6 +19,7 @@ from unideploy.errors import MissingDependencyError, PackageError, RuntimeFailur
 from unideploy.registry import Availability
 from unideploy.runtimes.base import Runtime, usable_cores
 from unideploy.runtimes.batch_buckets import run_in_buckets
+from unideploy.runtimes.ort_bound import BoundRun, batch_dimension_names, fix_batch
 from unideploy.runtimes.ort_providers import (
     CUDA,
     GPU_PROVIDERS,
@@ -102,14 +103,25 @@ class OnnxRuntime(Runtime):
         # TensorRT's engines take any shape inside their profile
         on_cuda = CUDA in got and TENSORRT not in got and self.signature.batch_dim is not None
         self._buckets = tuple(sorted(set(self.options.batch_buckets))) if on_cuda else ()
-        self._sessions = {self._buckets[0]: self.session} if self._buckets else {}
         # where rows lie, for padding and cutting: recurrent state [layers, batch, hidden] on axis 1
         self._axes = (self.signature.batch_axes, self.signature.output_batch_axes)
+        # each bucket's session is told its batch size (ort_bound.py); the first replaces the session
+        # opened above, which served only to learn the providers
+        self._batch_names = batch_dimension_names(self.session.get_inputs(), self.signature.batch_axes)
+        self._sessions: dict[int, Any] = {}
+        self.graphs_problem: str | None = None  # why CUDA graphs, asked for, are not used
+        if self._buckets:
+            first = self._bucket(self._buckets[0])
+            self.session = first.session if isinstance(first, BoundRun) else first
 
-    def _open(self) -> Opened:
+    def _open(self, rows: int | None = None, graph: bool = False) -> Opened:
+        """A session; with ``rows``, one whose batch dimensions hold that many rows, and with
+        ``graph``, one that captures its calls as a CUDA graph (run through a ``BoundRun``)."""
         import onnxruntime as ort
 
         session_options = ort.SessionOptions()
+        if rows is not None:
+            fix_batch(session_options, self._batch_names, rows)
         session_options.intra_op_num_threads = self.options.threads or usable_cores()
         if self.options.spin == "never":
             session_options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -122,8 +134,12 @@ class OnnxRuntime(Runtime):
             session_options.enable_mem_pattern = False
         session_options.log_severity_level = 3  # errors only; our own messages say what went wrong
         model = self.spec.onnx_path if self.spec else self.path
+        providers = [
+            (p[0], {**p[1], "enable_cuda_graph": "1"}) if graph and isinstance(p, tuple) and p[0] == CUDA else p
+            for p in self._providers
+        ]
         try:
-            return open_session(model, session_options, self._providers)
+            return open_session(model, session_options, providers)
         except Exception as exc:  # ORT raises its own untyped pybind errors
             raise PackageError(
                 f"ONNX Runtime cannot load '{self.path.name}': {ort_message(exc)}",
@@ -163,6 +179,12 @@ class OnnxRuntime(Runtime):
             found["profiles"] = self.spec.profile_text()
         if self._buckets:
             found["batch_buckets"] = list(self._buckets)
+        if self.options.cuda_graphs:  # asked for: whether they run, and why not
+            if not self._buckets:
+                self.graphs_problem = "they run on ONNX Runtime's CUDA provider with batch buckets, not here"
+            found["cuda_graphs"] = (
+                f"not used: {self.graphs_problem}" if self.graphs_problem else "captured, one per bucket"
+            )
         return found
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -173,10 +195,42 @@ class OnnxRuntime(Runtime):
         return self._call(self.session, inputs)
 
     def _run_bucket(self, size: int, inputs: dict[str, np.ndarray], run_options: Any = None) -> dict[str, np.ndarray]:
-        """Run on the session that sees only ``size`` rows, opening it on first use."""
+        """Run on the session that sees only ``size`` rows, opening it on first use. A CUDA graph's
+        memory is fixed when captured: ``run_options`` (an arena shrink) does not apply to it."""
+        bucket = self._bucket(size)
+        if isinstance(bucket, BoundRun):
+            try:
+                return bucket.run(inputs)
+            except Exception as exc:
+                raise RuntimeFailure(f"ONNX Runtime failed: {ort_message(exc)}") from exc
+        return self._call(bucket, inputs, run_options)
+
+    def _bucket(self, size: int) -> Any:
+        """The session of bucket ``size`` (a ``BoundRun`` where it replays a CUDA graph)."""
         if size not in self._sessions:
-            self._sessions[size] = self._open().session
-        return self._call(self._sessions[size], inputs, run_options)
+            self._sessions[size] = self._fixed_session(size)
+        return self._sessions[size]
+
+    def _fixed_session(self, size: int) -> Any:
+        """A session for ``size`` rows: with ``cuda_graphs``, one that captured its graph (its
+        first call, made here on zeros, captures it), else, or where capture failed, a plain one. A
+        failure is named once (``describe``) and the other buckets do not try again."""
+        if self.options.cuda_graphs and self.graphs_problem is None:
+            try:
+                opened = self._open(size, graph=True)
+                if opened.lost:
+                    raise ValueError(opened.lost)
+                bound = BoundRun(opened.session, "cuda")
+                bound.capture()
+                return bound
+            except (ValueError, PackageError) as exc:
+                self.graphs_problem = str(exc)[:300]
+            except Exception as exc:  # ORT's own errors: capture refused (a node left to the CPU), ...
+                self.graphs_problem = ort_message(exc)
+        opened = self._open(size)
+        if opened.lost:  # ONNX Runtime would run this bucket on the CPU: never silently
+            raise RuntimeFailure(f"the session for batches of {size} could not use the GPU: {opened.lost}")
+        return opened.session
 
     def _call(self, session: Any, inputs: dict[str, np.ndarray], run_options: Any = None) -> dict[str, np.ndarray]:
         try:

@@ -229,6 +229,7 @@ class ModelSettings:
     # None: powers of two up to max_batch_size; (): every size as it comes
     batch_buckets: tuple[int, ...] | None = None
     tf32: bool = False  # fp32 artifacts computed in TF32 on a GPU
+    cuda_graphs: bool = False  # each batch bucket's session replays a captured CUDA graph (runtimes/ort_bound.py)
     device: Device = "auto"  # where the model runs: auto (the GPU where one is usable), cpu or gpu
     batches_in_flight: int | None = None  # merged batches run at once; None: 2 on a GPU, 1 on the CPU
     pinned_memory: bool | None = None  # merged batches in page-locked buffers (runtimes/pinned.py); None: on a GPU
@@ -318,6 +319,12 @@ class ModelFile(StrictModel):
     tf32: bool = Field(
         False, description="on a GPU, compute fp32 artifacts in TF32 (faster, about 1e-3 relative error)"
     )
+    cuda_graphs: bool = Field(
+        False,
+        description="on a GPU (ONNX Runtime's CUDA provider): each batch bucket's session captures its calls as a "
+        "CUDA graph at load and replays it, its inputs and outputs in GPU buffers bound once; where a graph "
+        "cannot be captured (a node left to the CPU), plain sessions run and the model's metadata says why",
+    )
     device: Device = Field(
         "auto",
         description="where the model runs: auto (a GPU where one is usable, else the CPU, named in its metadata), "
@@ -381,6 +388,7 @@ class ModelFile(StrictModel):
             lanes=self.lanes,
             batch_buckets=None if self.batch_buckets is None else tuple(sorted(set(self.batch_buckets))),
             tf32=self.tf32,
+            cuda_graphs=self.cuda_graphs,
             device=self.device,
             batches_in_flight=self.batches_in_flight,
             pinned_memory=self.pinned_memory,

@@ -41,6 +41,7 @@ def _ran_parameters(ran: Mapping[str, Any]) -> dict[str, str]:
         "providers",
         "precision",
         "batch_buckets",
+        "cuda_graphs",
         "pinned_memory",
         "fallback",
         "passed_over",

@@ -289,6 +289,7 @@ class ModelRegistry:
                 shared_arena=True,
                 tf32=settings.tf32,
                 batch_buckets=buckets,
+                cuda_graphs=settings.cuda_graphs,
             )
             artifact, runtime, warm_up_s, answered, buckets_s = warmed(options)
             # lanes share the threads one run would have (none for lanes: 1)

@@ -1,0 +1,35 @@
+"""Batch buckets replaying CUDA graphs (``cuda_graphs``, runtimes/ort_bound.py) on ONNX Runtime's
+CUDA provider: the trained digits CNN answers real digits as the CPU does, at sizes that fill a
+bucket, pad one and span two. Skipped where the CUDA provider does not load (CI has no GPU); the
+binding itself is tested on the CPU (tests/runtimes/test_ort_bound.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from unideploy.doctor import provider_problem
+from unideploy.package import Package
+from unideploy.runtimes import RuntimeOptions
+from unideploy.runtimes.ort_providers import CUDA
+from unideploy.runtimes.selection import open_runtime
+
+WHY = provider_problem(CUDA)
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY is not None, reason=f"needs ONNX Runtime's CUDA provider: {WHY}")]
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_buckets_answer_as_the_cpu_does(digits, graphs):
+    images = np.load(digits["data"])["x"][:11]
+    with Package.open(digits["package"]) as package:
+        _, cpu = open_runtime(package, "onnx-fp32", options=RuntimeOptions(device="cpu"))
+        options = RuntimeOptions(device="gpu", batch_buckets=(1, 4, 8), cuda_graphs=graphs)
+        _, gpu = open_runtime(package, "onnx-fp32", options=options)
+        with cpu, gpu:
+            described = gpu.describe()
+            assert described["batch_buckets"] == [1, 4, 8]
+            assert described.get("cuda_graphs") == ("captured, one per bucket" if graphs else None)
+            for rows in (8, 3, 11, 1):  # a full bucket, a padded one, two buckets, the smallest
+                np.testing.assert_allclose(
+                    gpu.run({"x": images[:rows]})["output"], cpu.run({"x": images[:rows]})["output"], atol=1e-4
+                )
