@@ -13,7 +13,7 @@ ONNX2TF := 'onnx2tf==1.29.24'
 # --no-deps into a folder of their own, so their runtimes' pins never reach the venv.
 ZOO_MODELS ?= .zoo-models
 
-.PHONY: demo test lint format bench zoo install install-edge image-tools web-tools speech-tools clean
+.PHONY: demo test lint format bench zoo install install-edge image-tools web-tools speech-tools bench-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -99,8 +99,19 @@ test: $(VENV)/.installed $(MS_VENV)/.installed image-tools web-tools speech-tool
 	$(BIN)/python -m pytest -q -m "not mindspore" $(TEST_PROCESSES)
 	$(MS_VENV)/bin/python -m pytest -q -m mindspore $(MINDSPORE_TESTS)
 
+# perf_analyzer, the server benchmarks' load generator (benchmarks/perf_analyzer.py), links Debian's
+# libb64, installed where apt-get can (as root); elsewhere those benchmarks say what is missing.
+bench-tools:
+	@if ! ldconfig -p 2>/dev/null | grep -q libb64.so.0d; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q libb64-0d >/dev/null 2>&1 \
+	    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libb64-0d >/dev/null 2>&1; } \
+	    || echo "libb64 could not be installed: the server benchmarks will say so"; \
+	  else echo "libb64 needs apt-get as root: the server benchmarks will say so"; fi; \
+	fi
+
 # Benchmarks (not part of the tests): optimizers, server, the server without a model, S3 upload to serving, Ray Serve replicas, edge artifacts, GPU (where there is one), web sites in Chromium; installs the bench extra (MiniLM) on top.
-bench: $(VENV)/.installed web-tools
+bench: $(VENV)/.installed web-tools bench-tools
 	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,remote,kserve,ray,web,dev,bench]' 'torch==2.13.0'
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/optimizers.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/server.py
