@@ -143,7 +143,7 @@ POLICIES: dict[str, Policy] = {
     # each bucket's session replays a CUDA graph (model.yaml cuda_graphs, runtimes/ort_bound.py): 1.22x
     # at batch 32 and 1.26x at batch 1 in process (exact fp32, H200), against the default's sessions
     "buckets, 4 front ends, shm, CUDA graphs": Policy(
-        {"cuda_graphs": True}, (1, 32), ("grpc", "http"), ("--frontends", "4"), SHARED_MEMORY
+        {"cuda_graphs": True}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
     ),
     # perf_analyzer's tensors in GPU memory it allocated (CUDA shared memory, server/cuda_shared_memory.py)
     "buckets, 4 front ends, cuda shm": Policy(
