@@ -179,13 +179,19 @@ class OnnxRuntime(Runtime):
             found["profiles"] = self.spec.profile_text()
         if self._buckets:
             found["batch_buckets"] = list(self._buckets)
-        if self.options.cuda_graphs:  # asked for: whether they run, and why not
-            if not self._buckets:
-                self.graphs_problem = "they run on ONNX Runtime's CUDA provider with batch buckets, not here"
-            found["cuda_graphs"] = (
-                f"not used: {self.graphs_problem}" if self.graphs_problem else "captured, one per bucket"
-            )
+        if self.options.cuda_graphs:  # asked for: which buckets replay one, and why the others do not
+            found["cuda_graphs"] = self._graphs_used()
         return found
+
+    def _graphs_used(self) -> str:
+        if not self._buckets:
+            return "not used: they run on ONNX Runtime's CUDA provider with batch buckets, not here"
+        captured = sorted(size for size, bucket in self._sessions.items() if isinstance(bucket, BoundRun))
+        if self.graphs_problem is None:
+            return "captured, one per bucket"
+        if captured:  # a later bucket failed where the first ones had captured theirs
+            return f"captured for batch buckets {', '.join(map(str, captured))} only: {self.graphs_problem}"
+        return f"not used: {self.graphs_problem}"
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.spec is not None:
