@@ -44,6 +44,7 @@ from unideploy.guard.measure import interleaved_latency
 from unideploy.package import Package
 from unideploy.runtimes import Runtime, RuntimeOptions, cuda_api
 from unideploy.runtimes.batch_buckets import default_buckets
+from unideploy.runtimes.ort_bound import batch_dimension_names, fix_batch
 from unideploy.runtimes.ort_providers import CUDA, cuda_options
 from unideploy.runtimes.pinned import BatchBuffers, PinnedBuffers
 from unideploy.runtimes.selection import open_artifact
@@ -263,6 +264,7 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
                 )
             )
     left = cpu_nodes(fp16_path, held_out)
+    left_fixed = cpu_nodes(fp16_path, held_out, fixed=True)
     return {
         "model": "EfficientNet-Lite0 (ImageNet weights), 1x3x224x224, real photos",
         "quality": "top-1 agreement with fp32 on the CPU %",
@@ -270,16 +272,21 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
         "targets": targets,
         "note": "rows copy the request to the GPU and the answer back, as a server must, except those whose "
         "input is already on the GPU; nodes of onnx-fp16 the CUDA provider left to the CPU (why a CUDA graph "
-        f"cannot be captured): {left or 'none'}",
+        f"cannot be captured): {left or 'none'}; with its batch size fixed, as a bucket's session has it: "
+        f"{left_fixed or 'none'}",
     }
 
 
-def cpu_nodes(model: Path, inputs: dict[str, np.ndarray]) -> str:
+def cpu_nodes(model: Path, inputs: dict[str, np.ndarray], fixed: bool = False) -> str:
     """The nodes a CUDA session of ``model`` runs on the CPU provider, by operator, read from ONNX
-    Runtime's own profile of one call (each node event names its provider)."""
+    Runtime's own profile of one call (each node event names its provider); ``fixed``: the session
+    told its batch size, as a batch bucket's is (runtimes/ort_bound.py)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if fixed:
+        names = batch_dimension_names(ort.InferenceSession(str(model)).get_inputs(), dict.fromkeys(inputs, 0))
+        fix_batch(options, names, len(next(iter(inputs.values()))))
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as folder:
         options.profile_file_prefix = str(Path(folder) / "placement")
