@@ -186,3 +186,19 @@ def test_cuda_graphs_asked_for_on_the_cpu_say_they_did_not_run(cnn_package):
         with runtime:
             assert runtime.run({"x": np.zeros((3, 1, 8, 8), np.float32)})["output"].shape == (3, 10)
             assert runtime.describe()["cuda_graphs"].startswith("not used: they run on ONNX Runtime's CUDA provider")
+
+
+def test_a_bucket_whose_graph_cannot_be_captured_runs_a_plain_session_of_its_size(digits):
+    """The fallback a GPU takes where a bucket's CUDA graph cannot be captured, taken here where no
+    GPU buffer can even be allocated: the reason is kept, and the bucket's session is a plain one
+    told its batch size (tests/gpu/test_cuda_graphs.py runs the captured path on a GPU)."""
+    images = np.load(digits["data"])["x"]
+    with Package.open(digits["package"]) as pkg:
+        _, runtime = open_runtime(pkg, "onnx-fp32", options=RuntimeOptions(cuda_graphs=True))
+        with runtime:
+            bucket = runtime._fixed_session(4)
+            assert runtime.graphs_problem  # ONNX Runtime's own words for why
+            assert bucket.get_inputs()[0].shape[0] == 4  # fixed, as a bucket's session is
+            np.testing.assert_allclose(
+                bucket.run(None, {"x": images[:4]})[0], runtime.run({"x": images[:4]})["output"], rtol=1e-5, atol=1e-5
+            )
