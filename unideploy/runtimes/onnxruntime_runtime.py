@@ -218,9 +218,9 @@ class OnnxRuntime(Runtime):
         return self._sessions[size]
 
     def _fixed_session(self, size: int) -> Any:
-        """A session for ``size`` rows: with ``cuda_graphs``, one that captured its graph (its
-        first call, made here on zeros, captures it), else, or where capture failed, a plain one. A
-        failure is named once (``describe``) and the other buckets do not try again."""
+        """A session for ``size`` rows: with ``cuda_graphs``, one that captured its graph (two
+        calls on zeros, made here), else, or where capture failed, a plain one. A failure is named
+        once (``describe``) and the other buckets do not try again."""
         if self.options.cuda_graphs and self.graphs_problem is None:
             try:
                 opened = self._open(size, graph=True)
