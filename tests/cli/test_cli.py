@@ -44,6 +44,12 @@ def test_export_inspect_run_verify_bench_round_trip(torch_models, tmp_path):
     sweep = json.loads(deploy("bench", pkg, "--batch-size", "1,4,1", "--iterations", "3", "--json").stdout)
     assert [r["batch_size"] for r in sweep["runs"]] == [1, 4] and sweep["artifact"] == "onnx-fp32"
     assert all(r["iterations"] == 3 and r["throughput_per_s"] > 0 for r in sweep["runs"])
+    # CUDA graphs asked for where there is no GPU: the sizes are still timed, and what ran says so
+    graphs = json.loads(
+        deploy("bench", pkg, "--batch-size", "1,2", "--iterations", "2", "--cuda-graphs", "--json").stdout
+    )
+    assert [r["batch_size"] for r in graphs["runs"]] == [1, 2]
+    assert graphs["cuda_graphs"].startswith("not used: they run on ONNX Runtime's CUDA provider")
 
 
 def test_human_tables(cnn_package, tmp_path):

@@ -5,8 +5,11 @@ binding itself is tested on the CPU (tests/runtimes/test_ort_bound.py)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from console import deploy
 
 from unideploy.doctor import provider_problem
 from unideploy.package import Package
@@ -33,3 +36,12 @@ def test_buckets_answer_as_the_cpu_does(digits, graphs):
                 np.testing.assert_allclose(
                     gpu.run({"x": images[:rows]})["output"], cpu.run({"x": images[:rows]})["output"], atol=1e-4
                 )
+
+
+def test_bench_times_each_size_on_its_captured_graph(digits):
+    """``deploy bench --cuda-graphs``: what a user measures before turning on ``cuda_graphs``."""
+    result = deploy("bench", digits["package"], "--device", "gpu", "--batch-size", "1,8", "--cuda-graphs", "--json")
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["cuda_graphs"] == "captured, one per bucket" and found["batch_buckets"] == [1, 8]
+    assert [r["batch_size"] for r in found["runs"]] == [1, 8]

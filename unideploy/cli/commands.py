@@ -296,7 +296,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 "re-export without --static-shapes to benchmark other batch sizes",
             )
         options = RuntimeOptions(
-            device=args.device, threads=args.threads, engine_cache=_engine_cache(args), tf32=args.tf32
+            device=args.device,
+            threads=args.threads,
+            engine_cache=_engine_cache(args),
+            tf32=args.tf32,
+            # as the server runs cuda_graphs: a bucket (a fixed-shape session replaying its graph) per size
+            batch_buckets=args.batch_size if args.cuda_graphs else (),
+            cuda_graphs=args.cuda_graphs,
         )
         artifact, engine = open_runtime(package, args.artifact, args.runtime, options, args.target)
         runs: list[dict[str, Any]] = []

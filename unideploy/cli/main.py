@@ -183,6 +183,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=_positive_int, default=100)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=_positive_int, help="intra-op threads (default: the runtime decides)")
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="on a GPU (ONNX Runtime's CUDA provider): each batch size on a session of its own that replays a "
+        "captured CUDA graph, as model.yaml's cuda_graphs serves; what ran says whether each was captured",
+    )
     _add_runtime_options(p)
     p.add_argument("--json", action="store_true")
 
