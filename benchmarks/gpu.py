@@ -44,7 +44,7 @@ from unideploy.guard.measure import interleaved_latency
 from unideploy.package import Package
 from unideploy.runtimes import Runtime, RuntimeOptions, cuda_api
 from unideploy.runtimes.batch_buckets import default_buckets
-from unideploy.runtimes.ort_bound import batch_dimension_names, fix_batch
+from unideploy.runtimes.ort_bound import BoundRun, batch_dimension_names, fix_batch
 from unideploy.runtimes.ort_providers import CUDA, cuda_options
 from unideploy.runtimes.pinned import BatchBuffers, PinnedBuffers
 from unideploy.runtimes.selection import open_artifact
@@ -65,46 +65,47 @@ class _Timed:
 
 
 class _DeviceBuffers:
-    """ONNX Runtime's CUDA provider through IO binding: per batch size a session whose inputs and
+    """ONNX Runtime's CUDA provider through IO binding, as a batch bucket's session with
+    ``cuda_graphs`` runs (``BoundRun``): per batch size a session told that size, whose inputs and
     outputs are CUDA buffers allocated once, the request copied in and the answer copied out each
-    call; with ``graph`` the session replays a captured CUDA graph (fixed shapes only). With
-    ``copy`` off the request is taken as already on the GPU (what a tensor that never crosses the
-    host would cost: CUDA shared memory, or a pipeline on the device)."""
+    call; with ``graph`` the session replays a captured CUDA graph. With ``copy`` off the request
+    is taken as already on the GPU (what a tensor that never crosses the host would cost: CUDA
+    shared memory, or a pipeline on the device)."""
 
     def __init__(self, model: Path, options: dict[str, str], graph: bool, copy: bool = True) -> None:
         self.model, self.options, self.graph, self.copy = model, options, graph, copy
-        self.per_batch: dict[int, tuple[Any, Any, dict[str, Any], dict[str, Any]]] = {}
+        self.per_batch: dict[int, BoundRun] = {}
 
-    def _bind(self, inputs: dict[str, np.ndarray]) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+    def _bind(self, inputs: dict[str, np.ndarray]) -> BoundRun:
         import onnxruntime as ort
 
         options = {**self.options, **({"enable_cuda_graph": "1"} if self.graph else {})}
-        session = ort.InferenceSession(str(self.model), providers=[(CUDA, options), "CPUExecutionProvider"])
-        # the outputs' shapes and types, from a plain session (a graph-capturing one runs bound only)
-        shapes = ort.InferenceSession(str(self.model), providers=[(CUDA, self.options), "CPUExecutionProvider"]).run(
-            None, inputs
+        session = ort.InferenceSession(
+            str(self.model), _fixed_batch(self.model, inputs), providers=[(CUDA, options), "CPUExecutionProvider"]
         )
-        binding = session.io_binding()
-        bound_in = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) for k, v in inputs.items()}
-        bound_out = {
-            o.name: ort.OrtValue.ortvalue_from_shape_and_type(list(a.shape), a.dtype.type, "cuda", 0)
-            for o, a in zip(session.get_outputs(), shapes, strict=True)
-        }
-        for name, value in bound_in.items():
-            binding.bind_ortvalue_input(name, value)
-        for name, value in bound_out.items():
-            binding.bind_ortvalue_output(name, value)
-        return session, binding, bound_in, bound_out
+        bound = BoundRun(session, "cuda")
+        if self.graph:
+            bound.capture()
+        bound.run(inputs)  # the request in the buffers, for the calls that do not copy it
+        return bound
 
     def run(self, _names: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
         rows = next(iter(inputs.values())).shape[0]
         if rows not in self.per_batch:
             self.per_batch[rows] = self._bind(inputs)
-        session, binding, bound_in, bound_out = self.per_batch[rows]
-        for name, value in bound_in.items() if self.copy else ():
-            value.update_inplace(inputs[name])
-        session.run_with_iobinding(binding)
-        return [v.numpy() for v in bound_out.values()]
+        bound = self.per_batch[rows]
+        return list((bound.run(inputs) if self.copy else bound.replay()).values())
+
+
+def _fixed_batch(model: Path, inputs: dict[str, np.ndarray]) -> Any:
+    """Session options telling a session of ``model`` its batch size, that of ``inputs``, as a
+    batch bucket's session is told (runtimes/ort_bound.py)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    names = batch_dimension_names(ort.InferenceSession(str(model)).get_inputs(), dict.fromkeys(inputs, 0))
+    fix_batch(options, names, len(next(iter(inputs.values()))))
+    return options
 
 
 def usable_cuda() -> str | None:
@@ -283,10 +284,7 @@ def cpu_nodes(model: Path, inputs: dict[str, np.ndarray], fixed: bool = False) -
     told its batch size, as a batch bucket's is (runtimes/ort_bound.py)."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    if fixed:
-        names = batch_dimension_names(ort.InferenceSession(str(model)).get_inputs(), dict.fromkeys(inputs, 0))
-        fix_batch(options, names, len(next(iter(inputs.values()))))
+    options = _fixed_batch(model, inputs) if fixed else ort.SessionOptions()
     options.enable_profiling = True
     with tempfile.TemporaryDirectory() as folder:
         options.profile_file_prefix = str(Path(folder) / "placement")
@@ -305,9 +303,9 @@ def cpu_nodes(model: Path, inputs: dict[str, np.ndarray], fixed: bool = False) -
 
 def _label(engine: Runtime | _DeviceBuffers) -> str:
     if isinstance(engine, _DeviceBuffers):
-        session = next(iter(engine.per_batch.values()))[0]
+        bound = next(iter(engine.per_batch.values()))
         return (
-            f"ONNX Runtime ({', '.join(session.get_providers())}), options {engine.options}"
+            f"ONNX Runtime ({', '.join(bound.session.get_providers())}), options {engine.options}, batch fixed"
             + (", CUDA graph" if engine.graph else "")
             + ("" if engine.copy else ", no copy to the GPU")
         )

@@ -32,6 +32,8 @@ def test_buckets_answer_as_the_cpu_does(digits, graphs):
             described = gpu.describe()
             assert described["batch_buckets"] == [1, 4, 8]
             assert described.get("cuda_graphs") == ("captured, one per bucket" if graphs else None)
+            # the smallest bucket's session is the runtime's: none was opened for any batch size
+            assert [i.shape[0] for i in gpu.session.get_inputs()] == [1]
             for rows in (8, 3, 11, 1):  # a full bucket, a padded one, two buckets, the smallest
                 np.testing.assert_allclose(
                     gpu.run({"x": images[:rows]})["output"], cpu.run({"x": images[:rows]})["output"], atol=1e-4

@@ -79,6 +79,8 @@ def test_a_bound_run_answers_as_the_session_does_in_arrays_of_its_own(digits, di
     # the real digits: the bound session classifies them as the plain one does
     labels = np.load(digits["data"])["labels"][16:24]
     assert (answers[2].argmax(1) == labels).mean() >= 0.75
+    # a replay answers what the buffers hold: the last batch copied in
+    np.testing.assert_allclose(bound.replay()["output"], answers[2], rtol=1e-6, atol=1e-6)
 
 
 def test_a_session_without_a_fixed_size_is_not_bound(digits_onnx):

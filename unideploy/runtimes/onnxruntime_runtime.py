@@ -73,7 +73,18 @@ class OnnxRuntime(Runtime):
             cache.mkdir(parents=True, exist_ok=True)
         else:
             self._providers = onnx_providers(self.options.device, available, self.options.precision, self.options.tf32)
-        opened = self._open()
+        # where rows lie, for padding and cutting: recurrent state [layers, batch, hidden] on axis 1
+        self._axes = (self.signature.batch_axes, self.signature.output_batch_axes)
+        self._sessions: dict[int, Any] = {}
+        self.graphs_problem: str | None = None  # why CUDA graphs, asked for, are not used
+        # each bucket's session is told its batch size (ort_bound.py) by the names the signature
+        # gives it, which the package's ONNX declares (onnx/interface.py)
+        self._batch_names = batch_dimension_names(self.signature.inputs, self.signature.batch_axes)
+        self._buckets = self._planned_buckets()
+        opened = self._first_bucket() if self._buckets else None
+        if opened is None:  # no buckets, or the CUDA provider did not load: one session, any batch
+            self._buckets = ()
+            opened = self._open()
         self.session, self.fallback = opened.session, opened.lost
         got = self.session.get_providers()
         if self.spec is not None and TENSORRT not in got:
@@ -99,20 +110,27 @@ class OnnxRuntime(Runtime):
                 "the package is inconsistent; export it again",
             )
         self._output_names = [o.name for o in self.session.get_outputs()]
-        # one session per batch size where a new shape costs a re-plan (the CUDA provider's cuDNN);
-        # TensorRT's engines take any shape inside their profile
-        on_cuda = CUDA in got and TENSORRT not in got and self.signature.batch_dim is not None
-        self._buckets = tuple(sorted(set(self.options.batch_buckets))) if on_cuda else ()
-        # where rows lie, for padding and cutting: recurrent state [layers, batch, hidden] on axis 1
-        self._axes = (self.signature.batch_axes, self.signature.output_batch_axes)
-        # each bucket's session is told its batch size (ort_bound.py); the first replaces the session
-        # opened above, which served only to learn the providers
-        self._batch_names = batch_dimension_names(self.session.get_inputs(), self.signature.batch_axes)
-        self._sessions: dict[int, Any] = {}
-        self.graphs_problem: str | None = None  # why CUDA graphs, asked for, are not used
-        if self._buckets:
-            first = self._bucket(self._buckets[0])
-            self.session = first.session if isinstance(first, BoundRun) else first
+
+    def _planned_buckets(self) -> tuple[int, ...]:
+        """One session per batch size where a new shape costs a re-plan: the CUDA provider's cuDNN
+        (asked for here; ``_first_bucket`` finds whether it loaded). A TensorRT engine takes any
+        shape inside its profile, and a model without a batch dimension has one shape."""
+        asked = {p[0] if isinstance(p, tuple) else p for p in self._providers}
+        if self.spec is not None or CUDA not in asked or self.signature.batch_dim is None:
+            return ()
+        return tuple(sorted(set(self.options.batch_buckets)))
+
+    def _first_bucket(self) -> Opened | None:
+        """The smallest bucket's session, opened first: the providers it got are the runtime's, and
+        no session for any batch is opened only to learn them (on a GPU, each is a CUDA session's
+        start-up and host memory). None where it did not get the CUDA provider."""
+        size = self._buckets[0]
+        bucket = self._fixed_opened(size)
+        if bucket.lost is not None:
+            return None
+        self._sessions[size] = bucket.session
+        session = bucket.session.session if isinstance(bucket.session, BoundRun) else bucket.session
+        return Opened(session, None)
 
     def _open(self, rows: int | None = None, graph: bool = False) -> Opened:
         """A session; with ``rows``, one whose batch dimensions hold that many rows, and with
@@ -218,9 +236,16 @@ class OnnxRuntime(Runtime):
         return self._sessions[size]
 
     def _fixed_session(self, size: int) -> Any:
+        """A later bucket's session (``_fixed_opened``), which must have the GPU as the first had."""
+        opened = self._fixed_opened(size)
+        if opened.lost:  # ONNX Runtime would run this bucket on the CPU: never silently
+            raise RuntimeFailure(f"the session for batches of {size} could not use the GPU: {opened.lost}")
+        return opened.session
+
+    def _fixed_opened(self, size: int) -> Opened:
         """A session for ``size`` rows: with ``cuda_graphs``, one that captured its graph (two
-        calls on zeros, made here), else, or where capture failed, a plain one. A failure is named
-        once (``describe``) and the other buckets do not try again."""
+        calls on zeros, made here) behind a ``BoundRun``, else, or where capture failed, a plain
+        one. A failure is named once (``describe``) and the other buckets do not try again."""
         if self.options.cuda_graphs and self.graphs_problem is None:
             try:
                 opened = self._open(size, graph=True)
@@ -228,15 +253,12 @@ class OnnxRuntime(Runtime):
                     raise ValueError(opened.lost)
                 bound = BoundRun(opened.session, "cuda")
                 bound.capture()
-                return bound
+                return Opened(bound, None)
             except (ValueError, PackageError) as exc:
                 self.graphs_problem = str(exc)[:300]
             except Exception as exc:  # ORT's own errors: capture refused (a node left to the CPU), ...
                 self.graphs_problem = ort_message(exc)
-        opened = self._open(size)
-        if opened.lost:  # ONNX Runtime would run this bucket on the CPU: never silently
-            raise RuntimeFailure(f"the session for batches of {size} could not use the GPU: {opened.lost}")
-        return opened.session
+        return self._open(size)
 
     def _call(self, session: Any, inputs: dict[str, np.ndarray], run_options: Any = None) -> dict[str, np.ndarray]:
         try:
