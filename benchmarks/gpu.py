@@ -8,6 +8,7 @@ that make fp16 pay, what a change of input shape costs, and TensorRT where it ru
 (c) What a server's batch threads get from the GPU: batches of one bucket run back to back by one
     thread, two sharing a runtime, or two with a runtime each; the session's CPU threads per core or one.
 (d) The merged batch's host memory: a new array, a kept one, a kept page-locked one (runtimes/pinned.py).
+(m) What the batch buckets' sessions cost in host RSS and GPU memory, each variant in a fresh process.
 (e) A MiniLM-sized BERT encoder (random weights; needs torch and transformers): exact fp32, TF32,
     fp16 and the fp16 artifact ``deploy optimize --quantize fp16`` writes (ONNX Runtime's transformer
     fusions first), against PyTorch eager fp16.
@@ -16,11 +17,12 @@ Every row is labelled by what ran: the artifact, the providers the session repor
 asked for) and the precision; a recipe whose provider does not load is a row that says why, and no
 figure is credited to TensorRT unless TensorRT ran. Engines take turns within each round
 (``interleaved_latency``), in one process; the CPU's row is timed apart, after them. The "+ device buffers" rows bind inputs and outputs to
-CUDA buffers allocated once (and capture a CUDA graph where asked); they still copy the request
+CUDA buffers allocated once, on a session told its batch size (as a batch bucket's is, since
+2026-11-28; each capturing a CUDA graph where asked); they still copy the request
 from the host and the answer back each call, as a server must. On a machine without a usable CUDA
 provider it says so and exits 0.
 
-    python benchmarks/gpu.py [--package PKG --photos PHOTOS.npz] [--only cnn|shapes|threads|pinned|encoder] [--quick] [--work DIR [--prepare]] [--json] [--markdown]
+    python benchmarks/gpu.py [--package PKG --photos PHOTOS.npz] [--only cnn|shapes|threads|pinned|memory|encoder] [--quick] [--work DIR [--prepare]] [--json] [--markdown]
 """
 
 from __future__ import annotations
@@ -521,6 +523,82 @@ def shape_changes(package_path: Path) -> dict[str, Any]:
     }
 
 
+def _memory_probe(package_path: Path, buckets: tuple[int, ...], graphs: bool, device: str = "gpu") -> dict[str, Any]:
+    """Run in a process of its own (``bucket_memory``): its RSS with the free heap pages returned,
+    and the GPU's memory in use, once onnxruntime is imported, once the runtime is open, and after
+    each bucket's first call (where a bucket's session opens); without buckets, after batches of 1
+    and 32 on the one session."""
+    import onnxruntime  # noqa: F401  (its libraries count in the baseline, as in any process using it)
+    import psutil
+
+    from unideploy.server.memory import release_free_memory
+
+    def now() -> tuple[float, float | None]:
+        release_free_memory()
+        used = None
+        if not cuda_api.problem():
+            _, free, total = cuda_api.runtime().cudaMemGetInfo()
+            used = round((total - free) / 2**20)
+        return round(psutil.Process().memory_info().rss / 2**20), used
+
+    found = {"imported": now()}
+    with unideploy.open_package(package_path) as package:
+        sample = package.reference_samples()[0].inputs
+        axes = package.manifest.signature.batch_axes
+        options = RuntimeOptions(device=device, batch_buckets=buckets, cuda_graphs=graphs, shared_arena=True)
+        engine = open_artifact(package, package.manifest.artifact("onnx-fp32"), None, options)
+        found["opened"] = now()
+        for size in buckets or (1, 32):
+            engine.run(resize_batch(sample, size, axes))
+            found[f"b{size}"] = now()
+        found["ran"] = _label(engine)
+        engine.close()
+    return found
+
+
+def bucket_memory(package_path: Path) -> dict[str, Any]:
+    """What each batch bucket's session costs the host (issue 44 counts the server's RSS against in
+    process + 100 MB per front end; the model process held 1,178-1,239 MB against 905-947 with its
+    six buckets on the H200) and the GPU: one session against a session per bucket, with and
+    without CUDA graphs, each in a fresh process (freed memory does not leave a process's RSS)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    buckets = default_buckets(32)
+    rows = []
+    for name, sizes, graphs in (
+        ("one session, batches of 1 and 32", (), False),
+        ("a session per bucket", buckets, False),
+        ("a session per bucket, CUDA graphs", buckets, True),
+    ):
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as probe:
+            found = probe.submit(_memory_probe, package_path, sizes, graphs).result()
+        (rss0, _), (rss1, gpu1) = found["imported"], found["opened"]
+        rss_last, gpu_last = found[f"b{(sizes or (1, 32))[-1]}"]
+        row: dict[str, Any] = {
+            "engine": name,
+            "ran": found["ran"],
+            "RSS MB, onnxruntime imported": rss0,
+            "RSS MB, open": rss1,
+            "RSS MB, after the last size": rss_last,
+            "GPU MB in use, open / after": f"{gpu1} / {gpu_last}",
+        }
+        if sizes:  # what each bucket after the first added
+            steps = [found[f"b{size}"][0] for size in sizes]
+            row["RSS MB added per bucket"] = ", ".join(
+                f"{b}: {after - before:+d}" for b, before, after in zip(sizes[1:], steps, steps[1:])
+            )
+        rows.append(row)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    return {
+        "model": "host and GPU memory of batch buckets (onnx-fp32 of the package)",
+        "quality": "",
+        "rows": [{c: r.get(c, "") for c in columns} for r in rows],
+        "targets": [],
+        "note": "each row a fresh process; RSS read with the heaps' free pages returned (malloc_trim), as the server does after loading",
+    }
+
+
 def _back_to_back(engines: list[Runtime], callers: int, sample: dict[str, np.ndarray], seconds: float) -> int:
     """Calls ``callers`` threads made in ``seconds``, each calling its engine (round robin) back to back."""
     import threading
@@ -636,7 +714,7 @@ def main() -> None:
     parser.add_argument("--photos", type=Path, help=".npz of real inputs 'x' for --package")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--markdown", action="store_true")
-    parts = ("cnn", "shapes", "threads", "pinned", "encoder")
+    parts = ("cnn", "shapes", "threads", "pinned", "memory", "encoder")
     parser.add_argument("--only", choices=parts, action="append", help="parts to run (default: all)")
     parser.add_argument(
         "--quick",
@@ -667,7 +745,7 @@ def main() -> None:
     if why:
         print(f"benchmarks/gpu.py: skipped, ONNX Runtime's CUDA provider is not usable here ({why})")
         return
-    for name in ("shapes", "pinned", "threads"):
+    for name in ("shapes", "pinned", "threads", "memory"):
         if name in chosen and args.package is None and "cnn" not in chosen:
             parser.error(f"--only {name} needs --package (or the cnn part, which builds one)")
     results, failed = [], []
@@ -680,6 +758,7 @@ def main() -> None:
             "shapes": lambda: shape_changes(package),
             "pinned": lambda: pinned_copies(package),
             "threads": lambda: concurrent_runs(package),
+            "memory": lambda: bucket_memory(package),
             "encoder": lambda: encoder(work, args.quick),
         }
         for name in (p for p in parts if p in chosen):
