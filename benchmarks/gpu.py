@@ -733,17 +733,17 @@ def main() -> None:
     )
     args = parser.parse_args()
     chosen = args.only or parts
+    if args.prepare and args.work is None:
+        parser.error("--prepare needs --work")
+    why = usable_cuda()
+    if why:  # nothing to prepare either: what it builds runs only on the CUDA provider
+        print(f"benchmarks/gpu.py: skipped, ONNX Runtime's CUDA provider is not usable here ({why})")
+        return
     if args.prepare:
-        if args.work is None:
-            parser.error("--prepare needs --work")
         args.work.mkdir(parents=True, exist_ok=True)
         model = encoder_model()
         if model is not None:
             encoder_artifacts(args.work, model)
-        return
-    why = usable_cuda()
-    if why:
-        print(f"benchmarks/gpu.py: skipped, ONNX Runtime's CUDA provider is not usable here ({why})")
         return
     for name in ("shapes", "pinned", "threads", "memory"):
         if name in chosen and args.package is None and "cnn" not in chosen:

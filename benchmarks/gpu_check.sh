@@ -38,6 +38,8 @@ step() {  # step NAME COMMAND...: run it, keep its output in OUT/NAME.log and it
     result="FAILED ($rc): $last"
   elif [[ $last =~ ^[0-9]+\ skipped\ in ]]; then  # pytest passes when every test skipped: say so, and why
     result="skipped: $(grep -m1 '^SKIPPED' "$OUT/$name.log" | sed 's/^SKIPPED \[[0-9]*\] [^ ]*: //' | cut -c1-200 | tr '|' '/')"
+  elif [[ $last =~ ^benchmarks/[a-z_]+\.py:\ skipped,\ (.*)$ ]]; then  # a benchmark with nothing to run here
+    result="skipped: ${BASH_REMATCH[1]}"
   else
     result=ok
   fi

@@ -61,6 +61,7 @@ import perf_analyzer
 import psutil
 import stack_samples
 import yaml
+from gpu import usable_cuda
 from process_cpu import server_cpu_seconds
 from server_stages import CALL_PARTS, STAGES, call_means_ms, rows_per_call, stage_means_ms, stage_sums
 
@@ -266,10 +267,14 @@ def main() -> None:
     if isinstance(tool, str):
         print(f"benchmarks/gpu_serving.py: skipped, {tool}")
         return
-    server_cores, client_cores = cores()
     chosen = [p for name, p in POLICIES.items() if not args.only or name in args.only]
-    os.sched_setaffinity(0, server_cores)  # in process on the cores the server gets
     devices = sorted({args.device if p.device == "gpu" else "cpu" for p in chosen})
+    why = usable_cuda() if "gpu" in devices else None
+    if why:
+        print(f"benchmarks/gpu_serving.py: skipped, ONNX Runtime's CUDA provider is not usable here ({why})")
+        return
+    server_cores, client_cores = cores()
+    os.sched_setaffinity(0, server_cores)  # in process on the cores the server gets
     baseline = {device: {batch: in_process(args.package, batch, device) for batch in (1, 32)} for device in devices}
     paced = {device: in_process(args.package, 1, device, PACED_GAP_S)[1] for device in devices}  # batch 1, ms
     os.sched_setaffinity(0, client_cores)  # perf_analyzer inherits it; the server gets the other half
