@@ -525,7 +525,7 @@ def shape_changes(package_path: Path) -> dict[str, Any]:
 
 def _memory_probe(package_path: Path, buckets: tuple[int, ...], graphs: bool, device: str = "gpu") -> dict[str, Any]:
     """Run in a process of its own (``bucket_memory``): its RSS with the free heap pages returned,
-    and the GPU's memory in use, once onnxruntime is imported, once the runtime is open, and after
+    and the GPU's memory in use, once onnxruntime is imported (and, reading the GPU's memory, CUDA started), once the runtime is open, and after
     each bucket's first call (where a bucket's session opens); without buckets, after batches of 1
     and 32 on the one session."""
     import onnxruntime  # noqa: F401  (its libraries count in the baseline, as in any process using it)
@@ -578,7 +578,7 @@ def bucket_memory(package_path: Path) -> dict[str, Any]:
         row: dict[str, Any] = {
             "engine": name,
             "ran": found["ran"],
-            "RSS MB, onnxruntime imported": rss0,
+            "RSS MB, onnxruntime imported, CUDA started": rss0,
             "RSS MB, open": rss1,
             "RSS MB, after the last size": rss_last,
             "GPU MB in use, open / after": f"{gpu1} / {gpu_last}",
