@@ -525,9 +525,9 @@ def shape_changes(package_path: Path) -> dict[str, Any]:
 
 def _memory_probe(package_path: Path, buckets: tuple[int, ...], graphs: bool, device: str = "gpu") -> dict[str, Any]:
     """Run in a process of its own (``bucket_memory``): its RSS with the free heap pages returned,
-    and the GPU's memory in use, once onnxruntime is imported (and, reading the GPU's memory, CUDA started), once the runtime is open, and after
-    each bucket's first call (where a bucket's session opens); without buckets, after batches of 1
-    and 32 on the one session."""
+    and the GPU's memory in use, once onnxruntime is imported (and CUDA started, by reading the
+    GPU's memory), once the runtime is open, and after each bucket's first call (where a bucket's
+    session opens); without buckets, after batches of 1 and 32 on the one session."""
     import onnxruntime  # noqa: F401  (its libraries count in the baseline, as in any process using it)
     import psutil
 
