@@ -523,79 +523,129 @@ def shape_changes(package_path: Path) -> dict[str, Any]:
     }
 
 
-def _memory_probe(package_path: Path, buckets: tuple[int, ...], graphs: bool, device: str = "gpu") -> dict[str, Any]:
-    """Run in a process of its own (``bucket_memory``): its RSS with the free heap pages returned,
-    and the GPU's memory in use, once onnxruntime is imported (and CUDA started, by reading the
-    GPU's memory), once the runtime is open, and after each bucket's first call (where a bucket's
-    session opens); without buckets, after batches of 1 and 32 on the one session."""
-    import onnxruntime  # noqa: F401  (its libraries count in the baseline, as in any process using it)
+def _memory_now() -> tuple[int, int | None]:
+    """This process's RSS in MB with the heaps' free pages returned (as the server does after
+    loading), and the GPU's memory in use in MB (None without a usable CUDA runtime)."""
     import psutil
 
     from unideploy.server.memory import release_free_memory
 
-    def now() -> tuple[float, float | None]:
-        release_free_memory()
-        used = None
-        if not cuda_api.problem():
-            _, free, total = cuda_api.runtime().cudaMemGetInfo()
-            used = round((total - free) / 2**20)
-        return round(psutil.Process().memory_info().rss / 2**20), used
+    release_free_memory()
+    used = None
+    if not cuda_api.problem():
+        _, free, total = cuda_api.runtime().cudaMemGetInfo()
+        used = round((total - free) / 2**20)
+    return round(psutil.Process().memory_info().rss / 2**20), used
 
-    found = {"imported": now()}
+
+def _graph_per_bucket(model: Path, batches: dict[int, dict[str, np.ndarray]], found: dict[str, Any]) -> dict[int, Any]:
+    """One session of ``model`` (any batch) replaying a CUDA graph per batch size, each captured on
+    buffers of its own (ONNX Runtime's ``gpu_graph_id``): the alternative to a session per bucket,
+    one copy of the weights and of the kernels' state. A graph replays without the host's kernel
+    code, so the cuDNN re-plan a new shape costs a session is paid once per size, at capture. Each
+    size's output shapes come from one plain run (``gpu_graph_id`` -1: neither captured nor replayed);
+    ``found`` gets the memory after each size's capture."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(
+        str(model),
+        providers=[(CUDA, {**cuda_options("fp32", False), "enable_cuda_graph": "1"}), "CPUExecutionProvider"],
+    )
+    plain = ort.RunOptions()
+    plain.add_run_config_entry("gpu_graph_id", "-1")
+    bound = {}
+    for size, inputs in batches.items():
+        answers = session.run(None, inputs, plain)
+        shapes = {name: (array.dtype, array.shape) for name, array in inputs.items()}
+        shapes.update({o.name: (a.dtype, a.shape) for o, a in zip(session.get_outputs(), answers, strict=True)})
+        graph = ort.RunOptions()
+        graph.add_run_config_entry("gpu_graph_id", str(size))
+        bound[size] = BoundRun(session, "cuda", shapes, graph)
+        bound[size].capture()
+        found[f"b{size}"] = _memory_now()
+    return bound
+
+
+def _memory_probe(package_path: Path, variant: str, device: str = "gpu") -> dict[str, Any]:
+    """Run in a process of its own (``bucket_memory``): the memory (``_memory_now``) once
+    onnxruntime is imported (and CUDA started, by reading the GPU's memory), once the engine is open,
+    and after each batch size's first call (where a bucket's session opens, or its graph is
+    captured); and the answers at batch 32 against the CPU's. ``variant``: ``one session`` (batches
+    of 1 and 32 on it), ``buckets``, ``buckets + graphs`` (as the server runs them, ``cuda_graphs``
+    on), or ``graph per bucket`` (``_graph_per_bucket``)."""
+    import onnxruntime  # noqa: F401  (its libraries count in the baseline, as in any process using it)
+
+    found: dict[str, Any] = {"imported": _memory_now()}
+    sizes = (1, 32) if variant == "one session" else default_buckets(32)
     with unideploy.open_package(package_path) as package:
         sample = package.reference_samples()[0].inputs
         axes = package.manifest.signature.batch_axes
-        options = RuntimeOptions(device=device, batch_buckets=buckets, cuda_graphs=graphs, shared_arena=True)
-        engine = open_artifact(package, package.manifest.artifact("onnx-fp32"), None, options)
-        found["opened"] = now()
-        for size in buckets or (1, 32):
-            engine.run(resize_batch(sample, size, axes))
-            found[f"b{size}"] = now()
-        found["ran"] = _label(engine)
-        engine.close()
+        batches = {size: resize_batch(sample, size, axes) for size in sizes}
+        artifact = package.manifest.artifact("onnx-fp32")
+        if variant == "graph per bucket":
+            found["opened"] = found["imported"]  # the session opens with its first size's capture
+            bound = _graph_per_bucket(package.path_of(artifact), batches, found)
+            answers = bound[32].run(batches[32])
+            found["ran"] = f"ONNX Runtime ({', '.join(bound[32].session.get_providers())}), a graph per size"
+        else:
+            options = RuntimeOptions(
+                device=device,
+                batch_buckets=() if variant == "one session" else sizes,
+                cuda_graphs=variant == "buckets + graphs",
+                shared_arena=True,
+            )
+            engine = open_artifact(package, artifact, None, options)
+            found["opened"] = _memory_now()
+            for size, batch in batches.items():
+                answers = engine.run(batch)
+                found[f"b{size}"] = _memory_now()
+            found["ran"] = _label(engine)
+            engine.close()
+        # the CPU's answers last, so that its session is not in the memory read above
+        cpu = open_artifact(package, artifact, None, RuntimeOptions(device="cpu")).run(batches[32])
+    found["sizes"] = sizes
+    found["max abs diff, b32 vs CPU"] = float(f"{max(np.abs(answers[k] - cpu[k]).max() for k in cpu):.3g}")
     return found
 
 
 def bucket_memory(package_path: Path) -> dict[str, Any]:
     """What each batch bucket's session costs the host (issue 44 counts the server's RSS against in
     process + 100 MB per front end; the model process held 1,178-1,239 MB against 905-947 with its
-    six buckets on the H200) and the GPU: one session against a session per bucket, with and
-    without CUDA graphs, each in a fresh process (freed memory does not leave a process's RSS)."""
+    six buckets on the H200) and the GPU: one session, a session per bucket without and with CUDA
+    graphs, and one session replaying a graph per bucket, each in a fresh process (freed memory
+    does not leave a process's RSS)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    buckets = default_buckets(32)
     rows = []
-    for name, sizes, graphs in (
-        ("one session, batches of 1 and 32", (), False),
-        ("a session per bucket", buckets, False),
-        ("a session per bucket, CUDA graphs", buckets, True),
-    ):
+    for variant in ("one session", "buckets", "buckets + graphs", "graph per bucket"):
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as probe:
-            found = probe.submit(_memory_probe, package_path, sizes, graphs).result()
+            found = probe.submit(_memory_probe, package_path, variant).result()
+        sizes = found["sizes"]
         (rss0, _), (rss1, gpu1) = found["imported"], found["opened"]
-        rss_last, gpu_last = found[f"b{(sizes or (1, 32))[-1]}"]
-        row: dict[str, Any] = {
-            "engine": name,
-            "ran": found["ran"],
-            "RSS MB, onnxruntime imported, CUDA started": rss0,
-            "RSS MB, open": rss1,
-            "RSS MB, after the last size": rss_last,
-            "GPU MB in use, open / after": f"{gpu1} / {gpu_last}",
-        }
-        if sizes:  # what each bucket after the first added
-            steps = [found[f"b{size}"][0] for size in sizes]
-            row["RSS MB added per bucket"] = ", ".join(
-                f"{b}: {after - before:+d}" for b, before, after in zip(sizes[1:], steps, steps[1:])
-            )
-        rows.append(row)
-    columns = list(dict.fromkeys(k for r in rows for k in r))
+        rss_last, gpu_last = found[f"b{sizes[-1]}"]
+        steps = [found[f"b{size}"][0] for size in sizes]
+        rows.append(
+            {
+                "engine": variant,
+                "ran": found["ran"],
+                "RSS MB, onnxruntime imported, CUDA started": rss0,
+                "RSS MB, open": rss1,
+                "RSS MB, after the last size": rss_last,
+                "RSS MB added by each size after the first": ", ".join(
+                    f"{b}: {after - before:+d}" for b, before, after in zip(sizes[1:], steps, steps[1:])
+                ),
+                "GPU MB in use, open / after": f"{gpu1} / {gpu_last}",
+                "max abs diff, b32 vs CPU": found["max abs diff, b32 vs CPU"],
+            }
+        )
     return {
         "model": "host and GPU memory of batch buckets (onnx-fp32 of the package)",
         "quality": "",
-        "rows": [{c: r.get(c, "") for c in columns} for r in rows],
+        "rows": rows,
         "targets": [],
-        "note": "each row a fresh process; RSS read with the heaps' free pages returned (malloc_trim), as the server does after loading",
+        "note": "each row a fresh process; RSS read with the heaps' free pages returned (malloc_trim), as the "
+        "server does after loading",
     }
 
 

@@ -86,3 +86,19 @@ def test_a_bound_run_answers_as_the_session_does_in_arrays_of_its_own(digits, di
 def test_a_session_without_a_fixed_size_is_not_bound(digits_onnx):
     with pytest.raises(ValueError, match="input 'x' .* is not a fixed-size tensor"):
         BoundRun(_session(digits_onnx), "cpu")
+
+
+def test_a_session_of_any_batch_is_bound_at_the_shapes_given(digits, digits_onnx):
+    """One session bound once per batch size (a CUDA graph each, by ``gpu_graph_id``): the shapes
+    come from the caller, and each binding runs with its own run options."""
+    images = np.load(digits["data"])["x"]
+    session = _session(digits_onnx)
+    bindings = {}
+    for rows in (1, 8):
+        shapes = {"x": (np.dtype(np.float32), (rows, 1, 8, 8)), "output": (np.dtype(np.float32), (rows, 10))}
+        options = ort.RunOptions()
+        options.add_run_config_entry("gpu_graph_id", str(rows))  # read by the CUDA provider only
+        bindings[rows] = BoundRun(session, "cpu", shapes, options)
+    for rows, bound in bindings.items():
+        batch = images[:rows]
+        np.testing.assert_allclose(bound.run({"x": batch})["output"], session.run(None, {"x": batch})[0], atol=1e-5)

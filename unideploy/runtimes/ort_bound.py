@@ -60,13 +60,25 @@ class BoundRun:
     ``cpu`` elsewhere). Calls are one at a time (the buffers are the session's), and each answer is
     the caller's own array, never a view of a buffer the next call overwrites."""
 
-    def __init__(self, session: Any, device: str) -> None:
-        """Raises ``ValueError`` naming the input or output whose size is not fixed."""
+    def __init__(
+        self,
+        session: Any,
+        device: str,
+        shapes: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None = None,
+        run_options: Any = None,
+    ) -> None:
+        """``shapes``: each input's and output's dtype and shape, for a session whose own are not
+        fixed (one session replaying a CUDA graph per batch size, the graph's ``gpu_graph_id`` in
+        ``run_options``); without them, raises ``ValueError`` naming an input or output whose size
+        is not fixed."""
         import onnxruntime as ort
 
-        inputs = {spec.name: _fixed(spec, "input") for spec in session.get_inputs()}
-        outputs = {spec.name: _fixed(spec, "output") for spec in session.get_outputs()}
-        self.session, self.device = session, device
+        def sized(spec: Any, what: str) -> tuple[np.dtype, tuple[int, ...]]:
+            return shapes[spec.name] if shapes else _fixed(spec, what)
+
+        inputs = {spec.name: sized(spec, "input") for spec in session.get_inputs()}
+        outputs = {spec.name: sized(spec, "output") for spec in session.get_outputs()}
+        self.session, self.device, self.run_options = session, device, run_options
         self._binding = session.io_binding()
         self._inputs = {
             name: ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), device, 0)
@@ -87,7 +99,7 @@ class BoundRun:
         allocations) and captures the CUDA graph on the second; a graph it cannot capture raises here."""
         with self._lock:
             for _ in range(2):
-                self.session.run_with_iobinding(self._binding)
+                self.session.run_with_iobinding(self._binding, self.run_options)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The answer to ``inputs``, copied into the input buffers first."""
@@ -103,7 +115,7 @@ class BoundRun:
             return self._replayed()
 
     def _replayed(self) -> dict[str, np.ndarray]:
-        self.session.run_with_iobinding(self._binding)
+        self.session.run_with_iobinding(self._binding, self.run_options)
         # from the GPU, numpy() copies to the host; a CPU buffer's numpy() is a view of it
         return {
             name: value.numpy().copy() if self.device == "cpu" else value.numpy()
