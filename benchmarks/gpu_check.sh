@@ -151,7 +151,7 @@ PART=$SECONDS
 "$PY" "$HERE/gpu.py" --package "$PKG" --photos "$PHOTOS" --only cnn --only encoder --quick --work "$OUT/gpu-work" --markdown >>"$REPORT" 2>"$OUT/gpu_bench.log" || echo "gpu.py FAILED: $(tail -3 "$OUT/gpu_bench.log")" >>"$REPORT"
 # --quick: the engines the targets compare (as deploy runs each artifact, the fused encoder, PyTorch);
 # gpu.py's CUDA-option studies, shape changes, page-locked batches and batch threads are recorded in
-# docs/gpu.md and run with gpu.py alone (--only shapes|pinned|threads; the one-process server with
+# docs/gpu.md and run with gpu.py alone (--only shapes|pinned|threads|memory; the one-process server with
 # gpu_serving.py --only buckets). The check took 4 min 11 s without serving on 2026-11-27, gpu.py 172 s of it.
 # where the check's time went, so that it can be kept short (its steps' seconds are in the table above)
 echo -e "\n($((SECONDS - PART)) s)\n\ngpu_check.sh took $((SECONDS / 60)) min $((SECONDS % 60)) s in all." >>"$REPORT"
