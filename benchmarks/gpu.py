@@ -110,6 +110,13 @@ def _fixed_batch(model: Path, inputs: dict[str, np.ndarray]) -> Any:
     return options
 
 
+def _timing(quick: bool) -> tuple[int, float]:
+    """Rounds and seconds per batch size for ``interleaved_latency``: with ``quick`` (the GPU check,
+    which must take under 3 minutes) three rounds within 2 s, the median of each engine's still
+    taken over turns shared with the others."""
+    return (3, 2.0) if quick else (5, 4.0)
+
+
 def usable_cuda() -> str | None:
     """None when ONNX Runtime's CUDA provider loads here, else why not."""
     import onnxruntime
@@ -221,7 +228,7 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
         }
         on_gpu = {name: engine for name, engine in timed.items() if name not in on_cpu}
         timings: dict[int, dict[str, float]] = {b: {} for b in BATCHES}
-        for engines_here, rounds, seconds in ((on_gpu, 5, 4.0), (on_cpu, 3, 1.0)):
+        for engines_here, rounds, seconds in ((on_gpu, *_timing(quick)), (on_cpu, 3, 1.0)):
             if engines_here:
                 for b, found in interleaved_latency(engines_here, {"x": photos[:1]}, BATCHES, rounds, seconds).items():
                     timings[b].update(found)
@@ -449,7 +456,7 @@ def encoder(work: Path, quick: bool = False) -> dict[str, Any] | None:
         cosine = float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
         timed[name] = engine
         rows.append({"engine": name, "ran": "", "min cosine": round(cosine, 5)})
-    timings = interleaved_latency(timed, sample, BATCHES, rounds=5, max_seconds=4.0) if timed else {}
+    timings = interleaved_latency(timed, sample, BATCHES, *_timing(quick)) if timed else {}
     for row in rows:
         if row["engine"] in timed:
             for b in BATCHES:

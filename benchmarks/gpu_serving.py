@@ -38,7 +38,7 @@ runtime calls at that concurrency (``unideploy_batch_rows``: how full the batche
 samples the server's stacks at each policy's highest concurrency (``stack_samples.py``: which
 process, and which of its functions, holds the ceiling).
 
-    python benchmarks/gpu_serving.py --package PKG [--seconds 2] [--only POLICY] [--profile DIR]
+    python benchmarks/gpu_serving.py --package PKG [--seconds 2] [--only POLICY] [--protocol grpc|http] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -258,6 +258,12 @@ def main() -> None:
     parser.add_argument("--package", type=Path, required=True, help="a package with onnx-fp32 (and onnx-fp16)")
     parser.add_argument("--seconds", type=float, default=2.0, help="perf_analyzer's measurement window")
     parser.add_argument("--only", choices=list(POLICIES), action="append", help="policies to run (default: all)")
+    parser.add_argument(
+        "--protocol",
+        choices=("grpc", "http"),
+        action="append",
+        help="only these of each policy's protocols (default: all it names; the GPU check runs HTTP's)",
+    )
     parser.add_argument("--device", default="gpu", help="of the in-process row (cpu: a dry run without a GPU)")
     parser.add_argument(
         "--profile", type=Path, help="a folder: py-spy stacks of the server at each highest concurrency"
@@ -299,7 +305,7 @@ def main() -> None:
             )
             ready_s = round(time.perf_counter() - started, 1)
             try:
-                for protocol in policy.protocols:
+                for protocol in (p for p in policy.protocols if not args.protocol or p in args.protocol):
                     url = server.grpc if protocol == "grpc" else server.http.removeprefix("http://")
                     for c in policy.levels:
                         print(f"{name}: {protocol} concurrency {c}", file=sys.stderr, flush=True)
