@@ -63,6 +63,6 @@ def test_the_gpu_check_runs_every_step_on_the_cpu_and_says_what_needs_a_gpu(digi
         assert results[step].startswith("skipped: "), (step, results[step])
     # what the report gathers from the steps' own output: the CPU's bench row, the GPU's finding
     assert re.search(r"^\| bench-cpu-b32 \| onnx-fp32 \| CPUExecutionProvider \| fp32 \| 32 \|", report, re.M), report
-    assert "doctor, gpu: unavailable" in report
+    assert "doctor, gpu: " in report  # unavailable here; a GPU machine without CUDA's provider may say ok
     assert "benchmarks/gpu_serving.py: skipped, " in report and "benchmarks/gpu.py: skipped, " in report
     assert "Traceback" not in report and "gpu_check.sh took " in report
