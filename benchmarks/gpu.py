@@ -28,6 +28,7 @@ provider it says so and exits 0.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import sys
@@ -99,14 +100,23 @@ class _DeviceBuffers:
         return list((bound.run(inputs) if self.copy else bound.replay()).values())
 
 
+@functools.cache
+def _batch_names(model: Path) -> tuple[str, ...]:
+    """The names of ``model``'s batch dimensions (every input's axis 0), read once per model from a
+    session of it: each engine binds a session per batch size."""
+    import onnxruntime as ort
+
+    inputs = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).get_inputs()
+    return tuple(batch_dimension_names(inputs, dict.fromkeys((i.name for i in inputs), 0)))
+
+
 def _fixed_batch(model: Path, inputs: dict[str, np.ndarray]) -> Any:
     """Session options telling a session of ``model`` its batch size, that of ``inputs``, as a
     batch bucket's session is told (runtimes/ort_bound.py)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    names = batch_dimension_names(ort.InferenceSession(str(model)).get_inputs(), dict.fromkeys(inputs, 0))
-    fix_batch(options, names, len(next(iter(inputs.values()))))
+    fix_batch(options, _batch_names(model), len(next(iter(inputs.values()))))
     return options
 
 
@@ -545,7 +555,9 @@ def _memory_now() -> tuple[int, int | None]:
     return round(psutil.Process().memory_info().rss / 2**20), used
 
 
-def _graph_per_bucket(model: Path, batches: dict[int, dict[str, np.ndarray]], found: dict[str, Any]) -> dict[int, Any]:
+def _graph_per_bucket(
+    model: Path, batches: dict[int, dict[str, np.ndarray]], found: dict[str, Any]
+) -> dict[int, BoundRun]:
     """One session of ``model`` (any batch) replaying a CUDA graph per batch size, each captured on
     buffers of its own (ONNX Runtime's ``gpu_graph_id``): the alternative to a session per bucket,
     one copy of the weights and of the kernels' state. A graph replays without the host's kernel

@@ -28,6 +28,7 @@ from unideploy.runtimes.ort_providers import (
     onnx_providers,
     open_session,
     ort_message,
+    provider_names,
     recipe_providers,
 )
 from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
@@ -115,8 +116,7 @@ class OnnxRuntime(Runtime):
         """One session per batch size where a new shape costs a re-plan: the CUDA provider's cuDNN
         (asked for here; ``_first_bucket`` finds whether it loaded). A TensorRT engine takes any
         shape inside its profile, and a model without a batch dimension has one shape."""
-        asked = {p[0] if isinstance(p, tuple) else p for p in self._providers}
-        if self.spec is not None or CUDA not in asked or self.signature.batch_dim is None:
+        if self.spec is not None or CUDA not in provider_names(self._providers) or self.signature.batch_dim is None:
             return ()
         return tuple(sorted(set(self.options.batch_buckets)))
 

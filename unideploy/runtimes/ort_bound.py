@@ -55,8 +55,8 @@ def _fixed(spec: Any, what: str) -> tuple[np.dtype, tuple[int, ...]]:
 
 
 class BoundRun:
-    """One fixed-shape session run through IO binding: its inputs and outputs are buffers on
-    ``device`` allocated once (``cuda``: the GPU's memory, where a captured CUDA graph replays;
+    """A session run at fixed shapes through IO binding (its own, or those given): its inputs and
+    outputs are buffers on ``device`` allocated once (``cuda``: the GPU's memory, where a captured CUDA graph replays;
     ``cpu`` elsewhere). Calls are one at a time (the buffers are the session's), and each answer is
     the caller's own array, never a view of a buffer the next call overwrites."""
 
