@@ -40,10 +40,11 @@ def machine() -> str:
 
 
 def print_result(result: dict[str, Any], markdown: bool) -> None:
-    """One model's rows (the first column names the row) with its targets and note."""
+    """One model's rows (the first column names the row) with its targets and note; a row without
+    a column (one that failed, say) leaves its cell empty."""
     rows = result["rows"]
     key = next(iter(rows[0]))
-    columns = [c for c in rows[0] if c != key]
+    columns = [c for c in dict.fromkeys(c for r in rows for c in r) if c != key]
     lines = [f"{'met' if ok else 'MISSED'}: {name} (measured {value})" for name, ok, value in result["targets"]]
     if result.get("note"):
         lines.append(f"note: {result['note']}")
@@ -53,7 +54,7 @@ def print_result(result: dict[str, Any], markdown: bool) -> None:
         print(f"| {key} | " + " | ".join(columns).replace("quality", result["quality"]) + " |")
         print("|---|" + "---:|" * len(columns))
         for r in rows:
-            print(f"| {r[key]} | " + " | ".join(str(r[c]) for c in columns) + " |")
+            print(f"| {r[key]} | " + " | ".join(str(r.get(c, "")) for c in columns) + " |")
         print()
         for line in lines:
             print(f"- {line}")
@@ -63,7 +64,7 @@ def print_result(result: dict[str, Any], markdown: bool) -> None:
     for c in columns:
         table.add_column(c.replace("quality", result["quality"]), justify="right")
     for r in rows:
-        table.add_row(str(r[key]), *(str(r[c]) for c in columns))
+        table.add_row(str(r[key]), *(str(r.get(c, "")) for c in columns))
     out = Console()
     out.print(table)
     for line in lines:

@@ -6,6 +6,7 @@ binding itself is tested on the CPU (tests/runtimes/test_ort_bound.py)."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -47,3 +48,21 @@ def test_bench_times_each_size_on_its_captured_graph(digits):
     found = json.loads(result.stdout)
     assert found["cuda_graphs"] == "captured, one per bucket" and found["batch_buckets"] == [1, 8]
     assert [r["batch_size"] for r in found["runs"]] == [1, 8]
+
+
+def test_two_batch_threads_replay_the_graphs_captured_at_load(digits):
+    """As the server runs a GPU model (two batches in flight, each on a batch thread): every
+    bucket was captured as the engine opened, each on its own thread, so calls from other threads
+    replay those graphs, side by side, without capturing again (a capture fails the CUDA calls any
+    other thread makes meanwhile)."""
+    images = np.load(digits["data"])["x"][:8]
+    with Package.open(digits["package"]) as package:
+        _, cpu = open_runtime(package, "onnx-fp32", options=RuntimeOptions(device="cpu"))
+        options = RuntimeOptions(device="gpu", batch_buckets=(1, 4, 8), cuda_graphs=True)
+        _, gpu = open_runtime(package, "onnx-fp32", options=options)
+        with cpu, gpu, ThreadPoolExecutor(2) as batch_threads:
+            assert gpu.describe()["cuda_graphs"] == "captured, one per bucket"
+            sizes = [8, 3, 1, 4, 8, 2] * 8
+            answers = list(batch_threads.map(lambda rows: gpu.run({"x": images[:rows]})["output"], sizes))
+            for rows, answer in zip(sizes, answers, strict=True):
+                np.testing.assert_allclose(answer, cpu.run({"x": images[:rows]})["output"], atol=1e-4)

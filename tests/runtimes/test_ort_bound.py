@@ -4,6 +4,9 @@ and the copies out are the same on the CPU."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -11,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from unideploy.package import Package
-from unideploy.runtimes.ort_bound import BoundRun, batch_dimension_names, fix_batch
+from unideploy.runtimes.ort_bound import CAPTURE_CALLS, BoundRun, batch_dimension_names, fix_batch
 
 
 def _session(path, rows: int | None = None, names=("batch",)) -> ort.InferenceSession:
@@ -102,3 +105,35 @@ def test_a_session_of_any_batch_is_bound_at_the_shapes_given(digits, digits_onnx
     for rows, bound in bindings.items():
         batch = images[:rows]
         np.testing.assert_allclose(bound.run({"x": batch})["output"], session.run(None, {"x": batch})[0], atol=1e-5)
+
+
+class _Calls:
+    """A real session whose IO-bound calls are counted by the thread that made them."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.session, self.threads = session, []
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+    def run_with_iobinding(self, binding, run_options=None):
+        self.threads.append(threading.current_thread().name)
+        return self.session.run_with_iobinding(binding, run_options)
+
+
+def test_a_binding_given_a_thread_makes_every_call_there(digits, digits_onnx):
+    """ONNX Runtime's CUDA provider keeps a captured graph in the thread that captured it, on the
+    third call there: callers on any thread (the server's batch threads) must reach that graph."""
+    images = np.load(digits["data"])["x"][:8]
+    expected = _session(digits_onnx).run(None, {"x": images})[0]
+    session = _Calls(_session(digits_onnx, rows=8))
+    with ThreadPoolExecutor(1, thread_name_prefix="graph") as thread:
+        bound = BoundRun(session, "cpu", thread=thread)
+        bound.capture()
+        assert len(session.threads) == CAPTURE_CALLS == 3
+        with ThreadPoolExecutor(2, thread_name_prefix="batch") as callers:
+            answers = list(callers.map(lambda _: bound.run({"x": images})["output"], range(6)))
+        bound.replay()
+    assert len(session.threads) == 3 + 6 + 1 and all(name.startswith("graph") for name in session.threads)
+    for answer in answers:
+        np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-5)

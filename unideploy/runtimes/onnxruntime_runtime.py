@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,7 @@ class OnnxRuntime(Runtime):
         self._axes = (self.signature.batch_axes, self.signature.output_batch_axes)
         self._sessions: dict[int, Any] = {}
         self.graphs_problem: str | None = None  # why CUDA graphs, asked for, are not used
+        self._graph_threads: list[ThreadPoolExecutor] = []  # each captured bucket's (ort_bound.py)
         # each bucket's session is told its batch size (ort_bound.py) by the names the signature
         # gives it, which the package's ONNX declares (onnx/interface.py)
         self._batch_names = batch_dimension_names(self.signature.inputs, self.signature.batch_axes)
@@ -86,6 +88,11 @@ class OnnxRuntime(Runtime):
         if opened is None:  # no buckets, or the CUDA provider did not load: one session, any batch
             self._buckets = ()
             opened = self._open()
+        elif self.options.cuda_graphs:
+            # every bucket captured now, before the engine serves: a capture fails the CUDA calls
+            # other threads make meanwhile (ort_bound.py), as another bucket's calls would be
+            for size in self._buckets[1:]:
+                self._bucket(size)
         self.session, self.fallback = opened.session, opened.lost
         got = self.session.get_providers()
         if self.spec is not None and TENSORRT not in got:
@@ -243,21 +250,25 @@ class OnnxRuntime(Runtime):
         return opened.session
 
     def _fixed_opened(self, size: int) -> Opened:
-        """A session for ``size`` rows: with ``cuda_graphs``, one that captured its graph (two
-        calls on zeros, made here) behind a ``BoundRun``, else, or where capture failed, a plain
-        one. A failure is named once (``describe``) and the other buckets do not try again."""
+        """A session for ``size`` rows: with ``cuda_graphs``, one that captured its graph behind a
+        ``BoundRun`` whose calls are all made on a thread of its own (where ONNX Runtime keeps the
+        graph), else, or where capture failed, a plain one. A failure is named once (``describe``)
+        and the other buckets do not try again."""
         if self.options.cuda_graphs and self.graphs_problem is None:
+            thread = ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-cuda-graph-{size}")
             try:
                 opened = self._open(size, graph=True)
                 if opened.lost:
                     raise ValueError(opened.lost)
-                bound = BoundRun(opened.session, "cuda")
+                bound = BoundRun(opened.session, "cuda", thread=thread)
                 bound.capture()
+                self._graph_threads.append(thread)
                 return Opened(bound, None)
             except (ValueError, PackageError) as exc:
                 self.graphs_problem = str(exc)[:300]
             except Exception as exc:  # ORT's own errors: capture refused (a node left to the CPU), ...
                 self.graphs_problem = ort_message(exc)
+            thread.shutdown()
         return self._open(size)
 
     def _call(self, session: Any, inputs: dict[str, np.ndarray], run_options: Any = None) -> dict[str, np.ndarray]:
@@ -288,3 +299,5 @@ class OnnxRuntime(Runtime):
     def close(self) -> None:
         self.__dict__.pop("session", None)
         self.__dict__.pop("_sessions", None)
+        for thread in self.__dict__.pop("_graph_threads", ()):
+            thread.shutdown()

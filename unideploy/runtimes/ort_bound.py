@@ -11,13 +11,24 @@ graph and replay them, which takes the launch of each kernel off the host: 1.22x
 until its shape nodes went. A graph replays on the memory it was captured on, so its inputs and
 outputs are buffers on the device bound once (``BoundRun``): a call copies the batch in, replays,
 and copies the answer out.
+
+Two facts of ONNX Runtime's CUDA provider shape how a graph is captured (cuda_execution_provider.h
+and cuda_graph.cc): it keeps a session's captured graphs in the *calling thread's* context, and
+captures on a thread's third call (two plain runs first, as the second may still allocate); and
+it captures in CUDA's global mode, where a CUDA call any other thread of the process makes
+meanwhile fails (error 900) and breaks the capture. So a ``BoundRun`` given a ``thread`` makes its
+every call there: the graph captured by ``capture`` is the one its calls replay, whichever thread
+asks; the engine captures before it serves (``runtimes/onnxruntime_runtime.py``), and captures
+take turns. What no lock here covers: another engine serving on the GPU while one loads with
+graphs (a hot reload) may have calls fail during that capture (docs/gpu.md).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -42,6 +53,14 @@ def fix_batch(session_options: Any, names: Sequence[str], rows: int) -> None:
         session_options.add_free_dimension_override_by_name(name, rows)
 
 
+# calls of a thread before one that replays: ONNX Runtime's CUDA provider runs two plainly and
+# captures the third (min_num_runs_before_cuda_graph_capture_); where it captures sooner, the third replays
+CAPTURE_CALLS = 3
+# one capture at a time in the process: two engines loading together would break each other's
+_CAPTURING = threading.Lock()
+
+Answer = TypeVar("Answer")
+
 # ONNX Runtime's element type names where numpy's differ
 _ORT_TYPES = {"float": "float32", "double": "float64"}
 
@@ -58,7 +77,9 @@ class BoundRun:
     """A session run at fixed shapes through IO binding (its own, or those given): its inputs and
     outputs are buffers on ``device`` allocated once (``cuda``: the GPU's memory, where a captured CUDA graph replays;
     ``cpu`` elsewhere). Calls are one at a time (the buffers are the session's), and each answer is
-    the caller's own array, never a view of a buffer the next call overwrites."""
+    the caller's own array, never a view of a buffer the next call overwrites. With ``thread`` (a
+    single-thread executor; its owner shuts it down), every call is made on that thread, where the
+    session keeps the CUDA graph it captured."""
 
     def __init__(
         self,
@@ -66,6 +87,7 @@ class BoundRun:
         device: str,
         shapes: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None = None,
         run_options: Any = None,
+        thread: Executor | None = None,
     ) -> None:
         """``shapes``: each input's and output's dtype and shape, for a session whose own are not
         fixed (one session replaying a CUDA graph per batch size, the graph's ``gpu_graph_id`` in
@@ -78,7 +100,7 @@ class BoundRun:
 
         inputs = {spec.name: sized(spec, "input") for spec in session.get_inputs()}
         outputs = {spec.name: sized(spec, "output") for spec in session.get_outputs()}
-        self.session, self.device, self.run_options = session, device, run_options
+        self.session, self.device, self.run_options, self._thread = session, device, run_options, thread
         self._binding = session.io_binding()
         self._inputs = {
             name: ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), device, 0)
@@ -95,24 +117,35 @@ class BoundRun:
         self._lock = threading.Lock()
 
     def capture(self) -> None:
-        """The first two calls, on the buffers' zeros: ONNX Runtime runs the first plainly (its
-        allocations) and captures the CUDA graph on the second; a graph it cannot capture raises here."""
-        with self._lock:
-            for _ in range(2):
+        """The first calls, on the buffers' zeros (``CAPTURE_CALLS``): ONNX Runtime runs them plainly
+        (its allocations) until it captures the CUDA graph; a graph it cannot capture raises here."""
+
+        def calls() -> None:
+            for _ in range(CAPTURE_CALLS):
                 self.session.run_with_iobinding(self._binding, self.run_options)
+
+        with _CAPTURING:
+            self._made(calls)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The answer to ``inputs``, copied into the input buffers first."""
-        with self._lock:
+
+        def copied_in() -> dict[str, np.ndarray]:
             for name, value in self._inputs.items():
                 value.update_inplace(np.ascontiguousarray(inputs[name]))
             return self._replayed()
 
+        return self._made(copied_in)
+
     def replay(self) -> dict[str, np.ndarray]:
         """The answer to what the input buffers already hold: a request that never crossed the
         host costs this (``benchmarks/gpu.py`` times it against ``run``)."""
+        return self._made(self._replayed)
+
+    def _made(self, call: Callable[[], Answer]) -> Answer:
+        """``call``'s answer, one call at a time, made on the binding's thread where it has one."""
         with self._lock:
-            return self._replayed()
+            return call() if self._thread is None else self._thread.submit(call).result()
 
     def _replayed(self) -> dict[str, np.ndarray]:
         self.session.run_with_iobinding(self._binding, self.run_options)
