@@ -593,8 +593,10 @@ def _memory_probe(package_path: Path, variant: str, device: str = "gpu") -> dict
     onnxruntime is imported (and CUDA started, by reading the GPU's memory), once the engine is open,
     and after each batch size's first call (where a bucket's session opens, or its graph is
     captured); and the answers at batch 32 against the CPU's. ``variant``: ``one session`` (batches
-    of 1 and 32 on it), ``buckets``, ``buckets + graphs`` (as the server runs them, ``cuda_graphs``
-    on), or ``graph per bucket`` (``_graph_per_bucket``)."""
+    of 1 and 32 on it), ``buckets``, ``buckets, two threads`` (each size called from two threads at
+    once, as the server's two batch threads call it: the CUDA provider gives each thread running a
+    session at the same time cuDNN and cuBLAS handles of its own), ``buckets + graphs`` (as the
+    server runs them, ``cuda_graphs`` on), or ``graph per bucket`` (``_graph_per_bucket``)."""
     import onnxruntime  # noqa: F401  (its libraries count in the baseline, as in any process using it)
 
     found: dict[str, Any] = {"imported": _memory_now()}
@@ -619,7 +621,11 @@ def _memory_probe(package_path: Path, variant: str, device: str = "gpu") -> dict
             engine = open_artifact(package, artifact, None, options)
             found["opened"] = _memory_now()
             for size, batch in batches.items():
-                answers = engine.run(batch)
+                if variant == "buckets, two threads":
+                    with ThreadPoolExecutor(2) as threads:
+                        answers = list(threads.map(lambda _, b=batch: engine.run(b), range(8)))[-1]
+                else:
+                    answers = engine.run(batch)
                 found[f"b{size}"] = _memory_now()
             found["ran"] = _label(engine)
             engine.close()
@@ -633,14 +639,15 @@ def _memory_probe(package_path: Path, variant: str, device: str = "gpu") -> dict
 def bucket_memory(package_path: Path) -> dict[str, Any]:
     """What each batch bucket's session costs the host (issue 44 counts the server's RSS against in
     process + 100 MB per front end; the model process held 1,178-1,239 MB against 905-947 with its
-    six buckets on the H200) and the GPU: one session, a session per bucket without and with CUDA
-    graphs, and one session replaying a graph per bucket, each in a fresh process (freed memory
-    does not leave a process's RSS)."""
+    six buckets on the H200) and the GPU: one session, a session per bucket (called from one thread,
+    and from two as the server's batch threads call it) without and with CUDA graphs, and one
+    session replaying a graph per bucket, each in a fresh process (freed memory does not leave a
+    process's RSS)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     rows = []
-    for variant in ("one session", "buckets", "buckets + graphs", "graph per bucket"):
+    for variant in ("one session", "buckets", "buckets, two threads", "buckets + graphs", "graph per bucket"):
         try:
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as probe:
                 found = probe.submit(_memory_probe, package_path, variant).result()
