@@ -47,6 +47,7 @@ from unideploy.errors import UnideployError
 from unideploy.guard.measure import interleaved_latency
 from unideploy.package import Package
 from unideploy.runtimes import Runtime, RuntimeOptions, cuda_api
+from unideploy.runtimes.base import GRAPHS_IN_ONE_SESSION
 from unideploy.runtimes.batch_buckets import default_buckets
 from unideploy.runtimes.ort_bound import BoundRun, batch_dimension_names, fix_batch
 from unideploy.runtimes.ort_providers import CUDA, cuda_options
@@ -557,37 +558,6 @@ def _memory_now() -> tuple[int, int | None]:
     return round(psutil.Process().memory_info().rss / 2**20), used
 
 
-def _graph_per_bucket(
-    model: Path, batches: dict[int, dict[str, np.ndarray]], found: dict[str, Any]
-) -> dict[int, BoundRun]:
-    """One session of ``model`` (any batch) replaying a CUDA graph per batch size, each captured on
-    buffers of its own (ONNX Runtime's ``gpu_graph_id``): the alternative to a session per bucket,
-    one copy of the weights and of the kernels' state. A graph replays without the host's kernel
-    code, so the cuDNN re-plan a new shape costs a session is paid once per size, at capture. Each
-    size's output shapes come from one plain run (``gpu_graph_id`` -1: neither captured nor replayed);
-    ``found`` gets the memory after each size's capture."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(
-        str(model),
-        providers=[(CUDA, {**cuda_options("fp32", False), "enable_cuda_graph": "1"}), "CPUExecutionProvider"],
-    )
-    plain = ort.RunOptions()
-    plain.add_run_config_entry("gpu_graph_id", "-1")
-    thread = ThreadPoolExecutor(1)  # the session's graphs, all kept in the thread that captured them
-    bound = {}
-    for size, inputs in batches.items():
-        answers = session.run(None, inputs, plain)
-        shapes = {name: (array.dtype, array.shape) for name, array in inputs.items()}
-        shapes.update({o.name: (a.dtype, a.shape) for o, a in zip(session.get_outputs(), answers, strict=True)})
-        graph = ort.RunOptions()
-        graph.add_run_config_entry("gpu_graph_id", str(size))
-        bound[size] = BoundRun(session, "cuda", shapes, graph, thread)
-        bound[size].capture()
-        found[f"b{size}"] = _memory_now()
-    return bound
-
-
 def _memory_probe(package_path: Path, variant: str, device: str = "gpu") -> dict[str, Any]:
     """Run in a process of its own (``bucket_memory``): the memory (``_memory_now``) once
     onnxruntime is imported (and CUDA started, by reading the GPU's memory), once the engine is open,
@@ -596,7 +566,8 @@ def _memory_probe(package_path: Path, variant: str, device: str = "gpu") -> dict
     of 1 and 32 on it), ``buckets``, ``buckets, two threads`` (each size called from two threads at
     once, as the server's two batch threads call it: the CUDA provider gives each thread running a
     session at the same time cuDNN and cuBLAS handles of its own), ``buckets + graphs`` (as the
-    server runs them, ``cuda_graphs`` on), or ``graph per bucket`` (``_graph_per_bucket``)."""
+    server runs them, ``cuda_graphs: true``), or ``graph per bucket`` (``cuda_graphs: one-session``:
+    one session replaying a graph per bucket)."""
     import onnxruntime  # noqa: F401  (its libraries count in the baseline, as in any process using it)
 
     found: dict[str, Any] = {"imported": _memory_now()}
@@ -606,29 +577,24 @@ def _memory_probe(package_path: Path, variant: str, device: str = "gpu") -> dict
         axes = package.manifest.signature.batch_axes
         batches = {size: resize_batch(sample, size, axes) for size in sizes}
         artifact = package.manifest.artifact("onnx-fp32")
-        if variant == "graph per bucket":
-            found["opened"] = found["imported"]  # the session opens with its first size's capture
-            bound = _graph_per_bucket(package.path_of(artifact), batches, found)
-            answers = bound[32].run(batches[32])
-            found["ran"] = f"ONNX Runtime ({', '.join(bound[32].session.get_providers())}), a graph per size"
-        else:
-            options = RuntimeOptions(
-                device=device,
-                batch_buckets=() if variant == "one session" else sizes,
-                cuda_graphs=variant == "buckets + graphs",
-                shared_arena=True,
-            )
-            engine = open_artifact(package, artifact, None, options)
-            found["opened"] = _memory_now()
-            for size, batch in batches.items():
-                if variant == "buckets, two threads":
-                    with ThreadPoolExecutor(2) as threads:
-                        answers = list(threads.map(lambda _, b=batch: engine.run(b), range(8)))[-1]
-                else:
-                    answers = engine.run(batch)
-                found[f"b{size}"] = _memory_now()
-            found["ran"] = _label(engine)
-            engine.close()
+        graphs = {"buckets + graphs": True, "graph per bucket": GRAPHS_IN_ONE_SESSION}.get(variant, False)
+        options = RuntimeOptions(
+            device=device,
+            batch_buckets=() if variant == "one session" else sizes,
+            cuda_graphs=graphs,
+            shared_arena=True,
+        )
+        engine = open_artifact(package, artifact, None, options)
+        found["opened"] = _memory_now()
+        for size, batch in batches.items():
+            if variant == "buckets, two threads":
+                with ThreadPoolExecutor(2) as threads:
+                    answers = list(threads.map(lambda _, b=batch: engine.run(b), range(8)))[-1]
+            else:
+                answers = engine.run(batch)
+            found[f"b{size}"] = _memory_now()
+        found["ran"] = _label(engine)
+        engine.close()
         # the CPU's answers last, so that its session is not in the memory read above
         cpu = open_artifact(package, artifact, None, RuntimeOptions(device="cpu")).run(batches[32])
     found["sizes"] = sizes

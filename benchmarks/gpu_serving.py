@@ -67,6 +67,7 @@ from server_stages import CALL_PARTS, STAGES, call_means_ms, rows_per_call, stag
 
 import unideploy
 from unideploy.runtimes import RuntimeOptions
+from unideploy.runtimes.base import GRAPHS_IN_ONE_SESSION
 from unideploy.runtimes.selection import open_artifact
 from unideploy.samples import resize_batch
 
@@ -145,6 +146,11 @@ POLICIES: dict[str, Policy] = {
     # at batch 32 and 1.26x at batch 1 in process (exact fp32, H200), against the default's sessions
     "buckets, 4 front ends, shm, CUDA graphs": Policy(
         {"cuda_graphs": True}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
+    ),
+    # one session replaying every bucket's graph (cuda_graphs: one-session): the model process held
+    # 1,178-1,239 MB with six bucket sessions against 905-947 in process (issue 44: +100 MB per front end)
+    "buckets, 4 front ends, shm, CUDA graphs, one session": Policy(
+        {"cuda_graphs": GRAPHS_IN_ONE_SESSION}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
     ),
     # perf_analyzer's tensors in GPU memory it allocated (CUDA shared memory, server/cuda_shared_memory.py)
     "buckets, 4 front ends, cuda shm": Policy(

@@ -50,6 +50,10 @@ def test_export_inspect_run_verify_bench_round_trip(torch_models, tmp_path):
     )
     assert [r["batch_size"] for r in graphs["runs"]] == [1, 2]
     assert graphs["cuda_graphs"].startswith("not used: they run on ONNX Runtime's CUDA provider")
+    shared = json.loads(
+        deploy("bench", pkg, "--batch-size", "2", "--iterations", "2", "--cuda-graphs-one-session", "--json").stdout
+    )
+    assert shared["cuda_graphs"].startswith("not used: they run on ONNX Runtime's CUDA provider")
 
 
 def test_human_tables(cnn_package, tmp_path):

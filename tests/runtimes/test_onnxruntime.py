@@ -188,6 +188,21 @@ def test_cuda_graphs_asked_for_on_the_cpu_say_they_did_not_run(cnn_package):
             assert runtime.describe()["cuda_graphs"].startswith("not used: they run on ONNX Runtime's CUDA provider")
 
 
+def test_buckets_whose_graphs_cannot_share_one_session_say_why_and_take_their_own(digits):
+    """``cuda_graphs: one-session`` where one session cannot replay the buckets' graphs (here no GPU
+    buffer can be allocated): the reason is kept and named in what ran, nothing is left bound and
+    no thread is left running, and the buckets go on to sessions of their own."""
+    with Package.open(digits["package"]) as pkg:
+        _, runtime = open_runtime(pkg, "onnx-fp32", options=RuntimeOptions(cuda_graphs="one-session"))
+        with runtime:
+            assert runtime.describe()["cuda_graphs"].startswith("not used: they run on ONNX Runtime's CUDA provider")
+            runtime._buckets = (1, 4)  # as the CUDA provider plans them
+            assert runtime._graphs_in_one_session() is None
+            assert runtime.one_session_problem  # ONNX Runtime's own words for why
+            assert runtime._sessions == {} and runtime._graph_threads == []
+            assert "(one session for all could not: " in runtime._graphs_used()
+
+
 def test_a_bucket_whose_graph_cannot_be_captured_runs_a_plain_session_of_its_size(digits):
     """The fallback a GPU takes where a bucket's CUDA graph cannot be captured, taken here where no
     GPU buffer can even be allocated: the reason is kept, and the bucket's session is a plain one

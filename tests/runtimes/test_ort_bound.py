@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from unideploy.package import Package
-from unideploy.runtimes.ort_bound import CAPTURE_CALLS, BoundRun, batch_dimension_names, fix_batch
+from unideploy.runtimes.ort_bound import CAPTURE_CALLS, BoundRun, batch_dimension_names, fix_batch, graph_at
 
 
 def _session(path, rows: int | None = None, names=("batch",)) -> ort.InferenceSession:
@@ -137,3 +137,25 @@ def test_a_binding_given_a_thread_makes_every_call_there(digits, digits_onnx):
     assert len(session.threads) == 3 + 6 + 1 and all(name.startswith("graph") for name in session.threads)
     for answer in answers:
         np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_one_session_is_bound_at_each_batch_size_on_the_thread_of_its_graphs(digits, digits_onnx):
+    """``cuda_graphs: one-session``: a session of any batch bound once per bucket, each binding's
+    shapes read from the session and one plain run, every call on the one thread of its graphs."""
+    images = np.load(digits["data"])["x"]
+    plain = _session(digits_onnx)
+    session = _Calls(_session(digits_onnx))
+    with ThreadPoolExecutor(1, thread_name_prefix="graphs") as thread:
+        bindings = {rows: graph_at(session, ["batch"], rows, thread, "cpu") for rows in (1, 4, 8)}
+        for rows, bound in bindings.items():
+            assert bound.run_options.get_run_config_entry("gpu_graph_id") == str(rows)
+            got = bound.run({"x": images[:rows]})["output"]
+            assert got.shape == (rows, 10)
+            np.testing.assert_allclose(got, plain.run(None, {"x": images[:rows]})[0], rtol=1e-5, atol=1e-5)
+    assert len(session.threads) == 3 * (CAPTURE_CALLS + 1) and all(n.startswith("graphs") for n in session.threads)
+
+
+def test_one_session_is_not_bound_where_a_size_besides_the_batch_is_open(tmp_path):
+    text = _model(tmp_path, {"input_ids": ["batch", "seq"]})
+    with ThreadPoolExecutor(1) as thread, pytest.raises(ValueError, match="input 'input_ids' .* not a fixed-size"):
+        graph_at(_session(text), ["batch"], 4, thread, "cpu")

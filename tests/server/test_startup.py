@@ -153,6 +153,8 @@ def test_model_yaml_sets_gpu_batch_buckets_tf32_and_cuda_graphs(tmp_path):
     )
     found = model_settings(tmp_path)
     assert (found.batch_buckets, found.tf32, found.cuda_graphs) == ((1, 8, 32), True, True)
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"cuda_graphs": "one-session"}))
+    assert model_settings(tmp_path).cuda_graphs == "one-session"
     (tmp_path / "model.yaml").write_text(
         yaml.safe_dump({"batch_buckets": [], "batches_in_flight": 3, "device": "cpu", "pinned_memory": False})
     )

@@ -49,8 +49,12 @@ class RuntimeOptions:
     batch_buckets: tuple[int, ...] = ()
     # Each bucket's session captures its calls as a CUDA graph and replays it on device buffers bound
     # once (ONNX Runtime's CUDA provider; runtimes/ort_bound.py); where capture fails, plain sessions
-    # run and describe() says why.
-    cuda_graphs: bool = False
+    # run and describe() says why. GRAPHS_IN_ONE_SESSION: one session replays a graph per bucket
+    # (one copy of the weights and of the kernels' state), a session per bucket where it cannot.
+    cuda_graphs: bool | str = False
+
+
+GRAPHS_IN_ONE_SESSION = "one-session"
 
 
 SPIN_POLICIES = ("always", "run", "never")

@@ -65,12 +65,14 @@ Answer = TypeVar("Answer")
 _ORT_TYPES = {"float": "float32", "double": "float64"}
 
 
-def _fixed(spec: Any, what: str) -> tuple[np.dtype, tuple[int, ...]]:
-    """A session input's or output's dtype and shape, which must be fixed to be bound once."""
+def _fixed(spec: Any, what: str, shape: Sequence[int | str | None] | None = None) -> tuple[np.dtype, tuple[int, ...]]:
+    """A session input's or output's dtype and shape (``shape`` where given, else its own), which
+    must be fixed to be bound once."""
     element = spec.type.removeprefix("tensor(").removesuffix(")")
-    if element == "string" or not all(isinstance(d, int) for d in spec.shape):
-        raise ValueError(f"{what} '{spec.name}' ({spec.type}, shape {spec.shape}) is not a fixed-size tensor")
-    return np.dtype(_ORT_TYPES.get(element, element)), tuple(spec.shape)
+    shape = spec.shape if shape is None else shape
+    if element == "string" or not all(isinstance(d, int) for d in shape):
+        raise ValueError(f"{what} '{spec.name}' ({spec.type}, shape {shape}) is not a fixed-size tensor")
+    return np.dtype(_ORT_TYPES.get(element, element)), tuple(shape)
 
 
 class BoundRun:
@@ -154,3 +156,29 @@ class BoundRun:
             name: value.numpy().copy() if self.device == "cpu" else value.numpy()
             for name, value in self._outputs.items()
         }
+
+
+def graph_at(session: Any, batch_names: Sequence[str], rows: int, thread: Executor, device: str = "cuda") -> BoundRun:
+    """A binding of ``session`` (a session for any batch, on the CUDA provider with graphs enabled)
+    at ``rows`` rows on ``device``, replaying a CUDA graph of its own (ONNX Runtime's ``gpu_graph_id``,
+    the batch size), captured here on ``thread``, which must make every call of the session's graphs. The
+    outputs' shapes come from one plain run on zeros (``gpu_graph_id`` -1: neither captured nor
+    replayed). Raises ``ValueError`` where an input has a size other than its batch left open."""
+    import onnxruntime as ort
+
+    def bound() -> BoundRun:
+        inputs = {
+            spec.name: _fixed(spec, "input", [rows if d in batch_names else d for d in spec.shape])
+            for spec in session.get_inputs()
+        }
+        plain = ort.RunOptions()
+        plain.add_run_config_entry("gpu_graph_id", "-1")
+        answers = session.run(None, {name: np.zeros(shape, dtype) for name, (dtype, shape) in inputs.items()}, plain)
+        shapes = {**inputs, **{o.name: (a.dtype, a.shape) for o, a in zip(session.get_outputs(), answers, strict=True)}}
+        graph = ort.RunOptions()
+        graph.add_run_config_entry("gpu_graph_id", str(rows))
+        return BoundRun(session, device, shapes, graph, thread)
+
+    binding = thread.submit(bound).result()
+    binding.capture()
+    return binding
