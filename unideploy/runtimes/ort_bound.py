@@ -12,11 +12,12 @@ until its shape nodes went. A graph replays on the memory it was captured on, so
 outputs are buffers on the device bound once (``BoundRun``): a call copies the batch in, replays,
 and copies the answer out.
 
-Two facts of ONNX Runtime's CUDA provider shape how a graph is captured (cuda_execution_provider.h
-and cuda_graph.cc): it keeps a session's captured graphs in the *calling thread's* context, and
-captures on a thread's third call (two plain runs first, as the second may still allocate); and
-it captures in CUDA's global mode, where a CUDA call any other thread of the process makes
-meanwhile fails (error 900) and breaks the capture. So a ``BoundRun`` given a ``thread`` makes its
+Two facts of ONNX Runtime's CUDA provider shape how a graph is captured (cuda_execution_provider.h,
+cuda_graph.cc, inference_session.cc): it keeps a session's captured graphs in the *calling thread's*
+context, so a graph captured on one thread is not there for a call from another, which captures
+its own (a thread's first call runs the model until it has: two plain runs for the allocations,
+the third captured); and it captures in CUDA's global mode, where a CUDA call any other thread of
+the process makes meanwhile fails (error 900) and breaks the capture. So a ``BoundRun`` given a ``thread`` makes its
 every call there: the graph captured by ``capture`` is the one its calls replay, whichever thread
 asks; the engine captures before it serves (``runtimes/onnxruntime_runtime.py``), and captures
 take turns. What no lock here covers: another engine serving on the GPU while one loads with
@@ -53,9 +54,10 @@ def fix_batch(session_options: Any, names: Sequence[str], rows: int) -> None:
         session_options.add_free_dimension_override_by_name(name, rows)
 
 
-# calls of a thread before one that replays: ONNX Runtime's CUDA provider runs two plainly and
-# captures the third (min_num_runs_before_cuda_graph_capture_); where it captures sooner, the third replays
-CAPTURE_CALLS = 3
+# calls that capture a graph: the first (ONNX Runtime runs it again until it has captured, the
+# CUDA provider's min_num_runs_before_cuda_graph_capture_ plain runs first), and one replay, so that
+# a graph that cannot replay fails at load rather than on a request
+CAPTURE_CALLS = 2
 # one capture at a time in the process: two engines loading together would break each other's
 _CAPTURING = threading.Lock()
 
@@ -119,8 +121,8 @@ class BoundRun:
         self._lock = threading.Lock()
 
     def capture(self) -> None:
-        """The first calls, on the buffers' zeros (``CAPTURE_CALLS``): ONNX Runtime runs them plainly
-        (its allocations) until it captures the CUDA graph; a graph it cannot capture raises here."""
+        """The first calls, on the buffers' zeros (``CAPTURE_CALLS``): ONNX Runtime captures the
+        CUDA graph in the first and replays it in the next; a graph it cannot capture raises here."""
 
         def calls() -> None:
             for _ in range(CAPTURE_CALLS):
