@@ -6,6 +6,7 @@ binding itself is tested on the CPU (tests/runtimes/test_ort_bound.py)."""
 from __future__ import annotations
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -75,3 +76,38 @@ def test_two_batch_threads_replay_the_graphs_captured_at_load(digits, graphs):
             answers = list(batch_threads.map(lambda rows: gpu.run({"x": images[:rows]})["output"], sizes))
             for rows, answer in zip(sizes, answers, strict=True):
                 np.testing.assert_allclose(answer, cpu.run({"x": images[:rows]})["output"], atol=1e-4)
+
+
+def test_a_model_loading_with_graphs_beside_one_serving_fails_neither(digits):
+    """A hot reload on a GPU: one engine answers from two batch threads while another loads and
+    captures its graphs, in each layout. CUDA's global capture mode fails any CUDA call another
+    thread makes during a capture; the server's calls wait for it instead (runtimes/cuda_work.py)."""
+    images = np.load(digits["data"])["x"][:8]
+    with Package.open(digits["package"]) as package:
+        _, cpu = open_runtime(package, "onnx-fp32", options=RuntimeOptions(device="cpu"))
+        expected = {rows: cpu.run({"x": images[:rows]})["output"] for rows in range(1, 9)}
+        serving_options = RuntimeOptions(device="gpu", batch_buckets=(1, 4, 8), cuda_graphs=True)
+        _, serving = open_runtime(package, "onnx-fp32", options=serving_options)
+        stop, answered = threading.Event(), []
+
+        def serve(start: int) -> None:
+            rows = start
+            while not stop.is_set():
+                rows = rows % 8 + 1
+                np.testing.assert_allclose(serving.run({"x": images[:rows]})["output"], expected[rows], atol=1e-4)
+                answered.append(rows)
+
+        with cpu, serving, ThreadPoolExecutor(2) as batch_threads:
+            calls = [batch_threads.submit(serve, start) for start in (0, 4)]
+            try:
+                for layout in (True, "one-session"):
+                    options = RuntimeOptions(device="gpu", batch_buckets=(1, 2, 4, 8), cuda_graphs=layout)
+                    _, loaded = open_runtime(package, "onnx-fp32", options=options)
+                    with loaded:
+                        assert loaded.describe()["cuda_graphs"] == CAPTURED[layout]
+                        np.testing.assert_allclose(loaded.run({"x": images[:3]})["output"], expected[3], atol=1e-4)
+            finally:
+                stop.set()
+            for call in calls:
+                call.result()  # a call that failed during a capture raises here
+        assert answered

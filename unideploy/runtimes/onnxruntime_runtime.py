@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from unideploy.errors import MissingDependencyError, PackageError, RuntimeFailur
 from unideploy.registry import Availability
 from unideploy.runtimes.base import GRAPHS_IN_ONE_SESSION, Runtime, usable_cores
 from unideploy.runtimes.batch_buckets import run_in_buckets
+from unideploy.runtimes.cuda_work import CUDA_WORK
 from unideploy.runtimes.ort_bound import BoundRun, batch_dimension_names, fix_batch, graph_at
 from unideploy.runtimes.ort_providers import (
     CUDA,
@@ -75,6 +77,7 @@ class OnnxRuntime(Runtime):
             cache.mkdir(parents=True, exist_ok=True)
         else:
             self._providers = onnx_providers(self.options.device, available, self.options.precision, self.options.tf32)
+        self._gpu = bool(set(provider_names(self._providers)) & set(GPU_PROVIDERS))  # its CUDA work: cuda_work.py
         # where rows lie, for padding and cutting: recurrent state [layers, batch, hidden] on axis 1
         self._axes = (self.signature.batch_axes, self.signature.output_batch_axes)
         self._sessions: dict[int, Any] = {}
@@ -155,11 +158,12 @@ class OnnxRuntime(Runtime):
         capture where the shapes a batch of any size leaves to the CPU kept this one from it."""
         thread = ThreadPoolExecutor(1, thread_name_prefix="unideploy-cuda-graphs")
         try:
-            opened = self._open(graph=True)
-            if opened.lost:
-                raise ValueError(opened.lost)
-            for size in self._buckets:
-                self._sessions[size] = graph_at(opened.session, self._batch_names, size, thread)
+            with CUDA_WORK.exclusive():
+                opened = self._open(graph=True)
+                if opened.lost:
+                    raise ValueError(opened.lost)
+                for size in self._buckets:
+                    self._sessions[size] = graph_at(opened.session, self._batch_names, size, thread)
         except (ValueError, PackageError) as exc:
             self.one_session_problem = str(exc)[:300]
         except Exception as exc:  # ORT's own errors: capture refused (a node left to the CPU), ...
@@ -168,7 +172,8 @@ class OnnxRuntime(Runtime):
             self._graph_threads.append(thread)
             self._graphs_shared = True
             return Opened(opened.session, None)
-        self._sessions.clear()
+        with self._cuda_work():
+            self._sessions.clear()
         thread.shutdown()
         return None
 
@@ -197,7 +202,8 @@ class OnnxRuntime(Runtime):
             for p in self._providers
         ]
         try:
-            return open_session(model, session_options, providers)
+            with self._cuda_work():
+                return open_session(model, session_options, providers)
         except Exception as exc:  # ORT raises its own untyped pybind errors
             raise PackageError(
                 f"ONNX Runtime cannot load '{self.path.name}': {ort_message(exc)}",
@@ -257,9 +263,15 @@ class OnnxRuntime(Runtime):
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.spec is not None:
             check_shapes(self.spec.profiles, inputs)
-        if self._buckets:
-            return run_in_buckets(self._run_bucket, inputs, self._buckets, *self._axes)
-        return self._call(self.session, inputs)
+        with self._cuda_work():
+            if self._buckets:
+                return run_in_buckets(self._run_bucket, inputs, self._buckets, *self._axes)
+            return self._call(self.session, inputs)
+
+    def _cuda_work(self) -> AbstractContextManager[None]:
+        """On a GPU, CUDA work, which a CUDA graph's capture elsewhere in the process holds off
+        (cuda_work.py); on the CPU, nothing to wait for."""
+        return CUDA_WORK.shared() if self.__dict__.get("_gpu") else nullcontext()
 
     def _run_bucket(self, size: int, inputs: dict[str, np.ndarray], run_options: Any = None) -> dict[str, np.ndarray]:
         """Run on the session that sees only ``size`` rows, opening it on first use. A CUDA graph's
@@ -293,11 +305,12 @@ class OnnxRuntime(Runtime):
         if self.options.cuda_graphs and self.graphs_problem is None:
             thread = ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-cuda-graph-{size}")
             try:
-                opened = self._open(size, graph=True)
-                if opened.lost:
-                    raise ValueError(opened.lost)
-                bound = BoundRun(opened.session, "cuda", thread=thread)
-                bound.capture()
+                with CUDA_WORK.exclusive():
+                    opened = self._open(size, graph=True)
+                    if opened.lost:
+                        raise ValueError(opened.lost)
+                    bound = BoundRun(opened.session, "cuda", thread=thread)
+                    bound.capture()
                 self._graph_threads.append(thread)
                 return Opened(bound, None)
             except (ValueError, PackageError) as exc:
@@ -325,15 +338,17 @@ class OnnxRuntime(Runtime):
         devices = "gpu:0" if self._buckets else "cpu:0"  # buckets: a CUDA session, whose arena is the GPU's
         options.add_run_config_entry("memory.enable_memory_arena_shrinkage", devices)
         inputs = self.signature.validate_inputs(inputs)
-        if self._buckets:
-            run_in_buckets(
-                lambda size, padded: self._run_bucket(size, padded, options), inputs, self._buckets, *self._axes
-            )
-        else:
-            self._call(self.session, inputs, options)
+        with self._cuda_work():
+            if self._buckets:
+                run_in_buckets(
+                    lambda size, padded: self._run_bucket(size, padded, options), inputs, self._buckets, *self._axes
+                )
+            else:
+                self._call(self.session, inputs, options)
 
     def close(self) -> None:
-        self.__dict__.pop("session", None)
-        self.__dict__.pop("_sessions", None)
+        with self._cuda_work():  # the sessions' GPU memory freed
+            self.__dict__.pop("session", None)
+            self.__dict__.pop("_sessions", None)
         for thread in self.__dict__.pop("_graph_threads", ()):
             thread.shutdown()

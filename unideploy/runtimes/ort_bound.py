@@ -19,9 +19,8 @@ its own (a thread's first call runs the model until it has: two plain runs for t
 the third captured); and it captures in CUDA's global mode, where a CUDA call any other thread of
 the process makes meanwhile fails (error 900) and breaks the capture. So a ``BoundRun`` given a ``thread`` makes its
 every call there: the graph captured by ``capture`` is the one its calls replay, whichever thread
-asks; the engine captures before it serves (``runtimes/onnxruntime_runtime.py``), and captures
-take turns. What no lock here covers: another engine serving on the GPU while one loads with
-graphs (a hot reload) may have calls fail during that capture (docs/gpu.md).
+asks; the engine captures before it serves (``runtimes/onnxruntime_runtime.py``), and a capture
+holds the rest of the process's CUDA work off (``cuda_work.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +31,8 @@ from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 import numpy as np
+
+from unideploy.runtimes.cuda_work import CUDA_WORK
 
 
 def batch_dimension_names(inputs: Sequence[Any], batch_axes: Mapping[str, int | None]) -> list[str]:
@@ -58,8 +59,6 @@ def fix_batch(session_options: Any, names: Sequence[str], rows: int) -> None:
 # CUDA provider's min_num_runs_before_cuda_graph_capture_ plain runs first), and one replay, so that
 # a graph that cannot replay fails at load rather than on a request
 CAPTURE_CALLS = 2
-# one capture at a time in the process: two engines loading together would break each other's
-_CAPTURING = threading.Lock()
 
 Answer = TypeVar("Answer")
 
@@ -106,14 +105,15 @@ class BoundRun:
         outputs = {spec.name: sized(spec, "output") for spec in session.get_outputs()}
         self.session, self.device, self.run_options, self._thread = session, device, run_options, thread
         self._binding = session.io_binding()
-        self._inputs = {
-            name: ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), device, 0)
-            for name, (dtype, shape) in inputs.items()
-        }
-        self._outputs = {
-            name: ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype.type, device, 0)
-            for name, (dtype, shape) in outputs.items()
-        }
+        with CUDA_WORK.shared():
+            self._inputs = {
+                name: ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), device, 0)
+                for name, (dtype, shape) in inputs.items()
+            }
+            self._outputs = {
+                name: ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype.type, device, 0)
+                for name, (dtype, shape) in outputs.items()
+            }
         for name, value in self._inputs.items():
             self._binding.bind_ortvalue_input(name, value)
         for name, value in self._outputs.items():
@@ -128,7 +128,7 @@ class BoundRun:
             for _ in range(CAPTURE_CALLS):
                 self.session.run_with_iobinding(self._binding, self.run_options)
 
-        with _CAPTURING:
+        with CUDA_WORK.exclusive():
             self._made(calls)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -147,8 +147,9 @@ class BoundRun:
         return self._made(self._replayed)
 
     def _made(self, call: Callable[[], Answer]) -> Answer:
-        """``call``'s answer, one call at a time, made on the binding's thread where it has one."""
-        with self._lock:
+        """``call``'s answer, one call at a time, made on the binding's thread where it has one
+        (CUDA work: ``cuda_work.py``; within ``capture``, the capture's exclusive side)."""
+        with CUDA_WORK.shared(), self._lock:
             return call() if self._thread is None else self._thread.submit(call).result()
 
     def _replayed(self) -> dict[str, np.ndarray]:
@@ -168,19 +169,18 @@ def graph_at(session: Any, batch_names: Sequence[str], rows: int, thread: Execut
     replayed). Raises ``ValueError`` where an input has a size other than its batch left open."""
     import onnxruntime as ort
 
-    def bound() -> BoundRun:
-        inputs = {
-            spec.name: _fixed(spec, "input", [rows if d in batch_names else d for d in spec.shape])
-            for spec in session.get_inputs()
-        }
-        plain = ort.RunOptions()
-        plain.add_run_config_entry("gpu_graph_id", "-1")
-        answers = session.run(None, {name: np.zeros(shape, dtype) for name, (dtype, shape) in inputs.items()}, plain)
+    inputs = {
+        spec.name: _fixed(spec, "input", [rows if d in batch_names else d for d in spec.shape])
+        for spec in session.get_inputs()
+    }
+    plain = ort.RunOptions()
+    plain.add_run_config_entry("gpu_graph_id", "-1")
+    zeros = {name: np.zeros(shape, dtype) for name, (dtype, shape) in inputs.items()}
+    with CUDA_WORK.exclusive():  # the plain run too: it must not run into another engine's capture
+        answers = thread.submit(session.run, None, zeros, plain).result()
         shapes = {**inputs, **{o.name: (a.dtype, a.shape) for o, a in zip(session.get_outputs(), answers, strict=True)}}
         graph = ort.RunOptions()
         graph.add_run_config_entry("gpu_graph_id", str(rows))
-        return BoundRun(session, device, shapes, graph, thread)
-
-    binding = thread.submit(bound).result()
-    binding.capture()
+        binding = BoundRun(session, device, shapes, graph, thread)
+        binding.capture()
     return binding

@@ -20,6 +20,7 @@ from collections import OrderedDict
 import numpy as np
 
 from unideploy.runtimes import cuda_api
+from unideploy.runtimes.cuda_work import CUDA_WORK
 
 log = logging.getLogger("unideploy.runtime")
 KEPT = 16  # buffers kept per batch thread: a few inputs at each of the default six buckets
@@ -69,7 +70,8 @@ class PinnedBuffers(BatchBuffers):
         array = np.empty(shape, dtype)
         if array.nbytes and dtype.kind in "biufc":  # text stays where ONNX Runtime reads it, on the host
             cudart = cuda_api.runtime()
-            error = cudart.cudaHostRegister(array.ctypes.data, array.nbytes, cudart.cudaHostRegisterDefault)[0]
+            with CUDA_WORK.shared():
+                error = cudart.cudaHostRegister(array.ctypes.data, array.nbytes, cudart.cudaHostRegisterDefault)[0]
             if cuda_api.succeeded(error):
                 self._locked.add(array.ctypes.data)
             else:
@@ -79,4 +81,5 @@ class PinnedBuffers(BatchBuffers):
     def _release(self, array: np.ndarray) -> None:
         if array.ctypes.data in self._locked:
             self._locked.discard(array.ctypes.data)
-            cuda_api.runtime().cudaHostUnregister(array.ctypes.data)
+            with CUDA_WORK.shared():
+                cuda_api.runtime().cudaHostUnregister(array.ctypes.data)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.runtimes import cuda_api
+from unideploy.runtimes.cuda_work import CUDA_WORK
 from unideploy.server.errors import BadRequest
 
 HANDLE_BYTES = 64  # CUDA_IPC_HANDLE_SIZE
@@ -54,7 +55,8 @@ class CudaRegion:
         _checked(cudart.cudaSetDevice(device_id)[0], name, f"GPU {device_id} cannot be used")
         handle = cudart.cudaIpcMemHandle_t()
         handle.reserved = bytes(raw_handle)
-        error, pointer = cudart.cudaIpcOpenMemHandle(handle, cudart.cudaIpcMemLazyEnablePeerAccess)
+        with CUDA_WORK.shared():
+            error, pointer = cudart.cudaIpcOpenMemHandle(handle, cudart.cudaIpcMemLazyEnablePeerAccess)
         _checked(
             error,
             name,
@@ -87,13 +89,15 @@ class CudaRegion:
     def _copy(self, destination: int, source: int, nbytes: int, kind: str) -> None:
         cudart = cuda_api.runtime()
         cudart.cudaSetDevice(self.device_id)  # the calling thread's device: the one the mapping is in
-        error = cudart.cudaMemcpy(destination, source, nbytes, getattr(cudart.cudaMemcpyKind, kind))[0]
+        with CUDA_WORK.shared():
+            error = cudart.cudaMemcpy(destination, source, nbytes, getattr(cudart.cudaMemcpyKind, kind))[0]
         _checked(error, self.name, "the copy failed", "check that the client has not freed the region's memory")
 
     def close(self) -> None:
         cudart = cuda_api.runtime()
         cudart.cudaSetDevice(self.device_id)
-        cudart.cudaIpcCloseMemHandle(self.pointer)
+        with CUDA_WORK.shared():
+            cudart.cudaIpcCloseMemHandle(self.pointer)
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}

@@ -22,6 +22,7 @@ from unideploy.errors import MissingDependencyError, PackageError, RuntimeFailur
 from unideploy.registry import Availability, modules_availability
 from unideploy.runtimes.base import Runtime
 from unideploy.runtimes.cuda_devices import Gpu, find_gpus
+from unideploy.runtimes.cuda_work import CUDA_WORK
 from unideploy.runtimes.tensorrt.engine_cache import EngineCache, EngineKey, cached_or_built
 from unideploy.runtimes.tensorrt.execution import EngineExecution
 from unideploy.runtimes.tensorrt.spec import EngineSpec, check_shapes
@@ -143,7 +144,7 @@ class TensorRTRuntime(Runtime):
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         check_shapes(self.spec.profiles, inputs)
-        with self._lock:
+        with CUDA_WORK.shared(), self._lock:  # held off by a CUDA graph's capture (cuda_work.py)
             try:
                 return self._execution.run(inputs)
             except RuntimeFailure:
@@ -152,7 +153,8 @@ class TensorRTRuntime(Runtime):
                 raise RuntimeFailure(f"TensorRT failed: {first_line(exc)}") from exc
 
     def close(self) -> None:
-        execution = self.__dict__.pop("_execution", None)
-        if execution is not None:
-            execution.close()
-        self.__dict__.pop("_engine", None)
+        with CUDA_WORK.shared():  # the engine's GPU memory freed
+            execution = self.__dict__.pop("_execution", None)
+            if execution is not None:
+                execution.close()
+            self.__dict__.pop("_engine", None)
