@@ -69,7 +69,7 @@ def test_a_capture_waits_for_the_work_under_way_and_holds_new_work_off():
 def test_the_capturing_thread_may_take_either_side_again_and_a_worker_may_not_capture():
     work = CudaWork()
     with work.exclusive(), work.shared(), work.exclusive():
-        pass  # the runtime opens a session (shared) and captures (exclusive) within its capture
+        pass  # a capture makes its calls (shared) within its exclusive hold, and nests
     nested_work = pytest.raises(RuntimeError, match="capture asked for by a thread in the middle of other CUDA work")
     with work.shared(), work.shared(), nested_work, work.exclusive():  # nested work never waits on itself
         pass

@@ -158,12 +158,11 @@ class OnnxRuntime(Runtime):
         capture where the shapes a batch of any size leaves to the CPU kept this one from it."""
         thread = ThreadPoolExecutor(1, thread_name_prefix="unideploy-cuda-graphs")
         try:
-            with CUDA_WORK.exclusive():
-                opened = self._open(graph=True)
-                if opened.lost:
-                    raise ValueError(opened.lost)
-                for size in self._buckets:
-                    self._sessions[size] = graph_at(opened.session, self._batch_names, size, thread)
+            opened = self._open(graph=True)
+            if opened.lost:
+                raise ValueError(opened.lost)
+            for size in self._buckets:
+                self._sessions[size] = graph_at(opened.session, self._batch_names, size, thread)
         except (ValueError, PackageError) as exc:
             self.one_session_problem = str(exc)[:300]
         except Exception as exc:  # ORT's own errors: capture refused (a node left to the CPU), ...
@@ -305,12 +304,11 @@ class OnnxRuntime(Runtime):
         if self.options.cuda_graphs and self.graphs_problem is None:
             thread = ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-cuda-graph-{size}")
             try:
-                with CUDA_WORK.exclusive():
-                    opened = self._open(size, graph=True)
-                    if opened.lost:
-                        raise ValueError(opened.lost)
-                    bound = BoundRun(opened.session, "cuda", thread=thread)
-                    bound.capture()
+                opened = self._open(size, graph=True)
+                if opened.lost:
+                    raise ValueError(opened.lost)
+                bound = BoundRun(opened.session, "cuda", thread=thread)
+                bound.capture()
                 self._graph_threads.append(thread)
                 return Opened(bound, None)
             except (ValueError, PackageError) as exc:

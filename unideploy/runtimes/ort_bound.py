@@ -121,13 +121,21 @@ class BoundRun:
         self._lock = threading.Lock()
 
     def capture(self) -> None:
-        """The first calls, on the buffers' zeros (``CAPTURE_CALLS``): ONNX Runtime captures the
-        CUDA graph in the first and replays it in the next; a graph it cannot capture raises here."""
+        """The first calls, on the buffers' zeros: one neither captured nor replayed (``gpu_graph_id``
+        -1), which plans the kernels for this shape (a second or so for a CNN on the CUDA provider)
+        beside the process's other CUDA work; then, holding that work off (``cuda_work.py``),
+        ``CAPTURE_CALLS``: ONNX Runtime captures the CUDA graph in the first and replays it in the
+        next. A graph it cannot capture raises here."""
+        import onnxruntime as ort
+
+        plain = ort.RunOptions()
+        plain.add_run_config_entry("gpu_graph_id", "-1")
 
         def calls() -> None:
             for _ in range(CAPTURE_CALLS):
                 self.session.run_with_iobinding(self._binding, self.run_options)
 
+        self._made(lambda: self.session.run_with_iobinding(self._binding, plain))
         with CUDA_WORK.exclusive():
             self._made(calls)
 
@@ -176,11 +184,11 @@ def graph_at(session: Any, batch_names: Sequence[str], rows: int, thread: Execut
     plain = ort.RunOptions()
     plain.add_run_config_entry("gpu_graph_id", "-1")
     zeros = {name: np.zeros(shape, dtype) for name, (dtype, shape) in inputs.items()}
-    with CUDA_WORK.exclusive():  # the plain run too: it must not run into another engine's capture
+    with CUDA_WORK.shared():
         answers = thread.submit(session.run, None, zeros, plain).result()
-        shapes = {**inputs, **{o.name: (a.dtype, a.shape) for o, a in zip(session.get_outputs(), answers, strict=True)}}
-        graph = ort.RunOptions()
-        graph.add_run_config_entry("gpu_graph_id", str(rows))
-        binding = BoundRun(session, device, shapes, graph, thread)
-        binding.capture()
+    shapes = {**inputs, **{o.name: (a.dtype, a.shape) for o, a in zip(session.get_outputs(), answers, strict=True)}}
+    graph = ort.RunOptions()
+    graph.add_run_config_entry("gpu_graph_id", str(rows))
+    binding = BoundRun(session, device, shapes, graph, thread)
+    binding.capture()
     return binding
