@@ -96,8 +96,12 @@ class OnnxRuntime(Runtime):
         elif self.options.cuda_graphs:
             # every bucket captured now, before the engine serves: a capture fails the CUDA calls
             # other threads make meanwhile (ort_bound.py), as another bucket's calls would be
-            for size in self._buckets[1:]:
-                self._bucket(size)
+            try:
+                for size in self._buckets[1:]:
+                    self._bucket(size)
+            except BaseException:  # nothing half-opened left holding GPU memory or threads
+                self.close()
+                raise
         self.session, self.fallback = opened.session, opened.lost
         got = self.session.get_providers()
         if self.spec is not None and TENSORRT not in got:
