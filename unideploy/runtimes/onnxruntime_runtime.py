@@ -274,7 +274,7 @@ class OnnxRuntime(Runtime):
     def _cuda_work(self) -> AbstractContextManager[None]:
         """On a GPU, CUDA work, which a CUDA graph's capture elsewhere in the process holds off
         (cuda_work.py); on the CPU, nothing to wait for."""
-        return CUDA_WORK.shared() if self.__dict__.get("_gpu") else nullcontext()
+        return CUDA_WORK.shared() if self._gpu else nullcontext()
 
     def _run_bucket(self, size: int, inputs: dict[str, np.ndarray], run_options: Any = None) -> dict[str, np.ndarray]:
         """Run on the session that sees only ``size`` rows, opening it on first use. A CUDA graph's

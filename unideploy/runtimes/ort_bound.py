@@ -61,9 +61,21 @@ def fix_batch(session_options: Any, names: Sequence[str], rows: int) -> None:
 CAPTURE_CALLS = 2
 
 Answer = TypeVar("Answer")
+# ONNX Runtime's ``gpu_graph_id`` for a run neither captured nor replayed
+NOT_CAPTURED = "-1"
 
 # ONNX Runtime's element type names where numpy's differ
 _ORT_TYPES = {"float": "float32", "double": "float64"}
+
+
+def _graph_run(graph_id: str) -> Any:
+    """Run options naming the CUDA graph a run captures or replays (``gpu_graph_id``; read by the
+    CUDA provider only)."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("gpu_graph_id", graph_id)
+    return options
 
 
 def _fixed(spec: Any, what: str, shape: Sequence[int | str | None] | None = None) -> tuple[np.dtype, tuple[int, ...]]:
@@ -126,10 +138,7 @@ class BoundRun:
         beside the process's other CUDA work; then, holding that work off (``cuda_work.py``),
         ``CAPTURE_CALLS``: ONNX Runtime captures the CUDA graph in the first and replays it in the
         next. A graph it cannot capture raises here."""
-        import onnxruntime as ort
-
-        plain = ort.RunOptions()
-        plain.add_run_config_entry("gpu_graph_id", "-1")
+        plain = _graph_run(NOT_CAPTURED)
 
         def calls() -> None:
             for _ in range(CAPTURE_CALLS):
@@ -175,20 +184,14 @@ def graph_at(session: Any, batch_names: Sequence[str], rows: int, thread: Execut
     the batch size), captured here on ``thread``, which must make every call of the session's graphs. The
     outputs' shapes come from one plain run on zeros (``gpu_graph_id`` -1: neither captured nor
     replayed). Raises ``ValueError`` where an input has a size other than its batch left open."""
-    import onnxruntime as ort
-
     inputs = {
         spec.name: _fixed(spec, "input", [rows if d in batch_names else d for d in spec.shape])
         for spec in session.get_inputs()
     }
-    plain = ort.RunOptions()
-    plain.add_run_config_entry("gpu_graph_id", "-1")
     zeros = {name: np.zeros(shape, dtype) for name, (dtype, shape) in inputs.items()}
     with CUDA_WORK.shared():
-        answers = thread.submit(session.run, None, zeros, plain).result()
+        answers = thread.submit(session.run, None, zeros, _graph_run(NOT_CAPTURED)).result()
     shapes = {**inputs, **{o.name: (a.dtype, a.shape) for o, a in zip(session.get_outputs(), answers, strict=True)}}
-    graph = ort.RunOptions()
-    graph.add_run_config_entry("gpu_graph_id", str(rows))
-    binding = BoundRun(session, device, shapes, graph, thread)
+    binding = BoundRun(session, device, shapes, _graph_run(str(rows)), thread)
     binding.capture()
     return binding
