@@ -188,6 +188,8 @@ def test_argument_errors_use_usage_and_exit_2():
     assert result.returncode == 2 and "must be at least 1" in result.stderr
     result = deploy("bench", "pkg", "--batch-size", "8,x")
     assert result.returncode == 2 and "'x' is not a whole number" in result.stderr
+    result = deploy("bench", "pkg", "--cuda-graphs", "--cuda-graphs-one-session")  # one graph layout or the other
+    assert result.returncode == 2 and "not allowed with argument --cuda-graphs" in result.stderr
     assert deploy("frobnicate").returncode == 2
 
 
