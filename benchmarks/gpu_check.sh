@@ -75,7 +75,8 @@ step export "${DEPLOY[@]}" export "$MODEL" -o "$PKG" --target gpu
 wait
 GROUP="side by side (2)"
 step optimize-fp16 "${DEPLOY[@]}" optimize "$PKG" --quantize fp16 --calibration "$PHOTOS" &
-step gpu-tests "$PY" -m pytest -q -p no:cacheprovider "$HERE/../tests/server/test_cuda_shared_memory.py" "$HERE/../tests/gpu/test_cuda_graphs.py" &
+step gpu-tests "$PY" -m pytest -q -p no:cacheprovider "$HERE/../tests/server/test_cuda_shared_memory.py" "$HERE/../tests/gpu/test_cuda_graphs.py" \
+  "$HERE/../tests/runtimes/test_device_batches.py::test_rows_copied_in_gpu_memory_arrive_whole" &
 step prepare-encoder "$PY" "$HERE/gpu.py" --work "$OUT/gpu-work" --prepare &
 wait
 GROUP="side by side (3)"

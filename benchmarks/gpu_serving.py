@@ -152,9 +152,18 @@ POLICIES: dict[str, Policy] = {
     "buckets, 4 front ends, shm, CUDA graphs, one session": Policy(
         {"cuda_graphs": GRAPHS_IN_ONE_SESSION}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
     ),
-    # perf_analyzer's tensors in GPU memory it allocated (CUDA shared memory, server/cuda_shared_memory.py)
+    # perf_analyzer's tensors in GPU memory it allocated (CUDA shared memory, server/cuda_shared_memory.py),
+    # merged in GPU memory (runtimes/device_batches.py), against the same read through the host (before
+    # 2026-11-28, night): a 600 KB row's host read took 0.17 ms of a c32 call, the batch's copy back 1.3 ms
     "buckets, 4 front ends, cuda shm": Policy(
-        {}, (1, 32), ("grpc",), ("--frontends", "4", "--shared-memory", "cuda"), CUDA_SHARED_MEMORY
+        {}, (1, 32), ("grpc", "http"), ("--frontends", "4", "--shared-memory", "cuda"), CUDA_SHARED_MEMORY
+    ),
+    "buckets, 4 front ends, cuda shm, through the host": Policy(
+        {"device_batches": False},
+        (1, 32),
+        ("grpc", "http"),
+        ("--frontends", "4", "--shared-memory", "cuda"),
+        CUDA_SHARED_MEMORY,
     ),
     # the host's CPU (issue 44): one process, front ends, and front ends with shared memory
     "cpu, one process": Policy(ON_CPU, (1, 32), ("grpc",)),
@@ -253,10 +262,14 @@ def measured(
 
 
 def scrape(server: Any) -> dict[str, Any]:
-    """What the server says it ran: its engine labels."""
+    """What the server says it ran, after the run: its engine labels, and the model's account of
+    what it asked for on a GPU (CUDA graphs, batches merged in GPU memory), which a failure while
+    serving would have turned off, saying why."""
     text = httpx.get(f"{server.http}/metrics", timeout=10).text
     engine = re.search(r"unideploy_model_engine\{([^}]*)\} 1", text)
-    return {"engine": engine.group(1) if engine else "(no engine metric)"}
+    ran = httpx.get(f"{server.http}/v2/models/model", timeout=10).json().get("parameters", {})
+    asked = "; ".join(f"{key}: {ran[key]}" for key in ("cuda_graphs", "device_batches") if key in ran)
+    return {"engine": (engine.group(1) if engine else "(no engine metric)") + (f"; {asked}" if asked else "")}
 
 
 def main() -> None:
@@ -295,7 +308,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="unideploy-gpu-serving-") as folder:
         work = Path(folder)
         for name, policy in POLICIES.items():
-            if args.only and name not in args.only:
+            protocols = [p for p in policy.protocols if not args.protocol or p in args.protocol]
+            if (args.only and name not in args.only) or not protocols:
                 continue
             slug = re.sub(r"\W+", "-", name)
             repo = work / slug
@@ -311,7 +325,7 @@ def main() -> None:
             )
             ready_s = round(time.perf_counter() - started, 1)
             try:
-                for protocol in (p for p in policy.protocols if not args.protocol or p in args.protocol):
+                for protocol in protocols:
                     url = server.grpc if protocol == "grpc" else server.http.removeprefix("http://")
                     for c in policy.levels:
                         print(f"{name}: {protocol} concurrency {c}", file=sys.stderr, flush=True)

@@ -222,6 +222,82 @@ def test_a_lone_request_still_in_shared_memory_is_read_into_the_kept_buffer():
     assert merged([ready], 1, None, buffers) is ready  # already an array: run as it is
 
 
+def test_inputs_every_request_keeps_in_gpu_memory_are_merged_there():
+    """An input that every request of a batch holds in GPU memory (a CUDA region's) is merged into
+    the caller's device buffer, each request's rows copied there, the bucket's padding made by
+    doubling copies (3 for 4 rows), all waited for once; an input in host memory beside it is
+    merged on the host as before. The batch holds what the host's merge holds."""
+    from device_memory import HostDeviceBuffers, InDeviceMemory
+
+    from unideploy.runtimes.device_batches import DeviceArray
+
+    rows = [np.arange(k * 3, dtype=np.float32).reshape(k, 3) + 10 * i for i, k in enumerate((1, 2, 1))]
+    masks = [np.full((len(r), 1), i, np.int64) for i, r in enumerate(rows)]
+    devices = HostDeviceBuffers()
+    parts = [{"x": InDeviceMemory(r), "mask": m} for r, m in zip(rows, masks, strict=True)]
+    batch = merged(parts, 8, None, None, {}, None, devices)
+    host = merged([{"x": r, "mask": m} for r, m in zip(rows, masks, strict=True)], 8)
+    assert isinstance(batch["x"], DeviceArray) and isinstance(batch["mask"], np.ndarray)
+    np.testing.assert_array_equal(batch["x"].value.numpy(), host["x"])
+    np.testing.assert_array_equal(batch["mask"], host["mask"])
+    assert len(devices.copied) == 3 + 3 and devices.waits == 1
+    again = merged(parts[:1], 1, None, None, {}, None, devices)["x"]  # a lone request too: one copy
+    assert isinstance(again, DeviceArray) and again.value.numpy().tolist() == [[0.0, 1.0, 2.0]]
+
+
+def test_a_request_whose_gpu_memory_is_gone_fails_alone_and_a_mixed_batch_merges_on_the_host():
+    """A request whose CUDA region was unregistered before its batch was merged fails with the
+    reason, its rows holding the first good request's; a batch where some requests sent the input
+    in host memory is merged on the host, every part read there; and with device batches turned off
+    (a CUDA call failed), on the host too."""
+    from device_memory import HostDeviceBuffers, InDeviceMemory
+
+    from unideploy.runtimes.device_batches import DeviceBatches
+    from unideploy.server.errors import BadRequest
+
+    one, two = np.ones((1, 3), np.float32), np.full((1, 3), 2.0, np.float32)
+    devices, failed = HostDeviceBuffers(), {}
+    batch = merged(
+        [{"x": InDeviceMemory(one, gone=True)}, {"x": InDeviceMemory(two)}], 2, None, None, failed, None, devices
+    )
+    assert batch["x"].value.numpy().tolist() == [[2.0] * 3, [2.0] * 3]
+    assert list(failed) == [0] and isinstance(failed[0], BadRequest) and "not registered" in str(failed[0])
+    mixed = merged([{"x": InDeviceMemory(one)}, {"x": two}], 2, None, None, {}, None, devices)["x"]
+    assert isinstance(mixed, np.ndarray) and mixed[:, 0].tolist() == [1.0, 2.0]
+    off = HostDeviceBuffers(DeviceBatches())
+    off.batches.failed("a copy in GPU memory failed")
+    assert isinstance(merged([{"x": InDeviceMemory(one)}], 1, None, None, {}, None, off)["x"], np.ndarray)
+
+
+def test_a_batch_that_cannot_be_merged_in_gpu_memory_is_merged_on_the_host_from_then_on():
+    """The real device buffers on a machine without a CUDA build of ONNX Runtime: the buffer cannot
+    be allocated, so the caller merges that batch on the host and runs it, the version's account
+    is told why once, and the next batch goes straight to the host."""
+    from device_memory import InDeviceMemory
+
+    from unideploy.runtimes import cuda_api
+    from unideploy.runtimes.device_batches import DeviceBatches
+
+    if cuda_api.problem() is None:
+        pytest.skip("this machine's GPU would merge the batch in its memory: tests/server/test_cuda_shared_memory.py")
+    told: list[str] = []
+    batches = DeviceBatches(on_failure=told.append)
+    seen: list = []
+
+    def run(inputs):
+        seen.append(type(inputs["x"]))
+        return {"y": inputs["x"] * 10}
+
+    with ThreadPoolExecutor(1) as thread:
+        call = Caller(run, thread, devices=batches.buffers())
+        parts = [{"x": InDeviceMemory(np.full((1, 2), float(i), np.float32))} for i in range(2)]
+        for _ in range(2):
+            ran = asyncio.run(call(parts, 2))
+            assert ran.outputs["y"][:, 0].tolist() == [0.0, 10.0] and not ran.failed
+    assert seen == [np.ndarray, np.ndarray] and len(told) == 1 and batches.problem == told[0]
+    assert "buffer in GPU memory" in told[0]
+
+
 def test_batches_in_flight_run_at_once_each_on_a_thread_of_its_own():
     """``in_flight=2``: a request that arrives while a batch runs starts a second batch at once
     (each call here waits until the other has started too: with one batch at a time it would wait

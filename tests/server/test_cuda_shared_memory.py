@@ -124,3 +124,45 @@ def test_bad_handles_devices_and_sizes_are_refused(cuda_server, device_regions, 
         client.unregister_cuda_shared_memory(name)
     refused(lambda: client.unregister_cuda_shared_memory(name), "no shared memory region")
     assert client.is_server_ready()
+
+
+def test_requests_in_gpu_memory_are_merged_there_and_never_cross_the_host(cuda_server, device_regions):
+    """Eight clients at once, each signal in a region of its own: the batches they merge into are
+    assembled in GPU memory, copied from device to device (``runtimes/device_batches.py``), each
+    answer the model's for its own signal, and the model's account still says ``device_batches:
+    on`` afterwards (a CUDA call that failed would have turned it off, saying why)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    signals = _signal(8)
+    plain = CLIENTS["http"](cuda_server)
+    assert plain.get_model_metadata("conv")["parameters"]["device_batches"] == "on"
+    expected = []
+    for row in signals:
+        x = httpclient.InferInput("audio", [1, 1, 64], "FP32")
+        x.set_data_from_numpy(row[None])
+        expected.append(plain.infer("conv", [x]).as_numpy("y"))
+    regions = [device_regions(row.nbytes) for row in signals]
+    for (handle, name), row in zip(regions, signals, strict=True):
+        cudashm.set_shared_memory_region(handle, [np.ascontiguousarray(row[None])])
+        plain.register_cuda_shared_memory(name, cudashm.get_raw_handle(handle), 0, row.nbytes)
+    together = threading.Barrier(len(signals), timeout=60)
+
+    def ask(i: int) -> np.ndarray:
+        client = CLIENTS["http"](cuda_server)
+        x = httpclient.InferInput("audio", [1, 1, 64], "FP32")
+        x.set_shared_memory(regions[i][1], signals[i].nbytes)
+        together.wait()
+        return client.infer("conv", [x]).as_numpy("y")
+
+    try:
+        with ThreadPoolExecutor(len(signals)) as pool:
+            answers = list(pool.map(ask, range(len(signals))))
+        for got, want in zip(answers, expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert plain.get_model_metadata("conv")["parameters"]["device_batches"] == "on"
+    finally:
+        for _, name in regions:
+            plain.unregister_cuda_shared_memory(name)

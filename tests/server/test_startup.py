@@ -130,6 +130,7 @@ def test_model_yaml_sets_spinning_threads_and_delay(tmp_path):
         {"batches_in_flight": 0},
         {"device": "tpu"},
         {"pinned_memory": "maybe"},
+        {"device_batches": "sometimes"},
     ],
 )
 def test_bad_model_yaml_is_explained(tmp_path, document):
@@ -156,10 +157,19 @@ def test_model_yaml_sets_gpu_batch_buckets_tf32_and_cuda_graphs(tmp_path):
     (tmp_path / "model.yaml").write_text(yaml.safe_dump({"cuda_graphs": "one-session"}))
     assert model_settings(tmp_path).cuda_graphs == "one-session"
     (tmp_path / "model.yaml").write_text(
-        yaml.safe_dump({"batch_buckets": [], "batches_in_flight": 3, "device": "cpu", "pinned_memory": False})
+        yaml.safe_dump(
+            {
+                "batch_buckets": [],
+                "batches_in_flight": 3,
+                "device": "cpu",
+                "pinned_memory": False,
+                "device_batches": False,
+            }
+        )
     )
     assert (model_settings(tmp_path).batch_buckets, model_settings(tmp_path).batches_in_flight) == ((), 3)
     assert (ModelSettings().pinned_memory, model_settings(tmp_path).pinned_memory) == (None, False)  # None: on a GPU
+    assert (ModelSettings().device_batches, model_settings(tmp_path).device_batches) == (True, False)
     assert (ModelSettings().batches_in_flight, model_settings(tmp_path).device) == (None, "cpu")  # None: 2 on a GPU
     (tmp_path / "model.yaml").write_text(yaml.safe_dump({"max_batch_size": 16, "batch_buckets": [8, 32]}))
     with pytest.raises(InputError, match=r"batch_buckets \[32\] exceed max_batch_size 16"):

@@ -118,6 +118,13 @@ class Runtime(ABC):
         uses them): a server warms each one at load. () when any size runs as it comes."""
         return ()
 
+    @property
+    def takes_device_batches(self) -> bool:
+        """Whether ``run_checked`` takes a merged batch's inputs in GPU memory
+        (``device_batches.DeviceArray``) at a bucket's size: a server then merges inputs a client
+        keeps in GPU memory there."""
+        return False
+
     def shrink(self, inputs: Mapping[str, Any]) -> None:
         """Run ``inputs`` (a small request) and give back the memory that larger calls left the
         engine holding; a server calls it when traffic stops. Engines that keep none do nothing."""

@@ -22,6 +22,7 @@ from unideploy.registry import Availability
 from unideploy.runtimes.base import GRAPHS_IN_ONE_SESSION, Runtime, usable_cores
 from unideploy.runtimes.batch_buckets import run_in_buckets
 from unideploy.runtimes.cuda_work import CUDA_WORK
+from unideploy.runtimes.device_batches import DeviceArray, DeviceBatchFailure
 from unideploy.runtimes.ort_bound import BoundRun, batch_dimension_names, fix_batch, graph_at
 from unideploy.runtimes.ort_providers import (
     CUDA,
@@ -36,6 +37,7 @@ from unideploy.runtimes.ort_providers import (
 )
 from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
 from unideploy.runtimes.tensorrt.spec import EngineSpec, check_shapes, is_engine_spec
+from unideploy.samples import batch_size_of
 
 
 @functools.cache
@@ -222,6 +224,11 @@ class OnnxRuntime(Runtime):
         return self._buckets
 
     @property
+    def takes_device_batches(self) -> bool:
+        """Its bucket sessions on the CUDA provider read a batch merged in GPU memory in place."""
+        return bool(self._buckets)
+
+    @property
     def precision(self) -> str:
         """What the model computes in as it runs here: the recipe's, else the artifact's, with fp32
         on the CUDA provider named tf32 when TF32 was asked for."""
@@ -267,9 +274,25 @@ class OnnxRuntime(Runtime):
         if self.spec is not None:
             check_shapes(self.spec.profiles, inputs)
         with self._cuda_work():
+            if any(isinstance(v, DeviceArray) for v in inputs.values()):
+                return self._run_on_device(inputs)
             if self._buckets:
                 return run_in_buckets(self._run_bucket, inputs, self._buckets, *self._axes)
             return self._call(self.session, inputs)
+
+    def _run_on_device(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+        """A batch merged in GPU memory (``device_batches.py``), run where it lies: by its bucket's
+        session, or the one session where there are no buckets; a batch of a size no bucket has is
+        copied to the host and run as any other. A failure raises ``DeviceBatchFailure``, with ONNX
+        Runtime's words: the server merges on the host from then on."""
+        rows = batch_size_of(inputs, self._axes[0])
+        if self._buckets and rows not in self._buckets:
+            host = {k: v.value.numpy() if isinstance(v, DeviceArray) else v for k, v in inputs.items()}
+            return run_in_buckets(self._run_bucket, host, self._buckets, *self._axes)
+        try:
+            return self._run_bucket(rows, inputs) if self._buckets else self._call(self.session, inputs)
+        except RuntimeFailure as exc:
+            raise DeviceBatchFailure(f"ONNX Runtime's run on a batch in GPU memory: {exc}") from exc
 
     def _cuda_work(self) -> AbstractContextManager[None]:
         """On a GPU, CUDA work, which a CUDA graph's capture elsewhere in the process holds off
@@ -283,6 +306,8 @@ class OnnxRuntime(Runtime):
         if isinstance(bucket, BoundRun):
             try:
                 return bucket.run(inputs)
+            except DeviceBatchFailure:
+                raise
             except Exception as exc:
                 raise RuntimeFailure(f"ONNX Runtime failed: {ort_message(exc)}") from exc
         return self._call(bucket, inputs, run_options)
@@ -322,9 +347,21 @@ class OnnxRuntime(Runtime):
             thread.shutdown()
         return self._open(size)
 
-    def _call(self, session: Any, inputs: dict[str, np.ndarray], run_options: Any = None) -> dict[str, np.ndarray]:
+    def _call(self, session: Any, inputs: dict[str, Any], run_options: Any = None) -> dict[str, np.ndarray]:
+        """``session``'s answer to ``inputs``; a batch in GPU memory (``DeviceArray``) is fed as the
+        ``OrtValue`` holding it, which the session reads in place."""
+        import onnxruntime as ort
+
         try:
-            outputs = session.run(self._output_names, inputs, run_options)
+            if any(isinstance(v, DeviceArray) for v in inputs.values()):
+                feeds = {
+                    k: v.value if isinstance(v, DeviceArray) else ort.OrtValue.ortvalue_from_numpy(v)
+                    for k, v in inputs.items()
+                }
+                got = session.run_with_ort_values(self._output_names, feeds, run_options)
+                outputs = [value.numpy() for value in got]  # the host's copy, wherever ONNX Runtime left it
+            else:
+                outputs = session.run(self._output_names, inputs, run_options)
         except Exception as exc:
             raise RuntimeFailure(f"ONNX Runtime failed: {ort_message(exc)}") from exc
         # string outputs come back as arrays of Python str objects: numpy unicode, as every stage keeps text

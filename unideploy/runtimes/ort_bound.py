@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from unideploy.runtimes.cuda_work import CUDA_WORK
+from unideploy.runtimes.device_batches import DeviceArray
 
 
 def batch_dimension_names(inputs: Sequence[Any], batch_axes: Mapping[str, int | None]) -> list[str]:
@@ -117,6 +118,7 @@ class BoundRun:
         outputs = {spec.name: sized(spec, "output") for spec in session.get_outputs()}
         self.session, self.device, self.run_options, self._thread = session, device, run_options, thread
         self._binding = session.io_binding()
+        self._dtypes = {name: dtype for name, (dtype, _) in inputs.items()}
         with CUDA_WORK.shared():
             self._inputs = {
                 name: ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), device, 0)
@@ -148,25 +150,41 @@ class BoundRun:
         with CUDA_WORK.exclusive():
             self._made(calls)
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The answer to ``inputs``, copied into the input buffers first."""
+    def run(self, inputs: Mapping[str, np.ndarray | DeviceArray]) -> dict[str, np.ndarray]:
+        """The answer to ``inputs``, copied into the input buffers first: from the host on the
+        binding's thread, and a batch merged in GPU memory from device to device by the calling
+        thread, which holds the process's CUDA work for it (on the binding's thread, a copy waiting
+        for that while a capture waited for the caller would wait for ever)."""
+        on_device = {name: given for name, given in inputs.items() if isinstance(given, DeviceArray)}
+        for name, given in on_device.items():
+            bound = self._inputs[name]
+            if given.shape != tuple(bound.shape()) or given.dtype != self._dtypes[name]:
+                raise ValueError(f"input '{name}' {given.shape} does not fit its bound {tuple(bound.shape())}")
 
         def copied_in() -> dict[str, np.ndarray]:
             for name, value in self._inputs.items():
-                value.update_inplace(np.ascontiguousarray(inputs[name]))
+                if name not in on_device:
+                    value.update_inplace(np.ascontiguousarray(inputs[name]))
             return self._replayed()
 
-        return self._made(copied_in)
+        def from_device() -> None:
+            for name, given in on_device.items():
+                given.copy_to(int(self._inputs[name].data_ptr()))
+
+        return self._made(copied_in, from_device)
 
     def replay(self) -> dict[str, np.ndarray]:
         """The answer to what the input buffers already hold: a request that never crossed the
         host costs this (``benchmarks/gpu.py`` times it against ``run``)."""
         return self._made(self._replayed)
 
-    def _made(self, call: Callable[[], Answer]) -> Answer:
+    def _made(self, call: Callable[[], Answer], first: Callable[[], None] | None = None) -> Answer:
         """``call``'s answer, one call at a time, made on the binding's thread where it has one
-        (CUDA work: ``cuda_work.py``; within ``capture``, the capture's exclusive side)."""
+        (CUDA work: ``cuda_work.py``; within ``capture``, the capture's exclusive side), after
+        ``first``, made by the calling thread in the same turn."""
         with CUDA_WORK.shared(), self._lock:
+            if first is not None:
+                first()
             return call() if self._thread is None else self._thread.submit(call).result()
 
     def _replayed(self) -> dict[str, np.ndarray]:

@@ -15,7 +15,9 @@ does not keep every size locked.
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections import OrderedDict
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -24,15 +26,17 @@ from unideploy.runtimes.cuda_work import CUDA_WORK
 
 log = logging.getLogger("unideploy.runtime")
 KEPT = 16  # buffers kept per batch thread: a few inputs at each of the default six buckets
+Buffer = TypeVar("Buffer")
 
 
-class BatchBuffers:
-    """Reused host arrays, one per (input, shape, dtype), at most ``KEPT``."""
+class KeptBuffers(ABC, Generic[Buffer]):
+    """Reused buffers, one per (input, shape, dtype), at most ``KEPT``: host arrays here, GPU memory
+    in ``runtimes.device_batches``."""
 
     def __init__(self) -> None:
-        self._arrays: OrderedDict[tuple[str, tuple[int, ...], str], np.ndarray] = OrderedDict()
+        self._arrays: OrderedDict[tuple[str, tuple[int, ...], str], Buffer] = OrderedDict()
 
-    def array(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def array(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> Buffer:
         """The buffer for ``name`` at ``shape``: the same array each time, to be filled whole.
         Only the thread that runs the batch asks, and only once the previous one has run."""
         key = (name, tuple(shape), np.dtype(dtype).str)
@@ -45,16 +49,24 @@ class BatchBuffers:
         found = self._arrays[key] = self._allocate(shape, np.dtype(dtype))
         return found
 
-    def _allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return np.empty(shape, dtype)
+    @abstractmethod
+    def _allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> Buffer:
+        """A new buffer of ``shape`` and ``dtype``."""
 
-    def _release(self, array: np.ndarray) -> None:
+    def _release(self, array: Buffer) -> None:
         """Give one buffer back (nothing to do for plain memory)."""
 
     def close(self) -> None:
         """Give every buffer back; called on the batch thread once its last batch has run."""
         while self._arrays:
             self._release(self._arrays.popitem()[1])
+
+
+class BatchBuffers(KeptBuffers[np.ndarray]):
+    """Reused host arrays."""
+
+    def _allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.empty(shape, dtype)
 
 
 class PinnedBuffers(BatchBuffers):

@@ -18,6 +18,9 @@ event loop and padding again in the thread made a 16-row call cost 9.5 ms in the
 3.2 ms in process (docs/gpu.md). Where the buckets' call times were measured at warm-up
 (``bucket_seconds``), a batch that would mostly be padding runs the requests that fill the bucket
 below and carries the others into the next batch, ahead of later arrivals (``cut_at_bucket``).
+An input that every request of a batch keeps in GPU memory (CUDA shared memory) is merged there,
+copied from device to device, where the runtime reads batches in GPU memory
+(``runtimes/device_batches.py``): it never crosses the host.
 
 ``in_flight``: how many merged batches may run at once, each on a thread of its own (Triton's
 instance count). A GPU session's run is mostly waiting for the device and for copies; a second
@@ -38,6 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate, zip_longest
@@ -45,8 +49,10 @@ from typing import NamedTuple, TypeGuard, TypeVar
 
 import numpy as np
 
+from unideploy.errors import InputError
 from unideploy.runtimes.batch_buckets import bucket_for, cut_at_bucket
-from unideploy.runtimes.pinned import BatchBuffers
+from unideploy.runtimes.device_batches import DeviceArray, DeviceBatches, DeviceBatchFailure, DeviceBuffers
+from unideploy.runtimes.pinned import BatchBuffers, KeptBuffers
 from unideploy.samples import Axes, batch_size_of, resize_batch, row_axis, rows_along
 from unideploy.server.unread import Unread, read_all, read_into
 
@@ -174,6 +180,7 @@ def merged(
     buffers: BatchBuffers | None = None,
     failed: dict[int, Exception] | None = None,
     readers: Executor | None = None,
+    devices: DeviceBuffers | None = None,
 ) -> Tensors:
     """The requests ``parts`` as one batch of ``size`` rows along each input's batch axis
     (``axes``; axis 0 where None): each request's rows copied once into place, any rows past theirs
@@ -185,22 +192,26 @@ def merged(
     the GPU copies from directly and whose pages are already there, not a new array).
 
     An input still in a client's shared memory (``Unread``) is read straight into its rows (by
-    ``readers`` side by side, where given: ``read_into``). Where
-    that fails (the client shrank its segment or unregistered the region meanwhile), the part's
-    index and error go into ``failed`` (raised where it is None) and its rows hold another part's
-    first row, so one client's mistake fails its own request only; where every part fails,
-    ``UnreadInputs``."""
+    ``readers`` side by side, where given: ``read_into``). An input that every part holds in GPU
+    memory (a CUDA region's, on ``devices``' GPU) is merged there, in ``devices`` (a
+    ``DeviceArray``: ``runtimes.device_batches``), copied from device to device; their failure
+    raises ``DeviceBatchFailure``. Where a read fails (the client shrank its segment or
+    unregistered the region meanwhile), the part's index and error go into ``failed`` (raised where
+    it is None) and its rows hold another part's first row, so one client's mistake fails its own
+    request only; where every part fails, ``UnreadInputs``."""
     first = parts[0]
+    if devices is not None and not devices.usable:
+        devices = None
     if (
         len(parts) == 1
         and all((axis := row_axis(axes, k, a)) is None or a.shape[axis] == size for k, a in first.items())
-        and (buffers is None or not any(isinstance(a, Unread) for a in first.values()))
+        and ((buffers is None and devices is None) or not any(isinstance(a, Unread) for a in first.values()))
     ):  # as it is; but an input still in shared memory is read into the kept (page-locked) buffer
         return read_all(first)
     starts = list(accumulate((batch_size_of(p, axes) for p in parts), initial=0))
     lost: dict[int, Exception] = {}
     unread: list[tuple[int, Unread, np.ndarray]] = []  # (part, input, its rows in the batch)
-    batch: Tensors = {}
+    batch: dict[str, np.ndarray | DeviceArray] = {}
     for name, array in first.items():
         axis = row_axis(axes, name, array)
         if axis is None:
@@ -208,6 +219,9 @@ def merged(
             continue
         shape = list(array.shape)
         shape[axis] = size
+        if devices is not None and axis == 0 and all(_on(devices, part[name]) for part in parts):
+            batch[name] = devices.array(name, tuple(shape), array.dtype)
+            continue
         out = buffers.array(name, tuple(shape), array.dtype) if buffers is not None else np.empty(shape, array.dtype)
         for i, part in enumerate(parts):
             rows = rows_along(out, axis, starts[i], starts[i + 1])
@@ -219,20 +233,67 @@ def merged(
     for (i, _, _), error in zip(unread, read_into([(u, rows) for _, u, rows in unread], readers), strict=True):
         if error is not None:
             lost.setdefault(i, error)
-    if lost and failed is None:
-        raise next(iter(lost.values()))
-    if len(lost) == len(parts):
-        raise UnreadInputs(lost)
-    good = next(i for i in range(len(parts)) if i not in lost)
-    for name, out in batch.items():
-        if (axis := row_axis(axes, name, out)) is None:
-            continue
-        for i in lost:
-            rows_along(out, axis, starts[i], starts[i + 1])[...] = rows_along(out, axis, starts[good], starts[good] + 1)
-        rows_along(out, axis, starts[-1], size)[...] = rows_along(out, axis, starts[-1] - 1, starts[-1])
+    with ExitStack() as held:  # the CUDA regions stay mapped until their copies are done
+        try:
+            for name, kept in batch.items():
+                if isinstance(kept, DeviceArray):
+                    _copy_on_device(parts, name, kept, starts, held, lost)
+            if lost and failed is None:
+                raise next(iter(lost.values()))
+            if len(lost) == len(parts):
+                raise UnreadInputs(lost)
+            good = next(i for i in range(len(parts)) if i not in lost)
+            for name, kept in batch.items():
+                if (axis := row_axis(axes, name, kept)) is None:
+                    continue
+                for i in lost:
+                    _fill(kept, axis, starts[i], starts[i + 1], starts[good])
+                _fill(kept, axis, starts[-1], size, starts[-1] - 1)
+        finally:
+            if devices is not None:
+                devices.synchronize()
     if failed is not None:
         failed.update(lost)
-    return batch
+    return batch  # type: ignore[return-value]  # a DeviceArray only for a runtime that takes them
+
+
+def _on(devices: DeviceBuffers, value: np.ndarray | Unread) -> bool:
+    """Whether ``value`` lies in the GPU memory ``devices`` merges in."""
+    return isinstance(value, Unread) and value.device == devices.device
+
+
+def _copy_on_device(
+    parts: Sequence[Inputs], name: str, out: DeviceArray, starts: Sequence[int], held: ExitStack, lost: dict
+) -> None:
+    """Each part's input ``name`` copied from its CUDA region into its rows of ``out``, queued on
+    ``out``'s stream (each region held mapped by ``held``); a part whose region is gone is ``lost``."""
+    row = out.nbytes // out.shape[0]
+    for i, part in enumerate(parts):
+        value = part[name]
+        assert isinstance(value, Unread)
+        try:
+            source = held.enter_context(value.on_device())
+        except InputError as exc:
+            lost.setdefault(i, exc)
+            continue
+        out.copies.copy(out.pointer + starts[i] * row, source, (starts[i + 1] - starts[i]) * row)
+
+
+def _fill(out: np.ndarray | DeviceArray, axis: int, start: int, stop: int, source: int) -> None:
+    """Rows ``start:stop`` of ``out`` made copies of its row ``source``: in GPU memory by doubling
+    the rows already copied (a few copies for a bucket's padding, not one a row)."""
+    if start >= stop:
+        return
+    if not isinstance(out, DeviceArray):
+        rows_along(out, axis, start, stop)[...] = rows_along(out, axis, source, source + 1)
+        return
+    row = out.nbytes // out.shape[0]
+    out.copies.copy(out.pointer + start * row, out.pointer + source * row, row)
+    done = start + 1
+    while done < stop:
+        count = min(done - start, stop - done)
+        out.copies.copy(out.pointer + done * row, out.pointer + start * row, count * row)
+        done += count
 
 
 class CallParts(NamedTuple):
@@ -265,15 +326,27 @@ class Caller:
     axes: Axes | None = None  # each input's batch axis (axis 0 where None)
     buffers: BatchBuffers | None = None  # where merged batches are written: this caller's own
     readers: Executor | None = None  # threads reading a batch's shared-memory inputs side by side
+    devices: DeviceBuffers | None = None  # where inputs in GPU memory are merged: this caller's own
 
     def _merge_and_run(
         self, parts: Sequence[Inputs], size: int, failed: dict[int, Exception], run: Callable[[Tensors], Tensors]
     ) -> tuple[Tensors, float, float, float]:
-        """``run``'s outputs, and when the merge started, when the run started and when it ended."""
+        """``run``'s outputs, and when the merge started, when the run started and when it ended.
+        A batch that could not be assembled or run in GPU memory is merged on the host instead, as
+        every later one (``DeviceBatches``)."""
         start = time.perf_counter()
-        batch = merged(parts, size, self.axes, self.buffers, failed, self.readers)
-        running = time.perf_counter()
-        return run(batch), start, running, time.perf_counter()
+        devices = self.devices
+        while True:
+            try:
+                batch = merged(parts, size, self.axes, self.buffers, failed, self.readers, devices)
+                running = time.perf_counter()
+                return run(batch), start, running, time.perf_counter()
+            except DeviceBatchFailure as exc:
+                if devices is None:
+                    raise
+                devices.batches.failed(str(exc))
+                devices = None
+                failed.clear()
 
     def _budgeted(self, batch: Tensors) -> Tensors:
         """The run on the event loop, in the loop's budget: the run only (it may depend on the
@@ -386,6 +459,7 @@ class DynamicBatcher:
         output_axes: Mapping[str, int] | None = None,
         buffers: Callable[[], BatchBuffers] | None = None,
         readers: int = 0,
+        device_batches: DeviceBatches | None = None,
         served_as: str = "a model version",
         on_call: Callable[[int, CallParts], None] | None = None,
     ) -> None:
@@ -395,10 +469,11 @@ class DynamicBatcher:
         self._call = Caller(run, self._threads[0], self.on_loop, axes)
         self._idle: asyncio.Queue[Caller] = asyncio.Queue()  # the callers not running a batch
         self._buffers = [buffers() for _ in self._threads] if buffers else []  # each batch thread its own
+        self._devices = [device_batches.buffers() for _ in self._threads] if device_batches else []
         # shared by the batch threads; its threads start only when a merge reads shared memory
         self._readers = ThreadPoolExecutor(readers, thread_name_prefix="unideploy-read") if readers > 1 else None
-        for thread, own in zip_longest(self._threads, self._buffers):
-            self._idle.put_nowait(Caller(run, thread, self.on_loop, axes, own, self._readers))
+        for thread, own, devices in zip_longest(self._threads, self._buffers, self._devices):
+            self._idle.put_nowait(Caller(run, thread, self.on_loop, axes, own, self._readers, devices))
         self.axes, self.output_axes = axes, output_axes  # where the rows are (axis 0 where None)
         self._runs: set[asyncio.Task] = set()
         self._deciding = 0  # requests waiting a turn to see whether they are alone (``submit``)
@@ -570,8 +645,12 @@ class DynamicBatcher:
             self._task.cancel()
         for run in [*self._runs, *self._lane_runs]:
             run.cancel()
-        for thread, buffers in zip(self._threads, self._buffers):  # after the thread's last batch has run
-            thread.submit(buffers.close)
+        kept: list[tuple[ThreadPoolExecutor, KeptBuffers]] = [
+            *zip(self._threads, self._buffers),
+            *zip(self._threads, self._devices),
+        ]
+        for thread, buffers in kept:
+            thread.submit(buffers.close)  # after the thread's last batch has run
         for thread in (*self._threads, *self._lane_threads):
             thread.shutdown(wait=False)
         if self._readers is not None:

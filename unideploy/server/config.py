@@ -235,6 +235,7 @@ class ModelSettings:
     device: Device = "auto"  # where the model runs: auto (the GPU where one is usable), cpu or gpu
     batches_in_flight: int | None = None  # merged batches run at once; None: 2 on a GPU, 1 on the CPU
     pinned_memory: bool | None = None  # merged batches in page-locked buffers (runtimes/pinned.py); None: on a GPU
+    device_batches: bool = True  # inputs in CUDA shared memory merged in GPU memory (runtimes/device_batches.py)
     min_replicas: int = 1  # scale-out only (KServe, Ray Serve): one server process serves one replica
     max_replicas: int = 1
     target_concurrency: int | None = None  # requests in flight per replica the autoscaler aims for
@@ -347,6 +348,12 @@ class ModelFile(StrictModel):
         "GPU copies from directly (needs cuda-bindings; the model's metadata says on, or off and why); "
         "default: on wherever a GPU runs the model; false: off",
     )
+    device_batches: bool = Field(
+        True,
+        description="on a GPU, merge the inputs clients keep in CUDA shared memory in GPU memory, copied device "
+        "to device, so they never cross the host (the model's metadata says on, or off and why); false: "
+        "read through the host as system shared memory is",
+    )
     replicas: Annotated[int, Field(ge=1)] | Replicas = Field(
         1, description="scale-out: a fixed count, or {min, max, target_concurrency}"
     )
@@ -396,6 +403,7 @@ class ModelFile(StrictModel):
             device=self.device,
             batches_in_flight=self.batches_in_flight,
             pinned_memory=self.pinned_memory,
+            device_batches=self.device_batches,
             min_replicas=replicas.min,
             max_replicas=replicas.max or replicas.min,
             target_concurrency=replicas.target_concurrency,

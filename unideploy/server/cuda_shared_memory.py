@@ -3,11 +3,10 @@
 The client allocates device memory, exports it with ``cudaIpcGetMemHandle`` and registers the
 64-byte handle with a device and a size (``tritonclient.utils.cuda_shared_memory`` does both;
 ``perf_analyzer --shared-memory cuda`` uses it). The server maps the memory into its own address
-space (``cudaIpcOpenMemHandle``); an input named in such a region is copied from the device into
-the request's host array, an output is copied from the host into the region. So a request carries
-no tensor bytes and the client never copies its tensors to the host; the server's merged batch is
-still assembled in (page-locked) host memory, and ONNX Runtime copies it to the GPU as it does for
-every request.
+space (``cudaIpcOpenMemHandle``); an input named in such a region is merged in GPU memory, copied
+from device to device, where the model's runtime reads batches there (``runtimes.device_batches``),
+else copied from the device into the (page-locked) host batch; an output is copied from the host
+into the region. So a request carries no tensor bytes, and its input need not cross the host at all.
 
 As with system shared memory, registering is authorized like inference, the region's size is
 checked against the allocation the handle exports (``cuMemGetAddressRange``), every read and

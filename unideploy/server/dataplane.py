@@ -43,6 +43,7 @@ def _ran_parameters(ran: Mapping[str, Any]) -> dict[str, str]:
         "batch_buckets",
         "cuda_graphs",
         "pinned_memory",
+        "device_batches",
         "fallback",
         "passed_over",
     )

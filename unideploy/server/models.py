@@ -23,6 +23,7 @@ from unideploy.package.signing import TrustedSigners, verify_signature
 from unideploy.runtimes import RuntimeOptions, cuda_api
 from unideploy.runtimes.base import Runtime, usable_cores
 from unideploy.runtimes.batch_buckets import bucket_seconds, default_buckets
+from unideploy.runtimes.device_batches import DeviceBatches
 from unideploy.runtimes.pinned import PinnedBuffers
 from unideploy.runtimes.selection import open_runtime, what_ran
 from unideploy.samples import Axes, resize_batch
@@ -82,6 +83,27 @@ def pinned_buffers(asked: bool | None, ran: dict[str, Any], served_as: str) -> t
     if why_not and asked:
         log.warning("%s: pinned_memory is off: %s", served_as, why_not)
     return None if why_not else PinnedBuffers
+
+
+def device_batches(asked: bool, runtime: Runtime, ran: dict[str, Any], served_as: str) -> DeviceBatches | None:
+    """Inputs in CUDA shared memory merged in GPU memory where a GPU runs the version and its
+    runtime reads batches there, unless ``device_batches: false`` (``asked``); ``ran`` says on, or
+    off and why, and is told if a CUDA call turns them off while serving (with a warning)."""
+    if not asked or ran.get("device") != "gpu":
+        return None
+    if not runtime.takes_device_batches:
+        ran["device_batches"] = f"off: {runtime.name} on this artifact reads batches from host memory only"
+        return None
+    if why_not := cuda_api.problem():
+        ran["device_batches"] = f"off: {why_not}"
+        return None
+    ran["device_batches"] = "on"
+
+    def turned_off(why: str) -> None:
+        ran["device_batches"] = f"off: {why}"
+        log.warning("%s: inputs in CUDA shared memory are merged on the host from now on: %s", served_as, why)
+
+    return DeviceBatches(on_failure=turned_off)
 
 
 @dataclass
@@ -320,6 +342,7 @@ class ModelRegistry:
             output_axes=output_axes,
             buffers=pinned_buffers(settings.pinned_memory, ran, served_as),
             readers=min(4, usable_cores() // 2),  # a merged batch's shared-memory inputs, side by side
+            device_batches=device_batches(settings.device_batches, runtime, ran, served_as),
             served_as=served_as,
             on_call=self.metrics.calls(src.model, src.version).observe,
         )

@@ -64,6 +64,18 @@ class RegionInput(Unread):
     def _into(self, out: memoryview) -> None:
         self.regions.read_into(self.place, out, self.name)
 
+    @contextlib.contextmanager
+    def on_device(self) -> Iterator[int]:
+        """Where the input lies in its CUDA region, which stays mapped until the block ends."""
+        with self.regions.using(self.place, f"input '{self.name}'") as region:
+            if not isinstance(region, CudaRegion) or region.device_id != self.device:
+                raise BadRequest(
+                    f"shared memory region '{self.place.region}' was registered again, as other memory, while "
+                    f"input '{self.name}' waited to be read",
+                    "a region must stay registered as it is until the responses of the requests naming it have come",
+                )
+            yield region.pointer + self.place.offset
+
 
 @dataclass
 class SystemRegion:
@@ -294,8 +306,10 @@ class SharedMemoryRegions:
         if datatype == codec.BYTES or not place.byte_size:
             return codec.from_bytes(self._read(place, name), datatype, shape, name)
         with self._lock:  # an unknown region or a window outside it is refused as the request arrives
-            self._window(place, f"input '{name}'")
+            region = self._window(place, f"input '{name}'")
         found = RegionInput(self, place, name, shape, codec.sized_dtype(place.byte_size, datatype, shape, name))
+        if isinstance(region, CudaRegion):  # merged in GPU memory where the runtime takes batches there
+            found.device = region.device_id
         if not found.ndim:  # a scalar is part of the merge key, which reads its value
             return found.read()
         return found

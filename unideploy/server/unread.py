@@ -8,7 +8,9 @@ thread's merge then copies it straight into the merged batch's rows (page-locked
 merge is its one copy and the event loop makes none; a call that merges nothing reads it into an
 array of its own where the call runs. Reading through the segment's descriptor costs the kernel
 three times a ``memcpy`` (a mapping cannot be read safely: docs/server.md, Shared-memory tensors),
-so this keeps that copy off the loop and in place of the merge's.
+so this keeps that copy off the loop and in place of the merge's. An input in a CUDA region
+(``device``) is merged in GPU memory where the runtime reads batches there
+(``runtimes.device_batches``): copied from device to device, never through the host.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, wait
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -26,7 +29,9 @@ from unideploy.errors import InputError
 
 class Unread(ABC):
     """An input of known ``shape`` and ``dtype`` (at least one dimension, at least one byte) whose
-    bytes are still elsewhere."""
+    bytes are still elsewhere: in host memory, or in GPU ``device``'s (a CUDA region's)."""
+
+    device: int | None = None
 
     def __init__(self, shape: Sequence[int], dtype: np.dtype) -> None:
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
@@ -49,6 +54,11 @@ class Unread(ABC):
     @abstractmethod
     def _into(self, out: memoryview) -> None:
         """Copy the bytes into ``out`` (``nbytes`` of contiguous memory); raises ``InputError``."""
+
+    def on_device(self) -> AbstractContextManager[int]:
+        """The bytes' address in GPU ``device``'s memory, valid until the block ends; raises
+        ``InputError`` where they are no longer there. Only for an input whose ``device`` is set."""
+        raise TypeError(f"{type(self).__name__} holds its bytes in host memory")
 
     def into(self, out: np.ndarray) -> None:
         """Copy the input into ``out`` (its shape and dtype): straight in where ``out`` is contiguous."""
