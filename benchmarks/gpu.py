@@ -9,6 +9,7 @@ that make fp16 pay, what a change of input shape costs, and TensorRT where it ru
     thread, two sharing a runtime, or two with a runtime each; the session's CPU threads per core or one.
 (d) The merged batch's host memory: a new array, a kept one, a kept page-locked one (runtimes/pinned.py).
 (m) What the batch buckets' sessions cost in host RSS and GPU memory, each variant in a fresh process.
+(n) Where a batch of 32's GPU time goes, by operator, for exact fp32 and fp16 (ONNX Runtime's profiler).
 (e) A MiniLM-sized BERT encoder (random weights; needs torch and transformers): exact fp32, TF32,
     fp16 and the fp16 artifact ``deploy optimize --quantize fp16`` writes (ONNX Runtime's transformer
     fusions first), against PyTorch eager fp16.
@@ -22,7 +23,7 @@ CUDA buffers allocated once, on a session told its batch size (as a batch bucket
 from the host and the answer back each call, as a server must. On a machine without a usable CUDA
 provider it says so and exits 0.
 
-    python benchmarks/gpu.py [--package PKG --photos PHOTOS.npz] [--only cnn|shapes|threads|pinned|memory|encoder] [--quick] [--work DIR [--prepare]] [--json] [--markdown]
+    python benchmarks/gpu.py [--package PKG --photos PHOTOS.npz] [--only cnn|shapes|threads|pinned|memory|nodes|encoder] [--quick] [--work DIR [--prepare]] [--json] [--markdown]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import argparse
 import functools
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -602,6 +604,104 @@ def _memory_probe(package_path: Path, variant: str, device: str = "gpu") -> dict
     return found
 
 
+PROFILED_RUNS, PROFILE_WARM_UP = 10, 3
+TOP_OPERATORS = 8
+
+
+def _node_probe(package_path: Path, artifact: str, batch: int, device: str = "gpu") -> dict[str, Any]:
+    """Run in a process of its own (``node_times``), started with ``CUDA_LAUNCH_BLOCKING=1`` on a GPU,
+    so that each node's time in ONNX Runtime's profile is its kernels' on the device (every launch
+    waits for its kernel) rather than the launch's: ``artifact`` at ``batch`` rows on a session told
+    its batch size (a bucket's), warmed up, then profiled. Returns each run's wall time and, per
+    provider and operator, the nodes' time and count per run."""
+    import onnxruntime as ort
+
+    with unideploy.open_package(package_path) as package:
+        found = package.manifest.artifact(artifact)
+        model = package.path_of(found)
+        inputs = resize_batch(package.reference_samples()[0].inputs, batch, package.manifest.signature.batch_axes)
+        precision = found.precision
+    with tempfile.TemporaryDirectory(prefix="unideploy-node-times-") as folder:
+        options = _fixed_batch(model, inputs)
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(folder) / "profile")
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if device == "gpu":
+            providers.insert(0, (CUDA, cuda_options(precision, False)))
+        session = ort.InferenceSession(str(model), options, providers=providers)
+        for _ in range(PROFILE_WARM_UP + PROFILED_RUNS):
+            session.run(None, inputs)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    runs = sorted(
+        (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"), key=lambda e: e["ts"]
+    )
+    timed = runs[PROFILE_WARM_UP:]
+    start = timed[0]["ts"]
+    operators: dict[str, list[float]] = {}
+    for event in events:
+        args = event.get("args", {})
+        if event.get("cat") == "Node" and event["ts"] >= start and event["name"].endswith("_kernel_time"):
+            key = f"{args.get('provider', '?').removesuffix('ExecutionProvider')} {args.get('op_name', '?')}"
+            total = operators.setdefault(key, [0.0, 0])
+            total[0] += event["dur"] / 1000 / len(timed)
+            total[1] += 1 / len(timed)
+    return {
+        "ran": f"ONNX Runtime ({', '.join(session.get_providers())}), {precision}, batch {batch} fixed",
+        "run ms": statistics.median(e["dur"] / 1000 for e in timed),
+        "operators": operators,
+    }
+
+
+def node_times(package_path: Path, device: str = "gpu", batch: int = 32) -> dict[str, Any]:
+    """Where a batch's time on the GPU goes, by operator: onnx-fp32 (exact) and onnx-fp16 at batch 32,
+    each in a fresh process with every kernel waited for (``_node_probe``). fp16 has never paid for
+    the CNN (0.99-1.19x exact fp32 at batch 32 on the H200, issue 42's target 2x; with the input
+    already on the GPU both took 4.3 ms, where the model's arithmetic at fp16 would take a small part
+    of that): which operators hold the time, and whether fp16 shortens any of them, is what a fix
+    needs first. The nodes' sum next to the run's wall time says how much is outside them (copies,
+    the CPU's shape nodes, waits)."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    rows = []
+    for artifact in ("onnx-fp32", "onnx-fp16"):
+        blocking = os.environ.get("CUDA_LAUNCH_BLOCKING")
+        os.environ["CUDA_LAUNCH_BLOCKING"] = "1"  # the spawned process's environment, as it starts
+        try:
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as probe:
+                found = probe.submit(_node_probe, package_path, artifact, batch, device).result()
+        except Exception as exc:  # an artifact this package lacks, or that cannot run here: the other still does
+            rows.append({"engine": artifact, "ran": f"failed: {type(exc).__name__}: {str(exc)[:300]}"})
+            continue
+        finally:
+            if blocking is None:
+                del os.environ["CUDA_LAUNCH_BLOCKING"]
+            else:
+                os.environ["CUDA_LAUNCH_BLOCKING"] = blocking
+        nodes = sum(ms for ms, _ in found["operators"].values())
+        top = sorted(found["operators"].items(), key=lambda item: -item[1][0])[:TOP_OPERATORS]
+        rows.append(
+            {
+                "engine": artifact,
+                "ran": found["ran"],
+                "run ms (kernels waited for)": round(found["run ms"], 2),
+                "nodes ms": round(nodes, 2),
+                "operators: ms per run (nodes)": "; ".join(
+                    f"{name} {ms:.2f} ({count:.0f})" for name, (ms, count) in top
+                ),
+            }
+        )
+    return {
+        "model": f"where a batch of {batch}'s time goes, by operator (ONNX Runtime's profiler, CUDA_LAUNCH_BLOCKING=1)",
+        "quality": "",
+        "rows": rows,
+        "targets": [],
+        "note": f"each artifact in a fresh process, {PROFILED_RUNS} runs after {PROFILE_WARM_UP} unprofiled; with every "
+        "launch waiting for its kernel the runs are slower than served, but each node's share is the device's",
+    }
+
+
 def bucket_memory(package_path: Path) -> dict[str, Any]:
     """What each batch bucket's session costs the host (issue 44 counts the server's RSS against in
     process + 100 MB per front end; the model process held 1,178-1,239 MB against 905-947 with its
@@ -763,7 +863,7 @@ def main() -> None:
     parser.add_argument("--photos", type=Path, help=".npz of real inputs 'x' for --package")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--markdown", action="store_true")
-    parts = ("cnn", "shapes", "threads", "pinned", "memory", "encoder")
+    parts = ("cnn", "shapes", "threads", "pinned", "memory", "nodes", "encoder")
     parser.add_argument("--only", choices=parts, action="append", help="parts to run (default: all)")
     parser.add_argument(
         "--quick",
@@ -794,7 +894,7 @@ def main() -> None:
         if model is not None:
             encoder_artifacts(args.work, model)
         return
-    for name in ("shapes", "pinned", "threads", "memory"):
+    for name in ("shapes", "pinned", "threads", "memory", "nodes"):
         if name in chosen and args.package is None and "cnn" not in chosen:
             parser.error(f"--only {name} needs --package (or the cnn part, which builds one)")
     results, failed = [], []
@@ -808,6 +908,7 @@ def main() -> None:
             "pinned": lambda: pinned_copies(package),
             "threads": lambda: concurrent_runs(package),
             "memory": lambda: bucket_memory(package),
+            "nodes": lambda: node_times(package),
             "encoder": lambda: encoder(work, args.quick),
         }
         for name in (p for p in parts if p in chosen):
