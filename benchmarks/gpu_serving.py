@@ -109,7 +109,12 @@ POLICIES: dict[str, Policy] = {
     # front-end processes (issue 44: c32 >= 0.5x in process b32 over gRPC, >= 0.8x with shared memory)
     "buckets, 2 front ends": Policy({}, (1, 32), ("grpc", "http"), ("--frontends", "2")),
     "buckets, 4 front ends": Policy({}, (1, 32), ("grpc", "http"), ("--frontends", "4")),
+    # since the night of 2026-11-28 its rows are copied into the batch by the GPU from the segments,
+    # page-locked (device_batches, runtimes/device_batches.py); before, read on the host: 0.17 ms a row at c32
     "buckets, 4 front ends, shm": Policy({}, (1, 32), ("grpc", "http"), ("--frontends", "4"), SHARED_MEMORY),
+    "buckets, 4 front ends, shm, through the host": Policy(
+        {"device_batches": False}, (1, 32), ("grpc", "http"), ("--frontends", "4"), SHARED_MEMORY
+    ),
     # the GPU session's CPU threads (one per core, spinning within a run, against one), and merged
     # batches in new pageable arrays against the page-locked buffers of the default (runtimes/pinned.py)
     "buckets, 4 front ends, shm, threads: 1": Policy(

@@ -40,10 +40,8 @@ class HostDeviceBuffers(DeviceBuffers):
 
 
 class InDeviceMemory(Unread):
-    """An input a client keeps in GPU memory (a CUDA region's), in host memory here; ``gone``: its
-    region was unregistered before the batch read it."""
-
-    device = 0
+    """An input in memory the GPU copies from (a CUDA region, a page-locked segment), in host memory
+    here; ``gone``: its region was unregistered before the batch read it."""
 
     def __init__(self, value: np.ndarray, gone: bool = False) -> None:
         super().__init__(value.shape, value.dtype)
@@ -52,8 +50,11 @@ class InDeviceMemory(Unread):
     def _into(self, out: memoryview) -> None:
         out[:] = self.value.tobytes()
 
+    def reaches_gpu(self, device: int) -> bool:
+        return device == 0
+
     @contextmanager
-    def on_device(self) -> Iterator[int]:
+    def on_gpu(self, device: int) -> Iterator[int]:
         if self.gone:
             raise BadRequest("input 'x' names shared memory region 'r', which is not registered")
         yield self.value.ctypes.data

@@ -318,3 +318,45 @@ def test_a_segment_made_smaller_after_registration_is_refused_and_the_server_sta
     finally:
         client.unregister_system_shared_memory(name)
     assert client.is_server_ready()
+
+
+def test_a_segment_locked_for_the_gpu_is_copied_at_its_window_and_refused_once_shrunk(regions, monkeypatch):
+    """A system segment a GPU copies from: mapped once, its window's rows copied into a batch in GPU
+    memory from where they lie (a region at an offset), a segment the client then shrinks refused
+    for its request before anything reads it, and unregistering closes the mapping and unlocks it.
+    Here CUDA's page-locking and copies are stood in for (host memory, ``memmove``: no GPU on CI);
+    tests/server/test_cuda_shared_memory.py runs the same with CUDA on a GPU."""
+    from device_memory import HostDeviceBuffers
+
+    from unideploy.runtimes.device_batches import DeviceArray
+    from unideploy.server import shared_memory
+    from unideploy.server.batching import merged
+    from unideploy.server.errors import BadRequest
+    from unideploy.server.shared_memory import Placement, SharedMemoryRegions
+
+    locked: list[int] = []
+    monkeypatch.setattr(shared_memory, "lock_pages", lambda address, nbytes: locked.append(address))
+    monkeypatch.setattr(shared_memory, "unlock_pages", locked.remove)
+    rows = np.arange(24, dtype=np.float32).reshape(2, 12)
+    handle, name, key = regions(4096 + rows.nbytes)
+    shm.set_shared_memory_region(handle, [rows], offset=4096)
+    other, other_name, other_key = regions(rows[:1].nbytes)
+    shm.set_shared_memory_region(other, [rows[1:] * 10])
+    held = SharedMemoryRegions("system")
+    held.register(name, key, 4096, rows.nbytes)
+    held.register(other_name, other_key, 0, rows[:1].nbytes)
+    parts = [
+        {"x": held.input(Placement(name, rows.nbytes), "FP32", rows.shape, "x")},
+        {"x": held.input(Placement(other_name, rows[:1].nbytes), "FP32", (1, 12), "x")},
+    ]
+    devices = HostDeviceBuffers()
+    batch = merged(parts, 4, None, None, {}, None, devices)["x"]
+    assert isinstance(batch, DeviceArray) and len(locked) == 2  # each segment locked once
+    np.testing.assert_array_equal(batch.value.numpy(), np.concatenate([rows, rows[1:] * 10, rows[1:] * 10]))
+    os.truncate(f"/dev/shm/{key.lstrip('/')}", 4096)  # the client shrinks the first segment
+    failed: dict = {}
+    batch = merged(parts, 4, None, None, failed, None, devices)["x"]
+    assert list(failed) == [0] and isinstance(failed[0], BadRequest) and "which now holds 4096" in str(failed[0])
+    assert batch.value.numpy()[:2].tolist() == [(rows[1] * 10).tolist()] * 2 and len(locked) == 2
+    held.close()
+    assert locked == []  # both unlocked, their mappings closed

@@ -1,14 +1,17 @@
-"""Merged batches assembled in GPU memory, from inputs a client already keeps there.
+"""Merged batches assembled in GPU memory by the GPU's own copies, from shared memory it can read.
 
-A client of the CUDA shared memory extension (``server.cuda_shared_memory``) hands the server its
-tensors in GPU memory. Read as system shared memory is (into the merged batch's host rows), such
-an input crossed the host twice: copied from the device into the page-locked batch, then back to
-the device by ONNX Runtime. On the H200 a merged batch's 600 KB rows took 0.17 ms each to read on
-the host at concurrency 32, a third of the call, and a batch of 32's copy to the device about
-1.3 ms of its 5.4 (docs/gpu.md). Here an input that every request of a batch holds in GPU memory is
-merged there instead: each request's rows copied from device to device, on the batch thread's own
-stream, into a buffer of ONNX Runtime's on the same GPU, which the session reads in place
-(``DeviceArray``). So the tensor never crosses the host, as issue 44 asks.
+A request whose input lies in a client's shared memory names a region instead of sending bytes.
+Read on the host (into the merged batch's page-locked rows, then copied to the device by ONNX
+Runtime), each such input cost the model process a read: on the H200's host a merged batch's
+600 KB rows took 0.17 ms each at concurrency 32, a third of the call, mostly the reads' Python
+waiting for the GIL, and a batch of 32's copy to the device about 1.3 ms of its 5.4 (docs/gpu.md);
+an input in CUDA shared memory crossed the host twice. Here an input that the GPU can copy where
+every request of a batch holds it is merged in GPU memory instead: one ``cudaMemcpyAsync`` per
+request, on the batch thread's own stream, into a buffer of ONNX Runtime's on that GPU, which the
+session reads in place (``DeviceArray``). The GPU copies from a CUDA region device to device (the
+tensor never crosses the host, as issue 44 asks) and from a system segment the server has mapped
+and page-locked (``server.shared_memory.SystemRegion.reaches_gpu``) by its copy engine, so the
+model process's CPU copies nothing either way.
 
 The buffers are ONNX Runtime's own allocations (``OrtValue`` on ``cuda``), kept per batch thread as
 the host ones are (``pinned.KeptBuffers``); the copies go through NVIDIA's ``cuda-bindings`` (the
@@ -117,12 +120,13 @@ class DeviceBuffers(KeptBuffers[DeviceArray]):
         return DeviceArray(value, tuple(shape), dtype, self)
 
     def copy(self, destination: int, source: int, nbytes: int) -> None:
-        """``nbytes`` from GPU memory at ``source`` to ``destination``, queued on the stream."""
+        """``nbytes`` to GPU memory at ``destination`` from ``source`` (GPU memory, or page-locked
+        host memory: CUDA tells which from the address), queued on the stream."""
         cudart = cuda_api.runtime()
-        kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        kind = cudart.cudaMemcpyKind.cudaMemcpyDefault
         with CUDA_WORK.shared():
             error = cudart.cudaMemcpyAsync(destination, source, nbytes, kind, self._on())[0]
-        self._checked(error, "a copy in GPU memory")
+        self._checked(error, "a copy into GPU memory")
 
     def synchronize(self) -> None:
         """Wait until every copy queued so far is done."""

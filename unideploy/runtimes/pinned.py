@@ -69,6 +69,25 @@ class BatchBuffers(KeptBuffers[np.ndarray]):
         return np.empty(shape, dtype)
 
 
+def lock_pages(address: int, nbytes: int) -> str | None:
+    """Page-lock ``nbytes`` of host memory at ``address`` for the GPU's copy engine
+    (``cudaHostRegister``): None where it did, else CUDA's reason (page-locked memory is limited;
+    no usable GPU)."""
+    try:
+        cudart = cuda_api.runtime()
+    except ImportError as exc:
+        return f"cuda-bindings is not installed ({exc})"
+    with CUDA_WORK.shared():
+        error = cudart.cudaHostRegister(address, nbytes, cudart.cudaHostRegisterDefault)[0]
+    return None if cuda_api.succeeded(error) else cuda_api.describe(error)
+
+
+def unlock_pages(address: int) -> None:
+    """Undo ``lock_pages`` at ``address``."""
+    with CUDA_WORK.shared():
+        cuda_api.runtime().cudaHostUnregister(address)
+
+
 class PinnedBuffers(BatchBuffers):
     """``BatchBuffers`` whose numeric arrays are page-locked for the GPU (``cudaHostRegister``). A
     buffer the driver will not lock (page-locked memory is limited) stays pageable, with a warning:
@@ -81,17 +100,14 @@ class PinnedBuffers(BatchBuffers):
     def _allocate(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         array = np.empty(shape, dtype)
         if array.nbytes and dtype.kind in "biufc":  # text stays where ONNX Runtime reads it, on the host
-            cudart = cuda_api.runtime()
-            with CUDA_WORK.shared():
-                error = cudart.cudaHostRegister(array.ctypes.data, array.nbytes, cudart.cudaHostRegisterDefault)[0]
-            if cuda_api.succeeded(error):
+            why_not = lock_pages(array.ctypes.data, array.nbytes)
+            if why_not is None:
                 self._locked.add(array.ctypes.data)
             else:
-                log.warning("a %s batch buffer stays pageable: %s", "x".join(map(str, shape)), cuda_api.describe(error))
+                log.warning("a %s batch buffer stays pageable: %s", "x".join(map(str, shape)), why_not)
         return array
 
     def _release(self, array: np.ndarray) -> None:
         if array.ctypes.data in self._locked:
             self._locked.discard(array.ctypes.data)
-            with CUDA_WORK.shared():
-                cuda_api.runtime().cudaHostUnregister(array.ctypes.data)
+            unlock_pages(array.ctypes.data)

@@ -18,9 +18,9 @@ event loop and padding again in the thread made a 16-row call cost 9.5 ms in the
 3.2 ms in process (docs/gpu.md). Where the buckets' call times were measured at warm-up
 (``bucket_seconds``), a batch that would mostly be padding runs the requests that fill the bucket
 below and carries the others into the next batch, ahead of later arrivals (``cut_at_bucket``).
-An input that every request of a batch keeps in GPU memory (CUDA shared memory) is merged there,
-copied from device to device, where the runtime reads batches in GPU memory
-(``runtimes/device_batches.py``): it never crosses the host.
+An input that every request of a batch keeps in shared memory the GPU can copy from (CUDA shared
+memory, or a system segment page-locked for it) is merged in GPU memory by the GPU's own copies,
+where the runtime reads batches there (``runtimes/device_batches.py``).
 
 ``in_flight``: how many merged batches may run at once, each on a thread of its own (Triton's
 instance count). A GPU session's run is mostly waiting for the device and for copies; a second
@@ -192,10 +192,10 @@ def merged(
     the GPU copies from directly and whose pages are already there, not a new array).
 
     An input still in a client's shared memory (``Unread``) is read straight into its rows (by
-    ``readers`` side by side, where given: ``read_into``). An input that every part holds in GPU
-    memory (a CUDA region's, on ``devices``' GPU) is merged there, in ``devices`` (a
-    ``DeviceArray``: ``runtimes.device_batches``), copied from device to device; their failure
-    raises ``DeviceBatchFailure``. Where a read fails (the client shrank its segment or
+    ``readers`` side by side, where given: ``read_into``). An input that ``devices``' GPU can copy
+    where every part holds it (``Unread.reaches_gpu``: a CUDA region, a page-locked system segment)
+    is merged in GPU memory instead, in ``devices`` (a ``DeviceArray``: ``runtimes.device_batches``),
+    the GPU copying each part's rows; their failure raises ``DeviceBatchFailure``. Where a read fails (the client shrank its segment or
     unregistered the region meanwhile), the part's index and error go into ``failed`` (raised where
     it is None) and its rows hold another part's first row, so one client's mistake fails its own
     request only; where every part fails, ``UnreadInputs``."""
@@ -258,21 +258,21 @@ def merged(
 
 
 def _on(devices: DeviceBuffers, value: np.ndarray | Unread) -> bool:
-    """Whether ``value`` lies in the GPU memory ``devices`` merges in."""
-    return isinstance(value, Unread) and value.device == devices.device
+    """Whether the GPU ``devices`` merges on can copy ``value`` where it lies."""
+    return isinstance(value, Unread) and value.reaches_gpu(devices.device)
 
 
 def _copy_on_device(
     parts: Sequence[Inputs], name: str, out: DeviceArray, starts: Sequence[int], held: ExitStack, lost: dict
 ) -> None:
-    """Each part's input ``name`` copied from its CUDA region into its rows of ``out``, queued on
-    ``out``'s stream (each region held mapped by ``held``); a part whose region is gone is ``lost``."""
+    """Each part's input ``name`` copied from its region into its rows of ``out`` by the GPU, queued
+    on ``out``'s stream (each region held by ``held``); a part whose region is gone is ``lost``."""
     row = out.nbytes // out.shape[0]
     for i, part in enumerate(parts):
         value = part[name]
         assert isinstance(value, Unread)
         try:
-            source = held.enter_context(value.on_device())
+            source = held.enter_context(value.on_gpu(out.copies.device))
         except InputError as exc:
             lost.setdefault(i, exc)
             continue

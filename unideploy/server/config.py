@@ -235,7 +235,9 @@ class ModelSettings:
     device: Device = "auto"  # where the model runs: auto (the GPU where one is usable), cpu or gpu
     batches_in_flight: int | None = None  # merged batches run at once; None: 2 on a GPU, 1 on the CPU
     pinned_memory: bool | None = None  # merged batches in page-locked buffers (runtimes/pinned.py); None: on a GPU
-    device_batches: bool = True  # inputs in CUDA shared memory merged in GPU memory (runtimes/device_batches.py)
+    device_batches: bool = (
+        True  # inputs in shared memory merged in GPU memory by its copies (runtimes/device_batches.py)
+    )
     min_replicas: int = 1  # scale-out only (KServe, Ray Serve): one server process serves one replica
     max_replicas: int = 1
     target_concurrency: int | None = None  # requests in flight per replica the autoscaler aims for
@@ -350,9 +352,9 @@ class ModelFile(StrictModel):
     )
     device_batches: bool = Field(
         True,
-        description="on a GPU, merge the inputs clients keep in CUDA shared memory in GPU memory, copied device "
-        "to device, so they never cross the host (the model's metadata says on, or off and why); false: "
-        "read through the host as system shared memory is",
+        description="on a GPU, merge the inputs clients keep in shared memory in GPU memory, copied there by "
+        "the GPU (from CUDA regions device to device, from system segments page-locked for it), so the "
+        "server's CPU copies none (the model's metadata says on, or off and why); false: read on the host",
     )
     replicas: Annotated[int, Field(ge=1)] | Replicas = Field(
         1, description="scale-out: a fixed count, or {min, max, target_concurrency}"

@@ -76,6 +76,14 @@ class CudaRegion:
             )
         return region
 
+    def reaches_gpu(self, device: int) -> bool:
+        """Whether GPU ``device`` copies from this memory directly: the GPU it is on."""
+        return self.device_id == device
+
+    def gpu_source(self, start: int, nbytes: int) -> int:
+        """Where the device copies ``nbytes`` from ``start`` (checked against the region already)."""
+        return self.pointer + start
+
     def into(self, start: int, out: memoryview) -> None:
         """``len(out)`` bytes from ``start``, copied from the device into host memory ``out``."""
         host = np.frombuffer(out, np.uint8)

@@ -86,9 +86,9 @@ def pinned_buffers(asked: bool | None, ran: dict[str, Any], served_as: str) -> t
 
 
 def device_batches(asked: bool, runtime: Runtime, ran: dict[str, Any], served_as: str) -> DeviceBatches | None:
-    """Inputs in CUDA shared memory merged in GPU memory where a GPU runs the version and its
-    runtime reads batches there, unless ``device_batches: false`` (``asked``); ``ran`` says on, or
-    off and why, and is told if a CUDA call turns them off while serving (with a warning)."""
+    """Inputs in shared memory merged in GPU memory by the GPU's copies where a GPU runs the version
+    and its runtime reads batches there, unless ``device_batches: false`` (``asked``); ``ran`` says
+    on, or off and why, and is told if a CUDA call turns them off while serving (with a warning)."""
     if not asked or ran.get("device") != "gpu":
         return None
     if not runtime.takes_device_batches:
@@ -101,7 +101,7 @@ def device_batches(asked: bool, runtime: Runtime, ran: dict[str, Any], served_as
 
     def turned_off(why: str) -> None:
         ran["device_batches"] = f"off: {why}"
-        log.warning("%s: inputs in CUDA shared memory are merged on the host from now on: %s", served_as, why)
+        log.warning("%s: inputs in shared memory are merged on the host from now on: %s", served_as, why)
 
     return DeviceBatches(on_failure=turned_off)
 

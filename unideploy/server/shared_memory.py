@@ -15,10 +15,13 @@ inference; a key is a plain shared-memory name (letters, digits, ``._-``, one op
 ``/``), never a path; the segment is opened without following links; every read and write is
 checked against the registered window; an operator can turn the extension off
 (``--shared-memory off``). A segment is read and written through the descriptor registration
-opened (``preadv``, ``pwrite``), never through a mapping: the client owns the segment and may
-shrink it at any time (``ftruncate``; tritonclient's ``create_shared_memory_region`` does when a
-key is made again smaller), and a mapping read past a segment's new end killed the whole server
-with SIGBUS. A read or write the segment no longer holds is refused instead (400). An input is
+opened (``preadv``, ``pwrite``), never by the CPU through a mapping: the client owns the segment
+and may shrink it at any time (``ftruncate``; tritonclient's ``create_shared_memory_region`` does
+when a key is made again smaller), and a mapping read past a segment's new end killed the whole
+server with SIGBUS. A read or write the segment no longer holds is refused instead (400). For a
+model on a GPU a segment is mapped and page-locked (``SystemRegion.reaches_gpu``), and only the
+GPU's copy engine reads that mapping, from the locked pages, each copy checked against the
+segment's size first. An input is
 checked as its request arrives and read when its batch is merged, straight into the batch
 (``RegionInput``, ``server.unread``), in a CUDA region as in a system one: as with Triton, a client
 must not rewrite an input's window before its response comes.
@@ -27,17 +30,19 @@ must not rewrite an input's window before its response comes.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import re
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from unideploy.errors import InputError
 from unideploy.runtimes import cuda_api
+from unideploy.runtimes.pinned import lock_pages, unlock_pages
 from unideploy.server import codec
 from unideploy.server.cuda_shared_memory import CudaRegion
 from unideploy.server.errors import BadRequest, NotFound
@@ -64,28 +69,75 @@ class RegionInput(Unread):
     def _into(self, out: memoryview) -> None:
         self.regions.read_into(self.place, out, self.name)
 
+    def reaches_gpu(self, device: int) -> bool:
+        return self.regions.reaches_gpu(self.place, device)
+
     @contextlib.contextmanager
-    def on_device(self) -> Iterator[int]:
-        """Where the input lies in its CUDA region, which stays mapped until the block ends."""
+    def on_gpu(self, device: int) -> Iterator[int]:
+        """Where GPU ``device`` copies the input from; the region stays open until the block ends."""
         with self.regions.using(self.place, f"input '{self.name}'") as region:
-            if not isinstance(region, CudaRegion) or region.device_id != self.device:
+            if not region.reaches_gpu(device):
                 raise BadRequest(
                     f"shared memory region '{self.place.region}' was registered again, as other memory, while "
                     f"input '{self.name}' waited to be read",
                     "a region must stay registered as it is until the responses of the requests naming it have come",
                 )
-            yield region.pointer + self.place.offset
+            yield region.gpu_source(self.place.offset, self.nbytes)
 
 
 @dataclass
 class SystemRegion:
-    """A window of a client's POSIX shared-memory segment, held open until unregistered."""
+    """A window of a client's POSIX shared-memory segment, held open until unregistered; for a GPU,
+    its segment mapped and page-locked once asked (``reaches_gpu``)."""
 
     name: str
     key: str
     offset: int
     byte_size: int
     fd: int  # the segment as registration opened it (the one registered, even if the key is reused)
+    gpu_problem: str | None = None  # why the GPU cannot copy from the segment, once that was tried
+    _mapped: mmap.mmap | None = field(default=None, repr=False)
+    _locked: int | None = field(default=None, repr=False)  # the mapping's address, page-locked
+    _locking: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def reaches_gpu(self, device: int) -> bool:
+        """Whether the GPU's copy engine can read the segment directly: mapped here and page-locked
+        (``cudaHostRegister``) on first ask. The CPU never reads that mapping (a segment the client
+        shrinks would kill the server with SIGBUS there); the copy engine reads the locked pages,
+        each copy checked against the segment's size first (``gpu_source``). Where the pages cannot
+        be locked, ``gpu_problem`` says why and the window is read through the descriptor."""
+        with self._locking:
+            if self._locked is None and self.gpu_problem is None:
+                self.gpu_problem = self._lock_for_gpu()
+        return self._locked is not None
+
+    def _lock_for_gpu(self) -> str | None:
+        try:
+            size = os.fstat(self.fd).st_size
+        except OSError as exc:
+            return f"the segment cannot be read: {exc.strerror}"
+        if size < self.offset + self.byte_size:
+            return f"the segment holds {size} bytes, less than the region"
+        try:
+            mapped = mmap.mmap(self.fd, size)
+        except (OSError, ValueError) as exc:
+            return f"the segment cannot be mapped: {exc}"
+        address = np.frombuffer(mapped, np.uint8).ctypes.data  # the array goes at once: nothing reads it
+        why_not = lock_pages(address, size)
+        if why_not is not None:
+            mapped.close()
+            return why_not
+        self._mapped, self._locked = mapped, address
+        return None
+
+    def gpu_source(self, start: int, nbytes: int) -> int:
+        """Where the GPU copies ``nbytes`` from ``start`` of the window (only where ``reaches_gpu``):
+        refused as a read through the descriptor is, where the segment no longer holds them."""
+        at = self.offset + start
+        if self._io(os.fstat, self.fd).st_size < at + nbytes:
+            raise self._shrunk(at + nbytes)
+        assert self._locked is not None
+        return self._locked + at
 
     def into(self, start: int, out: memoryview) -> None:
         """``len(out)`` bytes from ``start``, copied into ``out``."""
@@ -119,6 +171,11 @@ class SystemRegion:
             raise BadRequest(f"shared memory region '{self.name}' (segment '{self.key}'): {exc.strerror}") from None
 
     def close(self) -> None:
+        if self._locked is not None:
+            unlock_pages(self._locked)
+            self._locked = None
+        if self._mapped is not None:
+            self._mapped.close()
         os.close(self.fd)
 
     def status(self) -> dict[str, Any]:
@@ -306,10 +363,8 @@ class SharedMemoryRegions:
         if datatype == codec.BYTES or not place.byte_size:
             return codec.from_bytes(self._read(place, name), datatype, shape, name)
         with self._lock:  # an unknown region or a window outside it is refused as the request arrives
-            region = self._window(place, f"input '{name}'")
+            self._window(place, f"input '{name}'")
         found = RegionInput(self, place, name, shape, codec.sized_dtype(place.byte_size, datatype, shape, name))
-        if isinstance(region, CudaRegion):  # merged in GPU memory where the runtime takes batches there
-            found.device = region.device_id
         if not found.ndim:  # a scalar is part of the merge key, which reads its value
             return found.read()
         return found
@@ -324,6 +379,14 @@ class SharedMemoryRegions:
         its segment no longer holds the window."""
         with self.using(place, f"input '{name}'") as region:
             region.into(place.offset, out)
+
+    def reaches_gpu(self, place: Placement, device: int) -> bool:
+        """Whether GPU ``device`` can copy the region ``place`` lies in (False where it is gone)."""
+        try:
+            with self.using(place, "a batch in GPU memory") as region:
+                return region.reaches_gpu(device)
+        except BadRequest:  # unregistered meanwhile: the read fails it, with the reason
+            return False
 
     @contextlib.contextmanager
     def using(self, place: Placement, what: str) -> Iterator[Region]:
@@ -367,9 +430,9 @@ def _check_name(name: Any) -> None:
 
 
 def _check_sizes(**sizes: Any) -> None:
-    for field, value in sizes.items():
+    for what, value in sizes.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise BadRequest(f"shared memory {field} {value!r} is not a whole number of bytes")
+            raise BadRequest(f"shared memory {what} {value!r} is not a whole number of bytes")
     if sizes.get("byte_size") == 0:
         raise BadRequest("shared memory byte_size is 0: a region holds at least one byte")
 

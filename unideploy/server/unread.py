@@ -8,9 +8,10 @@ thread's merge then copies it straight into the merged batch's rows (page-locked
 merge is its one copy and the event loop makes none; a call that merges nothing reads it into an
 array of its own where the call runs. Reading through the segment's descriptor costs the kernel
 three times a ``memcpy`` (a mapping cannot be read safely: docs/server.md, Shared-memory tensors),
-so this keeps that copy off the loop and in place of the merge's. An input in a CUDA region
-(``device``) is merged in GPU memory where the runtime reads batches there
-(``runtimes.device_batches``): copied from device to device, never through the host.
+so this keeps that copy off the loop and in place of the merge's. Where the runtime reads batches
+in GPU memory, an input the GPU can copy where it lies (``reaches_gpu``: a CUDA region, or a
+system segment page-locked for it) is merged there instead (``runtimes.device_batches``), and the
+model process's CPU copies nothing.
 """
 
 from __future__ import annotations
@@ -29,9 +30,7 @@ from unideploy.errors import InputError
 
 class Unread(ABC):
     """An input of known ``shape`` and ``dtype`` (at least one dimension, at least one byte) whose
-    bytes are still elsewhere: in host memory, or in GPU ``device``'s (a CUDA region's)."""
-
-    device: int | None = None
+    bytes are still elsewhere: in a client's shared memory, system or CUDA."""
 
     def __init__(self, shape: Sequence[int], dtype: np.dtype) -> None:
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
@@ -55,10 +54,15 @@ class Unread(ABC):
     def _into(self, out: memoryview) -> None:
         """Copy the bytes into ``out`` (``nbytes`` of contiguous memory); raises ``InputError``."""
 
-    def on_device(self) -> AbstractContextManager[int]:
-        """The bytes' address in GPU ``device``'s memory, valid until the block ends; raises
-        ``InputError`` where they are no longer there. Only for an input whose ``device`` is set."""
-        raise TypeError(f"{type(self).__name__} holds its bytes in host memory")
+    def reaches_gpu(self, device: int) -> bool:
+        """Whether GPU ``device`` can copy the bytes where they are (its own memory, or page-locked
+        host memory), so that a batch is merged in its memory (``runtimes.device_batches``)."""
+        return False
+
+    def on_gpu(self, device: int) -> AbstractContextManager[int]:
+        """The address GPU ``device`` copies the bytes from, valid until the block ends; raises
+        ``InputError`` where they are no longer there. Only where ``reaches_gpu``."""
+        raise TypeError(f"GPU {device} cannot copy {type(self).__name__}'s bytes")
 
     def into(self, out: np.ndarray) -> None:
         """Copy the input into ``out`` (its shape and dtype): straight in where ``out`` is contiguous."""
