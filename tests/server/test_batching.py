@@ -269,11 +269,11 @@ def test_a_request_whose_gpu_memory_is_gone_fails_alone_and_a_mixed_batch_merges
     assert isinstance(merged([{"x": InDeviceMemory(one)}], 1, None, None, {}, None, off)["x"], np.ndarray)
 
 
-def test_a_system_segment_the_gpu_cannot_copy_from_is_read_on_the_host():
+def test_a_system_segment_the_gpu_cannot_copy_from_is_read_on_the_host(regions):
     """A system shared-memory segment is page-locked for the GPU on the first batch that wants it in
     GPU memory; where CUDA cannot lock it (here: no GPU), the region says why once and its inputs
     are read through the descriptor into a host batch as before, even with device buffers given."""
-    shm = pytest.importorskip("tritonclient.utils.shared_memory", reason="tritonclient is in the dev extra")
+    import tritonclient.utils.shared_memory as shm
     from device_memory import HostDeviceBuffers
 
     from unideploy.runtimes import cuda_api
@@ -281,20 +281,18 @@ def test_a_system_segment_the_gpu_cannot_copy_from_is_read_on_the_host():
 
     if cuda_api.problem() is None:
         pytest.skip("this machine's GPU locks the segment: tests/server/test_cuda_shared_memory.py")
-    regions, x = SharedMemoryRegions("system"), np.arange(6, dtype=np.float32).reshape(1, 6)
-    key = f"/unideploy-test-{uuid.uuid4().hex[:12]}"
-    handle = shm.create_shared_memory_region("r", key, x.nbytes)
+    held, x = SharedMemoryRegions("system"), np.arange(6, dtype=np.float32).reshape(1, 6)
+    handle, name, key = regions(x.nbytes)
+    shm.set_shared_memory_region(handle, [x])
+    held.register(name, key, 0, x.nbytes)
     try:
-        shm.set_shared_memory_region(handle, [x])
-        regions.register("r", key, 0, x.nbytes)
-        unread = regions.input(Placement("r", x.nbytes), "FP32", x.shape, "x")
+        unread = held.input(Placement(name, x.nbytes), "FP32", x.shape, "x")
         devices = HostDeviceBuffers()
         batch = merged([{"x": unread}, {"x": unread}], 2, None, None, {}, None, devices)["x"]
         assert isinstance(batch, np.ndarray) and batch.tolist() == [x[0].tolist()] * 2 and not devices.copied
-        assert "cuda" in regions._regions["r"].gpu_problem.lower()  # why, kept: not tried again
+        assert "cuda" in held._regions[name].gpu_problem.lower()  # why, kept: not tried again
     finally:
-        regions.close()
-        shm.destroy_shared_memory_region(handle)
+        held.close()
 
 
 def test_a_batch_that_cannot_be_merged_in_gpu_memory_is_merged_on_the_host_from_then_on():

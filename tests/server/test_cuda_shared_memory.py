@@ -126,53 +126,11 @@ def test_bad_handles_devices_and_sizes_are_refused(cuda_server, device_regions, 
     assert client.is_server_ready()
 
 
-def test_requests_in_gpu_memory_are_merged_there_and_never_cross_the_host(cuda_server, device_regions):
-    """Eight clients at once, each signal in a region of its own: the batches they merge into are
-    assembled in GPU memory, copied from device to device (``runtimes/device_batches.py``), each
-    answer the model's for its own signal, and the model's account still says ``device_batches:
-    on`` afterwards (a CUDA call that failed would have turned it off, saying why)."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
-    import tritonclient.utils.cuda_shared_memory as cudashm
-
-    signals = _signal(8)
-    plain = CLIENTS["http"](cuda_server)
-    assert plain.get_model_metadata("conv")["parameters"]["device_batches"] == "on"
-    expected = []
-    for row in signals:
-        x = httpclient.InferInput("audio", [1, 1, 64], "FP32")
-        x.set_data_from_numpy(row[None])
-        expected.append(plain.infer("conv", [x]).as_numpy("y"))
-    regions = [device_regions(row.nbytes) for row in signals]
-    for (handle, name), row in zip(regions, signals, strict=True):
-        cudashm.set_shared_memory_region(handle, [np.ascontiguousarray(row[None])])
-        plain.register_cuda_shared_memory(name, cudashm.get_raw_handle(handle), 0, row.nbytes)
-    together = threading.Barrier(len(signals), timeout=60)
-
-    def ask(i: int) -> np.ndarray:
-        client = CLIENTS["http"](cuda_server)
-        x = httpclient.InferInput("audio", [1, 1, 64], "FP32")
-        x.set_shared_memory(regions[i][1], signals[i].nbytes)
-        together.wait()
-        return client.infer("conv", [x]).as_numpy("y")
-
-    try:
-        with ThreadPoolExecutor(len(signals)) as pool:
-            answers = list(pool.map(ask, range(len(signals))))
-        for got, want in zip(answers, expected, strict=True):
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-        assert plain.get_model_metadata("conv")["parameters"]["device_batches"] == "on"
-    finally:
-        for _, name in regions:
-            plain.unregister_cuda_shared_memory(name)
-
-
-def test_a_system_segment_is_page_locked_and_copied_into_a_batch_by_the_gpu():
+def test_a_system_segment_is_page_locked_and_copied_into_a_batch_by_the_gpu(regions):
     """A system shared-memory segment on a GPU machine: page-locked on the first batch that wants it
     in GPU memory, its rows copied into the batch by the GPU's copy engine (the model process's CPU
     reads nothing), the batch what a host merge makes; a segment the client shrank afterwards is
-    refused for its request alone, the server unharmed, and unregistering unlocks it."""
+    refused for its request alone, and unregistering unlocks every segment."""
     import os
 
     import tritonclient.utils.shared_memory as shm
@@ -182,20 +140,19 @@ def test_a_system_segment_is_page_locked_and_copied_into_a_batch_by_the_gpu():
     from unideploy.server.errors import BadRequest
     from unideploy.server.shared_memory import Placement, SharedMemoryRegions
 
-    regions, signals, made = SharedMemoryRegions("system"), _signal(3), []
-    inputs = []
-    for i, row in enumerate(signals):
-        key = f"/unideploy-gpu-{uuid.uuid4().hex[:12]}"
-        made.append((shm.create_shared_memory_region(f"s{i}", key, row.nbytes), key))
-        shm.set_shared_memory_region(made[-1][0], [np.ascontiguousarray(row[None])])
-        regions.register(f"s{i}", key, 0, row.nbytes)
-        inputs.append({"audio": regions.input(Placement(f"s{i}", row.nbytes), "FP32", (1, *row.shape), "audio")})
+    held, signals, keys, inputs = SharedMemoryRegions("system"), _signal(3), [], []
+    for row in signals:
+        handle, name, key = regions(row.nbytes)
+        shm.set_shared_memory_region(handle, [np.ascontiguousarray(row[None])])
+        held.register(name, key, 0, row.nbytes)
+        keys.append(key)
+        inputs.append({"audio": held.input(Placement(name, row.nbytes), "FP32", (1, *row.shape), "audio")})
     buffers = DeviceBatches().buffers()
     try:
         batch = merged(inputs, 4, None, None, {}, None, buffers)["audio"]
         assert isinstance(batch, DeviceArray)
         np.testing.assert_array_equal(batch.value.numpy(), np.concatenate([signals, signals[-1:]]))
-        os.truncate(f"/dev/shm/{made[1][1].lstrip('/')}", 4)
+        os.truncate(f"/dev/shm/{keys[1].lstrip('/')}", 4)
         failed: dict = {}
         batch = merged(inputs, 4, None, None, failed, None, buffers)["audio"]
         assert list(failed) == [1] and isinstance(failed[1], BadRequest) and "which now holds 4" in str(failed[1])
@@ -203,38 +160,50 @@ def test_a_system_segment_is_page_locked_and_copied_into_a_batch_by_the_gpu():
         assert buffers.batches.problem is None
     finally:
         buffers.close()
-        regions.close()  # each segment's pages unlocked, its mapping closed
-        for handle, _ in made:
-            shm.destroy_shared_memory_region(handle)
+        held.close()  # each segment's pages unlocked, its mapping closed
 
 
-def test_requests_in_system_shared_memory_are_merged_on_the_gpu(cuda_server):
-    """Eight clients at once, each signal in a system segment of its own, against a model on the GPU:
-    each answer the model's for its own signal, and ``device_batches`` still on afterwards."""
+@pytest.mark.parametrize("memory", ["cuda", "system"])
+def test_eight_clients_inputs_in_shared_memory_are_copied_into_batches_by_the_gpu(
+    cuda_server, device_regions, regions, memory
+):
+    """Eight clients at once, each signal in a region of its own (device memory, or a system
+    segment the server page-locks), against a model on the GPU: the batches they merge into are
+    assembled in GPU memory by the GPU's copies (``runtimes/device_batches.py``), each answer the
+    model's for its own signal, and the model's account still says ``device_batches: on``
+    afterwards (a CUDA call that failed would have turned it off, saying why)."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
+    import tritonclient.utils.cuda_shared_memory as cudashm
     import tritonclient.utils.shared_memory as shm
 
     signals = _signal(8)
     plain = CLIENTS["http"](cuda_server)
+    assert plain.get_model_metadata("conv")["parameters"]["device_batches"] == "on"
     expected = []
     for row in signals:
         x = httpclient.InferInput("audio", [1, 1, 64], "FP32")
         x.set_data_from_numpy(row[None])
         expected.append(plain.infer("conv", [x]).as_numpy("y"))
-    made = []
+    names = []
     for row in signals:
-        name, key = f"s{uuid.uuid4().hex[:8]}", f"/unideploy-gpu-{uuid.uuid4().hex[:12]}"
-        made.append((shm.create_shared_memory_region(name, key, row.nbytes), name))
-        shm.set_shared_memory_region(made[-1][0], [np.ascontiguousarray(row[None])])
-        plain.register_system_shared_memory(name, key, row.nbytes)
+        value = [np.ascontiguousarray(row[None])]
+        if memory == "cuda":
+            handle, name = device_regions(row.nbytes)
+            cudashm.set_shared_memory_region(handle, value)
+            plain.register_cuda_shared_memory(name, cudashm.get_raw_handle(handle), 0, row.nbytes)
+        else:
+            handle, name, key = regions(row.nbytes)
+            shm.set_shared_memory_region(handle, value)
+            plain.register_system_shared_memory(name, key, row.nbytes)
+        names.append(name)
     together = threading.Barrier(len(signals), timeout=60)
 
     def ask(i: int) -> np.ndarray:
         client = CLIENTS["http"](cuda_server)
         x = httpclient.InferInput("audio", [1, 1, 64], "FP32")
-        x.set_shared_memory(made[i][1], signals[i].nbytes)
+        x.set_shared_memory(names[i], signals[i].nbytes)
         together.wait()
         return client.infer("conv", [x]).as_numpy("y")
 
@@ -245,6 +214,8 @@ def test_requests_in_system_shared_memory_are_merged_on_the_gpu(cuda_server):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         assert plain.get_model_metadata("conv")["parameters"]["device_batches"] == "on"
     finally:
-        for handle, name in made:
-            plain.unregister_system_shared_memory(name)
-            shm.destroy_shared_memory_region(handle)
+        for name in names:
+            if memory == "cuda":
+                plain.unregister_cuda_shared_memory(name)
+            else:
+                plain.unregister_system_shared_memory(name)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
-import uuid
 
 import numpy as np
 import pytest
@@ -28,21 +27,6 @@ CLIENTS = {
 @pytest.fixture
 def images(digits) -> np.ndarray:
     return np.ascontiguousarray(np.load(digits["data"])["x"][:5])
-
-
-@pytest.fixture
-def regions():
-    """Segments made as a client makes them, each destroyed afterwards (names unique per test)."""
-    made = []
-
-    def make(size: int) -> tuple[object, str, str]:
-        name, key = f"r{uuid.uuid4().hex[:8]}", f"/unideploy-test-{uuid.uuid4().hex[:12]}"
-        made.append(shm.create_shared_memory_region(name, key, size))
-        return made[-1], name, key
-
-    yield make
-    for handle in made:
-        shm.destroy_shared_memory_region(handle)
 
 
 def _module(protocol: str):
