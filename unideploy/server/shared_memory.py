@@ -30,6 +30,7 @@ must not rewrite an input's window before its response comes.
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import os
 import re
@@ -48,6 +49,7 @@ from unideploy.server.cuda_shared_memory import CudaRegion
 from unideploy.server.errors import BadRequest, NotFound
 from unideploy.server.unread import Unread
 
+log = logging.getLogger("unideploy.server")
 SHM_ROOT = "/dev/shm"  # where Linux keeps POSIX shared memory (shm_open's names)
 # Each region holds a descriptor (a CUDA one a device mapping) until unregistered: without a bound,
 # a client registering regions in a loop would take every descriptor the process may open, and the
@@ -109,6 +111,13 @@ class SystemRegion:
         with self._locking:
             if self._locked is None and self.gpu_problem is None:
                 self.gpu_problem = self._lock_for_gpu()
+                if self.gpu_problem is not None:
+                    log.warning(
+                        "shared memory region '%s' is read on the host, not copied by GPU %d: %s",
+                        self.name,
+                        device,
+                        self.gpu_problem,
+                    )
         return self._locked is not None
 
     def _lock_for_gpu(self) -> str | None:
