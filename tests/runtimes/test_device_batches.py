@@ -35,13 +35,14 @@ def test_the_onnx_runtime_plugin_reads_a_batch_in_its_own_memory_in_place(digits
     assert (got.argmax(1) == labels).mean() >= 0.75  # the real digits, classified
 
 
-def test_only_bucket_sessions_on_the_cuda_provider_take_batches_in_gpu_memory(digits):
+def test_only_sessions_on_the_cuda_provider_take_batches_in_gpu_memory(digits):
     """The server hands a runtime batches in GPU memory only where it says it takes them: the
-    ONNX Runtime plug-in's bucket sessions, which exist on the CUDA provider only."""
+    ONNX Runtime plug-in's sessions on the CUDA provider."""
     with Package.open(digits["package"]) as package:
         _, engine = open_runtime(package)
         try:
-            assert engine.takes_device_batches is bool(engine.batch_buckets)
+            on_cuda = "CUDAExecutionProvider" in engine.describe()["providers"]
+            assert engine.takes_device_batches is on_cuda
             if cuda_api.problem() is not None:
                 assert not engine.takes_device_batches
         finally:

@@ -121,8 +121,8 @@ class Runtime(ABC):
     @property
     def takes_device_batches(self) -> bool:
         """Whether ``run_checked`` takes a merged batch's inputs in GPU memory
-        (``device_batches.DeviceArray``) at a bucket's size: a server then merges inputs a client
-        keeps in GPU memory there."""
+        (``device_batches.DeviceArray``): a server then has the GPU copy inputs in shared memory
+        into its batches there."""
         return False
 
     def shrink(self, inputs: Mapping[str, Any]) -> None:

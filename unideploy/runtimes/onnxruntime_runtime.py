@@ -225,8 +225,9 @@ class OnnxRuntime(Runtime):
 
     @property
     def takes_device_batches(self) -> bool:
-        """Its bucket sessions on the CUDA provider read a batch merged in GPU memory in place."""
-        return bool(self._buckets)
+        """Its sessions on the CUDA provider read a batch merged in GPU memory in place (a TensorRT
+        recipe's are left to the host: its profiles are checked against host arrays)."""
+        return self.spec is None and CUDA in self.session.get_providers()
 
     @property
     def precision(self) -> str:
