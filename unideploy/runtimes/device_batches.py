@@ -21,7 +21,6 @@ merged on the host as before, and the version's account says why (``DeviceBatche
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +30,6 @@ import numpy as np
 from unideploy.runtimes import cuda_api
 from unideploy.runtimes.cuda_work import CUDA_WORK
 from unideploy.runtimes.pinned import KeptBuffers
-
-log = logging.getLogger("unideploy.runtime")
 
 
 class DeviceBatchFailure(RuntimeError):
@@ -68,9 +65,9 @@ class DeviceArray:
 
 
 class DeviceBatches:
-    """Whether one version's batch threads merge GPU-memory inputs in GPU memory (``device``: the GPU
-    its sessions run on): on until a CUDA call here fails, then off for every batch thread, the
-    reason told to ``on_failure`` once (the version's account and a warning)."""
+    """Whether one version's batch threads have the GPU copy shared-memory inputs into batches in its
+    memory (``device``: the GPU its sessions run on): on until a CUDA call here fails, then off for
+    every batch thread, the reason told to ``on_failure`` once (the version's account and a warning)."""
 
     def __init__(self, device: int = 0, on_failure: Callable[[str], None] | None = None) -> None:
         self.device = device
