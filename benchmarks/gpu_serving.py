@@ -176,6 +176,14 @@ POLICIES: dict[str, Policy] = {
     "cpu, 4 front ends, shm": Policy(ON_CPU, (1, 32), ("grpc",), ("--frontends", "4"), SHARED_MEMORY),
     # two of the server's eight cores left to the front ends and the event loop: on 2026-11-27 (evening)
     # its batches held 15.6 rows at c32 as the default's did, and it served 7 % less (not adopted)
+    # concurrency 1 on the CPU was in process + 1.7-2.4 ms on the H200's host (2026-11-26; target + 0.5), the
+    # engine alone 0.5-0.8 ms slower idling 2 ms between calls: ONNX Runtime's workers spinning between runs
+    # (its own default, and the in-process baseline's) against the server's spin within a run only. Only a
+    # host with cores to spare measures it: on 2 cores the server's one core runs no worker to spin
+    # (2026-11-28, night: c1 p50 8.43-8.74 ms against 8.84-9.12, one intra-op thread either way: noise)
+    "cpu, 4 front ends, shm, spin: always": Policy(
+        {**ON_CPU, "spin": "always"}, (1, 32), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
+    ),
     "cpu, 4 front ends, shm, threads: 6": Policy(
         {**ON_CPU, "threads": 6}, (1, 32), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
     ),
