@@ -262,8 +262,10 @@ def test_a_request_whose_gpu_memory_is_gone_fails_alone_and_a_mixed_batch_merges
     )
     assert batch["x"].value.numpy().tolist() == [[2.0] * 3, [2.0] * 3]
     assert list(failed) == [0] and isinstance(failed[0], BadRequest) and "not registered" in str(failed[0])
+    waits = devices.waits
     mixed = merged([{"x": InDeviceMemory(one)}, {"x": two}], 2, None, None, {}, None, devices)["x"]
     assert isinstance(mixed, np.ndarray) and mixed[:, 0].tolist() == [1.0, 2.0]
+    assert devices.waits == waits  # merged on the host: no wait for the GPU's stream
     off = HostDeviceBuffers(DeviceBatches())
     off.batches.failed("a copy in GPU memory failed")
     assert isinstance(merged([{"x": InDeviceMemory(one)}], 1, None, None, {}, None, off)["x"], np.ndarray)

@@ -233,11 +233,11 @@ def merged(
     for (i, _, _), error in zip(unread, read_into([(u, rows) for _, u, rows in unread], readers), strict=True):
         if error is not None:
             lost.setdefault(i, error)
-    with ExitStack() as held:  # the CUDA regions stay mapped until their copies are done
+    on_gpu = {name: held_there for name, held_there in batch.items() if isinstance(held_there, DeviceArray)}
+    with ExitStack() as held:  # the regions stay held until the GPU's copies from them are done
         try:
-            for name, kept in batch.items():
-                if isinstance(kept, DeviceArray):
-                    _copy_on_device(parts, name, kept, starts, held, lost)
+            for name, target in on_gpu.items():
+                _copy_on_device(parts, name, target, starts, held, lost)
             if lost and failed is None:
                 raise next(iter(lost.values()))
             if len(lost) == len(parts):
@@ -250,7 +250,7 @@ def merged(
                     _fill(kept, axis, starts[i], starts[i + 1], starts[good])
                 _fill(kept, axis, starts[-1], size, starts[-1] - 1)
         finally:
-            if devices is not None:
+            if on_gpu and devices is not None:  # a batch merged on the host waits for no stream
                 devices.synchronize()
     if failed is not None:
         failed.update(lost)
