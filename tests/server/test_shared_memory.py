@@ -156,6 +156,12 @@ def test_a_cuda_handle_over_rest_must_be_base64(server):
     for body in ({"raw_handle": "AAAA", "device_id": 0, "byte_size": 16}, {"raw_handle": {"b64": "@@"}}):
         answer = httpx.post(url, json=body)
         assert answer.status_code == 400 and "raw_handle must be" in answer.json()["error"], answer.text
+    # perf_analyzer's libb64 breaks its base64 every 72 characters: a well-formed handle gets past the
+    # decoding (to the refusal of a server whose CUDA shared memory is off)
+    encoded = base64.b64encode(bytes(range(64))).decode()
+    wrapped = "\n".join(encoded[i : i + 72] for i in range(0, len(encoded), 72)) + "\n"
+    answer = httpx.post(url, json={"raw_handle": {"b64": wrapped}, "device_id": 0, "byte_size": 16})
+    assert answer.status_code == 400 and "CUDA shared memory is turned off" in answer.json()["error"], answer.text
 
 
 @pytest.mark.skipif(cuda_api.problem() is None, reason="this machine has a CUDA GPU: the server would start")

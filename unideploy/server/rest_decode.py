@@ -102,12 +102,14 @@ def json_object(raw: bytes | memoryview) -> dict[str, Any]:
 
 
 def b64_bytes(value: Any, what: str) -> bytes:
-    """``{"b64": "..."}``, how Triton's REST API carries bytes in JSON (a CUDA IPC handle), decoded."""
+    """``{"b64": "..."}``, how Triton's REST API carries bytes in JSON (a CUDA IPC handle), decoded.
+    Line breaks are dropped first: Triton's C++ clients (perf_analyzer) encode with libb64, which
+    breaks its output every 72 characters, and Triton's decoder skips them too."""
     encoded = value.get("b64") if isinstance(value, dict) else None
     try:
         if not isinstance(encoded, str):
             raise ValueError("not a string")
-        return base64.b64decode(encoded, validate=True)
+        return base64.b64decode("".join(encoded.split()), validate=True)
     except ValueError:
         raise BadRequest(f'{what} must be {{"b64": "<base64>"}}, got {str(value)[:80]}') from None
 
