@@ -49,7 +49,6 @@ from unideploy.errors import UnideployError
 from unideploy.guard.measure import interleaved_latency
 from unideploy.package import Package
 from unideploy.runtimes import Runtime, RuntimeOptions, cuda_api
-from unideploy.runtimes.base import GRAPHS_IN_ONE_SESSION
 from unideploy.runtimes.batch_buckets import default_buckets
 from unideploy.runtimes.ort_bound import BoundRun, batch_dimension_names, fix_batch
 from unideploy.runtimes.ort_providers import CUDA, cuda_options
@@ -567,9 +566,8 @@ def _memory_probe(package_path: Path, variant: str, device: str = "gpu") -> dict
     captured); and the answers at batch 32 against the CPU's. ``variant``: ``one session`` (batches
     of 1 and 32 on it), ``buckets``, ``buckets, two threads`` (each size called from two threads at
     once, as the server's two batch threads call it: the CUDA provider gives each thread running a
-    session at the same time cuDNN and cuBLAS handles of its own), ``buckets + graphs`` (as the
-    server runs them, ``cuda_graphs: true``), or ``graph per bucket`` (``cuda_graphs: one-session``:
-    one session replaying a graph per bucket)."""
+    session at the same time cuDNN and cuBLAS handles of its own), or ``buckets + graphs`` (as the
+    server runs them by default on a GPU, ``cuda_graphs``)."""
     import onnxruntime  # noqa: F401  (its libraries count in the baseline, as in any process using it)
 
     found: dict[str, Any] = {"imported": _memory_now()}
@@ -579,7 +577,7 @@ def _memory_probe(package_path: Path, variant: str, device: str = "gpu") -> dict
         axes = package.manifest.signature.batch_axes
         batches = {size: resize_batch(sample, size, axes) for size in sizes}
         artifact = package.manifest.artifact("onnx-fp32")
-        graphs = {"buckets + graphs": True, "graph per bucket": GRAPHS_IN_ONE_SESSION}.get(variant, False)
+        graphs = variant == "buckets + graphs"
         options = RuntimeOptions(
             device=device,
             batch_buckets=() if variant == "one session" else sizes,
@@ -704,16 +702,16 @@ def node_times(package_path: Path, device: str = "gpu", batch: int = 32) -> dict
 
 def bucket_memory(package_path: Path) -> dict[str, Any]:
     """What each batch bucket's session costs the host (issue 44 counts the server's RSS against in
-    process + 100 MB per front end; the model process held 1,178-1,239 MB against 905-947 with its
-    six buckets on the H200) and the GPU: one session, a session per bucket (called from one thread,
-    and from two as the server's batch threads call it) without and with CUDA graphs, and one
-    session replaying a graph per bucket, each in a fresh process (freed memory does not leave a
-    process's RSS)."""
+    process + 100 MB per front end; the model process held 1,160-1,239 MB against 905-961 with six
+    buckets on the H200, 992 with three) and the GPU: one session, a session per bucket (called from
+    one thread, and from two as the server's batch threads call it) without and with CUDA graphs,
+    each in a fresh process (freed memory does not leave a process's RSS). (One session replaying
+    a graph per bucket died of CUDA error 715 on the H200: docs/gpu.md.)"""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     rows = []
-    for variant in ("one session", "buckets", "buckets, two threads", "buckets + graphs", "graph per bucket"):
+    for variant in ("one session", "buckets", "buckets, two threads", "buckets + graphs"):
         try:
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as probe:
                 found = probe.submit(_memory_probe, package_path, variant).result()

@@ -67,7 +67,6 @@ from server_stages import CALL_PARTS, STAGES, call_means_ms, rows_per_call, stag
 
 import unideploy
 from unideploy.runtimes import RuntimeOptions
-from unideploy.runtimes.base import GRAPHS_IN_ONE_SESSION
 from unideploy.runtimes.selection import open_artifact
 from unideploy.samples import resize_batch
 
@@ -147,15 +146,20 @@ POLICIES: dict[str, Policy] = {
     "finer buckets, 4 front ends, shm": Policy(
         {"batch_buckets": [1, 2, 4, 8, 12, 16, 24, 32]}, (32,), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
     ),
-    # each bucket's session replays a CUDA graph (model.yaml cuda_graphs, runtimes/ort_bound.py): 1.22x
-    # at batch 32 and 1.26x at batch 1 in process (exact fp32, H200), against the default's sessions
-    "buckets, 4 front ends, shm, CUDA graphs": Policy(
-        {"cuda_graphs": True}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
+    # the default until 2026-11-28 (evening): six buckets (powers of two) of plain sessions. Each bucket
+    # added 46-76 MB of the model process's RSS (gpu.py --only memory), which held 1,160-1,169 MB with
+    # six against 992 with three (the default since), and three made 5-19% more requests/s at c32
+    "powers of two, 4 front ends, shm, no CUDA graphs": Policy(
+        {"batch_buckets": [1, 2, 4, 8, 16, 32], "cuda_graphs": False},
+        (1, 32),
+        ("http",),
+        ("--frontends", "4"),
+        SHARED_MEMORY,
     ),
-    # one session replaying every bucket's graph (cuda_graphs: one-session): the model process held
-    # 1,178-1,239 MB with six bucket sessions against 905-947 in process (issue 44: +100 MB per front end)
-    "buckets, 4 front ends, shm, CUDA graphs, one session": Policy(
-        {"cuda_graphs": GRAPHS_IN_ONE_SESSION}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
+    # each bucket's session replays a CUDA graph by default since 2026-11-28 (evening; model.yaml
+    # cuda_graphs, runtimes/ort_bound.py): c1 0.45-0.55 ms faster served, c32 within the runs' noise
+    "buckets, 4 front ends, shm, no CUDA graphs": Policy(
+        {"cuda_graphs": False}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
     ),
     # perf_analyzer's tensors in GPU memory it allocated (CUDA shared memory, server/cuda_shared_memory.py),
     # merged in GPU memory (runtimes/device_batches.py), against the same read through the host (before

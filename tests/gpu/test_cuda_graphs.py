@@ -23,10 +23,10 @@ WHY = provider_problem(CUDA)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY is not None, reason=f"needs ONNX Runtime's CUDA provider: {WHY}")]
 
 
-CAPTURED = {True: "captured, one per bucket", "one-session": "captured, one session replaying a graph per bucket"}
+CAPTURED = "captured, one per bucket"
 
 
-@pytest.mark.parametrize("graphs", [True, "one-session", False])
+@pytest.mark.parametrize("graphs", [True, None, False])  # asked for, the server's default (where buckets run), off
 def test_buckets_answer_as_the_cpu_does(digits, graphs):
     images = np.load(digits["data"])["x"][:11]
     with Package.open(digits["package"]) as package:
@@ -36,10 +36,9 @@ def test_buckets_answer_as_the_cpu_does(digits, graphs):
         with cpu, gpu:
             described = gpu.describe()
             assert described["batch_buckets"] == [1, 4, 8]
-            assert described.get("cuda_graphs") == CAPTURED.get(graphs)
-            # the smallest bucket's session is the runtime's (none was opened for any batch size),
-            # or with one-session the one session, of any batch
-            assert [i.shape[0] for i in gpu.session.get_inputs()] == ["batch" if graphs == "one-session" else 1]
+            assert described.get("cuda_graphs") == (None if graphs is False else CAPTURED)
+            # the smallest bucket's session is the runtime's (none was opened for any batch size)
+            assert [i.shape[0] for i in gpu.session.get_inputs()] == [1]
             for rows in (8, 3, 11, 1):  # a full bucket, a padded one, two buckets, the smallest
                 np.testing.assert_allclose(
                     gpu.run({"x": images[:rows]})["output"], cpu.run({"x": images[:rows]})["output"], atol=1e-4
@@ -51,16 +50,11 @@ def test_bench_times_each_size_on_its_captured_graph(digits):
     result = deploy("bench", digits["package"], "--device", "gpu", "--batch-size", "1,8", "--cuda-graphs", "--json")
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
-    assert found["cuda_graphs"] == "captured, one per bucket" and found["batch_buckets"] == [1, 8]
+    assert found["cuda_graphs"] == CAPTURED and found["batch_buckets"] == [1, 8]
     assert [r["batch_size"] for r in found["runs"]] == [1, 8]
-    args = ("bench", digits["package"], "--device", "gpu", "--batch-size", "1,8", "--cuda-graphs-one-session")
-    shared = deploy(*args, "--json")
-    assert shared.returncode == 0, shared.stderr
-    assert json.loads(shared.stdout)["cuda_graphs"] == CAPTURED["one-session"]
 
 
-@pytest.mark.parametrize("graphs", [True, "one-session"])
-def test_two_batch_threads_replay_the_graphs_captured_at_load(digits, graphs):
+def test_two_batch_threads_replay_the_graphs_captured_at_load(digits):
     """As the server runs a GPU model (two batches in flight, each on a batch thread): every
     bucket was captured as the engine opened, each on its own thread, so calls from other threads
     replay those graphs, side by side, without capturing again (a capture fails the CUDA calls any
@@ -68,10 +62,10 @@ def test_two_batch_threads_replay_the_graphs_captured_at_load(digits, graphs):
     images = np.load(digits["data"])["x"][:8]
     with Package.open(digits["package"]) as package:
         _, cpu = open_runtime(package, "onnx-fp32", options=RuntimeOptions(device="cpu"))
-        options = RuntimeOptions(device="gpu", batch_buckets=(1, 4, 8), cuda_graphs=graphs)
+        options = RuntimeOptions(device="gpu", batch_buckets=(1, 4, 8), cuda_graphs=True)
         _, gpu = open_runtime(package, "onnx-fp32", options=options)
         with cpu, gpu, ThreadPoolExecutor(2) as batch_threads:
-            assert gpu.describe()["cuda_graphs"] == CAPTURED[graphs]
+            assert gpu.describe()["cuda_graphs"] == CAPTURED
             sizes = [8, 3, 1, 4, 8, 2] * 8
             answers = list(batch_threads.map(lambda rows: gpu.run({"x": images[:rows]})["output"], sizes))
             for rows, answer in zip(sizes, answers, strict=True):
@@ -80,7 +74,7 @@ def test_two_batch_threads_replay_the_graphs_captured_at_load(digits, graphs):
 
 def test_a_model_loading_with_graphs_beside_one_serving_fails_neither(digits):
     """A hot reload on a GPU: one engine answers from two batch threads while another loads and
-    captures its graphs, in each layout. CUDA's global capture mode fails any CUDA call another
+    captures its graphs. CUDA's global capture mode fails any CUDA call another
     thread makes during a capture; the server's calls wait for it instead (runtimes/cuda_work.py)."""
     images = np.load(digits["data"])["x"][:8]
     with Package.open(digits["package"]) as package:
@@ -100,12 +94,11 @@ def test_a_model_loading_with_graphs_beside_one_serving_fails_neither(digits):
         with cpu, serving, ThreadPoolExecutor(2) as batch_threads:
             calls = [batch_threads.submit(serve, start) for start in (0, 4)]
             try:
-                for layout in (True, "one-session"):
-                    options = RuntimeOptions(device="gpu", batch_buckets=(1, 2, 4, 8), cuda_graphs=layout)
-                    _, loaded = open_runtime(package, "onnx-fp32", options=options)
-                    with loaded:
-                        assert loaded.describe()["cuda_graphs"] == CAPTURED[layout]
-                        np.testing.assert_allclose(loaded.run({"x": images[:3]})["output"], expected[3], atol=1e-4)
+                options = RuntimeOptions(device="gpu", batch_buckets=(1, 2, 4, 8), cuda_graphs=True)
+                _, loaded = open_runtime(package, "onnx-fp32", options=options)
+                with loaded:
+                    assert loaded.describe()["cuda_graphs"] == CAPTURED
+                    np.testing.assert_allclose(loaded.run({"x": images[:3]})["output"], expected[3], atol=1e-4)
             finally:
                 stop.set()
             for call in calls:

@@ -17,9 +17,11 @@ from unideploy.runtimes.batch_buckets import (
 from unideploy.runtimes.selection import open_runtime
 
 
-def test_default_buckets_are_powers_of_two_up_to_the_batch_limit():
-    assert default_buckets(32) == (1, 2, 4, 8, 16, 32)
-    assert default_buckets(24) == (1, 2, 4, 8, 16, 24)
+def test_default_buckets_are_powers_of_eight_up_to_the_batch_limit():
+    assert default_buckets(32) == (1, 8, 32)
+    assert default_buckets(24) == (1, 8, 24)
+    assert default_buckets(256) == (1, 8, 64, 256)
+    assert default_buckets(8) == (1, 8)
     assert default_buckets(1) == (1,)
     assert [bucket_for(n, (1, 8, 32)) for n in (1, 2, 8, 9, 32, 40)] == [1, 8, 8, 32, 32, 32]
 

@@ -186,21 +186,10 @@ def test_cuda_graphs_asked_for_on_the_cpu_say_they_did_not_run(cnn_package):
         with runtime:
             assert runtime.run({"x": np.zeros((3, 1, 8, 8), np.float32)})["output"].shape == (3, 10)
             assert runtime.describe()["cuda_graphs"].startswith("not used: they run on ONNX Runtime's CUDA provider")
-
-
-def test_buckets_whose_graphs_cannot_share_one_session_say_why_and_take_their_own(digits):
-    """``cuda_graphs: one-session`` where one session cannot replay the buckets' graphs (here no GPU
-    buffer can be allocated): the reason is kept and named in what ran, nothing is left bound and
-    no thread is left running, and the buckets go on to sessions of their own."""
-    with Package.open(digits["package"]) as pkg:
-        _, runtime = open_runtime(pkg, "onnx-fp32", options=RuntimeOptions(cuda_graphs="one-session"))
+        # the server's default (None: wherever buckets run) says nothing where none do
+        _, runtime = open_runtime(pkg, options=RuntimeOptions(cuda_graphs=None))
         with runtime:
-            assert runtime.describe()["cuda_graphs"].startswith("not used: they run on ONNX Runtime's CUDA provider")
-            runtime._buckets = (1, 4)  # as the CUDA provider plans them
-            assert runtime._graphs_in_one_session() is None
-            assert runtime.one_session_problem  # ONNX Runtime's own words for why
-            assert runtime._sessions == {} and runtime._graph_threads == []
-            assert "(one session for all could not: " in runtime._graphs_used()
+            assert "cuda_graphs" not in runtime.describe() and "batch_buckets" not in runtime.describe()
 
 
 def test_a_bucket_whose_graph_cannot_be_captured_runs_a_plain_session_of_its_size(digits):

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from unideploy.package import Package
-from unideploy.runtimes.ort_bound import CAPTURE_CALLS, BoundRun, batch_dimension_names, fix_batch, graph_at
+from unideploy.runtimes.ort_bound import CAPTURE_CALLS, BoundRun, batch_dimension_names, fix_batch
 
 
 def _session(path, rows: int | None = None, names=("batch",)) -> ort.InferenceSession:
@@ -91,22 +91,6 @@ def test_a_session_without_a_fixed_size_is_not_bound(digits_onnx):
         BoundRun(_session(digits_onnx), "cpu")
 
 
-def test_a_session_of_any_batch_is_bound_at_the_shapes_given(digits, digits_onnx):
-    """One session bound once per batch size (a CUDA graph each, by ``gpu_graph_id``): the shapes
-    come from the caller, and each binding runs with its own run options."""
-    images = np.load(digits["data"])["x"]
-    session = _session(digits_onnx)
-    bindings = {}
-    for rows in (1, 8):
-        shapes = {"x": (np.dtype(np.float32), (rows, 1, 8, 8)), "output": (np.dtype(np.float32), (rows, 10))}
-        options = ort.RunOptions()
-        options.add_run_config_entry("gpu_graph_id", str(rows))  # read by the CUDA provider only
-        bindings[rows] = BoundRun(session, "cpu", shapes, options)
-    for rows, bound in bindings.items():
-        batch = images[:rows]
-        np.testing.assert_allclose(bound.run({"x": batch})["output"], session.run(None, {"x": batch})[0], atol=1e-5)
-
-
 class _Calls:
     """A real session whose IO-bound calls are counted by the thread that made them."""
 
@@ -137,25 +121,3 @@ def test_a_binding_given_a_thread_makes_every_call_there(digits, digits_onnx):
     assert len(session.threads) == 3 + 6 + 1 and all(name.startswith("graph") for name in session.threads)
     for answer in answers:
         np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-5)
-
-
-def test_one_session_is_bound_at_each_batch_size_on_the_thread_of_its_graphs(digits, digits_onnx):
-    """``cuda_graphs: one-session``: a session of any batch bound once per bucket, each binding's
-    shapes read from the session and one plain run, every call on the one thread of its graphs."""
-    images = np.load(digits["data"])["x"]
-    plain = _session(digits_onnx)
-    session = _Calls(_session(digits_onnx))
-    with ThreadPoolExecutor(1, thread_name_prefix="graphs") as thread:
-        bindings = {rows: graph_at(session, ["batch"], rows, thread, "cpu") for rows in (1, 4, 8)}
-        for rows, bound in bindings.items():
-            assert bound.run_options.get_run_config_entry("gpu_graph_id") == str(rows)
-            got = bound.run({"x": images[:rows]})["output"]
-            assert got.shape == (rows, 10)
-            np.testing.assert_allclose(got, plain.run(None, {"x": images[:rows]})[0], rtol=1e-5, atol=1e-5)
-    assert len(session.threads) == 3 * (1 + CAPTURE_CALLS + 1) and all(n.startswith("graphs") for n in session.threads)
-
-
-def test_one_session_is_not_bound_where_a_size_besides_the_batch_is_open(tmp_path):
-    text = _model(tmp_path, {"input_ids": ["batch", "seq"]})
-    with ThreadPoolExecutor(1) as thread, pytest.raises(ValueError, match="input 'input_ids' .* not a fixed-size"):
-        graph_at(_session(text), ["batch"], 4, thread, "cpu")

@@ -19,7 +19,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The command line. The flags plug-ins declare (a pass's, a target's) are added to the command
     ``argv`` runs alone: loading every pass imports onnx, which ``deploy serve`` and ``run`` need not."""
     from unideploy.cli.options import add_plugin_options
-    from unideploy.runtimes.base import GRAPHS_IN_ONE_SESSION
     from unideploy.targets import TARGETS
 
     command = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
@@ -184,21 +183,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=_positive_int, default=100)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=_positive_int, help="intra-op threads (default: the runtime decides)")
-    graphs = p.add_mutually_exclusive_group()
-    graphs.add_argument(
+    p.add_argument(
         "--cuda-graphs",
-        action="store_const",
-        const=True,
-        default=False,
+        action="store_true",
         help="on a GPU (ONNX Runtime's CUDA provider): each batch size on a session of its own that replays a "
         "captured CUDA graph, as model.yaml's cuda_graphs serves; what ran says whether each was captured",
-    )
-    graphs.add_argument(
-        f"--cuda-graphs-{GRAPHS_IN_ONE_SESSION}",
-        dest="cuda_graphs",
-        action="store_const",
-        const=GRAPHS_IN_ONE_SESSION,
-        help=f"the same with one session replaying a graph per batch size (cuda_graphs: {GRAPHS_IN_ONE_SESSION})",
     )
     _add_runtime_options(p)
     p.add_argument("--json", action="store_true")

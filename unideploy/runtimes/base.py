@@ -49,12 +49,10 @@ class RuntimeOptions:
     batch_buckets: tuple[int, ...] = ()
     # Each bucket's session captures its calls as a CUDA graph and replays it on device buffers bound
     # once (ONNX Runtime's CUDA provider; runtimes/ort_bound.py); where capture fails, plain sessions
-    # run and describe() says why. GRAPHS_IN_ONE_SESSION: one session replays a graph per bucket
-    # (one copy of the weights and of the kernels' state), a session per bucket where it cannot.
-    cuda_graphs: bool | str = False
-
-
-GRAPHS_IN_ONE_SESSION = "one-session"
+    # run and describe() says why. None: wherever batch buckets run (a GPU), said only there; True:
+    # asked for, and describe() says why not where there are no buckets. (One session replaying a
+    # graph per bucket crashed a CNN on the H200: docs/gpu.md, "One session for every bucket's graph".)
+    cuda_graphs: bool | None = False
 
 
 SPIN_POLICIES = ("always", "run", "never")

@@ -19,11 +19,11 @@ import numpy as np
 
 from unideploy.errors import MissingDependencyError, PackageError, RuntimeFailure
 from unideploy.registry import Availability
-from unideploy.runtimes.base import GRAPHS_IN_ONE_SESSION, Runtime, usable_cores
+from unideploy.runtimes.base import Runtime, usable_cores
 from unideploy.runtimes.batch_buckets import run_in_buckets
 from unideploy.runtimes.cuda_work import CUDA_WORK
 from unideploy.runtimes.device_batches import DeviceArray, DeviceBatchFailure
-from unideploy.runtimes.ort_bound import BoundRun, batch_dimension_names, fix_batch, graph_at
+from unideploy.runtimes.ort_bound import BoundRun, batch_dimension_names, fix_batch
 from unideploy.runtimes.ort_providers import (
     CUDA,
     GPU_PROVIDERS,
@@ -84,8 +84,6 @@ class OnnxRuntime(Runtime):
         self._axes = (self.signature.batch_axes, self.signature.output_batch_axes)
         self._sessions: dict[int, Any] = {}
         self.graphs_problem: str | None = None  # why CUDA graphs, asked for, are not used
-        self.one_session_problem: str | None = None  # why one session could not replay every bucket's graph
-        self._graphs_shared = False  # one session replays every bucket's graph
         self._graph_threads: list[ThreadPoolExecutor] = []  # each captured session's (ort_bound.py)
         # each bucket's session is told its batch size (ort_bound.py) by the names the signature
         # gives it, which the package's ONNX declares (onnx/interface.py)
@@ -95,7 +93,7 @@ class OnnxRuntime(Runtime):
         if opened is None:  # no buckets, or the CUDA provider did not load: one session, any batch
             self._buckets = ()
             opened = self._open()
-        elif self.options.cuda_graphs:
+        elif self.options.cuda_graphs is not False:  # asked for, or by default (None) where buckets run
             # every bucket captured now, before the engine serves: a capture fails the CUDA calls
             # other threads make meanwhile (ort_bound.py), as another bucket's calls would be
             try:
@@ -141,12 +139,7 @@ class OnnxRuntime(Runtime):
     def _first_bucket(self) -> Opened | None:
         """The smallest bucket's session, opened first: the providers it got are the runtime's, and
         no session for any batch is opened only to learn them (on a GPU, each is a CUDA session's
-        start-up and host memory); or, with ``cuda_graphs: one-session``, the one session replaying
-        every bucket's graph. None where it did not get the CUDA provider."""
-        if self.options.cuda_graphs == GRAPHS_IN_ONE_SESSION:
-            shared = self._graphs_in_one_session()
-            if shared is not None:
-                return shared
+        start-up and host memory). None where it did not get the CUDA provider."""
         size = self._buckets[0]
         bucket = self._fixed_opened(size)
         if bucket.lost is not None:
@@ -154,33 +147,6 @@ class OnnxRuntime(Runtime):
         self._sessions[size] = bucket.session
         session = bucket.session.session if isinstance(bucket.session, BoundRun) else bucket.session
         return Opened(session, None)
-
-    def _graphs_in_one_session(self) -> Opened | None:
-        """One session for every batch size, replaying a CUDA graph per bucket, all captured now on
-        one thread that makes every call of the session (ort_bound.graph_at): one copy of the
-        weights and of the kernels' state where a session per bucket holds six, and each size's
-        cuDNN plan paid once, at capture. None, the reason kept, where the CUDA provider did not
-        load or a graph could not be captured: a session per bucket then runs, which may still
-        capture where the shapes a batch of any size leaves to the CPU kept this one from it."""
-        thread = ThreadPoolExecutor(1, thread_name_prefix="unideploy-cuda-graphs")
-        try:
-            opened = self._open(graph=True)
-            if opened.lost:
-                raise ValueError(opened.lost)
-            for size in self._buckets:
-                self._sessions[size] = graph_at(opened.session, self._batch_names, size, thread)
-        except (ValueError, PackageError) as exc:
-            self.one_session_problem = str(exc)[:300]
-        except Exception as exc:  # ORT's own errors: capture refused (a node left to the CPU), ...
-            self.one_session_problem = ort_message(exc)
-        else:
-            self._graph_threads.append(thread)
-            self._graphs_shared = True
-            return Opened(opened.session, None)
-        with self._cuda_work():
-            self._sessions.clear()
-        thread.shutdown()
-        return None
 
     def _open(self, rows: int | None = None, graph: bool = False) -> Opened:
         """A session; with ``rows``, one whose batch dimensions hold that many rows, and with
@@ -254,22 +220,20 @@ class OnnxRuntime(Runtime):
             found["profiles"] = self.spec.profile_text()
         if self._buckets:
             found["batch_buckets"] = list(self._buckets)
-        if self.options.cuda_graphs:  # asked for: which buckets replay one, and why the others do not
+        if self.options.cuda_graphs or (self.options.cuda_graphs is None and self._buckets):
+            # which buckets replay one, and why the others do not (where asked for, why none does)
             found["cuda_graphs"] = self._graphs_used()
         return found
 
     def _graphs_used(self) -> str:
         if not self._buckets:
             return "not used: they run on ONNX Runtime's CUDA provider with batch buckets, not here"
-        if self._graphs_shared:
-            return "captured, one session replaying a graph per bucket"
         captured = sorted(size for size, bucket in self._sessions.items() if isinstance(bucket, BoundRun))
-        instead = f" (one session for all could not: {self.one_session_problem})" if self.one_session_problem else ""
         if self.graphs_problem is None:
-            return "captured, one per bucket" + instead
+            return "captured, one per bucket"
         if captured:  # a later bucket failed where the first ones had captured theirs
-            return f"captured for batch buckets {', '.join(map(str, captured))} only: {self.graphs_problem}" + instead
-        return f"not used: {self.graphs_problem}" + instead
+            return f"captured for batch buckets {', '.join(map(str, captured))} only: {self.graphs_problem}"
+        return f"not used: {self.graphs_problem}"
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.spec is not None:
@@ -331,7 +295,7 @@ class OnnxRuntime(Runtime):
         ``BoundRun`` whose calls are all made on a thread of its own (where ONNX Runtime keeps the
         graph), else, or where capture failed, a plain one. A failure is named once (``describe``)
         and the other buckets do not try again."""
-        if self.options.cuda_graphs and self.graphs_problem is None:
+        if self.options.cuda_graphs is not False and self.graphs_problem is None:
             thread = ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-cuda-graph-{size}")
             try:
                 opened = self._open(size, graph=True)

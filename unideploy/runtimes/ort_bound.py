@@ -79,11 +79,10 @@ def _graph_run(graph_id: str) -> Any:
     return options
 
 
-def _fixed(spec: Any, what: str, shape: Sequence[int | str | None] | None = None) -> tuple[np.dtype, tuple[int, ...]]:
-    """A session input's or output's dtype and shape (``shape`` where given, else its own), which
-    must be fixed to be bound once."""
+def _fixed(spec: Any, what: str) -> tuple[np.dtype, tuple[int, ...]]:
+    """A session input's or output's dtype and shape, which must be fixed to be bound once."""
     element = spec.type.removeprefix("tensor(").removesuffix(")")
-    shape = spec.shape if shape is None else shape
+    shape = spec.shape
     if element == "string" or not all(isinstance(d, int) for d in shape):
         raise ValueError(f"{what} '{spec.name}' ({spec.type}, shape {shape}) is not a fixed-size tensor")
     return np.dtype(_ORT_TYPES.get(element, element)), tuple(shape)
@@ -97,26 +96,13 @@ class BoundRun:
     single-thread executor; its owner shuts it down), every call is made on that thread, where the
     session keeps the CUDA graph it captured."""
 
-    def __init__(
-        self,
-        session: Any,
-        device: str,
-        shapes: Mapping[str, tuple[np.dtype, tuple[int, ...]]] | None = None,
-        run_options: Any = None,
-        thread: Executor | None = None,
-    ) -> None:
-        """``shapes``: each input's and output's dtype and shape, for a session whose own are not
-        fixed (one session replaying a CUDA graph per batch size, the graph's ``gpu_graph_id`` in
-        ``run_options``); without them, raises ``ValueError`` naming an input or output whose size
-        is not fixed."""
+    def __init__(self, session: Any, device: str, thread: Executor | None = None) -> None:
+        """Raises ``ValueError`` naming an input or output whose size is not fixed."""
         import onnxruntime as ort
 
-        def sized(spec: Any, what: str) -> tuple[np.dtype, tuple[int, ...]]:
-            return shapes[spec.name] if shapes else _fixed(spec, what)
-
-        inputs = {spec.name: sized(spec, "input") for spec in session.get_inputs()}
-        outputs = {spec.name: sized(spec, "output") for spec in session.get_outputs()}
-        self.session, self.device, self.run_options, self._thread = session, device, run_options, thread
+        inputs = {spec.name: _fixed(spec, "input") for spec in session.get_inputs()}
+        outputs = {spec.name: _fixed(spec, "output") for spec in session.get_outputs()}
+        self.session, self.device, self._thread = session, device, thread
         self._binding = session.io_binding()
         self._dtypes = {name: dtype for name, (dtype, _) in inputs.items()}
         with CUDA_WORK.shared():
@@ -144,7 +130,7 @@ class BoundRun:
 
         def calls() -> None:
             for _ in range(CAPTURE_CALLS):
-                self.session.run_with_iobinding(self._binding, self.run_options)
+                self.session.run_with_iobinding(self._binding)
 
         self._made(lambda: self.session.run_with_iobinding(self._binding, plain))
         with CUDA_WORK.exclusive():
@@ -188,28 +174,9 @@ class BoundRun:
             return call() if self._thread is None else self._thread.submit(call).result()
 
     def _replayed(self) -> dict[str, np.ndarray]:
-        self.session.run_with_iobinding(self._binding, self.run_options)
+        self.session.run_with_iobinding(self._binding)
         # from the GPU, numpy() copies to the host; a CPU buffer's numpy() is a view of it
         return {
             name: value.numpy().copy() if self.device == "cpu" else value.numpy()
             for name, value in self._outputs.items()
         }
-
-
-def graph_at(session: Any, batch_names: Sequence[str], rows: int, thread: Executor, device: str = "cuda") -> BoundRun:
-    """A binding of ``session`` (a session for any batch, on the CUDA provider with graphs enabled)
-    at ``rows`` rows on ``device``, replaying a CUDA graph of its own (ONNX Runtime's ``gpu_graph_id``,
-    the batch size), captured here on ``thread``, which must make every call of the session's graphs. The
-    outputs' shapes come from one plain run on zeros (``gpu_graph_id`` -1: neither captured nor
-    replayed). Raises ``ValueError`` where an input has a size other than its batch left open."""
-    inputs = {
-        spec.name: _fixed(spec, "input", [rows if d in batch_names else d for d in spec.shape])
-        for spec in session.get_inputs()
-    }
-    zeros = {name: np.zeros(shape, dtype) for name, (dtype, shape) in inputs.items()}
-    with CUDA_WORK.shared():
-        answers = thread.submit(session.run, None, zeros, _graph_run(NOT_CAPTURED)).result()
-    shapes = {**inputs, **{o.name: (a.dtype, a.shape) for o, a in zip(session.get_outputs(), answers, strict=True)}}
-    binding = BoundRun(session, device, shapes, _graph_run(str(rows)), thread)
-    binding.capture()
-    return binding

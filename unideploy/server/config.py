@@ -31,8 +31,6 @@ DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_REQUEST_ROWS = 4096
 ENV_PREFIX = "UNIDEPLOY_"
 Device = Literal["auto", "cpu", "gpu"]  # where a model runs (RuntimeOptions.device)
-# RuntimeOptions.cuda_graphs: off, a graph per bucket's session, or one session's graphs (GRAPHS_IN_ONE_SESSION)
-CudaGraphs = bool | Literal["one-session"]
 
 
 def is_remote(repository: str | Path) -> bool:
@@ -228,10 +226,11 @@ class ModelSettings:
     threads: int | None = None
     lanes: int = 1  # sessions that run queued requests side by side (batching.DynamicBatcher)
     # GPU engines that pay for each new shape pad calls to these batch sizes (runtimes/batch_buckets.py);
-    # None: powers of two up to max_batch_size; (): every size as it comes
+    # None: 1, 8, 64, ... up to max_batch_size and that size; (): every size as it comes
     batch_buckets: tuple[int, ...] | None = None
     tf32: bool = False  # fp32 artifacts computed in TF32 on a GPU
-    cuda_graphs: CudaGraphs = False  # batch buckets replay captured CUDA graphs (runtimes/ort_bound.py)
+    # batch buckets replay captured CUDA graphs (runtimes/ort_bound.py); None: wherever buckets run
+    cuda_graphs: bool | None = None
     device: Device = "auto"  # where the model runs: auto (the GPU where one is usable), cpu or gpu
     batches_in_flight: int | None = None  # merged batches run at once; None: 2 on a GPU, 1 on the CPU
     pinned_memory: bool | None = None  # merged batches in page-locked buffers (runtimes/pinned.py); None: on a GPU
@@ -319,18 +318,17 @@ class ModelFile(StrictModel):
         None,
         description="on a GPU (ONNX Runtime's CUDA provider): the batch sizes merged batches are padded to, "
         "each run by a session of its own, since every new input shape costs that provider a re-plan "
-        "(default: powers of two up to max_batch_size; []: every size as it comes)",
+        "(default: 1, 8, 64, ... up to max_batch_size, and that size: 1, 8, 32 for 32; []: every size as it comes)",
     )
     tf32: bool = Field(
         False, description="on a GPU, compute fp32 artifacts in TF32 (faster, about 1e-3 relative error)"
     )
-    cuda_graphs: CudaGraphs = Field(
-        False,
+    cuda_graphs: bool | None = Field(
+        None,
         description="on a GPU (ONNX Runtime's CUDA provider): each batch bucket's session captures its calls as a "
         "CUDA graph at load and replays it, its inputs and outputs in GPU buffers bound once; where a graph "
-        "cannot be captured (a node left to the CPU), plain sessions run and the model's metadata says why. "
-        "one-session: one session replays a graph per bucket (one copy of the weights and of the kernels' "
-        "state), a session per bucket where it cannot",
+        "cannot be captured (a node left to the CPU), plain sessions run and the model's metadata says why "
+        "(default: on wherever batch buckets run; false: plain sessions)",
     )
     device: Device = Field(
         "auto",
