@@ -62,20 +62,18 @@ def fix_batch(session_options: Any, names: Sequence[str], rows: int) -> None:
 CAPTURE_CALLS = 2
 
 Answer = TypeVar("Answer")
-# ONNX Runtime's ``gpu_graph_id`` for a run neither captured nor replayed
-NOT_CAPTURED = "-1"
 
 # ONNX Runtime's element type names where numpy's differ
 _ORT_TYPES = {"float": "float32", "double": "float64"}
 
 
-def _graph_run(graph_id: str) -> Any:
-    """Run options naming the CUDA graph a run captures or replays (``gpu_graph_id``; read by the
-    CUDA provider only)."""
+def _not_captured() -> Any:
+    """Run options for a run neither captured nor replayed as a CUDA graph (``gpu_graph_id`` -1;
+    read by the CUDA provider only)."""
     import onnxruntime as ort
 
     options = ort.RunOptions()
-    options.add_run_config_entry("gpu_graph_id", graph_id)
+    options.add_run_config_entry("gpu_graph_id", "-1")
     return options
 
 
@@ -126,7 +124,7 @@ class BoundRun:
         beside the process's other CUDA work; then, holding that work off (``cuda_work.py``),
         ``CAPTURE_CALLS``: ONNX Runtime captures the CUDA graph in the first and replays it in the
         next. A graph it cannot capture raises here."""
-        plain = _graph_run(NOT_CAPTURED)
+        plain = _not_captured()
 
         def calls() -> None:
             for _ in range(CAPTURE_CALLS):
