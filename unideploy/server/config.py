@@ -376,6 +376,17 @@ class ModelFile(StrictModel):
             )
         return self
 
+    @field_validator("cuda_graphs", mode="before")
+    @classmethod
+    def _graphs_layout(cls, value: Any) -> Any:
+        if value == "one-session":  # on main for a day (2026-11-28): say what became of it
+            raise ValueError(
+                "one-session was withdrawn: one session replaying every bucket's graph crashed EfficientNet-Lite0 "
+                "with CUDA error 715 on an H200 (docs/gpu.md); use true (a graph per bucket's session, the "
+                "default on a GPU) or false"
+            )
+        return value
+
     @field_validator("spin")
     @classmethod
     def _spin_policy(cls, value: str) -> str:
