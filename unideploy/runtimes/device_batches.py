@@ -58,6 +58,11 @@ class DeviceArray:
     def nbytes(self) -> int:
         return int(np.prod(self.shape)) * self.dtype.itemsize
 
+    @property
+    def row_nbytes(self) -> int:
+        """The bytes of one row along axis 0, where a merged batch's rows lie in GPU memory."""
+        return self.nbytes // self.shape[0]
+
     def copy_to(self, pointer: int) -> None:
         """Its bytes into other GPU memory at ``pointer`` (a CUDA graph's bound input), done on return."""
         self.copies.copy(pointer, self.pointer, self.nbytes)

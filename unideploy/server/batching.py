@@ -267,7 +267,7 @@ def _copy_on_device(
 ) -> None:
     """Each part's input ``name`` copied from its region into its rows of ``out`` by the GPU, queued
     on ``out``'s stream (each region held by ``held``); a part whose region is gone is ``lost``."""
-    row = out.nbytes // out.shape[0]
+    row = out.row_nbytes
     for i, part in enumerate(parts):
         value = part[name]
         assert isinstance(value, Unread)
@@ -287,7 +287,7 @@ def _fill(out: np.ndarray | DeviceArray, axis: int, start: int, stop: int, sourc
     if not isinstance(out, DeviceArray):
         rows_along(out, axis, start, stop)[...] = rows_along(out, axis, source, source + 1)
         return
-    row = out.nbytes // out.shape[0]
+    row = out.row_nbytes
     out.copies.copy(out.pointer + start * row, out.pointer + source * row, row)
     done = start + 1
     while done < stop:
