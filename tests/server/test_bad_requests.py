@@ -314,6 +314,8 @@ REST_CASES = [
     ("metadata of unknown model", "GET /v2/models/nope", b"", {}, 404, "unknown model"),
     ("ready of unknown version", "GET /v2/models/digits/versions/7/ready", b"", {}, 404, "no version '7' loaded"),
     ("config of unknown model", "GET /v2/models/nope/config", b"", {}, 404, "unknown model"),
+    ("statistics of unknown model", "GET /v2/models/nope/stats", b"", {}, 404, "unknown model"),
+    ("statistics of unknown version", "GET /v2/models/digits/versions/7/stats", b"", {}, 404, "no version '7' loaded"),
     ("load unknown model", "/v2/repository/models/nope/load", b"", {}, 404, "not in the repository"),
     ("unload unknown model", "/v2/repository/models/nope/unload", b"", {}, 404, "not loaded"),
     (

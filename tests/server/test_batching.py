@@ -414,12 +414,15 @@ def test_without_a_delay_only_requests_that_queued_while_busy_are_merged():
 
 
 def test_the_batch_size_metric_is_told_each_runtime_calls_rows_once():
-    """``on_call`` (the server's ``unideploy_batch_rows``) hears of every runtime call once, with its
-    real rows: queued requests merged, and a fast model's lone request run at once on the loop."""
+    """``on_call`` (the server's ``unideploy_batch_rows`` and Triton statistics) hears of every runtime
+    call once, with its real rows and the requests it answered: queued requests merged, and a fast
+    model's lone request run at once on the loop."""
     observed: list[int] = []
+    answered: list[int] = []
 
-    def on_call(rows: int, parts: CallParts) -> None:
+    def on_call(rows: int, requests: int, parts: CallParts) -> None:
         observed.append(rows)
+        answered.append(requests)
 
     behind_a_held_call(
         lambda inputs: inputs["x"].shape[0],
@@ -427,7 +430,7 @@ def test_the_batch_size_metric_is_told_each_runtime_calls_rows_once():
         [{"x": np.zeros((2, 1), np.float32)}] * 3,
         on_call=on_call,
     )
-    assert observed == [1, 6, 1]  # five requests, three calls
+    assert observed == [1, 6, 1] and answered == [1, 3, 1]  # five requests, three calls
 
     async def lone() -> None:
         batcher = DynamicBatcher(lambda x: x, max_batch_size=8, max_delay_s=0.0, inline_bytes=1024, on_call=on_call)
@@ -435,7 +438,7 @@ def test_the_batch_size_metric_is_told_each_runtime_calls_rows_once():
         batcher.close()
 
     asyncio.run(lone())
-    assert observed == [1, 6, 1, 3]
+    assert observed == [1, 6, 1, 3] and answered == [1, 3, 1, 1]
 
 
 def test_each_call_says_where_its_time_went():
@@ -451,7 +454,11 @@ def test_each_call_says_where_its_time_went():
 
     async def scenario() -> list:
         batcher = DynamicBatcher(
-            run, max_batch_size=8, max_delay_s=0.0, buckets=(4,), on_call=lambda rows, parts: told.append((rows, parts))
+            run,
+            max_batch_size=8,
+            max_delay_s=0.0,
+            buckets=(4,),
+            on_call=lambda rows, requests, parts: told.append((rows, parts)),
         )
         try:
             results = await asyncio.gather(*(batcher.submit({"x": np.ones((1, 2), np.float32)}) for _ in range(3)))
@@ -462,7 +469,7 @@ def test_each_call_says_where_its_time_went():
             max_batch_size=8,
             max_delay_s=0.0,
             inline_bytes=64,
-            on_call=lambda rows, parts: told.append((rows, parts)),
+            on_call=lambda rows, requests, parts: told.append((rows, parts)),
         )
         results.append(await fast.submit({"x": np.ones((1, 2), np.float32)}))
         fast.close()

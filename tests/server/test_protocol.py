@@ -89,3 +89,51 @@ def test_metrics_count_requests(server, images):
             f'unideploy_request_duration_seconds_count{{model="digits",stage="{stage}",variant="",version="1"}}' in text
         ), stage
     assert 'unideploy_model_ready{model="digits",version="1"} 1.0' in text
+
+
+def test_every_message_and_method_of_our_proto_is_tritons():
+    """Clients built on Triton's protos (tritonclient, perf_analyzer) read our answers by field
+    number: each message of ours has the name, number, type and label of Triton's field by field
+    (ours may leave fields out), and each RPC Triton's request and response types. Both protos
+    declare package ``inference``, which one descriptor pool cannot hold twice: ours is read in a
+    process of its own."""
+    import subprocess
+    import sys
+
+    from google.protobuf import descriptor_pb2
+    from tritonclient.grpc import service_pb2
+
+    ours = descriptor_pb2.FileDescriptorProto.FromString(
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from unideploy.server.protocol import grpc_predict_v2_pb2 as p; "
+                "sys.stdout.buffer.write(p.DESCRIPTOR.serialized_pb)",
+            ],
+            capture_output=True,
+            check=True,
+        ).stdout
+    )
+    pool = service_pb2.DESCRIPTOR.pool
+
+    def messages(found, prefix):
+        for message in found:
+            yield f"{prefix}.{message.name}", message
+            yield from messages(message.nested_type, f"{prefix}.{message.name}")
+
+    checked = set()
+    for name, message in messages(ours.message_type, ours.package):
+        theirs = {f.name: (f.number, f.type, f.label) for f in pool.FindMessageTypeByName(name).fields}
+        for field in message.field:
+            assert theirs.get(field.name) == (field.number, field.type, field.label), f"{name}.{field.name}"
+        checked.add(name)
+    assert {"inference.ModelInferRequest", "inference.ModelStatistics", "inference.InferBatchStatistics"} <= checked
+    (service,) = ours.service
+    triton = pool.FindServiceByName(f"{ours.package}.{service.name}")
+    for method in service.method:
+        found = triton.methods_by_name[method.name]
+        assert (f".{found.input_type.full_name}", f".{found.output_type.full_name}") == (
+            method.input_type,
+            method.output_type,
+        ), method.name

@@ -51,6 +51,8 @@ def test_tokens_guard_inference_and_repository_separately(token_server):
             ).status_code
             == 200
         )
+        assert http.get("/v2/models/stats").status_code == 401  # statistics say what a model serves
+        assert http.get("/v2/models/stats", headers={"Authorization": "Bearer infer-secret"}).status_code == 200
         assert http.post("/v2/repository/index", headers={"Authorization": "Bearer infer-secret"}).status_code == 401
         assert http.post("/v2/repository/index", headers={"Authorization": "Bearer repo-secret"}).status_code == 200
     with grpc.insecure_channel(token_server.grpc) as channel:
@@ -64,6 +66,9 @@ def test_tokens_guard_inference_and_repository_separately(token_server):
             metadata=[("authorization", "Bearer infer-secret")],
         )
         assert meta.name == "digits"
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name="digits"), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 @FRONTENDS

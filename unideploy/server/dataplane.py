@@ -22,13 +22,13 @@ from unideploy.server.codec import NUMPY_TO_V2
 from unideploy.server.config import DEFAULT_MAX_REQUEST_BYTES
 from unideploy.server.errors import BadRequest, TooLarge, Unavailable
 from unideploy.server.metrics import RequestSeries, ServerMetrics
-from unideploy.server.models import ModelRegistry, ServedVersion
+from unideploy.server.models import ModelRegistry, ServedModel, ServedVersion
 from unideploy.server.repository_api import RepositoryAPI
 from unideploy.server.shared_memory import Placed, Placement, SharedMemoryRegions, Written
 from unideploy.server.unread import Unread
 
 log = logging.getLogger("unideploy.server")
-EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics_metrics", "ab_routing"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "statistics_metrics", "ab_routing"]
 
 
 def _ran_parameters(ran: Mapping[str, Any]) -> dict[str, str]:
@@ -92,6 +92,7 @@ class DataPlaneAPI(Protocol):
     async def model_ready(self, name: str, version: str | None) -> bool: ...
     async def model_metadata(self, name: str, version: str | None) -> dict[str, Any]: ...
     async def model_config(self, name: str, version: str | None) -> dict[str, Any]: ...
+    async def model_statistics(self, name: str | None, version: str | None) -> dict[str, Any]: ...
     async def metrics_text(self) -> bytes: ...
     async def shm_status(self, region: str | None, kind: str = "system") -> list[dict[str, Any]]: ...
     async def shm_register(self, region: str, key: Any, offset: Any, byte_size: Any) -> None: ...
@@ -162,6 +163,31 @@ class DataPlane:
             "outputs": [{"name": t.name, "datatype": NUMPY_TO_V2[t.dtype], "shape": shape(t)} for t in sig.outputs],
             "parameters": _ran_parameters(served.ran),
         }
+
+    async def model_statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
+        """Triton's statistics extension (``statistics.py``): every serving version of every model,
+        of model ``name``, or its ``version``; a model or version not serving raises NotFound."""
+        if name and version:
+            chosen = [(name, self.registry.get(name, version))]
+        elif name:
+            chosen = [(name, v) for v in self._versions_of(name)]
+        else:
+            chosen = [(n, v) for n in sorted(self.registry.ready_models()) for v in self._versions_of(n)]
+        stage = self.metrics.stage
+        return {
+            "model_stats": [
+                self.metrics.statistics(n, v.version).as_triton(
+                    n, v.version, stage(n, v.version, "total"), stage(n, v.version, "queue")
+                )
+                for n, v in chosen
+            ]
+        }
+
+    def _versions_of(self, name: str) -> list[ServedVersion]:
+        """The serving versions of ``name``, oldest first (NotFound where it has none)."""
+        self.registry.get(name)
+        versions = self.registry.models[name].versions
+        return [versions[v] for v in sorted(versions, key=int)]
 
     async def model_config(self, name: str, version: str | None) -> dict[str, Any]:
         """Triton-style configuration (what perf_analyzer asks for first). With a dynamic batch
@@ -258,6 +284,23 @@ class DataPlane:
             chosen = model.routing.choose(request.headers, self.registry.rng)
             variant, version = chosen.name, chosen.version
         served = self.registry.get(name, version)
+        try:
+            return await self._answer(request, served, model, variant, inputs, start)
+        except UnideployError:  # Triton's "fail": the requests that failed once their version was known
+            self.metrics.statistics(name, served.version).failed.add(1, time.perf_counter() - start + request.decode_s)
+            raise
+
+    async def _answer(
+        self,
+        request: InferRequest,
+        served: ServedVersion,
+        model: ServedModel | None,
+        variant: str | None,
+        inputs: dict[str, Any],
+        start: float,
+    ) -> InferResult:
+        """``request`` run on ``served`` of ``model`` (its inputs as ``_infer`` prepared them)."""
+        name = request.model
         rows = max((np.shape(v)[0] for v in inputs.values() if np.ndim(v)), default=0)
         if rows > self.max_request_rows:  # a few bytes per row can still be millions of runtime rows
             raise BadRequest(

@@ -89,6 +89,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         return await self._call(context, self.inference_token, work)
 
+    async def ModelStatistics(self, request, context):
+        async def work():
+            found = await self.dataplane.model_statistics(request.name or None, request.version or None)
+            return json_format.ParseDict(found, pb.ModelStatisticsResponse())  # the REST side's JSON
+
+        return await self._call(context, self.inference_token, work)
+
     # -- inference ---------------------------------------------------------------------------
     async def ModelInfer(self, request, context):
         async def work():

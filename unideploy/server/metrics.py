@@ -8,6 +8,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from unideploy.server.batching import CallParts
+from unideploy.server.statistics import Duration, VersionStatistics
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -27,13 +28,16 @@ class RequestSeries:
 @dataclass(frozen=True)
 class CallSeries:
     """The series one runtime call of a version updates (``DynamicBatcher``'s ``on_call``): its rows,
-    and each part of its time where not zero (a call on the event loop has no hand-offs)."""
+    each part of its time where not zero (a call on the event loop has no hand-offs), and the
+    version's Triton statistics."""
 
     rows: Any  # Histogram child
     parts: tuple[Any, ...]  # Counter children, in CallParts' order
+    statistics: VersionStatistics
 
-    def observe(self, rows: int, parts: CallParts) -> None:
+    def observe(self, rows: int, requests: int, parts: CallParts) -> None:
         self.rows.observe(rows)
+        self.statistics.called(rows, requests, parts)
         for series, seconds in zip(self.parts, parts):
             if seconds:
                 series.inc(seconds)
@@ -154,5 +158,26 @@ class ServerMetrics:
             found = self._calls[(model, version)] = CallSeries(
                 self.batch_rows.labels(model, version),
                 tuple(self.call_seconds.labels(model, version, part) for part in CallParts._fields),
+                VersionStatistics(),
             )
+        return found
+
+    def statistics(self, model: str, version: str) -> VersionStatistics:
+        """The Triton statistics of one version (``statistics.py``)."""
+        return self.calls(model, version).statistics
+
+    def stage(self, model: str, version: str, stage: str) -> Duration:
+        """A request-duration stage of one version, over its variants and protocols: how many
+        requests recorded it and their seconds in all (for the statistics extension; read from the
+        histograms, so requests pay nothing for it)."""
+        found = Duration()
+        for family in self.latency.collect():
+            for sample in family.samples:
+                labels = sample.labels
+                if labels["model"] != model or labels["version"] != version or labels["stage"] != stage:
+                    continue
+                if sample.name.endswith("_count"):
+                    found.count += int(sample.value)
+                elif sample.name.endswith("_sum"):
+                    found.seconds += sample.value
         return found

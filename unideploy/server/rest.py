@@ -158,6 +158,9 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
         )
         return JSONResponse({})
 
+    async def model_statistics(request: Request) -> Response:
+        return JSONResponse(await dataplane.model_statistics(request.path_params.get("model"), version_of(request)))
+
     async def metrics(request: Request) -> Response:
         return Response(await dataplane.metrics_text(), media_type=CONTENT_TYPE_LATEST)
 
@@ -247,6 +250,10 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
         Route("/v2/health/ready", open_(ready)),
         Route("/metrics", open_(metrics)),
         Route("/v2", inference(server_metadata)),
+        # Triton's statistics extension; before the model routes, which would take "stats" for a model's name
+        Route("/v2/models/stats", inference(model_statistics)),
+        Route("/v2/models/{model}/stats", inference(model_statistics)),
+        Route("/v2/models/{model}/versions/{version}/stats", inference(model_statistics)),
         Route("/v2/models/{model}", inference(model_metadata)),
         Route("/v2/models/{model}/versions/{version}", inference(model_metadata)),
         Route("/v2/models/{model}/ready", inference(model_ready)),

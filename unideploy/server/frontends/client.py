@@ -124,6 +124,9 @@ class RemoteDataPlane:
     async def routing(self, name: str) -> dict[str, Any] | None:
         return await self._call("routing", name)
 
+    async def model_statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
+        return await self._call("model_statistics", name, version)
+
     async def set_routing(self, name: str, document: Any) -> dict[str, Any]:
         return await self._call("set_routing", name, document)
 
