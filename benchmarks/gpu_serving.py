@@ -161,6 +161,15 @@ POLICIES: dict[str, Policy] = {
     "buckets, 4 front ends, shm, no CUDA graphs": Policy(
         {"cuda_graphs": False}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
     ),
+    # with CUDA graphs a bucket is one session replayed by one thread (ONNX Runtime allows no concurrent run of
+    # a session capturing graphs), so at c32 the two batches in flight, both cut at 8 rows, take bucket 8's
+    # replays in turn: 8 rows per ~2-2.5 ms whatever the front ends do (docs/gpu.md, "For the next GPU run").
+    # A 16-row bucket runs twice the rows in about 1.6x the time where 16 wait; c64 says whether more
+    # requests waiting (larger batches) raise the rate, or the replays' lane holds it
+    "buckets 1, 8, 16, 32, 4 front ends, shm": Policy(
+        {"batch_buckets": [1, 8, 16, 32]}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
+    ),
+    "buckets, 4 front ends, shm, c64": Policy({}, (32, 64), ("http",), ("--frontends", "4"), SHARED_MEMORY),
     # perf_analyzer's tensors in GPU memory it allocated (CUDA shared memory, server/cuda_shared_memory.py),
     # merged in GPU memory (runtimes/device_batches.py), against the same read through the host (before
     # 2026-11-28, night): a 600 KB row's host read took 0.17 ms of a c32 call, the batch's copy back 1.3 ms
