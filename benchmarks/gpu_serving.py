@@ -170,6 +170,11 @@ POLICIES: dict[str, Policy] = {
         {"batch_buckets": [1, 8, 16, 32]}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
     ),
     "buckets, 4 front ends, shm, c64": Policy({}, (32, 64), ("http",), ("--frontends", "4"), SHARED_MEMORY),
+    # two sessions per bucket replaying its graph (model.yaml graph_sessions, ort_bound.GraphSessions): the two
+    # batch slots' calls of one bucket replay side by side; two more sessions' memory (about 100-150 MB RSS)
+    "buckets, 4 front ends, shm, two graph sessions": Policy(
+        {"graph_sessions": 2}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
+    ),
     # perf_analyzer's tensors in GPU memory it allocated (CUDA shared memory, server/cuda_shared_memory.py),
     # merged in GPU memory (runtimes/device_batches.py), against the same read through the host (before
     # 2026-11-28, night): a 600 KB row's host read took 0.17 ms of a c32 call, the batch's copy back 1.3 ms

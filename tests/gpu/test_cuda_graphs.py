@@ -72,6 +72,22 @@ def test_two_batch_threads_replay_the_graphs_captured_at_load(digits):
                 np.testing.assert_allclose(answer, cpu.run({"x": images[:rows]})["output"], atol=1e-4)
 
 
+def test_two_graph_sessions_per_bucket_replay_side_by_side(digits):
+    """``graph_sessions: 2`` (runtimes/ort_bound.GraphSessions): each bucket captured twice, on two
+    threads, so the two batch threads' calls of one bucket replay at once; answers as the CPU's."""
+    images = np.load(digits["data"])["x"][:8]
+    with Package.open(digits["package"]) as package:
+        _, cpu = open_runtime(package, "onnx-fp32", options=RuntimeOptions(device="cpu"))
+        options = RuntimeOptions(device="gpu", batch_buckets=(1, 8), cuda_graphs=True, graph_sessions=2)
+        _, gpu = open_runtime(package, "onnx-fp32", options=options)
+        with cpu, gpu, ThreadPoolExecutor(2) as batch_threads:
+            assert gpu.describe()["cuda_graphs"] == "captured, 2 sessions per bucket"
+            sizes = [8, 8, 5, 8, 1, 8] * 8
+            answers = list(batch_threads.map(lambda rows: gpu.run({"x": images[:rows]})["output"], sizes))
+            for rows, answer in zip(sizes, answers, strict=True):
+                np.testing.assert_allclose(answer, cpu.run({"x": images[:rows]})["output"], atol=1e-4)
+
+
 def test_a_model_loading_with_graphs_beside_one_serving_fails_neither(digits):
     """A hot reload on a GPU: one engine answers from two batch threads while another loads and
     captures its graphs. CUDA's global capture mode fails any CUDA call another

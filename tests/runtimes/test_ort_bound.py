@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from unideploy.package import Package
-from unideploy.runtimes.ort_bound import CAPTURE_CALLS, BoundRun, batch_dimension_names, fix_batch
+from unideploy.runtimes.ort_bound import CAPTURE_CALLS, BoundRun, GraphSessions, batch_dimension_names, fix_batch
 
 
 def _session(path, rows: int | None = None, names=("batch",)) -> ort.InferenceSession:
@@ -121,3 +121,45 @@ def test_a_binding_given_a_thread_makes_every_call_there(digits, digits_onnx):
     assert len(session.threads) == 3 + 6 + 1 and all(name.startswith("graph") for name in session.threads)
     for answer in answers:
         np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-5)
+
+
+class _Meeting(_Calls):
+    """A real session whose calls, once ``meet`` is set, each wait until two calls are under way at
+    once (a barrier that breaks, failing the test, if the second never comes)."""
+
+    def __init__(self, session: ort.InferenceSession, barrier: threading.Barrier) -> None:
+        super().__init__(session)
+        self.barrier, self.meet = barrier, False
+
+    def run_with_iobinding(self, binding, run_options=None):
+        if self.meet:
+            self.barrier.wait(timeout=30)
+        return super().run_with_iobinding(binding, run_options)
+
+
+def test_a_buckets_graph_sessions_run_two_calls_side_by_side(digits, digits_onnx):
+    """``graph_sessions: 2``: the server's two batch threads calling one bucket at once each get a
+    session of their own, made on its own thread (where its graph was captured), where one session
+    makes them take turns (ONNX Runtime runs no two calls of a session capturing graphs at once)."""
+    images = np.load(digits["data"])["x"][:8]
+    expected = _session(digits_onnx).run(None, {"x": images})[0]
+    barrier = threading.Barrier(2)
+    sessions = [_Meeting(_session(digits_onnx, rows=8), barrier) for _ in range(2)]
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="graph-a") as a,
+        ThreadPoolExecutor(1, thread_name_prefix="graph-b") as b,
+        ThreadPoolExecutor(2, thread_name_prefix="batch") as callers,
+    ):
+        runs = [BoundRun(session, "cpu", thread=thread) for session, thread in zip(sessions, (a, b), strict=True)]
+        for run in runs:
+            run.capture()
+        graphs = GraphSessions(runs)
+        assert graphs.session is sessions[0]
+        for session in sessions:
+            session.meet = True  # from now on a call returns only once another is under way
+        answers = list(callers.map(lambda _: graphs.run({"x": images})["output"], range(4)))
+    for answer in answers:
+        np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-5)
+    # each session made its calls on its own thread: two in the pair's each time
+    assert [name.split("_")[0] for name in sessions[0].threads[3:]] == ["graph-a"] * 2
+    assert [name.split("_")[0] for name in sessions[1].threads[3:]] == ["graph-b"] * 2

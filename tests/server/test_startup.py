@@ -159,6 +159,16 @@ def test_model_yaml_sets_gpu_batch_buckets_tf32_and_cuda_graphs(tmp_path):
     (tmp_path / "model.yaml").write_text(yaml.safe_dump({"cuda_graphs": "one-session"}))  # withdrawn: it crashed
     with pytest.raises(InputError, match="cuda_graphs: .*one-session was withdrawn.*use true .* or false"):
         model_settings(tmp_path)
+    assert ModelSettings().graph_sessions == 1
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"graph_sessions": 2}))
+    assert model_settings(tmp_path).graph_sessions == 2
+    for without in ({"cuda_graphs": False}, {"batch_buckets": []}):  # sessions replaying a bucket's graph need both
+        (tmp_path / "model.yaml").write_text(yaml.safe_dump({"graph_sessions": 2, **without}))
+        with pytest.raises(InputError, match="graph_sessions are sessions per batch bucket replaying its CUDA graph"):
+            model_settings(tmp_path)
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({"graph_sessions": 0}))
+    with pytest.raises(InputError, match="graph_sessions"):
+        model_settings(tmp_path)
     (tmp_path / "model.yaml").write_text(
         yaml.safe_dump(
             {

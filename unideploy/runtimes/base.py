@@ -53,6 +53,9 @@ class RuntimeOptions:
     # asked for, and describe() says why not where there are no buckets. (One session replaying a
     # graph per bucket crashed a CNN on the H200: docs/gpu.md, "One session for every bucket's graph".)
     cuda_graphs: bool | None = False
+    # Sessions per bucket replaying its graph, each on a thread of its own, so that this many calls of
+    # one bucket (from the server's batch threads) run at once; each is another bucket's memory.
+    graph_sessions: int = 1
 
 
 SPIN_POLICIES = ("always", "run", "never")

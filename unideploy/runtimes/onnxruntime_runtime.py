@@ -23,7 +23,7 @@ from unideploy.runtimes.base import Runtime, usable_cores
 from unideploy.runtimes.batch_buckets import run_in_buckets
 from unideploy.runtimes.cuda_work import CUDA_WORK
 from unideploy.runtimes.device_batches import DeviceArray, DeviceBatchFailure
-from unideploy.runtimes.ort_bound import BoundRun, batch_dimension_names, fix_batch
+from unideploy.runtimes.ort_bound import BoundRun, GraphSessions, batch_dimension_names, fix_batch
 from unideploy.runtimes.ort_providers import (
     CUDA,
     GPU_PROVIDERS,
@@ -145,7 +145,7 @@ class OnnxRuntime(Runtime):
         if bucket.lost is not None:
             return None
         self._sessions[size] = bucket.session
-        session = bucket.session.session if isinstance(bucket.session, BoundRun) else bucket.session
+        session = bucket.session.session if isinstance(bucket.session, GraphSessions) else bucket.session
         return Opened(session, None)
 
     def _open(self, rows: int | None = None, graph: bool = False) -> Opened:
@@ -228,9 +228,10 @@ class OnnxRuntime(Runtime):
     def _graphs_used(self) -> str:
         if not self._buckets:
             return "not used: they run on ONNX Runtime's CUDA provider with batch buckets, not here"
-        captured = sorted(size for size, bucket in self._sessions.items() if isinstance(bucket, BoundRun))
+        captured = sorted(size for size, bucket in self._sessions.items() if isinstance(bucket, GraphSessions))
         if self.graphs_problem is None:
-            return "captured, one per bucket"
+            sessions = self.options.graph_sessions
+            return "captured, one per bucket" if sessions == 1 else f"captured, {sessions} sessions per bucket"
         if captured:  # a later bucket failed where the first ones had captured theirs
             return f"captured for batch buckets {', '.join(map(str, captured))} only: {self.graphs_problem}"
         return f"not used: {self.graphs_problem}"
@@ -268,7 +269,7 @@ class OnnxRuntime(Runtime):
         """Run on the session that sees only ``size`` rows, opening it on first use. A CUDA graph's
         memory is fixed when captured: ``run_options`` (an arena shrink) does not apply to it."""
         bucket = self._bucket(size)
-        if isinstance(bucket, BoundRun):
+        if isinstance(bucket, GraphSessions):
             try:
                 return bucket.run(inputs)
             except DeviceBatchFailure:
@@ -278,7 +279,7 @@ class OnnxRuntime(Runtime):
         return self._call(bucket, inputs, run_options)
 
     def _bucket(self, size: int) -> Any:
-        """The session of bucket ``size`` (a ``BoundRun`` where it replays a CUDA graph)."""
+        """The session of bucket ``size`` (``GraphSessions`` where it replays a CUDA graph)."""
         if size not in self._sessions:
             self._sessions[size] = self._fixed_session(size)
         return self._sessions[size]
@@ -291,25 +292,30 @@ class OnnxRuntime(Runtime):
         return opened.session
 
     def _fixed_opened(self, size: int) -> Opened:
-        """A session for ``size`` rows: with ``cuda_graphs``, one that captured its graph behind a
-        ``BoundRun`` whose calls are all made on a thread of its own (where ONNX Runtime keeps the
-        graph), else, or where capture failed, a plain one. A failure is named once (``describe``)
-        and the other buckets do not try again."""
+        """A session for ``size`` rows: with ``cuda_graphs``, ``graph_sessions`` of them, each having
+        captured its graph behind a ``BoundRun`` whose calls are all made on a thread of its own
+        (where ONNX Runtime keeps the graph), else, or where capture failed, a plain one. A failure
+        is named once (``describe``) and the other buckets do not try again."""
         if self.options.cuda_graphs is not False and self.graphs_problem is None:
-            thread = ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-cuda-graph-{size}")
+            threads: list[ThreadPoolExecutor] = []
             try:
-                opened = self._open(size, graph=True)
-                if opened.lost:
-                    raise ValueError(opened.lost)
-                bound = BoundRun(opened.session, "cuda", thread=thread)
-                bound.capture()
-                self._graph_threads.append(thread)
-                return Opened(bound, None)
+                runs = []
+                for _ in range(self.options.graph_sessions):
+                    threads.append(ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-cuda-graph-{size}"))
+                    opened = self._open(size, graph=True)
+                    if opened.lost:
+                        raise ValueError(opened.lost)
+                    bound = BoundRun(opened.session, "cuda", thread=threads[-1])
+                    bound.capture()
+                    runs.append(bound)
+                self._graph_threads += threads
+                return Opened(GraphSessions(runs), None)
             except (ValueError, PackageError) as exc:
                 self.graphs_problem = str(exc)[:300]
             except Exception as exc:  # ORT's own errors: capture refused (a node left to the CPU), ...
                 self.graphs_problem = ort_message(exc)
-            thread.shutdown()
+            for thread in threads:
+                thread.shutdown()
         return self._open(size)
 
     def _call(self, session: Any, inputs: dict[str, Any], run_options: Any = None) -> dict[str, np.ndarray]:

@@ -25,6 +25,7 @@ holds the rest of the process's CUDA work off (``cuda_work.py``).
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -178,3 +179,31 @@ class BoundRun:
             name: value.numpy().copy() if self.device == "cpu" else value.numpy()
             for name, value in self._outputs.items()
         }
+
+
+class GraphSessions:
+    """One batch bucket's sessions replaying its CUDA graph, each a ``BoundRun`` on a thread of its
+    own: a call takes one that is free. ONNX Runtime allows no concurrent run of a session that
+    captures graphs, so with one session the calls of one bucket take turns; at concurrency 32 on
+    the H200 both batch threads cut their batches at 8 rows and waited for each other's replays of
+    the same bucket (docs/gpu.md). More sessions let them run side by side, each another bucket's
+    memory (``graph_sessions`` in model.yaml). ``session``: the first's ONNX Runtime session, for
+    what they all share (inputs, providers)."""
+
+    def __init__(self, runs: Sequence[BoundRun]) -> None:
+        self.runs = tuple(runs)
+        self._free: queue.SimpleQueue[BoundRun] = queue.SimpleQueue()
+        for run in self.runs:
+            self._free.put(run)
+
+    @property
+    def session(self) -> Any:
+        return self.runs[0].session
+
+    def run(self, inputs: Mapping[str, np.ndarray | DeviceArray]) -> dict[str, np.ndarray]:
+        """``BoundRun.run`` on a session no other call is using, waiting for one where none is free."""
+        bound = self._free.get()
+        try:
+            return bound.run(inputs)
+        finally:
+            self._free.put(bound)

@@ -312,6 +312,7 @@ class ModelRegistry:
                 tf32=settings.tf32,
                 batch_buckets=buckets,
                 cuda_graphs=settings.cuda_graphs,
+                graph_sessions=settings.graph_sessions,
             )
             artifact, runtime, warm_up_s, answered, buckets_s = warmed(options)
             # lanes share the threads one run would have (none for lanes: 1)
