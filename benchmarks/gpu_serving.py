@@ -44,14 +44,17 @@ process, and which of its functions, holds the ceiling).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +84,7 @@ class Policy:
     protocols: tuple[str, ...]
     server: tuple[str, ...] = ("--frontends", "0")  # deploy serve's options (one process unless named)
     client: tuple[str, ...] = ()  # perf_analyzer's
+    awake: bool = False  # the CPUs held out of deep idle states while it serves (``cpus_awake``)
 
     @property
     def device(self) -> str:
@@ -172,6 +176,12 @@ POLICIES: dict[str, Policy] = {
     "buckets, 4 front ends, shm, c64": Policy({}, (32, 64), ("http",), ("--frontends", "4"), SHARED_MEMORY),
     # two sessions per bucket replaying its graph (model.yaml graph_sessions, ort_bound.GraphSessions): the two
     # batch slots' calls of one bucket replay side by side; two more sessions' memory (about 100-150 MB RSS)
+    # c1 spends about 0.9 ms outside the model process on the H200's host (0.3 on 2 busy cores): a
+    # request wakes 6-8 threads in turn, each maybe on an idle core in a deep C-state; the same policy
+    # with every core held out of them (PM QoS) says how much of c1 that is
+    "buckets, 4 front ends, shm, CPUs awake": Policy(
+        {}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY, awake=True
+    ),
     "buckets, 4 front ends, shm, two graph sessions": Policy(
         {"graph_sessions": 2}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
     ),
@@ -303,6 +313,23 @@ def scrape(server: Any) -> dict[str, Any]:
     return {"engine": (engine.group(1) if engine else "(no engine metric)") + (f"; {asked}" if asked else "")}
 
 
+@contextlib.contextmanager
+def cpus_awake() -> Iterator[str]:
+    """Every CPU held out of idle states that take longer than 0 us to leave, while the block runs: the
+    kernel's PM QoS request, held as long as /dev/cpu_dma_latency stays open with 0 written to it
+    (root only). Yields whether it is held, or why not."""
+    try:
+        fd = os.open("/dev/cpu_dma_latency", os.O_WRONLY)
+    except OSError as exc:
+        yield f"not held: /dev/cpu_dma_latency: {exc.strerror}"
+        return
+    try:
+        os.write(fd, struct.pack("i", 0))
+        yield "held (PM QoS, /dev/cpu_dma_latency 0)"
+    finally:
+        os.close(fd)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--package", type=Path, required=True, help="a package with onnx-fp32 (and onnx-fp16)")
@@ -355,7 +382,9 @@ def main() -> None:
                 ready_within=600,
             )
             ready_s = round(time.perf_counter() - started, 1)
+            held = contextlib.ExitStack()
             try:
+                awake = held.enter_context(cpus_awake()) if policy.awake else ""
                 for protocol in protocols:
                     url = server.grpc if protocol == "grpc" else server.http.removeprefix("http://")
                     for c in policy.levels:
@@ -378,10 +407,13 @@ def main() -> None:
                             }
                         )
                 rows[-1].update(scrape(server))
+                if awake:
+                    rows[-1]["engine"] += f"; CPUs awake: {awake}"
                 rows[-1]["RSS MB"], rows[-1]["PSS MB"], rows[-1]["model process RSS MB"] = (
                     round(mb) for mb in server_memory_mb(server)
                 )
             finally:
+                held.close()
                 stop_server(server)
     print_rows(rows, baseline, paced)
     for label, path in profiles.items():
