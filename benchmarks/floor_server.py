@@ -7,7 +7,10 @@ into one preallocated buffer (``recv_into``) on a thread per connection; over gR
 synchronous server with raw-bytes handlers (no protobuf decoding). What a client measures against
 it is therefore the client, the loopback and the least a Python server must do to receive the
 bytes: ``benchmarks/server_overhead.py`` subtracts it to show what ``deploy serve`` itself adds.
-Only fit for requests whose answers do not depend on their content (perf_analyzer's zeros).
+Only fit for requests whose answers do not depend on their content (perf_analyzer's zeros). It
+keeps no statistics (Triton's extension, which perf_analyzer reads around each window where the
+server metadata lists it: replayed, they would never change, and perf_analyzer would find no version
+that served), so the server metadata it replays leaves the extension out.
 """
 
 from __future__ import annotations
@@ -18,8 +21,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import orjson
+from tritonclient.grpc import service_pb2
 
 HEADER_END = b"\r\n\r\n"
+STATISTICS = "statistics"  # the extension a stand-in leaves out of the server metadata it replays
 NOT_FORWARDED = {"host", "content-length", "connection", "transfer-encoding", "date", "server"}
 
 
@@ -78,6 +84,10 @@ class HttpFloor:
             upstream.request(method, path, body=body, headers=headers)
             response = upstream.getresponse()
             data = response.read()
+            if path.rstrip("/") == "/v2" and response.status == 200:  # the server metadata
+                found = orjson.loads(data)
+                found["extensions"] = [e for e in found["extensions"] if e != STATISTICS]
+                data = orjson.dumps(found)
             kept = "".join(f"{k}: {v}\r\n" for k, v in response.getheaders() if k.lower() not in NOT_FORWARDED)
         finally:
             upstream.close()
@@ -107,7 +117,14 @@ class GrpcFloor:
     def _answer(self, method: str, request: bytes) -> bytes:
         key = (method, len(request))
         if key not in self._answers:
-            self._answers[key] = self._channel.unary_unary(method)(request, timeout=30)
+            answer = self._channel.unary_unary(method)(request, timeout=30)
+            if method.endswith("/ServerMetadata"):
+                found = service_pb2.ServerMetadataResponse.FromString(answer)
+                kept = [e for e in found.extensions if e != STATISTICS]
+                del found.extensions[:]
+                found.extensions.extend(kept)
+                answer = found.SerializeToString()
+            self._answers[key] = answer
         return self._answers[key]
 
     def close(self) -> None:

@@ -75,7 +75,12 @@ def measure(
 ) -> dict[str, float]:
     """p50/p99 latency (ms) and throughput of batch-1 requests at ``concurrency``, zeros as input
     (valid token ids; latency does not depend on the values), over ``protocol`` (grpc or http: its
-    HTTP client sends binary tensors)."""
+    HTTP client sends binary tensors). Where the server answers Triton's statistics extension (Triton,
+    and `deploy serve` since 2026-11-28), also its mean split of a request as perf_analyzer reads it:
+    ``server_us`` the server's queue and compute (input, infer, output), ``rest_us`` everything else
+    of the mean latency but the client's own sending and receiving (the network, the server's
+    protocol, decoding and encoding): the same measure for any server, so the one to compare front
+    ends by."""
     binary, env = tool
     out = work / f"pa-{model}-{protocol}-{concurrency}.csv"
     command = [str(binary), "-m", model, "-u", url, "-i", protocol, "-b", "1", "--input-data", "zero"]
@@ -99,8 +104,13 @@ def measure(
         raise RuntimeError(f"perf_analyzer failed: {(ran.stderr or ran.stdout).strip()[-500:]}")
     with open(out) as fh:
         row = next(csv.DictReader(fh))
-    return {
+    found = {
         "p50_ms": round(float(row["p50 latency"]) / 1000, 2),
         "p99_ms": round(float(row["p99 latency"]) / 1000, 2),
         "throughput": round(float(row["Inferences/Second"]), 1),
     }
+    if "Server Queue" in row:  # only where the server lists the statistics extension
+        parts = ("Queue", "Compute Input", "Compute Infer", "Compute Output")
+        found["server_us"] = round(sum(float(row[f"Server {part}"]) for part in parts))
+        found["rest_us"] = round(float(row["Network+Server Send/Recv"]))
+    return found

@@ -422,6 +422,12 @@ def report(
             if (r["model"], r["path"], r["concurrency"], r["block"], r["server"]) == (model, path, c, block, server)
         )
 
+    def split(r: dict) -> str:
+        """perf_analyzer's reading of the server's statistics (Triton's extension: ours and
+        PyTriton's alike): queue and compute, and the rest of the mean latency but the client's
+        own sending and receiving (``perf_analyzer.measure``)."""
+        return f"{r['server_us']} / {r['rest_us']}" if "server_us" in r else "-"
+
     def has(model: str, path: str, c: int, block: int, server: str) -> bool:
         return any(
             (r["model"], r["path"], r["concurrency"], r["block"], r["server"]) == (model, path, c, block, server)
@@ -430,8 +436,8 @@ def report(
 
     lines = [
         "| block | server | model | path | concurrency | p50 ms | p99 ms | throughput /s | p50 vs in-process "
-        "| CPU % model process | CPU % client |",
-        "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| CPU % model process | CPU % client | perf_analyzer's server / rest us |",
+        "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         base = find(r["model"], "in-process", r["concurrency"], r["block"])["p50_ms"]
@@ -439,7 +445,7 @@ def report(
         lines.append(
             f"| {r['block']} | {r['server'] or '-'} | {r['model']} | {r['path']} | {r['concurrency']} | "
             f"{r['p50_ms']} | {r['p99_ms']} | {r['throughput']} | {r['p50_ms'] / base:.2f}x | "
-            f"{r['model_cpu_pct']} | {client} |"
+            f"{r['model_cpu_pct']} | {client} | {split(r)} |"
         )
     results = []
     for block in sorted({r["block"] for r in rows}):
