@@ -24,8 +24,9 @@ import grpc
 import orjson
 from tritonclient.grpc import service_pb2
 
+from unideploy.server.dataplane import STATISTICS  # left out of the server metadata a stand-in replays
+
 HEADER_END = b"\r\n\r\n"
-STATISTICS = "statistics"  # the extension a stand-in leaves out of the server metadata it replays
 NOT_FORWARDED = {"host", "content-length", "connection", "transfer-encoding", "date", "server"}
 
 

@@ -28,7 +28,10 @@ from unideploy.server.shared_memory import Placed, Placement, SharedMemoryRegion
 from unideploy.server.unread import Unread
 
 log = logging.getLogger("unideploy.server")
-EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics", "statistics_metrics", "ab_routing"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics_metrics", "ab_routing"]
+# Triton's statistics extension: a server answering for its own versions lists it (perf_analyzer then
+# reads the statistics around each window); Ray Serve's front does not, its replicas counting apart
+STATISTICS = "statistics"
 
 
 def _ran_parameters(ran: Mapping[str, Any]) -> dict[str, str]:
@@ -140,7 +143,7 @@ class DataPlane:
         return bool(self.registry.ready_models())
 
     async def server_metadata(self) -> dict[str, Any]:
-        return server_metadata(self.shared_memory.extensions())
+        return server_metadata((STATISTICS, *self.shared_memory.extensions()))
 
     async def model_ready(self, name: str, version: str | None) -> bool:
         """Whether the model (version) serves; a name the repository does not have raises
