@@ -97,6 +97,10 @@ class Policy:
 
 STAGES_COLUMN = "server ms: " + " / ".join(STAGES)
 CALLS_COLUMN = "call ms: " + " / ".join(part.replace("_", " ") for part in CALL_PARTS)
+# perf_analyzer's split of the mean latency from the server's statistics (perf_analyzer.measure): the
+# server's queue and compute, and the rest but the client's own send and receive (front ends, hand-off,
+# decoding, encoding, the network): the time outside the batcher a request spends at each concurrency
+SPLIT_COLUMN = "pa us: server / rest"
 ON_CPU = {"device": "cpu"}
 SHARED_MEMORY = ("--shared-memory", "system", "--output-shared-memory-size", "4096")
 CUDA_SHARED_MEMORY = ("--shared-memory", "cuda", "--output-shared-memory-size", "4096")
@@ -297,6 +301,8 @@ def measured(
         found["front ends ms/req"] = round(1000 * frontends_s / requests, 3) if policy.frontends else ""
         # the server's own account of a request (means): what of p50 is not the model's call
         found[STAGES_COLUMN] = " / ".join(f"{means[stage]:.2f}" for stage in STAGES)
+    if "server_us" in found:  # perf_analyzer's reading of the statistics: what is outside queue and compute
+        found[SPLIT_COLUMN] = f"{found.pop('server_us')} / {found.pop('rest_us')}"
     if isinstance(spy, subprocess.Popen):
         spy.wait(timeout=60)
     return found
@@ -433,6 +439,7 @@ def print_rows(
         "model process ms/req",
         "front ends ms/req",
         STAGES_COLUMN,
+        SPLIT_COLUMN,
         "rows per call",
         CALLS_COLUMN,
         "RSS MB",
