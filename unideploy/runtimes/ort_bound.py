@@ -184,9 +184,10 @@ class BoundRun:
 class GraphSessions:
     """One batch bucket's sessions replaying its CUDA graph, each a ``BoundRun`` on a thread of its
     own: a call takes one that is free. ONNX Runtime allows no concurrent run of a session that
-    captures graphs, so with one session the calls of one bucket take turns; at concurrency 32 on
-    the H200 both batch threads cut their batches at 8 rows and waited for each other's replays of
-    the same bucket (docs/gpu.md). More sessions let them run side by side, each another bucket's
+    captures graphs, so with one session the calls of one bucket take turns: at concurrency 32 on
+    the H200 both batch threads cut their batches at 8 rows, and so, by the code and that run's
+    figures (not yet measured apart: docs/gpu.md), took bucket 8's replays in turn. More sessions
+    let them run side by side, each another bucket's
     memory (``graph_sessions`` in model.yaml). ``session``: the first's ONNX Runtime session, for
     what they all share (inputs, providers)."""
 
