@@ -301,8 +301,9 @@ def measured(
         found["front ends ms/req"] = round(1000 * frontends_s / requests, 3) if policy.frontends else ""
         # the server's own account of a request (means): what of p50 is not the model's call
         found[STAGES_COLUMN] = " / ".join(f"{means[stage]:.2f}" for stage in STAGES)
-    if "server_us" in found:  # perf_analyzer's reading of the statistics: what is outside queue and compute
-        found[SPLIT_COLUMN] = f"{found.pop('server_us')} / {found.pop('rest_us')}"
+    if split := perf_analyzer.server_split(found):  # what is outside the server's queue and compute
+        found[SPLIT_COLUMN] = split
+        del found["server_us"], found["rest_us"]
     if isinstance(spy, subprocess.Popen):
         spy.wait(timeout=60)
     return found

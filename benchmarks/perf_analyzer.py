@@ -114,3 +114,9 @@ def measure(
         found["server_us"] = round(sum(float(row[f"Server {part}"]) for part in parts))
         found["rest_us"] = round(float(row["Network+Server Send/Recv"]))
     return found
+
+
+def server_split(row: dict) -> str | None:
+    """A measured row's reading of the server's statistics as one cell, "server / rest" in us
+    (``measure``), or None where the server has no statistics extension."""
+    return f"{row['server_us']} / {row['rest_us']}" if "server_us" in row else None

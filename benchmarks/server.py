@@ -422,12 +422,6 @@ def report(
             if (r["model"], r["path"], r["concurrency"], r["block"], r["server"]) == (model, path, c, block, server)
         )
 
-    def split(r: dict) -> str:
-        """perf_analyzer's reading of the server's statistics (Triton's extension: ours and
-        PyTriton's alike): queue and compute, and the rest of the mean latency but the client's
-        own sending and receiving (``perf_analyzer.measure``)."""
-        return f"{r['server_us']} / {r['rest_us']}" if "server_us" in r else "-"
-
     def has(model: str, path: str, c: int, block: int, server: str) -> bool:
         return any(
             (r["model"], r["path"], r["concurrency"], r["block"], r["server"]) == (model, path, c, block, server)
@@ -445,7 +439,7 @@ def report(
         lines.append(
             f"| {r['block']} | {r['server'] or '-'} | {r['model']} | {r['path']} | {r['concurrency']} | "
             f"{r['p50_ms']} | {r['p99_ms']} | {r['throughput']} | {r['p50_ms'] / base:.2f}x | "
-            f"{r['model_cpu_pct']} | {client} | {split(r)} |"
+            f"{r['model_cpu_pct']} | {client} | {perf_analyzer.server_split(r) or '-'} |"
         )
     results = []
     for block in sorted({r["block"] for r in rows}):

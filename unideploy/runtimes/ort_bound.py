@@ -187,9 +187,8 @@ class GraphSessions:
     captures graphs, so with one session the calls of one bucket take turns: at concurrency 32 on
     the H200 both batch threads cut their batches at 8 rows, and so, by the code and that run's
     figures (not yet measured apart: docs/gpu.md), took bucket 8's replays in turn. More sessions
-    let them run side by side, each another bucket's
-    memory (``graph_sessions`` in model.yaml). ``session``: the first's ONNX Runtime session, for
-    what they all share (inputs, providers)."""
+    let them run side by side, each another bucket's memory (``graph_sessions`` in model.yaml).
+    ``session``: the first's ONNX Runtime session, for what they all share (inputs, providers)."""
 
     def __init__(self, runs: Sequence[BoundRun]) -> None:
         self.runs = tuple(runs)

@@ -176,11 +176,11 @@ class DataPlane:
             chosen = [(name, v) for v in self._versions_of(name)]
         else:
             chosen = [(n, v) for n in sorted(self.registry.ready_models()) for v in self._versions_of(n)]
-        stage = self.metrics.stage
+        stages = self.metrics.stages()
         return {
             "model_stats": [
                 self.metrics.statistics(n, v.version).as_triton(
-                    n, v.version, stage(n, v.version, "total"), stage(n, v.version, "queue")
+                    n, v.version, stages[n, v.version, "total"], stages[n, v.version, "queue"]
                 )
                 for n, v in chosen
             ]

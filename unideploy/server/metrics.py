@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,18 +167,17 @@ class ServerMetrics:
         """The Triton statistics of one version (``statistics.py``)."""
         return self.calls(model, version).statistics
 
-    def stage(self, model: str, version: str, stage: str) -> Duration:
-        """A request-duration stage of one version, over its variants and protocols: how many
-        requests recorded it and their seconds in all (for the statistics extension; read from the
-        histograms, so requests pay nothing for it)."""
-        found = Duration()
+    def stages(self) -> dict[tuple[str, str, str], Duration]:
+        """Each (model, version, stage) of the request-duration histograms, over its variants and
+        protocols: how many requests recorded it and their seconds in all (for the statistics
+        extension; read from the histograms in one pass, so requests pay nothing for it)."""
+        found: dict[tuple[str, str, str], Duration] = defaultdict(Duration)
         for family in self.latency.collect():
             for sample in family.samples:
                 labels = sample.labels
-                if labels["model"] != model or labels["version"] != version or labels["stage"] != stage:
-                    continue
+                total = found[labels["model"], labels["version"], labels["stage"]]
                 if sample.name.endswith("_count"):
-                    found.count += int(sample.value)
+                    total.count += int(sample.value)
                 elif sample.name.endswith("_sum"):
-                    found.seconds += sample.value
+                    total.seconds += sample.value
         return found

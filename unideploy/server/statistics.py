@@ -93,7 +93,7 @@ class VersionStatistics:
 
     def as_triton(self, name: str, version: str, success: Duration, queue: Duration) -> dict[str, Any]:
         """Triton's ``$model_stat`` object; ``success`` and ``queue`` from the request-duration
-        histograms (``ServerMetrics.stage``)."""
+        histograms (``ServerMetrics.stages``)."""
         none = Duration().as_triton()  # no response cache
         return {
             "name": name,
