@@ -30,7 +30,8 @@ default server); through front ends >= 0.5x over gRPC and >= 0.8x with shared me
 in process at batch 1 + 0.5 ms, RSS <= in process + 100 MB per front end (issue 44). The server's
 RSS is its processes' together, after the run, beside their PSS (a page they share counted once).
 Each row also says how much CPU a request cost the model process and the front ends (their CPU
-time over the requests its metrics counted), where the server says a request's time went (the mean
+time over the requests its metrics counted; of the model process, its event loop's thread apart,
+with how busy that rate kept it: a loop near 100 % is the model process's ceiling), where the server says a request's time went (the mean
 of each stage of its request-duration histogram over the window: decode, queue, compute, encode;
 what of a c1 p50 above the model's own call the server accounts for), the mean rows of the
 runtime calls at that concurrency (``unideploy_batch_rows``: how full the batches were), and
@@ -65,7 +66,7 @@ import psutil
 import stack_samples
 import yaml
 from gpu import usable_cuda
-from process_cpu import server_cpu_seconds
+from process_cpu import server_cpu_seconds, thread_cpu_seconds
 from server_stages import CALL_PARTS, STAGES, call_means_ms, rows_per_call, stage_means_ms, stage_sums
 
 import unideploy
@@ -101,6 +102,9 @@ CALLS_COLUMN = "call ms: " + " / ".join(part.replace("_", " ") for part in CALL_
 # server's queue and compute, and the rest but the client's own send and receive (front ends, hand-off,
 # decoding, encoding, the network): the time outside the batcher a request spends at each concurrency
 SPLIT_COLUMN = "pa us: server / rest"
+# the model process's main thread, which runs its event loop: every request's Python there but the
+# batch threads' (whether one core's worth of it is what holds concurrency 32 back)
+LOOP_COLUMN = "loop ms/req (busy %)"
 ON_CPU = {"device": "cpu"}
 SHARED_MEMORY = ("--shared-memory", "system", "--output-shared-memory-size", "4096")
 CUDA_SHARED_MEMORY = ("--shared-memory", "cuda", "--output-shared-memory-size", "4096")
@@ -282,22 +286,29 @@ def measured(
     """One perf_analyzer window with the server's CPU per request (model process, front ends), and
     its stacks sampled meanwhile into ``profile`` where given."""
     spy = stack_samples.record(server.process.pid, 3 * seconds, profile) if profile else None
-    before, cpu_before = stage_sums(server.http, "model"), server_cpu_seconds(server.process.pid)
+    pid = server.process.pid
+    before, cpu_before, loop_before = (
+        stage_sums(server.http, "model"),
+        server_cpu_seconds(pid),
+        thread_cpu_seconds(pid, pid),
+    )
     try:
         found: dict[str, Any] = perf_analyzer.measure(
             tool, url, protocol, "model", c, seconds, {}, work, 90, policy.client
         )
     except (RuntimeError, OSError) as exc:
         found = {"failed": " ".join(str(exc).split())[-200:]}
-    after = stage_sums(server.http, "model")
+    after, loop_s = stage_sums(server.http, "model"), thread_cpu_seconds(pid, pid) - loop_before
     requests, means = stage_means_ms(before, after)
     found["rows per call"] = rows_per_call(before, after)  # at this concurrency only
     # a runtime call's mean parts: the hand-offs, the merge and the run (in process: the baseline)
     if parts := call_means_ms(before, after):
         found[CALLS_COLUMN] = " / ".join(f"{parts[part]:.2f}" for part in CALL_PARTS)
     if requests:
-        model_s, frontends_s = (a - b for a, b in zip(server_cpu_seconds(server.process.pid), cpu_before, strict=True))
+        model_s, frontends_s = (a - b for a, b in zip(server_cpu_seconds(pid), cpu_before, strict=True))
         found["model process ms/req"] = round(1000 * model_s / requests, 3)
+        if "throughput" in found:  # busy: its CPU per request at the window's rate
+            found[LOOP_COLUMN] = f"{1000 * loop_s / requests:.3f} ({100 * loop_s / requests * found['throughput']:.0f})"
         found["front ends ms/req"] = round(1000 * frontends_s / requests, 3) if policy.frontends else ""
         # the server's own account of a request (means): what of p50 is not the model's call
         found[STAGES_COLUMN] = " / ".join(f"{means[stage]:.2f}" for stage in STAGES)
@@ -438,6 +449,7 @@ def print_rows(
     columns = ["policy", "ready s", "protocol", "concurrency", "p50_ms", "p99_ms", "throughput", "failed"]
     columns += [
         "model process ms/req",
+        LOOP_COLUMN,
         "front ends ms/req",
         STAGES_COLUMN,
         SPLIT_COLUMN,
