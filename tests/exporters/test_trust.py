@@ -143,16 +143,18 @@ def test_savedmodel_that_writes_files_is_refused_before_it_runs(tmp_path):
     assert not target.exists() and not (tmp_path / "pkg").exists()
 
 
-def test_keras_lambda_layer_is_refused_unless_trusted(tmp_path):
+@pytest.mark.parametrize("suffix", [".keras", ".h5"])  # the legacy HDF5 file stores the bytecode too
+def test_keras_lambda_layer_is_refused_unless_trusted(suffix, tmp_path):
     keras = pytest.importorskip("keras", reason="the tensorflow extra is not installed")
     x = keras.Input((4,), name="x")
     y = keras.layers.Lambda(lambda t: t * 2.0, name="doubler")(keras.layers.Dense(3, name="dense")(x))
-    keras.Model(x, y).save(tmp_path / "lambda.keras")
-    result = deploy("export", tmp_path / "lambda.keras", "-o", tmp_path / "pkg")
+    source = tmp_path / f"lambda{suffix}"
+    keras.Model(x, y).save(source)
+    result = deploy("export", source, "-o", tmp_path / "pkg")
     assert_one_line_error(result, 2, r"Lambda \(runs Python bytecode stored in the file\) in layer 'doubler'")
     assert not (tmp_path / "pkg").exists()
-    with unideploy.export(tmp_path / "lambda.keras", tmp_path / "pkg", trust_source=True) as pkg:
+    with unideploy.export(source, tmp_path / "pkg", trust_source=True) as pkg:
         assert pkg.manifest.validation["onnx-fp32"]["passed"]
         x_rows = np.ones((2, 4), np.float32)
-        expected = keras.saving.load_model(tmp_path / "lambda.keras", safe_mode=False)(x_rows).numpy()
+        expected = keras.saving.load_model(source, safe_mode=False)(x_rows).numpy()
         np.testing.assert_allclose(unideploy.run(pkg, {"x": x_rows})["doubler"], expected, atol=1e-5)

@@ -35,7 +35,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="convert a model file into a verified package")
     p.add_argument(
         "source",
-        help="TorchScript .pt, torch.export .pt2, Keras .keras, .onnx, MindIR .mindir, or a "
+        help="TorchScript .pt, torch.export .pt2, Keras .keras or .h5, .onnx, MindIR .mindir, or a "
         "TensorFlow SavedModel directory",
     )
     p.add_argument("-o", "--output", required=True, help="package directory, or a path ending in .zip")

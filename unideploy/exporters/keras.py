@@ -1,4 +1,6 @@
-"""Keras 3 ``.keras`` files -> ONNX, through the SavedModel route.
+"""Keras files -> ONNX, through the SavedModel route: Keras 3 ``.keras`` archives, and the legacy
+HDF5 files (``.h5``, ``.hdf5``) that ``model.save('model.h5')`` wrote and many published models
+still ship as, which Keras 3 loads too.
 
 Keras writes the serving SavedModel itself (``model.export``), whose signature carries the
 inputs' names, dtypes and shapes; from there the SavedModel exporter converts with tf2onnx. The
@@ -20,6 +22,9 @@ from unideploy.onnx.interface import rename_values
 from unideploy.quiet import quiet
 from unideploy.signature import Signature, TensorSpec
 
+HDF5_SUFFIXES = (".h5", ".hdf5")
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # where Keras writes it: the file's first bytes
+
 
 class KerasExporter(Exporter):
     name = "keras"
@@ -29,13 +34,22 @@ class KerasExporter(Exporter):
 
     @classmethod
     def detect(cls, src: Path) -> bool:
-        return src.suffix.lower() == ".keras" and "config.json" in zip_members(src)
+        suffix = src.suffix.lower()
+        if suffix in HDF5_SUFFIXES:
+            return _is_hdf5(src)
+        return suffix == ".keras" and "config.json" in zip_members(src)
 
     def convert(self, src: Path, workdir: Path, options: ExportOptions) -> ConvertedModel:
         import onnx
 
         if options.signature:
-            raise InputError("--signature applies to SavedModel directories; a .keras file has one serving function")
+            raise InputError("--signature applies to SavedModel directories; a Keras file has one serving function")
+        if src.suffix.lower() in HDF5_SUFFIXES and trust.keras_config(src) is None:
+            raise InputError(
+                f"'{src}' holds no model configuration, only weights (model.save_weights)",
+                "build the model in Keras, load these weights into it with model.load_weights, and "
+                "save the whole model with model.save('model.keras')",
+            )
         trust.check(trust.keras_findings(src), src, options.trust_source)
         model, saved_model = serving_saved_model(src, workdir, options.trust_source)
         import keras  # loaded quietly by serving_saved_model
@@ -70,6 +84,14 @@ class KerasExporter(Exporter):
             library_versions={**converted.library_versions, "keras": keras.__version__},
             opset=converted.opset,
         )
+
+
+def _is_hdf5(src: Path) -> bool:
+    try:
+        with src.open("rb") as file:
+            return file.read(len(_HDF5_SIGNATURE)) == _HDF5_SIGNATURE
+    except OSError:  # a folder, or unreadable: not this exporter's
+        return False
 
 
 def serving_saved_model(src: Path, workdir: Path, trust_source: bool = False) -> tuple[Any, Path]:
