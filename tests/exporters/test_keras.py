@@ -85,3 +85,11 @@ def test_hdf5_file_of_weights_only_is_refused_with_what_to_do(tmp_path):
     result = deploy("export", weights, "-o", tmp_path / "pkg")
     assert_one_line_error(result, 2, r"holds no model configuration, only weights .*model\.load_weights")
     assert not (tmp_path / "pkg").exists()
+
+
+def test_truncated_hdf5_file_is_refused_as_unreadable(keras_cnn_h5, tmp_path):
+    truncated = tmp_path / "cnn.h5"
+    truncated.write_bytes(keras_cnn_h5.read_bytes()[:4096])  # the signature, then the file cut short
+    result = deploy("export", truncated, "-o", tmp_path / "pkg")
+    assert_one_line_error(result, 2, "cannot be read as an HDF5 file: .*copied whole")
+    assert not (tmp_path / "pkg").exists()

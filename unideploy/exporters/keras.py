@@ -44,12 +44,8 @@ class KerasExporter(Exporter):
 
         if options.signature:
             raise InputError("--signature applies to SavedModel directories; a Keras file has one serving function")
-        if src.suffix.lower() in HDF5_SUFFIXES and trust.keras_config(src) is None:
-            raise InputError(
-                f"'{src}' holds no model configuration, only weights (model.save_weights)",
-                "build the model in Keras, load these weights into it with model.load_weights, and "
-                "save the whole model with model.save('model.keras')",
-            )
+        if src.suffix.lower() in HDF5_SUFFIXES:
+            _refuse_weights_only(src)
         trust.check(trust.keras_findings(src), src, options.trust_source)
         model, saved_model = serving_saved_model(src, workdir, options.trust_source)
         import keras  # loaded quietly by serving_saved_model
@@ -92,6 +88,27 @@ def _is_hdf5(src: Path) -> bool:
             return file.read(len(_HDF5_SIGNATURE)) == _HDF5_SIGNATURE
     except OSError:  # a folder, or unreadable: not this exporter's
         return False
+
+
+def _refuse_weights_only(src: Path) -> None:
+    """An HDF5 file holds a model only with its configuration (``model.save``); ``save_weights``
+    writes the weights alone, which no exporter can make a model of."""
+    import h5py  # Keras's own dependency, for its legacy format
+
+    try:
+        with h5py.File(src, "r") as h5:
+            has_model = "model_config" in h5.attrs
+    except OSError as exc:
+        raise InputError(
+            f"'{src}' cannot be read as an HDF5 file: {first_line(exc)}",
+            "check that the file was copied whole, or save the model again with model.save('model.keras')",
+        ) from exc
+    if not has_model:
+        raise InputError(
+            f"'{src}' holds no model configuration, only weights (model.save_weights)",
+            "build the model in Keras, load these weights into it with model.load_weights, and "
+            "save the whole model with model.save('model.keras')",
+        )
 
 
 def serving_saved_model(src: Path, workdir: Path, trust_source: bool = False) -> tuple[Any, Path]:
