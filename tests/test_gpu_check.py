@@ -66,3 +66,44 @@ def test_the_gpu_check_runs_every_step_on_the_cpu_and_says_what_needs_a_gpu(digi
     assert "doctor, gpu: " in report  # unavailable here; a GPU machine without CUDA's provider may say ok
     assert "benchmarks/gpu_serving.py: skipped, " in report and "benchmarks/gpu.py: skipped, " in report
     assert "Traceback" not in report and "gpu_check.sh took " in report
+
+
+def test_gpu_benchmark_times_any_one_input_image_model_by_its_own_input(tmp_path):
+    """``benchmarks/gpu.py --package`` on a model whose one input is not EfficientNet-Lite0's ``x``
+    (an NHWC ``image``, as Keras's MobileNetV2 that the GPU payload carries): its photos are read
+    by the input's name, and every engine is a row; here the CPU's runs and the GPU's say why not."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    import unideploy
+
+    sys.path.insert(0, str(CHECK.parent))
+    import gpu
+
+    rng = np.random.default_rng(0)
+    weights = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], rng.normal(size=108).astype(np.float32))
+    graph = helper.make_graph(
+        [
+            helper.make_node("Transpose", ["image"], ["nchw"], perm=[0, 3, 1, 2]),
+            helper.make_node("Conv", ["nchw", "w"], ["features"]),
+            helper.make_node("GlobalAveragePool", ["features"], ["pooled"]),
+            helper.make_node("Flatten", ["pooled"], ["logits"]),
+        ],
+        "nhwc",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 8, 8, 3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 4])],
+        [weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "nhwc.onnx")
+    photos = tmp_path / "photos.npz"
+    np.savez(photos, image=rng.random((16, 8, 8, 3), np.float32))
+    unideploy.export(tmp_path / "nhwc.onnx", tmp_path / "nhwc.udp").close()
+    unideploy.optimize(tmp_path / "nhwc.udp", quantize="fp16", calibration=str(photos)).close()
+    found = gpu.cnn(tmp_path / "work", tmp_path / "nhwc.udp", photos, quick=False)
+    assert found["model"] == "nhwc (nhwc.udp), image 8x8x3, real photos"
+    rows = {row["engine"]: row for row in found["rows"]}
+    assert rows["onnx-fp32, CPU"]["top-1 agreement %"] == 100.0 and rows["onnx-fp32, CPU"]["b32 ms"] > 0
+    assert rows["onnx-fp32, exact"]["ran"].startswith("not run: no GPU execution provider")
+    assert rows["onnx-fp16 + device buffers"]["ran"].startswith("failed: ")
