@@ -31,8 +31,8 @@ in process at batch 1 + 0.5 ms, RSS <= in process + 100 MB per front end (issue 
 RSS is its processes' together, after the run, beside their PSS (a page they share counted once).
 Each row also says how much CPU a request cost the model process and the front ends (their CPU
 time over the requests its metrics counted; of the model process, its event loop's thread apart,
-with how busy that rate kept it: a loop near 100 % is the model process's ceiling), where the server says a request's time went (the mean
-of each stage of its request-duration histogram over the window: decode, queue, compute, encode;
+with how busy that rate kept it: a loop near 100 % is the model process's ceiling), where the
+server says a request's time went (the mean of each stage of its request-duration histogram over the window: decode, queue, compute, encode;
 what of a c1 p50 above the model's own call the server accounts for), the mean rows of the
 runtime calls at that concurrency (``unideploy_batch_rows``: how full the batches were), and
 ``--profile DIR``

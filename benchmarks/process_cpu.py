@@ -13,7 +13,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def thread_cpu_seconds(pid: int, thread: int) -> float:
-    """CPU time of one thread of a running process, in nanoseconds from the scheduler
+    """CPU seconds of one thread of a running process, read from the scheduler's nanoseconds
     (``/proc/PID/task/TID/schedstat``), where ``stat``'s clock ticks (10 ms) would blur a window's
     few hundred requests; the main thread's id is the process's."""
     return int(Path(f"/proc/{pid}/task/{thread}/schedstat").read_text().split()[0]) / 1e9
