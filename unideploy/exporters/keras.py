@@ -9,6 +9,8 @@ outputs take the names of the model's output layers, and validation runs the Ker
 
 from __future__ import annotations
 
+import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +46,8 @@ class KerasExporter(Exporter):
 
         if options.signature:
             raise InputError("--signature applies to SavedModel directories; a Keras file has one serving function")
-        if src.suffix.lower() in HDF5_SUFFIXES:
-            _refuse_weights_only(src)
-        trust.check(trust.keras_findings(src), src, options.trust_source)
+        config = _hdf5_config(src) if src.suffix.lower() in HDF5_SUFFIXES else _archive_config(src)
+        trust.check(trust.keras_findings(config), src, options.trust_source)
         model, saved_model = serving_saved_model(src, workdir, options.trust_source)
         import keras  # loaded quietly by serving_saved_model
 
@@ -90,25 +91,40 @@ def _is_hdf5(src: Path) -> bool:
         return False
 
 
-def _refuse_weights_only(src: Path) -> None:
-    """An HDF5 file holds a model only with its configuration (``model.save``); ``save_weights``
-    writes the weights alone, which no exporter can make a model of."""
+def _archive_config(src: Path) -> Any:
+    """A ``.keras`` archive's config.json; {} where it cannot be read (Keras refuses the file, with
+    its own reason)."""
+    try:
+        with zipfile.ZipFile(src) as archive:
+            return json.loads(archive.read("config.json"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return {}
+
+
+def _hdf5_config(src: Path) -> Any:
+    """An HDF5 file's ``model_config`` attribute, which holds the model (``model.save``; {} where it
+    cannot be parsed: Keras refuses the file, with its own reason). ``save_weights`` writes the
+    weights alone, which no exporter can make a model of: refused, as is a file h5py cannot read."""
     import h5py  # Keras's own dependency, for its legacy format
 
     try:
         with h5py.File(src, "r") as h5:
-            has_model = "model_config" in h5.attrs
+            config = h5.attrs.get("model_config")
     except OSError as exc:
         raise InputError(
             f"'{src}' cannot be read as an HDF5 file: {first_line(exc)}",
             "check that the file was copied whole, or save the model again with model.save('model.keras')",
         ) from exc
-    if not has_model:
+    if config is None:
         raise InputError(
             f"'{src}' holds no model configuration, only weights (model.save_weights)",
             "build the model in Keras, load these weights into it with model.load_weights, and "
             "save the whole model with model.save('model.keras')",
         )
+    try:
+        return json.loads(config)
+    except ValueError:
+        return {}
 
 
 def serving_saved_model(src: Path, workdir: Path, trust_source: bool = False) -> tuple[Any, Path]:

@@ -143,31 +143,10 @@ def mindir_findings(primitives: Iterable[str]) -> list[str]:
     return _described(set(primitives), MINDSPORE_OPS, "the file's primitives")
 
 
-def keras_config(src: Path) -> Any:
-    """A Keras file's model configuration: a ``.keras`` archive's config.json, or the
-    ``model_config`` attribute of a legacy HDF5 file (``model.save('model.h5')``); None where it has
-    none (an HDF5 file of weights only) or cannot be read (Keras refuses it, with its own reason)."""
-    if zipfile.is_zipfile(src):
-        try:
-            with zipfile.ZipFile(src) as archive:
-                return json.loads(archive.read("config.json"))
-        except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-            return None
-    try:
-        import h5py  # Keras's own dependency, for its legacy format
-
-        with h5py.File(src, "r") as h5:
-            config = h5.attrs.get("model_config")
-        return json.loads(config) if config is not None else None
-    except (ImportError, OSError, ValueError):
-        return None
-
-
-def keras_findings(src: Path) -> list[str]:
-    """Flagged layers in a Keras file's model configuration (``keras_config``; nested models included)."""
-    config = keras_config(src)
-    if config is None:
-        return []
+def keras_findings(config: Any) -> list[str]:
+    """Flagged layers in a Keras model's configuration (nested models included), as the exporter
+    read it from the file (``exporters/keras.py``: a ``.keras`` archive's config.json, an HDF5 file's
+    ``model_config``)."""
     findings = []
 
     def walk(value: Any) -> None:
