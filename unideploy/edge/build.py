@@ -62,6 +62,8 @@ from unideploy.validation import (
 )
 
 Progress = Callable[[str], None]
+# Sources whose models take channels-last inputs: their ONNX keeps that layout, and so does onnx2tf
+CHANNELS_LAST_FRAMEWORKS = ("tflite", "tensorflow", "keras")
 
 
 def _to_ort(onnx_path: Path, workdir: Path) -> tuple[Path, Path]:
@@ -183,6 +185,7 @@ def _onnx2tf(
     sample: dict[str, np.ndarray],
     say: Progress,
     folded_only: bool = False,
+    channels_last: bool = False,
 ) -> tuple[Path, Signature | None, bool]:
     """A SavedModel from onnx2tf, the input sizes it was made at (None: the package's), and
     whether constants were folded first.
@@ -191,12 +194,16 @@ def _onnx2tf(
     folds what depends on the batch (torch.export's ``as_strided`` becomes a Range over it), then
     with ONNX Runtime's constant folding first (MiniLM's attention mask and scale), then folded and
     with onnx2tf's simplifier off (it drops the all-zero initial states of ddddocr's LSTM).
-    ``folded_only``: the folded tries alone, for a model whose unfolded conversion ran wrong."""
+    ``folded_only``: the folded tries alone, for a model whose unfolded conversion ran wrong.
+    ``channels_last``: the ONNX came from a channels-last framework (TFLite, TensorFlow), whose
+    inputs are in the layout TFLite takes already."""
     fixed = fixed_signature(signature, sample)  # dynamic non-batch dims: converted at the sample's sizes
     pinned = fixed_signature(signature, sample, batch_too=True)
     # onnx2tf moves the channels of 3-D to 5-D inputs last, reading axis 1 as channels: not where
     # the rows lie on another axis (recurrent state [layers, batch, hidden]), which then ran wrong
-    kept = [t.name for t in signature.inputs if len(t.shape) >= 3 and signature.batch_axes[t.name] != 0]
+    kept = [
+        t.name for t in signature.inputs if len(t.shape) >= 3 and (channels_last or signature.batch_axes[t.name] != 0)
+    ]
     attempts = (
         []
         if folded_only
@@ -257,7 +264,15 @@ def _tflite_artifacts(
         onnx_path, undone = float_onnx(package.path_of(base), work, say)
 
         def convert(folded_only: bool = False) -> tuple[Path, Signature | None, bool]:
-            return _onnx2tf(onnx_path, work, manifest.signature, references[0][0], say, folded_only)
+            return _onnx2tf(
+                onnx_path,
+                work,
+                manifest.signature,
+                references[0][0],
+                say,
+                folded_only,
+                channels_last=framework in CHANNELS_LAST_FRAMEWORKS,
+            )
 
         saved_model, fixed, folded = convert()
         refold = None if folded else lambda: convert(folded_only=True)

@@ -1,0 +1,108 @@
+""".tflite files: recognized by their content, named as LiteRT's signature runner names them,
+converted by tf2onnx and validated against LiteRT itself; bad files refused in one line."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from console import assert_one_line_error, deploy
+
+import unideploy
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+keras = pytest.importorskip("keras", reason="the tensorflow extra is not installed")
+pytest.importorskip("tf2onnx", reason="the tflite extra is not installed")
+litert = pytest.importorskip("ai_edge_litert.interpreter", reason="the tflite extra is not installed")
+
+
+def _cnn() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    image = keras.Input((16, 16, 3), name="image")
+    x = keras.layers.Conv2D(8, 3, activation="relu")(image)
+    x = keras.layers.DepthwiseConv2D(3, padding="same")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    probs = keras.layers.Dense(5, activation="softmax", name="probs")(x)
+    return keras.Model(image, probs)
+
+
+def _representative() -> object:
+    rng = np.random.default_rng(0)
+    for _ in range(16):
+        yield [rng.random((1, 16, 16, 3), np.float32)]
+
+
+@pytest.fixture(scope="module")
+def tflite_files(tmp_path_factory) -> dict[str, object]:
+    """The CNN as TensorFlow's converter writes it: float (a ``serving_default`` signature, dynamic
+    batch), and full integer with uint8 input and output, as phone models often ship."""
+    import tensorflow as tf
+
+    folder, model = tmp_path_factory.mktemp("tflite"), _cnn()
+    files = {"float": folder / "cnn.tflite", "uint8": folder / "cnn_uint8.tflite"}
+    files["float"].write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = _representative
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    converter.inference_input_type = converter.inference_output_type = tf.uint8
+    files["uint8"].write_bytes(converter.convert())
+    return files
+
+
+def _litert(path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    interpreter = litert.Interpreter(model_path=str(path))
+    return interpreter.get_signature_runner()(**inputs)
+
+
+def test_tflite_file_exports_by_its_signature_names_and_matches_litert(tflite_files, tmp_path):
+    with unideploy.export(tflite_files["float"], tmp_path / "pkg.zip") as package:
+        manifest = package.manifest
+        assert manifest.source["exporter"] == "tflite" and manifest.source["framework"] == "tflite"
+        assert manifest.source["conversion_path"].startswith("tf2onnx")
+        # the signature runner's names, not the tensors' (serving_default_image:0)
+        assert manifest.signature.input_names == ["image"] and manifest.signature.output_names == ["output_0"]
+        assert manifest.signature.inputs[0].shape == ("batch", 16, 16, 3)  # channels last, as the model takes it
+        record = manifest.validation["onnx-fp32"]
+        assert record["passed"] and record["reference"] == "tflite" and record["batch_sizes"] == [1, 4]
+        x = np.random.default_rng(1).random((3, 16, 16, 3), np.float32)
+        got = unideploy.run(package, {"image": x})["output_0"]
+    np.testing.assert_allclose(got, _litert(tflite_files["float"], {"image": x})["output_0"], atol=1e-5, rtol=1e-3)
+
+
+def test_a_full_integer_model_keeps_its_uint8_input_and_output(tflite_files, tmp_path):
+    """tf2onnx writes the quantized graph as QuantizeLinear/DequantizeLinear around float kernels;
+    the ONNX artifact takes and returns uint8 as the .tflite does, and gives LiteRT's answers."""
+    with unideploy.export(tflite_files["uint8"], tmp_path / "pkg") as package:
+        signature = package.manifest.signature
+        assert (signature.inputs[0].dtype, signature.outputs[0].dtype) == ("uint8", "uint8")
+        x = np.random.default_rng(2).integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
+        got = unideploy.run(package, {"image": x})["output_0"]
+    expected = _litert(tflite_files["uint8"], {"image": x})["output_0"]
+    assert got.dtype == np.uint8 and np.abs(got.astype(int) - expected.astype(int)).max() <= 1
+
+
+def test_a_tflite_file_is_recognized_by_its_content(tflite_files, tmp_path):
+    renamed = tmp_path / "model.bin"
+    renamed.write_bytes(tflite_files["float"].read_bytes())
+    result = deploy("export", renamed, "-o", tmp_path / "pkg")
+    assert result.returncode == 0, result.stderr
+    assert "(tflite via tf2onnx" in " ".join(result.stdout.split())
+    (tmp_path / "notes.tflite").write_text("not a flatbuffer")  # a name alone is not enough
+    result = deploy("export", tmp_path / "notes.tflite", "-o", tmp_path / "other")
+    assert_one_line_error(result, 2, "cannot tell what kind of model")
+
+
+def test_a_cut_short_tflite_file_is_refused_and_nothing_is_written(tflite_files, tmp_path):
+    cut = tmp_path / "cut.tflite"
+    cut.write_bytes(tflite_files["float"].read_bytes()[:400])
+    result = deploy("export", cut, "-o", tmp_path / "pkg")
+    assert_one_line_error(result, 2, "cannot be loaded by LiteRT")
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_an_unknown_signature_is_refused_with_the_one_there_is(tflite_files, tmp_path):
+    result = deploy("export", tflite_files["float"], "-o", tmp_path / "pkg", "--signature", "serve")
+    assert_one_line_error(result, 2, "has no signature 'serve'")
+    assert "its signature is 'serving_default'" in result.stderr

@@ -1,0 +1,190 @@
+"""TFLite / LiteRT models (``.tflite``) -> ONNX, through tf2onnx's TFLite reader.
+
+Many published models ship only as a ``.tflite`` flatbuffer (MediaPipe's face, hand and pose
+networks, models made for phones), with no SavedModel or Keras file behind them. tf2onnx reads
+the flatbuffer itself and maps TFLite's builtin operators to ONNX; LiteRT (``ai-edge-litert``), the
+interpreter the model was made for, runs the original as the reference every export is checked
+against.
+
+Names: a model converted with a SignatureDef (TensorFlow 2's converter writes ``serving_default``)
+is called by its signature's names, as LiteRT's signature runner calls it; an older model without
+one (MediaPipe's) by its tensors' names. The layout stays the model's own (channels last), and
+sizes the flatbuffer fixes (a batch of 1 in most mobile models) stay fixed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from unideploy.errors import ExportError, InputError, first_line
+from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
+from unideploy.exporters.savedmodel import MAX_OPSET
+from unideploy.onnx.interface import rename_values, set_io_dims
+from unideploy.quiet import quiet
+from unideploy.signature import BATCH_DIM, Signature, TensorSpec, unnamed_dim
+
+_IDENTIFIER = b"TFL3"  # the FlatBuffer file identifier TFLite writes at bytes 4-8
+
+
+class TFLiteExporter(Exporter):
+    name = "tflite"
+    framework = "tflite"
+    required_modules = ("tensorflow", "tf2onnx", "ai_edge_litert")
+    extra = "tflite"
+
+    @classmethod
+    def detect(cls, src: Path) -> bool:
+        try:
+            with src.open("rb") as file:
+                return file.read(8)[4:] == _IDENTIFIER
+        except OSError:  # a folder, or unreadable: not this exporter's
+            return False
+
+    def convert(self, src: Path, workdir: Path, options: ExportOptions) -> ConvertedModel:
+        import onnx
+
+        interpreter = _interpreter(src)
+        inputs, outputs = _io_details(interpreter, src, options.signature)
+        _refuse_sparse_weights(interpreter, src)
+        signature = Signature(
+            tuple(_spec(name, d) for name, d in inputs.items()), tuple(_spec(name, d) for name, d in outputs.items())
+        )
+        opset = min(options.opset or MAX_OPSET, MAX_OPSET)
+        with quiet():  # TensorFlow and tf2onnx log each operator to stderr
+            import tensorflow as tf
+            import tf2onnx
+
+            try:
+                model, _ = tf2onnx.convert.from_tflite(str(src), opset=opset)
+            except Exception as exc:
+                raise ExportError(
+                    f"tf2onnx could not convert '{src.name}': {first_line(exc)}",
+                    "re-run with --debug for the converter's output",
+                ) from exc
+        names = {d["name"]: name for name, d in {**inputs, **outputs}.items()}
+        rename_values(model, names)
+        converted_names = {v.name for v in list(model.graph.input) + list(model.graph.output)}
+        if converted_names != set(names.values()):
+            raise ExportError(
+                f"tf2onnx's model of '{src.name}' has inputs and outputs {sorted(converted_names)}, "
+                f"LiteRT's {sorted(names.values())}",
+                "the model may hold more than one subgraph; export the one to serve on its own",
+            )
+        set_io_dims(model, {t.name: t.shape for t in signature.inputs + signature.outputs})
+        try:
+            onnx.checker.check_model(model)
+        except Exception as exc:  # tf2onnx continues past operators it cannot map, and writes them as they are
+            raise ExportError(
+                f"tf2onnx wrote an invalid ONNX model for '{src.name}': {first_line(exc)}",
+                "the model uses a TFLite operator with no ONNX mapping (a custom or Select TF operator)",
+            ) from exc
+        onnx_path = workdir / "model.onnx"
+        onnx.save(model, str(onnx_path))
+        run_source = _TensorRunner(interpreter, inputs, outputs)
+        import ai_edge_litert
+
+        return ConvertedModel(
+            onnx_path=onnx_path,
+            signature=signature,
+            run_source=run_source,
+            conversion_path=f"tf2onnx {tf2onnx.__version__} TFLite reader",
+            library_versions={
+                "tf2onnx": tf2onnx.__version__,
+                "tensorflow": tf.__version__,
+                "ai-edge-litert": getattr(ai_edge_litert, "__version__", "unknown"),
+            },
+            opset=opset,
+        )
+
+
+def _interpreter(src: Path) -> Any:
+    from ai_edge_litert.interpreter import Interpreter
+
+    with quiet():  # LiteRT logs its delegate to fd 2
+        try:
+            interpreter = Interpreter(model_path=str(src))
+            interpreter.allocate_tensors()
+        except (ValueError, RuntimeError) as exc:
+            raise InputError(
+                f"'{src}' cannot be loaded by LiteRT: {first_line(exc)}",
+                "check that the file was copied whole, and that it runs with ai_edge_litert's Interpreter",
+            ) from exc
+    return interpreter
+
+
+def _refuse_sparse_weights(interpreter: Any, src: Path) -> None:
+    """Sparse weights (the converter's ``EXPERIMENTAL_SPARSITY``, expanded at load time by a DENSIFY
+    operator) are stored in a layout tf2onnx cannot read: it stops with a reshape error that names
+    neither the cause nor the model's tensors."""
+    sparse = [t["name"] for t in interpreter.get_tensor_details() if t.get("sparsity_parameters")]
+    if sparse:
+        raise ExportError(
+            f"'{src.name}' holds {len(sparse)} sparse weight tensor(s) ({sparse[0]}, ...), which tf2onnx "
+            "cannot convert",
+            "convert the model again without weight sparsity (leave out tf.lite.Optimize.EXPERIMENTAL_SPARSITY), "
+            "or export its dense version",
+        )
+
+
+Details = dict[str, dict[str, Any]]
+
+
+def _io_details(interpreter: Any, src: Path, wanted: str | None) -> tuple[Details, Details]:
+    """The model's inputs and outputs by the names its callers use, each with LiteRT's details
+    (tensor name and index, dtype, shape signature): the SignatureDef's where it has one, the
+    tensors' own otherwise."""
+    signatures = interpreter.get_signature_list()
+    if len(signatures) > 1:
+        raise InputError(
+            f"'{src.name}' has {len(signatures)} signatures ({', '.join(sorted(signatures))}); the TFLite "
+            "exporter converts a model with one",
+            "convert the signature to serve into a .tflite of its own",
+        )
+    key = next(iter(signatures), None)
+    if wanted is not None and wanted != key:
+        raise InputError(
+            f"'{src.name}' has no signature '{wanted}'",
+            f"its signature is '{key}': leave --signature out" if key else "it has none: leave --signature out",
+        )
+    if key is None:
+        return (
+            {d["name"]: d for d in interpreter.get_input_details()},
+            {d["name"]: d for d in interpreter.get_output_details()},
+        )
+    runner = interpreter.get_signature_runner(key)
+    return runner.get_input_details(), runner.get_output_details()
+
+
+def _spec(name: str, details: dict[str, Any]) -> TensorSpec:
+    shape = details.get("shape_signature", details["shape"])
+    dims = tuple(
+        int(size) if size >= 0 else (BATCH_DIM if axis == 0 else unnamed_dim(name, axis))
+        for axis, size in enumerate(shape)
+    )
+    return TensorSpec(name, np.dtype(details["dtype"]).name, dims)
+
+
+class _TensorRunner:
+    """Runs the source on LiteRT by tensor index, the one way that works with and without a
+    SignatureDef; an input of a new size (a dynamic batch) is resized first."""
+
+    def __init__(self, interpreter: Any, inputs: Details, outputs: Details) -> None:
+        self.interpreter, self.inputs, self.outputs = interpreter, inputs, outputs
+
+    def __call__(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        interpreter = self.interpreter
+        resized = False
+        for name, details in self.inputs.items():
+            shape = tuple(arrays[name].shape)
+            if tuple(interpreter.get_tensor(details["index"]).shape) != shape:
+                interpreter.resize_tensor_input(details["index"], shape)
+                resized = True
+        if resized:
+            interpreter.allocate_tensors()
+        for name, details in self.inputs.items():
+            interpreter.set_tensor(details["index"], np.ascontiguousarray(arrays[name], dtype=details["dtype"]))
+        interpreter.invoke()
+        return {name: np.array(interpreter.get_tensor(d["index"])) for name, d in self.outputs.items()}
