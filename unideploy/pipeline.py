@@ -47,11 +47,12 @@ def export_package(
     target_stage = require_target(target).load_stage()
     if target_stage is not None:
         stages.append(lambda pkg, dest, force: target_stage(pkg, dest, options, overwrite=force, progress=progress))
+    accuracy = given.get("accuracy")  # also what a quantized source's ONNX artifact is judged with
     if not stages:
-        return export(src, output, overwrite=overwrite, progress=progress, **export_kwargs)
+        return export(src, output, overwrite=overwrite, progress=progress, accuracy=accuracy, **export_kwargs)
     check_destination(Path(output), overwrite)
     with scratch_dir("unideploy-export-") as tmp:
-        current = export(src, Path(tmp) / "stage0", progress=progress, **export_kwargs)
+        current = export(src, Path(tmp) / "stage0", progress=progress, accuracy=accuracy, **export_kwargs)
         for i, stage in enumerate(stages, 1):
             last = i == len(stages)
             current = stage(current, Path(output) if last else Path(tmp) / f"stage{i}", overwrite if last else False)

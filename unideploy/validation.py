@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import ValidationError
-from unideploy.package.manifest import OutputErrors, ValidationRecord
+from unideploy.package.manifest import Manifest, OutputErrors, ValidationRecord
 from unideploy.samples import batch_size_of
 from unideploy.signature import CHANNELS_LAST, Signature
 
@@ -31,7 +31,9 @@ def compare_output(expected: np.ndarray, actual: np.ndarray, atol: float, rtol: 
     expected, actual = np.asarray(expected), np.asarray(actual)
     if expected.shape != actual.shape:
         raise ValidationError(f"output shape {list(actual.shape)} differs from the reference {list(expected.shape)}")
-    if not np.issubdtype(expected.dtype, np.floating):
+    if not np.issubdtype(expected.dtype, np.floating) and not (np.issubdtype(expected.dtype, np.integer) and atol >= 1):
+        # labels, token ids, text: equal or not. A tolerance of a whole unit or more on integers is one
+        # an artifact was measured to need (a quantized model's uint8 scores) or a user asked for: numbers
         mismatched = int(np.count_nonzero(expected != actual))
         return {
             "max_abs_error": float(mismatched > 0),
@@ -79,6 +81,13 @@ def validate(
         "batch_sizes": batch_sizes,
         "outputs": outputs,
     }
+
+
+def recorded_tolerance(manifest: Manifest, artifact_id: str) -> tuple[float, float]:
+    """(atol, rtol) the artifact was validated under when made: what every later check holds it, and
+    what is converted from it without loss, to (the defaults where the package recorded none)."""
+    stored = manifest.validation.get(artifact_id)
+    return (stored["atol"], stored["rtol"]) if stored else (DEFAULT_ATOL, DEFAULT_RTOL)
 
 
 def failure_text(record: Record) -> str:

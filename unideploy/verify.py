@@ -12,12 +12,11 @@ from unideploy.package.manifest import ValidationRecord
 from unideploy.runtimes import RuntimeOptions
 from unideploy.runtimes.selection import open_artifact, what_ran
 from unideploy.validation import (
-    DEFAULT_ATOL,
-    DEFAULT_RTOL,
     TEN_BIT_RELATIVE,
     failure_text,
     fitted,
     largest_reference,
+    recorded_tolerance,
     validate,
 )
 
@@ -42,13 +41,6 @@ class ArtifactCheck:
         }
 
 
-def recorded_tolerance(package: Package, artifact_id: str) -> tuple[float, float]:
-    """(atol, rtol) the artifact was validated under when made: what every later check holds it to
-    (the defaults where the package recorded none)."""
-    stored = package.manifest.validation.get(artifact_id)
-    return (stored["atol"], stored["rtol"]) if stored else (DEFAULT_ATOL, DEFAULT_RTOL)
-
-
 def verify_package(
     package: Package, runtime: str | None = None, device: str = "cpu", tf32: bool = False
 ) -> list[ArtifactCheck]:
@@ -67,7 +59,7 @@ def verify_package(
             checks.append(ArtifactCheck(artifact.id, "skipped", reason=exc.message))
             continue
         ran = what_ran(artifact, engine)
-        atol, rtol = recorded_tolerance(package, artifact.id)
+        atol, rtol = recorded_tolerance(package.manifest, artifact.id)
         if ran["precision"] == "tf32":
             atol = max(atol, TEN_BIT_RELATIVE * largest_reference(samples))
             rtol = max(rtol, TEN_BIT_RELATIVE)

@@ -3,6 +3,7 @@ converted by tf2onnx and validated against LiteRT itself; bad files refused in o
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -71,16 +72,42 @@ def test_tflite_file_exports_by_its_signature_names_and_matches_litert(tflite_fi
     np.testing.assert_allclose(got, _litert(tflite_files["float"], {"image": x})["output_0"], atol=1e-5, rtol=1e-3)
 
 
-def test_a_full_integer_model_keeps_its_uint8_input_and_output(tflite_files, tmp_path):
-    """tf2onnx writes the quantized graph as QuantizeLinear/DequantizeLinear around float kernels;
-    the ONNX artifact takes and returns uint8 as the .tflite does, and gives LiteRT's answers."""
+def test_a_full_integer_model_is_an_int8_artifact_judged_against_litert(tflite_files, tmp_path):
+    """tf2onnx writes the quantized graph as QuantizeLinear/DequantizeLinear, which ONNX Runtime runs
+    with its own int8 kernels: the artifact is int8, takes and returns uint8 as the .tflite does, and
+    is admitted by the accuracy guard (its uint8 scores read as the scores they stand for), then held
+    to the error it showed, as ``deploy verify`` checks."""
     with unideploy.export(tflite_files["uint8"], tmp_path / "pkg") as package:
-        signature = package.manifest.signature
-        assert (signature.inputs[0].dtype, signature.outputs[0].dtype) == ("uint8", "uint8")
+        manifest = package.manifest
+        (artifact,) = manifest.artifacts
+        assert (artifact.id, artifact.precision) == ("onnx-int8", "int8")
+        assert (manifest.signature.inputs[0].dtype, manifest.signature.outputs[0].dtype) == ("uint8", "uint8")
+        record = manifest.validation["onnx-int8"]
+        assert "quantized tensors" in record["quantization"] and record["accuracy"]["within_budget"]
+        assert record["accuracy"]["outputs"]["output_0"]["metric"] == "top1"  # scores, not labels
         x = np.random.default_rng(2).integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
         got = unideploy.run(package, {"image": x})["output_0"]
     expected = _litert(tflite_files["uint8"], {"image": x})["output_0"]
-    assert got.dtype == np.uint8 and np.abs(got.astype(int) - expected.astype(int)).max() <= 1
+    assert got.dtype == np.uint8 and np.abs(got.astype(int) - expected.astype(int)).max() <= 2
+    result = deploy("verify", tmp_path / "pkg")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_an_int8_package_is_not_optimized_or_converted_again_and_says_why(tflite_files, tmp_path):
+    """Optimizers and TFLite conversion start from a float model: an int8 one from a quantized source
+    is refused (optimize, TensorRT) or its TFLite artifacts left out, each with the reason; its ORT
+    artifact is int8 too."""
+    assert deploy("export", tflite_files["uint8"], "-o", tmp_path / "pkg").returncode == 0
+    result = deploy("optimize", tmp_path / "pkg", "--quantize", "fp16", "--synthetic-calibration", "-o", tmp_path / "o")
+    assert_one_line_error(result, 2, "'onnx-int8' computes in int8 already")
+    result = deploy("export", tflite_files["uint8"], "-o", tmp_path / "gpu", "--target", "gpu")
+    assert_one_line_error(result, 2, "TensorRT fp16 is built from a float model")
+    result = deploy("export", tflite_files["uint8"], "-o", tmp_path / "edge", "--target", "edge")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "edge" / "manifest.json").read_text())
+    assert [(a["id"], a["precision"]) for a in manifest["artifacts"]] == [("onnx-int8", "int8"), ("ort-int8", "int8")]
+    (omitted,) = manifest["omitted"]
+    assert omitted["artifact"] == "tflite-*" and "converted from a float model" in omitted["reason"]
 
 
 def test_a_tflite_file_is_recognized_by_its_content(tflite_files, tmp_path):

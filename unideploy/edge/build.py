@@ -57,6 +57,7 @@ from unideploy.validation import (
     DEFAULT_RTOL,
     fitted,
     measured_tolerance_record,
+    recorded_tolerance,
     require_passed,
     validate,
 )
@@ -260,6 +261,12 @@ def _tflite_artifacts(
         and (kept_keras := _keras_saved_model(source_dir, work, say))
     ):
         saved_model, route = kept_keras, "Keras' SavedModel + TensorFlow's converter"
+    elif base is not None and base.precision != "fp32":
+        raise ExportError(
+            f"TFLite artifacts are converted from a float model, and the package's ONNX artifact '{base.id}' is "
+            f"{base.precision} (its source model was quantized)",
+            f"the package keeps the source model ({kept}); to convert, export the float model it was quantized from",
+        )
     elif base is not None:
         onnx_path, undone = float_onnx(package.path_of(base), work, say)
 
@@ -418,16 +425,18 @@ def build_edge(
         if base is not None:
             say("converting to ONNX Runtime's mobile format (.ort)")
             ort_model, ort_config = _to_ort(package.path_of(base), work)
+            # the same model in another file format: held to what its ONNX artifact was
+            atol, rtol = recorded_tolerance(manifest, base.id)
             with RUNTIMES.get("onnxruntime")(ort_model, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
-                record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
+                record = validate(runtime.run, references, atol, rtol, reference=framework)
             require_passed(record, "the ORT-format artifact")
             added.append(
                 (
                     PlannedArtifact(
-                        "ort-fp32",
+                        f"ort-{base.precision}",
                         "artifacts/model.ort",
                         "ort",
-                        "fp32",
+                        base.precision,
                         ["onnxruntime"],
                         derived_from=base.id,
                         targets=["edge"],

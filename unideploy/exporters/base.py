@@ -17,7 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.package.manifest import ArtifactFormat
+from unideploy.package.manifest import ArtifactFormat, Precision
 from unideploy.registry import Availability, modules_availability
 from unideploy.signature import InputShape, Signature
 
@@ -100,6 +100,13 @@ class ConvertedModel:
     size_hints: dict[str, int] = field(default_factory=dict)
     # Files that ship beside the ONNX artifact (package path -> file), e.g. its external data.
     companions: dict[str, Path] = field(default_factory=dict)
+    precision: Precision = "fp32"  # what the ONNX artifact computes in: int8 where the source's kernels are
+    # Why ONNX Runtime cannot give the source's outputs bit for bit (int8 kernels round their own way):
+    # the ONNX artifact is then judged by the accuracy guard against them, not by the default tolerance.
+    inexact: str | None = None
+    # Outputs stored as integers that stand for real numbers (scale, zero point): a quantized model's
+    # uint8 class scores are judged as the scores they are, not as labels.
+    output_scales: dict[str, tuple[float, int]] = field(default_factory=dict)
 
 
 def zip_members(src: Path) -> list[str]:

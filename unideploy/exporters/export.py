@@ -7,23 +7,27 @@ written only if ONNX Runtime reproduces the source framework's outputs at two ba
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnxruntime
 
 import unideploy
-from unideploy.errors import InputError, MissingDependencyError, UntranslatableError
-from unideploy.exporters import EXPORTERS, Exporter, ExportOptions, torch_save
+from unideploy.errors import AccuracyBudgetError, InputError, MissingDependencyError, UntranslatableError
+from unideploy.exporters import EXPORTERS, ConvertedModel, Exporter, ExportOptions, torch_save
 from unideploy.exporters.source_process import run_source
+from unideploy.guard.guard import Guard, settings_of
 from unideploy.package import Artifact, Manifest, PackageWriter, PlannedArtifact
 from unideploy.package.files import digest_path, scratch_dir
 from unideploy.package.manifest import OmittedRecord, SourceRecord, ValidationRecord
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.samples import batch_size_of
+from unideploy.signature import Signature
 from unideploy.targets import require_target
-from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, require_passed, validate
+from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, measured_tolerance_record, require_passed, validate
 
 Progress = Callable[[str], None]
 
@@ -61,8 +65,11 @@ def export(
     rtol: float = DEFAULT_RTOL,
     overwrite: bool = False,
     progress: Progress | None = None,
+    accuracy: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Export ``src`` to a verified package at ``output`` (a directory, or a ``.zip``)."""
+    """Export ``src`` to a verified package at ``output`` (a directory, or a ``.zip``).
+    ``accuracy``: the budget and metric (``guard.settings_of``) an ONNX artifact that cannot give the
+    source's outputs bit for bit (a quantized source's int8 kernels) is judged with."""
     src, options = Path(src), options or ExportOptions()
     say = progress or (lambda _msg: None)
     if not src.exists():
@@ -115,23 +122,31 @@ def export(
         if converted.onnx_path is not None:
             say("validating the ONNX artifact on ONNX Runtime")
             with RUNTIMES.get("onnxruntime")(converted.onnx_path, signature, RuntimeOptions(device="cpu")) as runtime:
-                record = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
-            require_passed(record, f"the ONNX export of '{src.name}'")
+                if converted.inexact is None:
+                    record = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
+                    require_passed(record, f"the ONNX export of '{src.name}'")
+                else:
+                    say(f"judging the ONNX artifact against {exporter_cls.framework}: {converted.inexact}")
+                    record = _judged(
+                        runtime.run, references, signature, converted, exporter_cls.framework, accuracy, src.name
+                    )
+                    record["quantization"] = converted.inexact
+            artifact_id = f"onnx-{converted.precision}"
             artifacts.append(
                 writer.add_artifact(
                     converted.onnx_path,
                     PlannedArtifact(
-                        id="onnx-fp32",
+                        id=artifact_id,
                         path="artifacts/model.onnx",
                         format="onnx",
-                        precision="fp32",
+                        precision=converted.precision,
                         runtimes=["onnxruntime"],
                         opset=converted.opset,
                     ),
                     converted.companions,
                 )
             )
-            validation["onnx-fp32"] = record
+            validation[artifact_id] = record
 
         say("writing the package")
         source_sha, source_size = digest_path(src)
@@ -177,6 +192,46 @@ def export(
             omitted=omitted,
         )
         return writer.commit(manifest)
+
+
+def _judged(
+    run: Callable[[dict[str, Any]], Mapping[str, Any]],
+    references: list,
+    signature: Signature,
+    converted: ConvertedModel,
+    framework: str,
+    accuracy: Mapping[str, Any] | None,
+    file_name: str,
+) -> ValidationRecord:
+    """The ONNX artifact of a source no other engine reproduces bit for bit, held to the accuracy
+    guard on the reference rows (the user's --example-input, or synthetic ones), quantized outputs
+    read as the numbers they stand for; then to the error it shows now (so ``deploy verify`` catches
+    drift)."""
+    scales = converted.output_scales
+
+    def real(outputs: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            k: (v.astype(np.float32) - scales[k][1]) * scales[k][0] if k in scales else v for k, v in outputs.items()
+        }
+
+    guard = Guard(
+        [inputs for inputs, _ in references],
+        [real(outputs) for _, outputs in references],
+        **settings_of(accuracy),
+        rows_are="reference rows",
+        output_axes=signature.output_batch_axes,
+    )
+    verdict = guard.admit(
+        guard.judge("onnx", lambda: lambda inputs: real(run(inputs))),
+        lambda numbers: AccuracyBudgetError(
+            f"the ONNX export of '{file_name}' is over the accuracy budget against {framework} {numbers}",
+            "raise --max-accuracy-drop if the engines' difference is acceptable (on random inputs, give real ones "
+            "with --example-input)",
+        ),
+    )
+    record = measured_tolerance_record(run, references, framework)
+    record["accuracy"] = verdict
+    return record
 
 
 def _native_artifact(exporter_cls: type[Exporter], src: Path, sha256: str, size: int) -> Artifact:

@@ -49,6 +49,7 @@ class TFLiteExporter(Exporter):
         interpreter = _interpreter(src)
         inputs, outputs = _io_details(interpreter, src, options.signature)
         _refuse_sparse_weights(interpreter, src)
+        quantized = _quantized_tensors(interpreter)
         signature = Signature(
             tuple(_spec(name, d) for name, d in inputs.items()), tuple(_spec(name, d) for name, d in outputs.items())
         )
@@ -97,6 +98,17 @@ class TFLiteExporter(Exporter):
                 "ai-edge-litert": getattr(ai_edge_litert, "__version__", "unknown"),
             },
             opset=opset,
+            precision="int8" if quantized else "fp32",
+            inexact=(
+                f"{quantized} quantized tensors: LiteRT's int8 kernels and ONNX Runtime's round their own way"
+                if quantized
+                else None
+            ),
+            output_scales={
+                name: (float(d["quantization"][0]), int(d["quantization"][1]))
+                for name, d in outputs.items()
+                if d["quantization"][0]  # a scale of 0: not quantized
+            },
         )
 
 
@@ -127,6 +139,17 @@ def _refuse_sparse_weights(interpreter: Any, src: Path) -> None:
             "convert the model again without weight sparsity (leave out tf.lite.Optimize.EXPERIMENTAL_SPARSITY), "
             "or export its dense version",
         )
+
+
+def _quantized_tensors(interpreter: Any) -> int:
+    """How many tensors the model holds in int8 (or uint8, int16) with a scale: a quantized model,
+    full integer or with int8 weights only, whose integer kernels no other engine rounds alike."""
+    return sum(
+        1
+        for t in interpreter.get_tensor_details()
+        if np.dtype(t["dtype"]) in (np.int8, np.uint8, np.int16)
+        and len(t.get("quantization_parameters", {}).get("scales", ())) > 0
+    )
 
 
 Details = dict[str, dict[str, Any]]

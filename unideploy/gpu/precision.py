@@ -94,4 +94,11 @@ def plan_build(
             "the package has no fp32 ONNX artifact to build a TensorRT engine from",
             "export the model again (every export writes one)",
         )
+    if base.precision != "fp32":
+        raise InputError(
+            f"TensorRT {precision} is built from a float model, and the package's ONNX artifact '{base.id}' is "
+            f"{base.precision} (its source model was quantized)",
+            "export with --target cpu: ONNX Runtime runs that artifact on the GPU's CUDA provider as well; or "
+            "export the float model it was quantized from with --target gpu",
+        )
     return BuildPlan(base, precision, precision == "fp16", False, False, f"from '{base.id}'")

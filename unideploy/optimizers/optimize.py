@@ -83,6 +83,12 @@ def _base_artifact(package: Package, artifact_id: str | None) -> Artifact:
             raise InputError(f"artifact '{artifact_id}' is {artifact.format}; optimizers work on ONNX artifacts")
         return artifact
     base = package.manifest.base_onnx()
+    if base is not None and base.precision != "fp32":
+        raise InputError(
+            f"the package's ONNX artifact '{base.id}' computes in {base.precision} already: its source model was "
+            "quantized",
+            "export the float model it was quantized from, and optimize that",
+        )
     if base is not None:
         return base
     raise InputError("the package has no fp32 ONNX artifact to optimize", "name one with --artifact")

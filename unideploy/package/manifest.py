@@ -313,12 +313,9 @@ class Manifest:
         return "synthetic" if "synthetic" in found else "example" if found == {"example"} else "not recorded"
 
     def base_onnx(self) -> Artifact | None:
-        """The fp32 ONNX the exporter wrote, which every later stage (optimizers, edge, GPU,
-        Ascend) starts from."""
-        return next(
-            (a for a in self.artifacts if a.format == "onnx" and a.precision == "fp32" and a.derived_from is None),
-            None,
-        )
+        """The ONNX the exporter wrote, which every later stage (optimizers, edge, GPU, Ascend)
+        starts from: fp32, or int8 where the source computes in int8 (a quantized .tflite)."""
+        return next((a for a in self.artifacts if a.format == "onnx" and a.derived_from is None), None)
 
     def artifact(self, artifact_id: str) -> Artifact:
         for artifact in self.artifacts:
