@@ -304,6 +304,32 @@ def test_keras_source_reaches_tflite_in_its_own_layout_at_any_size(tmp_path):
         assert {c.artifact: c.status for c in verify_package(package)}["tflite-int8"] == "passed"
 
 
+def test_a_keras_model_that_reaches_tflite_through_onnx2tf_keeps_its_channels_last_input(tmp_path):
+    """A Lambda layer keeps Keras' safe mode from loading the packaged file, so its TFLite comes from
+    the ONNX artifact through onnx2tf: the input is channels last already and keeps its axes (onnx2tf
+    read axis 1 as channels and made [batch, 16, 3, 16] of it, which the runtime's transpose hid)."""
+    keras = pytest.importorskip("keras")
+    keras.utils.set_random_seed(0)
+    image = keras.Input((16, 16, 3), name="image")
+    x = keras.layers.Lambda(lambda t: t * 2.0)(image)
+    x = keras.layers.Conv2D(8, 3, activation="relu")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    keras.Model(image, keras.layers.Dense(5, activation="softmax", name="probs")(x)).save(tmp_path / "lambda.keras")
+    messages: list[str] = []
+    with unideploy.export(
+        tmp_path / "lambda.keras", tmp_path / "edge", trust_source=True, target="edge", progress=messages.append
+    ) as package:
+        assert any("onnx2tf + TensorFlow's converter" in m for m in messages), messages
+        artifacts = {a.id: a for a in package.manifest.artifacts}
+        assert all(artifacts[a].signature is None for a in ("tflite-fp32", "tflite-fp16"))  # [batch, 16, 16, 3]
+        x = np.random.default_rng(7).random((2, 16, 16, 3), np.float32)
+        np.testing.assert_allclose(
+            unideploy.run(package, {"image": x}, artifact="tflite-fp32")["probs"],
+            unideploy.run(package, {"image": x}, artifact="onnx-fp32")["probs"],
+            atol=1e-5,
+        )
+
+
 def _const(name: str, value, dtype=np.int64):
     """An ONNX initializer for the graphs these tests build by hand."""
     from onnx import numpy_helper

@@ -129,6 +129,25 @@ def test_a_cut_short_tflite_file_is_refused_and_nothing_is_written(tflite_files,
     assert not (tmp_path / "pkg").exists()
 
 
+def test_a_model_with_tensorflow_operators_that_read_files_is_refused_unrun(tmp_path):
+    """Select TF operators (here ReadFile) run only through LiteRT's Flex delegate, which the
+    exporter's interpreter does not have: the model is refused before anything runs (docs/security.md)."""
+    import tensorflow as tf
+
+    class Reads(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1], tf.float32)])
+        def serve(self, x):
+            return {"y": x + tf.cast(tf.strings.length(tf.io.read_file(str(tmp_path / "secret"))), tf.float32)}
+
+    module = Reads()
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([module.serve.get_concrete_function()], module)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
+    (tmp_path / "reads.tflite").write_bytes(converter.convert())
+    result = deploy("export", tmp_path / "reads.tflite", "-o", tmp_path / "pkg")
+    assert_one_line_error(result, 2, "cannot be loaded by LiteRT: Select TensorFlow op")
+    assert not (tmp_path / "pkg").exists()
+
+
 def test_an_unknown_signature_is_refused_with_the_one_there_is(tflite_files, tmp_path):
     result = deploy("export", tflite_files["float"], "-o", tmp_path / "pkg", "--signature", "serve")
     assert_one_line_error(result, 2, "has no signature 'serve'")

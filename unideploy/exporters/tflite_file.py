@@ -122,7 +122,8 @@ def _interpreter(src: Path) -> Any:
         except (ValueError, RuntimeError) as exc:
             raise InputError(
                 f"'{src}' cannot be loaded by LiteRT: {first_line(exc)}",
-                "check that the file was copied whole, and that it runs with ai_edge_litert's Interpreter",
+                "check that the file was copied whole; LiteRT runs TFLite's builtin operators, not Select TF (Flex) "
+                "or custom ones",
             ) from exc
     return interpreter
 
