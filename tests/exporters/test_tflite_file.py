@@ -93,6 +93,13 @@ def test_a_full_integer_model_is_an_int8_artifact_judged_against_litert(tflite_f
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_float_examples_for_a_quantized_input_are_refused_with_its_scale(tflite_files, tmp_path):
+    np.savez(tmp_path / "x.npz", image=np.random.default_rng(3).random((2, 16, 16, 3), np.float32))
+    result = deploy("export", tflite_files["uint8"], "-o", tmp_path / "pkg", "--example-input", tmp_path / "x.npz")
+    assert_one_line_error(result, 2, r"input 'image' of 'cnn_uint8.tflite' is quantized to uint8 \(scale ")
+    assert "np.clip(np.round(x / " in result.stderr and not (tmp_path / "pkg").exists()
+
+
 def test_an_int8_package_is_not_optimized_or_converted_again_and_says_why(tflite_files, tmp_path):
     """Optimizers and TFLite conversion start from a float model: an int8 one from a quantized source
     is refused (optimize, TensorRT) or its TFLite artifacts left out, each with the reason; its ORT

@@ -49,6 +49,7 @@ class TFLiteExporter(Exporter):
         interpreter = _interpreter(src)
         inputs, outputs = _io_details(interpreter, src, options.signature)
         _refuse_sparse_weights(interpreter, src)
+        _refuse_unquantized_examples(inputs, options.example_inputs, src)
         quantized = _quantized_tensors(interpreter)
         signature = Signature(
             tuple(_spec(name, d) for name, d in inputs.items()), tuple(_spec(name, d) for name, d in outputs.items())
@@ -139,6 +140,24 @@ def _refuse_sparse_weights(interpreter: Any, src: Path) -> None:
             "cannot convert",
             "convert the model again without weight sparsity (leave out tf.lite.Optimize.EXPERIMENTAL_SPARSITY), "
             "or export its dense version",
+        )
+
+
+def _refuse_unquantized_examples(inputs: Details, examples: dict[str, np.ndarray] | None, src: Path) -> None:
+    """A quantized input takes integers that stand for real numbers: float example inputs need its
+    scale and zero point, not a cast (which the signature's dtype check would suggest)."""
+    for name, details in inputs.items():
+        scale, zero_point = details["quantization"]
+        given = None if examples is None or name not in examples else np.asarray(examples[name])
+        if not scale or given is None or not np.issubdtype(given.dtype, np.floating):
+            continue
+        dtype = np.dtype(details["dtype"])
+        low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
+        raise InputError(
+            f"input '{name}' of '{src.name}' is quantized to {dtype.name} (scale {scale:g}, zero point {zero_point}), "
+            f"and --example-input gives {given.dtype.name}",
+            f"quantize it as the model's callers do: np.clip(np.round(x / {scale:g} + {zero_point}), {low}, {high})"
+            f".astype('{dtype.name}')",
         )
 
 
