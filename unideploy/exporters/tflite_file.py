@@ -152,7 +152,8 @@ def _refuse_unquantized_examples(inputs: Details, examples: dict[str, np.ndarray
         if not scale or given is None or not np.issubdtype(given.dtype, np.floating):
             continue
         dtype = np.dtype(details["dtype"])
-        low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
+        bounds = np.iinfo(dtype.name)  # a quantized tensor is an integer one
+        low, high = bounds.min, bounds.max
         raise InputError(
             f"input '{name}' of '{src.name}' is quantized to {dtype.name} (scale {scale:g}, zero point {zero_point}), "
             f"and --example-input gives {given.dtype.name}",
