@@ -14,21 +14,13 @@ import unideploy
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 keras = pytest.importorskip("keras", reason="the tensorflow extra is not installed")
 
-
-def _cnn() -> keras.Model:
-    keras.utils.set_random_seed(0)
-    image = keras.Input((16, 16, 3), name="image")
-    x = keras.layers.Conv2D(8, 3, activation="relu")(image)
-    x = keras.layers.DepthwiseConv2D(3, padding="same")(x)
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    probs = keras.layers.Dense(5, activation="softmax", name="probs")(x)
-    return keras.Model(image, probs)
+from keras_models import small_cnn  # noqa: E402  (Keras is here: the skip above passed)
 
 
 @pytest.fixture(scope="module")
 def keras_cnn(tmp_path_factory):
     path = tmp_path_factory.mktemp("keras") / "cnn.keras"
-    _cnn().save(path)
+    small_cnn().save(path)
     return path
 
 
@@ -36,7 +28,7 @@ def keras_cnn(tmp_path_factory):
 def keras_cnn_h5(tmp_path_factory):
     """The same CNN in the legacy HDF5 format (``model.save('cnn.h5')``), as many published models ship."""
     path = tmp_path_factory.mktemp("keras") / "cnn.h5"
-    _cnn().save(path)
+    small_cnn().save(path)
     return path
 
 
@@ -81,7 +73,7 @@ def test_hdf5_file_is_recognized_by_its_content_without_naming_the_exporter(kera
 
 def test_hdf5_file_of_weights_only_is_refused_with_what_to_do(tmp_path):
     weights = tmp_path / "cnn.weights.h5"
-    _cnn().save_weights(weights)
+    small_cnn().save_weights(weights)
     result = deploy("export", weights, "-o", tmp_path / "pkg")
     assert_one_line_error(result, 2, r"holds no model configuration, only weights .*model\.load_weights")
     assert not (tmp_path / "pkg").exists()

@@ -17,15 +17,7 @@ keras = pytest.importorskip("keras", reason="the tensorflow extra is not install
 pytest.importorskip("tf2onnx", reason="the tflite extra is not installed")
 litert = pytest.importorskip("ai_edge_litert.interpreter", reason="the tflite extra is not installed")
 
-
-def _cnn() -> keras.Model:
-    keras.utils.set_random_seed(0)
-    image = keras.Input((16, 16, 3), name="image")
-    x = keras.layers.Conv2D(8, 3, activation="relu")(image)
-    x = keras.layers.DepthwiseConv2D(3, padding="same")(x)
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    probs = keras.layers.Dense(5, activation="softmax", name="probs")(x)
-    return keras.Model(image, probs)
+from keras_models import small_cnn  # noqa: E402  (Keras is here: the skip above passed)
 
 
 def _representative() -> object:
@@ -40,7 +32,7 @@ def tflite_files(tmp_path_factory) -> dict[str, object]:
     batch), and full integer with uint8 input and output, as phone models often ship."""
     import tensorflow as tf
 
-    folder, model = tmp_path_factory.mktemp("tflite"), _cnn()
+    folder, model = tmp_path_factory.mktemp("tflite"), small_cnn()
     files = {"float": folder / "cnn.tflite", "uint8": folder / "cnn_uint8.tflite"}
     files["float"].write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
     converter = tf.lite.TFLiteConverter.from_keras_model(model)

@@ -88,6 +88,22 @@ def _spec(key: str, info: Any) -> TensorSpec:
     return TensorSpec(key, np.dtype(dtype).name, tuple(dims))
 
 
+def save_checked(model: Any, signature: Signature, src: Path, workdir: Path, unmapped: str) -> Path:
+    """tf2onnx's model with the signature's dims declared, through the ONNX checker, saved as
+    ``workdir/model.onnx``. tf2onnx continues past operators it cannot map and writes them as they
+    are (``unmapped``: what that means for this kind of source)."""
+    import onnx
+
+    set_io_dims(model, {t.name: t.shape for t in signature.inputs + signature.outputs})
+    try:
+        onnx.checker.check_model(model)
+    except Exception as exc:
+        raise ExportError(f"tf2onnx wrote an invalid ONNX model for '{src.name}': {first_line(exc)}", unmapped) from exc
+    onnx_path = workdir / "model.onnx"
+    onnx.save(model, str(onnx_path))
+    return onnx_path
+
+
 class SavedModelExporter(Exporter):
     name = "savedmodel"
     framework = "tensorflow"
@@ -137,16 +153,9 @@ class SavedModelExporter(Exporter):
                 f"'{signature_name}' ({', '.join(signature.input_names + signature.output_names)})"
             )
         rename_values(model, tensor_names)
-        set_io_dims(model, {t.name: t.shape for t in signature.inputs + signature.outputs})
-        try:
-            onnx.checker.check_model(model)
-        except Exception as exc:  # e.g. an operator tf2onnx logged as unsupported but wrote anyway
-            raise ExportError(
-                f"tf2onnx wrote an invalid ONNX model for '{src.name}': {first_line(exc)}",
-                "the SavedModel uses a TensorFlow operator with no ONNX mapping",
-            ) from exc
-        onnx_path = workdir / "model.onnx"
-        onnx.save(model, str(onnx_path))
+        onnx_path = save_checked(
+            model, signature, src, workdir, "the SavedModel uses a TensorFlow operator with no ONNX mapping"
+        )
         function = loaded.signatures[signature_name]
 
         def run_source(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -21,8 +21,8 @@ import numpy as np
 
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
-from unideploy.exporters.savedmodel import MAX_OPSET
-from unideploy.onnx.interface import rename_values, set_io_dims
+from unideploy.exporters.savedmodel import MAX_OPSET, save_checked
+from unideploy.onnx.interface import rename_values
 from unideploy.quiet import quiet
 from unideploy.signature import BATCH_DIM, Signature, TensorSpec, unnamed_dim
 
@@ -44,13 +44,12 @@ class TFLiteExporter(Exporter):
             return False
 
     def convert(self, src: Path, workdir: Path, options: ExportOptions) -> ConvertedModel:
-        import onnx
-
         interpreter = _interpreter(src)
         inputs, outputs = _io_details(interpreter, src, options.signature)
-        _refuse_sparse_weights(interpreter, src)
+        tensors = interpreter.get_tensor_details()
+        _refuse_sparse_weights(tensors, src)
         _refuse_unquantized_examples(inputs, options.example_inputs, src)
-        quantized = _quantized_tensors(interpreter)
+        quantized = _quantized_tensors(tensors)
         signature = Signature(
             tuple(_spec(name, d) for name, d in inputs.items()), tuple(_spec(name, d) for name, d in outputs.items())
         )
@@ -75,16 +74,13 @@ class TFLiteExporter(Exporter):
                 f"LiteRT's {sorted(names.values())}",
                 "the model may hold more than one subgraph; export the one to serve on its own",
             )
-        set_io_dims(model, {t.name: t.shape for t in signature.inputs + signature.outputs})
-        try:
-            onnx.checker.check_model(model)
-        except Exception as exc:  # tf2onnx continues past operators it cannot map, and writes them as they are
-            raise ExportError(
-                f"tf2onnx wrote an invalid ONNX model for '{src.name}': {first_line(exc)}",
-                "the model uses a TFLite operator with no ONNX mapping (a custom or Select TF operator)",
-            ) from exc
-        onnx_path = workdir / "model.onnx"
-        onnx.save(model, str(onnx_path))
+        onnx_path = save_checked(
+            model,
+            signature,
+            src,
+            workdir,
+            "the model uses a TFLite operator with no ONNX mapping (a custom or Select TF operator)",
+        )
         run_source = _TensorRunner(interpreter, inputs, outputs)
         import ai_edge_litert
 
@@ -129,11 +125,11 @@ def _interpreter(src: Path) -> Any:
     return interpreter
 
 
-def _refuse_sparse_weights(interpreter: Any, src: Path) -> None:
+def _refuse_sparse_weights(tensors: list[dict[str, Any]], src: Path) -> None:
     """Sparse weights (the converter's ``EXPERIMENTAL_SPARSITY``, expanded at load time by a DENSIFY
     operator) are stored in a layout tf2onnx cannot read: it stops with a reshape error that names
     neither the cause nor the model's tensors."""
-    sparse = [t["name"] for t in interpreter.get_tensor_details() if t.get("sparsity_parameters")]
+    sparse = [t["name"] for t in tensors if t.get("sparsity_parameters")]
     if sparse:
         raise ExportError(
             f"'{src.name}' holds {len(sparse)} sparse weight tensor(s) ({sparse[0]}, ...), which tf2onnx "
@@ -162,12 +158,12 @@ def _refuse_unquantized_examples(inputs: Details, examples: dict[str, np.ndarray
         )
 
 
-def _quantized_tensors(interpreter: Any) -> int:
+def _quantized_tensors(tensors: list[dict[str, Any]]) -> int:
     """How many tensors the model holds in int8 (or uint8, int16) with a scale: a quantized model,
     full integer or with int8 weights only, whose integer kernels no other engine rounds alike."""
     return sum(
         1
-        for t in interpreter.get_tensor_details()
+        for t in tensors
         if np.dtype(t["dtype"]) in (np.int8, np.uint8, np.int16)
         and len(t.get("quantization_parameters", {}).get("scales", ())) > 0
     )
