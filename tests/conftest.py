@@ -3,6 +3,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 
@@ -107,6 +108,31 @@ def saved_models(tmp_path_factory):
         module, str(root / "scaler"), signatures={"serving_default": module.scale, "shift": module.shift}
     )
     return root
+
+
+@pytest.fixture(scope="session")
+def tflite_files(tmp_path_factory) -> dict[str, Path]:
+    """The small Keras CNN as TensorFlow's converter writes it: float (a ``serving_default``
+    signature, dynamic batch), full integer with uint8 input and output as phone models often ship,
+    and float with its SignatureDef taken out, as MediaPipe's models ship (called by tensor names)."""
+    tf = pytest.importorskip("tensorflow", reason="the tensorflow extra is not installed")
+    from keras_models import small_cnn
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    folder, model = tmp_path_factory.mktemp("tflite"), small_cnn()
+    files = {name: folder / f"cnn_{name}.tflite" for name in ("float", "uint8", "unsigned")}
+    files["float"].write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    rng = np.random.default_rng(0)
+    converter.representative_dataset = lambda: ([rng.random((1, 16, 16, 3), np.float32)] for _ in range(16))
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    converter.inference_input_type = converter.inference_output_type = tf.uint8
+    files["uint8"].write_bytes(converter.convert())
+    unsigned = flatbuffer_utils.read_model(str(files["float"]))
+    unsigned.signatureDefs = []
+    flatbuffer_utils.write_model(unsigned, str(files["unsigned"]))
+    return files
 
 
 @pytest.fixture(scope="session")

@@ -540,7 +540,7 @@ def test_a_model_onnx_runtime_quantized_is_converted_as_float_and_judged_against
     assert omitted["artifact"] == "tflite-*"
     assert re.match(
         r"TFLite fp32 of the graph with ONNX Runtime's INT8 made float \(DynamicQuantizeLSTM, MatMulInteger\): "
-        r"over the accuracy budget on \d+ rows: y: relerr",
+        r"over the accuracy budget on \d+ reference rows: y: relerr",
         omitted["reason"],
     ), omitted
     assert "convert the float model" in omitted["fix"]
@@ -587,3 +587,67 @@ def test_recurrent_state_with_its_batch_on_axis_1_reaches_every_tflite_artifact(
     assert got["stateN"].shape == (2, 3, 3) and got["y"].shape == (3, 3)
     np.testing.assert_allclose(got["stateN"], expected["stateN"], atol=1e-5)
     np.testing.assert_allclose(got["y"], expected["y"], atol=1e-5)
+
+
+def _litert_by_tensor(path, x: np.ndarray) -> np.ndarray:
+    """The model's one output for ``x``, run by tensor index as LiteRT runs a model with no signature."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(path))
+    (given,), (output,) = interpreter.get_input_details(), interpreter.get_output_details()
+    interpreter.resize_tensor_input(given["index"], x.shape)
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(given["index"], x)
+    interpreter.invoke()
+    return interpreter.get_tensor(output["index"])
+
+
+def test_a_quantized_tflite_source_is_its_own_int8_tflite_artifact(tflite_files, tmp_path):
+    """A full-integer .tflite cannot be converted again from its int8 ONNX: its TFLite artifact is
+    the source model itself, byte for byte, giving LiteRT's outputs exactly, beside onnx-int8 and
+    ort-int8."""
+    result = deploy("export", tflite_files["uint8"], "-o", tmp_path / "edge", "--target", "edge")
+    assert result.returncode == 0, result.stderr
+    with unideploy.open_package(tmp_path / "edge") as package:
+        manifest = package.manifest
+        assert [(a.id, a.precision) for a in manifest.artifacts] == [
+            ("onnx-int8", "int8"),
+            ("ort-int8", "int8"),
+            ("tflite-int8", "int8"),
+        ]
+        assert manifest.omitted == []
+        artifact = manifest.artifact("tflite-int8")
+        assert package.path_of(artifact).read_bytes() == tflite_files["uint8"].read_bytes()
+        record = manifest.validation["tflite-int8"]
+        assert record["passed"] and record["source_model"] == "the source .tflite"
+        assert max(e["max_abs_error"] for e in record["outputs"].values()) == 0
+        x = np.random.default_rng(4).integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
+        got = unideploy.run(package, {"image": x}, artifact="tflite-int8")["output_0"]
+    np.testing.assert_array_equal(got, _litert_by_tensor(tflite_files["uint8"], x))
+
+
+def test_a_tflite_source_without_a_signature_gets_one_and_keeps_its_names_through_onnx2tf(tflite_files, tmp_path):
+    """A model with no SignatureDef (MediaPipe's) is called by its tensors' names, tf2onnx's
+    ``serving_default_image:0``: its own tflite-fp32 gets a SignatureDef over those tensors (the
+    runtime and the mobile wrappers call by signature), and onnx2tf's fp16, which writes ':' as '__',
+    is called by the same names; the Android bundle of both verifies."""
+    result = deploy("export", tflite_files["unsigned"], "-o", tmp_path / "edge", "--target", "edge")
+    assert result.returncode == 0, result.stderr
+    with unideploy.open_package(tmp_path / "edge") as package:
+        manifest = package.manifest
+        (image,), (scores,) = manifest.signature.input_names, manifest.signature.output_names
+        assert image == "serving_default_image:0" and scores.endswith(":0")
+        assert [a.id for a in manifest.artifacts] == ["onnx-fp32", "ort-fp32", "tflite-fp32", "tflite-fp16"]
+        record = manifest.validation["tflite-fp32"]
+        assert record["source_model"] == "the source .tflite; a 'serving_default' SignatureDef added over its tensors"
+        assert manifest.artifact("tflite-fp32").derived_from is None
+        assert manifest.validation["tflite-fp16"]["accuracy"]["within_budget"]
+        x = np.random.default_rng(5).random((3, 16, 16, 3), np.float32)
+        expected = _litert_by_tensor(tflite_files["unsigned"], x)
+        np.testing.assert_array_equal(unideploy.run(package, {image: x}, artifact="tflite-fp32")[scores], expected)
+        fp16 = unideploy.run(package, {image: x}, artifact="tflite-fp16")[scores]
+    np.testing.assert_allclose(fp16, expected, atol=2e-3)
+    pytest.importorskip("tree_sitter_kotlin", reason="the bundle extra is not installed")
+    assert deploy("bundle", tmp_path / "edge", "--platform", "android", "-o", tmp_path / "a.zip").returncode == 0
+    result = deploy("verify", tmp_path / "a.zip")
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -20,7 +20,7 @@ import onnx
 
 from unideploy.ascend.network import export_mindir, require_supported
 from unideploy.errors import ExportError, RuntimeFailure, ValidationError
-from unideploy.guard.guard import Guard, settings_of
+from unideploy.guard.guard import Guard, reference_rows, settings_of
 from unideploy.onnx.dequantize import float_onnx
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
@@ -98,7 +98,7 @@ def _check_mindir(
         guard = Guard(
             [inputs for inputs, _ in references],
             [dict(outputs) for _, outputs in references],
-            rows_are="reference rows",
+            rows_are=reference_rows(manifest.samples_origin()),
             output_axes=manifest.signature.output_batch_axes,
             **settings_of(accuracy),
         )

@@ -133,7 +133,8 @@ def _guarded(package: Package) -> None:
             continue
         kind = f" ({record['quantization']})" if record.get("quantization") else ""
         acc = record["accuracy"]
-        out.print(f"{a.id}{escape(kind)}: within the accuracy budget on {acc['rows']} rows: {escape(describe(acc))}")
+        rows = f"{acc['rows']} {acc.get('rows_are', 'rows')}"  # packages made before it was recorded: "rows"
+        out.print(f"{a.id}{escape(kind)}: within the accuracy budget on {rows}: {escape(describe(acc))}")
         if layers := [layer["tensor"] for layer in record.get("float_layers", [])]:
             out.print(
                 f"  left {len(layers)} of {record['search']['ranked_layers']} layers in float, the most "
@@ -496,7 +497,7 @@ def optimization(package: Package, record: OptimizationRecord) -> None:
     out.print(table)
     for name, o in acc["outputs"].items():
         out.print(f"  judged '{escape(name)}' by {o['metric']}: {escape(o['why'])}")
-    out.print(f"  on {acc['rows']} validation rows")
+    out.print(f"  on {acc['rows']} {acc.get('rows_are', 'validation rows')}")
     table = Table(title="Effects", title_justify="left")
     # packages optimized before it was recorded were timed on the CPU too
     timed = f"latency fp32 -> optimized (ms), on {eff.get('latency_on', 'the CPU')}"

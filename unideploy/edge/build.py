@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,12 @@ import numpy as np
 
 from unideploy.edge.tflite import (
     TFLITE_INT8,
+    converted_name,
     fixed_signature,
     onnx_to_saved_model,
     saved_model_to_tflite,
     selective_int8,
+    signed_tflite,
     tflite_signature,
 )
 from unideploy.errors import (
@@ -41,7 +43,7 @@ from unideploy.errors import (
 )
 from unideploy.guard.accuracy import describe
 from unideploy.guard.data import load_dataset, split
-from unideploy.guard.guard import Guard, settings_of
+from unideploy.guard.guard import Guard, reference_rows, settings_of
 from unideploy.guard.search import search_record, trial
 from unideploy.onnx.dequantize import float_onnx
 from unideploy.onnx.files import copy_model
@@ -95,13 +97,13 @@ def _to_ort(onnx_path: Path, workdir: Path) -> tuple[Path, Path]:
 
 def _calibration_rows(path: str | Path, source: Signature, model: Signature) -> list[dict[str, np.ndarray]]:
     """The half of the user's data that calibrates (``split``: the guard judges on the other), one
-    row at a time as TensorFlow's calibrator takes it, cut along each input's batch axis (axis 1 of
-    recurrent state: cut along axis 0, its layers were resized and the conversion failed), in the
-    TFLite model's own layout."""
+    row at a time as TensorFlow's calibrator takes it (by the SavedModel's names), cut along each
+    input's batch axis (axis 1 of recurrent state: cut along axis 0, its layers were resized and the
+    conversion failed), in the TFLite model's own layout."""
     layouts = {t.name: t.layout for t in model.inputs}
     axes = source.batch_axes
     return [
-        {k: to_channels_last(v) if layouts.get(k) == CHANNELS_LAST else v for k, v in row.items()}
+        {converted_name(k): to_channels_last(v) if layouts.get(k) == CHANNELS_LAST else v for k, v in row.items()}
         for batch in split(load_dataset(path, source))[0].batches()
         for row in (take_rows(batch, i, i + 1, axes) for i in range(batch_size_of(batch, axes)))
     ]
@@ -120,10 +122,17 @@ def _guard(
     manifest = package.manifest
     settings = {**settings_of(accuracy), "output_axes": manifest.signature.output_batch_axes}
     if calibration is None or base is None:
-        return Guard([inputs for inputs, _ in references], [dict(outputs) for _, outputs in references], **settings)
+        return Guard(
+            [inputs for inputs, _ in references],
+            [dict(outputs) for _, outputs in references],
+            rows_are=reference_rows(manifest.samples_origin()),
+            **settings,
+        )
     data = split(load_dataset(calibration, manifest.signature))[1]
     with RUNTIMES.get("onnxruntime")(package.path_of(base), manifest.signature, RuntimeOptions(device="cpu")) as fp32:
-        return Guard.of(fp32.run, data.batches(manifest.fixed_batch), data.labels, **settings)
+        return Guard.of(
+            fp32.run, data.batches(manifest.fixed_batch), data.labels, rows_are="validation rows", **settings
+        )
 
 
 def _fewest_float_layers(
@@ -132,12 +141,13 @@ def _fewest_float_layers(
     data: list[dict[str, np.ndarray]],
     judge: Callable[[Path], AccuracyRecord],
     say: Progress,
+    names: Sequence[str],
 ) -> tuple[Path, dict[str, Any]]:
     """Full-integer int8 with the fewest of its most error-prone layers in float that holds the
     budget (``tflite.selective_int8`` makes the candidates, in the order to try them), and the record
     of the search."""
     say("full-integer int8 is over the accuracy budget: ranking its layers by quantization error")
-    ranked, candidates = selective_int8(saved_model, work, data)
+    ranked, candidates = selective_int8(saved_model, work, data, names)
     if not candidates:
         raise AccuracyBudgetError(f"{len(ranked)} quantized layer(s): too few to keep some in float")
     trials: list[SearchTrial] = []
@@ -230,6 +240,31 @@ def _onnx2tf(
     raise failures[0]  # what onnx2tf found in the model as it is
 
 
+def _source_tflite(
+    source: Path, base: Artifact | None, signature: Signature, work: Path, references: list, say: Progress
+) -> AddedArtifact:
+    """A ``.tflite`` source as its own TFLite artifact, at the precision it computes in (a quantized
+    model is int8, and could not be converted again from its int8 ONNX): the same operators and
+    weights, with a SignatureDef where it has none (``tflite.signed_tflite``), held to the default
+    tolerance against the outputs LiteRT gave for the source at export."""
+    precision: Precision = base.precision if base is not None else "fp32"
+    say(f"keeping the source model as the TFLite {precision} artifact")
+    path = work / f"model.{precision}.tflite"
+    changes = signed_tflite(source, path, [])
+    with RUNTIMES.get("tflite")(path, signature) as runtime:
+        record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference="tflite")
+    require_passed(record, f"the source model as the TFLite {precision} artifact")
+    record["source_model"] = "; ".join(["the source .tflite", *changes])
+    return (
+        PlannedArtifact(
+            f"tflite-{precision}", f"artifacts/{path.name}", "tflite", precision, ["tflite"], targets=["edge"]
+        ),
+        path,
+        {},
+        record,
+    )
+
+
 def _tflite_artifacts(
     package: Package,
     base: Artifact | None,
@@ -252,6 +287,14 @@ def _tflite_artifacts(
     undone: list[str] = []  # ONNX Runtime's dynamic INT8 operators made float for onnx2tf
     fixed = None  # the input sizes onnx2tf converts at, where the model has dynamic non-batch dims
     refold: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, constants folded
+    added: list[AddedArtifact] = []
+    made: set[str] = set()  # precisions added: the dynamic-range int8 runs only where full integer did not
+    if framework == "tflite" and source_dir and source_dir.is_file():
+        # the source is a TFLite model already: its artifact of its own precision is the model itself
+        added.append(_source_tflite(source_dir, base, manifest.signature, work, references, say))
+        made.add(added[0][0].precision)
+        if "fp32" not in made:  # a quantized model: nothing to convert from
+            return added, []
     if framework == "tensorflow" and source_dir and source_dir.is_dir():
         saved_model, route = source_dir, "TensorFlow's converter"
     elif (
@@ -281,12 +324,21 @@ def _tflite_artifacts(
                 channels_last=framework in CHANNELS_LAST_FRAMEWORKS,
             )
 
-        saved_model, fixed, folded = convert()
+        try:
+            saved_model, fixed, folded = convert()
+        except ExportError as exc:
+            if not added:
+                raise
+            say(f"no other TFLite precision: {exc.message}")  # the source's own artifact stands
+            fix = exc.hint or "the source model runs as tflite-fp32"
+            return added, [
+                {"artifact": f"tflite-{p}", "stage": "edge", "reason": exc.message, "fix": fix}
+                for p in ("fp16", "int8")[: 2 if calibration else 1]
+            ]
         refold = None if folded else lambda: convert(folded_only=True)
         route = "onnx2tf + TensorFlow's converter"
     else:
         raise ExportError("the package has no ONNX artifact to convert from")
-    added: list[AddedArtifact] = []
     omitted: list[OmittedRecord] = []
     guard: Guard | None = None  # loaded when the first non-exact artifact needs it
     signature = None  # the model's own signature (layout), known once fp32 is converted
@@ -297,7 +349,7 @@ def _tflite_artifacts(
     if calibration:
         variants += [("int8", "int8"), ("int8", "int8-dynamic")]
     failed: dict[Precision, list[tuple[str, UnideployError]]] = {}
-    made: set[str] = set()  # precisions added: the dynamic-range int8 runs only where full integer did not
+    names = manifest.signature.input_names + manifest.signature.output_names  # what the artifacts are called by
 
     def accuracy_of(path: Path, run: Callable, fitting: list) -> tuple[Guard, AccuracyRecord]:
         nonlocal guard
@@ -320,9 +372,9 @@ def _tflite_artifacts(
             if mode in ("int8", "int8-selective") and calibration is not None:  # planned only with calibration
                 data = _calibration_rows(calibration, manifest.signature, signature or manifest.signature)
             if mode == "int8-selective":  # planned only after full integer, calibrated, was over budget
-                path, searched = _fewest_float_layers(saved_model, work, data or [], judge, say)
+                path, searched = _fewest_float_layers(saved_model, work, data or [], judge, say, names)
             else:
-                path = saved_model_to_tflite(saved_model, mode, work, data)
+                path = saved_model_to_tflite(saved_model, mode, work, data, names)
             signature = tflite_signature(path, fixed or manifest.signature) or fixed
             with tflite(path, signature or manifest.signature) as runtime:
                 # an artifact made at one input size is proven on the samples of that size

@@ -165,7 +165,11 @@ DEBUG_ROWS = 16  # calibration rows the quantization debugger measures every lay
 
 
 def saved_model_to_tflite(
-    saved_model: Path, precision: str, workdir: Path, calibration: list[dict[str, np.ndarray]] | None = None
+    saved_model: Path,
+    precision: str,
+    workdir: Path,
+    calibration: list[dict[str, np.ndarray]] | None = None,
+    names: Sequence[str] = (),
 ) -> Path:
     """fp32, fp16 (weights), int8 (full integer: needs ``calibration``, one dict of one-row inputs
     per calibration row, in the model's own layout) or int8-dynamic (int8 weights, activations
@@ -173,7 +177,8 @@ def saved_model_to_tflite(
 
     Full-integer conversion runs in a process of its own: TensorFlow's calibrator runs the model in
     native code that can crash (a segfault on ddddocr's LSTM), and that must cost the int8
-    artifact, not the export."""
+    artifact, not the export. ``names``: the package signature's, which the model is called by
+    (``signed_tflite``)."""
     if precision == "int8":
         blob: bytes = child_process.call(
             _converted,
@@ -193,6 +198,7 @@ def saved_model_to_tflite(
         )
     path = workdir / f"model.{precision}.tflite"
     path.write_bytes(blob)
+    signed_tflite(path, path, names)
     return path
 
 
@@ -226,7 +232,7 @@ def _int8_converter(tf: Any, saved_model: Path, calibration: list[dict[str, np.n
 
 
 def selective_int8(
-    saved_model: Path, workdir: Path, calibration: list[dict[str, np.ndarray]]
+    saved_model: Path, workdir: Path, calibration: list[dict[str, np.ndarray]], names: Sequence[str] = ()
 ) -> tuple[list[tuple[str, float]], list[tuple[int, Path]]]:
     """Full-integer int8 with the layers quantization hurts most left in float, for a model whose
     plain int8 is over the accuracy budget: TensorFlow's quantization debugger calibrates once,
@@ -234,7 +240,8 @@ def selective_int8(
     scale, the ranking TensorFlow's guide to the debugger uses), and re-quantizes with the worst
     1, 2, 4, ... layers denylisted, and then half of them (beyond, little int8 is left). Returns the
     ranking (tensor, error in steps) and the candidates, fewest float layers first, for the caller
-    to judge. In a child process, as the calibrator can crash (``saved_model_to_tflite``)."""
+    to judge. In a child process, as the calibrator can crash (``saved_model_to_tflite``, as are
+    ``names``)."""
     ranked, blobs = child_process.call(
         _selective_candidates,
         saved_model.resolve(),
@@ -247,6 +254,7 @@ def selective_int8(
     for count, blob in blobs:
         path = workdir / f"model.int8-float{count}.tflite"
         path.write_bytes(blob)
+        signed_tflite(path, path, names)
         candidates.append((count, path))
     return ranked, candidates
 
@@ -313,6 +321,55 @@ def _has_int8_tensors(blob: bytes) -> bool:
     from ai_edge_litert.interpreter import Interpreter
 
     return any(t["dtype"] == np.int8 for t in Interpreter(model_content=blob).get_tensor_details())
+
+
+def converted_name(name: str) -> str:
+    """What onnx2tf names an ONNX input or output in the SavedModel it writes: a ':' (tf2onnx's
+    ``image:0``) becomes '__'."""
+    return name.replace(":", "__")
+
+
+def signed_tflite(source: Path, out: Path, names: Sequence[str]) -> list[str]:
+    """Write ``source`` to ``out`` callable by the package signature's ``names``, and say what that
+    changed. The runtime and the mobile wrappers call a model through its SignatureDef: one is added
+    over the subgraph's own inputs and outputs (by their tensor names, which the package signature
+    then uses) where the model has none, as MediaPipe's models ship; and names with a ':' that
+    onnx2tf wrote as '__' (tf2onnx's ``image:0``) get theirs back. Operators and weights stay as
+    they are."""
+    with quiet():  # importing TensorFlow logs to fd 2
+        from tensorflow.lite.python import schema_py_generated as schema
+        from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model(str(source))
+    changes = []
+    if not model.signatureDefs:
+        graph = model.subgraphs[0]
+
+        def mapped(index: int) -> Any:
+            tensor = schema.TensorMapT()
+            tensor.name, tensor.tensorIndex = graph.tensors[index].name, index
+            return tensor
+
+        signature = schema.SignatureDefT()
+        signature.signatureKey, signature.subgraphIndex = "serving_default", 0
+        signature.inputs = [mapped(int(i)) for i in graph.inputs]
+        signature.outputs = [mapped(int(i)) for i in graph.outputs]
+        model.signatureDefs = [signature]
+        changes.append("a 'serving_default' SignatureDef added over its tensors")
+    written = {converted_name(name): name for name in names if converted_name(name) != name}
+    renamed = []
+    for entry in (*model.signatureDefs[0].inputs, *model.signatureDefs[0].outputs):
+        name = entry.name.decode() if isinstance(entry.name, bytes) else entry.name
+        if name in written:
+            entry.name = written[name]
+            renamed.append(written[name])
+    if renamed:
+        changes.append(f"the signature's {', '.join(renamed)} named with their ':' again")
+    if changes:
+        flatbuffer_utils.write_model(model, str(out))
+    elif source != out:
+        shutil.copyfile(source, out)
+    return changes
 
 
 def fixed_signature(signature: Signature, sample: dict[str, np.ndarray], batch_too: bool = False) -> Signature | None:

@@ -19,7 +19,7 @@ import unideploy
 from unideploy.errors import AccuracyBudgetError, InputError, MissingDependencyError, UntranslatableError
 from unideploy.exporters import EXPORTERS, ConvertedModel, Exporter, ExportOptions, torch_save
 from unideploy.exporters.source_process import run_source
-from unideploy.guard.guard import Guard, settings_of
+from unideploy.guard.guard import Guard, reference_rows, settings_of
 from unideploy.package import Artifact, Manifest, PackageWriter, PlannedArtifact
 from unideploy.package.files import digest_path, scratch_dir
 from unideploy.package.manifest import OmittedRecord, SourceRecord, ValidationRecord
@@ -128,7 +128,14 @@ def export(
                 else:
                     say(f"judging the ONNX artifact against {exporter_cls.framework}: {converted.inexact}")
                     record = _judged(
-                        runtime.run, references, signature, converted, exporter_cls.framework, accuracy, src.name
+                        runtime.run,
+                        references,
+                        signature,
+                        converted,
+                        exporter_cls.framework,
+                        accuracy,
+                        src.name,
+                        reference_rows("synthetic" if options.example_inputs is None else "example"),
                     )
                     record["quantization"] = converted.inexact
             artifact_id = f"onnx-{converted.precision}"
@@ -202,6 +209,7 @@ def _judged(
     framework: str,
     accuracy: Mapping[str, Any] | None,
     file_name: str,
+    rows_are: str,
 ) -> ValidationRecord:
     """The ONNX artifact of a source no other engine reproduces bit for bit, held to the accuracy
     guard on the reference rows (the user's --example-input, or synthetic ones), quantized outputs
@@ -218,7 +226,7 @@ def _judged(
         [inputs for inputs, _ in references],
         [real(outputs) for _, outputs in references],
         **settings_of(accuracy),
-        rows_are="reference rows",
+        rows_are=rows_are,
         output_axes=signature.output_batch_axes,
     )
     verdict = guard.admit(

@@ -38,6 +38,12 @@ def settings_of(accuracy: Mapping[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def reference_rows(origin: str) -> str:
+    """How a verdict names a package's reference rows (``Manifest.samples_origin``): random ones
+    say so, since a verdict on them says little about what real inputs will get."""
+    return "synthetic reference rows (random inputs)" if origin == "synthetic" else "reference rows"
+
+
 @dataclass
 class Guard:
     batches: list[Batch]
@@ -68,7 +74,7 @@ class Guard:
         candidate is opened (``open_runner``) and run only the first time ``key`` is judged."""
         if key not in self._judged:
             run = open_runner()
-            self._judged[key] = compare(
+            record = compare(
                 self.reference,
                 [dict(run(b)) for b in self.batches],
                 self.labels,
@@ -78,6 +84,8 @@ class Guard:
                 self.metrics,
                 self.output_axes,
             )
+            record["rows_are"] = self.rows_are
+            self._judged[key] = record
         return self._judged[key]
 
     def numbers(self, accuracy: AccuracyRecord) -> str:

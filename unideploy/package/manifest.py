@@ -85,6 +85,7 @@ class AccuracyRecord(TypedDict):
     within_budget: bool
     accuracy_fp32: NotRequired[float]
     accuracy: NotRequired[float]
+    rows_are: NotRequired[str]  # what the rows were ("validation rows", "synthetic reference rows ...")
 
 
 class SearchTrial(TypedDict):
@@ -134,6 +135,7 @@ class ValidationRecord(TypedDict):
     float_layers: NotRequired[list[dict[str, Any]]]  # an int8 TFLite's layers left in float, worst first
     search: NotRequired[SearchRecord]  # how many were ranked, and each candidate tried
     dequantized: NotRequired[list[str]]  # the source's dynamic INT8 operators made float to convert it
+    source_model: NotRequired[str]  # an artifact that is the source model itself, and what was added to it
     deferred: NotRequired[str]
 
 
