@@ -13,6 +13,7 @@ EXPORTERS: Registry[Exporter] = Registry(
         "keras": "unideploy.exporters.keras:KerasExporter",
         "onnx": "unideploy.exporters.onnx_file:OnnxFileExporter",
         "savedmodel": "unideploy.exporters.savedmodel:SavedModelExporter",
+        "frozen-graph": "unideploy.exporters.frozen_graph:FrozenGraphExporter",
         "tflite": "unideploy.exporters.tflite_file:TFLiteExporter",
         "mindir": "unideploy.exporters.mindir.exporter:MindIRExporter",
     },

@@ -27,12 +27,12 @@ DEFAULT_SIGNATURE = "serving_default"
 MAX_OPSET = 18  # the highest tf2onnx 1.17 maps
 
 
-def _register_missing_handlers() -> None:
+def register_missing_handlers() -> None:
     """Map TF ops tf2onnx leaves out (once per process)."""
     from tf2onnx import utils
     from tf2onnx.handler import tf_op
 
-    if getattr(_register_missing_handlers, "done", False):
+    if getattr(register_missing_handlers, "done", False):
         return
 
     @tf_op("Erfc")
@@ -47,7 +47,7 @@ def _register_missing_handlers() -> None:
                 "Sub", node.output[0], inputs=[one.output[0], node.output[0]], name=utils.make_name(f"{node.name}_erfc")
             )
 
-    _register_missing_handlers.done = True  # type: ignore[attr-defined]
+    register_missing_handlers.done = True  # type: ignore[attr-defined]
 
 
 def _parse(src: Path) -> Any:
@@ -131,7 +131,7 @@ class SavedModelExporter(Exporter):
             import tf2onnx
             from tf2onnx import tf_loader
 
-            _register_missing_handlers()
+            register_missing_handlers()
             try:
                 # tf2onnx re-traces the signature: its graph's tensor names are its own, and it
                 # says which signature key each one carries.

@@ -127,13 +127,14 @@ def program_findings(program: Any) -> list[str]:
 
 def savedmodel_findings(proto: Any) -> list[str]:
     """Flagged operators in a parsed SavedModel's graphs and functions."""
-    findings = []
-    for meta in proto.meta_graphs:
-        findings += _described({n.op for n in meta.graph_def.node}, TENSORFLOW_OPS, "the graph")
-        for function in meta.graph_def.library.function:
-            findings += _described(
-                {n.op for n in function.node_def}, TENSORFLOW_OPS, f"function {function.signature.name}"
-            )
+    return [finding for meta in proto.meta_graphs for finding in graph_def_findings(meta.graph_def)]
+
+
+def graph_def_findings(graph_def: Any) -> list[str]:
+    """Flagged operators in a TensorFlow GraphDef (a frozen graph, a SavedModel's) and its functions."""
+    findings = _described({n.op for n in graph_def.node}, TENSORFLOW_OPS, "the graph")
+    for function in graph_def.library.function:
+        findings += _described({n.op for n in function.node_def}, TENSORFLOW_OPS, f"function {function.signature.name}")
     return findings
 
 
