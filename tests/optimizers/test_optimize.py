@@ -87,6 +87,46 @@ def test_int8_static_is_qdq_with_sensitive_ops_in_float(torch_models, tmp_path):
         assert record["data"]["synthetic"] and any("synthetic" in n for n in record["notes"])
 
 
+def test_int8_holds_where_tensor_names_meet_the_quantizers_own(tmp_path):
+    """ONNX Runtime's quantizer copies a bias several Convs share under its name plus a suffix ('b'
+    -> 'b0'); tf2onnx's names end in counters too, and where a Conv's output was already called so
+    (Basic Pitch's graph) the quantized model read the bias copy in its place and did not load. The
+    graph's inner tensors are renamed first: the int8 artifact loads, runs and is judged."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), f"w{i}") for i in range(3)]
+    shared_bias = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Conv", ["r", "w1", "b"], ["b0"], pads=[1, 1, 1, 1]),  # the name the bias copy gets
+        helper.make_node("Relu", ["b0"], ["r0"]),
+        helper.make_node("Conv", ["r0", "w2", "b"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "shared_bias",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 8, 8])],
+        [*weights, shared_bias],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    unideploy.export(tmp_path / "m.onnx", tmp_path / "m.udp").close()
+    with unideploy.optimize(
+        tmp_path / "m.udp",
+        quantize="int8",
+        int8_variant="static",
+        keep_slower=True,
+        synthetic=True,
+        metric="cosine",
+        max_accuracy_drop=50.0,  # about the graph loading, not its accuracy on random inputs
+    ) as pkg:
+        assert "QuantizeLinear" in ops(pkg, "onnx-int8")
+        x = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
+        assert unideploy.run(pkg, {"x": x}, artifact="onnx-int8")["y"].shape == (2, 4, 8, 8)
+
+
 def test_int8_dynamic_quantizes_matmuls(torch_models, tmp_path):
     path, shapes = torch_models["attention_traced"]
     unideploy.export(path, tmp_path / "attn.udp", input_shapes=shapes).close()

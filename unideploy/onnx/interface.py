@@ -13,6 +13,7 @@ from pathlib import Path
 import onnx
 
 from unideploy.onnx.files import has_external_data
+from unideploy.onnx.graph import bodies
 from unideploy.signature import Dim, Signature
 
 
@@ -22,13 +23,20 @@ def opset_of(model: onnx.ModelProto, default: int = 0) -> int:
 
 
 def rename_values(model: onnx.ModelProto, mapping: Mapping[str, str]) -> None:
-    """Rename tensors everywhere they appear (graph inputs/outputs, node inputs/outputs)."""
-    graph = model.graph
-    for value in list(graph.input) + list(graph.output) + list(graph.value_info):
+    """Rename tensors everywhere they appear: the graph's inputs, outputs, value infos and weights,
+    and every node's inputs and outputs, in control-flow bodies too (which read outer tensors by
+    name)."""
+    _rename_in(model.graph, mapping)
+
+
+def _rename_in(graph: onnx.GraphProto, mapping: Mapping[str, str]) -> None:
+    for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
         value.name = mapping.get(value.name, value.name)
     for node in graph.node:
         node.input[:] = [mapping.get(n, n) for n in node.input]
         node.output[:] = [mapping.get(n, n) for n in node.output]
+        for body in bodies(node):
+            _rename_in(body, mapping)
 
 
 def set_io_dims(model: onnx.ModelProto, dims: Mapping[str, Sequence[Dim]]) -> None:

@@ -22,6 +22,7 @@ from onnx import helper, numpy_helper
 
 from unideploy.guard.measure import timing_session
 from unideploy.onnx.graph import names_read, upstream
+from unideploy.onnx.interface import rename_values
 from unideploy.optimizers.base import Batch
 
 DAMPINGS = (1e-3, 1e-2, 1e-1, 1.0)  # pulls toward the pruned weights tried, relative to the mean diagonal
@@ -56,6 +57,23 @@ def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
             node.name = f"{node.op_type}_{i}"
         seen.add(node.name)
     return model
+
+
+def plain_tensor_names(model: onnx.ModelProto) -> None:
+    """Name every tensor inside the graph ``t<N>_`` (its inputs and outputs keep their names).
+
+    ONNX Runtime's quantizer names what it writes after the tensors it quantizes, with suffixes
+    and counters appended; tf2onnx's names end in counters of their own, and on Basic Pitch's
+    graph a Conv's output (its bias's name plus "2") met one of the quantizer's names: the
+    quantized model read the 36-value bias where the Conv's output had been, and did not load.
+    Names ending in '_' cannot be made from one another by appending digits."""
+    kept = {v.name for v in (*model.graph.input, *model.graph.output)}
+    inner = dict.fromkeys(
+        name
+        for name in (*(i.name for i in model.graph.initializer), *(o for n in model.graph.node for o in n.output))
+        if name and name not in kept
+    )
+    rename_values(model, {name: f"t{i}_" for i, name in enumerate(inner)})
 
 
 def gemm_to_matmul(model: onnx.ModelProto) -> int:

@@ -47,7 +47,7 @@ from unideploy.guard.search import search, search_record, skipped
 from unideploy.onnx.graph import branch_layers, control_flow_note, operator_list, weight_names
 from unideploy.onnx.interface import opset_of
 from unideploy.optimizers.base import Batch, Evaluation, OptimizeRequest, OptimizerPass, PassContext, PassResult
-from unideploy.optimizers.graph import gemm_to_matmul, name_nodes
+from unideploy.optimizers.graph import gemm_to_matmul, name_nodes, plain_tensor_names
 from unideploy.optimizers.options import Int8Options
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers
 from unideploy.quiet import quiet
@@ -229,8 +229,9 @@ class Int8Quantization(OptimizerPass):
         opset = opset_of(model)
         if opset < PER_CHANNEL_OPSET:
             model = _upgrade_opset(model, opset)
-            prepared = ctx.workdir / f"int8-opset{PER_CHANNEL_OPSET}.onnx"
-            onnx.save(model, str(prepared))
+        plain_tensor_names(model)  # names the quantizer's own cannot collide with
+        prepared = ctx.workdir / "int8-source.onnx"
+        onnx.save(model, str(prepared))
         gemm_to_matmul(model)  # onnxruntime's dynamic quantizer skips Gemm
         name_nodes(model)
         weights = {i.name for i in model.graph.initializer}
