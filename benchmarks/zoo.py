@@ -91,7 +91,9 @@ def _edge(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
             "fail", f"no {', '.join(missing)}: the reason is in the manifest but not on the terminal", cell.seconds
         )
     if missing:
-        return Cell("refused", f"no {', '.join(missing)}: " + "; ".join(o["reason"] for o in told), cell.seconds)
+        return Cell(
+            "refused", f"no {', '.join(missing)}: " + "; ".join(dict.fromkeys(o["reason"] for o in told)), cell.seconds
+        )
     return cell
 
 

