@@ -61,6 +61,12 @@ def test_a_tf1_frozen_graph_exports_by_its_node_names_and_matches_tensorflow(tmp
     np.testing.assert_allclose(got, _run_graph(data, {"input": x}, "probs"), atol=1e-6)
 
 
+def test_a_signature_is_refused_as_a_frozen_graph_has_none(tmp_path):
+    (tmp_path / "classifier.pb").write_bytes(_graph(_tf1_classifier))
+    result = deploy("export", tmp_path / "classifier.pb", "-o", tmp_path / "pkg", "--signature", "serving_default")
+    assert_one_line_error(result, 2, "--signature applies to SavedModel directories and .tflite files")
+
+
 def test_a_graph_that_was_not_frozen_is_refused_with_how_to_freeze_it(tmp_path):
     def unfrozen() -> None:
         x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")

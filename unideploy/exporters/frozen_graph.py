@@ -53,6 +53,11 @@ class FrozenGraphExporter(Exporter):
     def convert(self, src: Path, workdir: Path, options: ExportOptions) -> ConvertedModel:
         import onnx
 
+        if options.signature:
+            raise InputError(
+                "--signature applies to SavedModel directories and .tflite files; a frozen graph has none",
+                "leave --signature out: its inputs and outputs are read from the graph",
+            )
         graph_def = _parse(src)
         trust.check(trust.graph_def_findings(graph_def), src, options.trust_source)
         held = sorted({n.op for n in graph_def.node if n.op in _VARIABLES})
