@@ -70,7 +70,7 @@ def test_a_signature_is_refused_as_a_frozen_graph_has_none(tmp_path):
 def test_a_graph_that_was_not_frozen_is_refused_with_how_to_freeze_it(tmp_path):
     def unfrozen() -> None:
         x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
-        weights = tf.compat.v1.get_variable("w", [3, 2])
+        weights = tf.compat.v1.get_variable("w", [3, 2], initializer=tf.compat.v1.zeros_initializer())
         tf.matmul(x, weights, name="y")
 
     (tmp_path / "unfrozen.pb").write_bytes(_graph(unfrozen))
