@@ -23,7 +23,7 @@ import numpy as np
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters import trust
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
-from unideploy.exporters.savedmodel import MAX_OPSET, register_missing_handlers, save_checked
+from unideploy.exporters.savedmodel import MAX_OPSET, converter_failure, register_missing_handlers, save_checked
 from unideploy.exporters.shapes import resolve_signature
 from unideploy.onnx.interface import rename_values
 from unideploy.quiet import quiet
@@ -90,10 +90,7 @@ class FrozenGraphExporter(Exporter):
                     output_names=[t.name for t in outputs.values()],
                 )
             except Exception as exc:
-                raise ExportError(
-                    f"tf2onnx could not convert '{src.name}': {first_line(exc)}",
-                    "re-run with --debug for the converter's output",
-                ) from exc
+                raise converter_failure(src, exc) from exc
             run_source = _graph_runner(tf, graph_def, inputs, outputs)
         rename_values(model, {t.name: name for name, t in {**inputs, **outputs}.items()})
         onnx_path = save_checked(

@@ -88,6 +88,13 @@ def _spec(key: str, info: Any) -> TensorSpec:
     return TensorSpec(key, np.dtype(dtype).name, tuple(dims))
 
 
+def converter_failure(src: Path, exc: Exception) -> ExportError:
+    """tf2onnx's own error on a TensorFlow-family source (SavedModel, frozen graph, .tflite), in one line."""
+    return ExportError(
+        f"tf2onnx could not convert '{src.name}': {first_line(exc)}", "re-run with --debug for the converter's output"
+    )
+
+
 def save_checked(model: Any, signature: Signature, src: Path, workdir: Path, unmapped: str) -> Path:
     """tf2onnx's model with the signature's dims declared, through the ONNX checker, saved as
     ``workdir/model.onnx``. tf2onnx continues past operators it cannot map and writes them as they
@@ -142,10 +149,7 @@ class SavedModelExporter(Exporter):
                     graph_def, opset=opset, input_names=input_names, output_names=output_names
                 )
             except Exception as exc:
-                raise ExportError(
-                    f"tf2onnx could not convert '{src.name}': {first_line(exc)}",
-                    "re-run with --debug for the converter's output",
-                ) from exc
+                raise converter_failure(src, exc) from exc
             loaded = tf.saved_model.load(str(src))
         if set(tensor_names.values()) != set(signature.input_names + signature.output_names):
             raise ExportError(

@@ -21,7 +21,7 @@ import numpy as np
 
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
-from unideploy.exporters.savedmodel import MAX_OPSET, save_checked
+from unideploy.exporters.savedmodel import MAX_OPSET, converter_failure, save_checked
 from unideploy.onnx.interface import rename_values
 from unideploy.quiet import quiet
 from unideploy.signature import BATCH_DIM, Signature, TensorSpec, unnamed_dim
@@ -61,10 +61,7 @@ class TFLiteExporter(Exporter):
             try:
                 model, _ = tf2onnx.convert.from_tflite(str(src), opset=opset)
             except Exception as exc:
-                raise ExportError(
-                    f"tf2onnx could not convert '{src.name}': {first_line(exc)}",
-                    "re-run with --debug for the converter's output",
-                ) from exc
+                raise converter_failure(src, exc) from exc
         names = {d["name"]: name for name, d in {**inputs, **outputs}.items()}
         rename_values(model, names)
         converted_names = {v.name for v in list(model.graph.input) + list(model.graph.output)}
