@@ -395,6 +395,12 @@ def dim_identifier(text: str) -> str:
     return f"d_{name}" if name[:1].isdigit() else name
 
 
+def undeclared_dim(tensor: str, axis: int) -> str:
+    """A dynamic dim whose size its model leaves open: the batch on axis 0, else unnamed (every
+    exporter reads a model's -1 or None this way)."""
+    return BATCH_DIM if axis == 0 else unnamed_dim(tensor, axis)
+
+
 def unnamed_dim(tensor: str, axis: int) -> str:
     """The name of a dynamic dim its model leaves unnamed (every exporter's; ``--input-shape`` and
     ``exporters/shapes.py`` may give it a better one)."""

@@ -329,9 +329,9 @@ def converted_name(name: str) -> str:
     return name.replace(":", "__")
 
 
-def signed_tflite(source: Path, out: Path, names: Sequence[str]) -> list[str]:
-    """Write ``source`` to ``out`` callable by the package signature's ``names``, and say what that
-    changed. The runtime and the mobile wrappers call a model through its SignatureDef: one is added
+def signed_tflite(source: Path, out: Path, names: Sequence[str]) -> bool:
+    """Write ``source`` to ``out`` callable by the package signature's ``names``, and whether it
+    needed a SignatureDef of its own. The runtime and the mobile wrappers call a model through its SignatureDef: one is added
     over the subgraph's own inputs and outputs (by their tensor names, which the package signature
     then uses) where the model has none, as MediaPipe's models ship; and names with a ':' that
     onnx2tf wrote as '__' (tf2onnx's ``image:0``) get theirs back. Operators and weights stay as
@@ -341,8 +341,8 @@ def signed_tflite(source: Path, out: Path, names: Sequence[str]) -> list[str]:
         from tensorflow.lite.tools import flatbuffer_utils
 
     model = flatbuffer_utils.read_model(str(source))
-    changes = []
-    if not model.signatureDefs:
+    added = not model.signatureDefs
+    if added:
         graph = model.subgraphs[0]
 
         def mapped(index: int) -> Any:
@@ -355,21 +355,17 @@ def signed_tflite(source: Path, out: Path, names: Sequence[str]) -> list[str]:
         signature.inputs = [mapped(int(i)) for i in graph.inputs]
         signature.outputs = [mapped(int(i)) for i in graph.outputs]
         model.signatureDefs = [signature]
-        changes.append("a 'serving_default' SignatureDef added over its tensors")
     written = {converted_name(name): name for name in names if converted_name(name) != name}
-    renamed = []
+    renamed = False
     for entry in (*model.signatureDefs[0].inputs, *model.signatureDefs[0].outputs):
         name = entry.name.decode() if isinstance(entry.name, bytes) else entry.name
         if name in written:
-            entry.name = written[name]
-            renamed.append(written[name])
-    if renamed:
-        changes.append(f"the signature's {', '.join(renamed)} named with their ':' again")
-    if changes:
+            entry.name, renamed = written[name], True
+    if added or renamed:
         flatbuffer_utils.write_model(model, str(out))
     elif source != out:
         shutil.copyfile(source, out)
-    return changes
+    return added
 
 
 def fixed_signature(signature: Signature, sample: dict[str, np.ndarray], batch_too: bool = False) -> Signature | None:

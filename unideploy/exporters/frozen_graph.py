@@ -27,7 +27,7 @@ from unideploy.exporters.savedmodel import MAX_OPSET, converter_failure, registe
 from unideploy.exporters.shapes import resolve_signature
 from unideploy.onnx.interface import rename_values
 from unideploy.quiet import quiet
-from unideploy.signature import BATCH_DIM, Signature, TensorSpec, unnamed_dim
+from unideploy.signature import Signature, TensorSpec, undeclared_dim
 
 _GRAPH_DEF_START = 0x0A  # a GraphDef's first field, its nodes (field 1, length-delimited)
 _SAVED_MODEL_START = 0x08  # a SavedModel's, its schema version (field 1, an integer)
@@ -144,7 +144,7 @@ def _interface(tf: Any, graph_def: Any, src: Path) -> tuple[dict[str, Any], dict
     inputs = {op.name: op.outputs[0] for op in operations if op.type == "Placeholder"}
     outputs = {}
     for op in operations:
-        if op.type in _NOT_RESULTS or op.type in _VARIABLES:
+        if op.type in _NOT_RESULTS:  # variables were refused before the graph was imported
             continue
         results = [t for t in op.outputs if not t.consumers()]
         if len(results) == len(op.outputs) and results:
@@ -165,7 +165,7 @@ def _spec(name: str, tensor: Any) -> TensorSpec:
             "freeze the graph with the input shapes set on its Placeholders",
         )
     dims = tuple(
-        int(size) if size is not None else (BATCH_DIM if axis == 0 else unnamed_dim(name, axis))
+        int(size) if size is not None else undeclared_dim(name, axis)
         for axis, size in enumerate(tensor.shape.as_list())
     )
     return TensorSpec(name, np.dtype(tensor.dtype.as_numpy_dtype).name, dims)

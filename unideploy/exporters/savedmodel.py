@@ -21,7 +21,7 @@ from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.shapes import resolve_signature
 from unideploy.onnx.interface import rename_values, set_io_dims
 from unideploy.quiet import quiet
-from unideploy.signature import BATCH_DIM, Signature, TensorSpec, unnamed_dim
+from unideploy.signature import Signature, TensorSpec, undeclared_dim
 
 DEFAULT_SIGNATURE = "serving_default"
 MAX_OPSET = 18  # the highest tf2onnx 1.17 maps
@@ -84,7 +84,7 @@ def _spec(key: str, info: Any) -> TensorSpec:
         if dim.size >= 0:
             dims.append(int(dim.size))
         else:
-            dims.append(BATCH_DIM if axis == 0 else unnamed_dim(key, axis))
+            dims.append(undeclared_dim(key, axis))
     return TensorSpec(key, np.dtype(dtype).name, tuple(dims))
 
 

@@ -24,7 +24,7 @@ from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.savedmodel import MAX_OPSET, converter_failure, save_checked
 from unideploy.onnx.interface import rename_values
 from unideploy.quiet import quiet
-from unideploy.signature import BATCH_DIM, Signature, TensorSpec, unnamed_dim
+from unideploy.signature import Signature, TensorSpec, undeclared_dim
 
 _IDENTIFIER = b"TFL3"  # the FlatBuffer file identifier TFLite writes at bytes 4-8
 
@@ -197,10 +197,7 @@ def _io_details(interpreter: Any, src: Path, wanted: str | None) -> tuple[Detail
 
 def _spec(name: str, details: dict[str, Any]) -> TensorSpec:
     shape = details.get("shape_signature", details["shape"])
-    dims = tuple(
-        int(size) if size >= 0 else (BATCH_DIM if axis == 0 else unnamed_dim(name, axis))
-        for axis, size in enumerate(shape)
-    )
+    dims = tuple(int(size) if size >= 0 else undeclared_dim(name, axis) for axis, size in enumerate(shape))
     return TensorSpec(name, np.dtype(details["dtype"]).name, dims)
 
 

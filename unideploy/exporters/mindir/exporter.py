@@ -21,15 +21,14 @@ from unideploy.exporters.mindir.ops import OPSET
 from unideploy.exporters.mindir.reader import UNKNOWN_RANK, MindIRGraph, TensorInfo, read_mindir
 from unideploy.exporters.mindir.translate import translate
 from unideploy.runtimes.mindspore_runtime import MindSporeRuntime
-from unideploy.signature import BATCH_DIM, Dim, Signature, TensorSpec, default_output_names, unnamed_dim
+from unideploy.signature import Dim, Signature, TensorSpec, default_output_names, undeclared_dim
 
 
 def _spec(name: str, info: TensorInfo, named: dict[int, str]) -> TensorSpec:
     if info.dtype not in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"):
         raise ExportError(f"MindIR tensor '{name}' has an unsupported dtype ({info.dtype})")
     dims: list[Dim] = [
-        size if size >= 0 else named.get(axis) or (BATCH_DIM if axis == 0 else unnamed_dim(name, axis))
-        for axis, size in enumerate(info.shape)
+        size if size >= 0 else named.get(axis) or undeclared_dim(name, axis) for axis, size in enumerate(info.shape)
     ]
     return TensorSpec(name, info.dtype, tuple(dims))
 
@@ -48,9 +47,7 @@ def _declared_ranks(signature: Signature, graph: MindIRGraph, model: Any) -> Sig
     outputs = tuple(
         replace(
             spec,
-            shape=tuple(
-                BATCH_DIM if axis == 0 else unnamed_dim(spec.name, axis) for axis in range(declared[spec.name])
-            ),
+            shape=tuple(undeclared_dim(spec.name, axis) for axis in range(declared[spec.name])),
         )
         if info.shape == UNKNOWN_RANK
         else spec
