@@ -85,6 +85,17 @@ def test_a_saved_models_graph_file_alone_is_refused_with_its_folder(saved_models
     assert f"export the folder it is in ({saved_models / 'cnn'})" in result.stderr
 
 
+def test_a_graph_without_a_placeholder_is_refused_with_what_the_exporter_reads(tmp_path):
+    def constant_only() -> None:
+        tf.add(tf.constant([1.0]), tf.constant([2.0]), name="y")
+
+    (tmp_path / "constants.pb").write_bytes(_graph(constant_only))
+    result = deploy("export", tmp_path / "constants.pb", "-o", tmp_path / "pkg")
+    assert_one_line_error(result, 2, "'constants.pb' has no Placeholder to feed")
+    assert "export a graph frozen with its inputs as Placeholders" in result.stderr
+    assert not (tmp_path / "pkg").exists()
+
+
 def test_a_damaged_graph_and_one_that_reads_files_are_refused_unrun(tmp_path):
     data = _graph(_tf1_classifier)
     (tmp_path / "cut.pb").write_bytes(data[: len(data) // 2])
