@@ -35,7 +35,7 @@ from serving import start_server, stop_server
 
 STAGES = ("export", "verify", "int8", "fp16", "prune", "edge", "bundle-android", "bundle-ios", "gpu", "ascend", "serve")
 MS_VENV = ".venv-ms"  # --target ascend needs MindSpore, whose protobuf >= 7 keeps it out of the main venv
-EDGE_ARTIFACTS = ("ort-fp32", "tflite-fp32", "tflite-fp16", "tflite-int8")
+EDGE_ARTIFACTS = ("tflite-fp32", "tflite-fp16", "tflite-int8")  # and the .ort of the ONNX artifact
 STAGE_TIMEOUT_S = 1800  # MiniLM's edge stage takes about 15 minutes on 2 quiet cores
 console = Console(stderr=True)
 
@@ -82,7 +82,9 @@ def _edge(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
     if cell.status != "pass":
         return cell
     manifest = _manifest(work / "edge")
-    missing = [a for a in EDGE_ARTIFACTS if a not in {x["id"] for x in manifest["artifacts"]}]
+    base = next((a for a in manifest["artifacts"] if a["format"] == "onnx" and not a.get("derived_from")), None)
+    expected = (f"ort-{base['precision'] if base else 'fp32'}", *EDGE_ARTIFACTS)  # ort-int8 of a quantized source
+    missing = [a for a in expected if a not in {x["id"] for x in manifest["artifacts"]}]
     told = manifest.get("omitted", [])
     if missing and not told:
         return Cell("fail", f"silent drop: no {', '.join(missing)} and no reason", cell.seconds)

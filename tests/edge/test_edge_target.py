@@ -535,7 +535,7 @@ def test_a_model_onnx_runtime_quantized_is_converted_as_float_and_judged_against
     )
     assert result.returncode == 0, result.stderr
     with unideploy.open_package(tmp_path / "edge") as package:
-        assert [a.id for a in package.manifest.artifacts] == ["onnx-fp32", "ort-fp32"]
+        assert [a.id for a in package.manifest.artifacts] == ["onnx-int8", "ort-int8"]
         (omitted,) = package.manifest.omitted
     assert omitted["artifact"] == "tflite-*"
     assert re.match(

@@ -76,7 +76,7 @@ def test_an_int8_package_is_not_optimized_or_built_for_tensorrt_and_says_why(tfl
     result = deploy("optimize", tmp_path / "pkg", "--quantize", "fp16", "--synthetic-calibration", "-o", tmp_path / "o")
     assert_one_line_error(result, 2, "'onnx-int8' computes in int8 already")
     result = deploy("export", tflite_files["uint8"], "-o", tmp_path / "gpu", "--target", "gpu")
-    assert_one_line_error(result, 2, "TensorRT fp16 is built from a float model")
+    assert_one_line_error(result, 2, "TensorRT fp16 is built from an fp32 model")
 
 
 def test_a_tflite_file_is_recognized_by_its_content(tflite_files, tmp_path):

@@ -62,7 +62,8 @@ def test_efficientnet_lite0_keeps_its_predictions_with_30_percent_pruned_before_
 
 def test_a_model_quantized_already_is_refused_with_what_to_prune_instead(tmp_path):
     """ONNX Runtime's dynamic quantization leaves DynamicQuantizeLinear + MatMulInteger and no float
-    weight (ddddocr's recognizer ships that way)."""
+    weight (ddddocr's recognizer ships that way). Its package's artifact is onnx-int8, which the
+    optimizers refuse as a base; named with --artifact, pruning says why it cannot."""
     from console import assert_one_line_error, deploy
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -79,5 +80,17 @@ def test_a_model_quantized_already_is_refused_with_what_to_prune_instead(tmp_pat
     unideploy.export(tmp_path / "int8.onnx", tmp_path / "pkg").close()
     np.savez(tmp_path / "data.npz", x=np.random.default_rng(1).standard_normal((32, 16)).astype(np.float32))
     result = deploy("optimize", tmp_path / "pkg", "--prune", "0.3", "--calibration", tmp_path / "data.npz")
+    assert_one_line_error(result, 2, "'onnx-int8' computes in int8 already, as its source model does")
+    assert "export the fp32 model it was made from" in result.stderr
+    result = deploy(
+        "optimize",
+        tmp_path / "pkg",
+        "--artifact",
+        "onnx-int8",
+        "--prune",
+        "0.3",
+        "--calibration",
+        tmp_path / "data.npz",
+    )
     assert_one_line_error(result, 2, r"already quantized \(DynamicQuantizeLinear, MatMulInteger\)")
     assert "prune the float model, then quantize it" in result.stdout + result.stderr

@@ -24,7 +24,7 @@ from unideploy.guard.guard import Guard, reference_rows, settings_of
 from unideploy.onnx.dequantize import float_onnx
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
-from unideploy.package.manifest import Manifest, Tolerance, ValidationRecord
+from unideploy.package.manifest import HALF_PRECISIONS, Manifest, Tolerance, ValidationRecord
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.runtimes.mindspore_lite import CONVERTER, DEVICES, LiteRecipe
@@ -71,6 +71,12 @@ def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact
     base = manifest.base_onnx()
     if base is None:
         raise ExportError("the package has no fp32 ONNX artifact to rebuild in MindSpore", "export the model again")
+    if base.precision in HALF_PRECISIONS:
+        raise ExportError(
+            f"the MindSpore rebuild starts from an fp32 graph, and the package's ONNX artifact '{base.id}' computes "
+            f"in {base.precision}, as its source model does",
+            "export the fp32 model it was made from",
+        )
     source, undone = float_onnx(package.path_of(base), work, say)
     model = onnx.load(str(source))
     require_supported(model)  # every unknown operator named, before any work

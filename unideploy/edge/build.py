@@ -306,11 +306,13 @@ def _tflite_artifacts(
         and (kept_keras := _keras_saved_model(source_dir, work, say))
     ):
         saved_model, route = kept_keras, "Keras' SavedModel + TensorFlow's converter"
-    elif base is not None and base.precision != "fp32":
+    elif base is not None and base.precision != "fp32" and not (framework == "onnx" and base.precision == "int8"):
+        # (an int8 ONNX file goes on: ONNX Runtime's dynamic INT8 is made float for onnx2tf below)
         raise ExportError(
-            f"TFLite artifacts are converted from a float model, and the package's ONNX artifact '{base.id}' is "
-            f"{base.precision} (its source model was quantized)",
-            f"the package keeps the source model ({kept}); to convert, export the float model it was quantized from",
+            f"TFLite artifacts are converted from an fp32 model, and the package's ONNX artifact '{base.id}' "
+            f"computes in {base.precision}, as its source model does",
+            "export the fp32 model it was made from"
+            + (f" (the package keeps the source model, {kept})" if kept else ""),
         )
     elif base is not None:
         onnx_path, undone = float_onnx(package.path_of(base), work, say)

@@ -22,12 +22,20 @@ from unideploy.exporters.source_process import run_source
 from unideploy.guard.guard import Guard, reference_rows, settings_of
 from unideploy.package import Artifact, Manifest, PackageWriter, PlannedArtifact
 from unideploy.package.files import digest_path, scratch_dir
-from unideploy.package.manifest import OmittedRecord, SourceRecord, ValidationRecord
+from unideploy.package.manifest import HALF_PRECISIONS, OmittedRecord, SourceRecord, ValidationRecord
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.samples import batch_size_of
 from unideploy.signature import Signature
 from unideploy.targets import require_target
-from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, measured_tolerance_record, require_passed, validate
+from unideploy.validation import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    TEN_BIT_RELATIVE,
+    largest_reference,
+    measured_tolerance_record,
+    require_passed,
+    validate,
+)
 
 Progress = Callable[[str], None]
 
@@ -123,8 +131,15 @@ def export(
             say("validating the ONNX artifact on ONNX Runtime")
             with RUNTIMES.get("onnxruntime")(converted.onnx_path, signature, RuntimeOptions(device="cpu")) as runtime:
                 if converted.inexact is None:
-                    record = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
+                    record = validate(
+                        runtime.run, references, *_held_to(converted, references, atol, rtol), exporter_cls.framework
+                    )
                     require_passed(record, f"the ONNX export of '{src.name}'")
+                    if converted.precision in HALF_PRECISIONS:
+                        record["tolerance_basis"] = (
+                            f"the source computes in {converted.precision}: on another device its kernels round "
+                            f"their own way, so it is held to {TEN_BIT_RELATIVE:.0%} of the largest reference output"
+                        )
                 else:
                     say(f"judging the ONNX artifact against {exporter_cls.framework}: {converted.inexact}")
                     record = _judged(
@@ -240,6 +255,15 @@ def _judged(
     record = measured_tolerance_record(run, references, framework)
     record["accuracy"] = verdict
     return record
+
+
+def _held_to(converted: ConvertedModel, references: list, atol: float, rtol: float) -> tuple[float, float]:
+    """The tolerance the ONNX artifact is checked and recorded under: the one asked for, or for a
+    model that computes in fp16 or bf16 (brought so as an ONNX file) at least what its precision
+    keeps, because every later check (``deploy verify --device gpu``) runs it on other kernels."""
+    if converted.precision not in HALF_PRECISIONS:
+        return atol, rtol
+    return max(atol, TEN_BIT_RELATIVE * largest_reference(references)), max(rtol, TEN_BIT_RELATIVE)
 
 
 def _native_artifact(exporter_cls: type[Exporter], src: Path, sha256: str, size: int) -> Artifact:

@@ -4,6 +4,7 @@ The "source framework" of an ONNX file is ONNX Runtime on the file as given, so 
 (optimized, converted for edge) are validated against what the user brought. Models that keep
 their weights in external data files (how large models ship) are accepted when every file lies
 inside the model's folder; the package keeps them as one ``model.onnx.data`` beside the graph.
+A file already quantized or in 16-bit floats keeps that precision (``onnx/precision.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from unideploy.exporters.shapes import readable_dims, resolve_signature
 from unideploy.onnx.files import EXTERNAL_DATA_NAME, MAX_INLINE_BYTES, save_model
 from unideploy.onnx.graph import constants_to_initializers
 from unideploy.onnx.interface import declare_signature, opset_of, set_io_dims
+from unideploy.onnx.precision import graph_precision
 from unideploy.runtimes.base import RuntimeOptions
 from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime
 from unideploy.signature import STRING, Signature, signature_from_onnx
@@ -97,6 +99,7 @@ class OnnxFileExporter(Exporter):
             opset=opset,
             size_hints=sizes,
             companions={f"artifacts/{EXTERNAL_DATA_NAME}": workdir / EXTERNAL_DATA_NAME} if external else {},
+            precision=graph_precision(model),
         )
 
 

@@ -96,9 +96,9 @@ def plan_build(
         )
     if base.precision != "fp32":
         raise InputError(
-            f"TensorRT {precision} is built from a float model, and the package's ONNX artifact '{base.id}' is "
-            f"{base.precision} (its source model was quantized)",
+            f"TensorRT {precision} is built from an fp32 model, and the package's ONNX artifact '{base.id}' "
+            f"computes in {base.precision}, as its source model does",
             "export with --target cpu: ONNX Runtime runs that artifact on the GPU's CUDA provider as well; or "
-            "export the float model it was quantized from with --target gpu",
+            "export the fp32 model it was made from with --target gpu",
         )
     return BuildPlan(base, precision, precision == "fp16", False, False, f"from '{base.id}'")

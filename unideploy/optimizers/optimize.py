@@ -85,9 +85,8 @@ def _base_artifact(package: Package, artifact_id: str | None) -> Artifact:
     base = package.manifest.base_onnx()
     if base is not None and base.precision != "fp32":
         raise InputError(
-            f"the package's ONNX artifact '{base.id}' computes in {base.precision} already: its source model was "
-            "quantized",
-            "export the float model it was quantized from, and optimize that",
+            f"the package's ONNX artifact '{base.id}' computes in {base.precision} already, as its source model does",
+            "export the fp32 model it was made from, and optimize that",
         )
     if base is not None:
         return base

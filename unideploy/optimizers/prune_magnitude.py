@@ -27,6 +27,7 @@ import onnx
 from unideploy.errors import InputError
 from unideploy.guard.search import search_record
 from unideploy.onnx.graph import branch_layers, control_flow_note, counted
+from unideploy.onnx.precision import quantized_ops
 from unideploy.optimizers.base import OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import (
     REFIT_ROWS,
@@ -38,7 +39,6 @@ from unideploy.optimizers.graph import (
     refit_all,
 )
 from unideploy.optimizers.options import MagnitudeOptions
-from unideploy.optimizers.quantize_int8 import QUANTIZED_OPS
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers, search_refitted
 from unideploy.quiet import quiet
 
@@ -73,7 +73,7 @@ class MagnitudePruning(OptimizerPass):
         model, original = load_for_pruning(model_path)
         layers = linear_layers(model)
         if not layers:
-            quantized = sorted({n.op_type for n in original.graph.node if n.op_type in QUANTIZED_OPS})
+            quantized = quantized_ops(original.graph)
             if quantized:
                 raise InputError(
                     f"the model is already quantized ({', '.join(quantized)}): its weights are integers, and "

@@ -28,10 +28,10 @@ from onnx import numpy_helper
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.guard.search import search, search_record, skipped
 from unideploy.onnx.graph import bodies, consumers, operator_list
+from unideploy.onnx.precision import QUANTIZED_OPS
 from unideploy.optimizers.base import Batch, OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import intermediate_tensors, name_nodes
 from unideploy.optimizers.options import Fp16Options
-from unideploy.optimizers.quantize_int8 import QUANTIZED_OPS
 from unideploy.optimizers.sensitivity import comparison_rows, rank_layers
 from unideploy.optimizers.transformer_fusion import fuse
 from unideploy.quiet import quiet

@@ -46,6 +46,7 @@ from unideploy.guard.measure import cpu_has_vnni, slower_everywhere, slower_int8
 from unideploy.guard.search import search, search_record, skipped
 from unideploy.onnx.graph import branch_layers, control_flow_note, operator_list, weight_names
 from unideploy.onnx.interface import opset_of
+from unideploy.onnx.precision import INT8_OPS
 from unideploy.optimizers.base import Batch, Evaluation, OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import gemm_to_matmul, name_nodes, plain_tensor_names
 from unideploy.optimizers.options import Int8Options
@@ -80,16 +81,6 @@ STATIC_OPS = [
 MIXED_RANGE_RATIO = 16.0
 # A searched INT8 model no faster than fp32 must at least be this much smaller to be worth adding.
 WORTHWHILE_SIZE = 0.75
-# Operators whose presence shows that quantization happened.
-INT8_OPS = {
-    "QuantizeLinear",
-    "DynamicQuantizeLinear",
-    "MatMulInteger",
-    "DynamicQuantizeMatMul",
-    "QLinearConv",
-    "QLinearMatMul",
-    "ConvInteger",
-}
 # Operators whose weights INT8 stores as integers (static and dynamic alike): without one of them
 # fed by a weight there is nothing to quantize.
 WEIGHTED_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Gather", "LSTM", "GRU", "Attention"}
@@ -114,20 +105,6 @@ def refuse_without_weights(model: onnx.ModelProto) -> None:
             else "serve it as it is (its fp32 artifact is what runs), or optimize a model with such layers"
         ),
     )
-
-
-# Operators that take or make quantized tensors: a model holding them was quantized already (ORT's
-# dynamic quantization leaves ConvInteger, MatMulInteger and DynamicQuantizeLSTM).
-QUANTIZED_OPS = INT8_OPS | {
-    "DynamicQuantizeLSTM",
-    "QLinearAdd",
-    "QLinearMul",
-    "QLinearSigmoid",
-    "QLinearGlobalAveragePool",
-    "QLinearConcat",
-    "QAttention",
-    "DequantizeLinear",
-}
 
 
 class _Reader:

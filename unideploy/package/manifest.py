@@ -26,6 +26,7 @@ SIGNATURE_NAME = "signature.sig"  # written by `deploy sign` (package/signing.py
 ArtifactFormat = Literal["onnx", "ort", "tflite", "tensorrt", "mindir", "mindspore-lite", "savedmodel", "torchscript"]
 Precision = Literal["fp32", "fp16", "bf16", "int8", "mixed"]
 TargetName = Literal["cpu", "gpu", "edge", "ascend"]
+HALF_PRECISIONS: tuple[Precision, ...] = ("fp16", "bf16")  # floats of 16 bits: a model may compute in them
 
 
 def is_precision(value: str) -> TypeGuard[Precision]:
@@ -316,7 +317,8 @@ class Manifest:
 
     def base_onnx(self) -> Artifact | None:
         """The ONNX the exporter wrote, which every later stage (optimizers, edge, GPU, Ascend)
-        starts from: fp32, or int8 where the source computes in int8 (a quantized .tflite)."""
+        starts from: fp32, or what the source computes in (int8 for a quantized .tflite or .onnx,
+        fp16 or bf16 for a 16-bit .onnx), which the stages that need an fp32 model refuse."""
         return next((a for a in self.artifacts if a.format == "onnx" and a.derived_from is None), None)
 
     def artifact(self, artifact_id: str) -> Artifact:

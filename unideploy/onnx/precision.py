@@ -1,0 +1,85 @@
+"""What an ONNX graph computes in, read from its operators and weights.
+
+A model brought as an ``.onnx`` file may already be reduced: Optimum's ``model_quantized.onnx``
+and ddddocr's recognizer hold ONNX Runtime's dynamic INT8 (``ConvInteger``, ``MatMulInteger``),
+a QDQ export holds ``QuantizeLinear``/``DequantizeLinear``, a ``model_fp16.onnx`` keeps its
+weights in float16. Its artifact is named and judged by what it computes in (``onnx-int8``,
+``onnx-fp16``), not by the format it came in, so that no later stage quantizes it again or labels
+a run fp32 that was not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import onnx
+
+from unideploy.onnx.graph import bodies
+
+if TYPE_CHECKING:
+    from unideploy.package.manifest import Precision
+
+# Operators whose presence shows that quantization happened.
+INT8_OPS = {
+    "QuantizeLinear",
+    "DynamicQuantizeLinear",
+    "MatMulInteger",
+    "DynamicQuantizeMatMul",
+    "QLinearConv",
+    "QLinearMatMul",
+    "ConvInteger",
+}
+# Operators that take or make quantized tensors: a model holding them was quantized already (ORT's
+# dynamic quantization leaves ConvInteger, MatMulInteger and DynamicQuantizeLSTM).
+QUANTIZED_OPS = INT8_OPS | {
+    "DynamicQuantizeLSTM",
+    "QLinearAdd",
+    "QLinearMul",
+    "QLinearSigmoid",
+    "QLinearGlobalAveragePool",
+    "QLinearConcat",
+    "QAttention",
+    "DequantizeLinear",
+}
+_FLOATS: dict[int, Precision] = {
+    onnx.TensorProto.FLOAT: "fp32",
+    onnx.TensorProto.FLOAT16: "fp16",
+    onnx.TensorProto.BFLOAT16: "bf16",
+}
+
+
+def quantized_ops(graph: onnx.GraphProto) -> list[str]:
+    """The operators on quantized tensors that ``graph`` holds, in its control flow too."""
+    found = {n.op_type for n in graph.node if n.op_type in QUANTIZED_OPS}
+    for node in graph.node:
+        for body in bodies(node):
+            found.update(quantized_ops(body))
+    return sorted(found)
+
+
+def _float_weights(graph: onnx.GraphProto, counts: dict[Precision, int]) -> dict[Precision, int]:
+    """Weight elements per float type, in ``graph`` and its bodies (sizes from the dims: the
+    weights may lie in external data that is not loaded)."""
+    tensors = list(graph.initializer) + [
+        a.t for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t")
+    ]
+    for tensor in tensors:
+        if tensor.data_type in _FLOATS:
+            size = 1
+            for dim in tensor.dims:
+                size *= dim
+            counts[_FLOATS[tensor.data_type]] = counts.get(_FLOATS[tensor.data_type], 0) + size
+    for node in graph.node:
+        for body in bodies(node):
+            _float_weights(body, counts)
+    return counts
+
+
+def graph_precision(model: onnx.ModelProto) -> Precision:
+    """int8 where the graph holds quantized operators; otherwise the float type most of its weight
+    elements have (fp16 or bf16 for a converted model, whose few fp32 weights are kept on purpose);
+    fp32 for a graph without float weights."""
+    if quantized_ops(model.graph):
+        return "int8"
+    counts = _float_weights(model.graph, {})
+    return max(counts, key=lambda p: counts[p]) if counts else "fp32"
