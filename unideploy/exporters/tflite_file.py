@@ -9,7 +9,9 @@ against.
 Names: a model converted with a SignatureDef (TensorFlow 2's converter writes ``serving_default``)
 is called by its signature's names, as LiteRT's signature runner calls it; an older model without
 one (MediaPipe's) by its tensors' names. The layout stays the model's own (channels last), and
-sizes the flatbuffer fixes (a batch of 1 in most mobile models) stay fixed.
+sizes the flatbuffer fixes (a batch of 1 in most mobile models) stay fixed. Weights stored sparse
+(``EXPERIMENTAL_SPARSITY``, MediaPipe's full-range detector) reach tf2onnx made dense by LiteRT's
+own DENSIFY (``tflite_dense.py``); LiteRT runs the sparse model as the reference.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.savedmodel import MAX_OPSET, converter_failure, save_checked
+from unideploy.exporters.tflite_dense import densified, sparse_tensors
 from unideploy.onnx.interface import rename_values
 from unideploy.quiet import quiet
 from unideploy.signature import Signature, TensorSpec, undeclared_dim
@@ -47,7 +50,13 @@ class TFLiteExporter(Exporter):
         interpreter = _interpreter(src)
         inputs, outputs = _io_details(interpreter, src, options.signature)
         tensors = interpreter.get_tensor_details()
-        _refuse_sparse_weights(tensors, src)
+        readable, expanded = src, 0  # what tf2onnx reads: the source, or its sparse weights made dense
+        sparse = [t["name"] for t in tensors if t.get("sparsity_parameters")]
+        if sparse:
+            expanded = densified(src, workdir / "dense.tflite")
+            if expanded:
+                readable, sparse = workdir / "dense.tflite", sparse_tensors(workdir / "dense.tflite")
+            _refuse_sparse_weights(sparse, src)
         _refuse_unquantized_examples(inputs, options.example_inputs, src)
         quantized = _quantized_tensors(tensors)
         signature = Signature(
@@ -59,7 +68,7 @@ class TFLiteExporter(Exporter):
             import tf2onnx
 
             try:
-                model, _ = tf2onnx.convert.from_tflite(str(src), opset=opset)
+                model, _ = tf2onnx.convert.from_tflite(str(readable), opset=opset)
             except Exception as exc:
                 raise converter_failure(src, exc) from exc
         names = {d["name"]: name for name, d in {**inputs, **outputs}.items()}
@@ -85,7 +94,8 @@ class TFLiteExporter(Exporter):
             onnx_path=onnx_path,
             signature=signature,
             run_source=run_source,
-            conversion_path=f"tf2onnx {tf2onnx.__version__} TFLite reader",
+            conversion_path=f"tf2onnx {tf2onnx.__version__} TFLite reader"
+            + (f" ({expanded} sparse weight tensor(s) made dense by LiteRT's DENSIFY)" if expanded else ""),
             library_versions={
                 "tf2onnx": tf2onnx.__version__,
                 "tensorflow": tf.__version__,
@@ -122,15 +132,14 @@ def _interpreter(src: Path) -> Any:
     return interpreter
 
 
-def _refuse_sparse_weights(tensors: list[dict[str, Any]], src: Path) -> None:
-    """Sparse weights (the converter's ``EXPERIMENTAL_SPARSITY``, expanded at load time by a DENSIFY
-    operator) are stored in a layout tf2onnx cannot read: it stops with a reshape error that names
-    neither the cause nor the model's tensors."""
-    sparse = [t["name"] for t in tensors if t.get("sparsity_parameters")]
+def _refuse_sparse_weights(sparse: list[str], src: Path) -> None:
+    """Sparse weights that no DENSIFY operator of the main subgraph expands (read in place by their
+    operators, or in another subgraph) stay in a layout tf2onnx cannot read: it stops with a
+    reshape error that names neither the cause nor the model's tensors."""
     if sparse:
         raise ExportError(
-            f"'{src.name}' holds {len(sparse)} sparse weight tensor(s) ({sparse[0]}, ...), which tf2onnx "
-            "cannot convert",
+            f"'{src.name}' holds {len(sparse)} sparse weight tensor(s) ({sparse[0]}, ...) that no DENSIFY "
+            "operator expands, which tf2onnx cannot convert",
             "convert the model again without weight sparsity (leave out tf.lite.Optimize.EXPERIMENTAL_SPARSITY), "
             "or export its dense version",
         )
