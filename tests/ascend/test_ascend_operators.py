@@ -70,6 +70,9 @@ CASES: dict[str, tuple] = {
         [node("GlobalAveragePool", ["x"], ["a"]), node("GlobalMaxPool", ["x"], ["m"]), node("Add", ["a", "m"])],
         [],
     ),
+    "depth-to-space-dcr": ([node("DepthToSpace", ["x"], blocksize=2)], [], [("x", F, [8, 3, 5])]),
+    "depth-to-space-crd": ([node("DepthToSpace", ["x"], blocksize=2, mode="CRD")], [], [("x", F, [8, 3, 5])]),
+    "space-to-depth": ([node("SpaceToDepth", ["x"], blocksize=2)], [], [("x", F, [3, 4, 6])]),
     "batchnorm": (
         [node("BatchNormalization", ["x", "s", "b", "m", "v"], epsilon=1e-3)],
         [weights("s", 3), weights("b", 3), weights("m", 3), const("v", [0.5, 1.0, 2.0])],

@@ -626,6 +626,37 @@ def transpose(ctx: Ctx) -> str:
     return f"ops.transpose({ctx.t(0)}, {_tuple(perm)})"
 
 
+def _fixed_image(ctx: Ctx, what: str) -> tuple[int, int, int]:
+    """Channels, height and width of a 4-D input, which must be known (the batch may vary)."""
+    shape = ctx.shape(0)
+    if shape is None or len(shape) != 4 or any(d is None for d in shape[1:]):
+        ctx.fail(f"{what} needs a 4-D input whose channels and spatial sizes are fixed (give --input-shape)")
+    assert shape is not None
+    return int(shape[1] or 0), int(shape[2] or 0), int(shape[3] or 0)
+
+
+@op("DepthToSpace", mindspore="ops.reshape + ops.transpose", notes="DCR and CRD modes; fixed C, H, W")
+def depth_to_space(ctx: Ctx) -> str:
+    channels, height, width = _fixed_image(ctx, "DepthToSpace")
+    b = int(ctx.attr("blocksize"))
+    c = channels // (b * b)
+    if ctx.attr("mode", "DCR") == "CRD":  # channel, then row and column within the block
+        split, perm = (-1, c, b, b, height, width), (0, 1, 4, 2, 5, 3)
+    else:  # DCR: the block's row and column, then the channel (TensorFlow's order)
+        split, perm = (-1, b, b, c, height, width), (0, 3, 4, 1, 5, 2)
+    moved = f"ops.transpose(ops.reshape({ctx.t(0)}, {_tuple(split)}), {_tuple(perm)})"
+    return f"ops.reshape({moved}, {_tuple([-1, c, height * b, width * b])})"
+
+
+@op("SpaceToDepth", mindspore="ops.reshape + ops.transpose", notes="fixed C, H, W")
+def space_to_depth(ctx: Ctx) -> str:
+    channels, height, width = _fixed_image(ctx, "SpaceToDepth")
+    b = int(ctx.attr("blocksize"))
+    split = (-1, channels, height // b, b, width // b, b)
+    moved = f"ops.transpose(ops.reshape({ctx.t(0)}, {_tuple(split)}), (0, 3, 5, 1, 2, 4))"
+    return f"ops.reshape({moved}, {_tuple([-1, channels * b * b, height // b, width // b])})"
+
+
 @op("Concat", mindspore="ops.cat")
 def concat(ctx: Ctx) -> str:
     parts = ", ".join(ctx.t(i) for i in range(len(ctx.inputs)) if ctx.has(i))
