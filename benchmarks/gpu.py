@@ -52,7 +52,7 @@ from unideploy.package import Package
 from unideploy.runtimes import Runtime, RuntimeOptions, cuda_api
 from unideploy.runtimes.batch_buckets import default_buckets
 from unideploy.runtimes.ort_bound import BoundRun, batch_dimension_names, fix_batch
-from unideploy.runtimes.ort_providers import CUDA, cuda_options
+from unideploy.runtimes.ort_providers import ASSIGNMENT_INFO, CUDA, cuda_options, node_placement
 from unideploy.runtimes.pinned import BatchBuffers, PinnedBuffers
 from unideploy.runtimes.selection import open_artifact
 from unideploy.samples import resize_batch
@@ -314,25 +314,19 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
 
 
 def cpu_nodes(model: Path, inputs: dict[str, np.ndarray], fixed: bool = False) -> str:
-    """The nodes a CUDA session of ``model`` runs on the CPU provider, by operator, read from ONNX
-    Runtime's own profile of one call (each node event names its provider); ``fixed``: the session
+    """The nodes a CUDA session of ``model`` runs on the CPU provider, by operator, as ONNX
+    Runtime assigned them (``node_placement``, what the runtime reports); ``fixed``: the session
     told its batch size, as a batch bucket's is (runtimes/ort_bound.py)."""
     import onnxruntime as ort
 
     options = _fixed_batch(model, inputs) if fixed else ort.SessionOptions()
-    options.enable_profiling = True
-    with tempfile.TemporaryDirectory() as folder:
-        options.profile_file_prefix = str(Path(folder) / "placement")
-        session = ort.InferenceSession(
-            str(model), options, providers=[(CUDA, cuda_options("fp16", False)), "CPUExecutionProvider"]
-        )
-        session.run(None, inputs)
-        events = json.loads(Path(session.end_profiling()).read_text())
-    on_cpu: dict[str, set[str]] = {}
-    for event in events:
-        args = event.get("args", {})
-        if event.get("cat") == "Node" and args.get("provider") == "CPUExecutionProvider":
-            on_cpu.setdefault(args.get("op_name", "?"), set()).add(event["name"].removesuffix("_kernel_time"))
+    options.add_session_config_entry(ASSIGNMENT_INFO, "1")
+    session = ort.InferenceSession(
+        str(model), options, providers=[(CUDA, cuda_options("fp16", False)), "CPUExecutionProvider"]
+    )
+    on_cpu: dict[str, list[str]] = {}
+    for op, name in node_placement(session).get("CPUExecutionProvider", []):
+        on_cpu.setdefault(op, []).append(name)
     return "; ".join(f"{len(names)} {op} ({', '.join(sorted(names)[:3])})" for op, names in sorted(on_cpu.items()))
 
 

@@ -16,7 +16,15 @@ from console import deploy
 from unideploy.errors import MissingDependencyError
 from unideploy.package import Package
 from unideploy.runtimes import RuntimeOptions
-from unideploy.runtimes.ort_providers import CUDA, TENSORRT, tensorrt_library_problem
+from unideploy.runtimes.ort_providers import (
+    CPU,
+    CUDA,
+    TENSORRT,
+    node_placement,
+    nodes_left_to_cpu,
+    open_session,
+    tensorrt_library_problem,
+)
 from unideploy.runtimes.selection import open_runtime, what_ran
 
 LISTED = [TENSORRT, CUDA, "CPUExecutionProvider"]
@@ -64,3 +72,37 @@ def test_tf32_is_named_only_where_it_ran(cnn_package, tmp_path):
 
 def test_the_missing_tensorrt_library_is_named():
     assert "libnvinfer.so.10" in (tensorrt_library_problem() or "libnvinfer.so.10 loads")
+
+
+def test_a_provider_the_session_got_but_gave_no_node_is_not_where_it_runs(cnn_package):
+    """The CPU build's Azure provider loads and takes nothing of a CNN: ``get_providers`` lists it,
+    the session's node placement (what the runtime reports) does not."""
+    azure = "AzureExecutionProvider"
+    if azure not in onnxruntime.get_available_providers():
+        pytest.skip(f"this onnxruntime build has no {azure} to register beside the CPU provider")
+    with Package.open(cnn_package) as pkg:
+        model = pkg.path_of(pkg.manifest.base_onnx())
+    opened = open_session(model, onnxruntime.SessionOptions(), [azure, CPU])
+    assert opened.lost is None and opened.session.get_providers() == [azure, CPU]
+    placement = node_placement(opened.session)
+    assert list(placement) == [CPU]
+    assert {op for op, _ in placement[CPU]} >= {"Gemm"}, placement  # the CNN's classifier, at least
+    assert nodes_left_to_cpu(placement) is None  # no GPU provider runs any of it
+
+
+def test_nodes_a_gpu_session_leaves_to_the_cpu_are_counted_by_operator():
+    placement = {
+        CUDA: [("Conv", "c1"), ("Conv", "c2"), ("Relu", "r")],
+        CPU: [("DynamicQuantizeLinear", "q1"), ("ConvInteger", "ci"), ("DynamicQuantizeLinear", "q2")],
+    }
+    assert nodes_left_to_cpu(placement) == "3 of 6 nodes: 1 ConvInteger, 2 DynamicQuantizeLinear"
+    assert nodes_left_to_cpu({CUDA: placement[CUDA]}) is None
+
+
+def test_the_runtime_reports_the_providers_that_run_its_nodes(cnn_package):
+    with Package.open(cnn_package) as pkg:
+        artifact, engine = open_runtime(pkg)
+        with engine:
+            ran = what_ran(artifact, engine)
+            assert engine.placement == node_placement(engine.session)
+    assert ran["providers"] == [CPU] and "cpu_nodes" not in ran

@@ -200,6 +200,8 @@ def fallbacks(found: dict[str, Any]) -> None:
         out.print(f"[yellow]passed over[/] {escape(line)}")
     if found.get("fallback"):
         out.print(f"[yellow]fallback:[/] {escape(found['fallback'])}")
+    if found.get("cpu_nodes"):  # a GPU session's nodes its provider has no kernel for
+        out.print(f"[yellow]on the CPU:[/] {escape(found['cpu_nodes'])}")
 
 
 def run_outputs(found: dict[str, Any], outputs: dict[str, np.ndarray], written: str | None) -> None:
@@ -380,6 +382,7 @@ _BENCH_SHOWN = {
     "device",
     "passed_over",
     "fallback",
+    "cpu_nodes",
     "artifact",
     "runtime",
     "providers",

@@ -29,6 +29,8 @@ from unideploy.runtimes.ort_providers import (
     GPU_PROVIDERS,
     TENSORRT,
     Opened,
+    node_placement,
+    nodes_left_to_cpu,
     onnx_providers,
     open_session,
     ort_message,
@@ -103,18 +105,23 @@ class OnnxRuntime(Runtime):
                 self.close()
                 raise
         self.session, self.fallback = opened.session, opened.lost
-        got = self.session.get_providers()
+        self.placement = node_placement(self.session)
+        # the providers that run a node of it (all of those it got, for a graph with no node left)
+        self.ran_on = list(self.placement) or self.session.get_providers()
+        got = self.ran_on
         if self.spec is not None and TENSORRT not in got:
             self.close()
             raise MissingDependencyError(
-                f"the TensorRT recipe '{self.path.name}' cannot run here: ONNX Runtime's {opened.lost}",
+                f"the TensorRT recipe '{self.path.name}' cannot run here: ONNX Runtime's "
+                f"{opened.lost or 'TensorRT provider took none of its nodes'}",
                 "the package's ONNX artifacts run instead; ONNX Runtime 1.31's TensorRT provider needs "
                 "TensorRT 10 (libnvinfer.so.10, NVIDIA's index): docs/gpu.md",
             )
         if self.options.device == "gpu" and not set(got) & set(GPU_PROVIDERS):
             self.close()
             raise MissingDependencyError(
-                f"the GPU was asked for, but ONNX Runtime would run '{self.path.name}' on the CPU: {opened.lost}",
+                f"the GPU was asked for, but ONNX Runtime would run '{self.path.name}' on the CPU: "
+                f"{opened.lost or 'its GPU providers took none of its nodes'}",
                 "install onnxruntime-gpu with the CUDA and cuDNN libraries it needs ('deploy doctor' checks), "
                 "or run on the CPU (--device cpu; device: cpu in model.yaml)",
             )
@@ -193,7 +200,7 @@ class OnnxRuntime(Runtime):
     def takes_device_batches(self) -> bool:
         """Its sessions on the CUDA provider read a batch merged in GPU memory in place (a TensorRT
         recipe's are left to the host: its profiles are checked against host arrays)."""
-        return self.spec is None and CUDA in self.session.get_providers()
+        return self.spec is None and CUDA in self.ran_on
 
     @property
     def precision(self) -> str:
@@ -201,19 +208,20 @@ class OnnxRuntime(Runtime):
         on the CUDA provider named tf32 when TF32 was asked for."""
         if self.spec is not None:
             return self.spec.precision
-        if self.options.precision == "fp32" and self.options.tf32 and CUDA in self.session.get_providers():
+        if self.options.precision == "fp32" and self.options.tf32 and CUDA in self.ran_on:
             return "tf32"
         return self.options.precision
 
     def describe(self) -> dict[str, Any]:
-        providers = self.session.get_providers()
         found: dict[str, Any] = {
             "runtime": self.name,
-            "device": "gpu" if set(providers) & set(GPU_PROVIDERS) else "cpu",
-            "providers": providers,
+            "device": "gpu" if set(self.ran_on) & set(GPU_PROVIDERS) else "cpu",
+            "providers": self.ran_on,
             "precision": self.precision,
             "threads": self.options.threads or "auto",
         }
+        if cpu_nodes := nodes_left_to_cpu(self.placement):
+            found["cpu_nodes"] = cpu_nodes
         if self.fallback:
             found["fallback"] = self.fallback
         if self.spec is not None:

@@ -5,7 +5,9 @@ ONNX Runtime never fails when a provider it was asked for cannot load: its Pytho
 the CPU. So what a session was asked for says nothing about where it runs; ``open_session``
 reads the providers the session actually got and says why any were lost, and the runtime decides
 from that (a TensorRT recipe without TensorRT is not run as something else; ``--device gpu`` is
-never answered from the CPU).
+never answered from the CPU). Where a session runs is read per node (``node_placement``): a provider it got may
+take none of the model's nodes, and a GPU session leaves the nodes its provider has no kernel for
+(ONNX Runtime's dynamic INT8, shape arithmetic) to the CPU, which the runtime reports.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ CPU = "CPUExecutionProvider"
 GPU_PROVIDERS = (TENSORRT, CUDA)
 
 Provider = str | tuple[str, dict[str, Any]]
+# Set on every session (open_session): ONNX Runtime records which provider runs each node only
+# when asked (its session API since 1.24).
+ASSIGNMENT_INFO = "session.record_ep_graph_assignment_info"
 
 
 def cuda_options(precision: str, tf32: bool) -> dict[str, str]:
@@ -140,7 +145,7 @@ class Opened:
 _EP_ERROR = re.compile(r"^EP Error (.*?) when using \[", re.S | re.M)
 
 
-def open_session(model: Path, session_options: Any, providers: list[Provider]) -> Opened:
+def open_session(model: Path, session_options: Any | None, providers: list[Provider]) -> Opened:
     """Create the session, keeping ONNX Runtime's fallback text to ourselves: what it printed or
     warned becomes the one reason in ``Opened.lost``. Once a GPU provider is asked for, ONNX
     Runtime's own log is left at fatal errors only: its errors reach us as exceptions, worded by
@@ -149,6 +154,8 @@ def open_session(model: Path, session_options: Any, providers: list[Provider]) -
     import onnxruntime as ort
 
     printed = io.StringIO()
+    session_options = session_options or ort.SessionOptions()
+    session_options.add_session_config_entry(ASSIGNMENT_INFO, "1")
     gpu = any(name in GPU_PROVIDERS for name in provider_names(providers))
     with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(printed):
         warnings.simplefilter("always")
@@ -168,6 +175,26 @@ def open_session(model: Path, session_options: Any, providers: list[Provider]) -
         said.append(tensorrt_library_problem() or "")
     why = " ".join(" ".join(said).split())[:400] or "ONNX Runtime gave no reason"
     return Opened(session, f"{' and '.join(lost)} did not load ({why})")
+
+
+def node_placement(session: Any) -> dict[str, list[tuple[str, str]]]:
+    """Provider -> the nodes it runs, as (operator, node name), after ONNX Runtime's graph rewrites
+    (a fused node counts once, as its fused operator), in the session's provider order. A provider
+    the session got but gave no node is absent: it runs nothing of this model."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for subgraph in session.get_provider_graph_assignment_info():
+        found.setdefault(subgraph.ep_name, []).extend((n.op_type, n.name) for n in subgraph.get_nodes())
+    return {name: found[name] for name in session.get_providers() if name in found}
+
+
+def nodes_left_to_cpu(placement: dict[str, list[tuple[str, str]]]) -> str | None:
+    """Where a GPU provider runs the model: how many of its nodes the CPU provider runs, by
+    operator (each costs copies between the devices and a CUDA graph cannot hold them), or None."""
+    if CPU not in placement or not set(placement) & set(GPU_PROVIDERS):
+        return None
+    on_cpu = [op for op, _ in placement[CPU]]
+    total = sum(len(nodes) for nodes in placement.values())
+    return f"{len(on_cpu)} of {total} nodes: " + ", ".join(f"{on_cpu.count(op)} {op}" for op in sorted(set(on_cpu)))
 
 
 TENSORRT_LIBRARY = "libnvinfer.so.10"  # what ONNX Runtime 1.31's TensorRT provider links

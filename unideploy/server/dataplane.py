@@ -48,6 +48,7 @@ def _ran_parameters(ran: Mapping[str, Any]) -> dict[str, str]:
         "pinned_memory",
         "device_batches",
         "fallback",
+        "cpu_nodes",
         "passed_over",
     )
     return {

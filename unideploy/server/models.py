@@ -351,6 +351,8 @@ class ModelRegistry:
             log.warning("model %s version %s: passed over %s", src.model, src.version, line)
         if "fallback" in ran:
             log.warning("model %s version %s runs on the CPU: %s", src.model, src.version, ran["fallback"])
+        if "cpu_nodes" in ran:
+            log.warning("model %s version %s runs part of it on the CPU: %s", src.model, src.version, ran["cpu_nodes"])
         return ServedVersion(src.model, src.version, src, package, runtime, lanes, batcher, settings, sample, ran)
 
     async def _retire(self, model: ServedModel, served: ServedVersion) -> None:
