@@ -15,7 +15,7 @@ import numpy as np
 
 from unideploy.errors import ValidationError
 from unideploy.package.manifest import Manifest, OutputErrors, ValidationRecord
-from unideploy.samples import batch_size_of
+from unideploy.samples import Axes, batch_size_of, row_axis, rows_along
 from unideploy.signature import CHANNELS_LAST, Signature
 
 DEFAULT_ATOL = 1e-4
@@ -146,28 +146,34 @@ Run = Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]
 Samples = Sequence[tuple[dict[str, np.ndarray], Mapping[str, np.ndarray]]]
 
 
-def fitted(run: Run, signature: Signature, samples: Samples) -> tuple[Run, list]:
+def fitted(run: Run, signature: Signature, samples: Samples, axes: tuple[Axes, Axes]) -> tuple[Run, list]:
     """The samples an artifact of fixed input sizes can take (a TFLite model converted at one image
-    size), and a runner that feeds it row by row when its batch is fixed at 1. Inputs are compared
-    in the source's layout, which runtimes accept for channels-last artifacts."""
+    size), and a runner that feeds it row by row when its batch is fixed at 1. ``axes``: where the
+    rows of each input and output lie (the package signature's batch axes: recurrent state
+    ``[layers, batch, hidden]`` has them on axis 1), which the artifact's fixed sizes cannot say.
+    Inputs are compared in the source's layout, which runtimes accept for channels-last artifacts."""
+    input_axes, output_axes = axes
 
     def source_shape(shape: tuple, layout: str | None) -> tuple:
         return (shape[0], shape[-1], *shape[1:-1]) if layout == CHANNELS_LAST else shape
 
+    def takes(name: str, shape: tuple, given: np.ndarray) -> bool:
+        axis = row_axis(input_axes, name, given)
+        return all(isinstance(d, str) or d == n or i == axis for i, (d, n) in enumerate(zip(shape, np.shape(given))))
+
     specs = [(t.name, source_shape(t.shape, t.layout)) for t in signature.inputs]
-    fit = [
-        (inputs, outputs)
-        for inputs, outputs in samples
-        if all(
-            all(isinstance(d, str) or d == n for d, n in zip(shape[1:], np.shape(inputs[name])[1:]))
-            for name, shape in specs
-        )
-    ]
-    if not any(shape and shape[0] == 1 for _, shape in specs):
+    fit = [(inputs, outputs) for inputs, outputs in samples if all(takes(n, s, inputs[n]) for n, s in specs)]
+    if not any(shape and (axis := input_axes.get(name, 0)) is not None and shape[axis] == 1 for name, shape in specs):
         return run, fit
 
+    def one_row(batch: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+        return {
+            k: v if (axis := row_axis(input_axes, k, v)) is None else rows_along(v, axis, i, i + 1)
+            for k, v in batch.items()
+        }
+
     def rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        results = [run({k: v[i : i + 1] for k, v in batch.items()}) for i in range(batch_size_of(batch))]
-        return {k: np.concatenate([r[k] for r in results]) for k in results[0]}
+        results = [run(one_row(batch, i)) for i in range(batch_size_of(batch, input_axes))]
+        return {k: np.concatenate([r[k] for r in results], axis=output_axes.get(k) or 0) for k in results[0]}
 
     return rows, fit

@@ -64,7 +64,13 @@ def verify_package(
             atol = max(atol, TEN_BIT_RELATIVE * largest_reference(samples))
             rtol = max(rtol, TEN_BIT_RELATIVE)
         with engine:
-            run, fit = fitted(engine.run, package.manifest.signature_of(artifact), samples)
+            signature = package.manifest.signature
+            run, fit = fitted(
+                engine.run,
+                package.manifest.signature_of(artifact),
+                samples,
+                (signature.batch_axes, signature.output_batch_axes),
+            )
             if not fit:
                 checks.append(
                     ArtifactCheck(

@@ -257,3 +257,48 @@ def test_constant_binds_an_onnx_settings_input_and_refuses_what_one_value_cannot
         refused = deploy("export", model, "-o", tmp_path / "bad", "--input-shape", "x:2x4", "--constant", constant)
         assert_one_line_error(refused, 2, pattern)
     assert not (tmp_path / "bad").exists()
+
+
+def test_constant_folds_the_branch_its_setting_decides_so_later_stages_reach_its_layers(tmp_path):
+    """y = If(rate == 16000, then: x @ w16, else: x @ w8), as Silero VAD branches on its sample
+    rate: bound with --constant, the artifact holds the taken branch's MatMul at the top level (the
+    quantizer and pruners edit only that level) and the other branch's weights are gone; it gives
+    the model's own answers for that rate."""
+    import json
+
+    rng = np.random.default_rng(0)
+    weights = {rate: rng.standard_normal((4, 3)).astype(np.float32) for rate in (16000, 8000)}
+
+    def branch(rate: int) -> onnx.GraphProto:
+        return helper.make_graph(
+            [helper.make_node("MatMul", ["x", f"w{rate}"], [f"y{rate}"])],
+            f"at_{rate}",
+            [],
+            [helper.make_tensor_value_info(f"y{rate}", TensorProto.FLOAT, ["batch", 3])],
+            [numpy_helper.from_array(weights[rate], f"w{rate}")],
+        )
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Constant", [], ["wide"], value=numpy_helper.from_array(np.array(16000, np.int64))),
+            helper.make_node("Equal", ["rate", "wide"], ["is_wide"]),
+            helper.make_node("If", ["is_wide"], ["y"], then_branch=branch(16000), else_branch=branch(8000)),
+        ],
+        "by_rate",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("rate", TensorProto.INT64, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+    )
+    model = tmp_path / "by_rate.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION), str(model))
+    made = deploy("export", model, "-o", tmp_path / "pkg", "--input-shape", "x:2x4", "--constant", "rate=8000")
+    assert made.returncode == 0, made.stderr
+    artifact = onnx.load(str(tmp_path / "pkg" / "artifacts" / "model.onnx"))
+    assert [n.op_type for n in artifact.graph.node] == ["MatMul"]
+    [kept] = [numpy_helper.to_array(t) for t in artifact.graph.initializer]
+    np.testing.assert_array_equal(kept, weights[8000])
+    assert json.loads((tmp_path / "pkg" / "manifest.json").read_text())["validation"]["onnx-fp32"]["passed"]
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_allclose(unideploy.run(tmp_path / "pkg", {"x": x})["y"], x @ weights[8000], rtol=1e-6)

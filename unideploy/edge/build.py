@@ -354,6 +354,7 @@ def _tflite_artifacts(
         variants += [("int8", "int8"), ("int8", "int8-dynamic")]
     failed: dict[Precision, list[tuple[str, UnideployError]]] = {}
     names = manifest.signature.input_names + manifest.signature.output_names  # what the artifacts are called by
+    rows_on = (manifest.signature.batch_axes, manifest.signature.output_batch_axes)  # a fixed size cannot say
 
     def accuracy_of(path: Path, run: Callable, fitting: list) -> tuple[Guard, AccuracyRecord]:
         nonlocal guard
@@ -363,7 +364,7 @@ def _tflite_artifacts(
     def judge(path: Path) -> AccuracyRecord:
         spec = tflite_signature(path, fixed or manifest.signature) or fixed or manifest.signature
         with tflite(path, spec) as runtime:
-            return accuracy_of(path, *fitted(runtime.run, spec, references))[1]
+            return accuracy_of(path, *fitted(runtime.run, spec, references, rows_on))[1]
 
     while variants:
         precision, mode = variants.pop(0)
@@ -382,7 +383,7 @@ def _tflite_artifacts(
             signature = tflite_signature(path, fixed or manifest.signature) or fixed
             with tflite(path, signature or manifest.signature) as runtime:
                 # an artifact made at one input size is proven on the samples of that size
-                run, fitting = fitted(runtime.run, signature or manifest.signature, references)
+                run, fitting = fitted(runtime.run, signature or manifest.signature, references, rows_on)
                 if precision == "fp32" and not undone:  # a conversion that should be exact: the default
                     record = validate(run, fitting, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
                     if not record["passed"] and refold is not None:

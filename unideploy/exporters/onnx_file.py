@@ -23,6 +23,7 @@ from unideploy.onnx.files import EXTERNAL_DATA_NAME, MAX_INLINE_BYTES, save_mode
 from unideploy.onnx.graph import constants_to_initializers
 from unideploy.onnx.interface import declare_signature, opset_of, set_io_dims
 from unideploy.onnx.precision import graph_precision
+from unideploy.quiet import quiet
 from unideploy.runtimes.base import RuntimeOptions
 from unideploy.runtimes.onnxruntime_runtime import OnnxRuntime
 from unideploy.signature import STRING, Signature, signature_from_onnx
@@ -69,6 +70,8 @@ class OnnxFileExporter(Exporter):
         onnx_path = workdir / "model.onnx"
         # Before inferring: shape inference multiplies a declared -1 through the graph as a size.
         set_io_dims(model, {t.name: t.shape for t in signature.inputs + signature.outputs})
+        if bound:
+            model = _settings_folded(model, src)
         try:
             if model.ByteSize() <= MAX_INLINE_BYTES:
                 model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
@@ -101,6 +104,24 @@ class OnnxFileExporter(Exporter):
             companions={f"artifacts/{EXTERNAL_DATA_NAME}": workdir / EXTERNAL_DATA_NAME} if external else {},
             precision=graph_precision(model),
         )
+
+
+def _settings_folded(model: Any, src: Path) -> Any:
+    """The graph with what a bound setting decides computed once (onnxscript's optimizer: constant
+    folding, an ``If`` whose condition became constant replaced by the branch it takes): Silero
+    VAD keeps its convolutions and LSTM in ``If`` branches on its sample rate, which the quantizer,
+    the pruners and the converters do not enter. The package's artifact is this graph, checked
+    against the model as brought like any other export."""
+    from onnxscript import optimizer
+
+    try:
+        with quiet():  # its shape inference and ONNX Runtime's evaluator warn per folded value
+            return optimizer.optimize(model)
+    except Exception as exc:
+        raise ExportError(
+            f"folding what --constant decides in '{src.name}' failed: {first_line(exc)}",
+            "report the model; meanwhile export it without --constant, feeding the setting as an input",
+        ) from exc
 
 
 def _bind_constants(model: Any, signature: Signature, constants: Mapping[str, Constant]) -> dict[str, np.ndarray]:

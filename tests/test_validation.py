@@ -1,0 +1,60 @@
+"""Validation's row feeding for artifacts of a fixed size: the rows of each input along its batch
+axis, recurrent state ``[layers, batch, hidden]`` included, through a real ONNX Runtime session
+that takes one row only (as a TFLite artifact converted at batch 1 does)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from unideploy.onnx.session import cpu_session
+from unideploy.signature import Signature, TensorSpec
+from unideploy.validation import fitted, validate
+
+
+def _one_row_step(path) -> None:
+    """y = x + sum(state), stateN = state * 2: x [1, 4], state [2, 1, 4], fixed at one row."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceSum", ["state"], ["total"], keepdims=0, axes=None),
+            helper.make_node("Add", ["x", "total"], ["y"]),
+            helper.make_node("Add", ["state", "state"], ["stateN"]),
+        ],
+        "step",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+            helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, 1, 4]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4]),
+            helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, 1, 4]),
+        ],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_a_one_row_artifact_is_fed_each_row_along_its_inputs_batch_axes(tmp_path):
+    _one_row_step(tmp_path / "step.onnx")
+    session = cpu_session(tmp_path / "step.onnx")
+
+    def run(inputs):
+        return dict(zip(("y", "stateN"), session.run(None, inputs)))
+
+    package = Signature(  # the package's signature names the batch: axis 1 of the state
+        (TensorSpec("x", "float32", ("batch", 4)), TensorSpec("state", "float32", (2, "batch", 4))),
+        (TensorSpec("y", "float32", ("batch", 4)), TensorSpec("stateN", "float32", (2, "batch", 4))),
+    )
+    artifact = Signature(  # the artifact's own: fixed at one row, which cannot say where rows lie
+        (TensorSpec("x", "float32", (1, 4)), TensorSpec("state", "float32", (2, 1, 4))),
+        (TensorSpec("y", "float32", (1, 4)), TensorSpec("stateN", "float32", (2, 1, 4))),
+    )
+    rng = np.random.default_rng(0)
+    x, state = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((2, 3, 4)).astype(np.float32)
+    expected = {"y": x + state.sum(axis=(0, 2))[:, None], "stateN": 2 * state}
+    other_width = {"x": np.zeros((1, 5), np.float32), "state": np.zeros((2, 1, 4), np.float32)}
+    samples = [({"x": x, "state": state}, expected), (other_width, {})]
+    rows, fit = fitted(run, artifact, samples, (package.batch_axes, package.output_batch_axes))
+    assert len(fit) == 1  # the sample of another width is one this artifact cannot take
+    record = validate(rows, fit, 1e-5, 1e-5, reference="onnx")
+    assert record["passed"], record
