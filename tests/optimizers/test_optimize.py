@@ -405,3 +405,22 @@ def test_the_passes_own_options_are_checked_through_the_python_api_too(tmp_path)
         unideploy.optimize(tmp_path / "pkg", quantize="fp16", prune_scope="global")
     with pytest.raises(InputError, match=r"--no-transformer-fusions applies to the quantize-fp16 pass"):
         unideploy.optimize(tmp_path / "pkg", quantize="int8", transformer_fusions=False)
+
+
+def test_an_int8_source_reduced_again_to_fp16_is_labelled_mixed(digits, tmp_path):
+    """The real digits CNN quantized by ONNX Runtime before export: its artifact is onnx-int8, which
+    the optimizers refuse as a base unless named; named, FP16 around its int8 kernels is neither
+    precision, and the new artifact says so."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with unideploy.open_package(digits["package"]) as package:
+        fp32 = package.path_of(package.manifest.base_onnx())
+    quantize_dynamic(str(fp32), str(tmp_path / "int8.onnx"), weight_type=QuantType.QInt8)
+    unideploy.export(tmp_path / "int8.onnx", tmp_path / "pkg").close()
+    with pytest.raises(InputError, match="'onnx-int8' computes in int8 already"):
+        unideploy.optimize(tmp_path / "pkg", quantize="fp16", calibration=str(digits["data"]))
+    with unideploy.optimize(
+        tmp_path / "pkg", tmp_path / "out", quantize="fp16", calibration=str(digits["data"]), artifact="onnx-int8"
+    ) as package:
+        made = package.manifest.artifact("onnx-fp16")
+    assert (made.precision, made.derived_from) == ("mixed", "onnx-int8")

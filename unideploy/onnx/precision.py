@@ -10,6 +10,7 @@ a run fp32 that was not.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import onnx
@@ -65,10 +66,8 @@ def _float_weights(graph: onnx.GraphProto, counts: dict[Precision, int]) -> dict
     ]
     for tensor in tensors:
         if tensor.data_type in _FLOATS:
-            size = 1
-            for dim in tensor.dims:
-                size *= dim
-            counts[_FLOATS[tensor.data_type]] = counts.get(_FLOATS[tensor.data_type], 0) + size
+            kind = _FLOATS[tensor.data_type]
+            counts[kind] = counts.get(kind, 0) + math.prod(tensor.dims)
     for node in graph.node:
         for body in bodies(node):
             _float_weights(body, counts)

@@ -162,7 +162,10 @@ def optimize(
         for optimizer_pass in passes:
             result = optimizer_pass.apply(current, context)
             current = result.path
-            precision = result.precision or precision
+            # a model reduced already (an int8 base named with --artifact) and reduced again another
+            # way keeps both kinds of kernel: fp16 around its int8 MatMuls is neither
+            changed = result.precision is not None and result.precision != precision
+            precision = "mixed" if changed and precision != "fp32" else result.precision or precision
             targets = result.targets or targets
             steps.append({"name": optimizer_pass.name, "params": result.params})
             notes += result.notes

@@ -57,7 +57,11 @@ CONTENT_TYPES = {
 # Measured in Chromium 156 with ONNX Runtime Web 1.30 (SwiftShader's WebGPU adapter): int8 models
 # (QDQ and QOperator) ran on WebGPU without an error and returned wrong outputs, so a site offers
 # int8 on WebAssembly only.
-WASM_ONLY = {"int8": "int8 runs on WebAssembly only: ONNX Runtime Web's WebGPU backend returned wrong outputs for it"}
+WASM_ONLY = {
+    "int8": "int8 runs on WebAssembly only: ONNX Runtime Web's WebGPU backend returned wrong outputs for it",
+    "mixed": "its int8 kernels run on WebAssembly only: ONNX Runtime Web's WebGPU backend returned wrong outputs "
+    "for int8",
+}
 # WebAssembly's 32-bit memory holds at most 4 GiB: weights and the working memory must both fit.
 MAX_MODEL_BYTES = 2 * 1024**3
 # How the page's image picker may scale pixels: (value * multiply - mean) / std.
