@@ -462,5 +462,8 @@ def test_silero_vad_on_real_speech_serves_and_says_why_for_what_it_cannot_take(t
         s: c.reason for s, c in cells.items()
     }
     assert "exceeds the accuracy budget on 128 validation rows: output: relerr" in cells["int8"].reason
-    assert cells["edge"].reason.startswith("no tflite-fp32") and "output shape [1, 2, 128]" in cells["edge"].reason
+    assert (
+        cells["edge"].reason.startswith("no tflite-fp32")
+        and "output 'stateN' has shape [1, 2, 128], the reference [2, 1, 128]" in cells["edge"].reason
+    )
     assert "ort-fp32" in {a["id"] for a in zoo._manifest(tmp_path / "edge")["artifacts"]}

@@ -27,10 +27,17 @@ TEN_BIT_RELATIVE = 1e-2
 Record = ValidationRecord
 
 
-def compare_output(expected: np.ndarray, actual: np.ndarray, atol: float, rtol: float) -> dict[str, Any]:
+def compare_output(name: str, expected: np.ndarray, actual: np.ndarray, atol: float, rtol: float) -> dict[str, Any]:
     expected, actual = np.asarray(expected), np.asarray(actual)
     if expected.shape != actual.shape:
-        raise ValidationError(f"output shape {list(actual.shape)} differs from the reference {list(expected.shape)}")
+        raise ValidationError(
+            f"output '{name}' has shape {list(actual.shape)}, the reference {list(expected.shape)}"
+            + (
+                " (the same sizes in another order: its axes were moved)"
+                if sorted(expected.shape) == sorted(actual.shape)
+                else ""
+            )
+        )
     if not np.issubdtype(expected.dtype, np.floating) and not (np.issubdtype(expected.dtype, np.integer) and atol >= 1):
         # labels, token ids, text: equal or not. A tolerance of a whole unit or more on integers is one
         # an artifact was measured to need (a quantized model's uint8 scores) or a user asked for: numbers
@@ -67,7 +74,7 @@ def validate(
         for name, ref in expected.items():
             if name not in actual:
                 raise ValidationError(f"the artifact produced no output '{name}'", f"it produced: {', '.join(actual)}")
-            result = compare_output(ref, actual[name], atol, rtol)
+            result = compare_output(name, ref, actual[name], atol, rtol)
             merged = outputs.setdefault(name, {"max_abs_error": 0.0, "max_rel_error": 0.0, "mismatched": 0})
             merged["max_abs_error"] = max(merged["max_abs_error"], result["max_abs_error"])
             merged["max_rel_error"] = max(merged["max_rel_error"], result["max_rel_error"])
