@@ -651,3 +651,41 @@ def test_a_tflite_source_without_a_signature_gets_one_and_keeps_its_names_throug
     assert deploy("bundle", tmp_path / "edge", "--platform", "android", "-o", tmp_path / "a.zip").returncode == 0
     result = deploy("verify", tmp_path / "a.zip")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_qdq_int8_onnx_keeps_its_ort_artifact_and_says_tflite_needs_the_fp32_model(tmp_path):
+    """A static (QDQ) INT8 ONNX file is onnx-int8; unlike ONNX Runtime's dynamic INT8 it is not made
+    float for onnx2tf (whose TFLite of it ran 0.59 off): TFLite is left out saying to convert the
+    fp32 model, and the .ort artifact, int8 as the model is, stays."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 8, 8])],
+        [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "f32.onnx"))
+
+    class Rows(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.rows = iter([{"x": rng.random((1, 3, 8, 8), np.float32)} for _ in range(8)])
+
+        def get_next(self):
+            return next(self.rows, None)
+
+    quantize_static(str(tmp_path / "f32.onnx"), str(tmp_path / "qdq.onnx"), Rows(), quant_format=QuantFormat.QDQ)
+    result = deploy("export", tmp_path / "qdq.onnx", "-o", tmp_path / "edge", "--target", "edge")
+    assert result.returncode == 0, result.stderr
+    with unideploy.open_package(tmp_path / "edge") as package:
+        assert [(a.id, a.precision) for a in package.manifest.artifacts] == [
+            ("onnx-int8", "int8"),
+            ("ort-int8", "int8"),
+        ]
+        (omitted,) = package.manifest.omitted
+    assert omitted["reason"].startswith("TFLite artifacts are converted from an fp32 model, and the package's ONNX")
+    assert omitted["fix"] == "export the fp32 model it was made from"
