@@ -388,6 +388,28 @@ def test_silero_vad_binds_its_sample_rate_with_constant(tmp_path):
     assert outputs["stateN"]["metric"] == "relerr" and "rows of 'stateN' lie on axis 1" in outputs["stateN"]["why"]
 
 
+def test_silero_vad_torchscript_is_refused_for_its_state_and_its_inner_model_exports(tmp_path):
+    """silero-vad also ships its model as TorchScript, wrapped in a streaming module that keeps its
+    LSTM state and audio context in attributes between calls: refused naming them (the legacy
+    exporter's words were about a bitwise Not). The 16 kHz model inside takes and returns its
+    state [2, batch, 128] and exports, checked against TorchScript at batch 1 and 4."""
+    import torch
+    from console import assert_one_line_error, deploy
+
+    wrapper = zoo_models.shipped("silero_vad/data/silero_vad.jit")
+    refused = deploy("export", wrapper, "-o", tmp_path / "a", "--input-shape", "x:1x512", "--constant", "sr=16000")
+    assert_one_line_error(refused, 2, r"changes its own attributes when it runs \(_context, _last_batch_size")
+    assert "_model, _model_8k: torch.jit.save(module.NAME, path)" in refused.stderr
+    torch.jit.save(torch.jit.load(str(wrapper))._model, str(tmp_path / "vad_16k.pt"))
+    sizes = ("--input-shape", "x:batch=1,576", "--input-shape", "state:2,batch=1,128")
+    made = deploy("export", tmp_path / "vad_16k.pt", "-o", tmp_path / "pkg", *sizes)
+    assert made.returncode == 0, made.stderr
+    manifest = zoo._manifest(tmp_path / "pkg")
+    assert manifest["validation"]["onnx-fp32"]["passed"]
+    assert sorted(s["batch_size"] for s in manifest["samples"]) == [1, 4]
+    assert [t["shape"] for t in manifest["signature"]["inputs"]] == [["batch", 576], [2, "batch", 128]]
+
+
 def test_a_tabular_forest_answering_diagnoses_is_served_as_text_and_refused_what_it_cannot_take(tmp_path):
     """ONNX-ML from skl2onnx (a random forest answering 'malignant' or 'benign', trained on
     scikit-learn's breast-cancer data): exported, verified by equal labels, answered over REST as

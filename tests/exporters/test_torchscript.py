@@ -208,3 +208,56 @@ def test_a_non_tensor_argument_is_bound_with_constant_and_recorded(tmp_path):
     onnx_source = tmp_path / "vad.udp" / "artifacts" / "model.onnx"  # an ONNX file binds its own inputs only
     other = deploy("export", onnx_source, "-o", tmp_path / "y.udp", "--constant", "sample_rate=16000")
     assert_one_line_error(other, 2, r"--constant sample_rate: the model has no such input \(its inputs: audio\)")
+
+
+class _Step(torch.nn.Module):
+    """One step of a GRU that takes its state and gives it back: state [layers, batch, hidden]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn = torch.nn.GRU(4, 8, num_layers=2)
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, new_state = self.rnn(x.unsqueeze(0), state)
+        return out.squeeze(0), new_state
+
+
+class _Streaming(torch.nn.Module):
+    """The same step keeping its state between calls, as a streaming wrapper does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = _Step()
+        self._state = torch.zeros(2, 1, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, state = self.step(x, self._state)
+        self._state = state
+        return out
+
+
+def test_recurrent_state_with_its_batch_on_axis_1_is_exported_at_two_batch_sizes(tmp_path):
+    """--input-shape state:2,batch=1,8 puts the batch on axis 1: axis 0 (the layers) stays 2, and
+    the source is run and checked at batch 1 and 4 (axis 0 was also made a batch axis, and the
+    source failed on the state it was given)."""
+    torch.jit.save(torch.jit.script(_Step()), str(tmp_path / "step.pt"))
+    shapes = ["x:batch=1,4", "state:2,batch=1,8"]
+    with unideploy.export(tmp_path / "step.pt", tmp_path / "pkg", input_shapes=shapes) as package:
+        signature = package.manifest.signature
+        assert [t.shape for t in signature.inputs] == [("batch", 4), (2, "batch", 8)]
+        assert signature.outputs[1].shape == (2, "batch", 8)
+        assert sorted(s.batch_size for s in package.manifest.samples) == [1, 4]
+        state = np.zeros((2, 3, 8), np.float32)
+        out = unideploy.run(package, {"x": np.ones((3, 4), np.float32), "state": state})
+    assert out["output_1"].shape == (2, 3, 8)
+
+
+def test_a_module_that_keeps_state_between_calls_is_refused_naming_it(tmp_path):
+    from console import assert_one_line_error, deploy
+
+    torch.jit.save(torch.jit.script(_Streaming()), str(tmp_path / "streaming.pt"))
+    result = deploy("export", tmp_path / "streaming.pt", "-o", tmp_path / "pkg", "--input-shape", "x:1x4")
+    assert_one_line_error(result, 2, r"'streaming.pt' changes its own attributes when it runs \(_state\)")
+    assert "one of its submodules, step: torch.jit.save(module.NAME, path)" in result.stderr
+    assert not (tmp_path / "pkg").exists()

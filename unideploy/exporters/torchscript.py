@@ -44,6 +44,7 @@ class TorchScriptExporter(Exporter):
 
         module = _load(src)
         trust.check(trust.torchscript_findings(module), src, options.trust_source)
+        _refuse_state_between_calls(module, src)
         tensors = _tensor_arguments(module, options.constants)
         example = _example_inputs(tensors, options)
         arg_names = list(example)  # the ONNX input names, in forward()'s order
@@ -56,8 +57,9 @@ class TorchScriptExporter(Exporter):
             outputs = flatten_outputs(module(*args))
         output_names = default_output_names(len(outputs))
         batch = args[0].shape[0] if args[0].dim() else None
+        leading = all(axes.get(0) == BATCH_DIM for axes in dynamic.values())  # no state with the batch inside
         for name, out in zip(output_names, outputs):
-            if not options.static_shapes and out.dim() and out.shape[0] == batch:
+            if not options.static_shapes and leading and out.dim() and out.shape[0] == batch:
                 dynamic[name] = {0: BATCH_DIM}
 
         onnx_path = workdir / "model.onnx"
@@ -108,6 +110,24 @@ def _load(src: Path) -> Any:
         ) from exc
     module.eval()
     return module
+
+
+def _refuse_state_between_calls(module: Any, src: Path) -> None:
+    """A module whose forward() sets its own attributes (a streaming wrapper keeping its recurrent
+    state and audio context: Silero VAD's ``silero_vad.jit``) answers each call from the calls
+    before it; an exported graph would hold the state it had at export. The legacy exporter failed
+    on such a wrapper with a message about a bitwise Not."""
+    graph = module.forward.inlined_graph  # held: its nodes are invalid once it is freed
+    changed = sorted({node.s("name") for node in graph.findAllNodes("prim::SetAttr")})
+    if not changed:
+        return
+    parts = [name for name, _ in module.named_children()]
+    raise InputError(
+        f"'{src.name}' changes its own attributes when it runs ({', '.join(changed)}): it carries state from one "
+        "call to the next, which an exported graph cannot",
+        "export the model that takes that state as an input and returns it"
+        + (f" (one of its submodules, {', '.join(parts)}: torch.jit.save(module.NAME, path))" if parts else ""),
+    )
 
 
 def _tensor_arguments(module: Any, constants: Mapping[str, Constant]) -> list[str]:
@@ -183,8 +203,14 @@ def _example_inputs(arg_names: list[str], options: ExportOptions) -> dict[str, n
 
 
 def _input_dynamic_axes(arg_names: list[str], options: ExportOptions) -> dict[str, dict[int, str]]:
+    """Each input's dynamic axes: axis 0 is the batch, and the dims ``--input-shape`` names, unless it
+    names the batch on another axis (recurrent state ``[layers, batch, hidden]``: axis 0 was made a
+    second batch axis, so the layers were cut as rows and the source failed on its own inputs)."""
     named = {s.name: s.dim_names for s in options.input_shapes}
-    return {n: {0: BATCH_DIM, **named.get(n, {})} for n in arg_names}
+    return {
+        n: dict(named.get(n, {})) if BATCH_DIM in named.get(n, {}).values() else {0: BATCH_DIM, **named.get(n, {})}
+        for n in arg_names
+    }
 
 
 def flatten_outputs(result: Any) -> list[Any]:
