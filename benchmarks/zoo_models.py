@@ -478,6 +478,7 @@ def _next_characters(work: Path, count: int = 200) -> Path:
 
 
 SILERO_VAD = "silero_vad/data/silero_vad.onnx"
+SILERO_VAD_JIT = "silero_vad/data/silero_vad.jit"
 
 
 def _vad_chunks(work: Path, count: int = 256) -> Path:
@@ -502,6 +503,23 @@ def _vad_chunks(work: Path, count: int = 256) -> Path:
         input=np.stack(chunks[::every][:count]),
         state=np.stack(states[::every][:count], axis=1),
     )
+
+
+def silero_vad_16k(work: Path) -> Path:
+    """Silero VAD's 16 kHz model out of the package's TorchScript file, as ``deploy export`` says to
+    take it: the file's module is a streaming wrapper that keeps the state between calls, and the
+    model inside (``_model``) takes the state as an input and returns it."""
+    import torch
+
+    path = work / "silero_vad_16k.pt"
+    torch.jit.save(torch.jit.load(str(shipped(SILERO_VAD_JIT)))._model, str(path))
+    return path
+
+
+def _vad_chunks_for_torchscript(work: Path) -> Path:
+    """The same chunks and states as ``_vad_chunks``, named after the TorchScript model's arguments."""
+    chunks = np.load(_vad_chunks(work))
+    return _save_npz(work / "data_ts.npz", x=chunks["input"], state=chunks["state"])
 
 
 BASIC_PITCH = "basic_pitch/saved_models/icassp_2022/nmp.tflite"
@@ -783,6 +801,17 @@ def zoo() -> list[ZooModel]:
                 "sr=16000",
             ],
             ["--trt-profile", "input:1x576,8x576,32x576"],
+        ),
+        ZooModel(
+            "silero-vad-torchscript",
+            "the same detector's 16 kHz model from its TorchScript file, its LSTM state [2, batch, 128] an input "
+            "(the file's streaming wrapper, which keeps the state itself, is refused)",
+            "silero-vad 6.2.3",
+            "MIT",
+            silero_vad_16k,
+            _vad_chunks_for_torchscript,
+            ["--input-shape", "x:batch=1,576", "--input-shape", "state:2,batch=1,128"],
+            ["--trt-profile", "x:1x576,8x576,32x576"],
         ),
         ZooModel(
             "textgenrnn-char-lm",
