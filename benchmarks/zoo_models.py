@@ -34,9 +34,10 @@ RECOGNIZER_LINES = 128
 
 
 def shipped(relpath: str) -> Path:
-    """A file inside an installed zoo package, refusing clearly when it is missing."""
+    """A file (or a SavedModel's folder) inside an installed zoo package, refusing clearly when it is
+    missing."""
     path = MODELS_DIR / relpath
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path} is missing: {INSTALL}")
     return path
 
@@ -682,6 +683,14 @@ def zoo() -> list[ZooModel]:
             "basic-pitch 0.4.0",
             "Apache-2.0",
             lambda w: shipped(BASIC_PITCH),
+            _pitch_windows,
+        ),
+        ZooModel(
+            "basic-pitch-savedmodel",
+            "the same transcriber as the TensorFlow SavedModel directory the package ships beside its .tflite",
+            "basic-pitch 0.4.0",
+            "Apache-2.0",
+            lambda w: shipped(BASIC_PITCH.removesuffix(".tflite")),
             _pitch_windows,
         ),
         ZooModel(

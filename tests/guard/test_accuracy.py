@@ -318,3 +318,23 @@ def test_ctc_outputs_are_judged_by_the_text_they_decode_to():
     )
     with pytest.raises(InputError, match="not a CTC sequence"):
         compare([{"y": rng.standard_normal((4, 10))}], [{"y": rng.standard_normal((4, 10))}], None, "y=text", 1.0)
+
+
+def test_nan_where_fp32_has_numbers_loses_the_output_whatever_its_metric():
+    """Basic Pitch's TFLite fp16 turned a tiny constant into 0 and a log of it into NaN: a NaN or an
+    infinity where fp32 has a number is the whole output lost (an argmax over NaN still agrees with
+    fp32 on most rows), said as such rather than as a drop of 'nan points'."""
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(10), 64).astype(np.float32)  # class probabilities: judged by top-1
+    heat = rng.standard_normal((64, 8)).astype(np.float32)  # a regression: judged by relative error
+    broken_probs, broken_heat = probs.copy(), heat.copy()
+    broken_probs[:3, 5] = np.nan
+    broken_heat[0, 0] = np.inf
+    record = compare([{"p": probs, "h": heat}], [{"p": broken_probs, "h": broken_heat}], None, "auto", 1.0)
+    assert not record["within_budget"]
+    p, h = record["outputs"]["p"], record["outputs"]["h"]
+    assert (p["metric"], p["non_finite"], p["drop_points"]) == ("top1", 3, 100.0)
+    assert (h["metric"], h["non_finite"], h["drop_points"]) == ("relerr", 1, 100.0)
+    said = describe(record)
+    assert "3 of 640 values NaN or infinite where fp32's are finite" in said and "nan points" not in said
+    assert compare([{"p": probs}], [{"p": probs}], None, "auto", 1.0)["within_budget"]

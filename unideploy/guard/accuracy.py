@@ -286,6 +286,12 @@ def compare(
         entry.update(found)
         if "accuracy" in found:  # labelled accuracy is the whole model's too
             labelled = (found["accuracy_fp32"], found["accuracy"])
+        broken = _non_finite(r, c)
+        if broken or not np.isfinite(drop):
+            # NaN or infinity where fp32 has a number (a constant below fp16's range made 0, then a log
+            # of it): no metric of the rest can vouch for it, and an argmax over NaN still agrees
+            entry.update(non_finite=broken, values=int(np.size(c)))
+            drop = 1.0
         entry["drop_points"] = round(max(drop, 0.0) * 100.0, 4)
         entry["budget_points"] = budgets[judge.budget]
         entry["within_budget"] = entry["drop_points"] <= entry["budget_points"]
@@ -306,8 +312,23 @@ def compare(
     return result
 
 
+def _non_finite(reference: np.ndarray, candidate: np.ndarray) -> int:
+    """How many of a float output's values are NaN or infinite where the reference's are finite."""
+    if not (np.issubdtype(candidate.dtype, np.floating) and np.issubdtype(reference.dtype, np.number)):
+        return 0
+    if candidate.shape != reference.shape:
+        return 0  # the metrics say what differs
+    return int(np.count_nonzero(~np.isfinite(candidate) & np.isfinite(reference)))
+
+
 def detail(o: Mapping[str, Any]) -> str:
     """What one output's metric measured, in words (messages and the CLI's table)."""
+    if "non_finite" in o:
+        return (
+            f"{o['non_finite']} of {o['values']} values NaN or infinite where fp32's are finite"
+            if o["non_finite"]
+            else f"its {o['metric']} is not a number"
+        )
     return METRICS.get(o["metric"])().detail(o)
 
 

@@ -69,6 +69,8 @@ class OutputAccuracy(TypedDict):
     cosine_mean: NotRequired[float]
     cosine_min: NotRequired[float]
     relative_error: NotRequired[float]
+    non_finite: NotRequired[int]  # values NaN or infinite where fp32's are finite (the output is then lost)
+    values: NotRequired[int]  # how many values the output has, beside non_finite
 
 
 class AccuracyRecord(TypedDict):
