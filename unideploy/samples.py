@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -62,6 +62,12 @@ def take_rows(
         axis = row_axis(axes, name, array)
         out[name] = array if axis is None else rows_along(array, axis, start, stop)
     return out
+
+
+def join_rows(parts: Sequence[Mapping[str, np.ndarray]], axes: Axes | None = None) -> dict[str, np.ndarray]:
+    """Each tensor's parts as one array, joined along its rows' axis in ``axes`` (axis 0 where not
+    given): outputs run in pieces, or batches judged together."""
+    return {k: np.concatenate([p[k] for p in parts], axis=row_axis(axes, k, parts[0][k]) or 0) for k in parts[0]}
 
 
 def random_tensor(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

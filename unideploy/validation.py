@@ -15,7 +15,7 @@ import numpy as np
 
 from unideploy.errors import ValidationError
 from unideploy.package.manifest import Manifest, OutputErrors, ValidationRecord
-from unideploy.samples import Axes, batch_size_of, row_axis, rows_along
+from unideploy.samples import Axes, batch_size_of, join_rows, row_axis, take_rows
 from unideploy.signature import CHANNELS_LAST, Signature
 
 DEFAULT_ATOL = 1e-4
@@ -173,14 +173,8 @@ def fitted(run: Run, signature: Signature, samples: Samples, axes: tuple[Axes, A
     if not any(shape and (axis := input_axes.get(name, 0)) is not None and shape[axis] == 1 for name, shape in specs):
         return run, fit
 
-    def one_row(batch: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
-        return {
-            k: v if (axis := row_axis(input_axes, k, v)) is None else rows_along(v, axis, i, i + 1)
-            for k, v in batch.items()
-        }
-
     def rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        results = [run(one_row(batch, i)) for i in range(batch_size_of(batch, input_axes))]
-        return {k: np.concatenate([r[k] for r in results], axis=output_axes.get(k) or 0) for k in results[0]}
+        results = [run(take_rows(batch, i, i + 1, input_axes)) for i in range(batch_size_of(batch, input_axes))]
+        return join_rows(results, output_axes)
 
     return rows, fit

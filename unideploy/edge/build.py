@@ -45,7 +45,7 @@ from unideploy.guard.accuracy import describe
 from unideploy.guard.data import load_dataset, split
 from unideploy.guard.guard import Guard, reference_rows, settings_of
 from unideploy.guard.search import search_record, trial
-from unideploy.onnx.dequantize import dynamic_int8_ops, float_onnx
+from unideploy.onnx.dequantize import float_onnx
 from unideploy.onnx.files import copy_model
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
@@ -240,17 +240,6 @@ def _onnx2tf(
     raise failures[0]  # what onnx2tf found in the model as it is
 
 
-def _dynamic_int8(package: Package, base: Artifact) -> bool:
-    """Whether the base is an int8 ONNX file whose int8 is ONNX Runtime's dynamic kind, which
-    ``float_onnx`` makes float for onnx2tf (and the guard judges): QDQ or QLinear int8 is not made
-    float, and onnx2tf's TFLite of it ran far from it (0.59 off on a small CNN)."""
-    if base.precision != "int8" or package.manifest.source["framework"] != "onnx":
-        return False
-    import onnx
-
-    return bool(dynamic_int8_ops(onnx.load(str(package.path_of(base)), load_external_data=False)))
-
-
 def _source_tflite(
     source: Path, base: Artifact | None, signature: Signature, work: Path, references: list, say: Progress
 ) -> AddedArtifact:
@@ -317,15 +306,17 @@ def _tflite_artifacts(
         and (kept_keras := _keras_saved_model(source_dir, work, say))
     ):
         saved_model, route = kept_keras, "Keras' SavedModel + TensorFlow's converter"
-    elif base is not None and base.precision != "fp32" and not _dynamic_int8(package, base):
-        raise ExportError(
-            f"TFLite artifacts are converted from an fp32 model, and the package's ONNX artifact '{base.id}' "
-            f"computes in {base.precision}, as its source model does",
-            "export the fp32 model it was made from"
-            + (f" (the package keeps the source model, {kept})" if kept else ""),
-        )
     elif base is not None:
         onnx_path, undone = float_onnx(package.path_of(base), work, say)
+        if base.precision != "fp32" and not undone:
+            # only ONNX Runtime's dynamic INT8 is made float (and then judged by the guard): QDQ or
+            # QLinear int8 is not, and onnx2tf's TFLite of it ran far from it (0.59 off a small CNN)
+            raise ExportError(
+                f"TFLite artifacts are converted from an fp32 model, and the package's ONNX artifact '{base.id}' "
+                f"computes in {base.precision}, as its source model does",
+                "export the fp32 model it was made from"
+                + (f" (the package keeps the source model, {kept})" if kept else ""),
+            )
 
         def convert(folded_only: bool = False) -> tuple[Path, Signature | None, bool]:
             return _onnx2tf(

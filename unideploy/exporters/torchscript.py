@@ -207,10 +207,12 @@ def _input_dynamic_axes(arg_names: list[str], options: ExportOptions) -> dict[st
     names the batch on another axis (recurrent state ``[layers, batch, hidden]``: axis 0 was made a
     second batch axis, so the layers were cut as rows and the source failed on its own inputs)."""
     named = {s.name: s.dim_names for s in options.input_shapes}
-    return {
-        n: dict(named.get(n, {})) if BATCH_DIM in named.get(n, {}).values() else {0: BATCH_DIM, **named.get(n, {})}
-        for n in arg_names
-    }
+
+    def axes(name: str) -> dict[int, str]:
+        given = named.get(name, {})
+        return dict(given) if BATCH_DIM in given.values() else {0: BATCH_DIM, **given}
+
+    return {n: axes(n) for n in arg_names}
 
 
 def flatten_outputs(result: Any) -> list[Any]:

@@ -44,6 +44,7 @@ from unideploy.errors import InputError
 from unideploy.guard.metrics import METRICS, coords, ctc, detections, maps
 from unideploy.guard.metrics.base import BUDGET_OPTIONS, Budget, Output, classes, cosines, probabilities, relative_error
 from unideploy.package.manifest import AccuracyRecord, OutputAccuracy
+from unideploy.samples import join_rows
 
 DEFAULT_BUDGET_POINTS = 1.0  # what a non-exact artifact may lose, in percentage points of its metric
 _EMBEDDING_NAME = re.compile(r"(?i)embed|pool|sentence|feature|vector|hidden|encod")
@@ -109,14 +110,6 @@ def _ctc(ref: np.ndarray) -> tuple[str, str] | None:
         f"CTC scores over {ref.shape[-1]} classes per position (class {blank}, the blank, at {share:.0%} of "
         "them): character error rate of the greedy-decoded text",
     )
-
-
-def joined(
-    batches: Sequence[Mapping[str, np.ndarray]], output_axes: Mapping[str, int | None] | None = None
-) -> dict[str, np.ndarray]:
-    """Each output's batches as one array, joined along its rows' axis (axis 0 where not given)."""
-    axes = output_axes or {}
-    return {n: np.concatenate([b[n] for b in batches], axis=axes.get(n, 0) or 0) for n in batches[0]}
 
 
 def channels_first(reference: Mapping[str, np.ndarray]) -> set[str]:
@@ -252,11 +245,11 @@ def compare(
     caller judges many candidates against one (the guard), so it is not chosen again each time.
     ``output_axes``: where each output's rows lie (the batches are joined along them)."""
     names = list(reference[0])
-    ref = joined(reference, output_axes)
+    ref = join_rows(reference, output_axes)
     chosen = chosen or choose_metrics(metric, ref, labels is not None, output_axes=output_axes)
     first = channels_first(ref)
     ref = channels_last(ref, first)
-    cand = channels_last(joined(candidate, output_axes), first)
+    cand = channels_last(join_rows(candidate, output_axes), first)
     reference = [channels_last(b, first) for b in reference]
     candidate = [channels_last(b, first) for b in candidate]
     budgets: dict[Budget, float] = {

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import UnideployError
-from unideploy.guard.accuracy import DEFAULT_BUDGET_POINTS, choose_metrics, compare, describe, joined
+from unideploy.guard.accuracy import DEFAULT_BUDGET_POINTS, choose_metrics, compare, describe
 from unideploy.package.manifest import AccuracyRecord
+from unideploy.samples import join_rows
 
 Batch = dict[str, np.ndarray]
 Runner = Callable[[Batch], Mapping[str, np.ndarray]]
@@ -66,7 +67,7 @@ class Guard:
     def metrics(self) -> dict[str, tuple[str, str]]:
         """(metric, why) per output, chosen once for every candidate; asked for first, it refuses a
         bad ``--metric`` before any candidate is made."""
-        reference = joined(self.reference, self.output_axes)
+        reference = join_rows(self.reference, self.output_axes)
         return choose_metrics(self.metric, reference, self.labels is not None, self.rows, self.output_axes)
 
     def judge(self, key: Hashable, open_runner: Callable[[], Runner]) -> AccuracyRecord:

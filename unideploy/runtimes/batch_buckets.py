@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from unideploy.samples import Axes, batch_size_of, row_axis, rows_along, take_rows
+from unideploy.samples import Axes, batch_size_of, join_rows, row_axis, rows_along, take_rows
 
 Tensors = dict[str, np.ndarray]
 
@@ -124,4 +124,4 @@ def run_in_buckets(
         parts.append(take_rows(outputs, 0, count, output_axes))
     if len(parts) == 1:
         return parts[0]
-    return {k: np.concatenate([p[k] for p in parts], axis=row_axis(output_axes, k, parts[0][k]) or 0) for k in parts[0]}
+    return join_rows(parts, output_axes)
