@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from unideploy.errors import InputError
+from unideploy.onnx.precision import DYNAMIC_INT8_OPS
 from unideploy.package import Artifact, Manifest
 from unideploy.package.manifest import Precision, is_precision
 
 PRECISIONS = ("fp32", "fp16", "int8")
-_DYNAMIC_INT8 = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ def tensorrt_qdq_problem(onnx_path: Path) -> str | None:
     ops = {n.op_type for n in graph.node}
     if not {"QuantizeLinear", "DequantizeLinear"} <= ops:
         return "it has no QuantizeLinear/DequantizeLinear pairs"
-    if ops & _DYNAMIC_INT8:
-        return f"it uses dynamic-int8 operators ({', '.join(sorted(ops & _DYNAMIC_INT8))})"
+    if ops & DYNAMIC_INT8_OPS:
+        return f"it uses dynamic-int8 operators ({', '.join(sorted(ops & DYNAMIC_INT8_OPS))})"
     constants = {t.name: t for t in graph.initializer}
     for node in graph.node:
         if node.op_type != "QuantizeLinear" or len(node.input) < 3 or node.input[2] not in constants:

@@ -23,7 +23,8 @@ from unideploy.errors import ExportError
 from unideploy.onnx.files import save_model
 from unideploy.onnx.graph import consumers, names_read, upstream
 
-DYNAMIC_INT8_OPS = ("ConvInteger", "MatMulInteger", "DynamicQuantizeLSTM")
+# The dynamic INT8 operators rewritten as float (the DynamicQuantizeLinear feeding one goes with it).
+_REWRITTEN = ("ConvInteger", "MatMulInteger", "DynamicQuantizeLSTM")
 _LSTM_ATTRIBUTES = (
     "activation_alpha",
     "activation_beta",
@@ -38,7 +39,7 @@ _BIAS_STEPS = ("Reshape", "Cast", "Floor", "Round")  # the bias divided by the a
 
 def dynamic_int8_ops(model: onnx.ModelProto) -> list[str]:
     """The dynamic INT8 operators ``model`` uses (none: it is float as far as this module goes)."""
-    return sorted({n.op_type for n in model.graph.node if n.op_type in DYNAMIC_INT8_OPS})
+    return sorted({n.op_type for n in model.graph.node if n.op_type in _REWRITTEN})
 
 
 class _Graph:

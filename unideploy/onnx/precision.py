@@ -20,28 +20,30 @@ from unideploy.onnx.graph import bodies
 if TYPE_CHECKING:
     from unideploy.package.manifest import Precision
 
-# Operators whose presence shows that quantization happened.
-INT8_OPS = {
-    "QuantizeLinear",
+# ONNX Runtime's dynamic INT8: activations quantized at run time, by operators TensorRT cannot take.
+DYNAMIC_INT8_OPS = {
     "DynamicQuantizeLinear",
-    "MatMulInteger",
     "DynamicQuantizeMatMul",
-    "QLinearConv",
-    "QLinearMatMul",
+    "MatMulInteger",
     "ConvInteger",
-}
-# Operators that take or make quantized tensors: a model holding them was quantized already (ORT's
-# dynamic quantization leaves ConvInteger, MatMulInteger and DynamicQuantizeLSTM).
-QUANTIZED_OPS = INT8_OPS | {
     "DynamicQuantizeLSTM",
-    "QLinearAdd",
-    "QLinearMul",
-    "QLinearSigmoid",
-    "QLinearGlobalAveragePool",
-    "QLinearConcat",
-    "QAttention",
-    "DequantizeLinear",
 }
+# Operators whose presence shows that quantization happened.
+INT8_OPS = {"QuantizeLinear", "QLinearConv", "QLinearMatMul"} | DYNAMIC_INT8_OPS - {"DynamicQuantizeLSTM"}
+# Operators that take or make quantized tensors: a model holding them was quantized already.
+QUANTIZED_OPS = (
+    INT8_OPS
+    | DYNAMIC_INT8_OPS
+    | {
+        "QLinearAdd",
+        "QLinearMul",
+        "QLinearSigmoid",
+        "QLinearGlobalAveragePool",
+        "QLinearConcat",
+        "QAttention",
+        "DequantizeLinear",
+    }
+)
 _FLOATS: dict[int, Precision] = {
     onnx.TensorProto.FLOAT: "fp32",
     onnx.TensorProto.FLOAT16: "fp16",
