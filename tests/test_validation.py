@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 
 from unideploy.onnx.session import cpu_session
 from unideploy.signature import Signature, TensorSpec
-from unideploy.validation import fitted, validate
+from unideploy.validation import fitted, tolerance_text, validate
 
 
 def _one_row_step(path) -> None:
@@ -58,3 +58,15 @@ def test_a_one_row_artifact_is_fed_each_row_along_its_inputs_batch_axes(tmp_path
     assert len(fit) == 1  # the sample of another width is one this artifact cannot take
     record = validate(rows, fit, 1e-5, 1e-5, reference="onnx")
     assert record["passed"], record
+
+
+def test_an_output_s_own_atol_holds_it_and_only_it():
+    """The logits a source's own engines disagree on get their own atol; every other output keeps
+    the one asked for, and the record says both."""
+    expected = {"logits": np.array([[1000.0, -800.0]]), "score": np.array([[0.5]])}
+    actual = {"logits": np.array([[1000.3, -800.0]]), "score": np.array([[0.6]])}
+    wide = validate(lambda _: actual, [({}, expected)], 1e-4, 1e-6, "tflite", {"logits": 0.5})
+    assert wide["outputs"]["logits"]["mismatched"] == 0 and wide["outputs"]["score"]["mismatched"] == 1
+    assert wide["output_atol"] == {"logits": 0.5} and not wide["passed"]
+    assert tolerance_text(wide) == "atol 0.0001 (logits: 0.5), rtol 1e-06"
+    assert "output_atol" not in validate(lambda _: actual, [({}, expected)], 1.0, 0.0, "tflite")

@@ -64,8 +64,12 @@ def validate(
     atol: float,
     rtol: float,
     reference: str,
+    output_atol: Mapping[str, float] | None = None,
 ) -> Record:
-    """Run every (inputs, expected outputs) pair and merge the worst errors per output."""
+    """Run every (inputs, expected outputs) pair and merge the worst errors per output.
+    ``output_atol``: an output's own absolute tolerance, where it is not ``atol`` (one whose values
+    the source's own engines already disagree on by more)."""
+    per_output = dict(output_atol or {})
     outputs: dict[str, OutputErrors] = {}
     batch_sizes = []
     for inputs, expected in samples:
@@ -74,13 +78,13 @@ def validate(
         for name, ref in expected.items():
             if name not in actual:
                 raise ValidationError(f"the artifact produced no output '{name}'", f"it produced: {', '.join(actual)}")
-            result = compare_output(name, ref, actual[name], atol, rtol)
+            result = compare_output(name, ref, actual[name], per_output.get(name, atol), rtol)
             merged = outputs.setdefault(name, {"max_abs_error": 0.0, "max_rel_error": 0.0, "mismatched": 0})
             merged["max_abs_error"] = max(merged["max_abs_error"], result["max_abs_error"])
             merged["max_rel_error"] = max(merged["max_rel_error"], result["max_rel_error"])
             merged["mismatched"] += result["mismatched"]
     passed = all(o["mismatched"] == 0 for o in outputs.values())
-    return {
+    record: Record = {
         "passed": passed,
         "reference": reference,
         "atol": atol,
@@ -88,13 +92,25 @@ def validate(
         "batch_sizes": batch_sizes,
         "outputs": outputs,
     }
+    if per_output:
+        record["output_atol"] = per_output
+    return record
 
 
-def recorded_tolerance(manifest: Manifest, artifact_id: str) -> tuple[float, float]:
-    """(atol, rtol) the artifact was validated under when made: what every later check holds it, and
-    what is converted from it without loss, to (the defaults where the package recorded none)."""
+def recorded_tolerance(manifest: Manifest, artifact_id: str) -> tuple[float, float, dict[str, float]]:
+    """(atol, rtol, the outputs' own atol) the artifact was validated under when made: what every
+    later check holds it, and what is converted from it without loss, to (the defaults where the
+    package recorded none)."""
     stored = manifest.validation.get(artifact_id)
-    return (stored["atol"], stored["rtol"]) if stored else (DEFAULT_ATOL, DEFAULT_RTOL)
+    if not stored:
+        return DEFAULT_ATOL, DEFAULT_RTOL, {}
+    return stored["atol"], stored["rtol"], dict(stored.get("output_atol", {}))
+
+
+def tolerance_text(record: Record) -> str:
+    """``atol A, rtol R``, with each output's own atol where it has one."""
+    own = ", ".join(f"{name}: {value:.3g}" for name, value in record.get("output_atol", {}).items())
+    return f"atol {record['atol']:g}{f' ({own})' if own else ''}, rtol {record['rtol']:g}"
 
 
 def failure_text(record: Record) -> str:
@@ -109,8 +125,7 @@ def failure_text(record: Record) -> str:
 def require_passed(record: Record, what: str) -> None:
     if not record["passed"]:
         raise ValidationError(
-            f"{what} differs from {record['reference']} beyond tolerance "
-            f"(atol {record['atol']:g}, rtol {record['rtol']:g}): {failure_text(record)}",
+            f"{what} differs from {record['reference']} beyond tolerance ({tolerance_text(record)}): {failure_text(record)}",
             "raise --atol/--rtol if this error is acceptable, or report the model",
         )
 

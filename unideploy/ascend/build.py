@@ -33,6 +33,7 @@ from unideploy.validation import (
     DEFAULT_RTOL,
     largest_reference,
     measured_tolerance_record,
+    recorded_tolerance,
     require_passed,
     validate,
 )
@@ -92,13 +93,18 @@ def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact
 def _check_mindir(
     path: Path, manifest: Manifest, references: list, undone: list[str], accuracy: Mapping[str, Any] | None = None
 ) -> ValidationRecord:
-    """The MindIR against the reference outputs: to the default tolerance, or, rebuilt from a
-    dequantized graph (whose activations are no longer rounded to 8 bits), by the accuracy guard
-    (with the budget and metric in ``accuracy``)."""
+    """The MindIR against the reference outputs: to the tolerance its ONNX artifact was held to (an
+    output the source's own engines disagree on keeps its own), or, rebuilt from a dequantized graph
+    (whose activations are no longer rounded to 8 bits), by the accuracy guard (with the budget and
+    metric in ``accuracy``)."""
     framework = manifest.source["framework"]
     with RUNTIMES.get("mindspore")(path, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
         if not undone:
-            record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
+            base = manifest.base_onnx()
+            atol, rtol, output_atol = recorded_tolerance(manifest, base.id) if base else (DEFAULT_ATOL, DEFAULT_RTOL, {})
+            record = validate(runtime.run, references, atol, rtol, framework, output_atol)
+            if output_atol and base:
+                record["tolerance_basis"] = manifest.validation[base.id].get("tolerance_basis", "")
             require_passed(record, "the MindIR artifact (run by MindSpore on the CPU)")
             return record
         guard = Guard(

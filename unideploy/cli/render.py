@@ -22,6 +22,7 @@ from unideploy.guard.accuracy import describe, detail
 from unideploy.package import Package
 from unideploy.package.manifest import OptimizationRecord
 from unideploy.signature import normalize_dtype
+from unideploy.validation import tolerance_text
 from unideploy.verify import ArtifactCheck
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def _artifact_table(package: Package) -> Table:
         elif record:
             verdict = "[green]passed[/]" if record["passed"] else "[red]failed[/]"
             worst = max((o["max_abs_error"] for o in record["outputs"].values()), default=0.0)
-            tol = f"atol {record['atol']:g}, rtol {record['rtol']:g}"
+            tol = tolerance_text(record)
             where = f" (batch {', '.join(map(str, record['batch_sizes']))})"
         else:
             verdict, worst, tol, where = "not validated", 0.0, "", ""

@@ -107,6 +107,10 @@ class ConvertedModel:
     # Outputs stored as integers that stand for real numbers (scale, zero point): a quantized model's
     # uint8 class scores are judged as the scores they are, not as labels.
     output_scales: dict[str, tuple[float, int]] = field(default_factory=dict)
+    # The source run by another engine of its own framework (LiteRT's builtin kernels beside XNNPACK),
+    # and that engine's name: how far the source's own engines disagree is the least a conversion
+    # of it can be held to (SourceRun.spread).
+    second_engine: tuple[str, SourceRunner] | None = None
 
 
 def zip_members(src: Path) -> list[str]:

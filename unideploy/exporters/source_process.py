@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from unideploy import child_process
-from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
+from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, SourceRunner
 from unideploy.exporters.shapes import resolve_signature, settle_outputs
 from unideploy.onnx.interface import declare_signature
 from unideploy.package.manifest import ValidationRecord
@@ -38,6 +38,21 @@ class SourceRun:
     signature: Signature
     references: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]
     native_validation: ValidationRecord | None
+    spread: EngineSpread | None = None  # where the source's framework has a second engine
+
+
+@dataclass(frozen=True)
+class EngineSpread:
+    """How far a second engine of the source's framework is from the reference outputs: the
+    largest absolute difference in each output."""
+
+    engine: str
+    max_abs: dict[str, float]
+
+
+def engine_spread(engine: str, second: SourceRunner, references: list) -> EngineSpread:
+    measured = validate(second, references, float("inf"), 0.0, reference=engine)
+    return EngineSpread(engine, {name: o["max_abs_error"] for name, o in measured["outputs"].items()})
 
 
 def run_source(
@@ -87,7 +102,17 @@ def _here(
         with RUNTIMES.get(runtime_name)(src, signature, RuntimeOptions(device="cpu")) as runtime:
             native_validation = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
         require_passed(native_validation, f"the native {exporter_cls.native_format} artifact")
-    return SourceRun(replace(converted, run_source=_ran_elsewhere), signature, references, native_validation)
+    spread = None
+    if converted.second_engine is not None:
+        say(f"running the source on {converted.second_engine[0]} too")
+        spread = engine_spread(*converted.second_engine, references)
+    return SourceRun(
+        replace(converted, run_source=_ran_elsewhere, second_engine=None),
+        signature,
+        references,
+        native_validation,
+        spread,
+    )
 
 
 def _ran_elsewhere(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

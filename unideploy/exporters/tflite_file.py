@@ -11,7 +11,8 @@ is called by its signature's names, as LiteRT's signature runner calls it; an ol
 one (MediaPipe's) by its tensors' names. The layout stays the model's own (channels last), and
 sizes the flatbuffer fixes (a batch of 1 in most mobile models) stay fixed. Weights stored sparse
 (``EXPERIMENTAL_SPARSITY``, MediaPipe's full-range detector) reach tf2onnx made dense by LiteRT's
-own DENSIFY (``tflite_dense.py``); LiteRT runs the sparse model as the reference.
+own DENSIFY (``tflite_dense.py``), and MediaPipe's ``Convolution2DTransposeBias`` as the builtin
+operators it stands for (``tflite_custom.py``); LiteRT runs the source as it is as the reference.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.savedmodel import MAX_OPSET, converter_failure, save_checked
+from unideploy.exporters.tflite_custom import TRANSPOSE_CONV_BIAS, builtin_transposes
 from unideploy.exporters.tflite_dense import densified, sparse_tensors
 from unideploy.onnx.interface import rename_values
 from unideploy.quiet import quiet
@@ -57,6 +59,9 @@ class TFLiteExporter(Exporter):
             if expanded:
                 readable, sparse = workdir / "dense.tflite", sparse_tensors(workdir / "dense.tflite")
             _refuse_sparse_weights(sparse, src)
+        rewritten = builtin_transposes(readable, workdir / "builtin.tflite")
+        if rewritten:
+            readable = workdir / "builtin.tflite"
         _refuse_unquantized_examples(inputs, options.example_inputs, src)
         quantized = _quantized_tensors(tensors)
         signature = Signature(
@@ -88,6 +93,7 @@ class TFLiteExporter(Exporter):
             "the model uses a TFLite operator with no ONNX mapping (a custom or Select TF operator)",
         )
         run_source = _TensorRunner(interpreter, inputs, outputs)
+        builtin = _interpreter(readable, delegates=False) if not quantized else None
         import ai_edge_litert
 
         return ConvertedModel(
@@ -95,7 +101,8 @@ class TFLiteExporter(Exporter):
             signature=signature,
             run_source=run_source,
             conversion_path=f"tf2onnx {tf2onnx.__version__} TFLite reader"
-            + (f" ({expanded} sparse weight tensor(s) made dense by LiteRT's DENSIFY)" if expanded else ""),
+            + (f" ({expanded} sparse weight tensor(s) made dense by LiteRT's DENSIFY)" if expanded else "")
+            + (f" ({rewritten} MediaPipe {TRANSPOSE_CONV_BIAS} read as TRANSPOSE_CONV + ADD)" if rewritten else ""),
             library_versions={
                 "tf2onnx": tf2onnx.__version__,
                 "tensorflow": tf.__version__,
@@ -108,6 +115,14 @@ class TFLiteExporter(Exporter):
                 if quantized
                 else None
             ),
+            second_engine=(
+                (
+                    _BUILTIN_KERNELS,
+                    _TensorRunner(builtin, _same_tensors(builtin, inputs), _same_tensors(builtin, outputs)),
+                )
+                if builtin is not None
+                else None
+            ),
             output_scales={
                 name: (float(d["quantization"][0]), int(d["quantization"][1]))
                 for name, d in outputs.items()
@@ -116,12 +131,21 @@ class TFLiteExporter(Exporter):
         )
 
 
-def _interpreter(src: Path) -> Any:
-    from ai_edge_litert.interpreter import Interpreter
+# The engine a float model's conversion is also compared with: LiteRT runs a float model through
+# XNNPACK by default, and its own reference kernels otherwise. Where the two disagree (sums over
+# large values: MediaPipe's pose segmentation logits reach -1,700, and its two engines differ there
+# by 0.2), no conversion can be held closer than that.
+_BUILTIN_KERNELS = "LiteRT's builtin kernels (without XNNPACK)"
 
+
+def _interpreter(src: Path, delegates: bool = True) -> Any:
+    """LiteRT's interpreter of ``src``, with XNNPACK (its default) or its builtin kernels alone."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    kind = OpResolverType.AUTO if delegates else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
     with quiet():  # LiteRT logs its delegate to fd 2
         try:
-            interpreter = Interpreter(model_path=str(src))
+            interpreter = Interpreter(model_path=str(src), experimental_op_resolver_type=kind)
             interpreter.allocate_tensors()
         except (ValueError, RuntimeError) as exc:
             raise InputError(
@@ -130,6 +154,12 @@ def _interpreter(src: Path) -> Any:
                 "or custom ones",
             ) from exc
     return interpreter
+
+
+def _same_tensors(interpreter: Any, details: Details) -> Details:
+    """``details`` (by caller name) as another interpreter of the same graph numbers its tensors."""
+    index = {d["name"]: d for d in interpreter.get_tensor_details()}
+    return {name: {**d, "index": index[d["name"]]["index"]} for name, d in details.items()}
 
 
 def _refuse_sparse_weights(sparse: list[str], src: Path) -> None:

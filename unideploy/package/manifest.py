@@ -133,6 +133,7 @@ class ValidationRecord(TypedDict):
     batch_sizes: NotRequired[list[int]]
     outputs: NotRequired[dict[str, OutputErrors]]
     tolerance_basis: NotRequired[str]
+    output_atol: NotRequired[dict[str, float]]  # an output's own atol, where it is not ``atol``
     accuracy: NotRequired[AccuracyRecord]  # a non-exact artifact's guard verdict (edge fp16/int8)
     quantization: NotRequired[str]  # an edge int8 artifact's kind (full integer or dynamic range)
     float_layers: NotRequired[list[dict[str, Any]]]  # an int8 TFLite's layers left in float, worst first

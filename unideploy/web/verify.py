@@ -173,9 +173,11 @@ def _check(page: Any, package: Package, pairs: Samples, artifact: str, backend: 
         said = str(exc).removeprefix("Page.evaluate: ").splitlines()[0]
         return BrowserCheck(artifact, backend, "failed", f"did not run in the page: {said}")
     outputs = {id(inputs): _arrays(found) for (inputs, _), found in zip(pairs, result["outputs"], strict=True)}
-    atol, rtol = recorded_tolerance(package.manifest, artifact)
+    atol, rtol, output_atol = recorded_tolerance(package.manifest, artifact)
     try:
-        record = validate(lambda inputs: outputs[id(inputs)], pairs, atol, rtol, package.manifest.source["framework"])
+        record = validate(
+            lambda inputs: outputs[id(inputs)], pairs, atol, rtol, package.manifest.source["framework"], output_atol
+        )
     # an output of another shape, or missing: the page computed something else
     except (ValidationError, KeyError) as exc:
         return BrowserCheck(artifact, backend, "failed", f"{type(exc).__name__}: {exc}")
