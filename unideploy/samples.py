@@ -91,6 +91,13 @@ def dynamic_dims(signature: Signature) -> list[tuple[TensorSpec, int, str]]:
     ]
 
 
+def widest(batches: Sequence[Mapping[str, np.ndarray]], signature: Signature) -> Mapping[str, np.ndarray]:
+    """The batch whose dynamic dims other than the batch are largest: of the two ``example_batches``
+    makes, the user's example rather than its crop; the first where they agree."""
+    dims = dynamic_dims(signature)
+    return max(batches, key=lambda batch: tuple(batch[spec.name].shape[axis] for spec, axis, _ in dims))
+
+
 def other_size(size: int) -> int:
     """A second size to validate a dynamic dim at: smaller (position tables and crops stay valid),
     and on the same stride as the first (detectors need multiples of 32, patch models of 8)."""

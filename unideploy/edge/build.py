@@ -13,6 +13,7 @@ prints it.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +26,7 @@ from unideploy.edge.tflite import (
     TFLITE_INT8,
     converted_name,
     fixed_signature,
+    moved_axes,
     onnx_to_saved_model,
     saved_model_to_tflite,
     selective_int8,
@@ -52,7 +54,7 @@ from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import AccuracyRecord, OmittedRecord, Precision, SearchTrial
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
-from unideploy.samples import batch_size_of, take_rows
+from unideploy.samples import batch_size_of, take_rows, widest
 from unideploy.signature import CHANNELS_LAST, Signature, to_channels_last
 from unideploy.validation import (
     DEFAULT_ATOL,
@@ -193,10 +195,11 @@ def _onnx2tf(
     onnx_path: Path,
     work: Path,
     signature: Signature,
-    sample: dict[str, np.ndarray],
+    sample: Mapping[str, np.ndarray],
     say: Progress,
     folded_only: bool = False,
     channels_last: bool = False,
+    moved_back: Mapping[str, list[int]] | None = None,
 ) -> tuple[Path, Signature | None, bool]:
     """A SavedModel from onnx2tf, the input sizes it was made at (None: the package's), and
     whether constants were folded first.
@@ -207,7 +210,8 @@ def _onnx2tf(
     with onnx2tf's simplifier off (it drops the all-zero initial states of ddddocr's LSTM).
     ``folded_only``: the folded tries alone, for a model whose unfolded conversion ran wrong.
     ``channels_last``: the ONNX came from a channels-last framework (TFLite, TensorFlow), whose
-    inputs are in the layout TFLite takes already."""
+    inputs are in the layout TFLite takes already. ``moved_back``: outputs an earlier conversion
+    gave with their axes moved, and the permutation that puts each back."""
     fixed = fixed_signature(signature, sample)  # dynamic non-batch dims: converted at the sample's sizes
     pinned = fixed_signature(signature, sample, batch_too=True)
     # onnx2tf moves the channels of 3-D to 5-D inputs last, reading axis 1 as channels: not where
@@ -234,7 +238,7 @@ def _onnx2tf(
             else f"converting ONNX to TensorFlow with onnx2tf{how}"
         )
         try:
-            return onnx_to_saved_model(onnx_path, work, shapes, folded, simplified, kept), shapes, folded
+            return onnx_to_saved_model(onnx_path, work, shapes, folded, simplified, kept, moved_back), shapes, folded
         except ExportError as failed:
             failures.append(failed)
     raise failures[0]  # what onnx2tf found in the model as it is
@@ -289,6 +293,8 @@ def _tflite_artifacts(
     undone: list[str] = []  # ONNX Runtime's dynamic INT8 operators made float for onnx2tf
     fixed = None  # the input sizes onnx2tf converts at, where the model has dynamic non-batch dims
     refold: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, constants folded
+    put_back: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, outputs' axes back
+    moved: dict[str, list[int]] = {}  # outputs onnx2tf gave with their axes moved, and how to put them back
     added: list[AddedArtifact] = []
     made: set[str] = set()  # precisions added: the dynamic-range int8 runs only where full integer did not
     if framework == "tflite" and source_dir and source_dir.is_file():
@@ -323,10 +329,11 @@ def _tflite_artifacts(
                 onnx_path,
                 work,
                 manifest.signature,
-                references[0][0],
+                widest([inputs for inputs, _ in references], manifest.signature),  # the user's sizes
                 say,
                 folded_only,
                 channels_last=framework in CHANNELS_LAST_FRAMEWORKS,
+                moved_back=moved,
             )
 
         try:
@@ -341,6 +348,7 @@ def _tflite_artifacts(
                 for p in ("fp16", "int8")[: 2 if calibration else 1]
             ]
         refold = None if folded else lambda: convert(folded_only=True)
+        put_back = functools.partial(convert, folded_only=folded)  # the way the first conversion went
         route = "onnx2tf + TensorFlow's converter"
     else:
         raise ExportError("the package has no ONNX artifact to convert from")
@@ -385,6 +393,22 @@ def _tflite_artifacts(
             with tflite(path, signature or manifest.signature) as runtime:
                 # an artifact made at one input size is proven on the samples of that size
                 run, fitting = fitted(runtime.run, signature or manifest.signature, references, rows_on)
+                if (
+                    precision == "fp32"
+                    and put_back is not None
+                    and fitting
+                    and (
+                        found := moved_axes(
+                            runtime.run(take_rows(fitting[0][0], 0, 1, rows_on[0])),
+                            take_rows(fitting[0][1], 0, 1, rows_on[1]),
+                        )
+                    )
+                ):
+                    say(f"onnx2tf moved the axes of {', '.join(found)}: converting again with them put back")
+                    moved.update(found)
+                    (saved_model, fixed, _), put_back = put_back(), None
+                    variants.insert(0, (precision, mode))
+                    continue
                 if precision == "fp32" and not undone:  # a conversion that should be exact: the default
                     record = validate(run, fitting, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
                     if not record["passed"] and refold is not None:
@@ -484,9 +508,9 @@ def build_edge(
             say("converting to ONNX Runtime's mobile format (.ort)")
             ort_model, ort_config = _to_ort(package.path_of(base), work)
             # the same model in another file format: held to what its ONNX artifact was
-            atol, rtol = recorded_tolerance(manifest, base.id)
+            atol, rtol, output_atol = recorded_tolerance(manifest, base.id)
             with RUNTIMES.get("onnxruntime")(ort_model, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
-                record = validate(runtime.run, references, atol, rtol, reference=framework)
+                record = validate(runtime.run, references, atol, rtol, framework, output_atol)
             require_passed(record, "the ORT-format artifact")
             added.append(
                 (

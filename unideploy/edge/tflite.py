@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ def onnx_to_saved_model(
     folded: bool = False,
     simplified: bool = True,
     kept_layout: Sequence[str] = (),
+    moved_back: Mapping[str, Sequence[int]] | None = None,
 ) -> Path:
     """Convert with onnx2tf; ``erf`` becomes pseudo-ops LiteRT's builtins run (no FlexErf).
 
@@ -52,17 +53,25 @@ def onnx_to_saved_model(
     scale). ``simplified``: let onnx2tf run onnxsim on its input; it drops an LSTM's all-zero initial
     states, which onnx2tf's LSTM then cannot do without (ddddocr's CRNN), so after folding it may be
     left out. ``kept_layout``: inputs whose axes stay as they are (onnx2tf otherwise moves axis 1 of
-    every 3-D to 5-D input last, as an image's channels).
+    every 3-D to 5-D input last, as an image's channels). ``moved_back``: outputs whose axes an
+    earlier conversion moved (``moved_axes``), each with the permutation that puts them back, which
+    onnx2tf applies after the node making it (its parameter replacement file).
 
     onnx2tf builds with Keras 2 (tf_keras) and, when imported, sets TF_USE_LEGACY_KERAS and
     TF_CPP_MIN_LOG_LEVEL for the whole process: both hold only while it runs, so that what the
     caller starts afterwards (a Keras 3 script, a model builder) inherits neither."""
     with environment(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL=None):
-        return _onnx2tf(onnx_path, workdir, fixed, folded, simplified, kept_layout)
+        return _onnx2tf(onnx_path, workdir, fixed, folded, simplified, kept_layout, moved_back or {})
 
 
 def _onnx2tf(
-    onnx_path: Path, workdir: Path, fixed: Signature | None, folded: bool, simplified: bool, kept_layout: Sequence[str]
+    onnx_path: Path,
+    workdir: Path,
+    fixed: Signature | None,
+    folded: bool,
+    simplified: bool,
+    kept_layout: Sequence[str],
+    moved_back: Mapping[str, Sequence[int]],
 ) -> Path:
     try:
         with quiet():
@@ -88,6 +97,7 @@ def _onnx2tf(
         )
         folded_model.replace(private)
     _scope_safe_node_names(private)
+    replacements = _put_back(private, moved_back, workdir / "onnx2tf-replacements.json") if moved_back else None
     _test_images_offline(workdir)
     try:
         # onnx2tf simplifies its input by running the ``onnxsim`` command; when ``deploy`` runs from a
@@ -103,6 +113,7 @@ def _onnx2tf(
                 output_signaturedefs=True,
                 not_use_onnxsim=not simplified,
                 keep_shape_absolutely_input_names=list(kept_layout) or None,
+                param_replacement_file=str(replacements or ""),
                 overwrite_input_shape=[f"{t.name}:{','.join(map(str, t.shape))}" for t in fixed.inputs]
                 if fixed
                 else None,
@@ -117,6 +128,42 @@ def _onnx2tf(
     if not (out / "saved_model.pb").is_file():
         raise ExportError("onnx2tf wrote no SavedModel", "re-run with --debug for onnx2tf's output")
     return out
+
+
+def _put_back(model_path: Path, moved: Mapping[str, Sequence[int]], out: Path) -> Path | None:
+    """onnx2tf's parameter replacement file transposing each of ``moved``'s outputs after the node
+    that makes it, where nothing else reads it (the transpose would reach those readers too); None
+    where none can be."""
+    import json
+
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    read = {name for node in graph.node for name in node.input}
+    operations = [
+        {"op_name": node.name, "param_target": "outputs", "param_name": name, "post_process_transpose_perm": list(perm)}
+        for name, perm in moved.items()
+        for node in graph.node
+        if name in node.output and name not in read
+    ]
+    if not operations:
+        return None
+    out.write_text(json.dumps({"format_version": 1, "operations": operations}))
+    return out
+
+
+def moved_axes(produced: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> dict[str, list[int]]:
+    """The outputs ``produced`` with the sizes of ``expected``'s in another order (onnx2tf read
+    Silero VAD's state [2, batch, 128] as [batch, 2, 128]), each with the permutation of its axes
+    that gives ``expected``'s (the first that fits, where sizes repeat)."""
+    moved = {}
+    for name, reference in expected.items():
+        dims, wanted = list(np.shape(produced.get(name))), list(np.shape(reference))
+        if name not in produced or dims == wanted or sorted(dims) != sorted(wanted):
+            continue
+        free = list(range(len(dims)))
+        moved[name] = [free.pop(next(i for i, axis in enumerate(free) if dims[axis] == size)) for size in wanted]
+    return moved
 
 
 _SCOPE_UNSAFE = re.compile(r"[^A-Za-z0-9_.\\/>-]")
@@ -368,7 +415,9 @@ def signed_tflite(source: Path, out: Path, names: Sequence[str]) -> bool:
     return added
 
 
-def fixed_signature(signature: Signature, sample: dict[str, np.ndarray], batch_too: bool = False) -> Signature | None:
+def fixed_signature(
+    signature: Signature, sample: Mapping[str, np.ndarray], batch_too: bool = False
+) -> Signature | None:
     """The signature pinned at one reference sample's sizes (batch 1), when the model has dynamic
     dims other than the batch (or ``batch_too``, any dynamic dim); mobile models run at one input size."""
     from unideploy.samples import dynamic_dims
