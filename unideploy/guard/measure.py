@@ -117,6 +117,7 @@ def _one_call(session: Any, inputs: dict[str, np.ndarray]) -> float:
 
 
 SLOWER = 0.95  # a speedup under this at every batch size is more than the timing's noise
+FASTER = 1 / SLOWER  # and one over this, on average, faster by more than it
 
 
 def cpu_has_vnni() -> bool:

@@ -42,7 +42,7 @@ import numpy as np
 import onnx
 
 from unideploy.errors import ExportError, InputError, first_line
-from unideploy.guard.measure import cpu_has_vnni, slower_everywhere, slower_int8_refusal
+from unideploy.guard.measure import FASTER, cpu_has_vnni, slower_everywhere, slower_int8_refusal
 from unideploy.guard.search import search, search_record, skipped
 from unideploy.onnx.graph import branch_layers, control_flow_note, operator_list, weight_names
 from unideploy.onnx.interface import opset_of
@@ -79,7 +79,8 @@ STATIC_OPS = [
 # A Concat whose inputs' calibrated ranges differ this much leaves the narrowest fewer than 256 / 16
 # levels of a shared uint8 scale: kept in fp32.
 MIXED_RANGE_RATIO = 16.0
-# A searched INT8 model no faster than fp32 must at least be this much smaller to be worth adding.
+# A searched INT8 model no faster than fp32 (by more than the timing's noise, FASTER) must at least be
+# this much smaller to be worth adding.
 WORTHWHILE_SIZE = 0.75
 # Operators whose weights INT8 stores as integers (static and dynamic alike): without one of them
 # fed by a weight there is nothing to quantize.
@@ -341,7 +342,7 @@ class Int8Quantization(OptimizerPass):
                 f"{kept.mean_speedup:.2f}x at {size:.0%} of the size",
             ),
         }
-        if result.within_budget and kept.mean_speedup <= 1.0 and size > WORTHWHILE_SIZE:
+        if result.within_budget and kept.mean_speedup < FASTER and size > WORTHWHILE_SIZE:
             # within budget only as a model that is neither faster nor much smaller: not an INT8 model
             record["search"]["refused"] = (
                 f"within the budget only with {len(result.restored)} layers in fp32, "
