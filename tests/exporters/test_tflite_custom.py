@@ -107,3 +107,14 @@ def test_a_model_with_the_operator_exports_and_says_how_it_was_read(mediapipe_st
     assert manifest["validation"]["onnx-fp32"]["passed"]
     made = _run(mediapipe_style[0], np.zeros((1, 6, 5, 4), np.float32))  # SAME: 12 x 10; VALID: 13 x 11
     assert manifest["signature"]["outputs"][0]["shape"] == list(made.shape)
+
+
+def test_litert_s_builtin_kernels_run_the_copy_where_only_xnnpack_runs_the_source(mediapipe_style, tmp_path):
+    """The second engine the export compares LiteRT's XNNPACK with is its builtin kernels, which
+    know no custom operator: they run the builtin copy, and a source they cannot load has no second
+    engine rather than a failed export."""
+    from unideploy.exporters.tflite_file import _builtin_kernels
+
+    builtin_transposes(mediapipe_style[1], tmp_path / "copy.tflite")
+    assert _builtin_kernels(mediapipe_style[1]) is None
+    assert _builtin_kernels(tmp_path / "copy.tflite") is not None

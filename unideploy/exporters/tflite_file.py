@@ -93,7 +93,7 @@ class TFLiteExporter(Exporter):
             "the model uses a TFLite operator with no ONNX mapping (a custom or Select TF operator)",
         )
         run_source = _TensorRunner(interpreter, inputs, outputs)
-        builtin = _interpreter(readable, delegates=False) if not quantized else None
+        builtin = _builtin_kernels(readable) if not quantized else None
         import ai_edge_litert
 
         return ConvertedModel(
@@ -154,6 +154,15 @@ def _interpreter(src: Path, delegates: bool = True) -> Any:
                 "or custom ones",
             ) from exc
     return interpreter
+
+
+def _builtin_kernels(path: Path) -> Any:
+    """LiteRT's interpreter of ``path`` on its builtin kernels, or None where only a delegate runs
+    one of its operators (a custom one XNNPACK knows): then the source has one engine here."""
+    try:
+        return _interpreter(path, delegates=False)
+    except InputError:
+        return None
 
 
 def _same_tensors(interpreter: Any, details: Details) -> Details:
