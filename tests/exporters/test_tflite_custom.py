@@ -30,16 +30,16 @@ def _builtin_model(padding: str, path: Path) -> Path:
     return path
 
 
-def _as_mediapipe_writes_it(builtin: Path, padding: str, path: Path) -> Path:
+def _as_mediapipe_writes_it(builtin: Path, padding: str, path: Path, code_name: str = TRANSPOSE_CONV_BIAS) -> Path:
     """The TRANSPOSE_CONV (output shape, weights, input, bias) as MediaPipe's custom operator
-    (input, weights, bias), its options the raw TfLiteTransposeConvParams."""
+    (input, weights, bias), its options the raw TfLiteTransposeConvParams; under ``code_name``."""
     from tensorflow.lite.python import schema_py_generated as schema
     from tensorflow.lite.tools import flatbuffer_utils
 
     model = flatbuffer_utils.read_model(str(builtin))
     code = schema.OperatorCodeT()
     code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
-    code.customCode, code.version = TRANSPOSE_CONV_BIAS.encode(), 1
+    code.customCode, code.version = code_name.encode(), 1
     model.operatorCodes.append(code)
     (op,) = [
         op
@@ -118,3 +118,15 @@ def test_litert_s_builtin_kernels_run_the_copy_where_only_xnnpack_runs_the_sourc
     builtin_transposes(mediapipe_style[1], tmp_path / "copy.tflite")
     assert _builtin_kernels(mediapipe_style[1]) is None
     assert _builtin_kernels(tmp_path / "copy.tflite") is not None
+
+
+def test_a_custom_operator_no_engine_here_runs_is_refused_naming_it(mediapipe_style, tmp_path):
+    """MediaPipe's face mesh with attention holds Landmarks2TransformMatrix, which only MediaPipe's
+    own runtime registers: LiteRT cannot load such a model, and the refusal names the operator."""
+    from console import assert_one_line_error
+
+    unknown = _as_mediapipe_writes_it(mediapipe_style[0], "same", tmp_path / "unknown.tflite", "TransformLandmarks")
+    assert_one_line_error(
+        deploy("export", unknown, "-o", tmp_path / "pkg"), 2, r"its custom operator TransformLandmarks runs only where"
+    )
+    assert not (tmp_path / "pkg").exists()

@@ -17,6 +17,7 @@ operators it stands for (``tflite_custom.py``); LiteRT runs the source as it is 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -148,12 +149,20 @@ def _interpreter(src: Path, delegates: bool = True) -> Any:
             interpreter = Interpreter(model_path=str(src), experimental_op_resolver_type=kind)
             interpreter.allocate_tensors()
         except (ValueError, RuntimeError) as exc:
+            custom = _UNRESOLVED.search(str(exc))
             raise InputError(
                 f"'{src}' cannot be loaded by LiteRT: {first_line(exc)}",
-                "check that the file was copied whole; LiteRT runs TFLite's builtin operators, not Select TF (Flex) "
-                "or custom ones",
+                f"its custom operator {custom[1]} runs only where its maker's runtime registers it (MediaPipe's, for "
+                "its own), which LiteRT alone does not: export the model it was converted from, or a version with "
+                "builtin operators only"
+                if custom
+                else "check that the file was copied whole; LiteRT runs TFLite's builtin operators, not Select TF "
+                "(Flex) or custom ones",
             ) from exc
     return interpreter
+
+
+_UNRESOLVED = re.compile(r"unresolved custom op: (\w+)")
 
 
 def _builtin_kernels(path: Path) -> Any:
