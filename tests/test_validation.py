@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from unideploy.onnx.session import cpu_session
 from unideploy.signature import Signature, TensorSpec
-from unideploy.validation import fitted, tolerance_text, validate
+from unideploy.validation import fitted, share_of_each_output, tolerance_text, validate
 
 
 def _one_row_step(path) -> None:
@@ -70,3 +71,14 @@ def test_an_output_s_own_atol_holds_it_and_only_it():
     assert wide["output_atol"] == {"logits": 0.5} and not wide["passed"]
     assert tolerance_text(wide) == "atol 0.0001 (logits: 0.5), rtol 1e-06"
     assert "output_atol" not in validate(lambda _: actual, [({}, expected)], 1.0, 0.0, "tflite")
+
+
+def test_a_share_of_each_output_is_its_own_scale_and_labels_get_none():
+    references = [
+        ({}, {"score": np.array([[0.9]]), "logits": np.array([[-1700.0, 3.0]]), "label": np.array([2])}),
+        ({}, {"score": np.array([[0.2]]), "logits": np.array([[10.0, 0.0]]), "label": np.array([1])}),
+        ({}, {"score": np.array([[0.0]]), "logits": np.zeros((1, 2)), "label": np.array([0])}),
+    ]
+    held = share_of_each_output(references, 0.01)
+    assert held == {"score": pytest.approx(0.009), "logits": pytest.approx(17.0)}  # labels: equal or not
+    assert share_of_each_output([({}, {"zero": np.zeros(3)})], 0.01) == {"zero": 1e-4}  # never below the default

@@ -15,8 +15,8 @@ from unideploy.validation import (
     TEN_BIT_RELATIVE,
     failure_text,
     fitted,
-    largest_reference,
     recorded_tolerance,
+    share_of_each_output,
     validate,
 )
 
@@ -48,7 +48,7 @@ def verify_package(
 
     Integrity was checked when the package was opened; an artifact no runtime here can execute
     is reported as skipped with the reason, never silently passed. An fp32 artifact computed in
-    TF32 (``tf32``, on a GPU) is judged as tf32: 1% of the largest reference output, as fp16.
+    TF32 (``tf32``, on a GPU) is judged as tf32: 1% of each output's largest reference value, as fp16.
     """
     samples = package.reference_pairs()
     checks = []
@@ -61,9 +61,11 @@ def verify_package(
         ran = what_ran(artifact, engine)
         atol, rtol, output_atol = recorded_tolerance(package.manifest, artifact.id)
         if ran["precision"] == "tf32":
-            atol = max(atol, TEN_BIT_RELATIVE * largest_reference(samples))
             rtol = max(rtol, TEN_BIT_RELATIVE)
-            output_atol = {name: max(value, atol) for name, value in output_atol.items()}
+            output_atol = {
+                name: max(output_atol.get(name, atol), ten_bits)
+                for name, ten_bits in share_of_each_output(samples, TEN_BIT_RELATIVE).items()
+            }
         with engine:
             signature = package.manifest.signature
             run, fit = fitted(

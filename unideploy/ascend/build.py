@@ -31,10 +31,11 @@ from unideploy.runtimes.mindspore_lite import CONVERTER, DEVICES, LiteRecipe
 from unideploy.validation import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
-    largest_reference,
     measured_tolerance_record,
+    own_errors_times,
     recorded_tolerance,
     require_passed,
+    share_of_each_output,
     validate,
 )
 
@@ -48,16 +49,20 @@ def lite_tolerance(device: str, mindir_record: ValidationRecord, references: lis
     own error (ten times over) for the fp32 ``.ms`` of edge devices."""
     if device == "ascend":
         return {
-            "atol": ASCEND_RELATIVE * largest_reference(references),
+            "atol": DEFAULT_ATOL,
             "rtol": ASCEND_RELATIVE,
-            "tolerance_basis": f"Ascend: fp16 compute on the NPU, {ASCEND_RELATIVE:.0%} of the largest reference output",
+            "output_atol": share_of_each_output(references, ASCEND_RELATIVE),
+            "tolerance_basis": f"Ascend: fp16 compute on the NPU, {ASCEND_RELATIVE:.0%} of each output's largest "
+            "reference value",
         }
-    worst = max((o["max_abs_error"] for o in mindir_record.get("outputs", {}).values()), default=0.0)
-    return {
-        "atol": max(DEFAULT_ATOL, 10 * worst),
+    fp32: Tolerance = {
+        "atol": DEFAULT_ATOL,
         "rtol": DEFAULT_RTOL,
-        "tolerance_basis": "fp32 .ms: the default tolerance, or 10x the MindIR artifact's own error",
+        "tolerance_basis": "fp32 .ms: the default tolerance, or 10x an output's own error on the MindIR artifact",
     }
+    if own := own_errors_times(mindir_record, 10):
+        fp32["output_atol"] = own
+    return fp32
 
 
 def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact | PlannedArtifact, list[str]]:
@@ -101,7 +106,9 @@ def _check_mindir(
     with RUNTIMES.get("mindspore")(path, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
         if not undone:
             base = manifest.base_onnx()
-            atol, rtol, output_atol = recorded_tolerance(manifest, base.id) if base else (DEFAULT_ATOL, DEFAULT_RTOL, {})
+            atol, rtol, output_atol = (
+                recorded_tolerance(manifest, base.id) if base else (DEFAULT_ATOL, DEFAULT_RTOL, {})
+            )
             record = validate(runtime.run, references, atol, rtol, framework, output_atol)
             if output_atol and base:
                 record["tolerance_basis"] = manifest.validation[base.id].get("tolerance_basis", "")

@@ -33,9 +33,9 @@ from unideploy.validation import (
     TEN_BIT_RELATIVE,
     TOLERANCE_MARGIN,
     Run,
-    largest_reference,
     measured_tolerance_record,
     require_passed,
+    share_of_each_output,
     validate,
 )
 
@@ -133,8 +133,9 @@ def export(
             say("validating the ONNX artifact on ONNX Runtime")
             with RUNTIMES.get("onnxruntime")(converted.onnx_path, signature, RuntimeOptions(device="cpu")) as runtime:
                 if converted.inexact is None:
+                    held_atol, held_rtol, output_atol = _held_to(converted, references, atol, rtol)
                     record = validate(
-                        runtime.run, references, *_held_to(converted, references, atol, rtol), exporter_cls.framework
+                        runtime.run, references, held_atol, held_rtol, exporter_cls.framework, output_atol
                     )
                     if not record["passed"] and ran.spread is not None:
                         record = _within_spread(runtime.run, references, record, ran.spread)
@@ -142,7 +143,8 @@ def export(
                     if converted.precision in HALF_PRECISIONS:
                         record["tolerance_basis"] = (
                             f"the source computes in {converted.precision}: on another device its kernels round "
-                            f"their own way, so it is held to {TEN_BIT_RELATIVE:.0%} of the largest reference output"
+                            f"their own way, so it is held to {TEN_BIT_RELATIVE:.0%} of each output's largest "
+                            "reference value"
                         )
                 else:
                     say(f"judging the ONNX artifact against {exporter_cls.framework}: {converted.inexact}")
@@ -261,13 +263,17 @@ def _judged(
     return record
 
 
-def _held_to(converted: ConvertedModel, references: list, atol: float, rtol: float) -> tuple[float, float]:
-    """The tolerance the ONNX artifact is checked and recorded under: the one asked for, or for a
-    model that computes in fp16 or bf16 (brought so as an ONNX file) at least what its precision
-    keeps, because every later check (``deploy verify --device gpu``) runs it on other kernels."""
+def _held_to(
+    converted: ConvertedModel, references: list, atol: float, rtol: float
+) -> tuple[float, float, dict[str, float]]:
+    """The tolerance the ONNX artifact is checked and recorded under (atol, rtol, each output's own
+    atol): the one asked for, or for a model that computes in fp16 or bf16 (brought so as an ONNX
+    file) at least what its precision keeps, because every later check (``deploy verify --device
+    gpu``) runs it on other kernels."""
     if converted.precision not in HALF_PRECISIONS:
-        return atol, rtol
-    return max(atol, TEN_BIT_RELATIVE * largest_reference(references)), max(rtol, TEN_BIT_RELATIVE)
+        return atol, rtol, {}
+    own = share_of_each_output(references, TEN_BIT_RELATIVE)
+    return atol, max(rtol, TEN_BIT_RELATIVE), {name: max(atol, value) for name, value in own.items()}
 
 
 def _within_spread(run: Run, references: list, record: ValidationRecord, spread: EngineSpread) -> ValidationRecord:

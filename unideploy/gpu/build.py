@@ -33,8 +33,9 @@ from unideploy.validation import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
     TEN_BIT_RELATIVE,
-    largest_reference,
+    own_errors_times,
     require_passed,
+    share_of_each_output,
     validate,
 )
 
@@ -56,22 +57,21 @@ class GpuRequest:
 def engine_tolerance(plan: BuildPlan, manifest: Manifest, references: list[tuple[dict, dict]]) -> Tolerance:
     """The tolerance an engine is held to against the source model, at export or on the serving
     GPU: what its precision can keep, on the scale of this model's outputs."""
-    largest = largest_reference(references)
     if plan.precision == "fp32":
-        measured = manifest.validation.get(plan.artifact.id)
-        outputs = measured.get("outputs", {}) if measured else {}
-        worst = max((o["max_abs_error"] for o in outputs.values()), default=0.0)
-        atol = max(DEFAULT_ATOL, 10 * worst)
-        return {
-            "atol": atol,
+        fp32: Tolerance = {
+            "atol": DEFAULT_ATOL,
             "rtol": DEFAULT_RTOL,
-            "tolerance_basis": "fp32: the default tolerance, or 10x the ONNX artifact's own error",
+            "tolerance_basis": "fp32: the default tolerance, or 10x an output's own error on the ONNX artifact",
         }
+        if own := own_errors_times(manifest.validation.get(plan.artifact.id), 10):
+            fp32["output_atol"] = own
+        return fp32
     if plan.precision == "fp16":
         return {
-            "atol": TEN_BIT_RELATIVE * largest,
+            "atol": DEFAULT_ATOL,
             "rtol": TEN_BIT_RELATIVE,
-            "tolerance_basis": f"fp16: {TEN_BIT_RELATIVE:.0%} of the largest reference output",
+            "output_atol": share_of_each_output(references, TEN_BIT_RELATIVE),
+            "tolerance_basis": f"fp16: {TEN_BIT_RELATIVE:.0%} of each output's largest reference value",
         }
     if not plan.calibrate:
         qdq = manifest.validation.get(plan.artifact.id)
@@ -81,9 +81,10 @@ def engine_tolerance(plan: BuildPlan, manifest: Manifest, references: list[tuple
             "tolerance_basis": f"explicit int8: twice the tolerance of '{plan.artifact.id}' on ONNX Runtime",
         }
     return {
-        "atol": CALIBRATED_INT8_RELATIVE * largest,
+        "atol": DEFAULT_ATOL,
         "rtol": CALIBRATED_INT8_RELATIVE,
-        "tolerance_basis": f"calibrated int8: {CALIBRATED_INT8_RELATIVE:.0%} of the largest reference output "
+        "output_atol": share_of_each_output(references, CALIBRATED_INT8_RELATIVE),
+        "tolerance_basis": f"calibrated int8: {CALIBRATED_INT8_RELATIVE:.0%} of each output's largest reference value "
         "(no accuracy budget; export with --int8-variant symmetric for one)",
     }
 
@@ -177,7 +178,8 @@ def build_gpu(
                         references,
                         tolerance["atol"],
                         tolerance["rtol"],
-                        reference=manifest.source["framework"],
+                        manifest.source["framework"],
+                        tolerance.get("output_atol"),
                     )
                 record["tolerance_basis"] = tolerance["tolerance_basis"]
                 require_passed(record, f"the TensorRT {precision} engine")

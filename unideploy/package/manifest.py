@@ -149,6 +149,7 @@ class Tolerance(TypedDict):
     atol: float
     rtol: float
     tolerance_basis: str
+    output_atol: NotRequired[dict[str, float]]  # an output's own atol, where it is not ``atol``
 
 
 class OptimizationRecord(TypedDict):
