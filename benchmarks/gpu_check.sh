@@ -123,7 +123,8 @@ for name in ("verify-gpu", "verify-gpu-tf32"):
     for a in found["artifacts"]:
         ran, rec = a.get("ran") or {}, a.get("validation") or {}
         err = max((o["max_abs_error"] for o in rec.get("outputs", {}).values()), default="")
-        tol = f"atol {rec['atol']:.3g}, rtol {rec['rtol']:.3g}" if rec else ""
+        own = ", ".join(f"{k}: {v:.3g}" for k, v in rec.get("output_atol", {}).items())
+        tol = f"atol {rec['atol']:.3g}{f' ({own})' if own else ''}, rtol {rec['rtol']:.3g}" if rec else ""
         print(f"| {a['artifact']} | {a['status']} | {', '.join(ran.get('providers', []))} | {ran.get('precision', '')} | {err if err == '' else f'{err:.3g}'} | {tol} | {(a.get('reason') or '')[:160]} |")
 run = load("run-gpu")
 try:
