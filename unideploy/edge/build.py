@@ -398,14 +398,14 @@ def _tflite_artifacts(
                     and put_back is not None
                     and fitting
                     and (
-                        found := moved_axes(
+                        axes_moved := moved_axes(
                             runtime.run(take_rows(fitting[0][0], 0, 1, rows_on[0])),
                             take_rows(fitting[0][1], 0, 1, rows_on[1]),
                         )
                     )
                 ):
-                    say(f"onnx2tf moved the axes of {', '.join(found)}: converting again with them put back")
-                    moved.update(found)
+                    say(f"onnx2tf moved the axes of {', '.join(axes_moved)}: converting again with them put back")
+                    moved.update(axes_moved)
                     (saved_model, fixed, _), put_back = put_back(), None
                     variants.insert(0, (precision, mode))
                     continue

@@ -158,8 +158,10 @@ def moved_axes(produced: Mapping[str, np.ndarray], expected: Mapping[str, np.nda
     that gives ``expected``'s (the first that fits, where sizes repeat)."""
     moved = {}
     for name, reference in expected.items():
-        dims, wanted = list(np.shape(produced.get(name))), list(np.shape(reference))
-        if name not in produced or dims == wanted or sorted(dims) != sorted(wanted):
+        if name not in produced:
+            continue
+        dims, wanted = list(np.shape(produced[name])), list(np.shape(reference))
+        if dims == wanted or sorted(dims) != sorted(wanted):
             continue
         free = list(range(len(dims)))
         moved[name] = [free.pop(next(i for i, axis in enumerate(free) if dims[axis] == size)) for size in wanted]
