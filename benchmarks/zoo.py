@@ -33,6 +33,8 @@ from zoo_models import ROOT, ZooModel, zoo
 sys.path.append(str(ROOT / "tests"))  # for serving.py
 from serving import start_server, stop_server
 
+from unideploy.validation import DEFAULT_ATOL, DEFAULT_RTOL, compare_output, recorded_tolerance
+
 STAGES = ("export", "verify", "int8", "fp16", "prune", "edge", "bundle-android", "bundle-ios", "gpu", "ascend", "serve")
 MS_VENV = ".venv-ms"  # --target ascend needs MindSpore, whose protobuf >= 7 keeps it out of the main venv
 EDGE_ARTIFACTS = ("tflite-fp32", "tflite-fp16", "tflite-int8")  # and the .ort of the ONNX artifact
@@ -114,11 +116,13 @@ def _bundle(platform: str) -> Callable[[ZooModel, Path, Path, Path], Cell]:
     return stage
 
 
-def _same(got: np.ndarray, expected: np.ndarray) -> bool:
-    """Numbers within the verify tolerance; text (tritonclient answers BYTES as bytes) exactly."""
+def _same(name: str, got: np.ndarray, expected: np.ndarray, tolerance: tuple[float, float, dict[str, float]]) -> bool:
+    """Numbers within the tolerance the package holds the served artifact to (``deploy verify``'s);
+    text (tritonclient answers BYTES as bytes) exactly."""
     if expected.dtype.kind in "OSU":
         return [v.decode() if isinstance(v, bytes) else v for v in got.ravel()] == expected.ravel().tolist()
-    return np.allclose(got, expected, atol=1e-4, rtol=1e-3)
+    atol, rtol, output_atol = tolerance
+    return compare_output(name, expected, got, output_atol.get(name, atol), rtol)["mismatched"] == 0
 
 
 def _serve(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
@@ -134,6 +138,8 @@ def _serve(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
     with unideploy.open_package(work / "pkg") as package:
         sample = package.reference_samples()[0]
         signature = package.manifest.signature
+        base = package.manifest.base_onnx()
+        tolerance = recorded_tolerance(package.manifest, base.id) if base else (DEFAULT_ATOL, DEFAULT_RTOL, {})
     server = start_server(repo, work)
     try:
         client = httpclient.InferenceServerClient(server.http.removeprefix("http://"))
@@ -146,7 +152,7 @@ def _serve(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
         response = client.infer(model.name, inputs)
         for name, expected in sample.outputs.items():
             got = response.as_numpy(name)
-            if got is None or got.shape != expected.shape or not _same(got, expected):
+            if got is None or got.shape != expected.shape or not _same(name, got, expected, tolerance):
                 return Cell(
                     "fail", f"output '{name}' over REST differs from the reference", time.perf_counter() - started
                 )

@@ -264,6 +264,15 @@ def imagenet_photos(count: int, size: int = 224) -> np.ndarray:
 DOGS_INPUT = "input_layer_1"
 
 
+def unit_photos(count: int, size: int) -> np.ndarray:
+    """Photos channels last in [0, 1]: as MediaPipe's segmentation and pose models take them (its
+    ``ImageToTensorCalculator`` with the float range 0 to 1)."""
+    return np.moveaxis(nchw(photos(count), size, size), 1, -1)
+
+
+MEDIAPIPE = "mediapipe/modules"  # the models MediaPipe's Python wheel ships for its legacy solutions
+
+
 def channels_last_photos(count: int, size: int) -> np.ndarray:
     """Photos channels last, scaled to [-1, 1]: as Keras's MobileNetV2 takes them
     (``keras.applications.mobilenet_v2.preprocess_input``), and MediaPipe's face detector."""
@@ -675,6 +684,24 @@ def zoo() -> list[ZooModel]:
             lambda w: _save_npz(
                 w / "data.npz", input_1=np.moveaxis(nchw(face_windows(FACE_DETECTION_ROWS), 192, 192), 1, -1)
             ),
+        ),
+        ZooModel(
+            "mediapipe-selfie-segmentation",
+            "MediaPipe's selfie segmentation: a person's mask from a 256x256 photo, batch 1, upsampled by MediaPipe's "
+            "custom Convolution2DTransposeBias (TFLite .tflite)",
+            "mediapipe 0.10.21",
+            "Apache-2.0",
+            lambda w: shipped(f"{MEDIAPIPE}/selfie_segmentation/selfie_segmentation.tflite"),
+            lambda w: _save_npz(w / "data.npz", input_1=unit_photos(FACE_DETECTION_ROWS, 256)),
+        ),
+        ZooModel(
+            "mediapipe-pose-landmark",
+            "MediaPipe's BlazePose full: 39 body landmarks, their world coordinates, a pose score, heatmaps and a "
+            "segmentation mask's logits from a 256x256 crop, batch 1 (TFLite .tflite)",
+            "mediapipe 0.10.21",
+            "Apache-2.0",
+            lambda w: shipped(f"{MEDIAPIPE}/pose_landmark/pose_landmark_full.tflite"),
+            lambda w: _save_npz(w / "data.npz", input_1=unit_photos(FACE_DETECTION_ROWS, 256)),
         ),
         ZooModel(
             "basic-pitch",

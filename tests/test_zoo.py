@@ -123,6 +123,59 @@ def test_a_real_sparse_tflite_model_exports_with_its_weights_made_dense(tmp_path
             np.testing.assert_allclose(out["data"], scores[name], atol=1e-3, rtol=1e-3)
 
 
+def test_mediapipe_selfie_segmentation_exports_with_its_custom_upsampling_read_as_builtins(tmp_path):
+    """MediaPipe's selfie segmentation upsamples its mask with MediaPipe's own
+    Convolution2DTransposeBias, which LiteRT runs through XNNPACK and tf2onnx cannot read; the
+    export reads it as TRANSPOSE_CONV + ADD, says so, and the ONNX artifact gives LiteRT's mask of
+    a photo the export did not see."""
+    photos = zoo_models.unit_photos(2, 256)
+    np.savez(tmp_path / "photo.npz", input_1=photos[:1])
+    model = zoo_models.shipped(f"{zoo_models.MEDIAPIPE}/selfie_segmentation/selfie_segmentation.tflite")
+    result = deploy("export", model, "-o", tmp_path / "pkg", "--example-input", tmp_path / "photo.npz")
+    assert result.returncode == 0, result.stderr
+    manifest = zoo._manifest(tmp_path / "pkg")
+    assert (
+        "(1 MediaPipe Convolution2DTransposeBias read as TRANSPOSE_CONV + ADD)" in manifest["source"]["conversion_path"]
+    )
+    np.savez(tmp_path / "other.npz", input_1=photos[1:])
+    ran = deploy("run", tmp_path / "pkg", "--input", tmp_path / "other.npz", "--json")
+    assert ran.returncode == 0, ran.stderr
+    mask = np.asarray(json.loads(ran.stdout)["outputs"]["activation_10"]["data"])
+    from ai_edge_litert.interpreter import Interpreter
+
+    litert = Interpreter(model_path=str(model))
+    litert.allocate_tensors()
+    litert.set_tensor(litert.get_input_details()[0]["index"], photos[1:])
+    litert.invoke()
+    np.testing.assert_allclose(mask, litert.get_tensor(litert.get_output_details()[0]["index"]), atol=1e-3)
+
+
+def test_mediapipe_pose_landmarks_are_held_per_output_to_what_litert_s_own_engines_agree_on(tmp_path):
+    """BlazePose's segmentation logits reach -1,700, and LiteRT's two CPU engines (XNNPACK and its
+    builtin kernels) differ there by tenths, so no conversion can match either to 1e-4: that output
+    alone is held to twice their difference, recorded with why; the landmarks and the pose score
+    stay at the default tolerance, and verify holds the package to the same. A TensorRT fp32 engine
+    built from it is held, output by output, to ten times the ONNX artifact's error there."""
+    np.savez(tmp_path / "photo.npz", input_1=zoo_models.unit_photos(1, 256))
+    model = zoo_models.shipped(f"{zoo_models.MEDIAPIPE}/pose_landmark/pose_landmark_full.tflite")
+    engines = ("--target", "gpu", "--trt-precision", "fp16", "--trt-precision", "fp32")
+    made = deploy("export", model, "-o", tmp_path / "pkg", "--example-input", tmp_path / "photo.npz", *engines)
+    assert made.returncode == 0, made.stderr
+    validation = zoo._manifest(tmp_path / "pkg")["validation"]
+    record = validation["onnx-fp32"]
+    assert record["passed"] and record["atol"] == 1e-4
+    assert record["output_atol"]["Identity_2"] > 0.01  # the mask's logits
+    assert "Identity_1" not in record["output_atol"]  # the pose score
+    assert "LiteRT's builtin kernels (without XNNPACK) against the reference" in record["tolerance_basis"]
+    engine = validation["tensorrt-fp32"]  # deferred to the serving GPU here
+    assert engine["atol"] == 1e-4 and "Identity_1" not in engine.get("output_atol", {})
+    assert engine["output_atol"]["Identity_2"] == pytest.approx(10 * record["outputs"]["Identity_2"]["max_abs_error"])
+    half = validation["tensorrt-fp16"]  # 1% of each output's largest value: the pose score's, not the logits'
+    assert half["output_atol"]["Identity_1"] <= 0.01 < 1 < half["output_atol"]["Identity_2"]
+    verified = deploy("verify", tmp_path / "pkg")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
 def test_a_real_quantized_onnx_model_is_an_int8_artifact_not_quantized_again(tmp_path):
     """ddddocr's recognizer ships with ONNX Runtime's dynamic INT8 (ConvInteger, MatMulInteger,
     DynamicQuantizeLSTM): its artifact is ``onnx-int8``, ``deploy run`` says it ran int8, and the
@@ -169,6 +222,8 @@ def test_a_real_model_converted_to_fp16_is_an_fp16_artifact_held_to_its_precisio
     artifact, record = manifest["artifacts"][0], manifest["validation"]["onnx-fp16"]
     assert (artifact["id"], artifact["precision"]) == ("onnx-fp16", "fp16")
     assert record["rtol"] == 0.01 and "the source computes in fp16" in record["tolerance_basis"], record
+    (scale,) = record["output_atol"].values()
+    assert 0.009 < scale <= 0.01  # 1% of its largest score, a probability near 1
     assert deploy("verify", tmp_path / "pkg").returncode == 0
     ran = deploy("run", tmp_path / "pkg", "--input", tmp_path / "lines.npz", "--json")
     assert ran.returncode == 0, ran.stderr
@@ -470,22 +525,41 @@ def test_silero_vad_on_real_speech_serves_and_says_why_for_what_it_cannot_take(t
     """Silero VAD on speech (eSpeak NG sentences and pauses), each chunk with the state the model
     carried to it: exported with its sample rate bound, which folds its If on the rate, served;
     INT8 now reaches its layers and is refused by the budget with the numbers (before, it named
-    the layers its If branches held); the edge target keeps the ORT artifact and leaves TFLite out
-    with the reason: onnx2tf converts the folded graph, but moves the state output's axes (it
-    gave up on the branches before, and ONNX Runtime's folding of the declared-size graph once
-    segfaulted and took `deploy` down)."""
+    the layers its If branches held); on the edge, onnx2tf converts the folded graph (it gave up on
+    the branches before, and ONNX Runtime's folding of the declared-size graph once segfaulted and
+    took `deploy` down) but gives the state [1, 2, 128] for [2, 1, 128]: converted again with those
+    axes put back, TFLite fp32 is exact and answers the state in the source's layout, as a phone
+    app calling LiteRT reads it; int8 is left out with the reason."""
     import shutil
 
     if not shutil.which("espeak-ng"):
         pytest.skip("speech for the VAD comes from espeak-ng (apt-get install espeak-ng; make speech-tools)")
     cells = zoo.run_model(MODELS["silero-vad"], ("export", "verify", "int8", "edge", "serve"), tmp_path)
     statuses = {s: c.status for s, c in cells.items()}
-    assert statuses == {"export": "pass", "verify": "pass", "int8": "refused", "edge": "refused", "serve": "pass"}, {
-        s: c.reason for s, c in cells.items()
-    }
-    assert "exceeds the accuracy budget on 128 validation rows: output: relerr" in cells["int8"].reason
-    assert (
-        cells["edge"].reason.startswith("no tflite-fp32")
-        and "output 'stateN' has shape [1, 2, 128], the reference [2, 1, 128]" in cells["edge"].reason
-    )
-    assert "ort-fp32" in {a["id"] for a in zoo._manifest(tmp_path / "edge")["artifacts"]}
+    assert statuses == {
+        "export": "pass",
+        "verify": "pass",
+        "int8": statuses["int8"],
+        "edge": "refused",
+        "serve": "pass",
+    }, {s: c.reason for s, c in cells.items()}
+    # all of it in INT8 is far over the budget; within it only with 8 layers in fp32, which is worth
+    # adding only if the timing then finds it faster than fp32 beyond the noise (0.96-1.00x so far)
+    if statuses["int8"] == "refused":
+        assert "exceeds the accuracy budget on 128 validation rows: output: relerr" in cells["int8"].reason
+        assert "within the budget only with" in cells["int8"].reason
+    else:
+        from unideploy.guard.measure import FASTER
+
+        search = zoo._manifest(tmp_path / "int8")["optimizations"][-1]["passes"][0]["params"]["search"]
+        assert search["speedup"] >= FASTER or search["size_ratio"] <= 0.75, search
+    assert cells["edge"].reason.startswith("no tflite-int8:"), cells["edge"].reason
+    edge = zoo._manifest(tmp_path / "edge")
+    assert {"ort-fp32", "tflite-fp32", "tflite-fp16"} <= {a["id"] for a in edge["artifacts"]}
+    assert edge["validation"]["tflite-fp32"]["passed"] and edge["validation"]["tflite-fp32"]["atol"] == 1e-4
+    from ai_edge_litert.interpreter import Interpreter
+
+    path = next(tmp_path / "edge" / a["path"] for a in edge["artifacts"] if a["id"] == "tflite-fp32")
+    runner = Interpreter(model_path=str(path)).get_signature_runner()
+    out = runner(input=np.zeros((1, 576), np.float32), state=np.zeros((2, 1, 128), np.float32))
+    assert sorted(v.shape for v in out.values()) == [(1, 1), (2, 1, 128)]  # the speech probability, the state
