@@ -62,3 +62,27 @@ def test_a_sparse_model_exports_and_its_provenance_says_what_was_made_dense(spar
     manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
     assert manifest["source"]["conversion_path"].endswith("(1 sparse weight tensor(s) made dense by LiteRT's DENSIFY)")
     assert manifest["validation"]["onnx-fp32"]["passed"]
+
+
+def test_sparse_weights_no_densify_expands_are_refused_before_tf2onnx_reads_them(sparse_model, tmp_path):
+    """The same weights read in place by the layer (its DENSIFY taken out, as a converter that lets
+    a kernel read sparse weights writes it): tf2onnx would read the compressed buffer as dense and
+    stop on a reshape that names nothing; the export says what the model holds and what to do."""
+    from console import assert_one_line_error
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model(str(sparse_model))
+    graph = model.subgraphs[0]
+    (expand,) = [
+        op
+        for op in graph.operators
+        if model.operatorCodes[op.opcodeIndex].builtinCode == schema.BuiltinOperator.DENSIFY
+    ]
+    for op in graph.operators:
+        op.inputs = [expand.inputs[0] if i == expand.outputs[0] else i for i in op.inputs]
+    graph.operators.remove(expand)
+    flatbuffer_utils.write_model(model, str(tmp_path / "in_place.tflite"))
+    result = deploy("export", tmp_path / "in_place.tflite", "-o", tmp_path / "pkg")
+    assert_one_line_error(result, 1, r"holds 1 sparse weight tensor\(s\) .* that no DENSIFY operator expands")
+    assert "EXPERIMENTAL_SPARSITY" in result.stderr and not (tmp_path / "pkg").exists()
