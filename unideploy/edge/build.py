@@ -244,6 +244,20 @@ def _onnx2tf(
     raise failures[0]  # what onnx2tf found in the model as it is
 
 
+def _moved(runtime: Any, fitting: list, rows_on: tuple[Mapping, Mapping]) -> dict[str, list[int]]:
+    """The outputs the artifact gives with the source's sizes in another order, read on one row
+    (rows joined along the source's batch axis would no longer be a permutation of its shape); none
+    where the artifact takes no single row (a batch fixed above one: validation judges it whole)."""
+    if not fitting:
+        return {}
+    inputs, outputs = fitting[0]
+    try:
+        produced = runtime.run(take_rows(inputs, 0, 1, rows_on[0]))
+    except UnideployError:
+        return {}
+    return moved_axes(produced, take_rows(outputs, 0, 1, rows_on[1]))
+
+
 def _source_tflite(
     source: Path, base: Artifact | None, signature: Signature, work: Path, references: list, say: Progress
 ) -> AddedArtifact:
@@ -393,17 +407,7 @@ def _tflite_artifacts(
             with tflite(path, signature or manifest.signature) as runtime:
                 # an artifact made at one input size is proven on the samples of that size
                 run, fitting = fitted(runtime.run, signature or manifest.signature, references, rows_on)
-                if (
-                    precision == "fp32"
-                    and put_back is not None
-                    and fitting
-                    and (
-                        axes_moved := moved_axes(
-                            runtime.run(take_rows(fitting[0][0], 0, 1, rows_on[0])),
-                            take_rows(fitting[0][1], 0, 1, rows_on[1]),
-                        )
-                    )
-                ):
+                if precision == "fp32" and put_back is not None and (axes_moved := _moved(runtime, fitting, rows_on)):
                     say(f"onnx2tf moved the axes of {', '.join(axes_moved)}: converting again with them put back")
                     moved.update(axes_moved)
                     (saved_model, fixed, _), put_back = put_back(), None
