@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import ValidationError
-from unideploy.package.manifest import Manifest, OutputErrors, ValidationRecord
+from unideploy.package.manifest import Manifest, OutputErrors, Tolerance, ValidationRecord
 from unideploy.samples import Axes, batch_size_of, join_rows, row_axis, take_rows
 from unideploy.signature import CHANNELS_LAST, Signature
 
@@ -150,14 +150,17 @@ def measured_tolerance_record(
     return record
 
 
-def own_errors_times(record: Record | None, factor: float) -> dict[str, float]:
-    """Each output's own atol for an artifact converted from the one ``record`` checked: ``factor``
-    times the error that output showed there, where that is above the default (the others keep it),
-    so that one output's larger error does not loosen every other output's check."""
+def times_its_errors(record: Record | None, factor: float, basis: str) -> Tolerance:
+    """What an artifact converted from the one ``record`` checked is held to: the default, and for
+    each output whose error there times ``factor`` is above it, that (one output's larger error
+    does not loosen every other output's check)."""
     outputs = record.get("outputs", {}) if record else {}
-    return {
-        name: factor * o["max_abs_error"] for name, o in outputs.items() if factor * o["max_abs_error"] > DEFAULT_ATOL
-    }
+    tolerance: Tolerance = {"atol": DEFAULT_ATOL, "rtol": DEFAULT_RTOL, "tolerance_basis": basis}
+    if own := {
+        n: factor * o["max_abs_error"] for n, o in outputs.items() if factor * o["max_abs_error"] > DEFAULT_ATOL
+    }:
+        tolerance["output_atol"] = own
+    return tolerance
 
 
 def share_of_each_output(references: Sequence[tuple[Any, Mapping[str, np.ndarray]]], share: float) -> dict[str, float]:
@@ -171,6 +174,31 @@ def share_of_each_output(references: Sequence[tuple[Any, Mapping[str, np.ndarray
             if out.size and np.issubdtype(out.dtype, np.floating):
                 largest[name] = max(largest.get(name, 0.0), float(np.abs(out).max()))
     return {name: max(DEFAULT_ATOL, share * value) for name, value in largest.items()}
+
+
+def reduced_precision(
+    references: Sequence[tuple[Any, Mapping[str, np.ndarray]]], share: float, basis: str
+) -> Tolerance:
+    """What an engine computing at reduced precision is held to: ``share`` of each output's largest
+    reference value, and rtol ``share``."""
+    return {
+        "atol": DEFAULT_ATOL,
+        "rtol": share,
+        "output_atol": share_of_each_output(references, share),
+        "tolerance_basis": basis,
+    }
+
+
+def at_least_ten_bits(
+    references: Sequence[tuple[Any, Mapping[str, np.ndarray]]],
+    atol: float,
+    rtol: float,
+    output_atol: Mapping[str, float],
+) -> tuple[float, dict[str, float]]:
+    """(rtol, each output's atol) raised to what a 10-bit mantissa keeps (fp16, bf16's range, TF32)
+    where the tolerance held so far is tighter: an artifact that computes so on other kernels."""
+    ten_bits = share_of_each_output(references, TEN_BIT_RELATIVE)
+    return max(rtol, TEN_BIT_RELATIVE), {name: max(output_atol.get(name, atol), v) for name, v in ten_bits.items()}
 
 
 Run = Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]

@@ -12,11 +12,10 @@ from unideploy.package.manifest import ValidationRecord
 from unideploy.runtimes import RuntimeOptions
 from unideploy.runtimes.selection import open_artifact, what_ran
 from unideploy.validation import (
-    TEN_BIT_RELATIVE,
+    at_least_ten_bits,
     failure_text,
     fitted,
     recorded_tolerance,
-    share_of_each_output,
     validate,
 )
 
@@ -61,11 +60,7 @@ def verify_package(
         ran = what_ran(artifact, engine)
         atol, rtol, output_atol = recorded_tolerance(package.manifest, artifact.id)
         if ran["precision"] == "tf32":
-            rtol = max(rtol, TEN_BIT_RELATIVE)
-            output_atol = {
-                name: max(output_atol.get(name, atol), ten_bits)
-                for name, ten_bits in share_of_each_output(samples, TEN_BIT_RELATIVE).items()
-            }
+            rtol, output_atol = at_least_ten_bits(samples, atol, rtol, output_atol)
         with engine:
             signature = package.manifest.signature
             run, fit = fitted(

@@ -32,10 +32,10 @@ from unideploy.validation import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
     measured_tolerance_record,
-    own_errors_times,
     recorded_tolerance,
+    reduced_precision,
     require_passed,
-    share_of_each_output,
+    times_its_errors,
     validate,
 )
 
@@ -48,21 +48,14 @@ def lite_tolerance(device: str, mindir_record: ValidationRecord, references: lis
     """What a converted model is held to against the source: fp16 on the Ascend NPU, the MindIR's
     own error (ten times over) for the fp32 ``.ms`` of edge devices."""
     if device == "ascend":
-        return {
-            "atol": DEFAULT_ATOL,
-            "rtol": ASCEND_RELATIVE,
-            "output_atol": share_of_each_output(references, ASCEND_RELATIVE),
-            "tolerance_basis": f"Ascend: fp16 compute on the NPU, {ASCEND_RELATIVE:.0%} of each output's largest "
-            "reference value",
-        }
-    fp32: Tolerance = {
-        "atol": DEFAULT_ATOL,
-        "rtol": DEFAULT_RTOL,
-        "tolerance_basis": "fp32 .ms: the default tolerance, or 10x an output's own error on the MindIR artifact",
-    }
-    if own := own_errors_times(mindir_record, 10):
-        fp32["output_atol"] = own
-    return fp32
+        return reduced_precision(
+            references,
+            ASCEND_RELATIVE,
+            f"Ascend: fp16 compute on the NPU, {ASCEND_RELATIVE:.0%} of each output's largest reference value",
+        )
+    return times_its_errors(
+        mindir_record, 10, "fp32 .ms: the default tolerance, or 10x an output's own error on the MindIR artifact"
+    )
 
 
 def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact | PlannedArtifact, list[str]]:

@@ -33,9 +33,9 @@ from unideploy.validation import (
     TEN_BIT_RELATIVE,
     TOLERANCE_MARGIN,
     Run,
+    at_least_ten_bits,
     measured_tolerance_record,
     require_passed,
-    share_of_each_output,
     validate,
 )
 
@@ -272,8 +272,7 @@ def _held_to(
     gpu``) runs it on other kernels."""
     if converted.precision not in HALF_PRECISIONS:
         return atol, rtol, {}
-    own = share_of_each_output(references, TEN_BIT_RELATIVE)
-    return atol, max(rtol, TEN_BIT_RELATIVE), {name: max(atol, value) for name, value in own.items()}
+    return atol, *at_least_ten_bits(references, atol, rtol, {})
 
 
 def _within_spread(run: Run, references: list, record: ValidationRecord, spread: EngineSpread) -> ValidationRecord:

@@ -33,9 +33,9 @@ from unideploy.validation import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
     TEN_BIT_RELATIVE,
-    own_errors_times,
+    reduced_precision,
     require_passed,
-    share_of_each_output,
+    times_its_errors,
     validate,
 )
 
@@ -58,21 +58,15 @@ def engine_tolerance(plan: BuildPlan, manifest: Manifest, references: list[tuple
     """The tolerance an engine is held to against the source model, at export or on the serving
     GPU: what its precision can keep, on the scale of this model's outputs."""
     if plan.precision == "fp32":
-        fp32: Tolerance = {
-            "atol": DEFAULT_ATOL,
-            "rtol": DEFAULT_RTOL,
-            "tolerance_basis": "fp32: the default tolerance, or 10x an output's own error on the ONNX artifact",
-        }
-        if own := own_errors_times(manifest.validation.get(plan.artifact.id), 10):
-            fp32["output_atol"] = own
-        return fp32
+        return times_its_errors(
+            manifest.validation.get(plan.artifact.id),
+            10,
+            "fp32: the default tolerance, or 10x an output's own error on the ONNX artifact",
+        )
     if plan.precision == "fp16":
-        return {
-            "atol": DEFAULT_ATOL,
-            "rtol": TEN_BIT_RELATIVE,
-            "output_atol": share_of_each_output(references, TEN_BIT_RELATIVE),
-            "tolerance_basis": f"fp16: {TEN_BIT_RELATIVE:.0%} of each output's largest reference value",
-        }
+        return reduced_precision(
+            references, TEN_BIT_RELATIVE, f"fp16: {TEN_BIT_RELATIVE:.0%} of each output's largest reference value"
+        )
     if not plan.calibrate:
         qdq = manifest.validation.get(plan.artifact.id)
         return {
@@ -80,13 +74,12 @@ def engine_tolerance(plan: BuildPlan, manifest: Manifest, references: list[tuple
             "rtol": 2 * (qdq["rtol"] if qdq else DEFAULT_RTOL),
             "tolerance_basis": f"explicit int8: twice the tolerance of '{plan.artifact.id}' on ONNX Runtime",
         }
-    return {
-        "atol": DEFAULT_ATOL,
-        "rtol": CALIBRATED_INT8_RELATIVE,
-        "output_atol": share_of_each_output(references, CALIBRATED_INT8_RELATIVE),
-        "tolerance_basis": f"calibrated int8: {CALIBRATED_INT8_RELATIVE:.0%} of each output's largest reference value "
+    return reduced_precision(
+        references,
+        CALIBRATED_INT8_RELATIVE,
+        f"calibrated int8: {CALIBRATED_INT8_RELATIVE:.0%} of each output's largest reference value "
         "(no accuracy budget; export with --int8-variant symmetric for one)",
-    }
+    )
 
 
 def _calibration_file(path: str | Path, manifest: Manifest, work: Path) -> Path:
