@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from unideploy.exporters.tflite_flatbuffer import builtin_of, text
 from unideploy.quiet import quiet
 
 TRANSPOSE_CONV_BIAS = "Convolution2DTransposeBias"
@@ -33,7 +34,7 @@ def builtin_transposes(src: Path, out: Path) -> int:
         from tensorflow.lite.tools import flatbuffer_utils
 
     model = flatbuffer_utils.read_model(str(src))
-    custom = {i for i, code in enumerate(model.operatorCodes) if _text(code.customCode) == TRANSPOSE_CONV_BIAS}
+    custom = {i for i, code in enumerate(model.operatorCodes) if text(code.customCode) == TRANSPOSE_CONV_BIAS}
     graph = model.subgraphs[0]
     found = [op for op in graph.operators if op.opcodeIndex in custom]
     if not found:
@@ -69,7 +70,7 @@ def _options(op: Any) -> tuple[str, int, int]:
 def _code(model: Any, schema: Any, builtin: int) -> int:
     """The index of ``builtin``'s operator code in ``model``, added where the model has none."""
     for i, code in enumerate(model.operatorCodes):
-        if not code.customCode and max(code.builtinCode, code.deprecatedBuiltinCode) == builtin:
+        if not code.customCode and builtin_of(code) == builtin:
             return i
     code = schema.OperatorCodeT()
     code.builtinCode, code.deprecatedBuiltinCode, code.version = builtin, min(builtin, 127), 1
@@ -95,7 +96,7 @@ def _constant(model: Any, schema: Any, graph: Any, name: str, value: np.ndarray)
 def _tensor_like(graph: Any, schema: Any, like: Any, suffix: str) -> int:
     tensor = schema.TensorT()
     tensor.name, tensor.shape, tensor.type, tensor.buffer = (
-        f"{_text(like.name)}/{suffix}".encode(),
+        f"{text(like.name)}/{suffix}".encode(),
         list(like.shape),
         like.type,
         0,
@@ -108,7 +109,3 @@ def _operator(schema: Any, code: int, inputs: list[int], outputs: list[int]) -> 
     op = schema.OperatorT()
     op.opcodeIndex, op.inputs, op.outputs = code, inputs, outputs
     return op
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value or "")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from unideploy.exporters.tflite_flatbuffer import builtin_of, text
 from unideploy.quiet import quiet
 
 
@@ -24,12 +25,7 @@ def sparse_tensors(path: Path) -> list[str]:
         from tensorflow.lite.tools import flatbuffer_utils
 
     model = flatbuffer_utils.read_model(str(path))
-    return [_name(t) for g in model.subgraphs for t in g.tensors if t.sparsity is not None]
-
-
-def _name(tensor: object) -> str:
-    name = getattr(tensor, "name", b"")
-    return name.decode() if isinstance(name, bytes) else str(name)
+    return [text(t.name) for g in model.subgraphs for t in g.tensors if t.sparsity is not None]
 
 
 def densified(src: Path, out: Path) -> int:
@@ -41,11 +37,7 @@ def densified(src: Path, out: Path) -> int:
         from tensorflow.lite.tools import flatbuffer_utils
 
     model = flatbuffer_utils.read_model(str(src))
-    codes = {
-        i
-        for i, code in enumerate(model.operatorCodes)
-        if max(code.builtinCode, code.deprecatedBuiltinCode) == schema.BuiltinOperator.DENSIFY
-    }
+    codes = {i for i, code in enumerate(model.operatorCodes) if builtin_of(code) == schema.BuiltinOperator.DENSIFY}
     graph = model.subgraphs[0]  # the interpreter's tensor indices are the main subgraph's
     expanding = [op for op in graph.operators if op.opcodeIndex in codes]
     if not expanding:
