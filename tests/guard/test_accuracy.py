@@ -40,6 +40,9 @@ def test_each_kind_of_output_gets_its_metric_and_a_reason():
     assert output_metric("387", rng.standard_normal((32, 1, 97)))[0] == "top1"  # CTC logits [T, N, C]
     assert output_metric("last_hidden_state", rng.standard_normal((8, 16, 64)))[0] == "relerr"
     assert output_metric("boxes", rng.random((8, 2100, 4)) * 320)[0] == "relerr"
+    assert output_metric("landmarks", rng.random((8, 63)) * 256)[0] == "relerr"  # not 63 classes
+    assert output_metric("bbox", rng.random((8, 4)) * 320)[0] == "relerr"
+    assert output_metric("class_scores", rng.standard_normal((8, 4)))[0] == "top1"
     assert output_metric("output0", rng.random((8, 84, 2100)))[0] == "detection"  # YOLOv8: [N, 4+80, anchors]
     assert output_metric("ids", np.arange(8)[:, None])[0] == "top1"
 
@@ -55,14 +58,14 @@ def test_raw_values_beside_class_probabilities_are_regressions():
     window (pixels, sizes): relative error. Top-1 of them would flip on noise that moves nothing."""
     outputs = {
         "prob": _face_probabilities(np.arange(8) % 2 == 0),
-        "box": 50.0 * rng.standard_normal((8, 4)),
-        "landmarks": 50.0 * rng.standard_normal((8, 10)),
+        "Identity_1": 50.0 * rng.standard_normal((8, 4)),  # names that say nothing, as TensorFlow's
+        "Identity_2": 50.0 * rng.standard_normal((8, 10)),
     }
     chosen = choose_metrics("auto", outputs, has_labels=False)
     assert chosen["prob"][0] == "top1"
-    assert chosen["box"][0] == chosen["landmarks"][0] == "relerr" and "'prob'" in chosen["box"][1]
-    assert choose_metrics("auto", {"logits": outputs["landmarks"]}, has_labels=False)["logits"][0] == "top1"
-    assert choose_metrics(["box=top1"], outputs, has_labels=False)["box"][0] == "top1"  # asked for: kept
+    assert chosen["Identity_1"][0] == chosen["Identity_2"][0] == "relerr" and "'prob'" in chosen["Identity_1"][1]
+    assert choose_metrics("auto", {"logits": outputs["Identity_2"]}, has_labels=False)["logits"][0] == "top1"
+    assert choose_metrics(["Identity_1=top1"], outputs, has_labels=False)["Identity_1"][0] == "top1"  # asked: kept
 
 
 @pytest.mark.parametrize("layout", ["rows", "positions", "channels-first"])
