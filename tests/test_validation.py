@@ -11,7 +11,8 @@ from onnx import TensorProto, helper
 
 from unideploy.onnx.session import cpu_session
 from unideploy.signature import Signature, TensorSpec
-from unideploy.validation import fitted, share_of_each_output, tolerance_text, validate
+from unideploy.package import Package
+from unideploy.validation import DEFAULT_ATOL, fitted, share_of_each_output, tolerance_text, validate, validate_like
 
 
 def _one_row_step(path) -> None:
@@ -82,3 +83,24 @@ def test_a_share_of_each_output_is_its_own_scale_and_labels_get_none():
     held = share_of_each_output(references, 0.01)
     assert held == {"score": pytest.approx(0.009), "logits": pytest.approx(17.0)}  # labels: equal or not
     assert share_of_each_output([({}, {"zero": np.zeros(3)})], 0.01) == {"zero": 1e-4}  # never below the default
+
+
+def test_another_format_of_an_artifact_is_held_as_it_was_and_says_why(digits_package):
+    """An ORT-format file or a MindIR made from the ONNX artifact keeps that artifact's tolerances,
+    an output's own atol included, and the record says why that output has it."""
+    with Package.open(digits_package) as package:
+        manifest, base = package.manifest, package.manifest.base_onnx()
+        session = cpu_session(str(package.path_of(base)))
+        output = session.get_outputs()[0].name
+        manifest.validation[base.id]["output_atol"] = {output: 0.5}
+        manifest.validation[base.id]["tolerance_basis"] = "the source's two engines differ by 0.25"
+        references = package.reference_pairs()
+
+        def run(inputs):
+            return dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs), strict=True))
+
+        held = validate_like(manifest, base.id, run, references, "onnx")
+        assert held["passed"] and held["output_atol"] == {output: 0.5}
+        assert held["tolerance_basis"] == "the source's two engines differ by 0.25"
+        plain = validate_like(manifest, None, run, references, "onnx")  # nothing to be held to: the defaults
+        assert plain["atol"] == DEFAULT_ATOL and "output_atol" not in plain and "tolerance_basis" not in plain

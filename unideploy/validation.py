@@ -107,6 +107,25 @@ def recorded_tolerance(manifest: Manifest, artifact_id: str) -> tuple[float, flo
     return stored["atol"], stored["rtol"], dict(stored.get("output_atol", {}))
 
 
+def validate_like(
+    manifest: Manifest,
+    artifact_id: str | None,
+    run: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]],
+    samples: Sequence[tuple[dict[str, np.ndarray], Mapping[str, np.ndarray]]],
+    reference: str,
+) -> Record:
+    """``run`` validated as the artifact ``artifact_id`` was when made (the defaults where None):
+    the same model in another file format (a MindIR, an ORT-format file) is held to what it converts
+    from without loss, and its record keeps why an output has its own atol, as the artifact's does."""
+    atol, rtol, output_atol = (
+        recorded_tolerance(manifest, artifact_id) if artifact_id else (DEFAULT_ATOL, DEFAULT_RTOL, {})
+    )
+    record = validate(run, samples, atol, rtol, reference, output_atol)
+    if output_atol and artifact_id:
+        record["tolerance_basis"] = manifest.validation[artifact_id].get("tolerance_basis", "")
+    return record
+
+
 def tolerance_text(record: Record) -> str:
     """``atol A, rtol R``, with each output's own atol where it has one."""
     own = ", ".join(f"{name}: {value:.3g}" for name, value in record.get("output_atol", {}).items())

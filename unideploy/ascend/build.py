@@ -29,14 +29,11 @@ from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.runtimes.mindspore_lite import CONVERTER, DEVICES, LiteRecipe
 from unideploy.validation import (
-    DEFAULT_ATOL,
-    DEFAULT_RTOL,
     measured_tolerance_record,
-    recorded_tolerance,
     reduced_precision,
     require_passed,
     times_its_errors,
-    validate,
+    validate_like,
 )
 
 Progress = Callable[[str], None]
@@ -99,12 +96,7 @@ def _check_mindir(
     with RUNTIMES.get("mindspore")(path, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
         if not undone:
             base = manifest.base_onnx()
-            atol, rtol, output_atol = (
-                recorded_tolerance(manifest, base.id) if base else (DEFAULT_ATOL, DEFAULT_RTOL, {})
-            )
-            record = validate(runtime.run, references, atol, rtol, framework, output_atol)
-            if output_atol and base:
-                record["tolerance_basis"] = manifest.validation[base.id].get("tolerance_basis", "")
+            record = validate_like(manifest, base.id if base else None, runtime.run, references, framework)
             require_passed(record, "the MindIR artifact (run by MindSpore on the CPU)")
             return record
         guard = Guard(

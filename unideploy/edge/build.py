@@ -61,9 +61,9 @@ from unideploy.validation import (
     DEFAULT_RTOL,
     fitted,
     measured_tolerance_record,
-    recorded_tolerance,
     require_passed,
     validate,
+    validate_like,
 )
 
 Progress = Callable[[str], None]
@@ -511,10 +511,8 @@ def build_edge(
         if base is not None:
             say("converting to ONNX Runtime's mobile format (.ort)")
             ort_model, ort_config = _to_ort(package.path_of(base), work)
-            # the same model in another file format: held to what its ONNX artifact was
-            atol, rtol, output_atol = recorded_tolerance(manifest, base.id)
             with RUNTIMES.get("onnxruntime")(ort_model, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
-                record = validate(runtime.run, references, atol, rtol, framework, output_atol)
+                record = validate_like(manifest, base.id, runtime.run, references, framework)
             require_passed(record, "the ORT-format artifact")
             added.append(
                 (

@@ -71,7 +71,10 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
             return "cosine", f"'{name}' names {ref.shape[-1]}-d embeddings: cosine similarity"
         if _REGRESSION_NAME.search(name) and not _CLASS_NAME.search(name):
             # a box's 4 numbers or 21 landmarks' coordinates are not scores over 4 or 63 classes
-            return "relerr", f"'{name}' names {ref.shape[-1]} regressed values per row (boxes, landmarks): relative error"
+            return (
+                "relerr",
+                f"'{name}' names {ref.shape[-1]} regressed values per row (boxes, landmarks): relative error",
+            )
         return "top1", f"rows are scores over {ref.shape[-1]} classes: top-1 agreement"
     shaped = detections.shaped_layouts(ref)  # a detector head's layout, with or without a detection
     if (head := detections.layout(ref, shaped)) is not None:
