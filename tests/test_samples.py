@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from unideploy.samples import example_batches, widest
+from unideploy.errors import InputError
+from unideploy.samples import MAX_EXAMPLE_BATCHES, example_batches, fixed_rows, widest
 from unideploy.signature import Signature, TensorSpec
 
 
@@ -22,3 +24,19 @@ def test_without_dynamic_sizes_the_first_batch_is_taken():
     signature = Signature((TensorSpec("x", "float32", ("batch", 4)),))
     first, second = {"x": np.zeros((1, 4))}, {"x": np.zeros((8, 4))}
     assert widest([first, second], signature) is first
+
+
+def test_a_model_that_fixes_its_batch_takes_an_example_a_batch_at_a_time():
+    """A batch-2 model given 6 rows runs 3 batches of 2; rows its batch does not divide are refused
+    naming the size; a dynamic batch keeps the example whole; at most MAX_EXAMPLE_BATCHES are kept."""
+    fixed = Signature((TensorSpec("x", "float32", (2, 4)), TensorSpec("sr", "int64", ())))
+    assert fixed_rows(fixed) == 2 and fixed_rows(Signature((TensorSpec("x", "float32", ("batch", 4)),))) is None
+    batches = example_batches({"x": np.arange(24, dtype=np.float32).reshape(6, 4), "sr": np.array(8)}, fixed)
+    assert [b["x"].shape for b in batches] == [(2, 4)] * 3 and batches[2]["x"][0, 0] == 16
+    assert all(b["sr"] == 8 for b in batches)  # a scalar is every batch's
+    with pytest.raises(InputError, match="has size 5 on axis 0, expected 2"):
+        example_batches({"x": np.zeros((5, 4), np.float32), "sr": np.array(8)}, fixed)
+    one = Signature((TensorSpec("x", "float32", (1, 4)),))
+    assert len(example_batches({"x": np.zeros((100, 4), np.float32)}, one)) == MAX_EXAMPLE_BATCHES
+    dynamic = Signature((TensorSpec("x", "float32", ("batch", 4)),))
+    assert [b["x"].shape for b in example_batches({"x": np.zeros((6, 4), np.float32)}, dynamic)] == [(1, 4), (6, 4)]

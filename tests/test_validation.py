@@ -10,8 +10,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from unideploy.onnx.session import cpu_session
-from unideploy.signature import Signature, TensorSpec
 from unideploy.package import Package
+from unideploy.signature import Signature, TensorSpec
 from unideploy.validation import DEFAULT_ATOL, fitted, share_of_each_output, tolerance_text, validate, validate_like
 
 

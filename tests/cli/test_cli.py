@@ -299,3 +299,10 @@ def test_verify_says_when_its_samples_are_random(tmp_path):
         shown = deploy("verify", str(package))
         assert shown.returncode == 0 and ("random inputs" in " ".join(shown.stdout.split())) == (origin == "synthetic")
         assert json.loads(deploy("verify", str(package), "--json").stdout)["samples"] == origin
+
+
+def test_the_validation_column_counts_a_run_of_equal_batch_sizes():
+    """A batch-1 model's sixteen reference batches read "1 x16", not sixteen 1s."""
+    from unideploy.cli.render import _runs
+
+    assert _runs([1] * 16) == "1 x16" and _runs([1, 4]) == "1, 4" and _runs([4, 1, 1]) == "4, 1 x2"

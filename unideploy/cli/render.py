@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from itertools import groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,7 +88,7 @@ def _artifact_table(package: Package) -> Table:
             verdict = "[green]passed[/]" if record["passed"] else "[red]failed[/]"
             worst = max((o["max_abs_error"] for o in record["outputs"].values()), default=0.0)
             tol = tolerance_text(record)
-            where = f" (batch {', '.join(map(str, record['batch_sizes']))})"
+            where = f" (batch {_runs(record['batch_sizes'])})"
         else:
             verdict, worst, tol, where = "not validated", 0.0, "", ""
         table.add_row(
@@ -101,6 +102,12 @@ def _artifact_table(package: Package) -> Table:
             tol,
         )
     return table
+
+
+def _runs(sizes: Sequence[int]) -> str:
+    """Batch sizes in order, a run of equal ones counted: ``1, 4``; a batch-1 model's ``1 x16``."""
+    runs = [(size, len(list(same))) for size, same in groupby(sizes)]
+    return ", ".join(f"{size} x{count}" if count > 1 else str(size) for size, count in runs)
 
 
 def _size(size: int) -> str:

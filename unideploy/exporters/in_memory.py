@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import ExportError, InputError, first_line
-from unideploy.signature import InputShape
+from unideploy.signature import InputShape, contiguous
 
 TAKEN = "a model file, a torch.nn.Module, a keras.Model or a mindspore.nn.Cell"
 
@@ -73,7 +73,7 @@ def _trace_arguments(
     given = _arguments(
         model.forward, examples, shapes, f"{type(model).__name__} cannot be scripted ({why}); tracing it"
     )
-    return tuple(torch.from_numpy(np.ascontiguousarray(value)) for value in given)
+    return tuple(torch.from_numpy(contiguous(np.asarray(value))) for value in given)
 
 
 def _arguments(

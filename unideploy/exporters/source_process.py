@@ -88,7 +88,7 @@ def _here(
 
     say("running the source model on reference samples")
     if options.example_inputs is not None:
-        batches = example_batches(signature.validate_inputs(options.example_inputs), signature)
+        batches = example_batches(options.example_inputs, signature)
     else:
         batches = synthetic_batches(signature, sizes)
     references = [(batch, converted.run_source(batch)) for batch in batches]

@@ -30,7 +30,7 @@ from unideploy.exporters.tflite_custom import TRANSPOSE_CONV_BIAS, builtin_trans
 from unideploy.exporters.tflite_dense import densified, sparse_tensors
 from unideploy.onnx.interface import rename_values
 from unideploy.quiet import quiet
-from unideploy.signature import Signature, TensorSpec, undeclared_dim
+from unideploy.signature import Signature, TensorSpec, contiguous, undeclared_dim
 
 _IDENTIFIER = b"TFL3"  # the FlatBuffer file identifier TFLite writes at bytes 4-8
 
@@ -276,6 +276,6 @@ class _TensorRunner:
         if resized:
             interpreter.allocate_tensors()
         for name, details in self.inputs.items():
-            interpreter.set_tensor(details["index"], np.ascontiguousarray(arrays[name], dtype=details["dtype"]))
+            interpreter.set_tensor(details["index"], contiguous(np.asarray(arrays[name], dtype=details["dtype"])))
         interpreter.invoke()
         return {name: np.array(interpreter.get_tensor(d["index"])) for name, d in self.outputs.items()}
