@@ -539,7 +539,7 @@ def test_a_model_onnx_runtime_quantized_is_converted_as_float_and_judged_against
         (omitted,) = package.manifest.omitted
     assert omitted["artifact"] == "tflite-*"
     assert re.match(
-        r"TFLite fp32 of the graph with ONNX Runtime's INT8 made float \(DynamicQuantizeLSTM, MatMulInteger\): "
+        r"TFLite fp32 of the graph with its INT8 made float \(DynamicQuantizeLSTM, MatMulInteger\): "
         r"over the accuracy budget on \d+ reference rows: y: relerr",
         omitted["reason"],
     ), omitted
@@ -605,7 +605,7 @@ def _litert_by_tensor(path, x: np.ndarray) -> np.ndarray:
 def test_a_quantized_tflite_source_is_its_own_int8_tflite_artifact(tflite_files, tmp_path):
     """A full-integer .tflite cannot be converted again from its int8 ONNX: its TFLite artifact is
     the source model itself, byte for byte, giving LiteRT's outputs exactly, beside onnx-int8 and
-    ort-int8."""
+    ort-int8; the package says why there is no tflite-fp32 or fp16."""
     result = deploy("export", tflite_files["uint8"], "-o", tmp_path / "edge", "--target", "edge")
     assert result.returncode == 0, result.stderr
     with unideploy.open_package(tmp_path / "edge") as package:
@@ -615,7 +615,8 @@ def test_a_quantized_tflite_source_is_its_own_int8_tflite_artifact(tflite_files,
             ("ort-int8", "int8"),
             ("tflite-int8", "int8"),
         ]
-        assert manifest.omitted == []
+        assert {o["artifact"] for o in manifest.omitted} == {"tflite-fp32", "tflite-fp16"}  # said, not dropped
+        assert all("computes in int8: there is no" in o["reason"] for o in manifest.omitted)
         artifact = manifest.artifact("tflite-int8")
         assert package.path_of(artifact).read_bytes() == tflite_files["uint8"].read_bytes()
         record = manifest.validation["tflite-int8"]

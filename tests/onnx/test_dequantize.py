@@ -133,3 +133,52 @@ def test_ddddocr_recognizer_reads_the_same_text_dequantized():
     got = [{"text": restored.run(None, {"input1": line[None]})[0]} for line in lines]
     judged = compare(expected, got, None, "auto", 1.0)["outputs"]["text"]
     assert judged["metric"] == "text" and judged["within_budget"], judged
+
+
+def _conv_on_int8_weights(quantize_input: bool) -> onnx.ModelProto:
+    """A Conv whose weights are int8 with a scale per output channel, dequantized in the graph, as
+    tf2onnx writes a TFLite model with int8 weights; optionally its input quantized at run time too
+    (QDQ: the graph then computes in int8)."""
+    rng = np.random.default_rng(0)
+    q = rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8)
+    constants = [
+        numpy_helper.from_array(q, "w_q"),
+        numpy_helper.from_array(rng.uniform(0.001, 0.01, 4).astype(np.float32), "w_scale"),
+        numpy_helper.from_array(np.zeros(4, np.int8), "w_zero"),
+        numpy_helper.from_array(np.float32(0.02), "x_scale"),
+        numpy_helper.from_array(np.int8(0), "x_zero"),
+    ]
+    nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zero"], ["w"], name="dq_w", axis=0)]
+    x = "x"
+    if quantize_input:
+        nodes += [
+            helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"], name="q_x"),
+            helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zero"], ["xd"], name="dq_x"),
+        ]
+        x = "xd"
+    nodes.append(helper.make_node("Conv", [x, "w"], ["y"], name="conv", pads=[1, 1, 1, 1]))
+    graph = helper.make_graph(
+        nodes,
+        "int8_weights",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        constants,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_int8_weights_fold_into_the_float_weights_the_model_multiplies_by(tmp_path):
+    """Constant DequantizeLinear nodes (int8 weights, float activations) become float weights: the
+    same outputs, no int8 left; a graph that also quantizes an activation is left as it is."""
+    weights_only = _conv_on_int8_weights(quantize_input=False)
+    assert dynamic_int8_ops(weights_only) == ["DequantizeLinear"]
+    folded = dequantized(weights_only)
+    onnx.checker.check_model(folded)
+    assert [n.op_type for n in folded.graph.node] == ["Conv"] and dynamic_int8_ops(folded) == []
+    x = np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    outputs = []
+    for name, model in (("int8.onnx", weights_only), ("float.onnx", folded)):
+        onnx.save(model, tmp_path / name)
+        outputs.append(cpu_session(str(tmp_path / name)).run(None, {"x": x})[0])
+    np.testing.assert_allclose(outputs[1], outputs[0], atol=1e-6)
+    assert dynamic_int8_ops(_conv_on_int8_weights(quantize_input=True)) == []  # int8 activations: not undone

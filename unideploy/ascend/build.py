@@ -57,8 +57,8 @@ def lite_tolerance(device: str, mindir_record: ValidationRecord, references: lis
 
 def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact | PlannedArtifact, list[str]]:
     """The MindIR to ship and check, and its artifact: the package's own (a MindIR source), or a
-    new one rebuilt from its fp32 ONNX (the recipes lie beside whichever it is); and ONNX Runtime's
-    dynamic INT8 operators made float to rebuild it."""
+    new one rebuilt from its fp32 ONNX (the recipes lie beside whichever it is); and the INT8
+    operators made float to rebuild it (``onnx.dequantize``)."""
     manifest = package.manifest
     native = next((a for a in manifest.artifacts if a.format == "mindir"), None)
     if native is not None and manifest.source.get("framework") == "mindspore":
@@ -111,7 +111,7 @@ def _check_mindir(
             lambda numbers: ExportError(
                 f"the MindIR of the model with its INT8 made float ({', '.join(undone)}) is over the accuracy "
                 f"budget {numbers}",
-                "convert the float model (before ONNX Runtime's quantization) for --target ascend",
+                "convert the float model (before its quantization) for --target ascend",
             ),
         )
         record = measured_tolerance_record(runtime.run, references, framework)

@@ -304,7 +304,7 @@ def _tflite_artifacts(
         raise MissingDependencyError(f"the edge target needs LiteRT: {found.detail}", found.fix)
     kept = manifest.source.get("path")
     source_dir = package.root / kept if kept else None
-    undone: list[str] = []  # ONNX Runtime's dynamic INT8 operators made float for onnx2tf
+    undone: list[str] = []  # INT8 operators made float for onnx2tf (onnx/dequantize.py)
     fixed = None  # the input sizes onnx2tf converts at, where the model has dynamic non-batch dims
     refold: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, constants folded
     put_back: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, outputs' axes back
@@ -339,8 +339,8 @@ def _tflite_artifacts(
     elif base is not None:
         onnx_path, undone = float_onnx(package.path_of(base), work, say)
         if base.precision != "fp32" and not undone:
-            # only ONNX Runtime's dynamic INT8 is made float (and then judged by the guard): QDQ or
-            # QLinear int8 is not, and onnx2tf's TFLite of it ran far from it (0.59 off a small CNN)
+            # only dynamic INT8 and int8 weights alone are made float (and then judged by the guard):
+            # int8 activations (QDQ, QLinear) are not, and onnx2tf's TFLite of it ran far from it (0.59 off a small CNN)
             raise ExportError(
                 f"TFLite artifacts are converted from an fp32 model, and the package's ONNX artifact '{base.id}' "
                 f"computes in {base.precision}, as its source model does",
@@ -437,7 +437,7 @@ def _tflite_artifacts(
                     say(f"judging TFLite {mode} against the ONNX model")
                     judged, accuracy = accuracy_of(path, run, fitting)
                     dequantized = (  # fp32 is judged only where the graph was dequantized
-                        f"TFLite fp32 of the graph with ONNX Runtime's INT8 made float ({', '.join(undone)}): "
+                        f"TFLite fp32 of the graph with its INT8 made float ({', '.join(undone)}): "
                         if precision == "fp32"
                         else ""
                     )
@@ -447,7 +447,7 @@ def _tflite_artifacts(
                             {
                                 "int8": "give more representative --calibration data",
                                 "fp16": "use tflite-fp32 on this model",
-                                "fp32": "its activations need ONNX Runtime's INT8: convert the float model",
+                                "fp32": "its activations need their INT8 rounding: convert the float model",
                             }[precision],
                         )
                     record = measured_tolerance_record(run, fitting, framework)

@@ -8,6 +8,11 @@ know none of them. Their float equivalent keeps the weights exactly (each int8 w
 zero point, times its scale: what ONNX Runtime multiplies by) and the float bias the quantizer
 kept beside its run-time int32 copy; it differs from the model as brought only where ONNX Runtime
 rounds activations to 8 bits at run time, which the accuracy guard measures.
+
+Int8 *weights* alone are undone too: a graph whose every ``DequantizeLinear`` reads constants and
+that quantizes no activation (a TFLite model with int8 weights, "dynamic range", as tf2onnx writes
+it: fer's expression classifier) is the float graph with those constants folded into float
+weights, the values the model multiplies by, and no activation ever rounded.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from unideploy.errors import ExportError
 from unideploy.onnx.files import save_model
@@ -38,8 +43,41 @@ _BIAS_STEPS = ("Reshape", "Cast", "Floor", "Round")  # the bias divided by the a
 
 
 def dynamic_int8_ops(model: onnx.ModelProto) -> list[str]:
-    """The dynamic INT8 operators ``model`` uses (none: it is float as far as this module goes)."""
-    return sorted({n.op_type for n in model.graph.node if n.op_type in _REWRITTEN})
+    """The INT8 operators ``dequantized`` makes float in ``model``: dynamic INT8's, and the
+    ``DequantizeLinear`` of int8 weights (none: it is float as far as this module goes)."""
+    return sorted({n.op_type for n in model.graph.node if n.op_type in _REWRITTEN}) + (
+        ["DequantizeLinear"] if _weight_dequantizers(model.graph) else []
+    )
+
+
+def _weight_dequantizers(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The ``DequantizeLinear`` nodes of a graph with int8 weights and float activations: each
+    reading constants only, and no tensor quantized at run time (where one is, the graph computes
+    in int8 and folding its weights would not make it float: none)."""
+    constants = {i.name for i in graph.initializer}
+    found = [n for n in graph.node if n.op_type == "DequantizeLinear"]
+    if any(n.op_type == "QuantizeLinear" for n in graph.node) or any(
+        i and i not in constants for n in found for i in n.input
+    ):
+        return []
+    return found
+
+
+def _folded(node: onnx.NodeProto, lookup: _Graph) -> onnx.TensorProto:
+    """A constant ``DequantizeLinear``'s float result as a weight, computed by ONNX's reference
+    implementation of the operator (per-tensor, per-axis and blocked scales alike)."""
+    from onnx.reference import ReferenceEvaluator
+
+    graph = helper.make_graph(
+        [node],
+        "fold",
+        [],
+        [helper.make_tensor_value_info(node.output[0], TensorProto.UNDEFINED, None)],
+        [lookup.constants[i] for i in node.input if i],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", onnx.defs.onnx_opset_version())])
+    (value,) = ReferenceEvaluator(model).run(None, {})
+    return numpy_helper.from_array(np.asarray(value), node.output[0])
 
 
 class _Graph:
@@ -75,7 +113,7 @@ def float_onnx(path: Path, work: Path, say: Callable[[str], None]) -> tuple[Path
     undone = dynamic_int8_ops(model)
     if not undone:
         return path, []
-    say(f"turning ONNX Runtime's dynamic INT8 ({', '.join(undone)}) back into float operators to convert it")
+    say(f"turning the model's INT8 ({', '.join(undone)}) back into float operators to convert it")
     out = work / "dequantized.onnx"
     save_model(dequantized(model), out)
     return out, undone
@@ -93,6 +131,9 @@ def dequantized(model: onnx.ModelProto) -> onnx.ModelProto:
             replacements[node.output[0]] = floats
         elif node.op_type == "DynamicQuantizeLSTM":
             replacements[node.output[0]] = [_lstm(node, lookup, weights)]
+    for node in _weight_dequantizers(model.graph):
+        replacements[node.output[0]] = []
+        weights.append(_folded(node, lookup))
     out = onnx.ModelProto()
     out.CopyFrom(model)
     nodes = []
