@@ -165,6 +165,24 @@ def test_fer_s_keras_2_hdf5_and_its_int8_weight_tflite_on_real_faces(tmp_path):
     assert "left out tflite-fp32" in made.stdout
 
 
+def test_an_onnx_model_with_int8_weights_gets_a_float_tflite_held_exactly(tmp_path):
+    """fer's int8-weight TFLite as ONNX (DequantizeLinear of constant weights, as tf2onnx writes it)
+    brought as an ONNX source to the edge target: onnx2tf cannot take the int8, so the weights are
+    folded into the float weights they stand for, and as that changes nothing the model computes,
+    tflite-fp32 is held to the exact tolerance and records what was folded."""
+    np.savez(tmp_path / "faces.npz", x=zoo_models.emotion_faces(8))
+    quantized = zoo_models.shipped("fer/data/emotion_model_quantized.tflite")
+    assert deploy("export", quantized, "-o", tmp_path / "int8").returncode == 0
+    made = deploy(
+        "export", tmp_path / "int8" / "artifacts" / "model.onnx", "-o", tmp_path / "edge",
+        "--example-input", tmp_path / "faces.npz", "--target", "edge",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    record = zoo._manifest(tmp_path / "edge")["validation"]["tflite-fp32"]
+    assert record["passed"] and record["atol"] == 1e-4 and "accuracy" not in record
+    assert record["dequantized"] == ["DequantizeLinear"]
+
+
 def test_mediapipe_selfie_segmentation_exports_with_its_custom_upsampling_read_as_builtins(tmp_path):
     """MediaPipe's selfie segmentation upsamples its mask with MediaPipe's own
     Convolution2DTransposeBias, which LiteRT runs through XNNPACK and tf2onnx cannot read; the

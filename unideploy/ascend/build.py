@@ -21,7 +21,7 @@ import onnx
 from unideploy.ascend.network import export_mindir, require_supported
 from unideploy.errors import ExportError, RuntimeFailure, ValidationError
 from unideploy.guard.guard import Guard, reference_rows, settings_of
-from unideploy.onnx.dequantize import float_onnx
+from unideploy.onnx.dequantize import float_onnx, rounds_activations
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import HALF_PRECISIONS, Manifest, Tolerance, ValidationRecord
@@ -94,10 +94,12 @@ def _check_mindir(
     metric in ``accuracy``)."""
     framework = manifest.source["framework"]
     with RUNTIMES.get("mindspore")(path, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
-        if not undone:
+        if not rounds_activations(undone):
             base = manifest.base_onnx()
             record = validate_like(manifest, base.id if base else None, runtime.run, references, framework)
             require_passed(record, "the MindIR artifact (run by MindSpore on the CPU)")
+            if undone:
+                record["dequantized"] = undone
             return record
         guard = Guard(
             [inputs for inputs, _ in references],

@@ -47,7 +47,7 @@ from unideploy.guard.accuracy import describe
 from unideploy.guard.data import load_dataset, split
 from unideploy.guard.guard import Guard, reference_rows, settings_of
 from unideploy.guard.search import search_record, trial
-from unideploy.onnx.dequantize import float_onnx
+from unideploy.onnx.dequantize import float_onnx, rounds_activations
 from unideploy.onnx.files import copy_model
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
@@ -423,7 +423,7 @@ def _tflite_artifacts(
                     (saved_model, fixed, _), put_back = put_back(), None
                     variants.insert(0, (precision, mode))
                     continue
-                if precision == "fp32" and not undone:  # a conversion that should be exact: the default
+                if precision == "fp32" and not rounds_activations(undone):  # should be exact: the default
                     record = validate(run, fitting, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
                     if not record["passed"] and refold is not None:
                         # TFLite's converter can mis-compile what onnx2tf left as shape arithmetic
@@ -433,6 +433,8 @@ def _tflite_artifacts(
                         variants.insert(0, (precision, mode))
                         continue
                     require_passed(record, "the TFLite fp32 artifact")
+                    if undone:  # int8 weights alone, folded: exact
+                        record["dequantized"] = undone
                 else:
                     say(f"judging TFLite {mode} against the ONNX model")
                     judged, accuracy = accuracy_of(path, run, fitting)

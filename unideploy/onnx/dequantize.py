@@ -17,7 +17,7 @@ weights, the values the model multiplies by, and no activation ever rounded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +48,14 @@ def dynamic_int8_ops(model: onnx.ModelProto) -> list[str]:
     return sorted({n.op_type for n in model.graph.node if n.op_type in _REWRITTEN}) + (
         ["DequantizeLinear"] if _weight_dequantizers(model.graph) else []
     )
+
+
+def rounds_activations(undone: Sequence[str]) -> bool:
+    """Whether the float graph ``dequantized`` made of these operators can answer otherwise than
+    the model: dynamic INT8 rounds activations to 8 bits at run time, which the float graph no
+    longer does (so what is made from it is judged by the accuracy guard); int8 weights alone fold
+    exactly (so it is held to the exact tolerance)."""
+    return any(op != "DequantizeLinear" for op in undone)
 
 
 def _weight_dequantizers(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
