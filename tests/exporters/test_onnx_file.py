@@ -108,6 +108,32 @@ def test_model_newer_than_onnxruntime_is_explained(tmp_path):
         assert "onnxruntime_src" not in exc.message
 
 
+def test_the_artifact_has_the_ir_version_its_operator_sets_need(tmp_path):
+    """onnx 1.23 writes IR 14 into every model it saves, and ONNX Runtime Web 1.30 refused such a
+    file ("Unsupported model IR version: 14, max supported IR version: 13") though an opset-17 graph
+    needs IR 8: the artifact is written with the IR version its operator sets need, never newer than
+    the model's own; a model with functions of its own keeps its version."""
+    path = tmp_path / "new.onnx"
+    _mlp(path)
+    model = onnx.load(str(path))
+    model.ir_version = 13  # newer than opset 17 needs, and read by the onnxruntime here
+    onnx.save(model, str(path))
+    with unideploy.export(path, tmp_path / "pkg") as package:
+        written = onnx.load(str(package.path_of(package.manifest.artifacts[0])))
+        assert written.ir_version == 8 and package.manifest.validation["onnx-fp32"]["passed"]
+    from unideploy.onnx.files import oldest_ir_version
+
+    model.functions.append(
+        helper.make_function(
+            "local", "f", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])], [helper.make_opsetid("", 17)]
+        )
+    )
+    assert oldest_ir_version(model) == 13
+    model.ir_version = 6  # older than needed stays: it is the model's own claim, and the checker's to judge
+    del model.functions[:]
+    assert oldest_ir_version(model) == 6
+
+
 def _external_mlp(folder, location: str = "weights.bin"):
     folder.mkdir(parents=True, exist_ok=True)
     _mlp(folder / "inline.onnx")

@@ -19,7 +19,7 @@ import numpy as np
 from unideploy.errors import ExportError, InputError, PackageError, first_line
 from unideploy.exporters.base import Constant, ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.shapes import readable_dims, resolve_signature
-from unideploy.onnx.files import EXTERNAL_DATA_NAME, MAX_INLINE_BYTES, save_model
+from unideploy.onnx.files import EXTERNAL_DATA_NAME, MAX_INLINE_BYTES, oldest_ir_version, save_model
 from unideploy.onnx.graph import constants_to_initializers
 from unideploy.onnx.interface import declare_signature, opset_of, set_io_dims
 from unideploy.onnx.precision import graph_precision
@@ -80,6 +80,7 @@ class OnnxFileExporter(Exporter):
                 f"'{src.name}' fails ONNX shape inference: {first_line(exc)}",
                 "fix the model in the framework that produced it and export it again",
             ) from exc
+        model.ir_version = oldest_ir_version(model)  # readable by runtimes older than the onnx that saved it
         save_model(model, onnx_path, external=bool(external))
         declare_signature(onnx_path, signature)
         try:

@@ -16,6 +16,21 @@ def has_external_data(model: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
 
 
+STANDALONE_INITIALIZERS = 4  # the IR version from which a weight need not be a graph input too
+
+
+def oldest_ir_version(model: onnx.ModelProto) -> int:
+    """The oldest ONNX IR version that holds ``model``: the one its operator sets need (ONNX's own
+    release table), never above the one it has. A model saved by a newer onnx package carries that
+    package's IR version (onnx 1.23 writes 14) whatever it uses, and a runtime built before it
+    refuses the file: ONNX Runtime Web 1.30 read no IR above 13 ("Unsupported model IR version:
+    14"). A model with functions of its own keeps its version (their features are not in the table)."""
+    if model.functions:
+        return model.ir_version
+    needed = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    return min(model.ir_version, max(needed, STANDALONE_INITIALIZERS))
+
+
 def save_model(model: onnx.ModelProto, path: Path, external: bool = False) -> None:
     """Save with every weight inline, or (``external``, or over 2 GiB) in one data file beside it."""
     if external or model.ByteSize() > MAX_INLINE_BYTES:

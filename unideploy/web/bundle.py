@@ -22,7 +22,7 @@ import json
 import shutil
 from datetime import UTC, datetime
 from importlib.resources import files
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -239,8 +239,10 @@ def _write_samples(package: Package, staging: Path) -> list[dict[str, Any]]:
     source framework's outputs, with where each lies."""
     (staging / "samples").mkdir()
     written = []
-    for sample in package.reference_samples():
-        relpath = f"samples/batch{sample.batch_size}.bin"
+    for stored, sample in zip(package.manifest.samples, package.reference_samples(), strict=True):
+        # named as the package names it: two samples of one batch size (a batch-1 model's example
+        # rows, a crop to a second image size) each have a file of their own
+        relpath = f"samples/{PurePosixPath(stored.path).stem}.bin"
         offset = 0
         index: dict[str, list[dict[str, Any]]] = {"inputs": [], "outputs": []}
         with open(staging / relpath, "wb") as fh:
