@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from unideploy.errors import InputError
-from unideploy.samples import MAX_EXAMPLE_BATCHES, example_batches, fixed_rows, widest
+from unideploy.samples import MAX_EXAMPLE_BATCHES, example_batches, fixed_rows, run_in_batches, widest
 from unideploy.signature import Signature, TensorSpec
 
 
@@ -40,3 +40,22 @@ def test_a_model_that_fixes_its_batch_takes_an_example_a_batch_at_a_time():
     assert len(example_batches({"x": np.zeros((100, 4), np.float32)}, one)) == MAX_EXAMPLE_BATCHES
     dynamic = Signature((TensorSpec("x", "float32", ("batch", 4)),))
     assert [b["x"].shape for b in example_batches({"x": np.zeros((6, 4), np.float32)}, dynamic)] == [(1, 4), (6, 4)]
+
+
+def test_a_model_that_fixes_its_batch_runs_a_file_of_rows_a_batch_at_a_time():
+    """run_in_batches: each batch of 2 through the model, the answers joined in order; whole where
+    the batch is dynamic or the rows are one batch."""
+    fixed = Signature((TensorSpec("x", "float32", (2, 3)),), (TensorSpec("y", "float32", (2,)),))
+    calls = []
+
+    def run(inputs):
+        calls.append(inputs["x"].shape)
+        return {"y": inputs["x"].sum(axis=1)}
+
+    x = np.arange(18, dtype=np.float32).reshape(6, 3)
+    assert run_in_batches(run, {"x": x}, fixed)["y"].tolist() == x.sum(axis=1).tolist() and calls == [(2, 3)] * 3
+    calls.clear()
+    run_in_batches(run, {"x": x[:2]}, fixed)
+    dynamic = Signature((TensorSpec("x", "float32", ("batch", 3)),), (TensorSpec("y", "float32", ("batch",)),))
+    run_in_batches(run, {"x": x}, dynamic)
+    assert calls == [(2, 3), (6, 3)]

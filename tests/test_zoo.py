@@ -20,6 +20,8 @@ import zoo  # noqa: E402
 import zoo_models  # noqa: E402
 from console import assert_one_line_error, deploy  # noqa: E402
 
+import unideploy  # noqa: E402
+
 if not zoo_models.MODELS_DIR.is_dir():
     pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}", allow_module_level=True)
 
@@ -138,6 +140,14 @@ def test_a_batch_one_model_takes_an_example_of_many_photos_a_photo_at_a_time(tmp
     assert [s["batch_size"] for s in manifest["samples"]] == [1] * MAX_EXAMPLE_BATCHES
     assert manifest["validation"]["onnx-fp32"]["batch_sizes"] == [1] * MAX_EXAMPLE_BATCHES
     assert deploy("verify", tmp_path / "pkg").returncode == 0
+    # deploy run and unideploy.run take the 20 photos too, a photo at a time, the answers in order
+    ran = deploy("run", tmp_path / "pkg", "--input", tmp_path / "photos.npz", "-o", tmp_path / "out.npz")
+    assert ran.returncode == 0, ran.stderr
+    photos = np.load(tmp_path / "photos.npz")["input"]
+    last = unideploy.run(tmp_path / "pkg", {"input": photos[-1:]})
+    for name, rows in np.load(tmp_path / "out.npz").items():
+        assert rows.shape[0] == 20
+        np.testing.assert_allclose(rows[-1:], last[name], atol=1e-6)
 
 
 def test_fer_s_keras_2_hdf5_and_its_int8_weight_tflite_on_real_faces(tmp_path):

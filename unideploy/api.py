@@ -94,12 +94,13 @@ def run(
     """Run named inputs through a package on the best available runtime (or the named one)."""
     from unideploy.runtimes import RuntimeOptions
     from unideploy.runtimes.selection import open_runtime
+    from unideploy.samples import run_in_batches
 
     pkg = package if isinstance(package, Package) else Package.open(package)
     try:
-        _, engine = open_runtime(pkg, artifact, runtime, RuntimeOptions(device=device))
-        with engine:
-            return engine.run(inputs)
+        chosen, engine = open_runtime(pkg, artifact, runtime, RuntimeOptions(device=device))
+        with engine:  # a batch-1 model given several rows runs them a batch at a time
+            return run_in_batches(engine.run, inputs, pkg.manifest.signature_of(chosen))
     finally:
         if pkg is not package:
             pkg.close()

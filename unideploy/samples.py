@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -193,14 +193,36 @@ def example_batches(example: Mapping[str, np.ndarray], signature: Signature) -> 
     those dims is proven too. A model that fixes its batch size takes an example of more rows (a
     batch-1 model given a data set, as its calibration data is) a batch of that size at a time:
     the first ``MAX_EXAMPLE_BATCHES`` batches."""
-    fixed, given = fixed_rows(signature), {name: np.asarray(value) for name, value in example.items()}
-    rows = batch_size_of(given, dict.fromkeys(given, 0)) if fixed and set(given) == set(signature.input_names) else 0
-    if fixed and rows > fixed and rows % fixed == 0:
-        parts = row_batches(given, "--example-input", fixed)[:MAX_EXAMPLE_BATCHES]
+    parts = fixed_batches(example, signature)
+    if parts is not None:
+        parts = parts[:MAX_EXAMPLE_BATCHES]
         return _cropped_too(signature.validate_inputs(parts[0]), signature) + [
             signature.validate_inputs(part) for part in parts[1:]
         ]
     return _cropped_too(signature.validate_inputs(example), signature)
+
+
+def fixed_batches(inputs: Mapping[str, Any], signature: Signature) -> list[dict[str, np.ndarray]] | None:
+    """``inputs`` cut into the batches a model that fixes its batch size takes, where they hold a
+    multiple of it (a batch-1 model given a file of rows); None where they are to be taken whole
+    (the batch is dynamic, or they are one batch, or the signature will refuse them as they are)."""
+    fixed = fixed_rows(signature)
+    if not fixed or set(inputs) != set(signature.input_names):
+        return None
+    given = {name: np.asarray(value) for name, value in inputs.items()}
+    rows = batch_size_of(given, dict.fromkeys(given, 0))
+    return row_batches(given, "the inputs", fixed) if rows > fixed and rows % fixed == 0 else None
+
+
+def run_in_batches(
+    run: Callable[[Mapping[str, Any]], Mapping[str, np.ndarray]], inputs: Mapping[str, Any], signature: Signature
+) -> dict[str, np.ndarray]:
+    """``run`` on ``inputs`` as the model takes them: whole, or a batch at a time where it fixes
+    its batch size and they hold several (``fixed_batches``), the outputs joined in order."""
+    parts = fixed_batches(inputs, signature)
+    if parts is None:
+        return dict(run(inputs))
+    return join_rows([run(part) for part in parts], signature.output_batch_axes)
 
 
 def _cropped_too(example: Mapping[str, np.ndarray], signature: Signature) -> list[dict[str, np.ndarray]]:

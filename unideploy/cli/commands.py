@@ -112,14 +112,14 @@ def _show_package(path: str | Path, as_json: bool, show: Callable[[Package], Non
 
 def cmd_run(args: argparse.Namespace) -> int:
     from unideploy.runtimes.selection import open_runtime, what_ran
-    from unideploy.samples import load_npz_inputs
+    from unideploy.samples import load_npz_inputs, run_in_batches
 
     inputs = load_npz_inputs(args.input, "--input")
     with Package.open(args.package) as package:
         options = RuntimeOptions(device=args.device, engine_cache=_engine_cache(args), tf32=args.tf32)
         artifact, engine = open_runtime(package, args.artifact, args.runtime, options, args.target)
-        with engine:
-            outputs = engine.run(inputs)
+        with engine:  # a batch-1 model given a file of rows runs them a batch at a time
+            outputs = run_in_batches(engine.run, inputs, package.manifest.signature_of(artifact))
             ran = what_ran(artifact, engine)
     if args.output:
         out = Path(args.output)
