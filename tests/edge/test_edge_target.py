@@ -266,7 +266,14 @@ def test_dynamic_height_and_width_reach_tflite_at_the_sample_size(tmp_path):
         assert {c.artifact: c.status for c in verify_package(package)}["tflite-fp32"] == "passed"
         # another size is refused with the artifact's own, in the caller's layout, and what runs it
         with pytest.raises(InputError, match=r"fixed size for 'images': \[1, 3, 32, 48\] \(channels first"):
-            unideploy.run(package, {"images": np.zeros((3, 3, 32, 48), np.float32)}, artifact="tflite-fp32")
+            unideploy.run(package, {"images": np.zeros((1, 3, 64, 64), np.float32)}, artifact="tflite-fp32")
+        # rows of its size it takes a row at a time, as it was made for one
+        rows = np.random.default_rng(3).standard_normal((3, 3, 32, 48)).astype(np.float32)
+        np.testing.assert_allclose(
+            unideploy.run(package, {"images": rows}, artifact="tflite-fp32")["boxes"],
+            unideploy.run(package, {"images": rows}, artifact="onnx-fp32")["boxes"],
+            atol=1e-4,
+        )
     shown = " ".join(deploy("inspect", tmp_path / "edge").stdout.split())
     assert "fixed input size: tflite-fp32 (images [1, 32, 48, 3] NHWC); tflite-fp16" in shown, shown
     assert "other sizes run on onnx-fp32, ort-fp32" in shown
