@@ -61,13 +61,19 @@ def test_a_cpu_build_refuses_the_gpu_before_opening_anything(cnn_package, tmp_pa
 
 
 def test_tf32_is_named_only_where_it_ran(cnn_package, tmp_path):
-    """TF32 is a precision of the CUDA provider: asked for on the CPU, fp32 is what ran."""
+    """TF32 is a precision of the CUDA provider: asked for on the CPU, fp32 is what ran, and run,
+    bench and verify say that TF32 was not used, as any fallback."""
     np.savez(tmp_path / "in.npz", x=np.zeros((1, 1, 8, 8), np.float32))
     result = deploy("run", cnn_package, "--input", tmp_path / "in.npz", "--tf32", "--json")
     assert result.returncode == 0, result.stderr
     import json
 
-    assert json.loads(result.stdout)["precision"] == "fp32"
+    ran = json.loads(result.stdout)
+    assert ran["precision"] == "fp32" and "TF32 was asked for, and this ran in exact fp32 on the CPU" in ran["fallback"]
+    for command in (("bench", "--iterations", "5"), ("verify",)):
+        shown = deploy(command[0], cnn_package, *command[1:], "--tf32")
+        assert shown.returncode == 0, shown.stderr
+        assert "TF32 was asked for" in " ".join(shown.stdout.split()), shown.stdout
 
 
 def test_the_missing_tensorrt_library_is_named():

@@ -201,15 +201,16 @@ def ran(found: dict[str, Any]) -> str:
     return f"{found['artifact']} on {found['runtime']}" + (f" ({where})" if where else "") + f", {found['precision']}"
 
 
-def fallbacks(found: dict[str, Any]) -> None:
-    """What was asked for and did not run, one line each: never a result labelled with a path it did
-    not take."""
+def fallbacks(found: dict[str, Any], of: str = "") -> None:
+    """What was asked for and did not run, one line each (``of``: the artifact they are about, where
+    several are shown): never a result labelled with a path it did not take."""
+    about = f"{escape(of)}: " if of else ""
     for line in found.get("passed_over", []):
-        out.print(f"[yellow]passed over[/] {escape(line)}")
+        out.print(f"[yellow]passed over[/] {about}{escape(line)}")
     if found.get("fallback"):
-        out.print(f"[yellow]fallback:[/] {escape(found['fallback'])}")
+        out.print(f"[yellow]fallback:[/] {about}{escape(found['fallback'])}")
     if found.get("cpu_nodes"):  # a GPU session's nodes its provider has no kernel for
-        out.print(f"[yellow]on the CPU:[/] {escape(found['cpu_nodes'])}")
+        out.print(f"[yellow]on the CPU:[/] {about}{escape(found['cpu_nodes'])}")
 
 
 def run_outputs(found: dict[str, Any], outputs: dict[str, np.ndarray], written: str | None) -> None:
@@ -258,6 +259,9 @@ def verify(package: Package, checks: list[ArtifactCheck], signature_checked: boo
             escape(c.reason or ""),
         )
     out.print(table)
+    for c in checks:
+        if c.ran:
+            fallbacks(c.ran, c.artifact)
     if package.manifest.samples_origin() == "synthetic":
         out.print(
             "[yellow]note:[/] the reference samples are random inputs (the export had no --example-input): an "

@@ -56,6 +56,10 @@ def what_ran(artifact: Artifact, engine: Runtime) -> dict[str, Any]:
     artifact, the engine's own account of where and in what precision it ran (its providers, not
     those asked for), and the artifacts passed over on the way and why."""
     found: dict[str, Any] = {"artifact": artifact.id, "precision": artifact.precision, **engine.describe()}
+    if engine.options.tf32 and found["precision"] == "fp32":  # asked for, and not where it exists
+        unused = f"TF32 was asked for, and this ran in exact fp32 on the {found.get('device', 'cpu').upper()}: TF32 is "
+        unused += "a precision of NVIDIA GPUs, used for fp32 artifacts on ONNX Runtime's CUDA provider"
+        found["fallback"] = "; ".join(filter(None, (found.get("fallback"), unused)))
     if engine.passed_over:
         found["passed_over"] = list(engine.passed_over)
     return found
