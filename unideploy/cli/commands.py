@@ -292,8 +292,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         fixed = package.manifest.fixed_batch
         if fixed is not None and set(args.batch_size) != {fixed}:
             raise InputError(
-                f"this package has a fixed batch size of {fixed}",
-                "re-export without --static-shapes to benchmark other batch sizes",
+                f"this package has a fixed batch size of {fixed}: its model takes {fixed} row(s) a call",
+                f"benchmark --batch-size {fixed}; other sizes need a model with a dynamic batch (its source's, "
+                "exported without --static-shapes)",
             )
         options = RuntimeOptions(
             device=args.device,
