@@ -24,7 +24,7 @@ from unideploy.package import Package
 from unideploy.package.bundled import check_listed_files
 from unideploy.package.files import extract_zip, read_format_document, resolve_inside, scratch_dir
 from unideploy.package.manifest import ValidationRecord
-from unideploy.validation import Samples, failure_text, recorded_tolerance, validate
+from unideploy.validation import Samples, failure_text, validate_like
 from unideploy.web.browser import chromium, served
 from unideploy.web.bundle import AGAIN, WEB_FORMAT, WEB_MANIFEST, WEB_VERSION
 
@@ -173,10 +173,9 @@ def _check(page: Any, package: Package, pairs: Samples, artifact: str, backend: 
         said = str(exc).removeprefix("Page.evaluate: ").splitlines()[0]
         return BrowserCheck(artifact, backend, "failed", f"did not run in the page: {said}")
     outputs = {id(inputs): _arrays(found) for (inputs, _), found in zip(pairs, result["outputs"], strict=True)}
-    atol, rtol, output_atol = recorded_tolerance(package.manifest, artifact)
-    try:
-        record = validate(
-            lambda inputs: outputs[id(inputs)], pairs, atol, rtol, package.manifest.source["framework"], output_atol
+    try:  # the artifact in the browser's runtime, held to what it was held to when made
+        record = validate_like(
+            package.manifest, artifact, lambda inputs: outputs[id(inputs)], pairs, package.manifest.source["framework"]
         )
     # an output of another shape, or missing: the page computed something else
     except (ValidationError, KeyError) as exc:
