@@ -313,7 +313,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             for batch in args.batch_size:
                 label = f"bench {artifact.id} on {engine.name}, batch {batch}"
                 with render.progress(label, args.iterations) as tick:
-                    runs.append(benchmark(engine, resize_batch(sample, batch), args.iterations, args.warmup, tick=tick))
+                    inputs = resize_batch(sample, batch, engine.signature.batch_axes)  # state's rows on axis 1
+                    runs.append(benchmark(engine, inputs, args.iterations, args.warmup, tick=tick))
             result: dict[str, Any] = {**runs[0]} if len(runs) == 1 else {"runs": runs}
             result.update({"package": str(args.package), **what_ran(artifact, engine)})
     if args.json:
