@@ -312,8 +312,9 @@ def test_a_model_whose_batch_lies_on_axis_1_of_its_state_benches_at_any_batch(tm
     """Recurrent state laid out [2, batch, 3] beside an input [batch, 4]: the batch is dynamic
     (bench was refused as 'a fixed batch size of 1', reading axis 0 alone), and each size's inputs
     grow along each input's own batch axis (the state's axis 1, not its axis 0)."""
-    import unideploy
     from onnx_models import stateful_model
+
+    import unideploy
 
     unideploy.export(stateful_model(tmp_path / "stateful.onnx"), tmp_path / "pkg").close()
     assert unideploy.open_package(tmp_path / "pkg").manifest.fixed_batch is None
