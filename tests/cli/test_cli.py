@@ -306,3 +306,18 @@ def test_the_validation_column_counts_a_run_of_equal_batch_sizes():
     from unideploy.cli.render import _runs
 
     assert _runs([1] * 16) == "1 x16" and _runs([1, 4]) == "1, 4" and _runs([4, 1, 1]) == "4, 1 x2"
+
+
+def test_a_model_whose_batch_lies_on_axis_1_of_its_state_benches_at_any_batch(tmp_path):
+    """Recurrent state laid out [2, batch, 3] beside an input [batch, 4]: the batch is dynamic
+    (bench was refused as 'a fixed batch size of 1', reading axis 0 alone), and each size's inputs
+    grow along each input's own batch axis (the state's axis 1, not its axis 0)."""
+    from onnx_models import stateful_model
+
+    import unideploy
+
+    unideploy.export(stateful_model(tmp_path / "stateful.onnx"), tmp_path / "pkg").close()
+    assert unideploy.open_package(tmp_path / "pkg").manifest.fixed_batch is None
+    result = deploy("bench", tmp_path / "pkg", "--batch-size", "1,8", "--iterations", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    assert [run["batch_size"] for run in json.loads(result.stdout)["runs"]] == [1, 8]

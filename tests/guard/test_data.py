@@ -82,9 +82,9 @@ def test_accuracy_metric_needs_labels(digits_package, tmp_path):
 def test_the_batch_is_found_by_name_not_assumed_at_axis_0(tmp_path):
     from onnx_models import rows_of_state, stateful_model
 
-    """Export from example rows, calibration splits, batches and timing all cut each input along
-    its own batch axis (axis 1 of the state): before, export was refused ("size 4 on axis 0,
-    expected 2") and optimize saw "different row counts"."""
+    """Export from example rows, calibration splits, batches, directories of files and timing all
+    cut or join each input along its own batch axis (axis 1 of the state): before, export was
+    refused ("size 4 on axis 0, expected 2") and optimize saw "different row counts"."""
     np.savez(tmp_path / "example.npz", **rows_of_state(4, 1))
     with unideploy.export(
         stateful_model(tmp_path / "stateful.onnx"), tmp_path / "pkg", example_inputs=str(tmp_path / "example.npz")
@@ -97,6 +97,11 @@ def test_the_batch_is_found_by_name_not_assumed_at_axis_0(tmp_path):
         record = package.manifest.optimizations[-1]
         assert (record["data"]["calibration_rows"], record["data"]["validation_rows"]) == (20, 20)
         assert record["accuracy"]["outputs"]["y"]["within_budget"]
+    (tmp_path / "parts").mkdir()  # a directory of files joins each input along its batch axis too
+    for i, count in enumerate((24, 16)):
+        np.savez(tmp_path / "parts" / f"part{i}.npz", **rows_of_state(count, 5 + i))
+    with optimize(tmp_path / "pkg", tmp_path / "parts", output=tmp_path / "from-parts") as package:
+        assert package.manifest.optimizations[-1]["data"]["calibration_rows"] == 20
     state = rows_of_state(6, 3)
     out = unideploy.run(tmp_path / "pkg", state, artifact="onnx-fp16")
     assert out["y"].shape == (6, 3) and out["stateN"].shape == (2, 6, 3)

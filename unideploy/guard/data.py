@@ -56,7 +56,7 @@ class Dataset:
 def load_dataset(path: str | Path, signature: Signature, what: str = "--calibration") -> Dataset:
     path = Path(path)
     if path.is_dir():
-        arrays = _load_directory(path, what)
+        arrays = _load_directory(path, what, signature.batch_axes)
     elif path.exists():
         arrays = load_npz_inputs(str(path), what)
     else:
@@ -87,7 +87,9 @@ def split(dataset: Dataset, max_calibration_rows: int = 512) -> tuple[Dataset, D
     return dataset.take(0, cut), dataset.take(cut, dataset.rows)
 
 
-def _load_directory(path: Path, what: str) -> dict[str, np.ndarray]:
+def _load_directory(path: Path, what: str, axes: Axes) -> dict[str, np.ndarray]:
+    """Every .npz and .npy file in ``path``, each input's parts joined along its batch axis (a
+    recurrent state ``[layers, batch, hidden]`` along axis 1); labels along axis 0."""
     parts: dict[str, list[np.ndarray]] = {}
     files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
     if not files:
@@ -102,7 +104,9 @@ def _load_directory(path: Path, what: str) -> dict[str, np.ndarray]:
             except (ValueError, OSError) as exc:
                 raise InputError(f"{what} file '{file}' is not a readable .npy array: {exc}") from exc
     try:
-        return {name: np.concatenate(chunks, axis=0) for name, chunks in parts.items()}
+        return {
+            name: np.concatenate(chunks, axis=row_axis(axes, name, chunks[0]) or 0) for name, chunks in parts.items()
+        }
     except ValueError as exc:
         raise InputError(f"{what} files in '{path}' do not stack along the batch axis: {exc}") from exc
 

@@ -21,6 +21,7 @@ from unideploy.guard.accuracy import DEFAULT_BUDGET_POINTS
 from unideploy.options import PluginOptions
 from unideploy.package.manifest import AccuracyRecord, Precision, TargetName
 from unideploy.registry import Availability, modules_availability
+from unideploy.samples import batch_size_of
 from unideploy.signature import Signature
 
 Batch = dict[str, np.ndarray]
@@ -53,6 +54,18 @@ class PassContext:
     judge: Callable[[Path], AccuracyRecord]  # the accuracy part of evaluate, without timing
     fixed_batch: int | None = None  # the batch size every input batch must have, if the model fixes one
     say: Callable[[str], None] = lambda _msg: None
+
+    def first_batches(self, rows: int) -> list[Batch]:
+        """The leading calibration batches that hold at least ``rows`` rows (all, if there are
+        fewer), counted along each input's batch axis: a recurrent model's state ``[layers, batch,
+        hidden]`` holds its rows on axis 1, so its axis 0 says nothing about how many there are."""
+        taken, count = [], 0
+        for batch in self.calibration:
+            if count >= rows:
+                break
+            taken.append(batch)
+            count += batch_size_of(batch, self.signature.batch_axes)
+        return taken
 
 
 @dataclass

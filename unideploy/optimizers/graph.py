@@ -393,9 +393,9 @@ def refit_all(
     batches: list[Batch],
     say: Callable[[str], None],
 ) -> None:
-    """Re-fit every masked layer in graph order (see the module docstring)."""
+    """Re-fit every masked layer in graph order (see the module docstring), on ``batches`` (the
+    first ``REFIT_ROWS`` calibration rows: ``PassContext.first_batches``)."""
     order = [layer.node.name for layer in linear_layers(pruned) if layer.node.name in masks]
-    batches = first_rows(batches, REFIT_ROWS)
     for i, name in enumerate(order, 1):
         say(f"re-fitting layer {i}/{len(order)} ({name})")
         refit(original, pruned, name, masks[name], batches)
@@ -412,14 +412,3 @@ def intermediate_tensors(model_path: Path, rows: Batch, workdir: Path) -> dict[s
         return qdq_loss_debug.collect_activations(str(augmented), [rows])
     finally:
         augmented.unlink(missing_ok=True)
-
-
-def first_rows(batches: list[Batch], rows: int) -> list[Batch]:
-    """The leading batches that hold at least ``rows`` rows (all, if there are fewer)."""
-    taken, count = [], 0
-    for batch in batches:
-        if count >= rows:
-            break
-        taken.append(batch)
-        count += len(next(iter(batch.values())))
-    return taken

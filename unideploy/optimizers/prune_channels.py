@@ -26,7 +26,7 @@ from unideploy.guard.search import search_record
 from unideploy.onnx.session import basic_optimized
 from unideploy.optimizers.base import OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.channel_groups import ChannelGroups, Group, find_groups, remove_channels
-from unideploy.optimizers.graph import REFIT_ROWS, first_rows, input_statistics, load_for_pruning, refit
+from unideploy.optimizers.graph import REFIT_ROWS, input_statistics, load_for_pruning, refit
 from unideploy.optimizers.options import PruningOptions
 from unideploy.optimizers.prune_magnitude import check_fraction
 from unideploy.optimizers.sensitivity import comparison_rows, rank_alone, search_refitted
@@ -110,7 +110,7 @@ class ChannelPruning(OptimizerPass):
                 "use --prune-method magnitude for this model",
             )
         stats = input_statistics(
-            original, [layer for layer, _, _ in found.consumers], first_rows(ctx.calibration, STATISTICS_ROWS)
+            original, [layer for layer, _, _ in found.consumers], ctx.first_batches(STATISTICS_ROWS)
         )
         means = {name: mean for name, (mean, _) in stats.items()}
         importance = _importance(original, found, stats)
@@ -210,7 +210,7 @@ class ChannelPruning(OptimizerPass):
         readers = [layer for layer, layout, _ in found.consumers if any(g in kept for g, _ in layout)]
         order = {node.name: i for i, node in enumerate(original.graph.node)}
         readers.sort(key=lambda layer: order[layer.node.name])
-        batches = first_rows(ctx.calibration, REFIT_ROWS)
+        batches = ctx.first_batches(REFIT_ROWS)
         for i, layer in enumerate(readers, 1):
             ctx.say(f"re-fitting layer {i}/{len(readers)} ({layer.node.name})")
             shape = layer.matrix(pruned).shape

@@ -31,7 +31,6 @@ from unideploy.onnx.precision import quantized_ops
 from unideploy.optimizers.base import OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import (
     REFIT_ROWS,
-    first_rows,
     input_statistics,
     left_dense,
     linear_layers,
@@ -99,7 +98,7 @@ class MagnitudePruning(OptimizerPass):
         refitted = self.refit and bool(ctx.calibration)
         started = time.perf_counter()
         if refitted:
-            refit_all(original, model, masks, ctx.calibration, ctx.say)
+            refit_all(original, model, masks, ctx.first_batches(REFIT_ROWS), ctx.say)
         refit_seconds = time.perf_counter() - started
         out = ctx.workdir / "pruned-magnitude.onnx"
         onnx.save(model, str(out))
@@ -155,7 +154,7 @@ class MagnitudePruning(OptimizerPass):
             pruned_masks = {n: m for n, m in masks.items() if n not in dense}
             candidate = self._pruned(original, layers, pruned_masks)
             if refit:
-                refit_all(original, candidate, pruned_masks, ctx.calibration, lambda _msg: None)
+                refit_all(original, candidate, pruned_masks, ctx.first_batches(REFIT_ROWS), lambda _msg: None)
             path = ctx.workdir / f"pruned-magnitude-dense{len(dense)}{'-refit' if refit else ''}.onnx"
             onnx.save(candidate, str(path))
             return path
@@ -185,9 +184,7 @@ class MagnitudePruning(OptimizerPass):
         emptied more than the others loses its output); ``tensor``: the same share in every layer;
         ``global``: one threshold over every layer's scores, each relative to its layer's RMS (no
         layer is emptied whatever its scale)."""
-        statistics = (
-            input_statistics(original, layers, first_rows(ctx.calibration, REFIT_ROWS)) if ctx.calibration else {}
-        )
+        statistics = input_statistics(original, layers, ctx.first_batches(REFIT_ROWS)) if ctx.calibration else {}
         scores = {}
         for layer in layers:
             score = np.abs(layer.matrix(original)).astype(np.float64)

@@ -32,6 +32,7 @@ from unideploy.guard.search import SearchResult, search
 from unideploy.onnx.graph import consumers
 from unideploy.optimizers.base import Batch, PassContext
 from unideploy.optimizers.graph import intermediate_tensors
+from unideploy.samples import take_rows
 
 FOLDED_ACTIVATIONS = ("Relu", "Clip")  # QDQ removes them into the layer before
 SENSITIVITY_ROWS = 2  # rows the two models are compared on, with every tensor kept in memory
@@ -43,9 +44,10 @@ TINY = 1e-30
 
 
 def comparison_rows(ctx: PassContext) -> Batch:
-    """The first calibration rows, as few as the model's batch size allows."""
+    """The first calibration rows, as few as the model's batch size allows, cut along each input's
+    batch axis (a recurrent state ``[layers, batch, hidden]`` has its rows on axis 1)."""
     rows = ctx.calibration[0]
-    return rows if ctx.fixed_batch is not None else {k: v[:SENSITIVITY_ROWS] for k, v in rows.items()}
+    return rows if ctx.fixed_batch is not None else take_rows(rows, 0, SENSITIVITY_ROWS, ctx.signature.batch_axes)
 
 
 def sqnr_db(expected: list[np.ndarray], got: list[np.ndarray]) -> float:

@@ -336,8 +336,11 @@ class Manifest:
 
     @property
     def fixed_batch(self) -> int | None:
-        """The one batch size a model without a dynamic batch takes (its samples'), else None."""
-        return None if self.signature.has_dynamic_batch else self.samples[0].batch_size
+        """The one batch size a model without a dynamic batch takes (its samples'), else None. The
+        batch is dynamic wherever the signature has a batch dimension, on axis 0 or not: a recurrent
+        model's state ``[2, batch, 128]`` beside its audio ``[batch, 576]`` (Silero VAD) was taken
+        for a fixed batch of 1 when only axis 0 was read."""
+        return None if self.signature.batch_dim is not None else self.samples[0].batch_size
 
     def signature_of(self, artifact: Artifact) -> Signature:
         return artifact.signature or self.signature
