@@ -189,3 +189,38 @@ def test_efficientnet_lite0_residual_streams_are_found_and_cut_consistently(tmp_
     assert after < 0.4 * before
     out = ort.InferenceSession(slim.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": photos})
     assert out[0].shape == (4, 1000) and np.isfinite(out[0]).all()
+
+
+def test_a_reader_too_wide_to_refit_keeps_its_weights_and_says_so(tmp_path):
+    """A convolution reading a cut group with more inputs than ``REFIT_MAX_INPUTS`` even after the
+    cut (48 of 64 channels x a 15x15 kernel: 10,800) is not re-fitted, and the record names it."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1", "b1"], ["h"], name="narrow"),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("Conv", ["r", "w2", "b2"], ["y"], name="wide"),
+        ],
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 17, 17])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 1, 1])],
+        [
+            numpy_helper.from_array(rng.normal(0, 0.3, (64, 3, 3, 3)).astype(np.float32), "w1"),
+            numpy_helper.from_array(np.zeros(64, np.float32), "b1"),
+            numpy_helper.from_array(rng.normal(0, 0.01, (8, 64, 15, 15)).astype(np.float32), "w2"),
+            numpy_helper.from_array(np.zeros(8, np.float32), "b2"),
+        ],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    np.savez(tmp_path / "data.npz", x=rng.standard_normal((32, 3, 17, 17)).astype(np.float32))
+    unideploy.export(tmp_path / "m.onnx", tmp_path / "m.udp").close()
+    with unideploy.optimize(
+        tmp_path / "m.udp",
+        prune=0.25,
+        prune_method="channels",
+        calibration=tmp_path / "data.npz",
+        max_accuracy_drop=100,
+        output=tmp_path / "out.udp",
+    ) as pkg:
+        params = pkg.manifest.optimizations[-1]["passes"][0]["params"]
+        assert params["refit"] and params["not_refitted"]["layers"] == ["wide"], params

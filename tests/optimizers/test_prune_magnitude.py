@@ -94,3 +94,37 @@ def test_a_model_quantized_already_is_refused_with_what_to_prune_instead(tmp_pat
     )
     assert_one_line_error(result, 2, r"already quantized \(DynamicQuantizeLinear, MatMulInteger\)")
     assert "prune the float model, then quantize it" in result.stdout + result.stderr
+
+
+def test_a_layer_too_wide_to_refit_keeps_its_pruned_weights_and_says_so(tmp_path):
+    """A layer with more inputs than ``REFIT_MAX_INPUTS`` (CREPE's 1,024-channel 64-tap convolution
+    has 65,537: 32 GB per least-squares system) is pruned but not re-fitted, and the command and
+    the record name it; the narrow layer after it is still re-fitted. Before, such a model stopped
+    the command with an internal MemoryError."""
+    from console import deploy
+
+    from unideploy.optimizers.graph import REFIT_MAX_INPUTS
+
+    wide, rng = REFIT_MAX_INPUTS + 7, np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="wide"), helper.make_node("MatMul", ["h", "w2"], ["y"])],
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", wide])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [
+            numpy_helper.from_array(rng.normal(0, wide**-0.5, (wide, 16)).astype(np.float32), "w1"),
+            numpy_helper.from_array(rng.normal(0, 0.25, (16, 4)).astype(np.float32), "w2"),
+        ],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    np.savez(tmp_path / "data.npz", x=rng.standard_normal((64, wide)).astype(np.float32))
+    unideploy.export(tmp_path / "m.onnx", tmp_path / "m.udp").close()
+    result = deploy(
+        "optimize", tmp_path / "m.udp", "--prune", "0.3", "--calibration", tmp_path / "data.npz",
+        "--max-accuracy-drop", "100", "-o", tmp_path / "out.udp",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "not re-fitted: wide: more than 8,193 inputs each" in " ".join(result.stdout.split())
+    with unideploy.open_package(tmp_path / "out.udp") as pkg:
+        params = pkg.manifest.optimizations[-1]["passes"][0]["params"]
+        assert params["refit"] and params["not_refitted"]["layers"] == ["wide"]

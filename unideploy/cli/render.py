@@ -497,6 +497,8 @@ def optimization(package: Package, record: OptimizationRecord) -> None:
             out.print(f"  [yellow]no sensitivity search[/]: {escape(search['skipped'])}")
         for variant, reason in (params.get("skipped") or {}).items():
             out.print(f"  [yellow]left out[/] the {variant} variant: {escape(reason)}")
+        if wide := params.get("not_refitted"):
+            out.print(f"  [yellow]not re-fitted[/]: {escape(_some(wide['layers']))}: {escape(wide['why'])}")
     table = Table(title="Accuracy against fp32", title_justify="left")
     for col in ("output", "metric", "drop (points)", "budget", "verdict", "detail"):
         table.add_column(col)

@@ -31,6 +31,12 @@ CHOICE_ROWS = 32  # output rows the damping is chosen on (each distinct mask cos
 REFIT_ROWS = 512  # calibration rows used for re-fitting (more costs time, rarely accuracy)
 SHARED_MASKS = 4  # rows per distinct mask from which rows are solved per mask, not each on its own
 SOLVE_CHUNK_BYTES = 64 * 2**20  # the stack of per-row systems solved in one call
+# The widest layer re-fitted, in inputs (a convolution's channels x kernel taps, and its bias): its
+# least-squares systems are inputs x inputs float64, about six alive at once (8,193: 0.5 GB each,
+# a minute on 2 cores). CREPE's 1,024-channel 64-tap convolution (65,537) would need 32 GB each;
+# wider layers keep their pruned weights, and the pass records which.
+REFIT_MAX_INPUTS = 8193
+TOO_WIDE = f"more than {REFIT_MAX_INPUTS:,} inputs each, their pruned weights kept as they are (REFIT_MAX_INPUTS)"
 
 
 def attributes(node: onnx.NodeProto) -> dict:
@@ -278,10 +284,11 @@ def refit(
     mask: np.ndarray,
     batches: list[Batch],
     out_rows: np.ndarray | None = None,
-) -> None:
+) -> bool:
     """Re-fit one layer of ``pruned`` (weights outside ``mask`` stay zero) to reproduce the
     original layer's output on ``batches``; updates ``pruned`` in place. ``out_rows`` says which
     original output channels the pruned layer still has (all, unless channels were removed).
+    False, changing nothing, where the layer has more than ``REFIT_MAX_INPUTS`` inputs.
 
     The solution is pulled toward the layer's pruned weights by a damping chosen on held-out rows
     (``DAMPINGS``); where no damping beats the pruned weights on them, those stay. A layer fed by
@@ -297,6 +304,8 @@ def refit(
         prior = np.hstack([prior, get_array(pruned, layer_p.bias)[:, None]])
     if out_rows is not None:
         w_orig = w_orig[out_rows]
+    if w_orig.shape[1] > REFIT_MAX_INPUTS:
+        return False
     sums: dict[str, list[Any]] = {"fit": [0.0, 0.0], "held": [0.0, 0.0]}  # A_p^T A_p and A_p^T A_o of each part
     for x_o, x_p in zip(
         _activations(original, layer_o.node.input[0], batches), _activations(pruned, layer_p.node.input[0], batches)
@@ -321,9 +330,21 @@ def refit(
         errors[damping] = held_error(_solve(gram_fit, target_fit, prior, keep, damping, sample), sample)
     best = min(errors, key=lambda d: errors[d])
     if best is None:
-        return  # no re-fit generalises better than the pruned weights
+        return True  # no re-fit generalises better than the pruned weights
     solved = _solve(gram_fit + gram_held, target_fit + target_held, prior, keep, best, np.arange(len(keep)))
     layer_p.store(pruned, solved[:, :-1] if with_bias else solved, solved[:, -1] if with_bias else None)
+    return True
+
+
+def too_wide(name: str, say: Callable[[str], None]) -> str:
+    """Say that layer ``name`` keeps its pruned weights for want of memory; its name, to record."""
+    say(f"layer {name} is not re-fitted: {TOO_WIDE}")
+    return name
+
+
+def not_refitted(layers: list[str]) -> dict[str, Any]:
+    """The pass's record of the layers too wide to re-fit (none: empty)."""
+    return {"not_refitted": {"layers": layers, "why": TOO_WIDE}} if layers else {}
 
 
 def _solve(
@@ -392,13 +413,17 @@ def refit_all(
     masks: dict[str, np.ndarray],
     batches: list[Batch],
     say: Callable[[str], None],
-) -> None:
+) -> list[str]:
     """Re-fit every masked layer in graph order (see the module docstring), on ``batches`` (the
-    first ``REFIT_ROWS`` calibration rows: ``PassContext.first_batches``)."""
+    first ``REFIT_ROWS`` calibration rows: ``PassContext.first_batches``); the layers too wide to
+    re-fit (``REFIT_MAX_INPUTS``), which keep their pruned weights."""
     order = [layer.node.name for layer in linear_layers(pruned) if layer.node.name in masks]
+    kept = []
     for i, name in enumerate(order, 1):
         say(f"re-fitting layer {i}/{len(order)} ({name})")
-        refit(original, pruned, name, masks[name], batches)
+        if not refit(original, pruned, name, masks[name], batches):
+            kept.append(too_wide(name, say))
+    return kept
 
 
 def intermediate_tensors(model_path: Path, rows: Batch, workdir: Path) -> dict[str, list[np.ndarray]]:

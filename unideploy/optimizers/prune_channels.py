@@ -26,7 +26,7 @@ from unideploy.guard.search import search_record
 from unideploy.onnx.session import basic_optimized
 from unideploy.optimizers.base import OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.channel_groups import ChannelGroups, Group, find_groups, remove_channels
-from unideploy.optimizers.graph import REFIT_ROWS, input_statistics, load_for_pruning, refit
+from unideploy.optimizers.graph import REFIT_ROWS, input_statistics, load_for_pruning, not_refitted, refit, too_wide
 from unideploy.optimizers.options import PruningOptions
 from unideploy.optimizers.prune_magnitude import check_fraction
 from unideploy.optimizers.sensitivity import comparison_rows, rank_alone, search_refitted
@@ -119,6 +119,7 @@ class ChannelPruning(OptimizerPass):
             for g in groups.values()
         }
         refitted = self.refit and bool(ctx.calibration)
+        wide_layers: list[str] = []  # readers never re-fitted (cutting fewer groups leaves them wider)
 
         def build(whole: list[str], refit: bool, name: str = "") -> Path:
             kept = {g.id: keep[g.id] for label, g in groups.items() if label not in whole}
@@ -126,7 +127,8 @@ class ChannelPruning(OptimizerPass):
             candidate.CopyFrom(original)
             remove_channels(candidate, found, kept, means)
             if refit:
-                self._refit(original, candidate, found, kept, ctx)
+                wide = self._refit(original, candidate, found, kept, ctx)
+                wide_layers[:] = wide_layers or wide
             del candidate.graph.value_info[:]  # shapes changed; runtimes infer them again
             path = ctx.workdir / (name or f"pruned-channels-whole{len(whole)}{'-refit' if refit else ''}.onnx")
             onnx.save(candidate, str(path))
@@ -136,6 +138,7 @@ class ChannelPruning(OptimizerPass):
         out = build([], refitted, "pruned-channels.onnx")
         refit_seconds = time.perf_counter() - started
         params = {"ratio": self.ratio, "refit": refitted, **_report(found, groups, keep, whole=[])}
+        params.update(not_refitted(wide_layers))
         if len(groups) > 1 and not (judged := ctx.judge(out))["within_budget"]:
             out, searched = self._leave_whole(
                 original, groups, build, refitted, refit_seconds, out, judged["drop_points"], ctx
@@ -204,19 +207,22 @@ class ChannelPruning(OptimizerPass):
         found: ChannelGroups,
         kept: dict[int, np.ndarray],
         ctx: PassContext,
-    ) -> None:
-        """Re-fit every layer that reads a cut group, in graph order, to the original's outputs."""
+    ) -> list[str]:
+        """Re-fit every layer that reads a cut group, in graph order, to the original's outputs;
+        the layers too wide to re-fit (``graph.REFIT_MAX_INPUTS``)."""
         own_rows = {layer.node.name: kept[g.id] for g in found.groups.values() if g.id in kept for layer in g.producers}
         readers = [layer for layer, layout, _ in found.consumers if any(g in kept for g, _ in layout)]
         order = {node.name: i for i, node in enumerate(original.graph.node)}
         readers.sort(key=lambda layer: order[layer.node.name])
         batches = ctx.first_batches(REFIT_ROWS)
+        wide = []
         for i, layer in enumerate(readers, 1):
             ctx.say(f"re-fitting layer {i}/{len(readers)} ({layer.node.name})")
             shape = layer.matrix(pruned).shape
-            refit(
-                original, pruned, layer.node.name, np.ones(shape, bool), batches, out_rows=own_rows.get(layer.node.name)
-            )
+            name = layer.node.name
+            if not refit(original, pruned, name, np.ones(shape, bool), batches, out_rows=own_rows.get(name)):
+                wide.append(too_wide(name, ctx.say))
+        return wide
 
 
 def _report(found: ChannelGroups, groups: dict[str, Group], keep: dict[int, np.ndarray], whole: list[str]) -> dict:

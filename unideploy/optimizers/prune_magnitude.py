@@ -35,6 +35,7 @@ from unideploy.optimizers.graph import (
     left_dense,
     linear_layers,
     load_for_pruning,
+    not_refitted,
     refit_all,
 )
 from unideploy.optimizers.options import MagnitudeOptions
@@ -97,8 +98,7 @@ class MagnitudePruning(OptimizerPass):
         model = self._pruned(original, layers, masks)
         refitted = self.refit and bool(ctx.calibration)
         started = time.perf_counter()
-        if refitted:
-            refit_all(original, model, masks, ctx.first_batches(REFIT_ROWS), ctx.say)
+        wide_layers = refit_all(original, model, masks, ctx.first_batches(REFIT_ROWS), ctx.say) if refitted else []
         refit_seconds = time.perf_counter() - started
         out = ctx.workdir / "pruned-magnitude.onnx"
         onnx.save(model, str(out))
@@ -109,6 +109,7 @@ class MagnitudePruning(OptimizerPass):
             "layers": len(layers),
             "achieved_sparsity": _sparsity(masks, set()),
         }
+        params.update(not_refitted(wide_layers))
         if len(layers) > 1 and not (judged := ctx.judge(out))["within_budget"]:
             out, searched = self._leave_dense(
                 original, layers, masks, refitted, refit_seconds, out, judged["drop_points"], ctx
