@@ -264,6 +264,8 @@ def load_npz_inputs(path: str, what: str = "--example-input") -> dict[str, np.nd
             arrays = {k: data[k] for k in data.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise InputError(f"{what} file '{path}' is not a readable .npz archive: {exc}", how) from exc
+    except MemoryError as exc:
+        raise too_large(f"{what} file '{path}'", exc) from exc
     if not arrays:
         raise InputError(f"{what} file '{path}' holds no arrays")
     for name, array in arrays.items():
@@ -272,6 +274,16 @@ def load_npz_inputs(path: str, what: str = "--example-input") -> dict[str, np.nd
         except InputError as exc:
             raise InputError(f"array '{name}' in '{path}': {exc.message}", exc.hint) from exc
     return arrays
+
+
+def too_large(file: str, exc: MemoryError) -> InputError:
+    """A data file whose array does not fit in memory: one whose header declares far more than it
+    holds (truncated, or written to exhaust a reader) asks numpy for all of it before reading."""
+    return InputError(
+        f"{file} declares an array larger than this machine's memory ({exc}): it is malformed or truncated, "
+        "or too large to read at once",
+        "check the file (numpy.load reads it the same way), or give the data in smaller files",
+    )
 
 
 BATCH_ROWS = 32  # rows per batch handed to a runtime when the model does not fix its batch size

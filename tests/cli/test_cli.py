@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -142,6 +144,7 @@ def test_verify_fails_when_reference_outputs_no_longer_match(cnn_package):
         (["run", "{pkg}", "--input", "{not_npz}"], 2, r"not an \.npz archive \(a zip of \.npy arrays\)"),
         (["run", "{pkg}", "--input", "{npy}"], 2, r"is a single \.npy array, not an \.npz of named arrays"),
         (["run", "{pkg}", "--input", "{pkg}"], 2, r"--input '.*' is a directory, not an \.npz file"),
+        (["run", "{pkg}", "--input", "{huge}"], 2, r"declares an array larger than this machine's memory"),
         (["run", "{pkg}", "--input", "{bad_dtype}", "--runtime", "tvm"], 2, "unknown runtime 'tvm'"),
         (["run", "{pkg}", "--input", "{bad_dtype}", "--artifact", "nope"], 2, "no artifact 'nope'"),
         (["bench", "{static}", "--batch-size", "3"], 2, "fixed batch size of 2"),
@@ -152,6 +155,10 @@ def test_bad_input_gives_one_line_errors(args, code, pattern, torch_models, cnn_
     np.savez(tmp_path / "wrong_name.npz", image=np.zeros((1, 1, 8, 8), np.float32))
     (tmp_path / "not.npz").write_text("hello")
     np.save(tmp_path / "one.npy", np.zeros((1, 1, 8, 8), np.float32))  # an unnamed array (was an internal error)
+    with zipfile.ZipFile(tmp_path / "huge.npz", "w") as archive:  # 256 GiB declared, 64 bytes held (was one too)
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (2**36,)})
+        archive.writestr("x.npy", header.getvalue() + bytes(64))
     static = tmp_path / "static.udp"
     if "{static}" in args:
         src, shapes = torch_models["cnn_scripted"]
@@ -163,6 +170,7 @@ def test_bad_input_gives_one_line_errors(args, code, pattern, torch_models, cnn_
         "wrong_name": tmp_path / "wrong_name.npz",
         "not_npz": tmp_path / "not.npz",
         "npy": tmp_path / "one.npy",
+        "huge": tmp_path / "huge.npz",
         "static": static,
     }
     result = deploy(*[a.format(**names) for a in args], cwd=tmp_path)

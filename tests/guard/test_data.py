@@ -41,6 +41,12 @@ def test_missing_and_unreadable_files(digits_package, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="holds no .npz or .npy files"):
         optimize(digits_package, tmp_path / "empty")
+    (tmp_path / "huge").mkdir()  # a header declaring 256 GiB over 64 bytes: was an internal MemoryError
+    with open(tmp_path / "huge" / "x.npy", "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False, "shape": (2**36,)})
+        fh.write(bytes(64))
+    with pytest.raises(InputError, match=r"'.*x\.npy' declares an array larger than this machine's memory"):
+        optimize(digits_package, tmp_path / "huge")
 
 
 def test_without_data_accuracy_cannot_be_judged(digits_package):

@@ -22,6 +22,7 @@ from unideploy.samples import (
     row_axis,
     row_batches,
     take_rows,
+    too_large,
 )
 from unideploy.signature import Signature
 
@@ -103,6 +104,8 @@ def _load_directory(path: Path, what: str, axes: Axes) -> dict[str, np.ndarray]:
                 parts.setdefault(file.stem, []).append(np.load(file, allow_pickle=False))
             except (ValueError, OSError) as exc:
                 raise InputError(f"{what} file '{file}' is not a readable .npy array: {exc}") from exc
+            except MemoryError as exc:
+                raise too_large(f"{what} file '{file}'", exc) from exc
     try:
         return {
             name: np.concatenate(chunks, axis=row_axis(axes, name, chunks[0]) or 0) for name, chunks in parts.items()
