@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from unideploy.optimizers.graph import _solve, computing
+from unideploy.optimizers.graph import _solve, computing, get_array, linear_layers, name_nodes, refit_all
 
 
 def _one_row_at_a_time(gram, target, prior, keep, damping, rows):
@@ -110,3 +110,59 @@ def test_session_computes_only_what_the_tensors_need():
     np.testing.assert_array_equal(d, 0 * relu)
     with pytest.raises(Exception, match="(?i)reshape"):
         computing(model, ["broken"]).run(["broken"], x)
+
+
+def _mlp() -> onnx.ModelProto:
+    """x [batch, 12] -> Gemm -> Relu -> Gemm -> Relu -> MatMul: three layers to prune and re-fit."""
+    rng = np.random.default_rng(1)
+    weights = {"w1": (12, 16), "b1": (16,), "w2": (16, 16), "b2": (16,), "w3": (16, 4)}
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gemm", ["x", "w1", "b1"], ["h1"], name="first"),
+            helper.make_node("Relu", ["h1"], ["r1"]),
+            helper.make_node("Gemm", ["r1", "w2", "b2"], ["h2"], name="second"),
+            helper.make_node("Relu", ["h2"], ["r2"]),
+            helper.make_node("MatMul", ["r2", "w3"], ["y"], name="third"),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(rng.normal(0, 0.4, s).astype(np.float32), n) for n, s in weights.items()],
+    )
+    return name_nodes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_a_search_candidate_takes_the_refits_before_its_first_dense_layer_from_the_memo():
+    """Leaving only the last layer dense changes nothing the first two are re-fitted from: they
+    come from the pass's memo (no re-fit said), with the same weights a fresh re-fit gives; leaving
+    the first dense re-fits the second again, since its inputs changed."""
+    original = _mlp()
+    rng = np.random.default_rng(2)
+    batches = [{"x": rng.standard_normal((64, 12)).astype(np.float32)} for _ in range(2)]
+    masks = {
+        layer.node.name: np.abs(layer.matrix(original)) > np.quantile(np.abs(layer.matrix(original)), 0.4)
+        for layer in linear_layers(original)
+    }
+
+    def pruned(dense: set[str]) -> onnx.ModelProto:
+        model = onnx.ModelProto()
+        model.CopyFrom(original)
+        for layer in linear_layers(model):
+            if layer.node.name not in dense:
+                bias = get_array(model, layer.bias) if layer.bias else None
+                layer.store(model, layer.matrix(model) * masks[layer.node.name], bias)
+        return model
+
+    def refitted(dense: set[str], memo: dict | None) -> tuple[dict[str, np.ndarray], list[str]]:
+        model, said = pruned(dense), []
+        kept = {n: m for n, m in masks.items() if n not in dense}
+        assert refit_all(original, model, kept, batches, said.append, memo) == []
+        return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}, said
+
+    memo: dict = {}
+    refitted(set(), memo)
+    weights, said = refitted({"third"}, memo)
+    assert said == [] and all(np.array_equal(weights[n], w) for n, w in refitted({"third"}, None)[0].items())
+    weights, said = refitted({"first"}, memo)
+    assert said == ["re-fitting layer 1/2 (second)", "re-fitting layer 2/2 (third)"]
+    assert all(np.array_equal(weights[n], w) for n, w in refitted({"first"}, None)[0].items())

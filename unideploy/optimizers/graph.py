@@ -315,8 +315,9 @@ def refit(
             a_o, a_p = (np.hstack([a, np.ones((a.shape[0], 1))]) for a in (a_o, a_p))
         held = np.arange(len(a_p)) % HOLDOUT_EVERY == 0
         for part, rows in (("fit", ~held), ("held", held)):
-            sums[part][0] = sums[part][0] + a_p[rows].T @ a_p[rows]
-            sums[part][1] = sums[part][1] + a_p[rows].T @ a_o[rows]
+            taken = a_p[rows]  # one copy, whose product with itself NumPy computes as symmetric (half the work)
+            sums[part][0] = sums[part][0] + taken.T @ taken
+            sums[part][1] = sums[part][1] + taken.T @ a_o[rows]
     keep = np.hstack([mask, np.ones((mask.shape[0], 1), bool)]) if with_bias else mask
     (gram_fit, cross_fit), (gram_held, cross_held) = sums["fit"], sums["held"]
     target_fit, target_held = cross_fit @ w_orig.T, cross_held @ w_orig.T  # A_p^T Y, every output row at once
@@ -407,23 +408,50 @@ def _solve(
     return solved * masks
 
 
+# A layer's re-fitted weights (None: too wide to re-fit) by the masked layers up to it, in order
+Refits = dict[tuple[str, ...], list[onnx.TensorProto] | None]
+
+
 def refit_all(
     original: onnx.ModelProto,
     pruned: onnx.ModelProto,
     masks: dict[str, np.ndarray],
     batches: list[Batch],
     say: Callable[[str], None],
+    memo: Refits | None = None,
 ) -> list[str]:
     """Re-fit every masked layer in graph order (see the module docstring), on ``batches`` (the
     first ``REFIT_ROWS`` calibration rows: ``PassContext.first_batches``); the layers too wide to
-    re-fit (``REFIT_MAX_INPUTS``), which keep their pruned weights."""
-    order = [layer.node.name for layer in linear_layers(pruned) if layer.node.name in masks]
-    kept = []
+    re-fit (``REFIT_MAX_INPUTS``), which keep their pruned weights.
+
+    ``memo``, one per pass (the same ``masks`` and ``batches``), keeps each layer's re-fit by the
+    masked layers up to it: which layers before a layer are pruned decides its re-fit, so a search
+    candidate that leaves only later layers dense takes it from there instead of solving it again
+    (CREPE's 8,193-input convolution took a minute a candidate)."""
+    layers = {layer.node.name: layer for layer in linear_layers(pruned) if layer.node.name in masks}
+    order, stored, kept = list(layers), initializers(pruned), []
     for i, name in enumerate(order, 1):
+        key, layer = tuple(order[:i]), layers[name]
+        tensors = [layer.weight] + ([layer.bias] if layer.bias else [])
+        if memo is not None and key in memo:
+            if (refitted := memo[key]) is None:
+                kept.append(name)
+            for tensor in refitted or ():
+                stored[tensor.name].CopyFrom(tensor)
+            continue
         say(f"re-fitting layer {i}/{len(order)} ({name})")
-        if not refit(original, pruned, name, masks[name], batches):
+        done = refit(original, pruned, name, masks[name], batches)
+        if not done:
             kept.append(too_wide(name, say))
+        if memo is not None:
+            memo[key] = [_copy(stored[t]) for t in tensors] if done else None
     return kept
+
+
+def _copy(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    out = onnx.TensorProto()
+    out.CopyFrom(tensor)
+    return out
 
 
 def intermediate_tensors(model_path: Path, rows: Batch, workdir: Path) -> dict[str, list[np.ndarray]]:

@@ -31,6 +31,7 @@ from unideploy.onnx.precision import quantized_ops
 from unideploy.optimizers.base import OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import (
     REFIT_ROWS,
+    Refits,
     input_statistics,
     left_dense,
     linear_layers,
@@ -97,8 +98,10 @@ class MagnitudePruning(OptimizerPass):
         masks = self._masks(original, layers, ctx)
         model = self._pruned(original, layers, masks)
         refitted = self.refit and bool(ctx.calibration)
-        started = time.perf_counter()
-        wide_layers = refit_all(original, model, masks, ctx.first_batches(REFIT_ROWS), ctx.say) if refitted else []
+        started, memo = time.perf_counter(), Refits()
+        wide_layers = (
+            refit_all(original, model, masks, ctx.first_batches(REFIT_ROWS), ctx.say, memo) if refitted else []
+        )
         refit_seconds = time.perf_counter() - started
         out = ctx.workdir / "pruned-magnitude.onnx"
         onnx.save(model, str(out))
@@ -112,7 +115,7 @@ class MagnitudePruning(OptimizerPass):
         params.update(not_refitted(wide_layers))
         if len(layers) > 1 and not (judged := ctx.judge(out))["within_budget"]:
             out, searched = self._leave_dense(
-                original, layers, masks, refitted, refit_seconds, out, judged["drop_points"], ctx
+                original, layers, masks, refitted, refit_seconds, out, judged["drop_points"], ctx, memo
             )
             params.update(searched)
         return PassResult(
@@ -131,8 +134,10 @@ class MagnitudePruning(OptimizerPass):
         out: Path,
         all_layers: float,
         ctx: PassContext,
+        memo: Refits,
     ) -> tuple[Path, dict]:
-        """Restore the original weights of the layers pruning hurts most until the model fits."""
+        """Restore the original weights of the layers pruning hurts most until the model fits
+        (each candidate re-fitted through ``memo``, the pass's re-fits so far)."""
         ctx.say(
             f"pruning every layer to {self.sparsity:.0%} is over the accuracy budget: ranking layers by sensitivity"
         )
@@ -155,7 +160,7 @@ class MagnitudePruning(OptimizerPass):
             pruned_masks = {n: m for n, m in masks.items() if n not in dense}
             candidate = self._pruned(original, layers, pruned_masks)
             if refit:
-                refit_all(original, candidate, pruned_masks, ctx.first_batches(REFIT_ROWS), lambda _msg: None)
+                refit_all(original, candidate, pruned_masks, ctx.first_batches(REFIT_ROWS), lambda _msg: None, memo)
             path = ctx.workdir / f"pruned-magnitude-dense{len(dense)}{'-refit' if refit else ''}.onnx"
             onnx.save(candidate, str(path))
             return path
