@@ -33,8 +33,9 @@ SHARED_MASKS = 4  # rows per distinct mask from which rows are solved per mask, 
 SOLVE_CHUNK_BYTES = 64 * 2**20  # the stack of per-row systems solved in one call
 # The widest layer re-fitted, in inputs (a convolution's channels x kernel taps, and its bias): its
 # least-squares systems are inputs x inputs float64, about six alive at once (8,193: 0.5 GB each,
-# two minutes on 2 cores, mostly one inversion per damping tried). CREPE's 1,024-channel 64-tap convolution (65,537) would need 32 GB each;
-# wider layers keep their pruned weights, and the pass records which.
+# two minutes on 2 cores, mostly one inversion per damping tried). CREPE's 1,024-channel 64-tap
+# convolution (65,537) would need 32 GB each; wider layers keep their pruned weights, and the pass
+# records which.
 REFIT_MAX_INPUTS = 8193
 TOO_WIDE = f"more than {REFIT_MAX_INPUTS:,} inputs each, their pruned weights kept as they are (REFIT_MAX_INPUTS)"
 
