@@ -64,10 +64,16 @@ def take_rows(
     return out
 
 
+def joined(name: str, chunks: Sequence[np.ndarray], axes: Axes | None = None) -> np.ndarray:
+    """Tensor ``name``'s chunks as one array, along its rows' axis in ``axes`` (axis 0 where not
+    given, or for a tensor ``axes`` does not name: labels)."""
+    return np.concatenate(chunks, axis=row_axis(axes, name, chunks[0]) or 0)
+
+
 def join_rows(parts: Sequence[Mapping[str, np.ndarray]], axes: Axes | None = None) -> dict[str, np.ndarray]:
     """Each tensor's parts as one array, joined along its rows' axis in ``axes`` (axis 0 where not
     given): outputs run in pieces, or batches judged together."""
-    return {k: np.concatenate([p[k] for p in parts], axis=row_axis(axes, k, parts[0][k]) or 0) for k in parts[0]}
+    return {k: joined(k, [p[k] for p in parts], axes) for k in parts[0]}
 
 
 def random_tensor(spec: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

@@ -17,6 +17,7 @@ from unideploy.samples import (
     Axes,
     batch_size_of,
     concrete_shape,
+    joined,
     load_npz_inputs,
     random_tensor,
     row_axis,
@@ -107,9 +108,7 @@ def _load_directory(path: Path, what: str, axes: Axes) -> dict[str, np.ndarray]:
             except MemoryError as exc:
                 raise too_large(f"{what} file '{file}'", exc) from exc
     try:
-        return {
-            name: np.concatenate(chunks, axis=row_axis(axes, name, chunks[0]) or 0) for name, chunks in parts.items()
-        }
+        return {name: joined(name, chunks, axes) for name, chunks in parts.items()}
     except ValueError as exc:
         raise InputError(f"{what} files in '{path}' do not stack along the batch axis: {exc}") from exc
 
