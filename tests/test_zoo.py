@@ -21,6 +21,7 @@ import zoo_models  # noqa: E402
 from console import assert_one_line_error, deploy  # noqa: E402
 
 import unideploy  # noqa: E402
+from unideploy.guard.accuracy import choose_metrics, output_metric  # noqa: E402
 
 if not zoo_models.MODELS_DIR.is_dir():
     pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}", allow_module_level=True)
@@ -194,6 +195,8 @@ def test_crepe_tracks_the_pitch_of_real_speech_as_pytorch_does(tmp_path):
     confident = bins.max(axis=1) > 0.5
     hertz = 10 * 2 ** ((1997.3794084376191 + 20 * bins.argmax(axis=1)) / 1200)  # torchcrepe's bins: 20 cents
     assert confident.mean() > 0.3 and 70 < np.median(hertz[confident]) < 250, (confident.mean(), hertz[confident])
+    metric, why = output_metric("output", bins)  # INT8's bin moved by one is 20 cents, not another class
+    assert metric == "bins" and "360 ordered bins" in why, why
 
 
 def test_an_onnx_model_with_int8_weights_gets_a_float_tflite_held_exactly(tmp_path):
@@ -265,6 +268,13 @@ def test_mediapipe_pose_landmarks_are_held_per_output_to_what_litert_s_own_engin
     assert half["output_atol"]["Identity_1"] <= 0.01 < 1 < half["output_atol"]["Identity_2"]
     verified = deploy("verify", tmp_path / "pkg")
     assert verified.returncode == 0, verified.stdout + verified.stderr
+    np.savez(tmp_path / "photos.npz", input_1=zoo_models.unit_photos(8, 256))
+    ran = deploy("run", tmp_path / "pkg", "--input", tmp_path / "photos.npz", "--output", tmp_path / "out.npz")
+    assert ran.returncode == 0, ran.stderr
+    chosen = choose_metrics("auto", dict(np.load(tmp_path / "out.npz")), has_labels=False)
+    # the 39 landmarks' 195 values and their 117 world coordinates are not scores over classes
+    assert chosen["Identity"][0] == chosen["Identity_4"][0] == "relerr", chosen
+    assert "stands out as a class's winner does" in chosen["Identity"][1]
 
 
 def test_a_real_quantized_onnx_model_is_an_int8_artifact_not_quantized_again(tmp_path):

@@ -341,3 +341,48 @@ def test_nan_where_fp32_has_numbers_loses_the_output_whatever_its_metric():
     said = describe(record)
     assert "3 of 640 values NaN or infinite where fp32's are finite" in said and "nan points" not in said
     assert compare([{"p": probs}], [{"p": probs}], None, "auto", 1.0)["within_budget"]
+
+
+def _pitch_bins(centres: np.ndarray, bins: int = 360, width: float = 1.25) -> np.ndarray:
+    """Scores over ordered bins as a pitch tracker gives them: a bump around each row's pitch bin
+    (CREPE's targets are blurred over 25 cents, 1.25 of its 20-cent bins)."""
+    axis = np.arange(bins)
+    return np.exp(-0.5 * ((axis[None, :] - centres[:, None]) / width) ** 2).astype(np.float32)
+
+
+def test_scores_over_ordered_bins_are_judged_within_one_bin():
+    """CREPE's INT8 moved the best of its 360 pitch bins by one (20 cents) on most of the frames
+    where it disagreed: exact top-1 counts that as a wrong answer, the bins metric as a match; a
+    move of three bins or more is still a miss."""
+    centres = rng.uniform(40, 320, 128)
+    reference = _pitch_bins(centres)
+    metric, why = output_metric("output", reference)
+    assert metric == "bins" and "360 ordered bins" in why and "within 1 bin" in why, why
+    nudged = _pitch_bins(centres + np.where(np.arange(128) % 4 == 0, 1.0, 0.0))  # a quarter of the rows one bin up
+    record = compare([{"output": reference}], [{"output": nudged}], None, "auto", 1.0)
+    entry = record["outputs"]["output"]
+    assert record["within_budget"] and entry["bins_agreement"] == 1.0 and entry["top1_agreement"] < 0.8
+    assert "within 1 bin 1.0000 (top-1 exactly" in describe(record)
+    strayed = _pitch_bins(centres + np.where(np.arange(128) % 8 == 0, 3.0, 0.0))
+    entry = compare([{"output": reference}], [{"output": strayed}], None, "auto", 1.0)["outputs"]["output"]
+    assert entry["drop_points"] == pytest.approx(12.5) and entry["bins_moved_most"] == 3
+    contour = 0.4 * _pitch_bins(rng.uniform(40, 220, 4 * 172), bins=264) + rng.normal(0.1, 0.01, (4 * 172, 264))
+    per_frame = contour.reshape(4, 172, 264)  # Basic Pitch's: a bump per frame over a floor near 0.1
+    assert output_metric("contour", per_frame)[0] == "bins"
+    assert output_metric("output", rng.standard_normal((64, 360)))[0] != "bins"  # unrelated classes
+    with pytest.raises(InputError, match="holds no scores over bins"):
+        compare([{"y": reference[:, 0]}], [{"y": reference[:, 0]}], None, "y=bins", 1.0)
+
+
+def test_wide_rows_whose_largest_value_does_not_stand_out_are_regressions():
+    """BlazePose gives 39 landmarks' (x, y, z, visibility, presence) as 195 unnamed values per row:
+    read as scores over 195 classes, its INT8 lost "81 points of top-1" that meant nothing. A
+    classifier's winner stands far above the rest of its row; coordinates spread evenly do not."""
+    landmarks = rng.uniform(0, 256, (32, 195))
+    metric, why = output_metric("Identity", landmarks)
+    assert metric == "relerr" and "no value of the 195 per row stands out as a class's winner does" in why, why
+    logits = rng.standard_normal((32, 1000))
+    logits[np.arange(32), rng.integers(0, 1000, 32)] += 6.0  # each row's class, confidently
+    assert output_metric("output", logits)[0] == "top1"
+    assert output_metric("logits", landmarks)[0] == "top1"  # named as class scores: as named
+    assert output_metric("Identity", landmarks[:, :19])[0] == "top1"  # too few values to tell

@@ -10,6 +10,9 @@ Each output is judged by the metric that fits what it holds, chosen here from it
   (raw scores ``[N, T, C]`` with more classes than positions, not named like embeddings or
   boxes): share of rows (positions) whose argmax matches fp32's; integer outputs: share of equal
   values;
+- ``bins``: scores over ordered bins, smooth from one bin to the next (a pitch tracker's, an
+  angle's or an age's distribution): share of rows (positions) whose argmax lies within one bin of
+  fp32's (``bins.py``);
 - ``text``: those sequences when most positions hold one class, CTC's blank (an OCR recognizer's
   output on text): character error rate of the greedy-decoded text against fp32's (``ctc.py``);
 - ``cosine``: embeddings (unit-length rows, or names that say so): drop = 1 - mean cosine of each
@@ -25,7 +28,8 @@ Each output is judged by the metric that fits what it holds, chosen here from it
 - ``coords``: coordinates per candidate window beside class probabilities whose class 0 is the
   background (MTCNN's box offsets and landmarks, in units of the window): mean absolute error in %
   of the window at the windows fp32 classes as objects (``coords.py``);
-- ``relerr``: boxes, heatmaps and other regressions: L2 error relative to the L2 norm of the fp32
+- ``relerr``: boxes, heatmaps and other regressions (rows of many values none of which stands out
+  as a class's winner does: landmarks' coordinates): L2 error relative to the L2 norm of the fp32
   outputs, over all validation rows.
 
 Every drop is in percentage points of its metric; an optimization passes when every output's drop
@@ -36,12 +40,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from statistics import NormalDist
 from typing import Any, cast
 
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.guard.metrics import METRICS, coords, ctc, detections, maps
+from unideploy.guard.metrics import METRICS, bins, coords, ctc, detections, maps
 from unideploy.guard.metrics.base import BUDGET_OPTIONS, Budget, Output, classes, cosines, probabilities, relative_error
 from unideploy.package.manifest import AccuracyRecord, OutputAccuracy
 from unideploy.samples import join_rows
@@ -50,6 +55,10 @@ DEFAULT_BUDGET_POINTS = 1.0  # what a non-exact artifact may lose, in percentage
 _EMBEDDING_NAME = re.compile(r"(?i)embed|pool|sentence|feature|vector|hidden|encod")
 _CLASS_NAME = re.compile(r"(?i)logit|prob|score|class|label|softmax")
 _REGRESSION_NAME = re.compile(r"(?i)box|coord|landmark|offset|delta|regress|depth|flow|point")
+# Rows this wide are read as class scores only where their winner stands out of the row; narrower
+# ones (2 to 31 classes) have too few values for the largest's distance to say anything.
+WINNER_MIN_CLASSES = 32
+WINNER_MARGIN = 1.0  # standard deviations above where the largest of as many random values lies
 
 
 def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
@@ -63,7 +72,7 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
         if (text := _ctc(ref)) is not None:
             return text
         what = "rows" if ref.ndim == 2 else "positions"
-        return "top1", f"{what} are probabilities over {ref.shape[-1]} classes: top-1 agreement"
+        return _bins(ref, what) or ("top1", f"{what} are probabilities over {ref.shape[-1]} classes: top-1 agreement")
     if ref.ndim == 2 and ref.shape[-1] >= 2:
         if np.allclose(np.linalg.norm(values, axis=-1), 1.0, atol=1e-3):
             return "cosine", f"rows are unit-length {ref.shape[-1]}-d embeddings: cosine similarity"
@@ -75,6 +84,18 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
                 "relerr",
                 f"'{name}' names {ref.shape[-1]} regressed values per row (boxes, landmarks): relative error",
             )
+        if (ordinal := _bins(ref, "rows")) is not None:
+            return ordinal
+        if ref.shape[-1] >= WINNER_MIN_CLASSES and not _CLASS_NAME.search(name):
+            winner, chance = winner_distance(ref)
+            if winner < chance + WINNER_MARGIN:
+                # BlazePose's 195 landmark values read as 195 classes lost 81 points of "top-1" to INT8
+                return (
+                    "relerr",
+                    f"no value of the {ref.shape[-1]} per row stands out as a class's winner does (the largest "
+                    f"{winner:.1f} standard deviations above the row's mean; {chance:.1f} for the largest of "
+                    f"{ref.shape[-1]} random values): regressed values (landmarks, coordinates), relative error",
+                )
         return "top1", f"rows are scores over {ref.shape[-1]} classes: top-1 agreement"
     shaped = detections.shaped_layouts(ref)  # a detector head's layout, with or without a detection
     if (head := detections.layout(ref, shaped)) is not None:
@@ -99,7 +120,11 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
         and not (_EMBEDDING_NAME.search(name) and not _CLASS_NAME.search(name))
         and not _REGRESSION_NAME.search(name)
     ):
-        return _ctc(ref) or ("top1", f"positions are scores over {ref.shape[-1]} classes: top-1 agreement per position")
+        return (
+            _ctc(ref)
+            or _bins(ref, "positions")
+            or ("top1", f"positions are scores over {ref.shape[-1]} classes: top-1 agreement per position")
+        )
     return (
         "relerr",
         f"{'x'.join(map(str, ref.shape[1:])) or 'scalar'} values per row (boxes, maps, regression): relative error",
@@ -116,6 +141,34 @@ def _ctc(ref: np.ndarray) -> tuple[str, str] | None:
         f"CTC scores over {ref.shape[-1]} classes per position (class {blank}, the blank, at {share:.0%} of "
         "them): character error rate of the greedy-decoded text",
     )
+
+
+def _bins(ref: np.ndarray, what: str) -> tuple[str, str] | None:
+    """Scores that rise and fall smoothly along their last axis are over ordered bins (pitch), where
+    the best bin moving by one is a small error, not another class."""
+    if not bins.is_ordinal(ref):
+        return None
+    return (
+        "bins",
+        f"{what} are scores over {ref.shape[-1]} ordered bins (each score correlates "
+        f"{bins.correlation_of_neighbours(ref):.2f} with the next): top-1 within {bins.TOLERANCE} bin",
+    )
+
+
+def winner_distance(ref: np.ndarray) -> tuple[float, float]:
+    """How far the median row's largest value lies above the row's mean, in the row's standard
+    deviations, and where the largest of as many independent normal values lies (Blom's estimate of
+    the expected maximum). A classifier's winning class stands well above chance (EfficientNet's
+    ImageNet logits: 5.9 against 3.2); regressed coordinates, bounded and spread evenly, do not
+    (BlazePose's landmarks: 2.2 against 2.7, their world coordinates 2.6 against 2.5)."""
+    count = ref.shape[-1]
+    values = ref.reshape(-1, count).astype(np.float64)
+    spread = values.std(-1)
+    varied = spread > 0
+    chance = NormalDist().inv_cdf((count - 0.375) / (count + 0.25))
+    if not varied.any():
+        return 0.0, chance
+    return float(np.median((values.max(-1) - values.mean(-1))[varied] / spread[varied])), chance
 
 
 def channels_first(reference: Mapping[str, np.ndarray]) -> set[str]:

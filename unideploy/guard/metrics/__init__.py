@@ -11,6 +11,7 @@ METRICS: Registry[Metric] = Registry(
     builtin={
         "accuracy": "unideploy.guard.metrics.builtin:LabelledAccuracy",
         "top1": "unideploy.guard.metrics.builtin:TopOneAgreement",
+        "bins": "unideploy.guard.metrics.builtin:NeighbouringBins",
         "text": "unideploy.guard.metrics.builtin:CharacterErrorRate",
         "cosine": "unideploy.guard.metrics.builtin:CosineSimilarity",
         "detection": "unideploy.guard.metrics.builtin:DetectionAP",

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.guard.metrics import coords, ctc, detections, maps
+from unideploy.guard.metrics import bins, coords, ctc, detections, maps
 from unideploy.guard.metrics.base import Budget, Metric, Output, classes, cosines, probabilities, relative_error
 
 
@@ -39,6 +39,29 @@ class TopOneAgreement(Metric):
 
     def detail(self, record: Mapping[str, Any]) -> str:
         return f"top-1 agreement {record['top1_agreement']:.4f}"
+
+
+class NeighbouringBins(Metric):
+    name = "bins"
+    measures = (
+        "scores over ordered bins (pitch, angle, age): share of rows (positions) whose argmax lies within "
+        f"{bins.TOLERANCE} bin of fp32's"
+    )
+
+    def score(self, output: Output) -> tuple[float, dict[str, Any]]:
+        if output.reference.ndim < 2 or output.reference.shape[-1] < 2:
+            raise InputError(
+                f"--metric bins: output '{output.name}' {list(output.reference.shape)} holds no scores over bins",
+                "it needs [N, bins] or [N, T, bins] scores; use --metric relerr for other outputs",
+            )
+        found = bins.agreement(output.reference, output.candidate)
+        return 1.0 - found["bins_agreement"], found
+
+    def detail(self, record: Mapping[str, Any]) -> str:
+        return (
+            f"within {record['bins_tolerance']} bin {record['bins_agreement']:.4f} (top-1 exactly "
+            f"{record['top1_agreement']:.4f}; moved {record['bins_moved_most']} bins at most)"
+        )
 
 
 class CharacterErrorRate(Metric):
