@@ -35,6 +35,13 @@ def node(op: str, inputs: list[str], outputs: list[str] | None = None, **attrs: 
     return helper.make_node(op, inputs, outputs or ["y"], **attrs)
 
 
+def _branch(name: str, op: str) -> onnx.GraphProto:
+    """An If's branch: ``op`` of the enclosing graph's ``x``."""
+    return helper.make_graph(
+        [node(op, ["x"], [f"{name}_y"])], name, [], [helper.make_tensor_value_info(f"{name}_y", F, None)]
+    )
+
+
 # id -> (nodes, initializers, inputs (name, type, shape without batch), outputs, opset)
 CASES: dict[str, tuple] = {
     "conv-pads-bias": ([node("Conv", ["x", "w", "b"], pads=[1, 1, 1, 1])], [weights("w", 4, 3, 3, 3), weights("b", 4)]),
@@ -329,6 +336,59 @@ CASES: dict[str, tuple] = {
         [("x", F, [2, 16])],
     ),
     "cast-int": ([node("Cast", ["x"], ["i"], to=TensorProto.INT64), node("Cast", ["i"], to=F)], [], [TOKENS]),
+    "conv1d-pads-strided-bias": (  # Silero VAD's encoder: audio [N, C, L]
+        [node("Conv", ["x", "w", "b"], pads=[2, 1], strides=[2])],
+        [weights("w", 3, 4, 5), weights("b", 3)],
+        [("x", F, [4, 16])],
+    ),
+    "conv1d-grouped-dilated": (
+        [node("Conv", ["x", "w"], group=2, dilations=[2])],
+        [weights("w", 4, 2, 3)],
+        [("x", F, [4, 16])],
+    ),
+    "size-of-a-dynamic-batch": (
+        [node("Size", ["x"], ["n"]), node("Cast", ["n"], ["f"], to=F), node("Mul", ["x", "f"])],
+        [],
+        [("x", F, [4, 16])],
+    ),
+    "if-on-a-fixed-dim": (  # Silero VAD squeezes its time axis when it is 1: the branch is known
+        [
+            node("Shape", ["x"], ["shape"]),
+            node("Gather", ["shape", "last"], ["length"]),
+            node("Equal", ["length", "sixteen"], ["short"]),
+            node("If", ["short"], then_branch=_branch("then", "Relu"), else_branch=_branch("else", "Neg")),
+        ],
+        [const("last", 2, np.int64), const("sixteen", 16, np.int64)],
+        [("x", F, [4, 16])],
+    ),
+    "if-reading-dims-an-earlier-if-fixes": (  # TorchScript's Silero VAD: squeeze-if-1, then a branch on the result
+        [
+            node("Shape", ["x"], ["shape"]),
+            node("Gather", ["shape", "last"], ["length"]),
+            node("Equal", ["length", "one"], ["single"]),
+            node(
+                "If",
+                ["single"],
+                ["kept"],
+                then_branch=helper.make_graph(  # one rank less, as a squeeze would give
+                    [node("ReduceMean", ["x"], ["squeezed"], axes=[2], keepdims=0)],
+                    "squeeze",
+                    [],
+                    [helper.make_tensor_value_info("squeezed", F, None)],
+                ),
+                else_branch=helper.make_graph(
+                    [node("Identity", ["x"], ["same"])], "keep", [], [helper.make_tensor_value_info("same", F, None)]
+                ),
+            ),
+            node("Relu", ["kept"], ["act"]),  # shape inference typed it before the If was decided
+            node("Shape", ["act"], ["kept_shape"]),
+            node("Gather", ["kept_shape", "last"], ["kept_length"]),
+            node("Equal", ["kept_length", "sixteen"], ["short"]),
+            node("If", ["short"], then_branch=_branch("then", "Relu"), else_branch=_branch("else", "Neg")),
+        ],
+        [const("last", 2, np.int64), const("one", 1, np.int64), const("sixteen", 16, np.int64)],
+        [("x", F, [4, 16])],
+    ),
 }
 
 
@@ -380,3 +440,16 @@ def test_operator_matches_onnx_runtime_at_two_batch_sizes(case: str, tmp_path: P
         got = runtime.run(inputs)["y"]
         assert got.shape == expected.shape, case
         np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-3, err_msg=case)
+
+
+def test_an_if_on_values_known_only_at_run_time_is_refused_naming_it(tmp_path: Path) -> None:
+    """The same If on a dim the signature leaves dynamic: no branch can be chosen for every input,
+    and MindSpore's graph takes no branch of another rank, so the export names the node and the fix."""
+    from unideploy.ascend.network import export_mindir
+    from unideploy.errors import ExportError
+
+    nodes, inits, _ = CASES["if-on-a-fixed-dim"]
+    model, signature = _model((nodes, inits, [("x", F, [4, "w"])]))
+    with pytest.raises(ExportError, match="branches on something only a run knows \\(If node") as refused:
+        export_mindir(model, signature, tmp_path / "case.mindir", tmp_path, _inputs(signature, 1))
+    assert "--input-shape" in (refused.value.hint or "")

@@ -264,3 +264,44 @@ def test_doctor_reports_the_ascend_target_usable_and_what_serving_needs():
     findings = {(f["kind"], f["name"]): f for f in json.loads(result.stdout)["findings"]}
     ascend = findings[("target", "ascend")]
     assert ascend["ok"] and "CANN" in ascend["detail"] and "converter_lite" in ascend["detail"]
+
+
+def test_silero_vad_is_rebuilt_with_its_if_on_a_fixed_length_decided(tmp_path):
+    """Silero VAD (ONNX) squeezes its time axis when it is 1, an If on a dim; its encoder's 1-D
+    convolutions run as 2-D ones of height 1, and its padding sizes are computed in the graph. With
+    its 576 samples fixed, the If is decided when the network is built and the MindIR reproduces
+    the model; with them dynamic, the export names the If and the fix. From TorchScript too."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import zoo_models
+
+    model = zoo_models.MODELS_DIR / zoo_models.SILERO_VAD
+    if not model.is_file():
+        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
+    rng = np.random.default_rng(0)
+    chunks = {
+        "input": (0.1 * rng.standard_normal((4, 576))).astype(np.float32),
+        "state": np.zeros((2, 4, 128), np.float32),
+    }
+    np.savez(tmp_path / "chunks.npz", **chunks)
+    state = "state:2,batch=1,128"
+    with unideploy.export(
+        model, tmp_path / "pkg", input_shapes=["input:batch=1,576", state], constants={"sr": 16000},
+        example_inputs=str(tmp_path / "chunks.npz"), target="ascend",
+    ) as package:  # fmt: skip
+        record = package.manifest.validation["mindir"]
+        assert record["passed"] and record["atol"] == 1e-4, record
+    from unideploy.errors import ExportError
+
+    with pytest.raises(ExportError, match="branches on something only a run knows") as refused:
+        unideploy.export(
+            model, tmp_path / "dynamic", input_shapes=["input:batch=1,samples=576", state], constants={"sr": 16000},
+            target="ascend",
+        )  # fmt: skip
+    assert "--input-shape" in (refused.value.hint or "") and not (tmp_path / "dynamic").exists()
+    # from TorchScript the same model nests a dozen Ifs on shapes, decided over several passes
+    np.savez(tmp_path / "ts.npz", x=chunks["input"], state=chunks["state"])
+    with unideploy.export(
+        zoo_models.silero_vad_16k(tmp_path), tmp_path / "ts", input_shapes=["x:batch=1,576", state],
+        example_inputs=str(tmp_path / "ts.npz"), target="ascend",
+    ) as package:  # fmt: skip
+        assert package.manifest.validation["mindir"]["passed"], package.manifest.validation["mindir"]

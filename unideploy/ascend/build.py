@@ -22,6 +22,7 @@ from unideploy.ascend.network import export_mindir, require_supported
 from unideploy.errors import ExportError, RuntimeFailure, ValidationError
 from unideploy.guard.guard import Guard, reference_rows, settings_of
 from unideploy.onnx.dequantize import float_onnx, rounds_activations
+from unideploy.onnx.session import basic_optimized
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import HALF_PRECISIONS, Manifest, Tolerance, ValidationRecord
@@ -74,7 +75,10 @@ def _mindir(package: Package, work: Path, say: Progress) -> tuple[Path, Artifact
             "export the fp32 model it was made from",
         )
     source, undone = float_onnx(package.path_of(base), work, say)
-    model = onnx.load(str(source))
+    # constants computed in the graph (padding sizes built by ConstantOfShape and Concat, as
+    # TorchScript exports them) folded first, so shape inference fixes the sizes after them: an If
+    # on a fixed length (Silero VAD's) then folds too
+    model = onnx.load(str(basic_optimized(source, work / "folded.onnx")))
     require_supported(model)  # every unknown operator named, before any work
     say("rebuilding the ONNX graph as a MindSpore network and exporting MindIR")
     example = package.reference_samples()[0].inputs

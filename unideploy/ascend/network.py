@@ -4,13 +4,16 @@ MindSpore compiles a Cell's ``construct`` from its Python source (GRAPH_MODE), s
 generated as source: one line per ONNX node, from the operator table (``ops.py``), with the
 weights as frozen Parameters. Values known before the network runs (initializers, Constant nodes,
 shapes that shape inference fixes, arithmetic on them) are folded with ONNX's reference evaluator,
-so shape plumbing only reaches MindSpore where a dim is dynamic. Unknown operators are listed,
-all at once, before any work.
+so shape plumbing only reaches MindSpore where a dim is dynamic. An ``If`` whose condition folds
+so (a branch on a dim the signature fixes: Silero VAD squeezes its time axis when it is 1) is the
+branch it takes, inlined; one that branches on the inputs' values is refused. Unknown operators
+are listed, all at once, before any work, those inside an ``If``'s branches included.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +28,7 @@ from unideploy.errors import ExportError, first_line
 from unideploy.onnx.interface import opset_of
 from unideploy.onnx.session import cpu_session
 from unideploy.quiet import quiet
-from unideploy.runtimes.mindspore_runtime import keep_dumps_out_of_cwd, placeholders
+from unideploy.runtimes.mindspore_runtime import mindspore_defaults, placeholders
 from unideploy.signature import Signature
 
 MODULE_NAME = "unideploy_ascend_network"
@@ -33,12 +36,19 @@ NOT_FOLDED = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUnifor
 
 
 def unsupported_operators(model: onnx.ModelProto) -> list[str]:
-    found = set()
-    for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx"):
-            found.add(f"{node.domain}.{node.op_type}")
-        elif node.op_type not in OPS and node.op_type != "Constant":
-            found.add(node.op_type)
+    found: set[str] = set()
+
+    def visit(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            if node.domain not in ("", "ai.onnx"):
+                found.add(f"{node.domain}.{node.op_type}")
+            elif node.op_type == "If":  # inlined where its condition folds (NetworkSource._inline)
+                for branch in node.attribute:
+                    visit(branch.g)
+            elif node.op_type not in OPS and node.op_type != "Constant":
+                found.add(node.op_type)
+
+    visit(model.graph)
     return sorted(found)
 
 
@@ -66,6 +76,71 @@ def _fold(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: int) -> 
     return [np.asarray(v) for v in evaluator.run(None, feeds)]
 
 
+class UndecidedBranch(ExportError):
+    """An If only a run can decide, met after the Ifs in ``decided`` (first output -> branch taken)."""
+
+    def __init__(self, node: str, decided: dict[str, str]) -> None:
+        super().__init__(
+            f"the model branches on something only a run knows (If node '{node}'): a MindSpore network "
+            "rebuilt from ONNX takes the one branch chosen when it is built",
+            "where the condition reads a dim the signature leaves dynamic, fix it with --input-shape NAME:DIMS; "
+            "--target cpu or edge serve the ONNX artifact as it is",
+        )
+        self.decided = decided
+
+
+MAX_INLINING_PASSES = 16  # TorchScript's Silero VAD nests a dozen Ifs on shapes
+
+
+def network_source(
+    model: onnx.ModelProto, signature: Signature, example: Mapping[str, np.ndarray] | None = None
+) -> NetworkSource:
+    """The network's source, where Ifs on shapes need it in several passes: shape inference runs
+    once per pass, and cannot see through an If whose branches give values of different ranks
+    (Silero VAD from TorchScript squeezes its time axis when it is 1), so the dims a later If reads
+    stay unknown. Each pass that stops at an If it cannot decide, after deciding others, starts
+    again from the graph with those taken (``branches_taken``)."""
+    for _ in range(MAX_INLINING_PASSES):
+        try:
+            return NetworkSource(model, signature, example)
+        except UndecidedBranch as undecided:
+            if not undecided.decided:
+                raise
+            model = branches_taken(model, undecided.decided)
+    return NetworkSource(model, signature, example)
+
+
+def branches_taken(model: onnx.ModelProto, decided: Mapping[str, str]) -> onnx.ModelProto:
+    """``model`` with each If in ``decided`` replaced by the nodes of the branch it takes and an
+    Identity per output; an If nested in a taken branch is replaced as it surfaces."""
+    taken = onnx.ModelProto()
+    taken.CopyFrom(model)
+    pending, nodes = list(model.graph.node), []
+    while pending:
+        node = pending.pop(0)
+        if node.op_type != "If" or node.output[0] not in decided:
+            nodes.append(node)
+            continue
+        side = decided[node.output[0]]
+        branch = next(a.g for a in node.attribute if a.name == side)
+        taken.graph.initializer.extend(branch.initializer)
+        outputs = [
+            onnx.helper.make_node("Identity", [result.name], [output], name=f"{node.output[0]}/{side}/{i}")
+            for i, (output, result) in enumerate(zip(node.output, branch.output))
+            if output
+        ]
+        pending[:0] = [*branch.node, *outputs]
+    del taken.graph.node[:]
+    taken.graph.node.extend(nodes)
+    return taken
+
+
+def _shape_slice(node: onnx.NodeProto, shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
+    """The dims a Shape node gives of ``shape``: opset 15's ``start`` and ``end`` select some."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    return shape[attrs.get("start", 0) : attrs.get("end", len(shape))]
+
+
 def _identifier(n: int, prefix: str) -> str:
     return f"{prefix}{n}"
 
@@ -87,11 +162,11 @@ class NetworkSource:
         self.opset = opset_of(model, 13)
         self.shapes: dict[str, tuple[int | None, ...]] = {}
         self.elem_types: dict[str, int] = {}
-        for info in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
-            kind = info.type.tensor_type
-            self.elem_types[info.name] = kind.elem_type
-            if kind.HasField("shape"):
-                self.shapes[info.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in kind.shape.dim)
+        self._learn_shapes(model.graph)
+        # what a Shape node gives where some of its dims are dynamic: Gather folds the fixed ones
+        self._partial_shapes: dict[str, tuple[int | None, ...]] = {}
+        self._counter = 0
+        self.decided: dict[str, str] = {}  # If node (its first output) -> the branch it takes
         if example is not None:
             self._observe_ranks(model, example)
         self.weights: dict[str, np.ndarray] = {}
@@ -101,6 +176,19 @@ class NetworkSource:
         self.body: list[str] = []
         self.signature = signature
         self._generate(model)
+
+    def _learn_shapes(self, graph: onnx.GraphProto) -> None:
+        """Each value's shape and type as shape inference wrote them, subgraphs' (an If's
+        branches) included."""
+        for info in [*graph.input, *graph.value_info, *graph.output]:
+            kind = info.type.tensor_type
+            self.elem_types[info.name] = kind.elem_type
+            if kind.HasField("shape"):
+                self.shapes[info.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in kind.shape.dim)
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    self._learn_shapes(attribute.g)
 
     def _observe_ranks(self, model: onnx.ModelProto, example: Mapping[str, np.ndarray]) -> None:
         """Where shape inference gives up (computed Reshape targets in exporters' output), run
@@ -128,8 +216,11 @@ class NetworkSource:
             self.elem_types[name] = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
 
     def parameter(self, array: np.ndarray, hint: str) -> str:
-        """A frozen Parameter holding ``array`` (one per ONNX value and content)."""
-        array = np.ascontiguousarray(array)
+        """A frozen Parameter holding ``array`` (one per ONNX value and content). A scalar stays a
+        scalar (``np.ascontiguousarray`` makes it [1], and a Mul by it then adds an axis to a
+        shape being computed: ddddocr's LSTM output Reshape stopped compiling)."""
+        array = np.asarray(array)
+        array = array if array.flags.c_contiguous else np.array(array, order="C")
         key = (hint, f"{array.dtype}{array.shape}{hash(array.tobytes())}")
         if key not in self._params:
             attr = _identifier(len(self._params), "c")
@@ -159,29 +250,8 @@ class NetworkSource:
             argument = _identifier(by_name[info.name], "x")
             values[info.name] = argument
             self.arguments.append(argument)
-        counter = 0
         for node in model.graph.node:
-            inputs: list[str | Static | None] = []
-            for name in node.input:
-                if name and name not in values:
-                    raise ExportError(f"ONNX node '{node.name}' reads '{name}', which nothing defines")
-                inputs.append(values[name] if name else None)
-            folded = self._try_fold(node, inputs)
-            if folded is not None:
-                values.update({name: Static(v) for name, v in zip(node.output, folded) if name})
-                continue
-            expr = OPS[node.op_type].emit(Ctx(self, node, inputs))
-            exprs = expr if isinstance(expr, list) else None
-            targets = []
-            for name in node.output:
-                targets.append(_identifier(counter, "v") if name else "_")
-                if name:
-                    values[name] = targets[-1]
-                counter += 1
-            if exprs is not None:
-                self.body += [f"        {t} = {e}" for t, e in zip(targets, exprs)]
-            else:
-                self.body.append(f"        {', '.join(targets)} = {expr}")
+            self._translate(node, values)
         results: list[str] = []
         for out in model.graph.output:
             value = values[out.name]
@@ -193,15 +263,81 @@ class NetworkSource:
         ordered = [r for _, r in sorted(zip((order[o.name] for o in model.graph.output), results))]
         self.body.append(f"        return {ordered[0] if len(ordered) == 1 else '(' + ', '.join(ordered) + ',)'}")
 
+    def _translate(self, node: onnx.NodeProto, values: dict[str, str | Static]) -> None:
+        """One ONNX node: folded into ``values`` where its result is known now, an If replaced by
+        its branch, else a line of ``construct``."""
+        inputs: list[str | Static | None] = []
+        for name in node.input:
+            if name and name not in values:
+                raise ExportError(f"ONNX node '{node.name}' reads '{name}', which nothing defines")
+            inputs.append(values[name] if name else None)
+        if node.op_type == "If":
+            self._inline(node, inputs[0], values)
+            return
+        folded = self._try_fold(node, inputs)
+        if folded is not None:
+            values.update({name: Static(v) for name, v in zip(node.output, folded) if name})
+            return
+        expr = OPS[node.op_type].emit(Ctx(self, node, inputs))
+        exprs = expr if isinstance(expr, list) else None
+        targets = []
+        for name in node.output:
+            targets.append(_identifier(self._counter, "v") if name else "_")
+            if name:
+                values[name] = targets[-1]
+            self._counter += 1
+        if exprs is not None:
+            self.body += [f"        {t} = {e}" for t, e in zip(targets, exprs)]
+        else:
+            self.body.append(f"        {', '.join(targets)} = {expr}")
+
+    def _inline(self, node: onnx.NodeProto, condition: str | Static | None, values: dict[str, str | Static]) -> None:
+        """An If whose condition is known now becomes the nodes of the branch it takes (which read
+        the enclosing graph's values by name, as ONNX scopes them); MindSpore's graph compiler
+        gets no branch to trace."""
+        if not isinstance(condition, Static):
+            raise UndecidedBranch(node.name or node.output[0], dict(self.decided))
+        taken = "then_branch" if bool(np.asarray(condition.array).reshape(-1)[0]) else "else_branch"
+        self.decided[node.output[0]] = taken  # an output names a node: names are optional in ONNX
+        branch = {a.name: a.g for a in node.attribute}[taken]
+        for init in branch.initializer:
+            values[init.name] = Static(numpy_helper.to_array(init))
+        for inner in branch.node:
+            self._translate(inner, values)
+        for output, result in zip(node.output, branch.output):
+            if output:
+                values[output] = values[result.name]
+                if result.name in self.shapes:  # shape inference cannot type an If whose branches differ
+                    self.shapes[output] = self.shapes[result.name]
+
     def _try_fold(self, node: onnx.NodeProto, inputs: list[str | Static | None]) -> list[np.ndarray] | None:
         if node.op_type == "Shape":
             shape = self.shapes.get(node.input[0]) if isinstance(inputs[0], str) else inputs[0].array.shape  # type: ignore[union-attr]
-            if shape is None or any(d is None for d in shape):
+            if shape is None:
+                return None
+            if any(d is None for d in shape):
+                self._partial_shapes[node.output[0]] = _shape_slice(node, shape)
+                self.shapes[node.output[0]] = (len(self._partial_shapes[node.output[0]]),)  # its length is a rank
                 return None
             return _fold(node, [np.zeros([int(d or 0) for d in shape], np.float32)], self.opset)
+        if node.op_type == "Size" and isinstance(inputs[0], str):
+            shape = self.shapes.get(node.input[0])
+            if shape is None or any(d is None for d in shape):
+                return None
+            return [np.asarray(math.prod(int(d or 0) for d in shape), np.int64)]
+        if node.op_type == "Gather" and node.input[0] in self._partial_shapes and isinstance(inputs[1], Static):
+            return self._fixed_dims(self._partial_shapes[node.input[0]], inputs[1].array)
         if node.op_type in NOT_FOLDED or any(isinstance(v, str) for v in inputs):
             return None
         return _fold(node, [v.array if isinstance(v, Static) else None for v in inputs], self.opset)
+
+    @staticmethod
+    def _fixed_dims(shape: tuple[int | None, ...], indices: np.ndarray) -> list[np.ndarray] | None:
+        """Gather's result on a shape of which some dims are dynamic, where every dim it takes is fixed."""
+        taken = [shape[int(i)] for i in np.asarray(indices).reshape(-1)]
+        if any(d is None for d in taken):
+            return None
+        return [np.asarray(taken, np.int64).reshape(np.shape(indices))]
 
     def source(self) -> str:
         lines = [
@@ -227,7 +363,7 @@ def build_network(
 ) -> Any:
     """The MindSpore Cell computing ``model``. Its source is written to ``workdir`` (MindSpore
     compiles ``construct`` from the file); the caller keeps ``workdir`` until it has exported."""
-    generated = NetworkSource(model, signature, example)
+    generated = network_source(model, signature, example)
     path = workdir / f"{MODULE_NAME}.py"
     path.write_text(generated.source())
     spec = importlib.util.spec_from_file_location(f"{MODULE_NAME}_{id(generated)}", path)
@@ -247,7 +383,7 @@ def export_mindir(
 ) -> Path:
     """Write ``path`` (.mindir) with ``mindspore.export``; every dynamic dim of the signature stays
     dynamic. Returns the path written."""
-    keep_dumps_out_of_cwd()
+    mindspore_defaults()
     with quiet():
         import mindspore as ms
 

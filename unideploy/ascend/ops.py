@@ -208,10 +208,16 @@ def _spatial2d(ctx: Ctx) -> None:
         ctx.fail(f"only 2-D (NCHW) is supported, not rank {ctx.rank(0)}")
 
 
-@op("Conv", mindspore="ops.Conv2D (+ ops.bias_add)", notes="2-D; groups (depthwise), dilation, pads and auto_pad")
+@op(
+    "Conv",
+    mindspore="ops.Conv2D (+ ops.bias_add)",
+    notes="2-D; groups (depthwise), dilation, pads and auto_pad. 1-D (NCL, audio) as 2-D of height 1, explicit pads",
+)
 def conv(ctx: Ctx) -> str:
     # the Conv2D primitive, not ops.conv2d: the functional form compiles shape checks that a
     # MindIR with a dynamic batch cannot infer once loaded, and it takes symmetric pads only
+    if ctx.rank(0) == 3:
+        return _conv1d(ctx)
     _spatial2d(ctx)
     weight = ctx.static_dims(1, "kernel")
     kernel = weight[2:]
@@ -226,6 +232,24 @@ def conv(ctx: Ctx) -> str:
         f"dilation={_tuple(dilations)}, group={ctx.attr('group', 1)})({ctx.t(0)}, {ctx.t(1)})"
     )
     return f"ops.bias_add({expr}, {ctx.t(2)})" if ctx.has(2) else expr
+
+
+def _conv1d(ctx: Ctx) -> str:
+    """A 1-D convolution (Silero VAD's, over audio) as a 2-D one of height 1: MindSpore's Conv1D
+    has no CPU kernel, its Conv2D runs everywhere the 2-D models do."""
+    if ctx.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        ctx.fail("a 1-D convolution's pads must be explicit (no auto_pad SAME_*)")
+    weight = ctx.const(1, "kernel")
+    begin, end = ctx.attr("pads", [0, 0]) if ctx.attr("auto_pad", "NOTSET") == "NOTSET" else (0, 0)
+    stride, dilation = ctx.attr("strides", [1])[0], ctx.attr("dilations", [1])[0]
+    kernel = ctx.net.parameter(weight[:, :, None, :], f"{ctx.node.input[1]}_2d")
+    expr = (
+        f"ops.Conv2D({weight.shape[0]}, (1, {weight.shape[2]}), pad_mode='pad', pad={_tuple((0, 0, begin, end))}, "
+        f"stride=(1, {stride}), dilation=(1, {dilation}), group={ctx.attr('group', 1)})"
+        f"(ops.expand_dims({ctx.t(0)}, 2), {kernel})"
+    )
+    squeezed = f"ops.squeeze({expr}, 2)"
+    return f"ops.bias_add({squeezed}, {ctx.t(2)})" if ctx.has(2) else squeezed
 
 
 @op(
@@ -571,6 +595,11 @@ def shape(ctx: Ctx) -> str:
     return expr if (start, end) in ((0, rank), (0, None)) else f"{expr}[{start}:{end}]"
 
 
+@op("Size", mindspore="ops.prod of ops.dyn_shape", notes="folded to a constant where the shape is static")
+def size(ctx: Ctx) -> str:
+    return f"ops.prod(ops.dyn_shape({ctx.t(0)}))"
+
+
 def _reshape_target(ctx: Ctx, target: list[int]) -> str | None:
     """A constant Reshape target as a tuple, ONNX's 0 (copy that dim) resolved against the input's
     shape; None where a copied dim is dynamic beside a -1 (then it is resolved at run time)."""
@@ -695,11 +724,12 @@ def gather(ctx: Ctx) -> str:
             if size is None:
                 ctx.fail("negative indices into a dynamic axis")
             indices = np.where(indices < 0, indices + int(size or 0), indices)
-        index = ctx.net.parameter(indices, ctx.node.input[1])
+        # a scalar index goes in as [1], and its axis is squeezed after (below)
+        index = ctx.net.parameter(indices.reshape(-1) if indices.ndim == 0 else indices, ctx.node.input[1])
     else:
         index = ctx.t(1)
     expr = f"ops.gather({ctx.t(0)}, {index}, {axis})"
-    if ctx.shape(1) == ():  # a scalar index drops the axis in ONNX; MindSpore keeps it as size 1
+    if ctx.shape(1) == ():  # a scalar index drops the axis in ONNX
         return f"ops.squeeze({expr}, {axis})"
     return expr
 

@@ -29,10 +29,14 @@ from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
 from unideploy.signature import Signature, contiguous
 
 
-def keep_dumps_out_of_cwd() -> None:
-    """MindSpore writes ``rank_0/om/analyze_fail.ir`` into the working directory when a graph fails
-    to compile, unless ``MS_OM_PATH`` says where: a user's folder is not the place."""
+def mindspore_defaults() -> None:
+    """Where MindSpore writes and what it logs, unless the user said, set before it is imported.
+    It writes ``rank_0/om/analyze_fail.ir`` into the working directory when a graph fails to compile
+    unless ``MS_OM_PATH`` says where: a user's folder is not the place. Its C++ log prints warnings
+    to stderr when a graph compiles at its first run, outside any quiet block (Silero VAD's MindIR:
+    ten lines on squeezes of dynamic rank, while its outputs were right): ``GLOG_v`` 3 keeps errors."""
     os.environ.setdefault("MS_OM_PATH", str(Path(tempfile.gettempdir()) / "unideploy-mindspore"))
+    os.environ.setdefault("GLOG_v", "3")
 
 
 def placeholders(ms: Any, signature: Signature) -> list[Any]:
@@ -102,7 +106,7 @@ class MindSporeRuntime(Runtime):
             raise PackageError(exc.message, exc.hint) from exc
 
     def _load_graph_cell(self) -> None:
-        keep_dumps_out_of_cwd()
+        mindspore_defaults()
         with quiet():
             import mindspore as ms
 
