@@ -902,7 +902,7 @@ def zoo() -> list[ZooModel]:
             _vad_chunks,
             [
                 "--input-shape",
-                "input:batch=1,samples=576",
+                "input:batch=1,576",  # 512 samples at 16 kHz after 64 of context: its If decided by it
                 "--input-shape",
                 "state:2,batch=1,128",
                 "--constant",

@@ -199,6 +199,7 @@ def _onnx2tf(
     say: Progress,
     folded_only: bool = False,
     channels_last: bool = False,
+    one_row: bool = False,
     moved_back: Mapping[str, list[int]] | None = None,
 ) -> tuple[Path, Signature | None, bool]:
     """A SavedModel from onnx2tf, the input sizes it was made at (None: the package's), and
@@ -209,6 +210,8 @@ def _onnx2tf(
     with ONNX Runtime's constant folding first (MiniLM's attention mask and scale), then folded and
     with onnx2tf's simplifier off (it drops the all-zero initial states of ddddocr's LSTM).
     ``folded_only``: the folded tries alone, for a model whose unfolded conversion ran wrong.
+    ``one_row``: the batch pinned at 1 from the first try, for a model whose SavedModel at a dynamic
+    batch TensorFlow's converter could not lower.
     ``channels_last``: the ONNX came from a channels-last framework (TFLite, TensorFlow), whose
     inputs are in the layout TFLite takes already. ``moved_back``: outputs an earlier conversion
     gave with their axes moved, and the permutation that puts each back."""
@@ -219,10 +222,11 @@ def _onnx2tf(
     kept = [
         t.name for t in signature.inputs if len(t.shape) >= 3 and (channels_last or signature.batch_axes[t.name] != 0)
     ]
+    first = pinned if one_row and pinned is not None else fixed
     attempts = (
         []
         if folded_only
-        else [(fixed, False, True)] + ([(pinned, False, True)] if fixed is None and pinned is not None else [])
+        else [(first, False, True)] + ([(pinned, False, True)] if first is None and pinned is not None else [])
     )
     attempts += [(pinned or fixed, True, True), (pinned or fixed, True, False)]
     failures: list[ExportError] = []
@@ -308,6 +312,7 @@ def _tflite_artifacts(
     fixed = None  # the input sizes onnx2tf converts at, where the model has dynamic non-batch dims
     refold: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, constants folded
     put_back: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, outputs' axes back
+    repin: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, at one row
     moved: dict[str, list[int]] = {}  # outputs onnx2tf gave with their axes moved, and how to put them back
     added: list[AddedArtifact] = []
     made: set[str] = set()  # precisions added: the dynamic-range int8 runs only where full integer did not
@@ -348,7 +353,7 @@ def _tflite_artifacts(
                 + (f" (the package keeps the source model, {kept})" if kept else ""),
             )
 
-        def convert(folded_only: bool = False) -> tuple[Path, Signature | None, bool]:
+        def convert(folded_only: bool = False, one_row: bool = False) -> tuple[Path, Signature | None, bool]:
             return _onnx2tf(
                 onnx_path,
                 work,
@@ -357,6 +362,7 @@ def _tflite_artifacts(
                 say,
                 folded_only,
                 channels_last=framework in CHANNELS_LAST_FRAMEWORKS,
+                one_row=one_row,
                 moved_back=moved,
             )
 
@@ -372,6 +378,9 @@ def _tflite_artifacts(
                 for p in ("fp16", "int8")[: 2 if calibration else 1]
             ]
         refold = None if folded else lambda: convert(folded_only=True)
+        if fixed is None:  # at a dynamic batch, TensorFlow's converter cannot lower an LSTM's TensorList
+            # ops (Silero VAD with its samples fixed); at one row it unrolls them
+            repin = functools.partial(convert, folded_only=folded, one_row=True)
         put_back = functools.partial(convert, folded_only=folded)  # the way the first conversion went
         route = "onnx2tf + TensorFlow's converter"
     else:
@@ -412,7 +421,16 @@ def _tflite_artifacts(
             if mode == "int8-selective":  # planned only after full integer, calibrated, was over budget
                 path, searched = _fewest_float_layers(saved_model, work, data or [], judge, say, names)
             else:
-                path = saved_model_to_tflite(saved_model, mode, work, data, names)
+                try:
+                    path = saved_model_to_tflite(saved_model, mode, work, data, names)
+                except ExportError as unconverted:
+                    if precision != "fp32" or repin is None:
+                        raise
+                    say(f"{unconverted.message}: converting again at one row")
+                    put_back = repin if put_back is not None else None  # and again at one row, if axes moved
+                    (saved_model, fixed, _), repin = repin(), None
+                    variants.insert(0, (precision, mode))
+                    continue
             signature = tflite_signature(path, fixed or manifest.signature) or fixed
             with tflite(path, signature or manifest.signature) as runtime:
                 # an artifact made at one input size is proven on the samples of that size
