@@ -122,7 +122,7 @@ def branches_taken(model: onnx.ModelProto, decided: Mapping[str, str]) -> onnx.M
             nodes.append(node)
             continue
         side = decided[node.output[0]]
-        branch = next(a.g for a in node.attribute if a.name == side)
+        branch = _branch(node, side)
         taken.graph.initializer.extend(branch.initializer)
         outputs = [
             onnx.helper.make_node("Identity", [result.name], [output], name=f"{node.output[0]}/{side}/{i}")
@@ -133,6 +133,11 @@ def branches_taken(model: onnx.ModelProto, decided: Mapping[str, str]) -> onnx.M
     del taken.graph.node[:]
     taken.graph.node.extend(nodes)
     return taken
+
+
+def _branch(node: onnx.NodeProto, side: str) -> onnx.GraphProto:
+    """An If node's ``then_branch`` or ``else_branch``."""
+    return next(a.g for a in node.attribute if a.name == side)
 
 
 def _shape_slice(node: onnx.NodeProto, shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
@@ -299,7 +304,7 @@ class NetworkSource:
             raise UndecidedBranch(node.name or node.output[0], dict(self.decided))
         taken = "then_branch" if bool(np.asarray(condition.array).reshape(-1)[0]) else "else_branch"
         self.decided[node.output[0]] = taken  # an output names a node: names are optional in ONNX
-        branch = {a.name: a.g for a in node.attribute}[taken]
+        branch = _branch(node, taken)
         for init in branch.initializer:
             values[init.name] = Static(numpy_helper.to_array(init))
         for inner in branch.node:
@@ -311,20 +316,20 @@ class NetworkSource:
                     self.shapes[output] = self.shapes[result.name]
 
     def _try_fold(self, node: onnx.NodeProto, inputs: list[str | Static | None]) -> list[np.ndarray] | None:
-        if node.op_type == "Shape":
-            shape = self.shapes.get(node.input[0]) if isinstance(inputs[0], str) else inputs[0].array.shape  # type: ignore[union-attr]
+        if node.op_type in ("Shape", "Size") and isinstance(inputs[0], str):
+            # of a computed tensor, both read only what shape inference knows of it (of a constant,
+            # they fold below like any node)
+            shape = self.shapes.get(node.input[0])
             if shape is None:
                 return None
-            if any(d is None for d in shape):
+            known = None not in shape
+            if node.op_type == "Size":
+                return [np.asarray(math.prod(int(d or 0) for d in shape), np.int64)] if known else None
+            if not known:
                 self._partial_shapes[node.output[0]] = _shape_slice(node, shape)
                 self.shapes[node.output[0]] = (len(self._partial_shapes[node.output[0]]),)  # its length is a rank
                 return None
-            return _fold(node, [np.zeros([int(d or 0) for d in shape], np.float32)], self.opset)
-        if node.op_type == "Size" and isinstance(inputs[0], str):
-            shape = self.shapes.get(node.input[0])
-            if shape is None or any(d is None for d in shape):
-                return None
-            return [np.asarray(math.prod(int(d or 0) for d in shape), np.int64)]
+            return [np.asarray(_shape_slice(node, shape), np.int64)]
         if node.op_type == "Gather" and node.input[0] in self._partial_shapes and isinstance(inputs[1], Static):
             return self._fixed_dims(self._partial_shapes[node.input[0]], inputs[1].array)
         if node.op_type in NOT_FOLDED or any(isinstance(v, str) for v in inputs):

@@ -146,12 +146,12 @@ def _ctc(ref: np.ndarray) -> tuple[str, str] | None:
 def _bins(ref: np.ndarray, what: str) -> tuple[str, str] | None:
     """Scores that rise and fall smoothly along their last axis are over ordered bins (pitch), where
     the best bin moving by one is a small error, not another class."""
-    if not bins.is_ordinal(ref):
+    if (correlation := bins.ordinal(ref)) is None:
         return None
     return (
         "bins",
-        f"{what} are scores over {ref.shape[-1]} ordered bins (each score correlates "
-        f"{bins.correlation_of_neighbours(ref):.2f} with the next): top-1 within {bins.TOLERANCE} bin",
+        f"{what} are scores over {ref.shape[-1]} ordered bins (each score correlates {correlation:.2f} with "
+        f"the next): top-1 within {bins.TOLERANCE} bin",
     )
 
 

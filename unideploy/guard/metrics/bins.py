@@ -34,15 +34,15 @@ def correlation_of_neighbours(ref: np.ndarray) -> float:
     return float(np.median((left * right).sum(-1)[spread] / norms[spread]))
 
 
-def is_ordinal(ref: np.ndarray) -> bool:
-    """Float scores over at least ``MIN_BINS`` bins that vary smoothly from bin to bin."""
-    return (
-        ref.ndim >= 2
-        and ref.shape[-1] >= MIN_BINS
-        and np.issubdtype(ref.dtype, np.floating)
-        and bool(np.isfinite(ref).all())
-        and correlation_of_neighbours(ref) >= MIN_CORRELATION
-    )
+def ordinal(ref: np.ndarray) -> float | None:
+    """The correlation of neighbouring scores where ``ref`` holds float scores over at least
+    ``MIN_BINS`` bins that vary smoothly from bin to bin; None where it does not."""
+    if ref.ndim < 2 or ref.shape[-1] < MIN_BINS or not np.issubdtype(ref.dtype, np.floating):
+        return None
+    if not np.isfinite(ref).all():
+        return None
+    correlation = correlation_of_neighbours(ref)
+    return correlation if correlation >= MIN_CORRELATION else None
 
 
 def agreement(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float | int]:
