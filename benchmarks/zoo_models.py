@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -607,6 +607,54 @@ def _pitch_windows(work: Path, count: int = 32) -> Path:
     return _save_npz(work / "data.npz", input_2=np.stack(windows)[..., None])
 
 
+MAGIKA = "magika/models/standard_v3_3/model.onnx"
+FILE_ROWS = 200  # 100 validation rows, as for the ImageNet CNNs: one changed label is 1 point
+FILES_PER_SUFFIX = 6
+
+
+def file_bytes(paths: Sequence[Path]) -> np.ndarray:
+    """Magika's input for each file: its first and last 1,024 bytes as the package's own feature
+    extraction reads them (whitespace stripped, padded with token 256), ``[files, 2048]`` int32.
+    Files too short for the model (Magika answers those without it) are left out."""
+    _importable()
+    from magika import Magika
+
+    magika = Magika()
+    rows = []
+    for path in paths:
+        _, features = magika._get_result_or_features_from_path(path)
+        if features is not None:
+            rows.append(features.beg + features.end)
+    return np.array(rows, np.int32)
+
+
+def magika_label(probabilities: np.ndarray) -> list[str]:
+    """The content type Magika's model names first in each row (``target_labels_space``)."""
+    import json
+
+    config = json.loads((MODELS_DIR / MAGIKA).with_name("config.min.json").read_text())
+    return [config["target_labels_space"][i] for i in probabilities.argmax(axis=-1)]
+
+
+def _file_contents(work: Path) -> Path:
+    """Magika's real inputs: files on this machine (Python's own standard library and its test
+    data: source, bytecode, shared objects, archives, images, sounds, certificates, XML, JSON, and
+    the zoo's other model files), at most ``FILES_PER_SUFFIX`` of each suffix, taken in turn so
+    that every kind is present."""
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    by_suffix: dict[str, list[Path]] = {}
+    for path in [*sorted(stdlib.rglob("*")), *sorted(MODELS_DIR.rglob("*"))]:
+        if "site-packages" in path.parts or path.is_symlink() or not path.is_file():
+            continue
+        kind = by_suffix.setdefault(path.suffix.lower(), [])
+        if len(kind) < FILES_PER_SUFFIX:
+            kind.append(path)
+    taken = [paths[turn] for turn in range(FILES_PER_SUFFIX) for paths in by_suffix.values() if turn < len(paths)]
+    return _save_npz(work / "data.npz", bytes=file_bytes(taken)[:FILE_ROWS])
+
+
 def _digits(work: Path) -> Path:
     from sklearn.datasets import load_digits
 
@@ -939,6 +987,16 @@ def zoo() -> list[ZooModel]:
             crepe_tiny,
             lambda w: _save_npz(w / "data.npz", x=_pitch_frames()),
             ["--input-shape", f"x:1x{CREPE_FRAME}"],
+        ),
+        ZooModel(
+            "magika",
+            "file content-type classifier: 214 types from a file's first and last 1,024 bytes as int32 ids, one-hot "
+            "bytes through a dense embedding, layer norms, a convolution, global max pooling (ONNX from JAX, "
+            "jax2tf and tf2onnx)",
+            "magika 1.0.3",
+            "Apache-2.0",
+            lambda w: shipped(MAGIKA),
+            _file_contents,
         ),
         ZooModel(
             "mtcnn-pnet-mindspore",

@@ -277,6 +277,32 @@ def test_mediapipe_pose_landmarks_are_held_per_output_to_what_litert_s_own_engin
     assert "stands out as a class's winner does" in chosen["Identity"][1]
 
 
+def test_magika_names_real_files_and_its_tflite_is_held_to_what_onnx_runtime_gives_row_by_row(tmp_path):
+    """Google's Magika (JAX, through jax2tf and tf2onnx) computes its layer norms' variance as
+    E[x^2] - E[x]^2, so ONNX Runtime's own probabilities move by thousandths between a batch and each
+    of its rows alone: the export records twice that as what the model's conversions are held to,
+    with why, and its TFLite artifacts, which run a row at a time, pass under it. Its graph also
+    slices a width-1 convolution to end 1 on its last axis, which onnx2tf applied to the channels
+    (every probability wrong) until slices that keep everything were left out of what it converts."""
+    files = [BENCHMARKS.parent / name for name in ("README.md", "pyproject.toml", "Makefile", "docs/zoo.json")]
+    np.savez(tmp_path / "files.npz", bytes=zoo_models.file_bytes(files))
+    model = zoo_models.shipped(zoo_models.MAGIKA)
+    made = deploy("export", model, "-o", tmp_path / "edge", "--target", "edge")
+    assert made.returncode == 0, made.stderr
+    validation = zoo._manifest(tmp_path / "edge")["validation"]
+    record = validation["onnx-fp32"]
+    assert record["passed"] and record["output_atol"]["target_label"] > 1e-3, record
+    assert "ONNX Runtime on each row alone against the reference" in record["tolerance_basis"]
+    tflite = validation["tflite-fp32"]
+    assert tflite["passed"] and tflite["output_atol"] == record["output_atol"], tflite
+    assert tflite["outputs"]["target_label"]["max_abs_error"] > 1e-4  # past the default tolerance: it was needed
+    for artifact in ("onnx-fp32", "tflite-fp32"):
+        out = tmp_path / f"{artifact}.npz"
+        ran = deploy("run", tmp_path / "edge", "--input", tmp_path / "files.npz", "--artifact", artifact, "-o", out)
+        assert ran.returncode == 0, ran.stderr
+        assert zoo_models.magika_label(np.load(out)["target_label"]) == ["markdown", "toml", "makefile", "json"]
+
+
 def test_a_real_quantized_onnx_model_is_an_int8_artifact_not_quantized_again(tmp_path):
     """ddddocr's recognizer ships with ONNX Runtime's dynamic INT8 (ConvInteger, MatMulInteger,
     DynamicQuantizeLSTM): its artifact is ``onnx-int8``, ``deploy run`` says it ran int8, and the

@@ -230,7 +230,7 @@ def fitted(run: Run, signature: Signature, samples: Samples, axes: tuple[Axes, A
     rows of each input and output lie (the package signature's batch axes: recurrent state
     ``[layers, batch, hidden]`` has them on axis 1), which the artifact's fixed sizes cannot say.
     Inputs are compared in the source's layout, which runtimes accept for channels-last artifacts."""
-    input_axes, output_axes = axes
+    input_axes = axes[0]
 
     def source_shape(shape: tuple, layout: str | None) -> tuple:
         return (shape[0], shape[-1], *shape[1:-1]) if layout == CHANNELS_LAST else shape
@@ -243,9 +243,16 @@ def fitted(run: Run, signature: Signature, samples: Samples, axes: tuple[Axes, A
     fit = [(inputs, outputs) for inputs, outputs in samples if all(takes(n, s, inputs[n]) for n, s in specs)]
     if not any(shape and (axis := input_axes.get(name, 0)) is not None and shape[axis] == 1 for name, shape in specs):
         return run, fit
+    return row_by_row(run, axes), fit
+
+
+def row_by_row(run: Run, axes: tuple[Axes, Axes]) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """``run`` fed one row at a time, its outputs joined: ``axes`` are where the rows of each input
+    and output lie."""
+    input_axes, output_axes = axes
 
     def rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         results = [run(take_rows(batch, i, i + 1, input_axes)) for i in range(batch_size_of(batch, input_axes))]
         return join_rows(results, output_axes)
 
-    return rows, fit
+    return rows

@@ -305,3 +305,23 @@ def test_silero_vad_is_rebuilt_with_its_if_on_a_fixed_length_decided(tmp_path):
         example_inputs=str(tmp_path / "ts.npz"), target="ascend",
     ) as package:  # fmt: skip
         assert package.manifest.validation["mindir"]["passed"], package.manifest.validation["mindir"]
+
+
+def test_magika_s_mindir_is_held_to_what_onnx_runtime_gives_row_by_row(tmp_path):
+    """Magika's probabilities move by thousandths between a batch and its rows alone in ONNX Runtime
+    itself (its layer norms' variance is E[x^2] - E[x]^2): the MindIR, which sums in MindSpore's
+    order, is held to twice that, as recorded with the ONNX artifact, and names real files' types
+    as ONNX Runtime does."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import zoo_models
+
+    model = zoo_models.MODELS_DIR / zoo_models.MAGIKA
+    if not model.is_file():
+        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
+    files = [Path(__file__).resolve().parents[2] / name for name in ("README.md", "pyproject.toml", "Makefile")]
+    with unideploy.export(model, tmp_path / "pkg", target="ascend") as package:
+        record = package.manifest.validation["mindir"]
+        assert record["passed"] and record["output_atol"]["target_label"] > 1e-3, record
+        assert "ONNX Runtime on each row alone" in record["tolerance_basis"]
+        outputs = unideploy.run(package, {"bytes": zoo_models.file_bytes(files)}, artifact="mindir")
+    assert zoo_models.magika_label(outputs["target_label"]) == ["markdown", "toml", "makefile"]

@@ -239,6 +239,48 @@ def test_onnx_with_node_names_tensorflow_refuses_still_reaches_tflite(tmp_path):
         assert package.manifest.validation["tflite-fp32"]["passed"]
 
 
+def test_a_slice_that_keeps_everything_does_not_cut_the_channels_in_tflite(tmp_path):
+    """jax2tf writes a 1-D convolution as a 2-D one of width 1 and slices its output to end 1 on that
+    last axis (Magika's graph): onnx2tf applied the end to the channels of its channels-last tensor,
+    and the TFLite artifact was 18 off. Such a slice takes nothing out, so it is left out of what
+    onnx2tf converts, and the TFLite artifacts hold the default tolerance."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    constants = {
+        "w": rng.standard_normal((8, 4, 5, 1)).astype(np.float32),
+        "starts": np.zeros(4, np.int64),
+        "ends": np.array([2**31 - 1, 2**31 - 1, 2**31 - 1, 1], np.int64),
+        "axes": np.arange(4, dtype=np.int64),
+        "last": np.array([3], np.int64),
+        "bias": rng.standard_normal((1, 8, 1)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"]),  # [batch, 8, 28, 1]
+        helper.make_node("Slice", ["c", "starts", "ends", "axes"], ["s"]),  # every element
+        helper.make_node("Squeeze", ["s", "last"], ["q"]),
+        helper.make_node("Add", ["q", "bias"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "width_one_convolution",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 32, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 28])],
+        [numpy_helper.from_array(v, k) for k, v in constants.items()],
+    )
+    onnx.save(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8), str(tmp_path / "m.onnx")
+    )
+    with unideploy.export(tmp_path / "m.onnx", tmp_path / "edge", target="edge") as package:
+        assert {"tflite-fp32", "tflite-fp16"} <= {a.id for a in package.manifest.artifacts}, package.manifest.omitted
+        record = package.manifest.validation["tflite-fp32"]
+        assert record["passed"] and record["atol"] == 1e-4 and "output_atol" not in record, record
+        x = rng.standard_normal((3, 4, 32, 1)).astype(np.float32)
+        expected = unideploy.run(package, {"x": x}, artifact="onnx-fp32")["y"]
+        np.testing.assert_allclose(unideploy.run(package, {"x": x}, artifact="tflite-fp32")["y"], expected, atol=1e-4)
+
+
 def test_dynamic_height_and_width_reach_tflite_at_the_sample_size(tmp_path):
     """onnx2tf cannot trace dynamic spatial dims through a Concat across strides; the TFLite
     artifact is made at the first sample's size, says so in its signature, and is proven there."""

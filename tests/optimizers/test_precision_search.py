@@ -4,6 +4,7 @@ real digits."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -169,6 +170,37 @@ def test_fp16_keeps_the_layers_its_rounding_breaks_in_fp32(digits, tmp_path):
         assert {layer["node"] for layer in kept} >= {"/Add", "/Sub"}, kept  # 2049 and the sum it is in
         assert all("dB of SQNR in fp16" in layer["why"] for layer in kept)
         assert params["search"]["size_ratio"] < 0.6  # the convolutions are still fp16
+        assert pkg.manifest.optimizations[-1]["accuracy"]["within_budget"]
+        assert _agreement(pkg, "onnx-fp16", digits) >= 0.99
+
+
+class _LogPower(torch.nn.Module):
+    """The digits CNN behind a spectrogram's log power, log(x^2 + 1e-10), brought back to [0, 1]
+    (the pixels scaled to an audio frame's magnitudes, at most 0.01). fp16 stores 1e-10 and the
+    squares of the faint pixels (4e-7) as 0 or with a few bits: blank pixels become log(0), -inf,
+    and every answer NaN."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("scale", torch.tensor(0.01))
+        self.register_buffer("eps", torch.tensor(1e-10))
+
+    def forward(self, x):
+        power = (x * self.scale) ** 2 + self.eps
+        floor, top = math.log(1e-10), math.log(1e-4 + 1e-10)
+        return self.inner((torch.log(power) - floor) / (top - floor))
+
+
+def test_fp16_keeps_a_log_of_values_below_its_normal_range_and_what_computes_them_in_fp32(digits, tmp_path):
+    package = _export(_LogPower(torch.jit.load(str(digits["model"]))), digits, tmp_path)
+    with unideploy.optimize(package, quantize="fp16", calibration=digits["data"]) as pkg:
+        params = pkg.manifest.optimizations[-1]["passes"][0]["params"]
+        kept = {layer["node"]: layer["why"] for layer in params["fp32_layers"]}
+        assert "search" not in params, params  # in budget at once: no layer search was needed
+        log = next(node for node in kept if "Log" in node)
+        assert "below fp16's normal range" in kept[log], kept
+        assert {node.split("/")[-1] for node in kept} == {"Log", "Add", "Pow"}, kept  # the square and the 1e-10
         assert pkg.manifest.optimizations[-1]["accuracy"]["within_budget"]
         assert _agreement(pkg, "onnx-fp16", digits) >= 0.99
 

@@ -128,6 +128,7 @@ def export_summary(package: Package) -> None:
     out.print(_signature_table(package))
     out.print(_artifact_table(package))
     _guarded(package)
+    _own_tolerances(package)
     _fixed_sizes(package)
     _omitted(package)
 
@@ -148,6 +149,19 @@ def _guarded(package: Package) -> None:
                 f"  left {len(layers)} of {record['search']['ranked_layers']} layers in float, the most "
                 f"error-prone first: {escape(_some(layers))}"
             )
+
+
+def _own_tolerances(package: Package) -> None:
+    """Why artifacts hold an output to a tolerance of its own (the source's engines disagree on it),
+    once per reason: the table shows the number, this what it rests on."""
+    m = package.manifest
+    reasons: dict[str, list[str]] = {}
+    for a in m.artifacts:
+        record = m.validation.get(a.id)
+        if record and record.get("output_atol") and record.get("tolerance_basis"):
+            reasons.setdefault(record["tolerance_basis"], []).append(a.id)
+    for basis, ids in reasons.items():
+        out.print(f"[yellow]own tolerance[/] ({escape(', '.join(ids))}): {escape(basis)}")
 
 
 def _fixed_sizes(package: Package) -> None:
@@ -191,6 +205,7 @@ def inspect(package: Package) -> None:
     samples = ", ".join(f"batch {s.batch_size} ({s.path})" for s in m.samples)
     out.print(f"reference samples: {escape(samples)}")
     out.print(f"optimizations: {', '.join(o['name'] for o in m.optimizations) or 'none'}")
+    _own_tolerances(package)
     _fixed_sizes(package)
     _omitted(package)
 

@@ -298,7 +298,8 @@ def _tflite_artifacts(
     say: Progress,
     accuracy: Mapping[str, Any] | None = None,
 ) -> tuple[list[AddedArtifact], list[OmittedRecord]]:
-    """TFLite fp32 (held to the default tolerance), fp16 and int8 (each through the accuracy guard,
+    """TFLite fp32 (held to the tolerance the ONNX artifact was: the default, or wider for an output
+    the source's own engines disagree on), fp16 and int8 (each through the accuracy guard,
     with the budget and metric in ``accuracy``, left out with its numbers when over budget)."""
     manifest = package.manifest
     framework = manifest.source["framework"]
@@ -441,8 +442,8 @@ def _tflite_artifacts(
                     (saved_model, fixed, _), put_back = put_back(), None
                     variants.insert(0, (precision, mode))
                     continue
-                if precision == "fp32" and not rounds_activations(undone):  # should be exact: the default
-                    record = validate(run, fitting, DEFAULT_ATOL, DEFAULT_RTOL, reference=framework)
+                if precision == "fp32" and not rounds_activations(undone):  # should be exact: as the ONNX is
+                    record = validate_like(manifest, base.id if base else None, run, fitting, framework)
                     if not record["passed"] and refold is not None:
                         # TFLite's converter can mis-compile what onnx2tf left as shape arithmetic
                         # (YOLOv8's anchors from Shape ops: every box wrong, the SavedModel right)

@@ -97,6 +97,7 @@ def _onnx2tf(
         )
         folded_model.replace(private)
     _scope_safe_node_names(private)
+    _drop_whole_slices(private)
     replacements = _put_back(private, moved_back, workdir / "onnx2tf-replacements.json") if moved_back else None
     _test_images_offline(workdir)
     try:
@@ -166,6 +167,66 @@ def moved_axes(produced: Mapping[str, np.ndarray], expected: Mapping[str, np.nda
         free = list(range(len(dims)))
         moved[name] = [free.pop(next(i for i, axis in enumerate(free) if dims[axis] == size)) for size in wanted]
     return moved
+
+
+NO_DIM_REACHES = 10**9  # a slice's end for "to the end" (exporters write INT_MAX; jax2tf 1e9)
+
+
+def _drop_whole_slices(path: Path) -> None:
+    """Take out the ``Slice`` nodes that keep every element (start 0, step 1, end at or past the
+    axis): onnx2tf moves such a slice's ends into its channels-last layout wrongly. Magika's
+    jax2tf graph slices a convolution's ``[1, 512, 508, 1]`` output to end 1 on its last axis, which
+    onnx2tf applied to the channels (512 -> 1): every probability after it was wrong. Nothing is
+    computed differently without them."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # shapes unknown: every slice stays, as onnx2tf would have met it
+        return
+    dims = {
+        v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+        for v in [*inferred.graph.value_info, *inferred.graph.input]
+    }
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:  # exporters that write weights as Constant nodes write bounds so too
+        if node.op_type == "Constant" and (value := next((a.t for a in node.attribute if a.name == "value"), None)):
+            constants[node.output[0]] = numpy_helper.to_array(value)
+    outputs = {o.name for o in model.graph.output}
+    whole = [
+        node
+        for node in model.graph.node
+        if node.op_type == "Slice"
+        and node.output[0] not in outputs
+        and _keeps_everything(node, dims.get(node.input[0]), constants)
+    ]
+    if not whole:
+        return
+    for node in whole:
+        for reader in model.graph.node:
+            reader.input[:] = [node.input[0] if name == node.output[0] else name for name in reader.input]
+        model.graph.node.remove(node)
+    onnx.save(model, str(path))
+
+
+def _keeps_everything(node: Any, shape: list[int | None] | None, constants: Mapping[str, np.ndarray]) -> bool:
+    """Whether a ``Slice`` (opset 10+, its bounds constant) takes all of its input (``shape``: its
+    dims, None for a dynamic one, which only an end no dim reaches takes whole; empty or None: its
+    rank unknown)."""
+    if not shape or len(node.input) < 3 or not all(name in constants for name in node.input[1:] if name):
+        return False
+    starts, ends = constants[node.input[1]], constants[node.input[2]]
+    axes = constants[node.input[3]] if len(node.input) > 3 and node.input[3] else np.arange(len(starts))
+    steps = constants[node.input[4]] if len(node.input) > 4 and node.input[4] else np.ones_like(starts)
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        if not -len(shape) <= axis < len(shape):
+            return False
+        size = shape[int(axis)]
+        if step != 1 or start != 0 or end < (NO_DIM_REACHES if size is None else size):
+            return False
+    return True
 
 
 _SCOPE_UNSAFE = re.compile(r"[^A-Za-z0-9_.\\/>-]")

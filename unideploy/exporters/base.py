@@ -111,6 +111,9 @@ class ConvertedModel:
     # and that engine's name: how far the source's own engines disagree is the least a conversion
     # of it can be held to (SourceRun.spread).
     second_engine: tuple[str, SourceRunner] | None = None
+    # Where the source's second engine is its own engine on each row of a batch alone, that engine's
+    # name (an ONNX file: ONNX Runtime; a batched product sums in another order than one row's).
+    rows_alone: str | None = None
 
 
 def zip_members(src: Path) -> list[str]:

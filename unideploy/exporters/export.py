@@ -36,6 +36,7 @@ from unideploy.validation import (
     at_least_ten_bits,
     measured_tolerance_record,
     require_passed,
+    share_of_each_output,
     validate,
 )
 
@@ -137,7 +138,7 @@ def export(
                     record = validate(
                         runtime.run, references, held_atol, held_rtol, exporter_cls.framework, output_atol
                     )
-                    if not record["passed"] and ran.spread is not None:
+                    if ran.spread is not None:
                         record = _within_spread(runtime.run, references, record, ran.spread)
                     require_passed(record, f"the ONNX export of '{src.name}'")
                     if converted.precision in HALF_PRECISIONS:
@@ -278,18 +279,24 @@ def _held_to(
 def _within_spread(run: Run, references: list, record: ValidationRecord, spread: EngineSpread) -> ValidationRecord:
     """The ONNX artifact checked again with each output whose values the source's own engines
     disagree on by more than ``record``'s atol held to ``TOLERANCE_MARGIN`` times that: no
-    conversion can agree with one of them more closely than they agree with each other."""
+    conversion can agree with one of them more closely than they agree with each other, where that
+    is rounding: within 1 % of the output's largest value. Recorded even where the ONNX artifact is
+    closer (an ONNX source is its own reference): the artifacts converted from it later (TFLite,
+    MindIR) are held to its record."""
+    # rounding moves an output by a sliver of its scale; engines further apart compute something
+    # else (rows that interact), which no tolerance should absorb; labels and ids stay judged by equality
+    rounding = share_of_each_output(references, TEN_BIT_RELATIVE)
     wider = {
         name: TOLERANCE_MARGIN * apart
         for name, apart in spread.max_abs.items()
-        if TOLERANCE_MARGIN * apart > record["atol"]
+        if name in rounding and TOLERANCE_MARGIN * apart > record["atol"] and apart <= rounding[name]
     }
     if not wider:
         return record  # the source's engines agree: the difference is the conversion's
     widened = validate(run, references, record["atol"], record["rtol"], record["reference"], wider)
     apart = ", ".join(f"'{name}' by {spread.max_abs[name]:.3g}" for name in wider)
     widened["tolerance_basis"] = (
-        f"{record['reference']}'s own engines differ on these inputs ({spread.engine} against the reference: "
+        f"the source's own engines differ on these inputs ({spread.engine} against the reference: "
         f"{apart}): {'that output is' if len(wider) == 1 else 'those outputs are'} held to "
         f"{TOLERANCE_MARGIN:g}x that"
     )

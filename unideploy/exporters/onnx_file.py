@@ -104,6 +104,7 @@ class OnnxFileExporter(Exporter):
             size_hints=sizes,
             companions={f"artifacts/{EXTERNAL_DATA_NAME}": workdir / EXTERNAL_DATA_NAME} if external else {},
             precision=graph_precision(model),
+            rows_alone="ONNX Runtime",
         )
 
 

@@ -26,7 +26,7 @@ from unideploy.package.manifest import ValidationRecord
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.samples import example_batches, synthetic_batches
 from unideploy.signature import Signature
-from unideploy.validation import require_passed, validate
+from unideploy.validation import require_passed, row_by_row, validate
 
 
 @dataclass
@@ -103,9 +103,9 @@ def _here(
             native_validation = validate(runtime.run, references, atol, rtol, reference=exporter_cls.framework)
         require_passed(native_validation, f"the native {exporter_cls.native_format} artifact")
     spread = None
-    if converted.second_engine is not None:
-        say(f"running the source on {converted.second_engine[0]} too")
-        spread = engine_spread(*converted.second_engine, references)
+    if (second := converted.second_engine or _rows_alone(converted, signature)) is not None:
+        say(f"running the source on {second[0]} too")
+        spread = engine_spread(*second, references)
     return SourceRun(
         replace(converted, run_source=_ran_elsewhere, second_engine=None),
         signature,
@@ -113,6 +113,21 @@ def _here(
         native_validation,
         spread,
     )
+
+
+def _rows_alone(converted: ConvertedModel, signature: Signature) -> tuple[str, SourceRunner] | None:
+    """The source's engine on each row of a batch alone, as its second engine, where the exporter
+    says so (an ONNX file: ONNX Runtime) and the batch is dynamic. A batched matrix product sums in
+    another order than one row's, and where a model's outputs move with that (Magika computes its
+    layer norms' variance as E[x^2] - E[x]^2: its probabilities moved by 0.0045 between a batch of
+    4 and its rows alone), no conversion that runs a row at a time (TFLite and MindIR at batch 1)
+    can be held closer. Built on the settled signature, which says where each output's rows are
+    (Silero VAD's state: axis 1)."""
+    dim = signature.batch_dim
+    if converted.rows_alone is None or dim is None or any(dim not in out.shape for out in signature.outputs):
+        return None  # a fixed batch runs whole only; an output of no rows (a batch's statistic) is no row's
+    rows = row_by_row(converted.run_source, (signature.batch_axes, signature.output_batch_axes))
+    return f"{converted.rows_alone} on each row alone", rows
 
 
 def _ran_elsewhere(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -38,10 +38,19 @@ from unideploy.quiet import quiet
 
 FP16_MAX = 65504.0
 HEADROOM = 2.0  # activations above FP16_MAX / HEADROOM on calibration rows may overflow on others
+FP16_TINY = float(np.finfo(np.float16).tiny)  # 6.1e-05: below it fp16 keeps fewer bits, below 6e-08 none
+# Operators whose result moves by the relative error of an input (the position): log x, 1/x, y/x.
+# Below fp16's normal range that error grows to 100 % (0: -inf, inf), as it does for a spectrogram's
+# log(|X|^2 + 1e-10): Basic Pitch's onset map 0.20 off in fp16, 0.02 with its three nodes in fp32.
+MAGNIFIERS = {"Log": 0, "Reciprocal": 0, "Div": 1}
+# What computes such an input from values: kept in fp32 with it (a Transpose or a Conv before them
+# only moves or sums values, which fp16 stores with their relative precision).
+ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Abs", "Neg", "Pow", "Sqrt", "Max", "Min", "Clip", "Relu"}
 
 
 def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, workdir: Path) -> dict[str, str]:
-    """Node name -> why it must stay fp32: a float weight beyond fp16's range, or an activation near it."""
+    """Node name -> why it must stay fp32: a float weight beyond fp16's range, an activation near
+    it, or a log, reciprocal or divisor of values below its normal range and what computes them."""
     readers = consumers(model.graph)
     producer = {tensor: node for node in model.graph.node for tensor in node.output}
     reasons: dict[str, str] = {}
@@ -52,12 +61,30 @@ def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, wo
                 for reader in readers.get(init.name, []):
                     reasons[reader.name] = f"weight '{init.name}' reaches {peak:.3g}"
     limit = FP16_MAX / HEADROOM
+    smallest: dict[str, float] = {}  # tensors with values fp16 cannot keep: their smallest magnitude
     for tensor, (values, *_) in intermediate_tensors(model_path, rows, workdir).items():
-        peak = float(np.abs(values).max(initial=0.0))
+        magnitudes = np.abs(np.asarray(values))
+        peak = float(magnitudes.max(initial=0.0))
         if peak > limit:
             for node in [producer.get(tensor), *readers.get(tensor, [])]:
                 if node is not None and node.name not in reasons:
                     reasons[node.name] = f"activation '{tensor}' reaches {peak:.3g}"
+        least = float(magnitudes.min(initial=np.inf, where=magnitudes > 0))
+        if least < FP16_TINY:
+            smallest[tensor] = least
+    for node in model.graph.node:
+        read = MAGNIFIERS.get(node.op_type)
+        if read is None or read >= len(node.input) or node.input[read] not in smallest:
+            continue
+        tensor = node.input[read]
+        below = f"comes down to {smallest[tensor]:.2g}, below fp16's normal range (from {FP16_TINY:.2g})"
+        reasons.setdefault(node.name, f"takes the {node.op_type.lower()} of '{tensor}', which {below}")
+        pending = [tensor]
+        while pending:
+            source = producer.get(pending.pop())
+            if source is not None and source.op_type in ELEMENTWISE and source.name not in reasons:
+                reasons[source.name] = f"computes what {node.op_type} '{node.name}' reads, which {below}"
+                pending += [t for t in source.input if t in smallest]
     return reasons
 
 

@@ -1,0 +1,52 @@
+"""Which ``Slice`` nodes the edge target takes out before onnx2tf: those that keep every element
+(onnx2tf applied the end of jax2tf's slice over a width-1 axis to the channels; the conversion
+itself is in test_edge_target.py, Magika's in tests/test_zoo.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+pytest.importorskip("ai_edge_litert", reason="the edge extra is not installed")
+
+from unideploy.edge.tflite import _drop_whole_slices
+
+
+def _slice(name: str, source: str, ends: list[int], axes: list[int]) -> list[onnx.NodeProto]:
+    return [
+        helper.make_node(
+            "Constant", [], [f"{name}_starts"], value=numpy_helper.from_array(np.zeros(len(ends), np.int64))
+        ),
+        helper.make_node("Constant", [], [f"{name}_ends"], value=numpy_helper.from_array(np.array(ends, np.int64))),
+        helper.make_node("Constant", [], [f"{name}_axes"], value=numpy_helper.from_array(np.array(axes, np.int64))),
+        helper.make_node("Slice", [source, f"{name}_starts", f"{name}_ends", f"{name}_axes"], [name], name=name),
+    ]
+
+
+def test_only_slices_that_keep_everything_of_a_known_shape_are_taken_out(tmp_path):
+    big = 2**31 - 1
+    nodes = [
+        *_slice("whole", "x", [big, 5, 1], [0, 1, -1]),  # every element: the last axis has 1
+        *_slice("part", "whole", [big, 4], [0, 1]),  # drops a column: kept
+        helper.make_node("Reshape", ["part", "shape"], ["unknown"]),  # a shape only a run knows
+        *_slice("blind", "unknown", [big], [0]),  # rank unknown: kept, as it was
+        helper.make_node("Relu", ["blind"], ["y"]),
+        *_slice("out", "x", [big, big, big], [0, 1, 2]),  # whole, but a graph output: kept
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "slices",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5, 1]),
+            helper.make_tensor_value_info("shape", TensorProto.INT64, [None]),
+        ],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("y", "out")],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    _drop_whole_slices(path)
+    kept = onnx.load(str(path)).graph.node
+    assert [n.name for n in kept if n.op_type == "Slice"] == ["part", "blind", "out"]
+    assert next(n for n in kept if n.name == "part").input[0] == "x"  # reads what the whole slice read
