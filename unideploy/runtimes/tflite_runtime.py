@@ -10,6 +10,7 @@ channels-first layout, so callers keep using the package signature.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -91,7 +92,7 @@ class TFLiteRuntime(Runtime):
                 outputs = {self._outputs[k]: np.array(v) for k, v in self.runner(**inputs).items()}
             return {k: np.moveaxis(v, -1, 1) if k in self._channels_first_outputs else v for k, v in outputs.items()}
         except (ValueError, RuntimeError) as exc:
-            raise RuntimeFailure(f"LiteRT failed: {first_line(exc)}") from exc
+            raise RuntimeFailure(_failure(first_line(exc))) from exc
 
     def close(self) -> None:
         self.__dict__.pop("runner", None)
@@ -140,3 +141,20 @@ def _to_model_layout(value: Any, spec: TensorSpec) -> Any:
 def _channels_first(shape: tuple[Any, ...]) -> tuple[Any, ...]:
     """A channels-last shape as the source's channels-first layout writes it."""
     return (shape[0], shape[-1], *shape[1:-1])
+
+
+# LiteRT's words for a kernel whose check failed: "<file>:<line> <condition> was not true.Node
+# number 3 (DIV) failed to invoke."
+_FAILED_NODE = re.compile(
+    r"(?P<check>.*?)\s*(?:was not true\.?)?\s*Node number (?P<node>\d+) \((?P<op>\w+)\) failed to invoke"
+)
+
+
+def _failure(said: str) -> str:
+    """What LiteRT said when a run failed, with the operator first: which kernel stopped, at which
+    node, on which of its checks (an int8 DIV refuses a divisor quantized to its zero point)."""
+    found = _FAILED_NODE.search(said)
+    if found is None:
+        return f"LiteRT failed: {said}"
+    check = f", where its check {found['check']} did not hold" if found["check"] else ""
+    return f"LiteRT's {found['op']} kernel stopped at node {found['node']} of the model{check}"
