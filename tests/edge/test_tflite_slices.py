@@ -1,4 +1,4 @@
-"""Which ``Slice`` nodes the edge target takes out before onnx2tf: those that keep every element
+"""Which ``Slice`` nodes the edge target makes Identity before onnx2tf: those that keep every element
 (onnx2tf applied the end of jax2tf's slice over a width-1 axis to the channels; the conversion
 itself is in test_edge_target.py, Magika's in tests/test_zoo.py)."""
 
@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 pytest.importorskip("ai_edge_litert", reason="the edge extra is not installed")
 
-from unideploy.edge.tflite import _drop_whole_slices
+from unideploy.edge.tflite import _whole_slices_as_identity
 
 
 def _slice(name: str, source: str, ends: list[int], axes: list[int]) -> list[onnx.NodeProto]:
@@ -46,7 +46,8 @@ def test_only_slices_that_keep_everything_of_a_known_shape_are_taken_out(tmp_pat
     )
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
-    _drop_whole_slices(path)
+    _whole_slices_as_identity(path)
     kept = onnx.load(str(path)).graph.node
     assert [n.name for n in kept if n.op_type == "Slice"] == ["part", "blind", "out"]
-    assert next(n for n in kept if n.name == "part").input[0] == "x"  # reads what the whole slice read
+    whole = next(n for n in kept if n.name == "whole")
+    assert whole.op_type == "Identity" and list(whole.input) == ["x"]  # what part reads passes x on

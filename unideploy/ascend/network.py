@@ -25,6 +25,7 @@ from onnx import numpy_helper
 
 from unideploy.ascend.ops import OPS, SUPPORT, Ctx, Static
 from unideploy.errors import ExportError, first_line
+from unideploy.onnx.graph import bodies
 from unideploy.onnx.interface import opset_of
 from unideploy.onnx.session import cpu_session
 from unideploy.quiet import quiet
@@ -43,8 +44,8 @@ def unsupported_operators(model: onnx.ModelProto) -> list[str]:
             if node.domain not in ("", "ai.onnx"):
                 found.add(f"{node.domain}.{node.op_type}")
             elif node.op_type == "If":  # inlined where its condition folds (NetworkSource._inline)
-                for branch in node.attribute:
-                    visit(branch.g)
+                for branch in bodies(node):
+                    visit(branch)
             elif node.op_type not in OPS and node.op_type != "Constant":
                 found.add(node.op_type)
 
@@ -191,9 +192,8 @@ class NetworkSource:
             if kind.HasField("shape"):
                 self.shapes[info.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in kind.shape.dim)
         for node in graph.node:
-            for attribute in node.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:
-                    self._learn_shapes(attribute.g)
+            for body in bodies(node):
+                self._learn_shapes(body)
 
     def _observe_ranks(self, model: onnx.ModelProto, example: Mapping[str, np.ndarray]) -> None:
         """Where shape inference gives up (computed Reshape targets in exporters' output), run

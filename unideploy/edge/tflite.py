@@ -97,7 +97,7 @@ def _onnx2tf(
         )
         folded_model.replace(private)
     _scope_safe_node_names(private)
-    _drop_whole_slices(private)
+    _whole_slices_as_identity(private)
     replacements = _put_back(private, moved_back, workdir / "onnx2tf-replacements.json") if moved_back else None
     _test_images_offline(workdir)
     try:
@@ -172,12 +172,12 @@ def moved_axes(produced: Mapping[str, np.ndarray], expected: Mapping[str, np.nda
 NO_DIM_REACHES = 10**9  # a slice's end for "to the end" (exporters write INT_MAX; jax2tf 1e9)
 
 
-def _drop_whole_slices(path: Path) -> None:
-    """Take out the ``Slice`` nodes that keep every element (start 0, step 1, end at or past the
-    axis): onnx2tf moves such a slice's ends into its channels-last layout wrongly. Magika's
+def _whole_slices_as_identity(path: Path) -> None:
+    """Make the ``Slice`` nodes that keep every element (start 0, step 1, end at or past the axis)
+    ``Identity``: onnx2tf moves such a slice's ends into its channels-last layout wrongly. Magika's
     jax2tf graph slices a convolution's ``[1, 512, 508, 1]`` output to end 1 on its last axis, which
     onnx2tf applied to the channels (512 -> 1): every probability after it was wrong. Nothing is
-    computed differently without them."""
+    computed differently, and every reader (in an If's branches too) reads the same name."""
     import onnx
     from onnx import numpy_helper
 
@@ -205,9 +205,8 @@ def _drop_whole_slices(path: Path) -> None:
     if not whole:
         return
     for node in whole:
-        for reader in model.graph.node:
-            reader.input[:] = [node.input[0] if name == node.output[0] else name for name in reader.input]
-        model.graph.node.remove(node)
+        node.op_type = "Identity"
+        del node.input[1:]
     onnx.save(model, str(path))
 
 
