@@ -690,3 +690,24 @@ def test_silero_vad_on_real_speech_serves_and_says_why_for_what_it_cannot_take(t
     runner = Interpreter(model_path=str(path)).get_signature_runner()
     out = runner(input=np.zeros((1, 576), np.float32), state=np.zeros((2, 1, 128), np.float32))
     assert sorted(v.shape for v in out.values()) == [(1, 1), (2, 1, 128)]  # the speech probability, the state
+
+
+def test_basic_pitch_s_savedmodel_gets_an_fp16_tflite_that_keeps_its_log_s_epsilon_and_transform(tmp_path):
+    """Basic Pitch's SavedModel takes log(|X|^2 + 1e-10) of its constant-Q transform. TensorFlow's
+    fp16 conversion stored the 1e-10 as 0, and every silent bin of real speech made the three
+    outputs NaN; fp16's rounding of the transform's kernels put the contour map 1.3 % off. With
+    them in fp32 (edge/tflite_fp16.py) the edge target's tflite-fp16 holds the budget, says which
+    constants it kept, and is still smaller than tflite-fp32."""
+    data = zoo_models._pitch_windows(tmp_path, count=16)
+    source = zoo_models.shipped(zoo_models.BASIC_PITCH.removesuffix(".tflite"))
+    made = deploy("export", source, "-o", tmp_path / "edge", "--target", "edge", "--calibration", data)
+    assert made.returncode == 0, made.stderr
+    assert "kept 5 constant(s) in fp32 that fp16 cannot carry" in made.stdout, made.stdout
+    manifest = zoo._manifest(tmp_path / "edge")
+    record = manifest["validation"]["tflite-fp16"]
+    assert record["accuracy"]["within_budget"], record["accuracy"]
+    kept = record["fp32_constants"]
+    assert "holds values up to 1e-10" in kept["model_1/normalized_log_1/add/y;model_1/normalized_log_1/add/y"], kept
+    assert sum("computes what the log reads" in why for why in kept.values()) == 4, kept
+    sizes = {a["id"]: a["size"] for a in manifest["artifacts"]}
+    assert sizes["tflite-fp16"] < 0.9 * sizes["tflite-fp32"], sizes

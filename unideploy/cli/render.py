@@ -149,6 +149,9 @@ def _guarded(package: Package) -> None:
                 f"  left {len(layers)} of {record['search']['ranked_layers']} layers in float, the most "
                 f"error-prone first: {escape(_some(layers))}"
             )
+        if kept := record.get("fp32_constants"):
+            why = "; ".join(dict.fromkeys(reason.split(",")[0] for reason in kept.values()))
+            out.print(f"  kept {len(kept)} constant(s) in fp32 that fp16 cannot carry ({escape(why)})")
 
 
 def _own_tolerances(package: Package) -> None:

@@ -417,13 +417,15 @@ def _tflite_artifacts(
         try:
             data = None
             searched: dict[str, Any] = {}  # int8-selective: the layers left in float, and the search
-            if mode in ("int8", "int8-selective") and calibration is not None:  # planned only with calibration
+            in_fp32: dict[str, str] = {}  # fp16: constants it keeps in fp32, and why
+            if mode in ("int8", "int8-selective", "fp16") and calibration is not None:
+                # int8 is planned only with calibration; fp16 measures where fp16 weights would not do
                 data = _calibration_rows(calibration, manifest.signature, signature or manifest.signature)
             if mode == "int8-selective":  # planned only after full integer, calibrated, was over budget
                 path, searched = _fewest_float_layers(saved_model, work, data or [], judge, say, names)
             else:
                 try:
-                    path = saved_model_to_tflite(saved_model, mode, work, data, names)
+                    path, in_fp32 = saved_model_to_tflite(saved_model, mode, work, data, names)
                 except ExportError as unconverted:
                     if precision != "fp32" or repin is None:
                         raise
@@ -475,6 +477,8 @@ def _tflite_artifacts(
                     if undone:
                         record["dequantized"] = undone
                     record["accuracy"] = accuracy
+                    if in_fp32:  # named where the artifact is shown (cli/render.py)
+                        record["fp32_constants"] = in_fp32
                     if precision == "int8":
                         record["quantization"] = TFLITE_INT8[mode]
                         if searched:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from unideploy import child_process
+from unideploy.edge.tflite_fp16 import with_fp32_where_needed
 from unideploy.environment import environment
 from unideploy.errors import ExportError, MissingDependencyError, first_line
 from unideploy.onnx.files import copy_model
@@ -279,10 +280,12 @@ def saved_model_to_tflite(
     workdir: Path,
     calibration: list[dict[str, np.ndarray]] | None = None,
     names: Sequence[str] = (),
-) -> Path:
+) -> tuple[Path, dict[str, str]]:
     """fp32, fp16 (weights), int8 (full integer: needs ``calibration``, one dict of one-row inputs
     per calibration row, in the model's own layout) or int8-dynamic (int8 weights, activations
-    quantized on the fly).
+    quantized on the fly); with the constants an fp16 model keeps in fp32, and why
+    (``tflite_fp16.py``: it measures on ``calibration`` where given, and compares with the fp32
+    model this function wrote to ``workdir`` before, or converts it).
 
     Full-integer conversion runs in a process of its own: TensorFlow's calibrator runs the model in
     native code that can crash (a segfault on ddddocr's LSTM), and that must cost the int8
@@ -300,6 +303,11 @@ def saved_model_to_tflite(
         )
     else:
         blob = _converted(saved_model, precision, calibration)
+    kept: dict[str, str] = {}
+    if precision == "fp16":
+        twin = workdir / "model.fp32.tflite"
+        fp32 = twin.read_bytes() if twin.exists() else _converted(saved_model, "fp32", None)
+        blob, kept = with_fp32_where_needed(blob, fp32, _by_input_name(blob, calibration or []))
     if precision == "int8-dynamic" and not _has_int8_tensors(blob):
         raise ExportError(
             "dynamic range quantization left every weight in float (the converter skips weights of under 1,024 values)",
@@ -308,7 +316,17 @@ def saved_model_to_tflite(
     path = workdir / f"model.{precision}.tflite"
     path.write_bytes(blob)
     signed_tflite(path, path, names)
-    return path
+    return path, kept
+
+
+def _by_input_name(blob: bytes, rows: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """``rows`` with each input under the name the interpreter gives it (``_row_key``)."""
+    if not rows:
+        return []
+    from ai_edge_litert.interpreter import Interpreter
+
+    details = Interpreter(model_content=blob).get_input_details()
+    return [{d["name"]: row[_row_key(d["name"], row)] for d in details} for row in rows]
 
 
 def _converted(saved_model: Path, precision: str, calibration: list[dict[str, np.ndarray]] | None) -> bytes:

@@ -13,12 +13,17 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
 import onnx
 
 from unideploy.onnx.graph import bodies
 
 if TYPE_CHECKING:
     from unideploy.package.manifest import Precision
+
+# Below it fp16 keeps fewer bits, below 6e-08 none: what an fp16 model (ONNX's or TFLite's) keeps
+# in fp32 where a log, a reciprocal or a divisor would magnify the loss (6.1e-05)
+FP16_TINY = float(np.finfo(np.float16).tiny)
 
 # ONNX Runtime's dynamic INT8: activations quantized at run time, by operators TensorRT cannot take.
 DYNAMIC_INT8_OPS = {

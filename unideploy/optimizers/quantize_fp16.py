@@ -28,7 +28,7 @@ from onnx import numpy_helper
 from unideploy.errors import ExportError, InputError, first_line
 from unideploy.guard.search import search, search_record, skipped
 from unideploy.onnx.graph import bodies, consumers, operator_list
-from unideploy.onnx.precision import QUANTIZED_OPS
+from unideploy.onnx.precision import FP16_TINY, QUANTIZED_OPS
 from unideploy.optimizers.base import Batch, OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import intermediate_tensors, name_nodes
 from unideploy.optimizers.options import Fp16Options
@@ -38,7 +38,6 @@ from unideploy.quiet import quiet
 
 FP16_MAX = 65504.0
 HEADROOM = 2.0  # activations above FP16_MAX / HEADROOM on calibration rows may overflow on others
-FP16_TINY = float(np.finfo(np.float16).tiny)  # 6.1e-05: below it fp16 keeps fewer bits, below 6e-08 none
 # Operators whose result moves by the relative error of an input (the position): log x, 1/x, y/x.
 # Below fp16's normal range that error grows to 100 % (0: -inf, inf), as it does for a spectrogram's
 # log(|X|^2 + 1e-10): Basic Pitch's onset map 0.20 off in fp16, 0.02 with its three nodes in fp32.

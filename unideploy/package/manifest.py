@@ -137,6 +137,7 @@ class ValidationRecord(TypedDict):
     accuracy: NotRequired[AccuracyRecord]  # a non-exact artifact's guard verdict (edge fp16/int8)
     quantization: NotRequired[str]  # an edge int8 artifact's kind (full integer or dynamic range)
     float_layers: NotRequired[list[dict[str, Any]]]  # an int8 TFLite's layers left in float, worst first
+    fp32_constants: NotRequired[dict[str, str]]  # an fp16 TFLite's constants kept in fp32 -> why
     search: NotRequired[SearchRecord]  # how many were ranked, and each candidate tried
     dequantized: NotRequired[list[str]]  # the source's dynamic INT8 operators made float to convert it
     source_model: NotRequired[str]  # an artifact that is the source model itself, and what was added to it
