@@ -711,3 +711,22 @@ def test_basic_pitch_s_savedmodel_gets_an_fp16_tflite_that_keeps_its_log_s_epsil
     assert sum("computes what the log reads" in why for why in kept.values()) == 4, kept
     sizes = {a["id"]: a["size"] for a in manifest["artifacts"]}
     assert sizes["tflite-fp16"] < 0.9 * sizes["tflite-fp32"], sizes
+
+
+def test_basic_pitch_s_tflite_reaches_an_fp16_tflite_through_onnx2tf_at_one_row(tmp_path):
+    """Basic Pitch's own .tflite: its ONNX slices the transform's bins with axes [0, 2, 1, 3],
+    which onnx2tf applied to the frames (324 bins met 309 at the next Mul: no TFLite but the
+    source's), and its signature orders its outputs (contour, note, onset) against its graph
+    (onset, note, contour), which TensorFlow's converter numbers onnx2tf's by. With the slice's
+    axes put in order, onnx2tf converts it at one row; with the outputs named as the graph orders
+    them, tflite-fp16 is judged output by output, within the budget on real speech."""
+    data = zoo_models._pitch_windows(tmp_path, count=8)
+    made = deploy(
+        "export", zoo_models.shipped(zoo_models.BASIC_PITCH), "-o", tmp_path / "edge", "--target", "edge",
+        "--calibration", data,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert "fixed input size: tflite-fp16 (input_2 [1, 43844, 1])" in made.stdout, made.stdout
+    record = zoo._manifest(tmp_path / "edge")["validation"]["tflite-fp16"]
+    assert record["accuracy"]["within_budget"] and len(record["fp32_constants"]) == 5, record
+    assert all(o["relative_error"] < 0.01 for o in record["accuracy"]["outputs"].values()), record["accuracy"]

@@ -281,6 +281,37 @@ def test_a_slice_that_keeps_everything_does_not_cut_the_channels_in_tflite(tmp_p
         np.testing.assert_allclose(unideploy.run(package, {"x": x}, artifact="tflite-fp32")["y"], expected, atol=1e-4)
 
 
+def test_a_tflite_source_whose_signature_orders_its_outputs_otherwise_gets_tflite_fp16_by_name(tmp_path):
+    """A .tflite's SignatureDef lists its outputs by name (alpha, mid, zeta) where its graph, and
+    the ONNX converted from it, has them the other way round; onnx2tf's SavedModel numbers them
+    in the graph's order (``output_0``...). They were called by each other's names: an internal
+    error comparing a [N, 5] output with a [N, 4] one. Each is now named as the graph orders it."""
+
+    class ThreeOutputs(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+        def __call__(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {
+                "zeta": tf.nn.relu(x) * 2.0,
+                "alpha": tf.concat([x, x[:, :1]], axis=1),
+                "mid": tf.reduce_sum(x, axis=1, keepdims=True),
+            }
+
+    module = ThreeOutputs()
+    tf.saved_model.save(module, str(tmp_path / "sm"), signatures=module.__call__)
+    source = tmp_path / "three.tflite"
+    source.write_bytes(tf.lite.TFLiteConverter.from_saved_model(str(tmp_path / "sm")).convert())
+    x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    made = deploy("export", source, "-o", tmp_path / "edge", "--target", "edge", "--example-input", tmp_path / "x.npz")
+    assert made.returncode == 0, made.stdout + made.stderr
+    with unideploy.open_package(tmp_path / "edge") as package:
+        assert package.manifest.validation["tflite-fp16"]["accuracy"]["within_budget"]
+        got = unideploy.run(package, {"x": x}, artifact="tflite-fp16")
+        np.testing.assert_allclose(got["zeta"], np.maximum(x, 0) * 2, atol=1e-2)
+        np.testing.assert_allclose(got["alpha"], np.concatenate([x, x[:, :1]], axis=1), atol=1e-2)
+        np.testing.assert_allclose(got["mid"], x.sum(axis=1, keepdims=True), atol=1e-2)
+
+
 def test_dynamic_height_and_width_reach_tflite_at_the_sample_size(tmp_path):
     """onnx2tf cannot trace dynamic spatial dims through a Concat across strides; the TFLite
     artifact is made at the first sample's size, says so in its signature, and is proven there."""

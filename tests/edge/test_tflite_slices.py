@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 pytest.importorskip("ai_edge_litert", reason="the edge extra is not installed")
 
-from unideploy.edge.tflite import _whole_slices_as_identity
+from unideploy.edge.tflite import _slices_for_onnx2tf
 
 
 def _slice(name: str, source: str, ends: list[int], axes: list[int]) -> list[onnx.NodeProto]:
@@ -46,8 +46,36 @@ def test_only_slices_that_keep_everything_of_a_known_shape_are_taken_out(tmp_pat
     )
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
-    _whole_slices_as_identity(path)
+    _slices_for_onnx2tf(path)
     kept = onnx.load(str(path)).graph.node
     assert [n.name for n in kept if n.op_type == "Slice"] == ["part", "blind", "out"]
     whole = next(n for n in kept if n.name == "whole")
     assert whole.op_type == "Identity" and list(whole.input) == ["x"]  # what part reads passes x on
+
+
+def test_a_slice_with_its_axes_out_of_order_gets_them_in_order_and_computes_the_same(tmp_path):
+    """tf2onnx writes Basic Pitch's slice of ``[N, 172, 324, 2]`` with axes ``[0, 2, 1, 3]``;
+    onnx2tf pairs starts with the tensor's axes in order, so the bounds are put in that order
+    (ONNX Runtime gives the same values before and after)."""
+    import onnxruntime as ort
+
+    big = 2**31 - 1
+    bounds = {"starts": [0, -3, 0, 0], "ends": [big, big, big, big], "axes": [0, 2, 1, 3], "steps": [1, 1, 1, 1]}
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["x", *bounds], ["y"], name="bins")],
+        "unordered",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 5, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in bounds.items()],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    x = np.arange(2 * 4 * 5 * 2, dtype=np.float32).reshape(2, 4, 5, 2)
+    before = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    _slices_for_onnx2tf(path)
+    model = onnx.load(str(path))
+    values = {t.name: numpy_helper.to_array(t).tolist() for t in model.graph.initializer}
+    node = model.graph.node[0]
+    assert [values[name] for name in node.input[1:]] == [[0, 0, -3, 0], [big] * 4, [0, 1, 2, 3], [1] * 4]
+    after = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert before.shape == (2, 4, 3, 2) and np.array_equal(before, after)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from console import assert_one_line_error, deploy
 
-from unideploy.errors import InputError
+from unideploy.errors import ExportError, InputError
 from unideploy.guard.accuracy import choose_metrics, compare, describe, output_metric
 
 rng = np.random.default_rng(0)
@@ -386,3 +386,13 @@ def test_wide_rows_whose_largest_value_does_not_stand_out_are_regressions():
     assert output_metric("output", logits)[0] == "top1"
     assert output_metric("logits", landmarks)[0] == "top1"  # named as class scores: as named
     assert output_metric("Identity", landmarks[:, :19])[0] == "top1"  # too few values to tell
+
+
+def test_a_candidate_whose_output_has_another_shape_is_refused_by_name():
+    """A conversion that mixed up two outputs (a [N, 5] one given where fp32 gives [N, 4]) has
+    nothing to score: the guard says which output and both shapes, where numpy's broadcasting
+    error was an internal one (exit 70)."""
+    rng = np.random.default_rng(0)
+    alpha, zeta = rng.standard_normal((6, 5)), rng.standard_normal((6, 4))
+    with pytest.raises(ExportError, match=r"output 'alpha' as \[4\] per row where fp32 gives \[5\]"):
+        compare([{"alpha": alpha, "zeta": zeta}], [{"alpha": zeta, "zeta": alpha}], None, "auto", 1.0)

@@ -49,6 +49,7 @@ from unideploy.guard.guard import Guard, reference_rows, settings_of
 from unideploy.guard.search import search_record, trial
 from unideploy.onnx.dequantize import float_onnx, rounds_activations
 from unideploy.onnx.files import copy_model
+from unideploy.onnx.interface import output_names
 from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import AccuracyRecord, OmittedRecord, Precision, SearchTrial
@@ -315,6 +316,10 @@ def _tflite_artifacts(
     put_back: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, outputs' axes back
     repin: Callable[[], tuple[Path, Signature | None, bool]] | None = None  # onnx2tf again, at one row
     moved: dict[str, list[int]] = {}  # outputs onnx2tf gave with their axes moved, and how to put them back
+    # onnx2tf's outputs in the ONNX graph's order, which TensorFlow's converter numbers them by and a
+    # .tflite source's signature need not share (Basic Pitch's: contour, note, onset; its graph: onset,
+    # note, contour): they were called by each other's names
+    graph_outputs: list[str] = []
     added: list[AddedArtifact] = []
     made: set[str] = set()  # precisions added: the dynamic-range int8 runs only where full integer did not
     if framework == "tflite" and source_dir and source_dir.is_file():
@@ -344,6 +349,7 @@ def _tflite_artifacts(
         saved_model, route = kept_keras, "Keras' SavedModel + TensorFlow's converter"
     elif base is not None:
         onnx_path, undone = float_onnx(package.path_of(base), work, say)
+        graph_outputs = output_names(onnx_path)
         if base.precision != "fp32" and not undone:
             # only dynamic INT8 and int8 weights alone are made float (and then judged by the guard):
             # int8 activations (QDQ, QLinear) are not, and onnx2tf's TFLite of it ran far from it (0.59 off a small CNN)
@@ -396,7 +402,9 @@ def _tflite_artifacts(
     if calibration:
         variants += [("int8", "int8"), ("int8", "int8-dynamic")]
     failed: dict[Precision, list[tuple[str, UnideployError]]] = {}
-    names = manifest.signature.input_names + manifest.signature.output_names  # what the artifacts are called by
+    names = manifest.signature.input_names + (
+        graph_outputs or manifest.signature.output_names
+    )  # what they're called by
     rows_on = (manifest.signature.batch_axes, manifest.signature.output_batch_axes)  # a fixed size cannot say
 
     def accuracy_of(path: Path, run: Callable, fitting: list) -> tuple[Guard, AccuracyRecord]:

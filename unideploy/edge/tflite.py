@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import io
 import math
 import os
@@ -28,6 +29,7 @@ from unideploy import child_process
 from unideploy.edge.tflite_fp16 import with_fp32_where_needed
 from unideploy.environment import environment
 from unideploy.errors import ExportError, MissingDependencyError, first_line
+from unideploy.exporters.tflite_flatbuffer import text
 from unideploy.onnx.files import copy_model
 from unideploy.onnx.interface import declare_signature
 from unideploy.onnx.session import basic_optimized
@@ -98,7 +100,7 @@ def _onnx2tf(
         )
         folded_model.replace(private)
     _scope_safe_node_names(private)
-    _whole_slices_as_identity(private)
+    _slices_for_onnx2tf(private)
     replacements = _put_back(private, moved_back, workdir / "onnx2tf-replacements.json") if moved_back else None
     _test_images_offline(workdir)
     try:
@@ -173,12 +175,20 @@ def moved_axes(produced: Mapping[str, np.ndarray], expected: Mapping[str, np.nda
 NO_DIM_REACHES = 10**9  # a slice's end for "to the end" (exporters write INT_MAX; jax2tf 1e9)
 
 
-def _whole_slices_as_identity(path: Path) -> None:
-    """Make the ``Slice`` nodes that keep every element (start 0, step 1, end at or past the axis)
-    ``Identity``: onnx2tf moves such a slice's ends into its channels-last layout wrongly. Magika's
-    jax2tf graph slices a convolution's ``[1, 512, 508, 1]`` output to end 1 on its last axis, which
-    onnx2tf applied to the channels (512 -> 1): every probability after it was wrong. Nothing is
-    computed differently, and every reader (in an If's branches too) reads the same name."""
+def _slices_for_onnx2tf(path: Path) -> None:
+    """Write the ``Slice`` nodes onnx2tf misreads as it reads them right (with constant bounds, in
+    initializers or Constant nodes):
+
+    - one that keeps every element (start 0, step 1, end at or past the axis) becomes ``Identity``:
+      onnx2tf moves such a slice's ends into its channels-last layout wrongly. Magika's jax2tf
+      graph slices a convolution's ``[1, 512, 508, 1]`` output to end 1 on its last axis, which
+      onnx2tf applied to the channels (512 -> 1): every probability after it was wrong. Nothing is
+      computed differently, and every reader (in an If's branches too) reads the same name;
+    - one whose axes are not in ascending order gets its starts, ends, axes and steps in that
+      order: onnx2tf pairs the i-th start with the i-th axis of the tensor, not with ``axes[i]``.
+      Basic Pitch's tf2onnx graph slices ``[N, 172, 324, 2]`` with axes ``[0, 2, 1, 3]`` and
+      starts ``[0, -309, 0, 0]``, which onnx2tf applied to the 172 frames (all kept) instead of the
+      324 bins: its next Mul met 324 bins for 309, and no TFLite but the source's could be made."""
     import onnx
     from onnx import numpy_helper
 
@@ -196,19 +206,42 @@ def _whole_slices_as_identity(path: Path) -> None:
         if node.op_type == "Constant" and (value := next((a.t for a in node.attribute if a.name == "value"), None)):
             constants[node.output[0]] = numpy_helper.to_array(value)
     outputs = {o.name for o in model.graph.output}
-    whole = [
-        node
-        for node in model.graph.node
-        if node.op_type == "Slice"
-        and node.output[0] not in outputs
-        and _keeps_everything(node, dims.get(node.input[0]), constants)
-    ]
-    if not whole:
-        return
-    for node in whole:
-        node.op_type = "Identity"
-        del node.input[1:]
-    onnx.save(model, str(path))
+    changed = False
+    for node in model.graph.node:
+        if node.op_type != "Slice":
+            continue
+        if node.output[0] not in outputs and _keeps_everything(node, dims.get(node.input[0]), constants):
+            node.op_type = "Identity"
+            del node.input[1:]
+            changed = True
+        elif (ordered := _axes_order(node, dims.get(node.input[0]), constants)) is not None:
+            permutation, axes = ordered
+            for position, name in enumerate(node.input[1:5], 1):  # starts, ends, axes, steps
+                if name:
+                    values = axes if position == 3 else constants[name].reshape(-1)[permutation]
+                    node.input[position] = f"{node.output[0]}/in_axis_order_{position}"
+                    model.graph.initializer.append(numpy_helper.from_array(values, node.input[position]))
+            changed = True
+    if changed:
+        onnx.save(model, str(path))
+
+
+def _axes_order(
+    node: Any, shape: list[int | None] | None, constants: Mapping[str, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """For a ``Slice`` whose constant axes are not in ascending order: the permutation that sorts
+    them and the sorted axes (non-negative); None where they are in order, or not constant, or
+    negative on an input of unknown rank."""
+    if len(node.input) < 4 or not node.input[3] or not all(name in constants for name in node.input[1:] if name):
+        return None
+    axes = constants[node.input[3]].astype(np.int64).reshape(-1)
+    if (axes < 0).any() and not shape:
+        return None
+    normalized = np.where(axes < 0, axes + len(shape or ()), axes)
+    order = np.argsort(normalized, kind="stable")
+    if (order == np.arange(len(order))).all():
+        return None
+    return order, normalized[order].astype(constants[node.input[3]].dtype)
 
 
 def _keeps_everything(node: Any, shape: list[int | None] | None, constants: Mapping[str, np.ndarray]) -> bool:
@@ -284,8 +317,7 @@ def saved_model_to_tflite(
     """fp32, fp16 (weights), int8 (full integer: needs ``calibration``, one dict of one-row inputs
     per calibration row, in the model's own layout) or int8-dynamic (int8 weights, activations
     quantized on the fly); with the constants an fp16 model keeps in fp32, and why
-    (``tflite_fp16.py``: it measures on ``calibration`` where given, and compares with the fp32
-    model this function wrote to ``workdir`` before, or converts it).
+    (``tflite_fp16.py``: it measures on ``calibration`` where given).
 
     Full-integer conversion runs in a process of its own: TensorFlow's calibrator runs the model in
     native code that can crash (a segfault on ddddocr's LSTM), and that must cost the int8
@@ -305,8 +337,7 @@ def saved_model_to_tflite(
         blob = _converted(saved_model, precision, calibration)
     kept: dict[str, str] = {}
     if precision == "fp16":
-        twin = workdir / "model.fp32.tflite"
-        fp32 = twin.read_bytes() if twin.exists() else _converted(saved_model, "fp32", None)
+        fp32 = functools.partial(_converted, saved_model, "fp32", None)
         blob, kept = with_fp32_where_needed(blob, fp32, _by_input_name(blob, calibration or []))
     if precision == "int8-dynamic" and not _has_int8_tensors(blob):
         raise ExportError(
@@ -457,8 +488,9 @@ def converted_name(name: str) -> str:
 
 
 def signed_tflite(source: Path, out: Path, names: Sequence[str]) -> bool:
-    """Write ``source`` to ``out`` callable by the package signature's ``names``, and whether it
-    needed a SignatureDef of its own. The runtime and the mobile wrappers call a model through its SignatureDef: one is added
+    """Write ``source`` to ``out`` callable by the package signature's ``names`` (its inputs, then
+    its outputs, in the order of the graph it was converted from), and whether it needed a
+    SignatureDef of its own. The runtime and the mobile wrappers call a model through its SignatureDef: one is added
     over the subgraph's own inputs and outputs (by their tensor names, which the package signature
     then uses) where the model has none, as MediaPipe's models ship; and names with a ':' that
     onnx2tf wrote as '__' (tf2onnx's ``image:0``) get theirs back. Operators and weights stay as
@@ -483,9 +515,14 @@ def signed_tflite(source: Path, out: Path, names: Sequence[str]) -> bool:
         signature.outputs = [mapped(int(i)) for i in graph.outputs]
         model.signatureDefs = [signature]
     written = {converted_name(name): name for name in names if converted_name(name) != name}
+    signed = model.signatureDefs[0]
+    outputs = list(names)[len(signed.inputs) :]
+    if [text(entry.name) for entry in signed.outputs] == [f"output_{i}" for i in range(len(outputs))]:
+        # TensorFlow's converter names onnx2tf's outputs by position, which is the ONNX graph's order
+        written.update({f"output_{i}": name for i, name in enumerate(outputs)})
     renamed = False
-    for entry in (*model.signatureDefs[0].inputs, *model.signatureDefs[0].outputs):
-        name = entry.name.decode() if isinstance(entry.name, bytes) else entry.name
+    for entry in (*signed.inputs, *signed.outputs):
+        name = text(entry.name)
         if name in written:
             entry.name, renamed = written[name], True
     if added or renamed:

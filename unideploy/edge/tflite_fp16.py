@@ -18,15 +18,15 @@ constant becomes fp32 and its ``DEQUANTIZE`` goes):
   Pitch's constant-Q kernels, 1.3 % off its contour map in fp16 and 0.08 % with them in fp32.
 
 The same rule holds an ONNX model's fp16 (``optimizers/quantize_fp16.py``), where the arithmetic
-is fp16 too and it is the operators that stay fp32. The fp32 values come from the ``tflite-fp32``
-converted from the same SavedModel: each fp16 constant is matched to the fp32 constant of its
-shape whose rounding to fp16 it is (its name decides between equal roundings; a constant matched
-to none keeps fp16).
+is fp16 too and it is the operators that stay fp32. The fp32 values come from an fp32 conversion
+of the same SavedModel: each fp16 constant is matched to the fp32 constant of its shape whose
+rounding to fp16 it is (its name decides between equal roundings; a constant matched to none
+keeps fp16).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,11 +39,13 @@ PROBE_ROWS = 16  # calibration rows the magnifiers' inputs are measured on
 
 
 def with_fp32_where_needed(
-    fp16: bytes, fp32: bytes, rows: Sequence[Mapping[str, np.ndarray]] = ()
+    fp16: bytes, fp32: Callable[[], bytes], rows: Sequence[Mapping[str, np.ndarray]] = ()
 ) -> tuple[bytes, dict[str, str]]:
     """``fp16`` with the constants described above in fp32, and why each is (constant name ->
-    reason; empty: ``fp16`` as it was). ``rows``: calibration rows in the model's own layout, each
-    input under the interpreter's name for it (none: only the first rule applies)."""
+    reason; empty: ``fp16`` as it was). ``fp32``: converts the same SavedModel to fp32, called only
+    where a constant may need it (one fp16 holds only below its normal range, or the model has a
+    magnifier). ``rows``: calibration rows in the model's own layout, each input under the
+    interpreter's name for it (none: only the first rule applies)."""
     with quiet():
         from tensorflow.lite.python import schema_py_generated as schema
         from tensorflow.lite.tools import flatbuffer_utils
@@ -56,9 +58,14 @@ def with_fp32_where_needed(
         if builtin_of(model.operatorCodes[op.opcodeIndex]) == schema.BuiltinOperator.DEQUANTIZE
         and _constant(model, graph.tensors[int(op.inputs[0])], np.float16) is not None
     }
-    if not dequantized:
+    halves = {t: _constant(model, graph.tensors[int(op.inputs[0])], np.float16) for t, op in dequantized.items()}
+    flushed = any(
+        float(np.abs(v.astype(np.float32)).max(initial=0.0)) < FP16_TINY for v in halves.values() if v is not None
+    )
+    magnifiers = any(_op_name(model, op, schema) in _MAGNIFIERS for op in graph.operators)
+    if not flushed and not (rows and magnifiers):
         return fp16, {}
-    originals = _originals(model, graph, dequantized, flatbuffer_utils.convert_bytearray_to_object(bytearray(fp32)))
+    originals = _originals(model, graph, dequantized, flatbuffer_utils.convert_bytearray_to_object(bytearray(fp32())))
     reasons: dict[int, str] = {}
     for tensor, values in originals.items():
         if values.any() and (largest := float(np.abs(values).max())) < FP16_TINY:  # an epsilon, not a weight

@@ -45,7 +45,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from unideploy.errors import InputError
+from unideploy.errors import ExportError, InputError
 from unideploy.guard.metrics import METRICS, bins, coords, ctc, detections, maps
 from unideploy.guard.metrics.base import BUDGET_OPTIONS, Budget, Output, classes, cosines, probabilities, relative_error
 from unideploy.package.manifest import AccuracyRecord, OutputAccuracy
@@ -322,6 +322,12 @@ def compare(
         kind, why = chosen[n]
         judge = METRICS.get(kind)()
         r, c = ref[n], cand[n]
+        if r.shape != c.shape:  # a conversion that mixed up or reshaped outputs: nothing to score
+            raise ExportError(
+                f"the model judged gives output '{n}' as {list(c.shape[1:])} per row where fp32 gives "
+                f"{list(r.shape[1:])}: it does not compute what the fp32 model does",
+                "leave this artifact out; report the conversion that made it",
+            )
         entry: dict[str, Any] = {"metric": kind, "why": why}
         if r.dtype.kind in "OSU":  # text has no distance: 1 where any value differs, as verify records it
             entry["max_abs_error"] = float(bool((r != c).any()))

@@ -22,6 +22,12 @@ def opset_of(model: onnx.ModelProto, default: int = 0) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default)
 
 
+def output_names(path: Path) -> list[str]:
+    """The graph's outputs in its own order (a converter may number them by it: onnx2tf's
+    SavedModel, ``output_0``, ...), read without its weights."""
+    return [value.name for value in onnx.load(str(path), load_external_data=False).graph.output]
+
+
 def rename_values(model: onnx.ModelProto, mapping: Mapping[str, str]) -> None:
     """Rename tensors everywhere they appear: the graph's inputs, outputs, value infos and weights,
     and every node's inputs and outputs, in control-flow bodies too (which read outer tensors by
