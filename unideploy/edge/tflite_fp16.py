@@ -13,9 +13,10 @@ constant becomes fp32 and its ``DEQUANTIZE`` goes):
   the calibration rows**: ``log x`` and a divisor (``y / x``) turn the relative error of ``x``
   into an absolute one, and a sum that cancels to a small value (a constant-Q transform's bins
   for a narrow-band signal) carries the rounding of its weights as a large relative error. Walked
-  back from the magnifier's input through element-wise operators, to the weighted operators
-  (convolutions, fully connected layers) that compute it, whose weights stay fp32 too: Basic
-  Pitch's constant-Q kernels, 1.3 % off its contour map in fp16 and 0.08 % with them in fp32.
+  back from the magnifier's input through element-wise, data-moving and summing operators to the
+  weighted ones (convolutions, fully connected layers) that compute it, whose weights stay fp32
+  too: Basic Pitch's constant-Q kernels, 1.3 % off its contour map in fp16 and 0.08 % with them
+  in fp32.
 
 The same rule holds an ONNX model's fp16 (``optimizers/quantize_fp16.py``), where the arithmetic
 is fp16 too and it is the operators that stay fp32. The fp32 values come from an fp32 conversion
@@ -90,8 +91,9 @@ def with_fp32_where_needed(
 _MAGNIFIERS = {"LOG": 0, "DIV": 1}
 # Operators whose output is a sum of products of their weights: where the walk back stops
 _WEIGHTED = {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "BATCH_MATMUL", "TRANSPOSE_CONV", "CONV_3D"}
-# Operators that compute their output element by element (or only move it): the walk goes through
-_ELEMENTWISE = {
+# Operators the walk goes through: element-wise ones, those that only move or pick values, and sums
+# (a spectrogram's magnitude sums the squares of its real and imaginary parts)
+_THROUGH = {
     "ADD", "SUB", "MUL", "DIV", "SQUARE", "SQRT", "RSQRT", "POW", "ABS", "MAXIMUM", "MINIMUM", "EXP",
     "SQUARED_DIFFERENCE", "RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS", "CONCATENATION", "SLICE",
     "STRIDED_SLICE", "GATHER", "PAD", "SUM", "MEAN", "SELECT_V2", "CAST", "NEG", "PACK", "UNPACK", "SPLIT",
@@ -182,8 +184,9 @@ def _magnified(
 
 
 def _upstream_weights(model: Any, graph: Any, schema: Any, tensor: int, dequantized: Mapping[int, Any]) -> list[int]:
-    """The fp16 constants that compute ``tensor``: those read on the way back through element-wise
-    operators, and the weights of the weighted operators where the way stops."""
+    """The fp16 constants that compute ``tensor``: those read on the way back through ``_THROUGH``'s
+    operators, and the weights of the weighted operators where the way stops (anything else stops
+    it too, keeping nothing)."""
     producer = {int(out): op for op in graph.operators for out in op.outputs}
     found, pending, seen = [], [tensor], set()
     while pending:
@@ -200,7 +203,7 @@ def _upstream_weights(model: Any, graph: Any, schema: Any, tensor: int, dequanti
         kind = _op_name(model, op, schema)
         if kind in _WEIGHTED:
             found.extend(int(i) for i in op.inputs if int(i) in dequantized)
-        elif kind in _ELEMENTWISE:
+        elif kind in _THROUGH:
             pending.extend(int(i) for i in op.inputs)
     return found
 
