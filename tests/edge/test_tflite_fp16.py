@@ -11,6 +11,7 @@ pytest.importorskip("ai_edge_litert", reason="the edge extra is not installed")
 tf = pytest.importorskip("tensorflow", reason="the tensorflow extra is not installed")
 
 from ai_edge_litert.interpreter import Interpreter  # noqa: E402
+from tensorflow.lite.tools import flatbuffer_utils  # noqa: E402
 
 from unideploy.edge.tflite import saved_model_to_tflite  # noqa: E402
 
@@ -76,6 +77,9 @@ def test_fp16_keeps_the_epsilon_and_the_cancelling_weights_in_fp32(saved_model, 
     assert any("computes what the log reads, which comes down to" in r for r in reasons), kept
     # the 64x64 layer after the log stays fp16: the artifact is smaller than fp32 by most of it
     assert fp16.stat().st_size < fp32.stat().st_size - 64 * 64 * 2 * 0.9, (fp16.stat().st_size, fp32.stat().st_size)
+    # the fp16 copies nothing reads are emptied, the metadata's buffers (the runtime version) not
+    model = flatbuffer_utils.read_model(str(fp16))
+    assert all(len(model.buffers[entry.buffer].data) for entry in model.metadata), model.metadata
 
 
 def test_without_calibration_rows_only_the_epsilon_stays_fp32(saved_model, tmp_path):

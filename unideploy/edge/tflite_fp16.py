@@ -53,20 +53,17 @@ def with_fp32_where_needed(
 
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(fp16))
     graph = model.subgraphs[0]
-    dequantized = {  # an fp16 constant's fp32 tensor -> the DEQUANTIZE that makes it
-        int(op.outputs[0]): op
+    halves = {  # an fp16 constant's fp32 tensor -> its fp16 values, which a DEQUANTIZE turns into it
+        int(op.outputs[0]): _constant(model, graph.tensors[int(op.inputs[0])], np.float16)
         for op in graph.operators
         if builtin_of(model.operatorCodes[op.opcodeIndex]) == schema.BuiltinOperator.DEQUANTIZE
-        and _constant(model, graph.tensors[int(op.inputs[0])], np.float16) is not None
     }
-    halves = {t: _constant(model, graph.tensors[int(op.inputs[0])], np.float16) for t, op in dequantized.items()}
-    flushed = any(
-        float(np.abs(v.astype(np.float32)).max(initial=0.0)) < FP16_TINY for v in halves.values() if v is not None
-    )
+    dequantized = {t: v for t, v in halves.items() if v is not None}
+    flushed = any(float(np.abs(v.astype(np.float32)).max(initial=0.0)) < FP16_TINY for v in dequantized.values())
     magnifiers = any(_op_name(model, op, schema) in _MAGNIFIERS for op in graph.operators)
     if not flushed and not (rows and magnifiers):
         return fp16, {}
-    originals = _originals(model, graph, dequantized, flatbuffer_utils.convert_bytearray_to_object(bytearray(fp32())))
+    originals = _originals(graph, dequantized, flatbuffer_utils.convert_bytearray_to_object(bytearray(fp32())))
     reasons: dict[int, str] = {}
     for tensor, values in originals.items():
         if values.any() and (largest := float(np.abs(values).max())) < FP16_TINY:  # an epsilon, not a weight
@@ -112,7 +109,7 @@ def _constant(model: Any, tensor: Any, dtype: type) -> np.ndarray | None:
     return values.view(dtype).reshape(tuple(tensor.shape) if tensor.shape is not None else ())
 
 
-def _originals(model: Any, graph: Any, dequantized: Mapping[int, Any], twin: Any) -> dict[int, np.ndarray]:
+def _originals(graph: Any, dequantized: Mapping[int, np.ndarray], twin: Any) -> dict[int, np.ndarray]:
     """Each fp16 constant's fp32 values in the fp32 ``twin`` (see the module docstring)."""
     found: dict[int, np.ndarray] = {}
     pool = [
@@ -120,9 +117,7 @@ def _originals(model: Any, graph: Any, dequantized: Mapping[int, Any], twin: Any
         for t in twin.subgraphs[0].tensors
         if (values := _constant(twin, t, np.float32)) is not None
     ]
-    for tensor, op in dequantized.items():
-        half = _constant(model, graph.tensors[int(op.inputs[0])], np.float16)
-        assert half is not None  # dequantized holds only DEQUANTIZEs of fp16 constants
+    for tensor, half in dequantized.items():
         matching = [
             (name, v) for name, v in pool if v.shape == half.shape and np.array_equal(v.astype(np.float16), half)
         ]
@@ -183,7 +178,9 @@ def _magnified(
     return {t: (read[t], least[t]) for t in read if least[t] < FP16_TINY}
 
 
-def _upstream_weights(model: Any, graph: Any, schema: Any, tensor: int, dequantized: Mapping[int, Any]) -> list[int]:
+def _upstream_weights(
+    model: Any, graph: Any, schema: Any, tensor: int, dequantized: Mapping[int, np.ndarray]
+) -> list[int]:
     """The fp16 constants that compute ``tensor``: those read on the way back through ``_THROUGH``'s
     operators, and the weights of the weighted operators where the way stops (anything else stops
     it too, keeping nothing)."""
@@ -223,6 +220,7 @@ def _restore(model: Any, graph: Any, schema: Any, values: Mapping[int, np.ndarra
     for half in {int(op.inputs[0]) for op in dropped} - read:
         graph.tensors[half].buffer = 0  # TFLite's empty buffer: a tensor nothing reads or writes
     held = {int(t.buffer) for g in model.subgraphs for t in g.tensors}
+    held |= {int(entry.buffer) for entry in model.metadata or ()}  # the runtime version, the converter's notes
     for index, buffer in enumerate(model.buffers):
         if index and index not in held:
             buffer.data = None
