@@ -53,14 +53,16 @@ def with_fp32_where_needed(
 
     model = flatbuffer_utils.convert_bytearray_to_object(bytearray(fp16))
     graph = model.subgraphs[0]
+    named = {value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
+    kinds = [named.get(builtin_of(code), "") for code in model.operatorCodes]  # by an operator's opcodeIndex
     halves = {  # an fp16 constant's fp32 tensor -> its fp16 values, which a DEQUANTIZE turns into it
         int(op.outputs[0]): _constant(model, graph.tensors[int(op.inputs[0])], np.float16)
         for op in graph.operators
-        if builtin_of(model.operatorCodes[op.opcodeIndex]) == schema.BuiltinOperator.DEQUANTIZE
+        if kinds[op.opcodeIndex] == "DEQUANTIZE"
     }
     dequantized = {t: v for t, v in halves.items() if v is not None}
     flushed = any(float(np.abs(v.astype(np.float32)).max(initial=0.0)) < FP16_TINY for v in dequantized.values())
-    magnifiers = any(_op_name(model, op, schema) in _MAGNIFIERS for op in graph.operators)
+    magnifiers = any(kinds[op.opcodeIndex] in _MAGNIFIERS for op in graph.operators)
     if not flushed and not (rows and magnifiers):
         return fp16, {}
     originals = _originals(graph, dequantized, flatbuffer_utils.convert_bytearray_to_object(bytearray(fp32())))
@@ -69,8 +71,8 @@ def with_fp32_where_needed(
         if values.any() and (largest := float(np.abs(values).max())) < FP16_TINY:  # an epsilon, not a weight
             reasons[tensor] = f"holds values up to {largest:.2g}, below fp16's normal range (from {FP16_TINY:.2g})"
     if rows:
-        for tensor, (magnifier, least) in _magnified(model, graph, schema, rows, reasons, originals).items():
-            for weight in _upstream_weights(model, graph, schema, tensor, dequantized):
+        for tensor, (magnifier, least) in _magnified(model, kinds, schema, rows, reasons, originals).items():
+            for weight in _upstream_weights(graph, kinds, tensor, dequantized):
                 reasons.setdefault(
                     weight,
                     f"computes what the {magnifier} reads, which comes down to {least:.2g} on the calibration rows",
@@ -127,14 +129,9 @@ def _originals(graph: Any, dequantized: Mapping[int, np.ndarray], twin: Any) -> 
     return found
 
 
-def _op_name(model: Any, op: Any, schema: Any) -> str:
-    code = builtin_of(model.operatorCodes[op.opcodeIndex])
-    return next((name for name, value in vars(schema.BuiltinOperator).items() if value == code), str(code))
-
-
 def _magnified(
     model: Any,
-    graph: Any,
+    kinds: Sequence[str],
     schema: Any,
     rows: Sequence[Mapping[str, np.ndarray]],
     restored: Mapping[int, str],
@@ -147,10 +144,11 @@ def _magnified(
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
         from tensorflow.lite.tools import flatbuffer_utils
 
+    graph = model.subgraphs[0]
     read = {
         int(op.inputs[_MAGNIFIERS[kind]]): kind.lower()
         for op in graph.operators
-        if (kind := _op_name(model, op, schema)) in _MAGNIFIERS and len(op.inputs) > _MAGNIFIERS[kind]
+        if (kind := kinds[op.opcodeIndex]) in _MAGNIFIERS and len(op.inputs) > _MAGNIFIERS[kind]
     }
     read = {t: kind for t, kind in read.items() if _constant(model, graph.tensors[t], np.float32) is None}
     if not read:
@@ -179,7 +177,7 @@ def _magnified(
 
 
 def _upstream_weights(
-    model: Any, graph: Any, schema: Any, tensor: int, dequantized: Mapping[int, np.ndarray]
+    graph: Any, kinds: Sequence[str], tensor: int, dequantized: Mapping[int, np.ndarray]
 ) -> list[int]:
     """The fp16 constants that compute ``tensor``: those read on the way back through ``_THROUGH``'s
     operators, and the weights of the weighted operators where the way stops (anything else stops
@@ -197,7 +195,7 @@ def _upstream_weights(
         op = producer.get(current)
         if op is None:
             continue
-        kind = _op_name(model, op, schema)
+        kind = kinds[op.opcodeIndex]
         if kind in _WEIGHTED:
             found.extend(int(i) for i in op.inputs if int(i) in dequantized)
         elif kind in _THROUGH:
