@@ -11,7 +11,7 @@ those before it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,13 +24,13 @@ from unideploy.guard.measure import timing_session
 from unideploy.onnx.graph import names_read, upstream
 from unideploy.onnx.interface import rename_values
 from unideploy.optimizers.base import Batch
+from unideploy.optimizers.layer_inputs import LayerInputs
 
 DAMPINGS = (1e-3, 1e-2, 1e-1, 1.0)  # pulls toward the pruned weights tried, relative to the mean diagonal
 HOLDOUT_EVERY = 5  # every 5th row of a layer's re-fit data is held out to choose the damping
 CHOICE_ROWS = 32  # output rows the damping is chosen on (each distinct mask costs a solve)
 REFIT_ROWS = 512  # calibration rows used for re-fitting (more costs time, rarely accuracy)
 SHARED_MASKS = 4  # rows per distinct mask from which rows are solved per mask, not each on its own
-SOLVE_CHUNK_BYTES = 64 * 2**20  # the stack of per-row systems solved in one call
 # The widest layer re-fitted, in inputs (a convolution's channels x kernel taps, and its bias): its
 # least-squares systems are inputs x inputs float64, about six alive at once (8,193: 0.5 GB each,
 # two minutes on 2 cores, mostly one inversion per damping tried). CREPE's 1,024-channel 64-tap
@@ -272,22 +272,16 @@ def input_statistics(
     return out
 
 
-def _activations(model: onnx.ModelProto, tensor: str, batches: list[Batch]) -> Iterator[np.ndarray]:
-    session = computing(model, [tensor])
-    for batch in batches:
-        yield session.run([tensor], batch)[0].astype(np.float64)
-
-
 def refit(
-    original: onnx.ModelProto,
-    pruned: onnx.ModelProto,
+    original: LayerInputs,
+    pruned: LayerInputs,
     layer_name: str,
     mask: np.ndarray,
-    batches: list[Batch],
     out_rows: np.ndarray | None = None,
 ) -> bool:
-    """Re-fit one layer of ``pruned`` (weights outside ``mask`` stay zero) to reproduce the
-    original layer's output on ``batches``; updates ``pruned`` in place. ``out_rows`` says which
+    """Re-fit one layer of ``pruned.model`` (weights outside ``mask`` stay zero) to reproduce
+    ``original.model``'s layer output on the batches both compute; updates ``pruned.model`` in
+    place (layers are re-fitted in graph order: ``LayerInputs``). ``out_rows`` says which
     original output channels the pruned layer still has (all, unless channels were removed).
     False, changing nothing, where the layer has more than ``REFIT_MAX_INPUTS`` inputs.
 
@@ -295,6 +289,7 @@ def refit(
     (``DAMPINGS``); where no damping beats the pruned weights on them, those stay. A layer fed by
     few calibration rows (a classifier on 32 images, a late 7x7 convolution) would otherwise fit
     them exactly and generalise worse than it started."""
+    inputs_o, inputs_p, original, pruned = original, pruned, original.model, pruned.model
     layer_o = next(layer for layer in linear_layers(original) if layer.node.name == layer_name)
     layer_p = next(layer for layer in linear_layers(pruned) if layer.node.name == layer_name)
     w_orig = layer_o.matrix(original).astype(np.float64)
@@ -308,10 +303,9 @@ def refit(
     if w_orig.shape[1] > REFIT_MAX_INPUTS:
         return False
     sums: dict[str, list[Any]] = {"fit": [0.0, 0.0], "held": [0.0, 0.0]}  # A_p^T A_p and A_p^T A_o of each part
-    for x_o, x_p in zip(
-        _activations(original, layer_o.node.input[0], batches), _activations(pruned, layer_p.node.input[0], batches)
-    ):
-        a_o, a_p = layer_o.columns(x_o, original), layer_p.columns(x_p, pruned)
+    for x_o, x_p in zip(inputs_o(layer_o.node.input[0]), inputs_p(layer_p.node.input[0])):
+        a_o = layer_o.columns(x_o.astype(np.float64), original)
+        a_p = layer_p.columns(x_p.astype(np.float64), pruned)
         if with_bias:
             a_o, a_p = (np.hstack([a, np.ones((a.shape[0], 1))]) for a in (a_o, a_p))
         held = np.arange(len(a_p)) % HOLDOUT_EVERY == 0
@@ -324,7 +318,7 @@ def refit(
     target_fit, target_held = cross_fit @ w_orig.T, cross_held @ w_orig.T  # A_p^T Y, every output row at once
 
     def held_error(w: np.ndarray, rows: np.ndarray) -> float:  # ||A_held w^T - Y_held||^2, up to a constant
-        return float(np.einsum("rk,kl,rl->", w, gram_held, w) - 2 * np.einsum("rk,kr->", w, target_held[:, rows]))
+        return float(((w @ gram_held) * w).sum() - 2 * np.einsum("rk,kr->", w, target_held[:, rows]))
 
     sample = np.unique(np.linspace(0, len(keep) - 1, min(CHOICE_ROWS, len(keep))).astype(int))
     errors: dict[float | None, float] = {None: held_error(prior[sample], sample)}
@@ -359,8 +353,11 @@ def _solve(
     the system is inverted once for all inputs, H = (G + pI)^-1, and each row's solution is pulled
     back to zero on its pruned inputs P by the Lagrange multipliers of w_P = 0:
     w = Hb - H[:, P] (H_PP)^-1 (Hb)_P. Where fewer inputs are pruned than kept (sparsity under
-    50 %) that solves a |P|-sized system per row instead of |S| (at 30 %, 12x fewer operations);
-    the rows are solved in stacks (``SOLVE_CHUNK_BYTES``), not one call each."""
+    50 %) that solves a |P|-sized system per row instead of |S| (at 30 %, 12x fewer operations).
+    Each row's system is taken out of H (or G + pI) on its own and solved by Cholesky (both are
+    symmetric positive definite): gathering every row's block in one indexing operation, and H's
+    rows for the correction, moved gigabytes (MiniLM's 1,536-input layer: 2.2 GB, 5 s a solve);
+    the corrections of all rows are then one product with H."""
     pull = damping * max(float(np.mean(np.diag(gram))), 1e-12)
     system = gram + np.eye(len(gram)) * pull
     rhs = target[:, rows] + pull * prior[rows].T  # [K, rows]: b of every row
@@ -376,37 +373,37 @@ def _solve(
                 ).T
         return solved
     pruned_counts = (~masks).sum(1)
-    # rows with fewer pruned inputs than kept are solved through the inverse
-    inverse = np.linalg.inv(system) if (2 * pruned_counts <= masks.shape[1]).any() else np.empty((0, 0))
-    for count in np.unique(pruned_counts):
-        group = np.flatnonzero(pruned_counts == count)
-        kept = masks.shape[1] - int(count)
-        if kept == 0:
-            continue
-        if count == 0:
-            solved[group] = rhs[:, group].T @ inverse
-            continue
-        by_pruned = count <= kept
-        inputs = np.nonzero(~masks[group] if by_pruned else masks[group])[1].reshape(len(group), -1)
-        size = max(inputs.shape[1], 1)
-        chunk = max(1, SOLVE_CHUNK_BYTES // (8 * size * (size + masks.shape[1])))
-        for start in range(0, len(group), chunk):
-            mine, idx = group[start : start + chunk], inputs[start : start + chunk]
-            if by_pruned:
-                free = rhs[:, mine].T @ inverse  # unconstrained solutions (H is symmetric)
-                across = inverse[idx]  # H[P_r, :] of each row r
-                multipliers = np.linalg.solve(
-                    np.take_along_axis(across, idx[:, None, :], 2), np.take_along_axis(free, idx, 1)[..., None]
-                )[..., 0]
-                solved[mine] = free - np.einsum("rp,rpk->rk", multipliers, across)
-            else:
-                weights = np.linalg.solve(
-                    system[idx[:, :, None], idx[:, None, :]], np.take_along_axis(rhs[:, mine].T, idx, 1)[..., None]
-                )[..., 0]
-                block = np.zeros((len(mine), masks.shape[1]))
-                np.put_along_axis(block, idx, weights, 1)
-                solved[mine] = block
+    by_pruned = 2 * pruned_counts <= masks.shape[1]  # rows solved through the inverse
+    if not by_pruned.any():
+        for r in np.flatnonzero(masks.any(1)):
+            kept = np.flatnonzero(masks[r])
+            solved[r, kept] = _positive_definite_solve(system.take(kept, 0).take(kept, 1), rhs[kept, r])
+        return solved
+    inverse = np.linalg.inv(system)
+    free = rhs.T @ inverse  # unconstrained solutions (H is symmetric)
+    multipliers = np.zeros_like(solved)
+    for r in range(len(rows)):
+        if by_pruned[r]:
+            if pruned_counts[r]:
+                pruned = np.flatnonzero(~masks[r])
+                block = inverse.take(pruned, 0).take(pruned, 1)
+                multipliers[r, pruned] = _positive_definite_solve(block, free[r, pruned])
+        elif masks[r].any():
+            kept = np.flatnonzero(masks[r])
+            solved[r, kept] = _positive_definite_solve(system.take(kept, 0).take(kept, 1), rhs[kept, r])
+    solved[by_pruned] = free[by_pruned] - multipliers[by_pruned] @ inverse
     return solved * masks
+
+
+def _positive_definite_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """x with a x = b, for a symmetric positive definite (Cholesky: half the work of a general
+    solve). A damped Gram matrix and its inverse's principal blocks are, short of NaNs."""
+    from scipy.linalg import lapack
+
+    _, x, info = lapack.dposv(a, b, lower=True, overwrite_a=True)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"a re-fit's system is not positive definite (LAPACK posv: {info})")
+    return x
 
 
 # A layer's re-fitted weights (None: too wide to re-fit) by the masked layers up to it, in order
@@ -431,6 +428,7 @@ def refit_all(
     (CREPE's 8,193-input convolution took two minutes a candidate)."""
     layers = {layer.node.name: layer for layer in linear_layers(pruned) if layer.node.name in masks}
     order, stored, kept = list(layers), initializers(pruned), []
+    inputs_o, inputs_p = LayerInputs(original, batches), LayerInputs(pruned, batches)
     for i, name in enumerate(order, 1):
         key, layer = tuple(order[:i]), layers[name]
         tensors = [layer.weight] + ([layer.bias] if layer.bias else [])
@@ -441,7 +439,7 @@ def refit_all(
                 stored[tensor.name].CopyFrom(tensor)
             continue
         say(f"re-fitting layer {i}/{len(order)} ({name})")
-        done = refit(original, pruned, name, masks[name], batches)
+        done = refit(inputs_o, inputs_p, name, masks[name])
         if not done:
             kept.append(too_wide(name, say))
         if memo is not None:

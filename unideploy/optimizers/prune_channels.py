@@ -27,6 +27,7 @@ from unideploy.onnx.session import basic_optimized
 from unideploy.optimizers.base import OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.channel_groups import ChannelGroups, Group, find_groups, remove_channels
 from unideploy.optimizers.graph import REFIT_ROWS, input_statistics, load_for_pruning, not_refitted, refit, too_wide
+from unideploy.optimizers.layer_inputs import LayerInputs
 from unideploy.optimizers.options import PruningOptions
 from unideploy.optimizers.prune_magnitude import check_fraction
 from unideploy.optimizers.sensitivity import comparison_rows, rank_alone, search_refitted
@@ -215,12 +216,12 @@ class ChannelPruning(OptimizerPass):
         order = {node.name: i for i, node in enumerate(original.graph.node)}
         readers.sort(key=lambda layer: order[layer.node.name])
         batches = ctx.first_batches(REFIT_ROWS)
-        wide = []
+        inputs_o, inputs_p, wide = LayerInputs(original, batches), LayerInputs(pruned, batches), []
         for i, layer in enumerate(readers, 1):
             ctx.say(f"re-fitting layer {i}/{len(readers)} ({layer.node.name})")
             shape = layer.matrix(pruned).shape
             name = layer.node.name
-            if not refit(original, pruned, name, np.ones(shape, bool), batches, out_rows=own_rows.get(name)):
+            if not refit(inputs_o, inputs_p, name, np.ones(shape, bool), out_rows=own_rows.get(name)):
                 wide.append(too_wide(name, ctx.say))
         return wide
 
