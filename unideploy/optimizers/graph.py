@@ -374,24 +374,18 @@ def _solve(
         return solved
     pruned_counts = (~masks).sum(1)
     by_pruned = 2 * pruned_counts <= masks.shape[1]  # rows solved through the inverse
-    if not by_pruned.any():
-        for r in np.flatnonzero(masks.any(1)):
-            kept = np.flatnonzero(masks[r])
-            solved[r, kept] = _positive_definite_solve(system.take(kept, 0).take(kept, 1), rhs[kept, r])
-        return solved
-    inverse = np.linalg.inv(system)
-    free = rhs.T @ inverse  # unconstrained solutions (H is symmetric)
+    inverse = np.linalg.inv(system) if by_pruned.any() else np.empty((0, 0))
+    free = rhs.T @ inverse if by_pruned.any() else np.empty((0, 0))  # unconstrained solutions (H is symmetric)
     multipliers = np.zeros_like(solved)
     for r in range(len(rows)):
-        if by_pruned[r]:
-            if pruned_counts[r]:
-                pruned = np.flatnonzero(~masks[r])
-                block = inverse.take(pruned, 0).take(pruned, 1)
-                multipliers[r, pruned] = _positive_definite_solve(block, free[r, pruned])
-        elif masks[r].any():
+        if by_pruned[r] and pruned_counts[r]:
+            pruned = np.flatnonzero(~masks[r])
+            multipliers[r, pruned] = _positive_definite_solve(inverse.take(pruned, 0).take(pruned, 1), free[r, pruned])
+        elif not by_pruned[r] and masks[r].any():
             kept = np.flatnonzero(masks[r])
             solved[r, kept] = _positive_definite_solve(system.take(kept, 0).take(kept, 1), rhs[kept, r])
-    solved[by_pruned] = free[by_pruned] - multipliers[by_pruned] @ inverse
+    if by_pruned.any():
+        solved[by_pruned] = free[by_pruned] - multipliers[by_pruned] @ inverse
     return solved * masks
 
 
