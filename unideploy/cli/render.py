@@ -503,8 +503,11 @@ def optimization(package: Package, record: OptimizationRecord) -> None:
             _channel_report(params)
         restored = params.get("fp32_layers") or params.get("dense_layers") or params.get("whole_groups")
         names = [layer["node"] for layer in restored or [] if "sqnr_loss_db" in layer]  # those the search kept
-        for layer in [layer for layer in restored or [] if "why" in layer][:SHOWN_LAYERS]:  # kept for a reason
+        reasoned = [layer for layer in restored or [] if "why" in layer and "sqnr_loss_db" not in layer]
+        for layer in reasoned[:SHOWN_LAYERS]:  # kept for a reason of their own, not by the search
             out.print(f"  kept {escape(layer['node'])} in fp32: {escape(layer['why'])}")
+        if len(reasoned) > SHOWN_LAYERS:
+            out.print(f"  and {len(reasoned) - SHOWN_LAYERS} more kept in fp32 (the record's fp32_layers say why)")
         if names and "ranked_layers" in search:
             out.print(
                 f"  left {len(names)} of {search['ranked_layers']} {search.get('units', 'layers')} "
