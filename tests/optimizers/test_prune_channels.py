@@ -4,7 +4,6 @@ and EfficientNet-Lite0's ImageNet weights."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -152,19 +151,10 @@ def test_a_model_without_cuttable_channels_is_refused_before_the_work(torch_mode
     assert "--prune-method magnitude" in raised.value.hint
 
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def test_efficientnet_lite0_residual_streams_are_found_and_cut_consistently(tmp_path):
+def test_efficientnet_lite0_residual_streams_are_found_and_cut_consistently(zoo_models, tmp_path):
     """The real network: 16 inverted residual blocks with depthwise convolutions, padding written
     as Constant subgraphs, ReLU6 bounds as Constant nodes and a Reshape to [batch, -1] before the
     classifier."""
-    pytest.importorskip("skimage", reason="the dev extra is not installed")
-    sys.path.insert(0, str(BENCHMARKS))
-    import zoo_models
-
-    if not zoo_models.MODELS_DIR.is_dir():
-        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
     source = zoo_models.efficientnet_lite0(tmp_path)
     unideploy.export(source, tmp_path / "eff.udp", input_shapes=["x:1x3x224x224"]).close()
     # as the pass sees it: after ONNX Runtime's basic optimizations (the padding's constant subgraphs folded)

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import unideploy
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def test_a_small_weight_on_a_large_input_outlives_a_large_weight_on_a_small_one(tmp_path):
@@ -39,16 +34,10 @@ def test_a_small_weight_on_a_large_input_outlives_a_large_weight_on_a_small_one(
         assert pkg.manifest.optimizations[-1]["accuracy"]["within_budget"]
 
 
-def test_efficientnet_lite0_keeps_its_predictions_with_30_percent_pruned_before_any_refit(tmp_path):
+def test_efficientnet_lite0_keeps_its_predictions_with_30_percent_pruned_before_any_refit(zoo_models, tmp_path):
     """The real network, BatchNorm folded into every convolution: zeroing the 30 % raw-smallest
     weights kept 6 % of its top-1 predictions on these photos; weighed by their inputs, most."""
     pytest.importorskip("torch", reason="the torch extra is not installed")
-    pytest.importorskip("skimage", reason="the dev extra is not installed")
-    sys.path.append(str(BENCHMARKS))
-    import zoo_models
-
-    if not zoo_models.MODELS_DIR.is_dir():
-        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
     source = zoo_models.efficientnet_lite0(tmp_path)
     np.savez(tmp_path / "photos.npz", x=zoo_models.imagenet_photos(32))
     unideploy.export(source, tmp_path / "eff.udp", input_shapes=["x:1x3x224x224"]).close()

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -12,35 +9,23 @@ from unideploy.errors import InputError
 from unideploy.guard.accuracy import compare, describe, output_metric
 from unideploy.guard.metrics import detections
 
-BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def yolov8_heads() -> np.ndarray:
+def yolov8_heads(zoo_models) -> np.ndarray:
     """NudeNet's YOLOv8n (Ultralytics export, 18 classes) on real photos: [N, 22, 2100]."""
-    pytest.importorskip("skimage", reason="the dev extra is not installed")
-    sys.path.append(str(BENCHMARKS))
     import onnxruntime as ort
-    import zoo_models
 
-    if not zoo_models.MODELS_DIR.is_dir():
-        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
     session = ort.InferenceSession(str(zoo_models.shipped("nudenet/320n.onnx")), providers=["CPUExecutionProvider"])
     images = zoo_models.nchw(zoo_models.photos(32), 320, 320)
     return np.concatenate([session.run(None, {"images": images[i : i + 1]})[0] for i in range(len(images))])
 
 
 @pytest.fixture(scope="module")
-def yolox_heads() -> np.ndarray:
+def yolox_heads(zoo_models) -> np.ndarray:
     """ddddocr's character detector (YOLOX, exported without its decoder) on real text scans:
     [N, 3549, 6], boxes as grid offsets at strides 8/16/32 of a 416 x 416 input."""
-    pytest.importorskip("skimage", reason="the dev extra is not installed")
-    sys.path.append(str(BENCHMARKS))
     import onnxruntime as ort
-    import zoo_models
 
-    if not zoo_models.MODELS_DIR.is_dir():
-        pytest.skip(f"the zoo's weights are not installed: {zoo_models.INSTALL}")
     path = zoo_models.shipped("ddddocr/common_det.onnx")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     images = zoo_models.nchw(zoo_models.text_scans(6), 416, 416) * 255.0
