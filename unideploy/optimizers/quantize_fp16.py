@@ -52,11 +52,11 @@ MOVING = {
 }  # fmt: skip
 # A sum whose terms cancel keeps fp16's error of its terms, not of its result: Basic Pitch's
 # constant-Q transform sums loud samples into quiet bins, and with it in fp16 the onset map was 1.8 %
-# off (0.5 % in fp32). Where the walk reaches a sum it goes on through the linear operators that
-# compute the terms (moving, summing and scaling values), whatever their magnitude, and stops at
-# anything else (a rectifier, a softmax, a constant).
+# off (0.5 % in fp32). Where the walk reaches a sum it goes on through the operators that compute
+# the terms (moving, summing, scaling, multiplying, squaring values), whatever their magnitude, and
+# stops at anything else (a rectifier, a softmax, a constant).
 SUMS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "ReduceSum", "ReduceMean"}
-LINEAR = SUMS | MOVING | {"Add", "Sub", "Mul", "Neg"}
+TERMS = SUMS | MOVING | (ELEMENTWISE - {"Max", "Min", "Clip", "Relu"})
 
 
 def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, workdir: Path) -> dict[str, str]:
@@ -96,7 +96,7 @@ def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, wo
             source = producer.get(value)  # none for a weight or an input
             if source is None or source.name in walked:
                 continue
-            if source.op_type in SUMS or (past_sum and source.op_type in LINEAR):
+            if source.op_type in SUMS or (past_sum and source.op_type in TERMS):
                 why, pending = "computes, through a sum,", pending + [(t, True) for t in source.input if t]
             elif not past_sum and source.op_type in ELEMENTWISE | MOVING:
                 why, pending = "computes", pending + [(t, False) for t in source.input if t in smallest]
