@@ -56,7 +56,7 @@ class LayerInputs:
 
     def _advance(self, tensor: str) -> Iterable[np.ndarray]:
         nodes = self.model.graph.node
-        needed, segment = {tensor}, []
+        needed, segment = {tensor}, list[onnx.NodeProto]()
         for i in reversed(range(len(nodes))):  # what ``tensor`` depends on, back to what is held
             if i not in self.done and needed.intersection(nodes[i].output):
                 segment.insert(0, nodes[i])
@@ -95,7 +95,9 @@ class LayerInputs:
             sample = self.held[name][0]
             cut.graph.input.append(
                 declared.get(name)
-                or helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(sample.dtype), [None] * sample.ndim)
+                or helper.make_tensor_value_info(
+                    name, helper.np_dtype_to_tensor_dtype(sample.dtype), [None] * sample.ndim
+                )
             )
         cut.graph.initializer.extend(i for i in graph.initializer if i.name in needed and i.name not in fed)
         cut.graph.output.extend(onnx.ValueInfoProto(name=t) for t in made)
