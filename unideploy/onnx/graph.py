@@ -29,6 +29,25 @@ def upstream(graph: onnx.GraphProto, tensors: Sequence[str]) -> list[onnx.NodePr
     return nodes[::-1]
 
 
+def cut(
+    model: onnx.ModelProto,
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[onnx.ValueInfoProto],
+    outputs: Sequence[str],
+) -> onnx.ModelProto:
+    """A model of ``nodes`` alone, fed ``inputs`` and answering ``outputs`` (undeclared: a runtime
+    infers their types), with the initializers they read or name (an input's initializer stays its
+    default: an optional input stays optional)."""
+    needed = names_read(nodes) | {i.name for i in inputs} | set(outputs)
+    part = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
+    part.graph.name = model.graph.name
+    part.graph.node.extend(nodes)
+    part.graph.input.extend(inputs)
+    part.graph.initializer.extend(i for i in model.graph.initializer if i.name in needed)
+    part.graph.output.extend(onnx.ValueInfoProto(name=t) for t in dict.fromkeys(outputs))
+    return part
+
+
 def bodies(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     """The graphs a node holds: an If's branches, a Loop's or Scan's body."""
     return [graph for a in node.attribute for graph in ([a.g] if a.HasField("g") else list(a.graphs))]

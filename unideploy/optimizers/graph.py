@@ -21,7 +21,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from unideploy.guard.measure import timing_session
-from unideploy.onnx.graph import names_read, upstream
+from unideploy.onnx.graph import cut, upstream
 from unideploy.onnx.interface import rename_values
 from unideploy.optimizers.base import Batch
 from unideploy.optimizers.layer_inputs import LayerInputs
@@ -229,17 +229,7 @@ def computing(model: onnx.ModelProto, tensors: list[str]) -> Any:
     """A session computing ``tensors`` of ``model``, and only the nodes they depend on. ONNX
     Runtime runs every node of a graph whatever outputs are asked for, and the re-fit asks for one
     layer's input at a time: cut there, an early layer costs a fraction of a whole pass."""
-    graph = model.graph
-    nodes = upstream(graph, tensors)
-    # an input with an initializer as its default stays optional
-    needed = names_read(nodes) | {i.name for i in graph.input} | set(tensors)
-    cut = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
-    cut.graph.name = graph.name
-    cut.graph.node.extend(nodes)
-    cut.graph.input.extend(graph.input)
-    cut.graph.initializer.extend(i for i in graph.initializer if i.name in needed)
-    cut.graph.output.extend(onnx.ValueInfoProto(name=t) for t in dict.fromkeys(tensors))
-    return timing_session(cut.SerializeToString())
+    return timing_session(cut(model, upstream(model.graph, tensors), model.graph.input, tensors).SerializeToString())
 
 
 def input_statistics(
@@ -273,14 +263,14 @@ def input_statistics(
 
 
 def refit(
-    original: LayerInputs,
-    pruned: LayerInputs,
+    original_inputs: LayerInputs,
+    pruned_inputs: LayerInputs,
     layer_name: str,
     mask: np.ndarray,
     out_rows: np.ndarray | None = None,
 ) -> bool:
-    """Re-fit one layer of ``pruned.model`` (weights outside ``mask`` stay zero) to reproduce
-    ``original.model``'s layer output on the batches both compute; updates ``pruned.model`` in
+    """Re-fit one layer of ``pruned_inputs.model`` (weights outside ``mask`` stay zero) to reproduce
+    ``original_inputs.model``'s layer output on the batches both compute; updates the pruned model in
     place (layers are re-fitted in graph order: ``LayerInputs``). ``out_rows`` says which
     original output channels the pruned layer still has (all, unless channels were removed).
     False, changing nothing, where the layer has more than ``REFIT_MAX_INPUTS`` inputs.
@@ -289,7 +279,7 @@ def refit(
     (``DAMPINGS``); where no damping beats the pruned weights on them, those stay. A layer fed by
     few calibration rows (a classifier on 32 images, a late 7x7 convolution) would otherwise fit
     them exactly and generalise worse than it started."""
-    inputs_o, inputs_p, original, pruned = original, pruned, original.model, pruned.model
+    original, pruned = original_inputs.model, pruned_inputs.model
     layer_o = next(layer for layer in linear_layers(original) if layer.node.name == layer_name)
     layer_p = next(layer for layer in linear_layers(pruned) if layer.node.name == layer_name)
     w_orig = layer_o.matrix(original).astype(np.float64)
@@ -303,7 +293,7 @@ def refit(
     if w_orig.shape[1] > REFIT_MAX_INPUTS:
         return False
     sums: dict[str, list[Any]] = {"fit": [0.0, 0.0], "held": [0.0, 0.0]}  # A_p^T A_p and A_p^T A_o of each part
-    for x_o, x_p in zip(inputs_o(layer_o.node.input[0]), inputs_p(layer_p.node.input[0])):
+    for x_o, x_p in zip(original_inputs(layer_o.node.input[0]), pruned_inputs(layer_p.node.input[0])):
         a_o = layer_o.columns(x_o.astype(np.float64), original)
         a_p = layer_p.columns(x_p.astype(np.float64), pruned)
         if with_bias:

@@ -23,7 +23,7 @@ import onnx
 from onnx import helper
 
 from unideploy.guard.measure import timing_session
-from unideploy.onnx.graph import names_read
+from unideploy.onnx.graph import cut, names_read
 from unideploy.optimizers.base import Batch
 
 # The frontier held for one model (the re-fit holds two: the original's and the pruned one's).
@@ -83,25 +83,15 @@ class LayerInputs:
 
     def _session(self, segment: Sequence[onnx.NodeProto], fed: list[str], made: list[str]) -> Any:
         """A session running ``segment`` from the ``fed`` tensors held to the ``made`` ones."""
-        graph = self.model.graph
-        needed = names_read(segment)
-        cut = onnx.ModelProto(
-            ir_version=self.model.ir_version, opset_import=self.model.opset_import, functions=self.model.functions
-        )
-        cut.graph.name = graph.name
-        cut.graph.node.extend(segment)
-        declared = {i.name: i for i in graph.input}
-        for name in fed:
-            sample = self.held[name][0]
-            cut.graph.input.append(
-                declared.get(name)
-                or helper.make_tensor_value_info(
-                    name, helper.np_dtype_to_tensor_dtype(sample.dtype), [None] * sample.ndim
-                )
+        declared = {i.name: i for i in self.model.graph.input}
+        inputs = [
+            declared.get(name)
+            or helper.make_tensor_value_info(
+                name, helper.np_dtype_to_tensor_dtype(self.held[name][0].dtype), [None] * self.held[name][0].ndim
             )
-        cut.graph.initializer.extend(i for i in graph.initializer if i.name in needed and i.name not in fed)
-        cut.graph.output.extend(onnx.ValueInfoProto(name=t) for t in made)
-        return timing_session(cut.SerializeToString())
+            for name in fed
+        ]
+        return timing_session(cut(self.model, segment, inputs, made).SerializeToString())
 
 
 def _streamed(session: Any, tensor: str, first: np.ndarray, feeds: list[dict[str, Any]]) -> Iterator[np.ndarray]:

@@ -97,9 +97,11 @@ def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, wo
             if source is None or source.name in walked:
                 continue
             if source.op_type in SUMS or (past_sum and source.op_type in TERMS):
-                why, pending = "computes, through a sum,", pending + [(t, True) for t in source.input if t]
+                why = "computes, through a sum,"
+                pending += [(t, True) for t in source.input if t]
             elif not past_sum and source.op_type in ELEMENTWISE | MOVING:
-                why, pending = "computes", pending + [(t, False) for t in source.input if t in smallest]
+                why = "computes"
+                pending += [(t, False) for t in source.input if t in smallest]
             else:
                 continue
             walked.add(source.name)
