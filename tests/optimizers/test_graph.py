@@ -7,7 +7,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from unideploy.optimizers.graph import _solve, computing, get_array, linear_layers, name_nodes, refit_all
+from unideploy.optimizers.graph import (
+    _solve,
+    _strongest_within_noise,
+    computing,
+    get_array,
+    linear_layers,
+    name_nodes,
+    refit_all,
+)
 
 
 def _one_row_at_a_time(gram, target, prior, keep, damping, rows):
@@ -166,3 +174,46 @@ def test_a_search_candidate_takes_the_refits_before_its_first_dense_layer_from_t
     weights, said = refitted({"first"}, memo)
     assert said == ["re-fitting layer 1/2 (second)", "re-fitting layer 2/2 (third)"]
     assert all(np.array_equal(weights[n], w) for n, w in refitted({"first"}, None)[0].items())
+
+
+def _pruned(original: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Half of every layer's weights zeroed, and the masks."""
+    masks = {
+        layer.node.name: np.abs(layer.matrix(original)) > np.quantile(np.abs(layer.matrix(original)), 0.5)
+        for layer in linear_layers(original)
+    }
+    model = onnx.ModelProto()
+    model.CopyFrom(original)
+    for layer in linear_layers(model):
+        bias = get_array(model, layer.bias) if layer.bias else None
+        layer.store(model, layer.matrix(model) * masks[layer.node.name], bias)
+    return model, masks
+
+
+def test_the_refit_does_not_depend_on_how_the_rows_are_batched():
+    """A batch-1 model streams one row a batch to its pooled and final layers. The rows held out to
+    choose the damping are counted over the whole stream: counted per batch, every such row was
+    held out and nothing was fitted (MediaPipe's squeeze-and-excitation layers kept their pruned
+    weights, and the damping was chosen among equal errors at random)."""
+    original, rows = _mlp(), np.random.default_rng(3).standard_normal((60, 12)).astype(np.float32)
+    batchings = {"one batch": [{"x": rows}], "one row a batch": [{"x": row[None]} for row in rows]}
+    refitted = {}
+    for batching, batches in batchings.items():
+        model, masks = _pruned(original)
+        assert refit_all(original, model, masks, batches, lambda _msg: None) == []
+        refitted[batching] = {layer.node.name: layer.matrix(model) for layer in linear_layers(model)}
+    pruned, _ = _pruned(original)
+    for layer in linear_layers(pruned):
+        name = layer.node.name
+        np.testing.assert_allclose(refitted["one row a batch"][name], refitted["one batch"][name], rtol=1e-5, atol=1e-6)
+        if name != "first":  # whose inputs pruning changed: re-fitted, not kept as pruned
+            assert not np.allclose(refitted["one row a batch"][name], layer.matrix(pruned))
+
+
+def test_held_out_errors_closer_than_their_noise_choose_the_stronger_pull():
+    """Ordered strongest first: a weaker damping must beat a stronger one by more than 0.1 %."""
+    signal = 100.0
+    assert _strongest_within_noise({None: 10.0, 1.0: 5.0, 0.1: 4.999, 0.01: 4.9995}, signal) == 1.0
+    assert _strongest_within_noise({None: 10.0, 1.0: 5.0, 0.1: 4.9, 0.01: 4.8999}, signal) == 0.1
+    assert _strongest_within_noise({None: 2.0, 1.0: 2.0, 0.1: 2.0}, signal) is None  # equal: the pruned weights
+    assert _strongest_within_noise({None: 1e-8, 1.0: 0.0}, signal) is None  # within rounding of the signal

@@ -13,18 +13,20 @@ from unideploy.optimizers.quantize_fp16 import _convert, out_of_range_nodes
 
 
 def _log_spectrum(rectified: bool) -> onnx.ModelProto:
-    """x -> (Relu ->) Reshape -> MatMul (a transform whose first column cancels x0 against x1) ->
+    """x -> (Relu ->) Reshape (to a shape concatenated from integers) -> MatMul (a transform whose first column cancels x0 against x1) ->
     square -> + 1e-10 -> Log, and beside it x -> MatMul -> Sigmoid, a layer fp16 converts."""
     basis = np.zeros((4, 2), np.float32)
     basis[0, 0], basis[1, 0], basis[2, 1], basis[3, 1] = 1.0, -1.0, 1.0, 1.0
     weights = [
         numpy_helper.from_array(basis, "basis"),
-        numpy_helper.from_array(np.array([-1, 4], np.int64), "frame_shape"),
+        numpy_helper.from_array(np.array([-1], np.int64), "rows"),
+        numpy_helper.from_array(np.array([4], np.int64), "columns"),
         numpy_helper.from_array(np.array(1e-10, np.float32), "eps"),
         numpy_helper.from_array(np.full((4, 3), 0.5, np.float32), "w"),
     ]
     nodes = [
         helper.make_node("Relu", ["x"], ["rectified"], name="rect"),
+        helper.make_node("Concat", ["rows", "columns"], ["frame_shape"], name="frame_shape", axis=0),
         helper.make_node("Reshape", ["rectified" if rectified else "x", "frame_shape"], ["frame"], name="frame"),
         helper.make_node("MatMul", ["frame", "basis"], ["spectrum"], name="transform"),
         helper.make_node("Mul", ["spectrum", "spectrum"], ["power"], name="square"),
@@ -57,7 +59,8 @@ SAMPLES = np.array([[1 + 2**-15, 1.0, 0.5, 0.25], [2.0, 2.0, 1.0, 1.0]], np.floa
 
 def test_the_walk_keeps_the_sum_under_a_log_and_its_linear_terms_and_stops_at_a_rectifier(tmp_path):
     """The log, the square and the floor (below fp16's range), the transform (a sum) and the
-    reshape feeding it (linear), but not the Relu before them, nor the other head."""
+    reshape feeding it (linear), but not the Relu before them, the integers of the reshape's shape,
+    nor the other head."""
     kept = _kept(_log_spectrum(rectified=True), SAMPLES, tmp_path)
     assert set(kept) == {"log", "floor", "square", "transform", "frame"}, kept
     assert "through a sum" in kept["transform"] and "below fp16's normal range" in kept["log"]

@@ -83,6 +83,7 @@ def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, wo
         least = float(magnitudes.min(initial=np.inf, where=magnitudes > 0))
         if least < FP16_TINY:
             smallest[tensor] = least
+    integers = _not_float(model)  # a Reshape's shape: computed as integers in fp16 as well
     for node in model.graph.node:
         read = MAGNIFIERS.get(node.op_type)
         if read is None or read >= len(node.input) or node.input[read] not in smallest:
@@ -98,7 +99,7 @@ def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, wo
                 continue
             if source.op_type in SUMS or (past_sum and source.op_type in TERMS):
                 why = "computes, through a sum,"
-                pending += [(t, True) for t in source.input if t]
+                pending += [(t, True) for t in source.input if t and t not in integers]
             elif not past_sum and source.op_type in ELEMENTWISE | MOVING:
                 why = "computes"
                 pending += [(t, False) for t in source.input if t in smallest]
@@ -107,6 +108,19 @@ def out_of_range_nodes(model: onnx.ModelProto, model_path: Path, rows: Batch, wo
             walked.add(source.name)
             reasons.setdefault(source.name, f"{why} what {node.op_type} '{node.name}' reads, which {below}")
     return reasons
+
+
+def _not_float(model: onnx.ModelProto) -> set[str]:
+    """Tensors ONNX's type inference finds to hold other than floats (shape arithmetic); none where
+    it cannot run (a model over protobuf's 2 GB), which only lists more nodes as kept in fp32."""
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
+    try:
+        typed = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+    except (ValueError, onnx.shape_inference.InferenceError):
+        return set()
+    declared = {v.name: v.type.tensor_type.elem_type for v in [*typed.value_info, *typed.input, *typed.output]}
+    declared.update({init.name: init.data_type for init in model.graph.initializer})
+    return {name for name, elem_type in declared.items() if elem_type and elem_type not in floats}
 
 
 def _skip_fp16_round_trips(model: onnx.ModelProto, in_fp32: set[str]) -> None:
