@@ -155,10 +155,8 @@ def english_text() -> str:
     )
 
 
-def speech(seconds: float = 24.0) -> np.ndarray:
-    """16 kHz mono speech, float32 in [-1, 1]: English sentences spoken by eSpeak NG (a formant
-    synthesiser, Debian's espeak-ng) with pauses between them, so a voice-activity detector sees
-    speech start and stop."""
+def _spoken_sentence(sentence: str) -> np.ndarray:
+    """One sentence spoken by eSpeak NG (Debian's espeak-ng), 16 kHz mono float32 in [-1, 1]."""
     import shutil
     import subprocess
     import tempfile
@@ -168,22 +166,55 @@ def speech(seconds: float = 24.0) -> np.ndarray:
 
     if not shutil.which("espeak-ng"):
         raise FileNotFoundError("espeak-ng is missing: apt-get install espeak-ng (make zoo does it)")
-    sentences = [s.strip() + "." for s in english_text().split(".") if len(s.split()) >= 4]
-    pause = np.zeros(8000, np.float32)  # half a second
-    pieces, total = [pause], 0
     with tempfile.TemporaryDirectory() as tmp:
-        for i, sentence in enumerate(sentences):
-            path = Path(tmp) / f"{i}.wav"
-            subprocess.run(["espeak-ng", "-w", str(path), sentence], check=True, capture_output=True)
-            with wave.open(str(path)) as wav:
-                rate = wav.getframerate()
-                pcm = np.frombuffer(wav.readframes(wav.getnframes()), np.int16).astype(np.float32) / 32768.0
-            voice = resample_poly(pcm, 16000, rate).astype(np.float32)
-            pieces += [voice, pause]
-            total += len(voice) + len(pause)
-            if total >= seconds * 16000:
-                break
+        path = Path(tmp) / "sentence.wav"
+        subprocess.run(["espeak-ng", "-w", str(path), sentence], check=True, capture_output=True)
+        with wave.open(str(path)) as wav:
+            rate = wav.getframerate()
+            pcm = np.frombuffer(wav.readframes(wav.getnframes()), np.int16).astype(np.float32) / 32768.0
+    return resample_poly(pcm, 16000, rate).astype(np.float32)
+
+
+_PAUSE = np.zeros(8000, np.float32)  # half a second at 16 kHz
+
+
+def speech(seconds: float = 24.0) -> np.ndarray:
+    """16 kHz mono speech, float32 in [-1, 1]: English sentences spoken by eSpeak NG (a formant
+    synthesiser) with pauses between them, so a voice-activity detector sees speech start and stop."""
+    sentences = [s.strip() + "." for s in english_text().split(".") if len(s.split()) >= 4]
+    pieces, total = [_PAUSE], 0
+    for sentence in sentences:
+        pieces += [_spoken_sentence(sentence), _PAUSE]
+        total += len(pieces[-2]) + len(_PAUSE)
+        if total >= seconds * 16000:
+            break
     return np.concatenate(pieces)
+
+
+def spoken(sentences: Sequence[str]) -> np.ndarray:
+    """``sentences`` spoken by eSpeak NG, half a second of silence before and after each."""
+    return np.concatenate([_PAUSE] + [piece for s in sentences for piece in (_spoken_sentence(s), _PAUSE)])
+
+
+MICRO_WAKE_WORD = "pymicro_wakeword/models/okay_nabu.tflite"
+
+
+def wake_word_windows(audio: np.ndarray, scale: float, zero_point: int, frames: int = 3) -> list[np.ndarray]:
+    """What microWakeWord's detector takes from 16 kHz audio, call by call: TFLite Micro's audio front
+    end (``pymicro-features``: 40 filterbank channels a 10 ms step, as ESPHome and Home Assistant
+    compute them), ``frames`` steps a call, quantized by the model's input scale and zero point."""
+    _importable()
+    from pymicro_features import MicroFrontend
+
+    frontend, pcm = MicroFrontend(), (np.clip(audio, -1, 1) * 32767).astype(np.int16).tobytes()
+    steps, at = [], 0
+    while at + 320 <= len(pcm):  # 10 ms of 16-bit samples a step
+        result = frontend.process_samples(pcm[at : at + 320])
+        at += result.samples_read * 2
+        if result.features:
+            steps.append(np.asarray(result.features, np.float32))
+    windows = [np.stack(steps[i : i + frames]) for i in range(0, len(steps) - frames + 1, frames)]
+    return [np.clip(np.round(w / scale + zero_point), -128, 127).astype(np.int8)[None] for w in windows]
 
 
 def interleaved(*groups: list[np.ndarray]) -> list[np.ndarray]:
@@ -525,6 +556,32 @@ def _vad_chunks(work: Path, count: int = 256) -> Path:
         input=np.stack(chunks[::every][:count]),
         state=np.stack(states[::every][:count], axis=1),
     )
+
+
+def _wake_word_calls(work: Path, count: int = 256) -> Path:
+    """microWakeWord's real inputs: eSpeak NG saying "Okay Nabu" among other phrases, through the
+    features ESPHome computes (``wake_word_windows``), each call with the state the model itself
+    carried to it (its resource variables, read from the model made stateless as ``deploy export``
+    makes it: ``tflite_state.unrolled``)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from unideploy.exporters.tflite_state import unrolled
+
+    variables = unrolled(shipped(MICRO_WAKE_WORD), work / "stateless.tflite")
+    interpreter = Interpreter(model_path=str(work / "stateless.tflite"))
+    run = interpreter.get_signature_runner()
+    scale, zero_point = run.get_input_details()["input_audio"]["quantization"]
+    phrases = ["Okay Nabu.", "What is the weather like today?", "Okay, Nabu!", "Hey Jarvis.", "Turn off the lights."]
+    windows = wake_word_windows(spoken(phrases * 3), scale, zero_point)
+    state = {v.name: v.initial for v in variables}
+    rows: dict[str, list[np.ndarray]] = {"input_audio": [], **{name: [] for name in state}}
+    for window in windows:
+        for name, value in {"input_audio": window, **state}.items():
+            rows[name].append(value[0])
+        answer = run(input_audio=window, **state)
+        state = {v.name: answer[v.next_name] for v in variables}
+    every = max(len(windows) // count, 1)
+    return _save_npz(work / "data.npz", **{name: np.stack(values[::every][:count]) for name, values in rows.items()})
 
 
 def silero_vad_16k(work: Path) -> Path:
@@ -997,6 +1054,15 @@ def zoo() -> list[ZooModel]:
             "Apache-2.0",
             lambda w: shipped(MAGIKA),
             _file_contents,
+        ),
+        ZooModel(
+            "micro-wake-word",
+            'microWakeWord\'s streaming "Okay Nabu" detector: int8 depthwise CNN over 40 audio-feature channels, 30 ms '
+            "a call, its past features kept in six resource variables (TFLite .tflite)",
+            "pymicro-wakeword 2.5.0",
+            "Apache-2.0",
+            lambda w: shipped(MICRO_WAKE_WORD),
+            _wake_word_calls,
         ),
         ZooModel(
             "mtcnn-pnet-mindspore",

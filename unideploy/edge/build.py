@@ -43,6 +43,7 @@ from unideploy.errors import (
     ValidationError,
     first_line,
 )
+from unideploy.exporters.tflite_state import state_variables, unrolled
 from unideploy.guard.accuracy import describe
 from unideploy.guard.data import load_dataset, split
 from unideploy.guard.guard import Guard, reference_rows, settings_of
@@ -273,12 +274,18 @@ def _source_tflite(
     precision: Precision = base.precision if base is not None else "fp32"
     say(f"keeping the source model as the TFLite {precision} artifact")
     path = work / f"model.{precision}.tflite"
+    stateful = state_variables(source)
+    if stateful:  # its state as the inputs and outputs the package signature lists, as at export
+        unrolled(source, work / "stateless.tflite")
+        source = work / "stateless.tflite"
     added = signed_tflite(source, path, [])
     with RUNTIMES.get("tflite")(path, signature) as runtime:
         record = validate(runtime.run, references, DEFAULT_ATOL, DEFAULT_RTOL, reference="tflite")
     require_passed(record, f"the source model as the TFLite {precision} artifact")
-    record["source_model"] = "the source .tflite" + (
-        "; a 'serving_default' SignatureDef added over its tensors" if added else ""
+    record["source_model"] = (
+        "the source .tflite"
+        + ("; its resource variables read from inputs and written to outputs" if stateful else "")
+        + ("; a 'serving_default' SignatureDef added over its tensors" if added else "")
     )
     return (
         PlannedArtifact(

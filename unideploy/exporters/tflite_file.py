@@ -28,6 +28,7 @@ from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.savedmodel import MAX_OPSET, converter_failure, save_checked
 from unideploy.exporters.tflite_custom import TRANSPOSE_CONV_BIAS, builtin_transposes
 from unideploy.exporters.tflite_dense import densified, sparse_tensors
+from unideploy.exporters.tflite_state import NEXT, StateVariable, check_unrolled, state_variables, unrolled
 from unideploy.onnx.interface import rename_values
 from unideploy.quiet import quiet
 from unideploy.signature import Signature, TensorSpec, contiguous, undeclared_dim
@@ -50,13 +51,19 @@ class TFLiteExporter(Exporter):
             return False
 
     def convert(self, src: Path, workdir: Path, options: ExportOptions) -> ConvertedModel:
-        interpreter = _interpreter(src)
+        interpreter = _interpreter(src)  # refuses a file LiteRT cannot load, naming why, before it is read
+        model_file, variables = src, []  # what LiteRT runs: the source, or its state made inputs and outputs
+        if state_variables(src):
+            model_file = workdir / "stateless.tflite"
+            variables = unrolled(src, model_file)
+            check_unrolled(src, model_file, variables, interpreter.get_input_details())
+            interpreter = _interpreter(model_file)
         inputs, outputs = _io_details(interpreter, src, options.signature)
         tensors = interpreter.get_tensor_details()
-        readable, expanded = src, 0  # what tf2onnx reads: the source, or its sparse weights made dense
+        readable, expanded = model_file, 0  # what tf2onnx reads: that, or with its sparse weights made dense
         sparse = [t["name"] for t in tensors if t.get("sparsity_parameters")]
         if sparse:
-            expanded = densified(src, workdir / "dense.tflite")
+            expanded = densified(model_file, workdir / "dense.tflite")
             if expanded:
                 readable, sparse = workdir / "dense.tflite", sparse_tensors(workdir / "dense.tflite")
             _refuse_sparse_weights(sparse, src)
@@ -103,7 +110,8 @@ class TFLiteExporter(Exporter):
             run_source=run_source,
             conversion_path=f"tf2onnx {tf2onnx.__version__} TFLite reader"
             + (f" ({expanded} sparse weight tensor(s) made dense by LiteRT's DENSIFY)" if expanded else "")
-            + (f" ({rewritten} MediaPipe {TRANSPOSE_CONV_BIAS} read as TRANSPOSE_CONV + ADD)" if rewritten else ""),
+            + (f" ({rewritten} MediaPipe {TRANSPOSE_CONV_BIAS} read as TRANSPOSE_CONV + ADD)" if rewritten else "")
+            + (f" ({_state_note(variables)})" if variables else ""),
             library_versions={
                 "tf2onnx": tf2onnx.__version__,
                 "tensorflow": tf.__version__,
@@ -130,6 +138,18 @@ class TFLiteExporter(Exporter):
                 if d["quantization"][0]  # a scale of 0: not quantized
             },
         )
+
+
+def _state_note(variables: list[StateVariable]) -> str:
+    """What a caller of a model whose state became inputs and outputs must do, for the provenance."""
+    starts = {float(x) for v in variables for x in np.unique(v.initial)}
+    start = (
+        f"all {starts.pop():g}" if len(starts) == 1 else "not one value: the source's initializer subgraph holds them"
+    )
+    return (
+        f"{len(variables)} resource variables (streaming state) read from inputs and written to outputs "
+        f"'<name>{NEXT}': feed each call's back to the next, starting from the initializer's values ({start})"
+    )
 
 
 # The engine a float model's conversion is also compared with: LiteRT runs a float model through
