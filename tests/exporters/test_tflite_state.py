@@ -109,3 +109,23 @@ def test_micro_wake_word_hears_okay_nabu_through_onnx_as_through_litert(zoo_mode
     heard = detections(expected)
     assert len(heard) == 2 and len(detections(got)) == 2  # "Okay Nabu", not "Hey Jarvis"
     assert np.abs(detections(got) - heard).max() <= 1
+
+
+def test_a_variable_read_and_never_written_is_refused_naming_it(tmp_path):
+    """The running average with its ASSIGN_VARIABLE taken out: the variable is read and never
+    written, a state only a stateful runtime could keep; refused naming it, nothing written."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    source = tmp_path / "stream.tflite"
+    _running_average(source)
+    model = flatbuffer_utils.read_model(str(source))
+    assign = {
+        i for i, code in enumerate(model.operatorCodes) if code.builtinCode == schema.BuiltinOperator.ASSIGN_VARIABLE
+    }
+    main = model.subgraphs[0]
+    main.operators = [op for op in main.operators if op.opcodeIndex not in assign]
+    flatbuffer_utils.write_model(model, str(tmp_path / "read-only.tflite"))
+    made = deploy("export", tmp_path / "read-only.tflite", "-o", tmp_path / "pkg")
+    assert made.returncode != 0 and "stream/states" in made.stderr and "not both read and written" in made.stderr
+    assert not (tmp_path / "pkg").exists()
