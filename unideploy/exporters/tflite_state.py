@@ -8,8 +8,8 @@ audio features). ONNX has no variables, and tf2onnx stops on them with "list ind
 A copy of the model reads each variable from an input of the variable's name and gives its next
 value as an output of that name with ``_next`` after it, as stateless streaming models do (Silero
 VAD): the caller feeds each call's ``_next`` outputs back to the next call, starting from the
-initializer's values, which the copy records. The copy is checked against the source on LiteRT,
-call after call, before anything is converted (``check_unrolled``).
+initializer's values, which the export names in the package's provenance. The copy is checked
+against the source on LiteRT, call after call, before anything is converted (``check_unrolled``).
 """
 
 from __future__ import annotations
@@ -115,6 +115,8 @@ def unrolled(src: Path, out: Path) -> list[StateVariable]:
         graph.tensors[writes[variable]].name = (names[variable] + NEXT).encode()
     for signature in model.signatureDefs or []:
         if signature.subgraphIndex == 0:
+            for tensor in signature.outputs:
+                tensor.tensorIndex = aliases.get(int(tensor.tensorIndex), int(tensor.tensorIndex))
             signature.inputs += [_signature_tensor(schema, names[v], reads[v]) for v in variables]
             signature.outputs += [_signature_tensor(schema, names[v] + NEXT, writes[v]) for v in variables]
     if len(model.subgraphs) > 1:
