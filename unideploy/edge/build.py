@@ -43,7 +43,7 @@ from unideploy.errors import (
     ValidationError,
     first_line,
 )
-from unideploy.exporters.tflite_state import state_variables, unrolled
+from unideploy.exporters.tflite_state import unrolled
 from unideploy.guard.accuracy import describe
 from unideploy.guard.data import load_dataset, split
 from unideploy.guard.guard import Guard, reference_rows, settings_of
@@ -274,9 +274,8 @@ def _source_tflite(
     precision: Precision = base.precision if base is not None else "fp32"
     say(f"keeping the source model as the TFLite {precision} artifact")
     path = work / f"model.{precision}.tflite"
-    stateful = state_variables(source)
+    stateful = bool(unrolled(source, work / "stateless.tflite"))
     if stateful:  # its state as the inputs and outputs the package signature lists, as at export
-        unrolled(source, work / "stateless.tflite")
         source = work / "stateless.tflite"
     added = signed_tflite(source, path, [])
     with RUNTIMES.get("tflite")(path, signature) as runtime:

@@ -28,7 +28,7 @@ from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions
 from unideploy.exporters.savedmodel import MAX_OPSET, converter_failure, save_checked
 from unideploy.exporters.tflite_custom import TRANSPOSE_CONV_BIAS, builtin_transposes
 from unideploy.exporters.tflite_dense import densified, sparse_tensors
-from unideploy.exporters.tflite_state import NEXT, StateVariable, check_unrolled, state_variables, unrolled
+from unideploy.exporters.tflite_state import NEXT, StateVariable, check_unrolled, unrolled
 from unideploy.onnx.interface import rename_values
 from unideploy.quiet import quiet
 from unideploy.signature import Signature, TensorSpec, contiguous, undeclared_dim
@@ -52,10 +52,10 @@ class TFLiteExporter(Exporter):
 
     def convert(self, src: Path, workdir: Path, options: ExportOptions) -> ConvertedModel:
         interpreter = _interpreter(src)  # refuses a file LiteRT cannot load, naming why, before it is read
-        model_file, variables = src, []  # what LiteRT runs: the source, or its state made inputs and outputs
-        if state_variables(src):
+        model_file = src  # what LiteRT runs: the source, or its state made inputs and outputs
+        variables = unrolled(src, workdir / "stateless.tflite")
+        if variables:
             model_file = workdir / "stateless.tflite"
-            variables = unrolled(src, model_file)
             check_unrolled(src, model_file, variables, interpreter.get_input_details())
             interpreter = _interpreter(model_file)
         inputs, outputs = _io_details(interpreter, src, options.signature)

@@ -41,19 +41,10 @@ class StateVariable:
         return self.name + NEXT
 
 
-def state_variables(src: Path) -> bool:
-    """Whether ``src`` keeps state in resource variables (the copy ``unrolled`` writes is needed)."""
-    with quiet():
-        from tensorflow.lite.python import schema_py_generated as schema
-        from tensorflow.lite.tools import flatbuffer_utils
-
-    model = flatbuffer_utils.read_model(str(src))
-    return any(builtin_of(code) == schema.BuiltinOperator.VAR_HANDLE for code in model.operatorCodes)
-
-
 def unrolled(src: Path, out: Path) -> list[StateVariable]:
     """Write ``src`` to ``out`` with every resource variable of its main subgraph read from an input
-    and written to an output, the initializer subgraph gone; the variables, in input order."""
+    and written to an output, the initializer subgraph gone; the variables, in input order (none:
+    the model keeps no state, and nothing is written)."""
     with quiet():
         from tensorflow.lite.python import schema_py_generated as schema
         from tensorflow.lite.tools import flatbuffer_utils
@@ -85,6 +76,8 @@ def unrolled(src: Path, out: Path) -> list[StateVariable]:
             init_graphs.add(int(node.builtinOptions.initSubgraphIndex))
         else:
             kept.append(node)
+    if not handles:
+        return []
     for node in kept:
         node.inputs = np.asarray([aliases.get(int(t), int(t)) for t in node.inputs], np.int32)
     graph.outputs = np.asarray([aliases.get(int(t), int(t)) for t in graph.outputs], np.int32)
