@@ -42,6 +42,28 @@ def stateful_model(path: Path) -> Path:
     return path
 
 
+def running_average_model(path: Path) -> Path:
+    """A streaming model in its smallest form: h_next = 0.5 h + x, y = 2 h_next, any batch."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    half = helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["h", "half"], ["decayed"]),
+            helper.make_node("Add", ["decayed", "x"], ["h_next"]),
+            helper.make_node("Mul", ["h_next", "two"], ["y"]),
+        ],
+        "running_average",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 4]) for n in ("x", "h")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 4]) for n in ("y", "h_next")],
+        [half, two],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
 def rows_of_state(count: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {

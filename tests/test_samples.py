@@ -7,7 +7,7 @@ import pytest
 
 from unideploy.errors import InputError
 from unideploy.samples import MAX_EXAMPLE_BATCHES, example_batches, fixed_rows, run_in_batches, widest
-from unideploy.signature import Signature, TensorSpec
+from unideploy.signature import Signature, StateSpec, TensorSpec
 
 
 def test_the_widest_batch_is_the_users_example_not_its_crop():
@@ -59,3 +59,37 @@ def test_a_model_that_fixes_its_batch_runs_a_file_of_rows_a_batch_at_a_time():
     dynamic = Signature((TensorSpec("x", "float32", ("batch", 3)),), (TensorSpec("y", "float32", ("batch",)),))
     run_in_batches(run, {"x": x}, dynamic)
     assert calls == [(2, 3), (6, 3)]
+
+
+def test_a_streaming_model_given_none_of_its_state_runs_the_rows_as_one_stream():
+    """run_in_batches with the state left out: a row a call (a dynamic batch) with the state fed
+    back from its initial value, the rows' answers joined and the last state given back; LSTM-style
+    state [2, batch, 3] has its rows on axis 1. Some state given and some not is refused."""
+    signature = Signature(
+        (TensorSpec("x", "float32", ("batch", 3)), TensorSpec("h", "float32", (2, "batch", 3))),
+        (TensorSpec("y", "float32", ("batch", 3)), TensorSpec("h_next", "float32", (2, "batch", 3))),
+    ).with_state((StateSpec("h", "h_next", 1.0),))
+    calls = []
+
+    def run(inputs):
+        calls.append(inputs["x"].shape)
+        h_next = 0.5 * inputs["h"] + inputs["x"][None]
+        return {"y": h_next.sum(axis=0), "h_next": h_next}
+
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    got = run_in_batches(run, {"x": x}, signature)
+    h, expected = np.ones((2, 1, 3), np.float32), []
+    for row in x:
+        h = 0.5 * h + row
+        expected.append(h.sum(axis=0)[0])
+    assert calls == [(1, 3)] * 4 and got["h_next"].shape == (2, 1, 3)
+    np.testing.assert_allclose(got["y"], np.array(expected))
+    np.testing.assert_allclose(got["h_next"], h)
+    given = run_in_batches(run, {"x": x[:1], "h": np.zeros((2, 1, 3), np.float32)}, signature)  # the caller's state
+    np.testing.assert_allclose(given["h_next"], np.broadcast_to(x[0], (2, 1, 3)))
+    two = Signature(
+        (*signature.inputs, TensorSpec("c", "float32", (2, "batch", 3))),
+        (*signature.outputs, TensorSpec("c_next", "float32", (2, "batch", 3))),
+    ).with_state((StateSpec("h", "h_next"), StateSpec("c", "c_next")))
+    with pytest.raises(InputError, match="state input\\(s\\) 'h' given without 'c'"):
+        run_in_batches(run, {"x": x, "h": np.zeros((2, 4, 3), np.float32)}, two)

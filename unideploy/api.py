@@ -27,6 +27,7 @@ def export(
     keep_native_only: bool = False,
     trust_source: bool = False,
     constants: Mapping[str, int | float | bool | str] | None = None,
+    state: Sequence[str] = (),
     **kwargs: Any,
 ) -> Package:
     """Export a model file, or a model in memory (a ``torch.nn.Module``, a ``keras.Model``, a
@@ -35,7 +36,8 @@ def export(
     ``input_shapes``), a Keras model as ``.keras``, a Cell as MindIR (its batch dimension dynamic):
     the package keeps that file as its source.
     ``constants``: values for a TorchScript ``forward()``'s non-tensor arguments (``{"sr": 16000}``;
-    a ``.pt2`` program's as torch.export fixed them).
+    a ``.pt2`` program's as torch.export fixed them). ``state``: a streaming model's state inputs,
+    as ``deploy export --state`` takes them (``["state=stateN"]``).
 
     ``kwargs`` are those of :func:`unideploy.exporters.export.export` (name, version, exporter,
     target, atol, rtol, overwrite), and ``target_options``: the target stage's options by name
@@ -55,6 +57,7 @@ def export(
         keep_native_only=keep_native_only,
         trust_source=trust_source,
         constants=constants or {},
+        state=state,
     )
     from unideploy.exporters.in_memory import is_model_object, save_model_object
 
@@ -91,7 +94,9 @@ def run(
     runtime: str | None = None,
     device: str = "auto",
 ) -> dict[str, np.ndarray]:
-    """Run named inputs through a package on the best available runtime (or the named one)."""
+    """Run named inputs through a package on the best available runtime (or the named one). A
+    streaming model given none of its state inputs takes the rows as one stream, its state carried
+    from call to call (``samples.run_as_stream``)."""
     from unideploy.runtimes import RuntimeOptions
     from unideploy.runtimes.selection import open_runtime
     from unideploy.samples import run_in_batches

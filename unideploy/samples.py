@@ -224,11 +224,55 @@ def run_in_batches(
     run: Callable[[Mapping[str, Any]], Mapping[str, np.ndarray]], inputs: Mapping[str, Any], signature: Signature
 ) -> dict[str, np.ndarray]:
     """``run`` on ``inputs`` as the model takes them: whole, or a batch at a time where it fixes
-    its batch size and they hold several (``fixed_batches``), the outputs joined in order."""
+    its batch size and they hold several (``fixed_batches``), the outputs joined in order; a
+    streaming model given none of its state, as one stream (``run_as_stream``)."""
+    if streams(inputs, signature):
+        return run_as_stream(run, inputs, signature)
     parts = fixed_batches(inputs, signature)
     if parts is None:
         return dict(run(inputs))
     return join_rows([run(part) for part in parts], signature.output_batch_axes)
+
+
+def streams(inputs: Mapping[str, Any], signature: Signature) -> bool:
+    """Whether ``inputs`` are a stream for a streaming model to carry its state over: none of its
+    state inputs given. Some given and some not is refused: which were meant is unknown."""
+    state = signature.state_inputs
+    given = [name for name in state if name in inputs]
+    if given and len(given) < len(state):
+        missing = ", ".join(repr(n) for n in state if n not in inputs)
+        raise InputError(
+            f"state input(s) {', '.join(map(repr, given))} given without {missing}",
+            "give every state input, or none: the rows are then one stream, its state carried from call to call",
+        )
+    return bool(state) and not given
+
+
+def run_as_stream(
+    run: Callable[[Mapping[str, Any]], Mapping[str, np.ndarray]], inputs: Mapping[str, Any], signature: Signature
+) -> dict[str, np.ndarray]:
+    """A streaming model's other inputs as one stream: their rows run in order, a call at a time (a
+    row, or the model's fixed batch), each call's state outputs fed to the next as its state
+    inputs, starting from the signature's initial values. The outputs' rows joined, and the state
+    outputs of the last call (where a later run would go on from)."""
+    axes = signature.batch_axes
+    rows = batch_size_of(inputs, axes)
+    step = 1
+    if signature.batch_dim is None:  # a fixed batch: the first input's size along its rows' axis
+        spec = next(t for t in signature.inputs if t.name not in signature.state_inputs)
+        step = int(spec.shape[axes[spec.name] or 0]) if spec.shape else 1
+    if rows % step:
+        raise InputError(
+            f"the inputs hold {rows} rows, and the model takes {step} a call",
+            f"give a multiple of {step} rows",
+        )
+    state = {pair.input: signature.initial_state(pair, step) for pair in signature.state}
+    answers = []
+    for start in range(0, rows, step):
+        answer = run({**take_rows(inputs, start, start + step, axes), **state})
+        state = {pair.input: answer[pair.output] for pair in signature.state}
+        answers.append({k: v for k, v in answer.items() if k not in {p.output for p in signature.state}})
+    return {**join_rows(answers, signature.output_batch_axes), **{p.output: state[p.input] for p in signature.state}}
 
 
 def _cropped_too(example: Mapping[str, np.ndarray], signature: Signature) -> list[dict[str, np.ndarray]]:

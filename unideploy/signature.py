@@ -120,9 +120,123 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
+class StateSpec:
+    """A streaming model's state: an input that each call's ``output`` feeds back to the next call
+    (an LSTM's hidden state, a wake-word model's past features), and the value every element starts
+    from. Recorded so that callers need not carry it: ``deploy run`` feeds it back over a file's rows,
+    the server keeps it per sequence (Triton's implicit state)."""
+
+    input: str
+    output: str
+    initial: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "initial", float(self.initial))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"input": self.input, "output": self.output, "initial": self.initial}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StateSpec:
+        return cls(data["input"], data["output"], float(data.get("initial", 0.0)))
+
+
+def _holds(spec: TensorSpec, value: float) -> bool:
+    """Whether every element of ``spec`` can start at ``value`` exactly."""
+    if spec.dtype == STRING:
+        return False
+    kind = spec.np_dtype.kind
+    if kind == "b":
+        return value in (0.0, 1.0)
+    if kind in "iu":
+        info = np.iinfo(spec.np_dtype)
+        return value.is_integer() and info.min <= value <= info.max
+    return bool(np.isfinite(spec.np_dtype.type(value)))
+
+
+def parse_state(text: str) -> StateSpec:
+    """Parse ``--state INPUT=OUTPUT[:INITIAL]`` (INITIAL: the value every element starts from, 0 if
+    not given)."""
+    hint = "write INPUT=OUTPUT or INPUT=OUTPUT:INITIAL, e.g. state=stateN or h0=hn:0"
+    pair, _, initial = text.partition(":")
+    name, _, output = pair.partition("=")
+    if not name or not output:
+        raise InputError(f"bad --state '{text}'", hint)
+    try:
+        start = float(initial) if initial else 0.0
+    except ValueError as exc:
+        raise InputError(f"bad --state '{text}': its initial value '{initial}' is not a number", hint) from exc
+    if not np.isfinite(start):
+        raise InputError(f"bad --state '{text}': its initial value must be finite", hint)
+    return StateSpec(name.strip(), output.strip(), start)
+
+
+@dataclass(frozen=True)
 class Signature:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
+    state: tuple[StateSpec, ...] = ()  # inputs fed back from outputs (a streaming model's state)
+
+    def with_state(self, state: tuple[StateSpec, ...]) -> Signature:
+        """This signature with ``state`` recorded, each pair checked: an input and an output of this
+        signature, of one dtype and shape (the output is the next call's input), an input at most
+        once, and an initial value the dtype can hold."""
+        inputs, outputs = self._inputs_by_name, {t.name: t for t in self.outputs}
+        seen: set[str] = set()
+        for pair in state:
+            spec, out = inputs.get(pair.input), outputs.get(pair.output)
+            if spec is None:
+                raise InputError(
+                    f"state input '{pair.input}' is not an input of the model",
+                    f"the model's inputs: {', '.join(self.input_names)}",
+                )
+            if out is None:
+                raise InputError(
+                    f"state output '{pair.output}' (for input '{pair.input}') is not an output of the model",
+                    f"the model's outputs: {', '.join(self.output_names)}",
+                )
+            if pair.input in seen:
+                raise InputError(f"state input '{pair.input}' is given twice", "pair each state input once")
+            seen.add(pair.input)
+            if (
+                spec.dtype != out.dtype
+                or len(spec.shape) != len(out.shape)
+                or any(isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(spec.shape, out.shape))
+            ):
+                raise InputError(
+                    f"state input '{pair.input}' {spec.dtype} {spec.shape_text()} cannot take output "
+                    f"'{pair.output}' {out.dtype} {out.shape_text()} back",
+                    "pair an input with the output of the same dtype and shape that the model returns for it",
+                )
+            if not _holds(spec, pair.initial):
+                raise InputError(
+                    f"state input '{pair.input}' ({spec.dtype}) cannot start from {pair.initial:g}",
+                    "give an initial value its dtype holds",
+                )
+        return Signature(self.inputs, self.outputs, tuple(state))
+
+    def initial_state(self, pair: StateSpec, rows: int) -> np.ndarray:
+        """``pair``'s starting value for a call of ``rows`` rows: its input's shape, the batch
+        dimension at ``rows`` (any other dynamic one cannot be guessed, and is refused)."""
+        spec = self._inputs_by_name[pair.input]
+        axis = self.batch_axes.get(pair.input)
+        shape = []
+        for i, dim in enumerate(spec.shape):
+            if isinstance(dim, int):
+                shape.append(dim)
+            elif i == axis:
+                shape.append(rows)
+            else:
+                raise InputError(
+                    f"state input '{pair.input}' has a dynamic dimension '{dim}' {spec.shape_text()}: its "
+                    "starting value's size is unknown",
+                    f"send '{pair.input}' with the request, or re-export with its size fixed (--input-shape)",
+                )
+        return np.full(shape, pair.initial, spec.np_dtype)
+
+    @property
+    def state_inputs(self) -> dict[str, StateSpec]:
+        return {pair.input: pair for pair in self.state}
 
     @property
     def input_names(self) -> list[str]:
@@ -178,13 +292,20 @@ class Signature:
         return any(isinstance(d, str) for t in self.inputs for d in t.shape)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"inputs": [t.to_dict() for t in self.inputs], "outputs": [t.to_dict() for t in self.outputs]}
+        out: dict[str, Any] = {
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+        }
+        if self.state:
+            out["state"] = [pair.to_dict() for pair in self.state]
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Signature:
         return cls(
             tuple(TensorSpec.from_dict(t) for t in data["inputs"]),
             tuple(TensorSpec.from_dict(t) for t in data["outputs"]),
+            tuple(StateSpec.from_dict(s) for s in data.get("state", ())),
         )
 
     def output_mismatches(self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> list[str]:

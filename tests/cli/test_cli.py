@@ -329,3 +329,41 @@ def test_a_model_whose_batch_lies_on_axis_1_of_its_state_benches_at_any_batch(tm
     result = deploy("bench", tmp_path / "pkg", "--batch-size", "1,8", "--iterations", "3", "--json")
     assert result.returncode == 0, result.stderr
     assert [run["batch_size"] for run in json.loads(result.stdout)["runs"]] == [1, 8]
+
+
+def test_a_streaming_models_state_is_recorded_at_export_and_carried_by_run(tmp_path):
+    """``--state h=h_next:0.25`` records the pair in the signature; ``deploy run`` given the other
+    input's rows runs them as one stream from 0.25 and says so; a pair that cannot be one is refused
+    naming why, with nothing written."""
+    pytest.importorskip("onnx")
+    from onnx_models import running_average_model
+
+    source = running_average_model(tmp_path / "average.onnx")
+    made = deploy("export", source, "-o", tmp_path / "pkg", "--state", "h=h_next:0.25")
+    assert made.returncode == 0, made.stderr
+    manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
+    assert manifest["signature"]["state"] == [{"input": "h", "output": "h_next", "initial": 0.25}]
+    shown = " ".join(deploy("inspect", tmp_path / "pkg").stdout.split())
+    assert "state input" in shown and "state output" in shown and "state: h <- h_next, from 0.25" in shown
+    rows = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
+    np.savez(tmp_path / "rows.npz", x=rows)
+    ran = deploy("run", tmp_path / "pkg", "--input", tmp_path / "rows.npz", "--json")
+    assert ran.returncode == 0, ran.stderr
+    found = json.loads(ran.stdout)
+    assert found["stream"].startswith("5 rows run in order as one stream, the state (h)")
+    h, expected = np.full(4, 0.25, np.float32), []
+    for row in rows:
+        h = 0.5 * h + row
+        expected.append(2 * h)
+    np.testing.assert_allclose(np.array(found["outputs"]["y"]["data"]), np.array(expected), rtol=1e-6)
+    assert found["outputs"]["h_next"]["shape"] == [1, 4]  # where a next run would go on from
+    shown = deploy("run", tmp_path / "pkg", "--input", tmp_path / "rows.npz")
+    assert "streamed: 5 rows run in order as one stream" in " ".join(shown.stdout.split())
+    for flag, words in [
+        ("h=nope", "state output 'nope' \\(for input 'h'\\) is not an output of the model"),
+        ("z=h_next", "state input 'z' is not an input of the model"),
+        ("h=h_next:half", "bad --state 'h=h_next:half'"),
+    ]:
+        refused = deploy("export", source, "-o", tmp_path / "bad", "--state", flag)
+        assert_one_line_error(refused, 2, words)
+        assert not (tmp_path / "bad").exists()

@@ -10,6 +10,7 @@ import pytest
 from console import deploy
 
 import unideploy
+from unideploy.signature import StateSpec
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 tf = pytest.importorskip("tensorflow", reason="the tensorflow extra is not installed")
@@ -61,10 +62,16 @@ def test_a_stateful_model_takes_its_state_as_inputs_and_gives_the_next_as_output
         assert state_name == "stream_states" and set(signature.output_names) == {"y", "stream_states_next"}
         assert "1 resource variables (streaming state)" in package.manifest.source["conversion_path"]
         assert "(all 0.25)" in package.manifest.source["conversion_path"]  # where the caller starts
+        assert signature.state == (StateSpec("stream_states", "stream_states_next", 0.25),)
         answers = _streamed(package, rows, {state_name: np.full((1, 4), 0.25, np.float32)})
+        # given the rows alone, a run carries the recorded state over them itself
+        streamed = unideploy.run(package, {"x": np.concatenate([row["x"] for row in rows])})
     runner = interpreter.get_signature_runner()
-    for row, got in zip(rows, answers):  # the source keeps its state itself
-        np.testing.assert_allclose(got["y"], runner(x=row["x"])["y"], rtol=1e-6)
+    expected = [runner(x=row["x"])["y"] for row in rows]  # the source keeps its state itself
+    for got, want in zip(answers, expected):
+        np.testing.assert_allclose(got["y"], want, rtol=1e-6)
+    np.testing.assert_allclose(streamed["y"], np.concatenate(expected), rtol=1e-6)
+    np.testing.assert_allclose(streamed["stream_states_next"], answers[-1]["stream_states_next"], rtol=1e-6)
 
 
 def test_micro_wake_word_hears_okay_nabu_through_onnx_as_through_litert(zoo_models, tmp_path):
@@ -94,10 +101,12 @@ def test_micro_wake_word_hears_okay_nabu_through_onnx_as_through_litert(zoo_mode
         assert "tflite-int8" in {artifact.id for artifact in package.manifest.artifacts}
         assert len(signature.input_names) == 7 and package.manifest.source["conversion_path"].endswith(
             "(all -128))"
-        )  # six int8 buffers, each starting at its zero point: silence
-        states = {spec.name: np.full(spec.shape, -128, np.int8) for spec in signature.inputs[1:]}
-        answers = _streamed(package, [{"input_audio": w} for w in windows], states)
-    got, expected = np.array([int(a["dense_1"][0, 0]) for a in answers]), np.array(expected)
+        )  # six int8 buffers, each starting at its zero point: silence, recorded as the state's start
+        assert [(s.input, s.output, s.initial) for s in signature.state] == [
+            (name, name + "_next", -128.0) for name in signature.input_names[1:]
+        ]
+        answers = unideploy.run(package, {"input_audio": np.concatenate(windows)})  # one stream, state carried
+    got, expected = answers["dense_1"][:, 0].astype(int), np.array(expected)
     # int8 kernels round their own way (LiteRT's fixed-point multipliers, ONNX Runtime's float scales):
     # measured 1.5 steps on average, 18 at most where the score crosses its cutoff (the state matched exactly)
     assert np.abs(got - expected).mean() <= 2

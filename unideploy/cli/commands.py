@@ -58,6 +58,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         keep_native_only=args.keep_native_only,
         trust_source=args.trust_source,
         constants=args.constant,
+        state=args.state,
     )
     request = _optimize_request(args)
     target_options = given(args, args.target_options)
@@ -112,15 +113,22 @@ def _show_package(path: str | Path, as_json: bool, show: Callable[[Package], Non
 
 def cmd_run(args: argparse.Namespace) -> int:
     from unideploy.runtimes.selection import open_runtime, what_ran
-    from unideploy.samples import load_npz_inputs, run_in_batches
+    from unideploy.samples import batch_size_of, load_npz_inputs, run_in_batches, streams
 
     inputs = load_npz_inputs(args.input, "--input")
     with Package.open(args.package) as package:
         options = RuntimeOptions(device=args.device, engine_cache=_engine_cache(args), tf32=args.tf32)
         artifact, engine = open_runtime(package, args.artifact, args.runtime, options, args.target)
+        signature = package.manifest.signature_of(artifact)
         with engine:  # a batch-1 model given a file of rows runs them a batch at a time
-            outputs = run_in_batches(engine.run, inputs, package.manifest.signature_of(artifact))
+            outputs = run_in_batches(engine.run, inputs, signature)
             ran = what_ran(artifact, engine)
+        if streams(inputs, signature):
+            ran["stream"] = (
+                f"{batch_size_of(inputs, signature.batch_axes)} rows run in order as one stream, the state "
+                f"({', '.join(p.input for p in signature.state)}) carried from call to call from its initial "
+                f"values; {', '.join(p.output for p in signature.state)}: after the last row"
+            )
     if args.output:
         out = Path(args.output)
         tmp = out.with_name(f".{out.name}.partial")
@@ -382,6 +390,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         poll_interval_s=args.poll_interval,
         max_request_bytes=args.max_request_bytes,
         max_request_rows=args.max_request_rows,
+        max_sequences=args.max_sequences,
+        sequence_idle_s=args.sequence_idle,
         max_connections=args.max_connections,
         max_header_bytes=args.max_header_bytes,
         max_headers=args.max_headers,

@@ -76,6 +76,16 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "confirm the value torch.export fixed such an argument at; ONNX: make a settings input (a scalar or "
         "fixed-shape one) part of the model; repeatable, recorded in the manifest",
     )
+    p.add_argument(
+        "--state",
+        action="append",
+        default=[],
+        metavar="INPUT=OUTPUT[:INITIAL]",
+        help="a streaming model's state: INPUT takes OUTPUT of the call before, starting from INITIAL "
+        "(default 0) in every element (state=stateN, h0=hn); repeatable, recorded in the signature, so that "
+        "'deploy run' carries it over a file's rows and the server keeps it per sequence. A TFLite model's "
+        "resource variables are recorded without it",
+    )
     p.add_argument("--opset", type=int, help="ONNX opset for TorchScript exports (default: 17)")
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL, help=f"absolute tolerance (default: {DEFAULT_ATOL})")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"relative tolerance (default: {DEFAULT_RTOL})")
@@ -228,6 +238,19 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         help="most rows (batch dimension) one request may hold (default: 4096)",
+    )
+    p.add_argument(
+        "--max-sequences",
+        type=_positive_int,
+        default=None,
+        help="live sequences of streaming models at once, each keeping its state in the server (default: 1024)",
+    )
+    p.add_argument(
+        "--sequence-idle",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a sequence may go without a call before its state may be reclaimed (default: 60)",
     )
     p.add_argument(
         "--max-connections",

@@ -67,9 +67,15 @@ def _signature_table(package: Package) -> Table:
     for col in ("", "name", "dtype", "shape", "layout"):
         table.add_column(col)
     sig = package.manifest.signature
+    state = {name for p in sig.state for name in (p.input, p.output)}
     for kind, specs in (("input", sig.inputs), ("output", sig.outputs)):
         for spec in specs:
-            table.add_row(kind, escape(spec.name), spec.dtype, escape(spec.shape_text()), spec.layout or "")
+            role = f"state {kind}" if spec.name in state else kind
+            table.add_row(role, escape(spec.name), spec.dtype, escape(spec.shape_text()), spec.layout or "")
+    if sig.state:
+        pairs = "; ".join(f"{p.input} <- {p.output}, from {p.initial:g}" for p in sig.state)
+        table.caption = escape(f"state: {pairs} (deploy run carries it over a file's rows, the server per sequence)")
+        table.caption_justify = "left"
     return table
 
 
@@ -233,6 +239,8 @@ def fallbacks(found: dict[str, Any], of: str = "") -> None:
 
 def run_outputs(found: dict[str, Any], outputs: dict[str, np.ndarray], written: str | None) -> None:
     fallbacks(found)
+    if found.get("stream"):
+        out.print(f"streamed: {escape(found['stream'])}")
     table = Table(title=f"Outputs of {escape(ran(found))}", title_justify="left")
     for col in ("name", "dtype", "shape", "min", "max", "mean", "argmax (last axis) or first values"):
         table.add_column(col)

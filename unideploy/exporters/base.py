@@ -19,7 +19,7 @@ import numpy as np
 from unideploy.errors import InputError
 from unideploy.package.manifest import ArtifactFormat, Precision
 from unideploy.registry import Availability, modules_availability
-from unideploy.signature import InputShape, Signature
+from unideploy.signature import InputShape, Signature, StateSpec
 
 SourceRunner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 Constant = int | float | bool | str  # a non-tensor forward() argument's value (--constant NAME=VALUE)
@@ -35,6 +35,7 @@ class ExportOptions:
     native_only: bool = False  # package the source's native artifact alone, without ONNX (MindIR)
     trust_source: bool = False  # run a model that holds file-system or Python-calling operations (trust.py)
     constants: dict[str, Constant] = field(default_factory=dict)  # non-tensor forward() arguments (--constant)
+    state: tuple[StateSpec, ...] = ()  # inputs each call's outputs feed back to the next (--state)
 
     @classmethod
     def from_user(
@@ -48,11 +49,12 @@ class ExportOptions:
         keep_native_only: bool = False,
         trust_source: bool = False,
         constants: Sequence[str] | Mapping[str, Constant] = (),
+        state: Sequence[str] = (),
     ) -> ExportOptions:
         """From what a user gives, the same for ``deploy export``'s flags and ``unideploy.export``'s
         keywords: ``--input-shape`` texts parsed, an example-input ``.npz`` path loaded."""
         from unideploy.samples import load_npz_inputs
-        from unideploy.signature import parse_input_shape
+        from unideploy.signature import parse_input_shape, parse_state
 
         if isinstance(example_inputs, (str, Path)):
             example_inputs = load_npz_inputs(str(example_inputs))
@@ -65,6 +67,7 @@ class ExportOptions:
             native_only=keep_native_only,
             trust_source=trust_source,
             constants=dict(constants) if isinstance(constants, Mapping) else parse_constants(constants),
+            state=tuple(parse_state(s) for s in state),
         )
 
 
@@ -114,6 +117,9 @@ class ConvertedModel:
     # Where the source's second engine is its own engine on each row of a batch alone, that engine's
     # name (an ONNX file: ONNX Runtime; a batched product sums in another order than one row's).
     rows_alone: str | None = None
+    # A streaming model's state the exporter found (a TFLite model's resource variables made inputs
+    # and outputs), recorded in the signature beside what --state names.
+    state: tuple[StateSpec, ...] = ()
 
 
 def zip_members(src: Path) -> list[str]:

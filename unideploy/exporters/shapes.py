@@ -232,7 +232,7 @@ def settle_outputs(
             else:  # a size of the model's own, or one that changed with no input dim
                 dims.append(declared if isinstance(declared, str) else unnamed_dim(spec.name, axis))
         outputs.append(TensorSpec(spec.name, spec.dtype, tuple(dims), spec.layout))
-    return Signature(signature.inputs, tuple(outputs))
+    return Signature(signature.inputs, tuple(outputs), signature.state)
 
 
 def _bound_sizes(specs: Iterable[TensorSpec], inputs: Mapping[str, np.ndarray]) -> dict[str, int]:

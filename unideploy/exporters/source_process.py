@@ -85,6 +85,9 @@ def _here(
     say(f"converting {src.name} with the {exporter_cls.name} exporter")
     converted = exporter_cls().convert(src, workdir, options)
     signature, sizes = resolve_signature(converted.signature, options, converted.size_hints)
+    # a streaming model's state (--state, a TFLite model's variables): a pair that cannot be one is
+    # refused here, before the source runs
+    signature = signature.with_state((*converted.state, *options.state))
 
     say("running the source model on reference samples")
     if options.example_inputs is not None:

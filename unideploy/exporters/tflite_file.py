@@ -31,7 +31,7 @@ from unideploy.exporters.tflite_dense import densified, sparse_tensors
 from unideploy.exporters.tflite_state import NEXT, StateVariable, check_unrolled, unrolled
 from unideploy.onnx.interface import rename_values
 from unideploy.quiet import quiet
-from unideploy.signature import Signature, TensorSpec, contiguous, undeclared_dim
+from unideploy.signature import Signature, StateSpec, TensorSpec, contiguous, undeclared_dim
 
 _IDENTIFIER = b"TFL3"  # the FlatBuffer file identifier TFLite writes at bytes 4-8
 
@@ -137,7 +137,16 @@ class TFLiteExporter(Exporter):
                 for name, d in outputs.items()
                 if d["quantization"][0]  # a scale of 0: not quantized
             },
+            state=_state_specs(variables),
         )
+
+
+def _state_specs(variables: list[StateVariable]) -> tuple[StateSpec, ...]:
+    """The variables as the signature's state, where each starts from one value (a state whose
+    elements start apart is left to the caller, as the provenance says)."""
+    if any(np.unique(v.initial).size != 1 for v in variables):
+        return ()
+    return tuple(StateSpec(v.name, v.next_name, float(v.initial.flat[0])) for v in variables)
 
 
 def _state_note(variables: list[StateVariable]) -> str:

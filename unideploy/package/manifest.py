@@ -7,7 +7,7 @@ format version 1; ``docs/package-format.md`` explains it for people.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from functools import lru_cache
 from importlib import resources
@@ -344,7 +344,11 @@ class Manifest:
         return None if self.signature.batch_dim is not None else self.samples[0].batch_size
 
     def signature_of(self, artifact: Artifact) -> Signature:
-        return artifact.signature or self.signature
+        """The artifact's own signature (an edge artifact's channels-last inputs), else the package's;
+        the state is the package's either way."""
+        if artifact.signature is None:
+            return self.signature
+        return replace(artifact.signature, state=self.signature.state)
 
     def to_dict(self) -> dict[str, Any]:
         model: dict[str, Any] = {"name": self.name, "version": self.version}
