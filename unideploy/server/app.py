@@ -22,6 +22,7 @@ from unideploy.server.metrics import ServerMetrics
 from unideploy.server.models import ModelRegistry
 from unideploy.server.remote import RemoteRepository
 from unideploy.server.repository import scan
+from unideploy.server.sequences import SequenceStates
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -44,7 +45,12 @@ class Server:
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="unideploy-model")
         self.registry = ModelRegistry(repository, self.executor, self.metrics, config.trusted_signers(), model_name)
         self.dataplane = DataPlane(
-            self.registry, self.metrics, config.max_request_rows, config.shared_memory, config.max_request_bytes
+            self.registry,
+            self.metrics,
+            config.max_request_rows,
+            config.shared_memory,
+            config.max_request_bytes,
+            SequenceStates(config.max_sequences, config.sequence_idle_s),
         )
         self._stop = asyncio.Event()
 

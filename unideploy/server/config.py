@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_REQUEST_ROWS = 4096
+DEFAULT_MAX_SEQUENCES = 1024  # live sequences of streaming models, all models together
+DEFAULT_SEQUENCE_IDLE_S = 60.0  # a sequence idle this long may be reclaimed for a new one
 ENV_PREFIX = "UNIDEPLOY_"
 Device = Literal["auto", "cpu", "gpu"]  # where a model runs (RuntimeOptions.device)
 
@@ -90,6 +92,17 @@ class ServerConfig(BaseSettings):
         description="largest request, both protocols: its body, and its inputs in shared memory",
     )
     max_request_rows: int = Field(DEFAULT_MAX_REQUEST_ROWS, ge=1, description="most rows (batch dimension) per request")
+    max_sequences: int = Field(
+        DEFAULT_MAX_SEQUENCES,
+        ge=1,
+        description="live sequences of streaming models at once, each holding its state in the server (a new "
+        "one beyond them: 429, after idle ones are reclaimed)",
+    )
+    sequence_idle_s: float = Field(
+        DEFAULT_SEQUENCE_IDLE_S,
+        gt=0,
+        description="seconds a sequence may go without a call before its slot and state may be reclaimed",
+    )
     inference_token: str | None = Field(None, description="bearer token for inference and metadata")
     repository_token: str | None = Field(None, description="bearer token for the repository and routing APIs")
     tls_cert: Path | None = Field(None, description="PEM certificate: both ports over TLS (with tls_key)")

@@ -17,15 +17,18 @@ import numpy as np
 
 import unideploy
 from unideploy.errors import InputError, UnideployError
+from unideploy.samples import batch_size_of
 from unideploy.server.batching import Inputs
 from unideploy.server.codec import NUMPY_TO_V2
-from unideploy.server.config import DEFAULT_MAX_REQUEST_BYTES
+from unideploy.server.config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_SEQUENCES, DEFAULT_SEQUENCE_IDLE_S
 from unideploy.server.errors import BadRequest, TooLarge, Unavailable
 from unideploy.server.metrics import RequestSeries, ServerMetrics
 from unideploy.server.models import ModelRegistry, ServedModel, ServedVersion
 from unideploy.server.repository_api import RepositoryAPI
+from unideploy.server.sequences import Sequence, SequenceControl, SequenceStates
 from unideploy.server.shared_memory import Placed, Placement, SharedMemoryRegions, Written
 from unideploy.server.unread import Unread
+from unideploy.signature import Signature
 
 log = logging.getLogger("unideploy.server")
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics_metrics", "ab_routing"]
@@ -74,6 +77,7 @@ class InferRequest:
     headers: Mapping[str, str]  # what A/B routing may read
     protocol: str
     decode_s: float = 0.0  # the seconds its protocol took to decode it
+    sequence: SequenceControl | None = None  # its place in a streaming model's sequence (sequences.py)
 
 
 @dataclass
@@ -125,6 +129,7 @@ class DataPlane:
         max_request_rows: int,
         shared_memory: str = "system",
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        sequences: SequenceStates | None = None,
     ) -> None:
         self.registry = registry
         self.shared_memory = SharedMemoryRegions(shared_memory)  # the system and CUDA shared memory extensions
@@ -132,6 +137,11 @@ class DataPlane:
         self.metrics = metrics
         self.max_request_rows = max_request_rows
         self.max_request_bytes = max_request_bytes  # a request's tensors, in its body or in shared memory
+        # the live sequences of streaming models, with their state (Triton's implicit state)
+        self.sequences = (
+            sequences if sequences is not None else SequenceStates(DEFAULT_MAX_SEQUENCES, DEFAULT_SEQUENCE_IDLE_S)
+        )
+        metrics.sequences.set_function(lambda: len(self.sequences))
         self._shadow_tasks: set[asyncio.Task] = set()
         self.runs_finished = 0  # runtime calls, for giving memory back once traffic stops
         self.runs_running = 0
@@ -163,9 +173,18 @@ class DataPlane:
             "name": name,
             "versions": sorted(self.registry.models[name].versions, key=int),
             "platform": f"unideploy_{served.runtime.name}",
-            "inputs": [{"name": t.name, "datatype": NUMPY_TO_V2[t.dtype], "shape": shape(t)} for t in sig.inputs],
-            "outputs": [{"name": t.name, "datatype": NUMPY_TO_V2[t.dtype], "shape": shape(t)} for t in sig.outputs],
-            "parameters": _ran_parameters(served.ran),
+            # a streaming model's state is the server's to carry (Triton lists no implicit state either)
+            "inputs": [
+                {"name": t.name, "datatype": NUMPY_TO_V2[t.dtype], "shape": shape(t)}
+                for t in sig.inputs
+                if t.name not in sig.state_inputs
+            ],
+            "outputs": [
+                {"name": t.name, "datatype": NUMPY_TO_V2[t.dtype], "shape": shape(t)}
+                for t in sig.outputs
+                if t.name not in {p.output for p in sig.state}
+            ],
+            "parameters": {**_ran_parameters(served.ran), **_state_parameters(sig)},
         }
 
     async def model_statistics(self, name: str | None, version: str | None) -> dict[str, Any]:
@@ -206,13 +225,32 @@ class DataPlane:
             "backend": served.runtime.name,
             "max_batch_size": model.settings.max_batch_size if batched else 0,
             "input": [
-                {"name": t.name, "data_type": _config_type(t.dtype), "dims": dims(t)} for t in served.signature.inputs
+                {"name": t.name, "data_type": _config_type(t.dtype), "dims": dims(t)}
+                for t in served.signature.inputs
+                if t.name not in served.signature.state_inputs
             ],
             "output": [
-                {"name": t.name, "data_type": _config_type(t.dtype), "dims": dims(t)} for t in served.signature.outputs
+                {"name": t.name, "data_type": _config_type(t.dtype), "dims": dims(t)}
+                for t in served.signature.outputs
+                if t.name not in {p.output for p in served.signature.state}
             ],
         }
-        config["parameters"] = {k: {"string_value": v} for k, v in _ran_parameters(served.ran).items()}
+        shown = {**_ran_parameters(served.ran), **_state_parameters(served.signature)}
+        config["parameters"] = {k: {"string_value": v} for k, v in shown.items()}
+        if served.signature.state:  # Triton's sequence batcher with implicit state
+            inputs = {t.name: t for t in served.signature.inputs}
+            config["sequence_batching"] = {
+                "max_sequence_idle_microseconds": int(self.sequences.idle_s * 1e6),
+                "state": [
+                    {
+                        "input_name": p.input,
+                        "output_name": p.output,
+                        "data_type": _config_type(inputs[p.input].dtype),
+                        "dims": dims(inputs[p.input]),
+                    }
+                    for p in served.signature.state
+                ],
+            }
         # Triton's instance group: how many merged batches run at once, and on what
         kind = "KIND_GPU" if served.ran.get("device") == "gpu" else "KIND_CPU"
         config["instance_group"] = [{"count": served.batcher.in_flight, "kind": kind}]
@@ -284,7 +322,15 @@ class DataPlane:
             for key, v in request.inputs.items()
         }
         model = self.registry.models.get(name)
-        if not version and model is not None and model.routing is not None:
+        if request.sequence is not None and (kept := self._sequence_version(name, version, request.sequence)):
+            version = kept  # a sequence keeps the version it started on
+            if kept not in (model.versions if model is not None else {}):
+                raise BadRequest(
+                    f"sequence {request.sequence.id!r} of model '{name}' ran on version {kept}, which is no "
+                    "longer served",
+                    "start it again with sequence_start: true",
+                )
+        elif not version and model is not None and model.routing is not None:
             chosen = model.routing.choose(request.headers, self.registry.rng)
             variant, version = chosen.name, chosen.version
         served = self.registry.get(name, version)
@@ -293,6 +339,23 @@ class DataPlane:
         except UnideployError:  # Triton's "fail": the requests that failed once their version was known
             self.metrics.statistics(name, served.version).failed.add(1, time.perf_counter() - start + request.decode_s)
             raise
+
+    def _sequence_version(self, name: str, asked: str | None, control: SequenceControl) -> str | None:
+        """The version a continuing sequence started on (None: a starting one); a call naming
+        another version is refused, as its state belongs to the first, and so is a sequence of a
+        model without state."""
+        if not self.registry.get(name, asked).signature.state:
+            raise BadRequest(
+                f"model '{name}' keeps no state between calls, so it has no sequences",
+                "leave sequence_id, sequence_start and sequence_end out",
+            )
+        kept = self.sequences.version_of(name, control)
+        if kept is not None and asked and asked != kept:
+            raise BadRequest(
+                f"sequence {control.id!r} of model '{name}' runs on version {kept}, not {asked}",
+                f"leave the version out of its calls, or start a new sequence on version {asked}",
+            )
+        return kept
 
     async def _answer(
         self,
@@ -311,10 +374,6 @@ class DataPlane:
                 f"request of {rows} rows exceeds the limit of {self.max_request_rows}",
                 "send it in smaller batches, or raise --max-request-rows",
             )
-        checked = served.signature.validate_inputs(
-            {k: v.stand_in() if isinstance(v, Unread) else v for k, v in inputs.items()}
-        )
-        arrays = {k: v if isinstance(v := inputs[k], Unread) else a for k, a in checked.items()}
         requested = request.requested
         if requested:
             unknown = [o for o in requested if o not in served.signature.output_names]
@@ -323,8 +382,19 @@ class DataPlane:
                     f"unknown output(s) {', '.join(map(repr, unknown))}",
                     f"model '{name}' has: {', '.join(served.signature.output_names)}",
                 )
-        computed, queue_s, compute_s = await self._run(served, arrays)
-        outputs: dict[str, np.ndarray | Written] = {k: computed[k] for k in requested} if requested else dict(computed)
+        if request.sequence is None:
+            _refuse_missing_state(name, served, inputs)
+            arrays = self._checked(served, inputs)
+            computed, queue_s, compute_s = await self._run(served, arrays)
+            answered = computed
+        else:
+            async with self.sequences.call(name, request.sequence, served.version) as sequence:
+                arrays = self._checked(served, _with_state(name, served, inputs, sequence))
+                computed, queue_s, compute_s = await self._run(served, arrays)
+                sequence.state = {p.input: np.array(computed[p.output]) for p in served.signature.state}
+            kept = {p.output for p in served.signature.state}
+            answered = {k: v for k, v in computed.items() if k not in kept}  # the state stays here
+        outputs: dict[str, np.ndarray | Written] = {k: computed[k] for k in requested} if requested else dict(answered)
         for key, place in request.placed.items():
             outputs[key] = self.shared_memory.write(place, computed[key], key)
         series = self.metrics.series(name, served.version, variant or "", request.protocol)
@@ -337,6 +407,15 @@ class DataPlane:
         ):  # routed (not a named version): copy it
             self._shadow(name, model.routing.shadow_version, arrays)
         return InferResult(name, served.version, variant, outputs, start - request.decode_s, series)
+
+    @staticmethod
+    def _checked(served: ServedVersion, inputs: dict[str, Any]) -> Inputs:
+        """``inputs`` checked against the version's signature; those still in shared memory stay
+        there (read when their batch is merged)."""
+        checked = served.signature.validate_inputs(
+            {k: v.stand_in() if isinstance(v, Unread) else v for k, v in inputs.items()}
+        )
+        return {k: v if isinstance(v := inputs[k], Unread) else a for k, a in checked.items()}
 
     def encoded(self, result: InferResult, encode_s: float) -> None:
         """Record the encoding of a response, and the request's total time in the server."""
@@ -389,6 +468,52 @@ class DataPlane:
         task = asyncio.get_running_loop().create_task(copy())
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
+
+
+def _state_parameters(signature: Signature) -> dict[str, str]:
+    """A streaming model's state as metadata parameters: each input the server carries, from the
+    output that feeds it and the value it starts from."""
+    if not signature.state:
+        return {}
+    return {"state": "; ".join(f"{p.input} <- {p.output} (starts at {p.initial:g})" for p in signature.state)}
+
+
+def _refuse_missing_state(name: str, served: ServedVersion, inputs: Mapping[str, Any]) -> None:
+    """A streaming model's call outside a sequence must carry its state itself."""
+    missing = [p.input for p in served.signature.state if p.input not in inputs]
+    if missing:
+        raise BadRequest(
+            f"model '{name}' keeps state between calls ({', '.join(map(repr, missing))}), and this call is "
+            "in no sequence and does not send it",
+            "send each call of a stream with the same sequence_id (sequence_start: true on the first), and "
+            "the server carries the state; or send the state inputs yourself",
+        )
+
+
+def _with_state(name: str, served: ServedVersion, inputs: dict[str, Any], sequence: Sequence) -> dict[str, Any]:
+    """A sequence's call: its inputs and the state its sequence carries (the initial values on the
+    first call). One row a call, so that what the sequences hold is bounded by their number."""
+    state = served.signature.state
+    if not state:  # a version without state reached by routing, where the one asked for has it
+        raise BadRequest(
+            f"version {served.version} of model '{name}' keeps no state between calls, so it has no sequences",
+            "leave sequence_id, sequence_start and sequence_end out",
+        )
+    sent = [p.input for p in state if p.input in inputs]
+    if sent:
+        raise BadRequest(
+            f"the server carries {', '.join(map(repr, sent))} of model '{name}' between a sequence's calls",
+            "leave the state inputs out of a sequence's calls",
+        )
+    rows = batch_size_of(inputs, served.signature.batch_axes)
+    if served.signature.batch_dim is not None and rows != 1:  # a fixed batch is the model's own
+        raise BadRequest(
+            f"a sequence's call holds one row (one stream), and this one has {rows}",
+            "send each stream as a sequence of its own: the server batches calls of different sequences together",
+        )
+    if not sequence.state:
+        return {**inputs, **{p.input: served.signature.initial_state(p, rows) for p in state}}
+    return {**inputs, **sequence.state}
 
 
 def _config_type(dtype: str) -> str:

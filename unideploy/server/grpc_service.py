@@ -23,6 +23,7 @@ from unideploy.server.dataplane import DataPlaneAPI, InferRequest
 from unideploy.server.errors import BadRequest, TooLarge, check_token, grpc_code
 from unideploy.server.protocol import grpc_predict_v2_pb2 as pb
 from unideploy.server.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
+from unideploy.server.sequences import CONTROLS, sequence_control
 from unideploy.server.shared_memory import Placed, Written, placement
 
 # gRPC's own receive limit sits this far above --max-request-bytes: a message just over the limit
@@ -108,6 +109,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 if (place := placement(o.parameters, _grpc_parameter, f"output '{o.name}'")) is not None
             }
             headers = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
+            sequence = sequence_control({key: _grpc_parameter(request.parameters, key) for key in CONTROLS})
             result = await self.dataplane.infer(
                 InferRequest(
                     request.model_name,
@@ -118,6 +120,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     headers,
                     "grpc",
                     time.perf_counter() - decoding,
+                    sequence,
                 )
             )
             encoding = time.perf_counter()

@@ -119,6 +119,11 @@ class ServerMetrics:
         self.frontends = Gauge(
             "unideploy_frontends", "Front-end processes connected to the model process", registry=self.registry
         )
+        self.sequences = Gauge(
+            "unideploy_sequences",
+            "Live sequences of streaming models, each holding its state in the server (at most --max-sequences)",
+            registry=self.registry,
+        )
         self._engines: dict[tuple[str, str], tuple[str, ...]] = {}
         self._series: dict[tuple[str, str, str, str], RequestSeries] = {}
         self._calls: dict[tuple[str, str], CallSeries] = {}

@@ -184,6 +184,7 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
                 request.headers,
                 "rest",
                 time.perf_counter() - decoding,
+                decoded.sequence,
             )
         )
         encoding = time.perf_counter()

@@ -24,6 +24,7 @@ import orjson
 from unideploy.errors import UnideployError
 from unideploy.server import codec
 from unideploy.server.errors import BadRequest
+from unideploy.server.sequences import SequenceControl, sequence_control
 from unideploy.server.shared_memory import Placed, Placement, placement
 
 DECODE_INLINE_BYTES = 256 * 1024  # JSON parts above this are decoded in the worker process
@@ -37,6 +38,7 @@ class DecodedRequest:
     all_binary: bool  # binary_data_output: the default for outputs not named
     request_id: Any
     placed: dict[str, Placement]  # outputs to write into shared memory
+    sequence: SequenceControl | None = None  # sequence_id, sequence_start, sequence_end (sequences.py)
 
     def binary_output(self, name: str) -> bool:
         return self.binary.get(name, self.all_binary)
@@ -168,4 +170,6 @@ def _decode_request(header: dict[str, Any], binary: bytes | memoryview) -> Decod
         for o in outputs
         if (place := placement(o.get("parameters") or {}, _json_parameter, f"output '{o['name']}'")) is not None
     }
-    return DecodedRequest(inputs, [o["name"] for o in outputs], per_output, all_binary, header.get("id"), placed)
+    return DecodedRequest(
+        inputs, [o["name"] for o in outputs], per_output, all_binary, header.get("id"), placed, sequence_control(params)
+    )
