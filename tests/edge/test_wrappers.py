@@ -8,7 +8,7 @@ import pytest
 from unideploy.edge.codegen import kotlin, swift
 from unideploy.edge.codegen.wrapped import identifier, type_name, wrapped
 from unideploy.errors import InputError
-from unideploy.signature import Signature, TensorSpec
+from unideploy.signature import Signature, StateSpec, TensorSpec
 
 pytest.importorskip("tree_sitter_kotlin", reason="the bundle extra is not installed")
 pytest.importorskip("tree_sitter_swift", reason="the bundle extra is not installed")
@@ -22,6 +22,21 @@ TEXT = Signature(
     ),
     (TensorSpec("last_hidden_state", "float32", ("batch", "seq", 384)), TensorSpec("pooled", "int32", ("batch",))),
 )
+
+
+# Silero VAD's layout (LSTM state [2, batch, 128]) beside a wake-word buffer of int8 starting at -128
+STREAM = Signature(
+    (
+        TensorSpec("input", "float32", ("batch", 576)),
+        TensorSpec("state", "float32", (2, "batch", 128)),
+        TensorSpec("stream_6_states", "int8", (1, 2, 1, 40)),
+    ),
+    (
+        TensorSpec("output", "float32", ("batch", 1)),
+        TensorSpec("stateN", "float32", (2, "batch", 128)),
+        TensorSpec("stream_6_states_next", "int8", (1, 2, 1, 40)),
+    ),
+).with_state((StateSpec("state", "stateN"), StateSpec("stream_6_states", "stream_6_states_next", -128)))
 
 
 def sources() -> dict[str, tuple[str, str]]:
@@ -41,7 +56,15 @@ def sources() -> dict[str, tuple[str, str]]:
         "Outputs.swift": (swift.outputs_struct(tfl), "swift"),
         "Tflite.swift": (swift.tflite_class(tfl), "swift"),
         "Ort.swift": (swift.ort_class(ort), "swift"),
+        "StreamTflite.kt": (kotlin.tflite_class(_stream("tflite"), "ai.example"), "kotlin"),
+        "StreamOrt.kt": (kotlin.ort_class(_stream("onnxruntime"), "ai.example"), "kotlin"),
+        "StreamTflite.swift": (swift.tflite_class(_stream("tflite")), "swift"),
+        "StreamOrt.swift": (swift.ort_class(_stream("onnxruntime")), "swift"),
     }
+
+
+def _stream(runtime: str):
+    return wrapped("silero-vad", runtime, "model.tflite", STREAM, None, "serving_default")
 
 
 @pytest.mark.parametrize("name", list(sources()))
@@ -64,6 +87,33 @@ def test_wrappers_take_typed_arrays_and_one_parameter_per_dynamic_dimension():
     swift_signature = "inputIds: [Int64], attentionMask: [Int64], inValue: [UInt8], batch: Int, seq: Int"
     assert f"public func run({swift_signature}) throws -> MiniLML6Outputs" in code["Ort.swift"][0]
     assert "public let pooledShape: [Int]" in code["Outputs.swift"][0]
+
+
+def test_a_streaming_models_wrappers_carry_its_state_with_step_and_reset():
+    """step() takes the real inputs and the dims the state does not fix, calls run() with the state
+    it keeps (from its initial values, one row) and keeps the state run() returns; reset() starts
+    again. A model without state has neither."""
+    kotlin_lines = [
+        "private var carriedStream6States = ByteArray(80) { (-128).toByte() }",
+        "private var carriedState = FloatArray(256) { 0.0f }",
+        "fun step(input: FloatArray): SileroVadOutputs {",
+        "val outputs = run(input, carriedState, carriedStream6States, 1)",
+        "carriedState = outputs.stateN",
+        "fun reset() {",
+    ]
+    swift_lines = [
+        "private var carriedStream6States = [Int8](repeating: -128, count: 80)",
+        "public func step(input: [Float]) throws -> SileroVadOutputs {",
+        "try run(input: input, state: carriedState, stream6States: carriedStream6States, batch: 1)",
+        "carriedStream6States = outputs.stream6StatesNext",
+        "public func reset() {",
+    ]
+    code = sources()
+    expected = {"StreamTflite.kt": kotlin_lines, "StreamOrt.kt": kotlin_lines}
+    expected |= {"StreamTflite.swift": swift_lines, "StreamOrt.swift": swift_lines}
+    for name, lines in expected.items():
+        assert [line for line in lines if line not in code[name][0]] == [], name
+    assert "fun step(" not in code["Tflite.kt"][0] and "func reset(" not in code["Ort.swift"][0]
 
 
 def test_the_checker_finds_broken_source():

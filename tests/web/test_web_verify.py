@@ -181,3 +181,45 @@ def test_a_package_zip_is_not_taken_for_a_site(digits_variants, tmp_path):
     result = deploy("verify", archive)
     assert result.returncode == 0, result.stderr
     assert "web.json" not in result.stdout
+
+
+def test_a_streaming_model_carries_its_state_in_the_page(zoo_models, tmp_path):
+    """Silero VAD exported with ``--state state=stateN``, its site's module called in Chromium
+    with speech chunks alone: the probabilities ONNX Runtime gives the model run in order with the
+    state fed back by hand, within 1e-5; reset() starts the stream again; a state the caller gives
+    is used as given."""
+    import onnxruntime as ort
+
+    source = zoo_models.shipped(zoo_models.SILERO_VAD)
+    made = deploy(
+        "export", source, "-o", tmp_path / "vad.udp", "--input-shape", "input:batch=1,576",
+        "--input-shape", "state:2,batch=1,128", "--constant", "sr=16000", "--state", "state=stateN",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    bundled = deploy("bundle", tmp_path / "vad.udp", "--platform", "web", "-o", tmp_path / "site")
+    assert bundled.returncode == 0, bundled.stderr
+    audio = zoo_models.speech(3.0)
+    padded = np.concatenate([np.zeros(64, np.float32), audio])  # each chunk after the 64 samples before it
+    chunks = [padded[start : start + 576] for start in range(0, len(audio) - 511, 512)][:60]
+    session = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
+    state, expected = np.zeros((2, 1, 128), np.float32), []
+    for chunk in chunks:
+        out, state = session.run(None, {"input": chunk[None], "state": state, "sr": np.array(16000, np.int64)})
+        expected.append(float(out[0, 0]))
+    script = (
+        "async (chunks) => { const m = await import('./model.js'); const model = await m.Model.load();"
+        " const run = async () => { const got = []; for (const c of chunks) {"
+        " const out = await model.run({input: new Float32Array(c)}); got.push(out.output.data[0]); } return got; };"
+        " const first = await run(); model.reset(); const again = await run();"
+        " const given = await model.run({input: new Float32Array(chunks[0]), state: {data: new Float32Array(256),"
+        " shape: [2, 1, 128]}}); return {first, again, given: given.output.data[0]}; }"
+    )
+    with served(tmp_path / "site", HEADERS, CONTENT_TYPES) as url, chromium() as browser:
+        page = browser.new_page()
+        page.goto(url + "index.html?auto=0")
+        page.wait_for_function("document.body.dataset.state === 'ready'")
+        said = page.evaluate(script, [chunk.tolist() for chunk in chunks])
+    assert max(expected) > 0.5  # the speech is heard
+    np.testing.assert_allclose(said["first"], expected, atol=1e-5)
+    np.testing.assert_allclose(said["again"], expected, atol=1e-5)
+    assert said["given"] == pytest.approx(expected[0], abs=1e-5)  # from the zero state it was given

@@ -244,6 +244,16 @@ def _readme(document: dict[str, Any], code: list[CodeFile]) -> str:
     inputs = "\n".join(f"- `{t['name']}`: {t['dtype']} {t['shape']}" for t in document["signature"]["inputs"])
     outputs = "\n".join(f"- `{t['name']}`: {t['dtype']} {t['shape']}" for t in document["signature"]["outputs"])
     sources = "\n".join(f"- `{f.path}`" for f in code)
+    if state := document["signature"].get("state"):
+        outputs += (
+            "\n\nA streaming model: each wrapper's `step()` takes the inputs but "
+            + ", ".join(f"`{p['input']}`" for p in state)
+            + " and carries them from call to call (from "
+            + ", ".join(f"{p['initial']:g}" for p in state)
+            + ", one row, each call's "
+            + ", ".join(f"`{p['output']}`" for p in state)
+            + " fed to the next); `reset()` starts a new stream, and `run()` takes every input."
+        )
     if document["platform"] == "android":
         steps = (
             "1. Copy the model files you want into `app/src/main/assets/`.\n"

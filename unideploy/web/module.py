@@ -16,6 +16,18 @@ def _described(spec: TensorSpec) -> str:
     return f"//   {spec.name}: {spec.dtype} [{', '.join(str(d) for d in spec.shape)}]{layout}"
 
 
+def _streaming(signature: Signature) -> list[str]:
+    """The header's lines on a streaming model's state, where it has one."""
+    if not signature.state:
+        return []
+    return [
+        "//",
+        "// A streaming model: its state inputs (" + ", ".join(p.input for p in signature.state) + ") may be left out,",
+        "// and run() carries them from call to call from their initial values (one row); model.reset()",
+        "// starts a new stream.",
+    ]
+
+
 def model_module(
     title: str, signature: Signature, variants: dict[str, dict[str, Any]], default: str, build: Build, made_by: str
 ) -> str:
@@ -36,6 +48,7 @@ def model_module(
             "//   import { Model } from './model.js';",
             f"//   const model = await Model.load();   // {default} on WebAssembly",
             f"//   const outputs = await model.run({example});",
+            *_streaming(signature),
             "",
             f"import * as ort from './ort/{build.entry}';",
             "",

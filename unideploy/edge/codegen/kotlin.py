@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from unideploy.edge.codegen.wrapped import Wrapped, WrappedTensor, identifier
+from unideploy.edge.codegen.wrapped import Wrapped, WrappedState, WrappedTensor, identifier, state_lines
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,48 @@ def _dims(t: WrappedTensor, as_long: bool) -> str:
     )
 
 
-def _run_params(model: Wrapped) -> str:
-    params = [f"{t.ident}: {TYPES[t.dtype].array}" for t in model.inputs] + [
-        f"{identifier(d)}: Int" for d in model.dims
-    ]
-    return ", ".join(params)
+def _params(inputs: list[WrappedTensor] | tuple[WrappedTensor, ...], dims: list[str]) -> str:
+    """A typed array per input and an ``Int`` per dynamic dimension."""
+    return ", ".join([f"{t.ident}: {TYPES[t.dtype].array}" for t in inputs] + [f"{identifier(d)}: Int" for d in dims])
+
+
+def _filled(pair: WrappedState) -> str:
+    """A new array of ``pair``'s state at its initial value."""
+    value = int(pair.initial)
+    element = {
+        "float32": f"{pair.initial!r}f",
+        "int32": f"{value}",
+        "int64": f"{value}L",
+        "uint8": f"{value}.toByte()",
+        "int8": f"({value}).toByte()",
+    }[pair.input.dtype]
+    return f"{TYPES[pair.input.dtype].array}({pair.count}) {{ {element} }}"
+
+
+def stream_members(model: Wrapped) -> str:
+    """For a streaming model: its state as fields, ``reset`` and ``step`` (one call of the stream,
+    the state fed back); nothing for others."""
+    if not model.state:
+        return ""
+    declared, resets, feed_back = state_lines(model, _filled)
+    args = [value for _, value in model.step_arguments]
+    names = ", ".join(sorted(pair.input.name for pair in model.state))
+    return f"""
+    // A streaming model: its state ({names}) carried by step() from its initial values, one row.
+{declared}
+
+    /** Start the next step() from the initial state again (a new stream). */
+    fun reset() {{
+{resets}
+    }}
+
+    /** One call of the stream: run() with the state the last step() left, which it then replaces. */
+    fun step({_params(model.stream_inputs, model.stream_dims)}): {model.type_name}Outputs {{
+        val outputs = run({", ".join(args)})
+{feed_back}
+        return outputs
+    }}
+"""
 
 
 def outputs_class(model: Wrapped, namespace: str) -> str:
@@ -131,7 +168,7 @@ class {name}(context: Context, assetName: String = "{model.model_file}", threads
     )
 
     /** Not thread-safe: one run at a time per instance, as the Interpreter requires. */
-    fun run({_run_params(model)}): {model.type_name}Outputs {{
+    fun run({_params(model.inputs, model.dims)}): {model.type_name}Outputs {{
 {resize}
         interpreter.allocateTensors()
         val inputs = arrayOfNulls<Any>(interpreter.inputTensorCount)
@@ -143,7 +180,7 @@ class {name}(context: Context, assetName: String = "{model.model_file}", threads
 {results}
         )
     }}
-
+{stream_members(model)}
     override fun close() {{
         interpreter.close()
     }}
@@ -203,7 +240,7 @@ class {name}(context: Context, assetName: String = "{model.model_file}", threads
         OrtSession.SessionOptions().apply {{ setIntraOpNumThreads(threads) }},
     )
 
-    fun run({_run_params(model)}): {model.type_name}Outputs {{
+    fun run({_params(model.inputs, model.dims)}): {model.type_name}Outputs {{
         val tensors = mapOf(
 {chr(10).join(create)}
         )
@@ -217,7 +254,7 @@ class {name}(context: Context, assetName: String = "{model.model_file}", threads
             tensors.values.forEach {{ it.close() }}
         }}
     }}
-
+{stream_members(model)}
     override fun close() {{
         session.close()
     }}

@@ -8,7 +8,7 @@ Each class loads its model from a file path (``Bundle.main.path(forResource:ofTy
 
 from __future__ import annotations
 
-from unideploy.edge.codegen.wrapped import Wrapped, WrappedTensor, identifier
+from unideploy.edge.codegen.wrapped import Wrapped, WrappedState, WrappedTensor, identifier, state_lines
 
 # Swift element type and ONNX Runtime's element type, per dtype.
 TYPES = {
@@ -36,10 +36,42 @@ def _dims(t: WrappedTensor) -> str:
     return ", ".join(identifier(d) if isinstance(d, str) else str(d) for d in t.shape)
 
 
-def _run_params(model: Wrapped) -> str:
-    return ", ".join(
-        [f"{t.ident}: [{TYPES[t.dtype][0]}]" for t in model.inputs] + [f"{identifier(d)}: Int" for d in model.dims]
-    )
+def _params(inputs: list[WrappedTensor] | tuple[WrappedTensor, ...], dims: list[str]) -> str:
+    """A typed array per input and an ``Int`` per dynamic dimension."""
+    return ", ".join([f"{t.ident}: [{TYPES[t.dtype][0]}]" for t in inputs] + [f"{identifier(d)}: Int" for d in dims])
+
+
+def _filled(pair: WrappedState) -> str:
+    """A new array of ``pair``'s state at its initial value."""
+    element = TYPES[pair.input.dtype][0]
+    value = repr(pair.initial) if element == "Float" else str(int(pair.initial))
+    return f"[{element}](repeating: {value}, count: {pair.count})"
+
+
+def stream_members(model: Wrapped) -> str:
+    """For a streaming model: its state as properties, ``reset`` and ``step`` (one call of the
+    stream, the state fed back); nothing for others."""
+    if not model.state:
+        return ""
+    declared, resets, feed_back = state_lines(model, _filled)
+    args = [f"{name}: {value}" for name, value in model.step_arguments]
+    names = ", ".join(sorted(pair.input.name for pair in model.state))
+    return f"""
+    // A streaming model: its state ({names}) carried by step() from its initial values, one row.
+{declared}
+
+    /// Start the next step() from the initial state again (a new stream).
+    public func reset() {{
+{resets}
+    }}
+
+    /// One call of the stream: run() with the state the last step() left, which it then replaces.
+    public func step({_params(model.stream_inputs, model.stream_dims)}) throws -> {model.type_name}Outputs {{
+        let outputs = try run({", ".join(args)})
+{feed_back}
+        return outputs
+    }}
+"""
 
 
 def outputs_struct(model: Wrapped) -> str:
@@ -94,7 +126,7 @@ public final class {model.type_name}Tflite {{
     }}
 
     /// Not thread-safe: one run at a time per instance, as the interpreter requires.
-    public func run({_run_params(model)}) throws -> {model.type_name}Outputs {{
+    public func run({_params(model.inputs, model.dims)}) throws -> {model.type_name}Outputs {{
 {resize}
         try runner.allocateTensors()
         try runner.invoke(with: [{feed}])
@@ -103,7 +135,7 @@ public final class {model.type_name}Tflite {{
 {results}
         )
     }}
-}}
+{stream_members(model)}}}
 """
 
 
@@ -143,7 +175,7 @@ public final class {model.type_name}Ort {{
         session = try ORTSession(env: env, modelPath: modelPath, sessionOptions: options)
     }}
 
-    public func run({_run_params(model)}) throws -> {model.type_name}Outputs {{
+    public func run({_params(model.inputs, model.dims)}) throws -> {model.type_name}Outputs {{
 {values}
         let outputs = try session.run(withInputs: [{feed}], outputNames: [{names}], runOptions: nil)
 {fetch}
@@ -151,7 +183,7 @@ public final class {model.type_name}Ort {{
 {results}
         )
     }}
-}}
+{stream_members(model)}}}
 """
 
 

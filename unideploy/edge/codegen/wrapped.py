@@ -8,6 +8,7 @@ can call the model by its names and hand results back under the package's.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from unideploy.errors import InputError
@@ -106,6 +107,28 @@ class WrappedTensor:
 
 
 @dataclass(frozen=True)
+class WrappedState:
+    """A streaming model's state pair, as the wrappers carry it: the input, the output that feeds it
+    on the next call, its value at the start, and its element count (dynamic dims at 1: one stream)."""
+
+    input: WrappedTensor
+    output: WrappedTensor
+    initial: float
+
+    @property
+    def field(self) -> str:
+        """The wrapper's property holding it (``carried<Input>``: no clash with the class's own)."""
+        return "carried" + self.input.ident[0].upper() + self.input.ident[1:]
+
+    @property
+    def count(self) -> int:
+        count = 1
+        for dim in self.input.shape:
+            count *= dim if isinstance(dim, int) else 1
+        return count
+
+
+@dataclass(frozen=True)
 class Wrapped:
     """One generated class: a runtime ("tflite" or "onnxruntime") over one model file."""
 
@@ -115,6 +138,7 @@ class Wrapped:
     inputs: tuple[WrappedTensor, ...]
     outputs: tuple[WrappedTensor, ...]
     signature_key: str | None = None  # TFLite signature the wrapper calls
+    state: tuple[WrappedState, ...] = ()  # a streaming model's: carried by ``step``
 
     @property
     def dims(self) -> list[str]:
@@ -123,6 +147,36 @@ class Wrapped:
         for tensor in self.inputs:
             seen += [d for d in tensor.shape if isinstance(d, str) and d not in seen]
         return seen
+
+    @property
+    def stream_inputs(self) -> list[WrappedTensor]:
+        """The inputs ``step`` takes: all but the state."""
+        carried = {pair.input.name for pair in self.state}
+        return [t for t in self.inputs if t.name not in carried]
+
+    @property
+    def step_arguments(self) -> list[tuple[str, str]]:
+        """``run``'s parameters, each with what ``step`` passes it: its own parameter of the same
+        name, the state's property, or 1 for a dim the state fixes."""
+        fields = {pair.input.name: pair.field for pair in self.state}
+        found = [(t.ident, fields.get(t.name, t.ident)) for t in self.inputs]
+        return found + [(identifier(d), identifier(d) if d in self.stream_dims else "1") for d in self.dims]
+
+    @property
+    def stream_dims(self) -> list[str]:
+        """The dynamic dims ``step`` takes: those no state input has (a stream's state is one row)."""
+        fixed = {d for pair in self.state for d in pair.input.shape if isinstance(d, str)}
+        return [d for d in self.dims if d not in fixed]
+
+
+def state_lines(model: Wrapped, filled: Callable[[WrappedState], str]) -> tuple[str, str, str]:
+    """A streaming model's state in a wrapper, as Kotlin and Swift both write it: the properties'
+    declarations, their resets to the initial values (``filled`` makes one), and their updates from
+    ``run``'s outputs, one line each."""
+    declared = "\n".join(f"    private var {pair.field} = {filled(pair)}" for pair in model.state)
+    resets = "\n".join(f"        {pair.field} = {filled(pair)}" for pair in model.state)
+    updates = "\n".join(f"        {pair.field} = outputs.{pair.output.ident}" for pair in model.state)
+    return declared, resets, updates
 
 
 def wrapped(
@@ -148,7 +202,9 @@ def wrapped(
         WrappedTensor(t.name, by_package.get(t.name, t.name), identifier(t.name), t.dtype, t.shape)
         for t in signature.outputs
     )
-    model = Wrapped(type_name(model_name), runtime, model_file, inputs, outputs, signature_key)
+    by_name = {t.name: t for t in (*inputs, *outputs)}
+    state = tuple(WrappedState(by_name[p.input], by_name[p.output], p.initial) for p in signature.state)
+    model = Wrapped(type_name(model_name), runtime, model_file, inputs, outputs, signature_key, state)
     idents = [t.ident for t in inputs] + [identifier(d) for d in model.dims]
     if len(set(idents)) != len(idents) or len({t.ident for t in outputs}) != len(outputs):
         raise InputError(

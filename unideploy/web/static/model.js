@@ -77,6 +77,20 @@ function checkedShape(spec, data, given) {
   return given;
 }
 
+/** A streaming model's state at its start: each state input filled with its initial value, its
+ * dynamic dims at 1 (one stream, one row). */
+function initialState(carried) {
+  const state = {};
+  for (const pair of carried) {
+    const spec = SIGNATURE.inputs.find((input) => input.name === pair.input);
+    const shape = spec.shape.map((d) => (typeof d === 'number' ? d : 1));
+    const data = new ARRAYS[spec.dtype](shape.reduce((a, b) => a * b, 1));
+    data.fill(data instanceof BigInt64Array || data instanceof BigUint64Array ? BigInt(pair.initial) : pair.initial);
+    state[pair.input] = { data, shape };
+  }
+  return state;
+}
+
 /** Why ``variant`` cannot run on ``backend`` in this browser, or null when it can. */
 export async function unsupported(variant, backend) {
   const chosen = VARIANTS[variant];
@@ -139,13 +153,43 @@ export class Model {
     this.variant = variant;
     this.backend = backend;
     this.precision = VARIANTS[variant].precision;
+    this.state = null; // a streaming model's state, carried between calls that leave it out
+  }
+
+  /** Start a streaming model's next call from its initial state again (a new stream). */
+  reset() {
+    this.state = null;
   }
 
   /**
    * Run the model. Each input is a typed array of its dtype (its shape inferred when only one dim
    * is dynamic) or {data, shape}. Returns {name: {data, shape, dtype}} for every output.
+   * A streaming model (SIGNATURE.state) called without its state inputs carries them itself: the
+   * first call starts from the recorded initial values (one row), each call's state outputs feed
+   * the next, until reset().
    */
   async run(inputs) {
+    const carried = SIGNATURE.state || [];
+    const given = carried.filter((pair) => inputs[pair.input] !== undefined);
+    if (given.length > 0 && given.length < carried.length) {
+      const missing = carried.filter((pair) => inputs[pair.input] === undefined).map((pair) => pair.input);
+      throw new ModelInputError(
+        `state input(s) ${given.map((pair) => pair.input).join(', ')} given without ${missing.join(', ')}: ` +
+          'give every state input, or none (the model then carries its state from call to call)',
+      );
+    }
+    const streaming = carried.length > 0 && given.length === 0;
+    if (streaming) inputs = { ...inputs, ...(this.state || initialState(carried)) };
+    const outputs = await this.#runOnce(inputs);
+    if (streaming) {
+      this.state = Object.fromEntries(
+        carried.map((pair) => [pair.input, { data: outputs[pair.output].data, shape: outputs[pair.output].shape }]),
+      );
+    }
+    return outputs;
+  }
+
+  async #runOnce(inputs) {
     const feeds = {};
     const names = SIGNATURE.inputs.map((spec) => spec.name);
     for (const name of Object.keys(inputs)) {
