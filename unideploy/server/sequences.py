@@ -93,9 +93,6 @@ class SequenceStates:
     def __len__(self) -> int:
         return len(self._live)
 
-    def live(self, model: str) -> int:
-        return sum(1 for name, _ in self._live if name == model)
-
     def version_of(self, model: str, control: SequenceControl) -> str | None:
         """The version a continuing sequence runs on (None: a starting one, which routing picks)."""
         if control.start:
