@@ -35,7 +35,6 @@ MODELS = {m.name: m for m in zoo_models.zoo()}
     [
         ("ppocr-cls", ("export", "verify", "gpu", "serve")),  # dims declared -1, weights as Constant nodes
         ("nudenet-yolov8n", ("export", "verify", "serve")),  # dynamic H/W sized by the model's imgsz metadata
-        ("silero-vad", ("export", "serve")),  # a streaming model: served as a sequence too, its state kept
     ],
 )
 def test_real_onnx_models_pass_the_fast_stages(name, stages, tmp_path):
@@ -652,7 +651,8 @@ def test_mtcnn_pnet_from_mindir_is_judged_per_face_like_its_keras_twin(tmp_path)
 
 def test_silero_vad_on_real_speech_serves_and_says_why_for_what_it_cannot_take(tmp_path):
     """Silero VAD on speech (eSpeak NG sentences and pauses), each chunk with the state the model
-    carried to it: exported with its sample rate bound, which folds its If on the rate, served;
+    carried to it: exported with its sample rate bound, which folds its If on the rate, and its LSTM
+    state recorded (--state), served (a request, and a sequence whose state the server keeps);
     INT8 now reaches its layers and is refused by the budget with the numbers (before, it named
     the layers its If branches held); on the edge, onnx2tf converts the folded graph (it gave up on
     the branches before, and ONNX Runtime's folding of the declared-size graph once segfaulted and
