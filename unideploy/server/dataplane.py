@@ -383,7 +383,8 @@ class DataPlane:
                     f"model '{name}' has: {', '.join(served.signature.output_names)}",
                 )
         if request.sequence is None:
-            _refuse_missing_state(name, served, inputs)
+            if served.signature.state:
+                _refuse_missing_state(name, served, inputs)
             arrays = self._checked(served, inputs)
             computed, queue_s, compute_s = await self._run(served, arrays)
             answered = computed

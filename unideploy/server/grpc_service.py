@@ -109,7 +109,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 if (place := placement(o.parameters, _grpc_parameter, f"output '{o.name}'")) is not None
             }
             headers = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
-            sequence = sequence_control({key: _grpc_parameter(request.parameters, key) for key in CONTROLS})
+            sequence = (
+                sequence_control({key: _grpc_parameter(request.parameters, key) for key in CONTROLS})
+                if request.parameters
+                else None
+            )
             result = await self.dataplane.infer(
                 InferRequest(
                     request.model_name,

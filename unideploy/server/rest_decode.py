@@ -24,7 +24,7 @@ import orjson
 from unideploy.errors import UnideployError
 from unideploy.server import codec
 from unideploy.server.errors import BadRequest
-from unideploy.server.sequences import SequenceControl, sequence_control
+from unideploy.server.sequences import CONTROLS, SequenceControl, sequence_control
 from unideploy.server.shared_memory import Placed, Placement, placement
 
 DECODE_INLINE_BYTES = 256 * 1024  # JSON parts above this are decoded in the worker process
@@ -171,5 +171,11 @@ def _decode_request(header: dict[str, Any], binary: bytes | memoryview) -> Decod
         if (place := placement(o.get("parameters") or {}, _json_parameter, f"output '{o['name']}'")) is not None
     }
     return DecodedRequest(
-        inputs, [o["name"] for o in outputs], per_output, all_binary, header.get("id"), placed, sequence_control(params)
+        inputs,
+        [o["name"] for o in outputs],
+        per_output,
+        all_binary,
+        header.get("id"),
+        placed,
+        sequence_control(params) if params.keys() & CONTROLS else None,
     )

@@ -25,7 +25,7 @@ from unideploy.server.errors import BadRequest, ServerError
 
 SequenceId = int | str
 MAX_ID_CHARS = 256  # a string id longer than this is refused: the server keeps every live one
-CONTROLS = ("sequence_id", "sequence_start", "sequence_end")
+CONTROLS = frozenset(("sequence_id", "sequence_start", "sequence_end"))  # a request's parameters for it
 
 
 class TooManySequences(ServerError):
