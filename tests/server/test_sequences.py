@@ -362,3 +362,39 @@ def test_sequence_parameters_are_read_as_tritons_clients_send_them():
     ]:
         with pytest.raises(InputError, match=words):
             sequence_control(bad)
+
+
+def test_a_start_that_waited_behind_the_end_of_the_same_id_starts_afresh():
+    """A client that reuses a sequence id at once (perf_analyzer does) can have its next start reach
+    the server while the ending call of the id's last sequence still runs: the start waits for it
+    and then begins a new sequence, where it was refused as "ended before this call of it ran"."""
+    import asyncio
+
+    from unideploy.server.sequences import SequenceControl, SequenceStates
+
+    states = SequenceStates(4, idle_s=60.0)
+    seen: list[object] = []
+
+    async def scenario() -> None:
+        async with states.call("m", SequenceControl(9, start=True), "1") as first:
+            first.state = {"h": np.ones(2)}
+        ending_in, release = asyncio.Event(), asyncio.Event()
+
+        async def ending() -> None:
+            async with states.call("m", SequenceControl(9, end=True), "1"):
+                ending_in.set()
+                await release.wait()
+
+        async def restart() -> None:
+            await ending_in.wait()
+            async with states.call("m", SequenceControl(9, start=True), "2") as sequence:
+                seen.append((sequence.version, dict(sequence.state)))
+
+        tasks = [asyncio.create_task(ending()), asyncio.create_task(restart())]
+        await ending_in.wait()
+        await asyncio.sleep(0)  # the restart reaches the lock and waits there
+        release.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(scenario())
+    assert seen == [("2", {})] and len(states) == 1 and states.version_of("m", SequenceControl(9)) == "2"

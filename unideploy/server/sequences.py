@@ -138,14 +138,8 @@ class SequenceStates:
         """Hold ``control``'s sequence for one call, after the calls before it; a starting call gets
         it with no state (the caller starts it from the signature's initial values). The sequence
         ends when an ending call is done, or when a starting call fails (nothing to go on from)."""
-        sequence = self._slot(model, control, version) if control.start else self._continuing(model, control)
-        async with sequence.lock:
-            if self._live.get((model, control.id)) is not sequence:  # ended while this call waited
-                raise BadRequest(
-                    f"sequence {control.id!r} of model '{model}' ended before this call of it ran",
-                    "send a sequence's calls after its sequence_end call, never beside it; start it again "
-                    "with sequence_start: true",
-                )
+        sequence = await self._held(model, control, version)
+        try:
             if control.start:
                 sequence.version, sequence.state = version, {}
             ok = False
@@ -156,3 +150,22 @@ class SequenceStates:
                 sequence.last_used = self._clock()
                 if control.end or (control.start and not ok):
                     self._live.pop((model, control.id), None)
+        finally:
+            sequence.lock.release()
+
+    async def _held(self, model: str, control: SequenceControl, version: str) -> Sequence:
+        """``control``'s sequence with its lock taken, once the calls before have run. One that ended
+        meanwhile (its sequence_end call ran first): a starting call starts it afresh, any other is
+        refused."""
+        while True:
+            sequence = self._slot(model, control, version) if control.start else self._continuing(model, control)
+            await sequence.lock.acquire()
+            if self._live.get((model, control.id)) is sequence:
+                return sequence
+            sequence.lock.release()
+            if not control.start:
+                raise BadRequest(
+                    f"sequence {control.id!r} of model '{model}' ended before this call of it ran",
+                    "send a sequence's calls after its sequence_end call, never beside it; start it again "
+                    "with sequence_start: true",
+                )
