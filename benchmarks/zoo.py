@@ -152,7 +152,7 @@ def _sequence_differs(client: Any, model: str, package: Path, sample: Any, signa
         last = call == SEQUENCE_CALLS - 1
         response = client.infer(model, inputs, sequence_id=1, sequence_start=call == 0, sequence_end=last)
         for name in signature.output_names:
-            if name in {p.output for p in signature.state}:
+            if name in signature.state_outputs:
                 continue
             want = np.take(expected[name], [call], axis=signature.output_batch_axes[name] or 0)
             got = response.as_numpy(name)

@@ -271,7 +271,7 @@ def run_as_stream(
     for start in range(0, rows, step):
         answer = run({**take_rows(inputs, start, start + step, axes), **state})
         state = {pair.input: answer[pair.output] for pair in signature.state}
-        answers.append({k: v for k, v in answer.items() if k not in {p.output for p in signature.state}})
+        answers.append({k: v for k, v in answer.items() if k not in signature.state_outputs})
     return {**join_rows(answers, signature.output_batch_axes), **{p.output: state[p.input] for p in signature.state}}
 
 

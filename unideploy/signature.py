@@ -234,9 +234,15 @@ class Signature:
                 )
         return np.full(shape, pair.initial, spec.np_dtype)
 
-    @property
+    @cached_property
     def state_inputs(self) -> dict[str, StateSpec]:
+        """The state pairs by input name."""
         return {pair.input: pair for pair in self.state}
+
+    @cached_property
+    def state_outputs(self) -> dict[str, StateSpec]:
+        """The state pairs by output name (an output each call hands to the next, not to the caller)."""
+        return {pair.output: pair for pair in self.state}
 
     @property
     def input_names(self) -> list[str]:

@@ -67,8 +67,7 @@ def _signature_table(package: Package) -> Table:
     for col in ("", "name", "dtype", "shape", "layout"):
         table.add_column(col)
     sig = package.manifest.signature
-    state = {name for p in sig.state for name in (p.input, p.output)}
-    for kind, specs in (("input", sig.inputs), ("output", sig.outputs)):
+    for kind, specs, state in (("input", sig.inputs, sig.state_inputs), ("output", sig.outputs, sig.state_outputs)):
         for spec in specs:
             role = f"state {kind}" if spec.name in state else kind
             table.add_row(role, escape(spec.name), spec.dtype, escape(spec.shape_text()), spec.layout or "")

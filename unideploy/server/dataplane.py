@@ -182,7 +182,7 @@ class DataPlane:
             "outputs": [
                 {"name": t.name, "datatype": NUMPY_TO_V2[t.dtype], "shape": shape(t)}
                 for t in sig.outputs
-                if t.name not in {p.output for p in sig.state}
+                if t.name not in sig.state_outputs
             ],
             "parameters": {**_ran_parameters(served.ran), **_state_parameters(sig)},
         }
@@ -232,7 +232,7 @@ class DataPlane:
             "output": [
                 {"name": t.name, "data_type": _config_type(t.dtype), "dims": dims(t)}
                 for t in served.signature.outputs
-                if t.name not in {p.output for p in served.signature.state}
+                if t.name not in served.signature.state_outputs
             ],
         }
         shown = {**_ran_parameters(served.ran), **_state_parameters(served.signature)}
@@ -393,8 +393,8 @@ class DataPlane:
                 arrays = self._checked(served, _with_state(name, served, inputs, sequence))
                 computed, queue_s, compute_s = await self._run(served, arrays)
                 sequence.state = {p.input: np.array(computed[p.output]) for p in served.signature.state}
-            kept = {p.output for p in served.signature.state}
-            answered = {k: v for k, v in computed.items() if k not in kept}  # the state stays here
+            kept = served.signature.state_outputs  # the state stays here
+            answered = {k: v for k, v in computed.items() if k not in kept}
         outputs: dict[str, np.ndarray | Written] = {k: computed[k] for k in requested} if requested else dict(answered)
         for key, place in request.placed.items():
             outputs[key] = self.shared_memory.write(place, computed[key], key)
