@@ -534,28 +534,18 @@ SILERO_VAD = "silero_vad/data/silero_vad.onnx"
 SILERO_VAD_JIT = "silero_vad/data/silero_vad.jit"
 
 
-def _vad_chunks(work: Path, count: int = 256) -> Path:
+def _vad_chunks(work: Path) -> Path:
     """Silero VAD's real inputs: speech cut into the 512-sample chunks it reads at 16 kHz, each
-    after the 64 samples before it (its context, as the package's wrapper feeds it), with the
-    recurrent state the model itself carried to that chunk (run over the recording in order)."""
-    import onnxruntime as ort
-
+    after the 64 samples before it (its context, as the package's wrapper feeds it), in order and
+    without the state: one stream, which the guard runs each model over with its own state (the
+    calibration rows get the state the fp32 model carries to them)."""
     audio = speech()
-    session = ort.InferenceSession(str(shipped(SILERO_VAD)), providers=["CPUExecutionProvider"])
-    state, context = np.zeros((2, 1, 128), np.float32), np.zeros(64, np.float32)
-    chunks, states = [], []
+    context, chunks = np.zeros(64, np.float32), []
     for start in range(0, len(audio) - 511, 512):
         chunk = np.concatenate([context, audio[start : start + 512]])
         chunks.append(chunk)
-        states.append(state[:, 0])
-        _, state = session.run(None, {"input": chunk[None], "state": state, "sr": np.array(16000, np.int64)})
         context = chunk[-64:]
-    every = max(len(chunks) // count, 1)
-    return _save_npz(
-        work / "data.npz",
-        input=np.stack(chunks[::every][:count]),
-        state=np.stack(states[::every][:count], axis=1),
-    )
+    return _save_npz(work / "data.npz", input=np.stack(chunks))
 
 
 def _wake_word_calls(work: Path, count: int = 256) -> Path:
@@ -596,9 +586,8 @@ def silero_vad_16k(work: Path) -> Path:
 
 
 def _vad_chunks_for_torchscript(work: Path) -> Path:
-    """The same chunks and states as ``_vad_chunks``, named after the TorchScript model's arguments."""
-    chunks = np.load(_vad_chunks(work))
-    return _save_npz(work / "data_ts.npz", x=chunks["input"], state=chunks["state"])
+    """The same stream as ``_vad_chunks``, named after the TorchScript model's argument."""
+    return _save_npz(work / "data_ts.npz", x=np.load(_vad_chunks(work))["input"])
 
 
 CREPE = "torchcrepe"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,7 +66,10 @@ def take_rows(
 
 def joined(name: str, chunks: Sequence[np.ndarray], axes: Axes | None = None) -> np.ndarray:
     """Tensor ``name``'s chunks as one array, along its rows' axis in ``axes`` (axis 0 where not
-    given, or for a tensor ``axes`` does not name: labels)."""
+    given, or for a tensor ``axes`` does not name: labels); a scalar (a sample rate) is one value
+    for every row, and stays one."""
+    if chunks[0].ndim == 0:
+        return chunks[0]
     return np.concatenate(chunks, axis=row_axis(axes, name, chunks[0]) or 0)
 
 
@@ -249,12 +252,33 @@ def streams(inputs: Mapping[str, Any], signature: Signature) -> bool:
 
 
 def run_as_stream(
-    run: Callable[[Mapping[str, Any]], Mapping[str, np.ndarray]], inputs: Mapping[str, Any], signature: Signature
+    run: Callable[[dict[str, Any]], Mapping[str, np.ndarray]], inputs: Mapping[str, Any], signature: Signature
 ) -> dict[str, np.ndarray]:
+    """A streaming model's other inputs as one stream (``stream_calls``): the outputs' rows joined,
+    and the state outputs of the last call (where a later run would go on from)."""
+    answers, state = [], {}
+    for _, answer in stream_calls(run, inputs, signature):
+        answers.append({k: v for k, v in answer.items() if k not in signature.state_outputs})
+        state = {pair.output: answer[pair.output] for pair in signature.state}
+    return {**join_rows(answers, signature.output_batch_axes), **state}
+
+
+def with_carried_state(
+    run: Callable[[dict[str, Any]], Mapping[str, np.ndarray]], inputs: Mapping[str, Any], signature: Signature
+) -> dict[str, np.ndarray]:
+    """A stream's rows each with the state ``run`` carried to it (``stream_calls``): rows a
+    streaming model can take one by one, in any order (calibration rows whose state is what the
+    model meets on that stream, not a constant or noise)."""
+    return join_rows([given for given, _ in stream_calls(run, inputs, signature)], signature.batch_axes)
+
+
+def stream_calls(
+    run: Callable[[dict[str, Any]], Mapping[str, np.ndarray]], inputs: Mapping[str, Any], signature: Signature
+) -> Iterator[tuple[dict[str, np.ndarray], Mapping[str, np.ndarray]]]:
     """A streaming model's other inputs as one stream: their rows run in order, a call at a time (a
     row, or the model's fixed batch), each call's state outputs fed to the next as its state
-    inputs, starting from the signature's initial values. The outputs' rows joined, and the state
-    outputs of the last call (where a later run would go on from)."""
+    inputs, starting from the signature's initial values. Each call's inputs (its state included)
+    and answer, in order."""
     axes = signature.batch_axes
     rows = batch_size_of(inputs, axes)
     step = 1
@@ -267,12 +291,11 @@ def run_as_stream(
             f"give a multiple of {step} rows",
         )
     state = {pair.input: signature.initial_state(pair, step) for pair in signature.state}
-    answers = []
     for start in range(0, rows, step):
-        answer = run({**take_rows(inputs, start, start + step, axes), **state})
+        given = {**take_rows(inputs, start, start + step, axes), **state}
+        answer = run(given)
         state = {pair.input: answer[pair.output] for pair in signature.state}
-        answers.append({k: v for k, v in answer.items() if k not in signature.state_outputs})
-    return {**join_rows(answers, signature.output_batch_axes), **{p.output: state[p.input] for p in signature.state}}
+        yield given, answer
 
 
 def _cropped_too(example: Mapping[str, np.ndarray], signature: Signature) -> list[dict[str, np.ndarray]]:

@@ -343,6 +343,14 @@ def test_a_streaming_models_state_is_recorded_at_export_and_carried_by_run(tmp_p
     assert made.returncode == 0, made.stderr
     manifest = json.loads((tmp_path / "pkg" / "manifest.json").read_text())
     assert manifest["signature"]["state"] == [{"input": "h", "output": "h_next", "initial": 0.25}]
+    import unideploy
+
+    with unideploy.open_package(tmp_path / "pkg") as package:  # random rows, each with a state the model reaches
+        sample = max(package.reference_samples(), key=lambda s: s.batch_size)
+    np.testing.assert_allclose(
+        sample.inputs["h"][1:], 0.5 * sample.inputs["h"][:-1] + sample.inputs["x"][:-1], rtol=1e-6
+    )
+    assert (sample.inputs["h"][0] == 0.25).all()
     shown = " ".join(deploy("inspect", tmp_path / "pkg").stdout.split())
     assert "state input" in shown and "state output" in shown and "state: h <- h_next, from 0.25" in shown
     rows = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)

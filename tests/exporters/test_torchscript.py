@@ -261,3 +261,33 @@ def test_a_module_that_keeps_state_between_calls_is_refused_naming_it(tmp_path):
     assert_one_line_error(result, 2, r"'streaming.pt' changes its own attributes when it runs \(_state\)")
     assert "one of its submodules, step: torch.jit.save(module.NAME, path)" in result.stderr
     assert not (tmp_path / "pkg").exists()
+
+
+def test_a_stream_example_is_traced_from_the_initial_state_and_refers_to_the_state_the_source_carries(
+    zoo_models, tmp_path
+):
+    """Silero VAD's 16 kHz model (its TorchScript, from the silero-vad package) given a stream as
+    --example-input: its chunks without the LSTM state --state names. The trace takes the state at
+    its initial value; the reference rows each get the state the source carried to them, so the
+    package run over the same chunks as one stream answers as they say."""
+    from console import deploy
+
+    source = zoo_models.silero_vad_16k(tmp_path)
+    t = np.arange(12 * 576) / 16000
+    chunks = (0.3 * np.sin(2 * np.pi * 220 * t) * (t > 0.2)).astype(np.float32).reshape(12, 576)
+    np.savez(tmp_path / "stream.npz", x=chunks)
+    made = deploy(
+        "export",
+        source,
+        "-o",
+        tmp_path / "pkg",
+        *("--input-shape", "x:batch=1,576", "--input-shape", "state:2,batch=1,128", "--state", "state=output_1"),
+        *("--example-input", tmp_path / "stream.npz"),
+    )
+    assert made.returncode == 0, made.stderr
+    with unideploy.open_package(tmp_path / "pkg") as package:
+        sample = max(package.reference_samples(), key=lambda s: s.batch_size)
+    assert sample.batch_size == 12
+    assert not sample.inputs["state"][:, 0].any() and sample.inputs["state"][:, 1:].any()
+    streamed = unideploy.run(tmp_path / "pkg", {"x": chunks})
+    np.testing.assert_allclose(streamed["output_0"], sample.outputs["output_0"], atol=1e-5)

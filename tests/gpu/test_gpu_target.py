@@ -313,3 +313,28 @@ def test_a_tensorrt_profile_binds_tensorrt_only(gpu_package, tmp_path):
         "passed over tensorrt-fp16:" in shown.stdout
         and "onnx-fp32 on onnxruntime (CPUExecutionProvider), fp32" in shown.stdout
     )
+
+
+def test_a_streaming_model_s_calibration_stream_ships_with_the_state_the_model_carries(tmp_path):
+    """TensorRT's calibrator reads rows one by one: a streaming model's stream (its rows without the
+    state) ships with each row's state as the fp32 model carries it (h = 0.5 h + x from 0.25), not
+    refused for the missing input nor filled with a constant."""
+    pytest.importorskip("onnx")
+    from onnx_models import running_average_model
+
+    rows = np.random.default_rng(0).standard_normal((20, 4)).astype(np.float32)
+    np.savez(tmp_path / "stream.npz", x=rows)
+    made = deploy(
+        "export",
+        running_average_model(tmp_path / "a.onnx"),
+        *("-o", tmp_path / "pkg", "--state", "h=h_next:0.25", "--target", "gpu", "--trt-precision", "int8"),
+        *("--calibration", tmp_path / "stream.npz"),
+    )
+    assert made.returncode == 0, made.stderr
+    with np.load(tmp_path / "pkg" / "artifacts" / "tensorrt-calibration.npz") as shipped:
+        h, expected = np.full(4, 0.25, np.float32), []
+        for row in rows:
+            expected.append(h)
+            h = 0.5 * h + row
+        np.testing.assert_allclose(shipped["h"], np.array(expected), rtol=1e-6)
+        np.testing.assert_array_equal(shipped["x"], rows)

@@ -396,3 +396,24 @@ def test_a_candidate_whose_output_has_another_shape_is_refused_by_name():
     alpha, zeta = rng.standard_normal((6, 5)), rng.standard_normal((6, 4))
     with pytest.raises(ExportError, match=r"output 'alpha' as \[4\] per row where fp32 gives \[5\]"):
         compare([{"alpha": alpha, "zeta": zeta}], [{"alpha": zeta, "zeta": alpha}], None, "auto", 1.0)
+
+
+def test_a_probability_per_row_is_judged_by_the_decisions_it_makes():
+    """A voice-activity detector's speech probability (one per chunk, nearly all near 0 or 1) is a
+    yes or a no: a candidate a few hundredths off decides as fp32 does, one that flips chunks does
+    not; its relative error, dominated by the rows near 0, would say neither. Values spread over
+    [0, 1] (a regressed score) or named as a regression keep relative error."""
+    speech = np.r_[np.full(60, 0.02), np.full(40, 0.97)].reshape(-1, 1).astype(np.float32)
+    speech[[10, 70], 0] = (0.4, 0.6)  # two chunks undecided
+    assert output_metric("output", speech)[0] == "decision"
+    assert output_metric("output", speech.ravel())[0] == "decision"  # [N] as well as [N, 1]
+    assert output_metric("output", rng.random((100, 1)))[0] == "relerr"  # spread: not decisions
+    assert output_metric("box_offset", speech)[0] == "relerr"
+    close = compare([{"output": speech}], [{"output": speech + 0.03}], None, "auto", 1.0)
+    assert close["within_budget"] and close["outputs"]["output"]["decision_agreement"] == 1.0
+    flipped = speech.copy()
+    flipped[[10, 70, 20], 0] = (0.6, 0.4, 0.35)  # two undecided chunks cross 0.5; one near 0 crosses 0.3
+    record = compare([{"output": speech}], [{"output": flipped}], None, "auto", 1.0)
+    agreement = record["outputs"]["output"]["decision_agreement_by_threshold"]
+    assert agreement == {"0.3": 0.99, "0.5": 0.98} and record["drop_points"] == pytest.approx(2.0)
+    assert "decisions agree on 98.00% of rows (worst of thresholds 0.3, 0.5)" in describe(record)

@@ -7,6 +7,7 @@ import pytest
 
 import unideploy
 from unideploy.errors import InputError
+from unideploy.guard.data import load_dataset, split
 
 pytest.importorskip("torch", reason="the torch extra is not installed")
 
@@ -115,3 +116,56 @@ def test_the_batch_is_found_by_name_not_assumed_at_axis_0(tmp_path):
     np.savez(tmp_path / "uneven.npz", **uneven)
     with pytest.raises(InputError, match=r"different row counts along their batch axes: .*'state': '5 \(axis 1\)'"):
         optimize(tmp_path / "pkg", tmp_path / "uneven.npz", output=tmp_path / "other")
+
+
+def _average_package(tmp_path):
+    from onnx_models import running_average_model
+
+    return unideploy.export(running_average_model(tmp_path / "average.onnx"), tmp_path / "pkg", state=["h=h_next:0.25"])
+
+
+def test_a_streaming_model_s_rows_without_their_state_are_a_stream_each_file_its_own(tmp_path):
+    """A streaming model's data that leaves its state out is read as streams, as ``deploy run``
+    reads a file of rows: one per .npz file of a directory, in order; the calibration rows get the
+    state the model carries to each (h = 0.5 h + x from 0.25 here, afresh in each stream), and the
+    split keeps where each stream begins."""
+    from unideploy.guard.data import carrying_state, validation_rows
+    from unideploy.runtimes import RUNTIMES, RuntimeOptions
+
+    with _average_package(tmp_path) as package:
+        signature = package.manifest.signature
+        run = RUNTIMES.get("onnxruntime")(
+            package.path_of(package.manifest.base_onnx()), signature, RuntimeOptions(device="cpu")
+        )
+    rng = np.random.default_rng(0)
+    streams = [rng.standard_normal((n, 4)).astype(np.float32) for n in (5, 3)]
+    (tmp_path / "streams").mkdir()
+    for i, x in enumerate(streams):
+        np.savez(tmp_path / "streams" / f"take{i}.npz", x=x)
+    data = load_dataset(tmp_path / "streams", signature)
+    assert data.stream_starts == (0, 5) and data.rows == 8
+    assert [s["x"].shape[0] for s in data.streams()] == [5, 3]
+    with run:
+        rows = carrying_state(data, run.run, signature)
+    expected = []
+    for x in streams:
+        h = np.full(4, 0.25, np.float32)
+        for row in x:
+            expected.append(h)
+            h = 0.5 * h + row
+    assert rows.stream_starts is None and np.allclose(rows.inputs["h"], np.array(expected), atol=1e-6)
+    calibration, validation = split(data)
+    assert (calibration.stream_starts, validation.stream_starts) == ((0,), (0, 1))  # the second stream begins at row 5
+    judged = validation_rows(validation, None, signature)
+    assert judged["rows_are"] == "validation rows (2 streams)" and judged["stream"] is signature
+    assert [b["x"].shape[0] for b in judged["batches"]] == [1, 3] and judged["rows"] == 4
+    np.savez(tmp_path / "with-state.npz", x=streams[0], h=np.zeros((5, 4), np.float32))
+    assert load_dataset(tmp_path / "with-state.npz", signature).stream_starts is None  # rows that carry their own
+
+
+def test_a_stream_of_the_wrong_shape_is_named_as_its_first_call_would_be(tmp_path):
+    with _average_package(tmp_path) as package:
+        signature = package.manifest.signature
+    np.savez(tmp_path / "bad.npz", x=np.zeros((6, 3), np.float32))
+    with pytest.raises(InputError, match=r"--calibration data '.*bad\.npz': input 'x'.*size 3 on axis 1, expected 4"):
+        load_dataset(tmp_path / "bad.npz", signature)

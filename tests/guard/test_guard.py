@@ -71,3 +71,32 @@ def test_over_budget_is_the_stage_own_refusal_with_the_numbers(guarded):
     rows = accuracy["rows"]
     assert refused.value.message.startswith(f"the candidate is over the budget on {rows} validation rows: output: ")
     assert "accuracy drop" in refused.value.message and "(budget 1)" in refused.value.message
+
+
+def test_over_a_stream_each_model_carries_its_own_state_and_its_error_compounds(tmp_path):
+    """A streaming model judged over a stream: the candidate is fed the state it returned itself,
+    as a served sequence feeds it, so a small error in its state shows in the outputs it leads to
+    (per row, with the reference's state given, the same candidate's output is exact). The state
+    output is judged through them, not by itself."""
+    from onnx_models import running_average_model
+
+    import unideploy
+
+    with unideploy.export(running_average_model(tmp_path / "a.onnx"), tmp_path / "pkg", state=["h=h_next"]) as package:
+        signature = package.manifest.signature
+        fp32 = _runner(package.path_of(package.manifest.base_onnx()))
+    drift = 0.01
+
+    def drifting(batch):  # its state a hundredth off each call; its output right for the state it is given
+        out = fp32(batch)
+        return {"y": out["y"], "h_next": out["h_next"] + drift}
+
+    x = np.random.default_rng(1).standard_normal((40, 4)).astype(np.float32)
+    streamed = Guard.of(fp32, [{"x": x}], stream=signature, rows=40, rows_are="validation rows (1 stream)")
+    record = streamed.judge("drifting", lambda: drifting)
+    assert set(record["outputs"]) == {"y"} and record["rows"] == 40
+    # the state's error e grows as e = 0.5 e + drift towards 2 * drift, and y = h + 2 x is off by it
+    assert record["outputs"]["y"]["max_abs_error"] == pytest.approx(2 * drift, rel=0.01)
+    carried = {"x": x, "h": np.vstack([np.zeros((1, 4), np.float32), *streamed.reference[0]["y"][:-1, None] / 2])}
+    per_row = Guard.of(fp32, [carried], rows=40).judge("drifting", lambda: drifting)
+    assert per_row["outputs"]["y"]["max_abs_error"] < 1e-6 and per_row["outputs"]["h_next"]["max_abs_error"] > 0

@@ -424,3 +424,23 @@ def test_an_int8_source_reduced_again_to_fp16_is_labelled_mixed(digits, tmp_path
     ) as package:
         made = package.manifest.artifact("onnx-fp16")
     assert (made.precision, made.derived_from) == ("mixed", "onnx-int8")
+
+
+def test_a_streaming_model_is_calibrated_and_judged_over_the_stream_it_is_given(tmp_path):
+    """`deploy optimize` of a streaming model given its rows without the state (one stream, as
+    `deploy run` takes them): the terminal and the record say the rows were judged as a stream, and
+    the state output is judged through the output it leads to, not on its own."""
+    from console import deploy
+    from onnx_models import running_average_model
+
+    unideploy.export(running_average_model(tmp_path / "a.onnx"), tmp_path / "pkg", state=["h=h_next:0.25"]).close()
+    np.savez(tmp_path / "stream.npz", x=np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32))
+    made = deploy("optimize", tmp_path / "pkg", "--quantize", "fp16", "--calibration", tmp_path / "stream.npz")
+    assert made.returncode == 0, made.stderr
+    assert "on 32 validation rows (1 stream)" in " ".join(made.stdout.split()), made.stdout
+    with unideploy.open_package(tmp_path / "pkg") as package:
+        record = package.manifest.optimizations[-1]
+    assert record["accuracy"]["rows_are"] == "validation rows (1 stream)" and set(record["accuracy"]["outputs"]) == {
+        "y"
+    }
+    assert record["data"]["calibration_rows"] == 32 and record["accuracy"]["within_budget"]

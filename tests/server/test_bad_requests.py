@@ -52,6 +52,14 @@ REST_CASES = [
         "is BYTES but its data holds float values",
     ),
     (
+        "BYTES datatype with a null",  # JSON's null once passed the check as "nothing strange": a 500
+        "/v2/models/digits/infer",
+        body(good_input(datatype="BYTES", shape=[2], data=["seven", None])),
+        {},
+        400,
+        "is BYTES but its data holds NoneType values",
+    ),
+    (
         "text for a float input",
         "/v2/models/digits/infer",
         body(good_input(datatype="BYTES", shape=[1, 1, 1, 1], data=["seven"])),

@@ -24,9 +24,14 @@ def ray_server(digits, tmp_path_factory):
     root = two_versions(
         tmp_path_factory.mktemp("ray-repo"), digits["package"], "digits", (50, 50), {"replicas": 2, "threads": 1}
     )
+    yield from _on_ray(root, "digits")
+
+
+def _on_ray(root, model: str):
+    """``deploy serve root --ray`` once ``model``'s two replicas run; stopped after (unless a test did)."""
     server = start_server(root, root.parent, "--ray", ready_within=240)
     try:
-        server.wait_for(lambda: len(ray_replicas("digits")) == 2, timeout=60, what="two replicas")
+        server.wait_for(lambda: len(ray_replicas(model)) == 2, timeout=60, what="two replicas")
         yield server
     finally:
         if server.process.poll() is None:
@@ -94,3 +99,62 @@ def test_sigterm_stops_the_cluster(ray_server):
     while ray_replicas("digits") and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not ray_replicas("digits")
+
+
+@pytest.fixture(scope="module")
+def ray_streams(tmp_path_factory):
+    """The running average (a streaming model) as two replicas of one thread each, on a cluster of
+    its own (the digits cluster above is stopped by then: two replicas of each would need 4 CPUs)."""
+    from onnx_models import running_average_model
+
+    import unideploy
+
+    root = tmp_path_factory.mktemp("ray-streams")
+    source = running_average_model(tmp_path_factory.mktemp("ray-stream-source") / "average.onnx")
+    unideploy.export(source, root / "average" / "1", state=["h=h_next:0.25"]).close()
+    (root / "average" / "model.yaml").write_text("replicas: 2\nthreads: 1\n")
+    yield from _on_ray(root, "average")
+
+
+def test_a_sequence_s_calls_reach_the_replica_that_holds_its_state(ray_streams):
+    """A streaming model on two replicas: each sequence's calls, carrying its id in Ray Serve's
+    session header, are routed by consistent hashing to one replica, which holds its state, so
+    eight interleaved sequences each answer as the model run over its rows in order (spread as
+    other requests are, about half the later calls would reach the replica that never saw the
+    start). A call without the header is refused naming it."""
+    assert deployment_options(ModelSettings(), streaming=True)["request_router_config"]["request_router_kwargs"] == {
+        "num_fallback_replicas": 0
+    }
+    rng = np.random.default_rng(0)
+    rows = {key: rng.standard_normal((4, 1, 4)).astype(np.float32) for key in range(1, 9)}
+
+    def call(http, key: int, step: int):
+        parameters = {"sequence_id": key, "sequence_start": step == 0, "sequence_end": step == 3}
+        x = rows[key][step]
+        body = {
+            "parameters": parameters,
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": x.ravel().tolist()}],
+        }
+        return http.post("/v2/models/average/infer", json=body, headers={"x-session-id": str(key)})
+
+    with ray_streams.client() as http:
+        answers: dict[int, list] = {key: [] for key in rows}
+        for step in range(4):
+            for key in rows:
+                answer = call(http, key, step)
+                assert answer.status_code == 200, answer.text
+                answers[key].append(answer.json()["outputs"][0]["data"])
+        for key, got in answers.items():
+            h, expected = np.full(4, 0.25, np.float32), []
+            for x in rows[key][:, 0]:
+                h = 0.5 * h + x
+                expected.append(2 * h)
+            np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-5)
+        unrouted = http.post(
+            "/v2/models/average/infer",
+            json={
+                "parameters": {"sequence_id": 9, "sequence_start": True},
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0.0] * 4}],
+            },
+        )
+        assert unrouted.status_code == 400 and "'x-session-id' header" in unrouted.json()["error"], unrouted.text

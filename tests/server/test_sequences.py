@@ -7,6 +7,7 @@ running average built here; through one process and through two front ends."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import shutil
 
 import numpy as np
@@ -265,6 +266,35 @@ def test_a_sequence_whose_version_was_replaced_is_told_to_start_again(stream_rep
         assert "ran on version 1, which is no longer served" in refused and "start it again" in refused
         again = _infer(client, "average", {"x": x}, sequence_id=1, sequence_start=True, sequence_end=True)
         assert again.get_response()["model_version"] == "2"
+    finally:
+        stop_server(running)
+
+
+def test_behind_a_balancer_routing_by_a_header_each_call_of_a_sequence_must_carry_its_id(stream_repo, tmp_path):
+    """`--sequence-header x-session-id` (a load balancer in front hashes it to choose the replica):
+    a sequence's call that carries its id there is answered, over REST and gRPC and through a front
+    end; one without it, or with another id, is refused 400 / INVALID_ARGUMENT naming the header,
+    since another replica would not hold its state; a call outside any sequence needs none."""
+    root = tmp_path / "repo"
+    shutil.copytree(stream_repo / "average", root / "average")
+    shutil.copytree(stream_repo / "digits", root / "digits")
+    running = start_server(root, tmp_path, "--frontends", "1", "--sequence-header", "X-Session-Id")
+    try:
+        x = np.ones((1, 4), np.float32)
+        for module, address in ((httpclient, running.http), (grpcclient, running.grpc)):
+            client = module.InferenceServerClient(address.removeprefix("http://"))
+            routed = _infer(
+                client, "average", {"x": x}, module, sequence_id=7, sequence_start=True, headers={"x-session-id": "7"}
+            )
+            np.testing.assert_allclose(routed.as_numpy("y"), 2 * (0.5 * 0.25 + x))
+            for headers in ({}, {"x-session-id": "8"}):
+                call = functools.partial(_infer, client, "average", {"x": x}, module, sequence_id=7, headers=headers)
+                refused = _error(call)
+                assert "without its id in the 'x-session-id' header" in refused, refused
+                assert "400" in refused or "INVALID_ARGUMENT" in refused, refused
+            _infer(client, "average", {"x": x}, module, sequence_id=7, sequence_end=True, headers={"x-session-id": "7"})
+            state = {"x": x, "h": np.zeros((1, 4), np.float32)}
+            np.testing.assert_allclose(_infer(client, "average", state, module).as_numpy("y"), 2 * x)
     finally:
         stop_server(running)
 

@@ -392,6 +392,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_request_rows=args.max_request_rows,
         max_sequences=args.max_sequences,
         sequence_idle_s=args.sequence_idle,
+        sequence_header=args.sequence_header,
         max_connections=args.max_connections,
         max_header_bytes=args.max_header_bytes,
         max_headers=args.max_headers,

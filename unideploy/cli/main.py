@@ -253,6 +253,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         help="seconds a sequence may go without a call before its state may be reclaimed (default: 60)",
     )
     p.add_argument(
+        "--sequence-header",
+        metavar="NAME",
+        default=None,
+        help="the header a load balancer in front routes by (consistent hashing): each call of a sequence must "
+        "carry its sequence_id there (default: none; under --ray, Ray Serve's session header, x-session-id)",
+    )
+    p.add_argument(
         "--max-connections",
         type=_positive_int,
         default=None,
@@ -409,7 +416,12 @@ def _add_optimize_options(p: argparse.ArgumentParser, required: bool, plugins: b
         owners = {option: ", ".join(passes) for option, (passes, _) in pass_options().items()}
         names = add_plugin_options(g, [cls.options for _, cls in PASSES], owners)
     p.set_defaults(pass_options=names)
-    g.add_argument("--calibration", metavar="DATA", help=".npz of named inputs (+ optional 'labels') or a directory")
+    g.add_argument(
+        "--calibration",
+        metavar="DATA",
+        help=".npz of named inputs (+ optional 'labels') or a directory; a streaming model's rows without "
+        "its state are a stream (one per file), judged with each model carrying its own state",
+    )
     g.add_argument("--validation", metavar="DATA", help="separate validation data (default: half of --calibration)")
     g.add_argument(
         "--synthetic-calibration",

@@ -45,7 +45,7 @@ from unideploy.errors import (
 )
 from unideploy.exporters.tflite_state import unrolled
 from unideploy.guard.accuracy import describe
-from unideploy.guard.data import load_dataset, split
+from unideploy.guard.data import carrying_state, load_dataset, split, validation_rows
 from unideploy.guard.guard import Guard, reference_rows, settings_of
 from unideploy.guard.search import search_record, trial
 from unideploy.onnx.dequantize import float_onnx, rounds_activations
@@ -55,7 +55,7 @@ from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import AccuracyRecord, OmittedRecord, Precision, SearchTrial
 from unideploy.package.writer import AddedArtifact, extend_package
-from unideploy.runtimes import RUNTIMES, RuntimeOptions
+from unideploy.runtimes import RUNTIMES, Runtime, RuntimeOptions
 from unideploy.samples import batch_size_of, take_rows, widest
 from unideploy.signature import CHANNELS_LAST, Signature, to_channels_last
 from unideploy.validation import (
@@ -99,18 +99,37 @@ def _to_ort(onnx_path: Path, workdir: Path) -> tuple[Path, Path]:
     return models[0], configs[0]
 
 
-def _calibration_rows(path: str | Path, source: Signature, model: Signature) -> list[dict[str, np.ndarray]]:
+def _calibration_rows(
+    path: str | Path, package: Package, base: Artifact | None, model: Signature
+) -> list[dict[str, np.ndarray]]:
     """The half of the user's data that calibrates (``split``: the guard judges on the other), one
     row at a time as TensorFlow's calibrator takes it (by the SavedModel's names), cut along each
     input's batch axis (axis 1 of recurrent state: cut along axis 0, its layers were resized and the
-    conversion failed), in the TFLite model's own layout."""
+    conversion failed), in the TFLite model's own layout; a streaming model's stream with the state
+    the fp32 model carries to each row."""
+    source = package.manifest.signature
+    data = split(load_dataset(path, source))[0]
+    if data.stream_starts is not None:
+        with _fp32(package, base) as fp32:
+            data = carrying_state(data, fp32.run, source)
     layouts = {t.name: t.layout for t in model.inputs}
     axes = source.batch_axes
     return [
         {converted_name(k): to_channels_last(v) if layouts.get(k) == CHANNELS_LAST else v for k, v in row.items()}
-        for batch in split(load_dataset(path, source))[0].batches()
+        for batch in data.batches()
         for row in (take_rows(batch, i, i + 1, axes) for i in range(batch_size_of(batch, axes)))
     ]
+
+
+def _fp32(package: Package, base: Artifact | None) -> Runtime:
+    """The package's fp32 ONNX artifact on ONNX Runtime's CPU provider: what edge artifacts are
+    judged against, and what carries a stream's state to its calibration rows."""
+    if base is None:
+        raise InputError(
+            "the package has no ONNX artifact to run the calibration data on",
+            "export the model with its ONNX artifact (the edge target converts from it)",
+        )
+    return RUNTIMES.get("onnxruntime")(package.path_of(base), package.manifest.signature, RuntimeOptions(device="cpu"))
 
 
 def _guard(
@@ -121,8 +140,9 @@ def _guard(
     accuracy: Mapping[str, Any] | None,
 ) -> Guard:
     """What the accuracy guard judges edge artifacts on: the half of the user's data that int8 was not
-    calibrated on (with its labels) against the fp32 ONNX artifact's outputs, or else the package's
-    reference samples against the source's; with the budget and metric the user asked for."""
+    calibrated on (with its labels) against the fp32 ONNX artifact's outputs (a streaming model's
+    streams each model runs with its own state), or else the package's reference samples against the
+    source's; with the budget and metric the user asked for."""
     manifest = package.manifest
     settings = {**settings_of(accuracy), "output_axes": manifest.signature.output_batch_axes}
     if calibration is None or base is None:
@@ -133,10 +153,8 @@ def _guard(
             **settings,
         )
     data = split(load_dataset(calibration, manifest.signature))[1]
-    with RUNTIMES.get("onnxruntime")(package.path_of(base), manifest.signature, RuntimeOptions(device="cpu")) as fp32:
-        return Guard.of(
-            fp32.run, data.batches(manifest.fixed_batch), data.labels, rows_are="validation rows", **settings
-        )
+    with _fp32(package, base) as fp32:
+        return Guard.of(fp32.run, **validation_rows(data, manifest.fixed_batch, manifest.signature), **settings)
 
 
 def _fewest_float_layers(
@@ -434,7 +452,7 @@ def _tflite_artifacts(
             in_fp32: dict[str, str] = {}  # fp16: constants it keeps in fp32, and why
             if mode in ("int8", "int8-selective", "fp16") and calibration is not None:
                 # int8 is planned only with calibration; fp16 measures where fp16 weights would not do
-                data = _calibration_rows(calibration, manifest.signature, signature or manifest.signature)
+                data = _calibration_rows(calibration, package, base, signature or manifest.signature)
             if mode == "int8-selective":  # planned only after full integer, calibrated, was over budget
                 path, searched = _fewest_float_layers(saved_model, work, data or [], judge, say, names)
             else:

@@ -24,8 +24,8 @@ from unideploy.exporters.shapes import resolve_signature, settle_outputs
 from unideploy.onnx.interface import declare_signature
 from unideploy.package.manifest import ValidationRecord
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
-from unideploy.samples import example_batches, synthetic_batches
-from unideploy.signature import Signature
+from unideploy.samples import batch_size_of, example_batches, streams, synthetic_batches, with_carried_state
+from unideploy.signature import BATCH_DIM, Signature
 from unideploy.validation import require_passed, row_by_row, validate
 
 
@@ -83,7 +83,7 @@ def _here(
     say: Callable[[str], None],
 ) -> SourceRun:
     say(f"converting {src.name} with the {exporter_cls.name} exporter")
-    converted = exporter_cls().convert(src, workdir, options)
+    converted = exporter_cls().convert(src, workdir, _traceable(options))
     signature, sizes = resolve_signature(converted.signature, options, converted.size_hints)
     # a streaming model's state (--state, a TFLite model's variables): a pair that cannot be one is
     # refused here, before the source runs
@@ -91,9 +91,16 @@ def _here(
 
     say("running the source model on reference samples")
     if options.example_inputs is not None:
-        batches = example_batches(options.example_inputs, signature)
+        example = options.example_inputs
+        if streams(example, signature):  # a stream's rows, each with the state the source carries to it
+            example = with_carried_state(converted.run_source, example, signature)
+        batches = example_batches(example, signature)
     else:
         batches = synthetic_batches(signature, sizes)
+        if signature.state:  # a state the model reaches, not noise: each batch's random rows as a stream
+            batches = [
+                with_carried_state(converted.run_source, _without_state(b, signature), signature) for b in batches
+            ]
     references = [(batch, converted.run_source(batch)) for batch in batches]
     signature = settle_outputs(signature, references)
     if converted.onnx_path is not None:
@@ -116,6 +123,29 @@ def _here(
         native_validation,
         spread,
     )
+
+
+def _without_state(batch: dict[str, np.ndarray], signature: Signature) -> dict[str, np.ndarray]:
+    return {name: value for name, value in batch.items() if name not in signature.state_inputs}
+
+
+def _traceable(options: ExportOptions) -> ExportOptions:
+    """``options`` as a converter that traces the source with the example takes them (TorchScript,
+    ``torch.export``): a stream (a streaming model's rows without the state its ``--state`` names)
+    given each such state input at its initial value, in the shape its ``--input-shape`` declares,
+    its batch dimension at the stream's rows. The references are computed on the stream itself."""
+    example, shapes = options.example_inputs, {s.name: s for s in options.input_shapes}
+    missing = [p for p in options.state if example is not None and p.input not in example and p.input in shapes]
+    if example is None or not missing:
+        return options
+    axes = {s.name: next((a for a, n in s.dim_names.items() if n == BATCH_DIM), 0) for s in shapes.values()}
+    rows = batch_size_of(example, axes)
+    filled = dict(example)
+    for pair in missing:
+        spec, axis = shapes[pair.input], axes[pair.input]
+        size = [rows if a == axis else d for a, d in enumerate(spec.shape)]
+        filled[pair.input] = np.full(size, pair.initial, spec.dtype)
+    return replace(options, example_inputs=filled)
 
 
 def _rows_alone(converted: ConvertedModel, signature: Signature) -> tuple[str, SourceRunner] | None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from unideploy.errors import InputError
 from unideploy.gpu.precision import PRECISIONS, BuildPlan, plan_build
-from unideploy.package import Manifest, Package, PlannedArtifact
+from unideploy.package import Artifact, Manifest, Package, PlannedArtifact
 from unideploy.package.files import digest_path, scratch_dir
 from unideploy.package.manifest import Tolerance, ValidationRecord
 from unideploy.package.writer import AddedArtifact, extend_package
@@ -82,10 +82,16 @@ def engine_tolerance(plan: BuildPlan, manifest: Manifest, references: list[tuple
     )
 
 
-def _calibration_file(path: str | Path, manifest: Manifest, work: Path) -> Path:
-    from unideploy.guard.data import load_dataset
+def _calibration_file(path: str | Path, package: Package, artifact: Artifact, work: Path) -> Path:
+    """The rows TensorRT's calibrator reads (a streaming model's stream, each row with the state
+    ``artifact`` carries to it on ONNX Runtime's CPU provider)."""
+    from unideploy.guard.data import carrying_state, load_dataset
 
-    dataset = load_dataset(path, manifest.signature).take(0, MAX_CALIBRATION_ROWS)
+    signature = package.manifest.signature
+    dataset = load_dataset(path, signature).take(0, MAX_CALIBRATION_ROWS)
+    if dataset.stream_starts is not None:
+        with RUNTIMES.get("onnxruntime")(package.path_of(artifact), signature, RuntimeOptions(device="cpu")) as fp32:
+            dataset = carrying_state(dataset, fp32.run, signature)
     out = work / CALIBRATION_FILE
     with open(out, "wb") as fh:
         np.savez(fh, **dataset.inputs)  # type: ignore[arg-type]  # numpy stub: **arrays read as allow_pickle
@@ -155,7 +161,7 @@ def build_gpu(
             say(f"TensorRT {precision}: {plan.reason}")
             if plan.calibrate and calibration is None:
                 assert request.calibration is not None  # plan_build calibrates only when there is data
-                calibration = _calibration_file(request.calibration, manifest, work)
+                calibration = _calibration_file(request.calibration, package, plan.artifact, work)
             spec, spec_path = _stage_recipe(package, plan, request, profiles, work, calibration)
             tolerance = engine_tolerance(plan, manifest, references)
             companions: dict[str, Path] = (

@@ -25,6 +25,10 @@ Each output is judged by the metric that fits what it holds, chosen here from it
   IoU 0.5 of the regions a DB detector's post-processing finds at its threshold, 0.3), the others
   (one segment per image) by the IoU of the foreground each model marks at every threshold in
   ``maps.THRESHOLDS``, the worst one counting (``maps.py``);
+- ``decision``: one probability per row, nearly all of them near 0 or 1 (a voice-activity
+  detector's speech, a wake word's): share of rows both models decide alike at every threshold in
+  ``maps.THRESHOLDS``, the worst counting (a row a few hundredths off stays decided as it was;
+  its relative error, over probabilities near 0, would not);
 - ``coords``: coordinates per candidate window beside class probabilities whose class 0 is the
   background (MTCNN's box offsets and landmarks, in units of the window): mean absolute error in %
   of the window at the windows fp32 classes as objects (``coords.py``);
@@ -97,6 +101,13 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
                     f"{ref.shape[-1]} random values): regressed values (landmarks, coordinates), relative error",
                 )
         return "top1", f"rows are scores over {ref.shape[-1]} classes: top-1 agreement"
+    if ref.ndim and ref.size == ref.shape[0] and maps.decided(ref) and not _REGRESSION_NAME.search(name):
+        thresholds = " and ".join(map(str, maps.THRESHOLDS))
+        return (
+            "decision",
+            f"one probability per row, nearly all near 0 or 1 (a yes or a no: voice activity, a wake word): "
+            f"share of rows decided alike at {thresholds}",
+        )
     shaped = detections.shaped_layouts(ref)  # a detector head's layout, with or without a detection
     if (head := detections.layout(ref, shaped)) is not None:
         return (

@@ -4,8 +4,9 @@ A ``Guard`` holds the fp32 model's outputs on the evaluation rows (the validatio
 user's data, or the package's reference samples), the labels if any, the metric request and the
 budgets. It judges a candidate once (``judge``: each output by its metric, cached by the
 candidate's key, so a search's candidates and the final check never run a model twice) and
-admits it or raises the stage's own refusal with the numbers (``admit``). Optimize, edge and
-ascend use the same one; what differs between them is only what the candidate is (an ONNX
+admits it or raises the stage's own refusal with the numbers (``admit``). A streaming model's
+evaluation rows may be whole streams (``stream``): each model then runs over them carrying its own
+state, as it will when served. Optimize, edge and ascend use the same one; what differs between them is only what the candidate is (an ONNX
 session, a TFLite interpreter, a MindSpore network) and how a refusal is worded.
 """
 
@@ -21,7 +22,8 @@ import numpy as np
 from unideploy.errors import UnideployError
 from unideploy.guard.accuracy import DEFAULT_BUDGET_POINTS, choose_metrics, compare, describe
 from unideploy.package.manifest import AccuracyRecord
-from unideploy.samples import join_rows
+from unideploy.samples import join_rows, run_as_stream
+from unideploy.signature import Signature
 
 Batch = dict[str, np.ndarray]
 Runner = Callable[[Batch], Mapping[str, np.ndarray]]
@@ -45,6 +47,18 @@ def reference_rows(origin: str) -> str:
     return "synthetic reference rows (random inputs)" if origin == "synthetic" else "reference rows"
 
 
+def run_on(run: Runner, batch: Batch, stream: Signature | None = None) -> dict[str, np.ndarray]:
+    """``run``'s outputs on ``batch``; on a stream (``stream``: the model's signature), its outputs
+    over the stream run from the initial state, each call given the state ``run`` itself returned
+    the call before (``run_as_stream``), so an error in the state compounds as it does when the
+    model is served. The state outputs are left out: what they hold counts through the outputs
+    they lead to (an LSTM's hidden state may drift where its decisions do not)."""
+    if stream is None:
+        return dict(run(batch))
+    outputs = run_as_stream(run, batch, stream)
+    return {name: value for name, value in outputs.items() if name not in stream.state_outputs}
+
+
 @dataclass
 class Guard:
     batches: list[Batch]
@@ -56,12 +70,15 @@ class Guard:
     rows_are: str = "rows"  # how a refusal names the rows ("validation rows", "reference rows")
     rows: int | None = None  # how many rows ``batches`` hold (along each input's batch axis), where known
     output_axes: Mapping[str, int | None] | None = None  # where each output's rows lie (the signature's)
+    # a streaming model's signature where each of ``batches`` is a stream (``Dataset.streams``): each
+    # model runs over it from the initial state, carrying its own state (``run_on``)
+    stream: Signature | None = None
     _judged: dict[Hashable, AccuracyRecord] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, fp32: Runner, batches: list[Batch], labels: np.ndarray | None = None, **settings: Any) -> Guard:
         """A guard whose reference is ``fp32`` run on ``batches``."""
-        return cls(batches, [dict(fp32(b)) for b in batches], labels, **settings)
+        return cls(batches, [run_on(fp32, b, settings.get("stream")) for b in batches], labels, **settings)
 
     @cached_property
     def metrics(self) -> dict[str, tuple[str, str]]:
@@ -77,7 +94,7 @@ class Guard:
             run = open_runner()
             record = compare(
                 self.reference,
-                [dict(run(b)) for b in self.batches],
+                [run_on(run, b, self.stream) for b in self.batches],
                 self.labels,
                 self.metric,
                 self.budget_points,

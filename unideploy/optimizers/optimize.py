@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import AccuracyBudgetError, ExportError, InputError, first_line
-from unideploy.guard.data import Dataset, load_dataset, split, synthetic_dataset
+from unideploy.guard.data import Dataset, carrying_state, load_dataset, split, synthetic_dataset, validation_rows
 from unideploy.guard.guard import Guard, settings_of
 from unideploy.guard.measure import (
     latency,
@@ -34,7 +34,6 @@ from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import AccuracyRecord, OptimizationRecord, ValidationRecord
 from unideploy.package.writer import extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
-from unideploy.samples import batch_size_of
 from unideploy.validation import measured_tolerance_record
 
 Progress = Callable[[str], None]
@@ -130,16 +129,16 @@ def optimize(
 
         say("running the fp32 artifact on the validation data")
         fp32 = timing_session(base_path)
-        val_batches = validation.batches(fixed_batch)
         guard = Guard.of(
             _runner(fp32),
-            val_batches,
-            validation.labels,
+            **validation_rows(validation, fixed_batch, signature),
             **settings_of(request.accuracy),
-            rows_are="validation rows",
-            rows=sum(batch_size_of(b, signature.batch_axes) for b in val_batches),
             output_axes=signature.output_batch_axes,
         )
+        if guard.stream is not None:
+            say(f"judging over {len(guard.batches)} stream(s), each model carrying its own state")
+        calibration = carrying_state(calibration, _runner(fp32), signature)
+        calibration_batches = calibration.batches(fixed_batch)
         for name, (metric, why) in guard.metrics.items():  # refuses a bad --metric before any work
             say(f"judging '{name}' by {metric}: {why}")
         evaluated: dict[Path, Evaluation] = {}
@@ -151,11 +150,13 @@ def optimize(
             if candidate not in evaluated:
                 evaluated[candidate] = Evaluation(
                     judge(candidate),
-                    latency(fp32, _session_of(candidate), val_batches[0], batch_sizes, axes=signature.batch_axes),
+                    latency(
+                        fp32, _session_of(candidate), calibration_batches[0], batch_sizes, axes=signature.batch_axes
+                    ),
                 )
             return evaluated[candidate]
 
-        context = PassContext(signature, calibration.batches(fixed_batch), Path(tmp), evaluate, judge, fixed_batch, say)
+        context = PassContext(signature, calibration_batches, Path(tmp), evaluate, judge, fixed_batch, say)
         steps: list[dict[str, Any]] = []
         notes: list[str] = []
         current, precision, targets = base_path, base.precision, base.targets

@@ -50,7 +50,7 @@ class Server:
             config.max_request_rows,
             config.shared_memory,
             config.max_request_bytes,
-            SequenceStates(config.max_sequences, config.sequence_idle_s),
+            SequenceStates(config.max_sequences, config.sequence_idle_s, header=config.sequence_header),
         )
         self._stop = asyncio.Event()
 

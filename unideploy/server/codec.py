@@ -124,10 +124,12 @@ def from_json_data(data: Any, datatype: Any, shape: Sequence[int], tensor: str) 
             flat = np.asarray(data, dtype=object).reshape(-1)
         except ValueError as exc:  # ragged nesting
             raise BadRequest(f"input '{tensor}' data is not a regular array of strings: {exc}") from exc
-        strange = next((v for v in flat if not isinstance(v, str)), None)
-        if strange is not None:
+        # a list, not None, as the default: JSON's null is a value this refuses too (it was read as
+        # "nothing strange" and reached str's decode, a 500 the REST fuzzing found)
+        strange = next(([v] for v in flat if not isinstance(v, str)), [])
+        if strange:
             raise BadRequest(
-                f"input '{tensor}' is BYTES but its data holds {type(strange).__name__} values",
+                f"input '{tensor}' is BYTES but its data holds {type(strange[0]).__name__} values",
                 "send text as JSON strings",
             )
         return _texts(flat.tolist(), shape, tensor)

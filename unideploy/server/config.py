@@ -103,6 +103,13 @@ class ServerConfig(BaseSettings):
         gt=0,
         description="seconds a sequence may go without a call before its slot and state may be reclaimed",
     )
+    sequence_header: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
+        description="the header a load balancer in front routes by (consistent hashing), so that a sequence's "
+        "calls reach the replica holding its state: each must carry its sequence_id there, or is refused (400); "
+        "under --ray, Ray Serve's session header (x-session-id, or RAY_SERVE_SESSION_ID_HEADER_KEY)",
+    )
     inference_token: str | None = Field(None, description="bearer token for inference and metadata")
     repository_token: str | None = Field(None, description="bearer token for the repository and routing APIs")
     tls_cert: Path | None = Field(None, description="PEM certificate: both ports over TLS (with tls_key)")

@@ -322,7 +322,9 @@ class DataPlane:
             for key, v in request.inputs.items()
         }
         model = self.registry.models.get(name)
-        if request.sequence is not None and (kept := self._sequence_version(name, version, request.sequence)):
+        if request.sequence is not None and (
+            kept := self._sequence_version(name, version, request.sequence, request.headers)
+        ):
             version = kept  # a sequence keeps the version it started on
             if kept not in (model.versions if model is not None else {}):
                 raise BadRequest(
@@ -340,15 +342,18 @@ class DataPlane:
             self.metrics.statistics(name, served.version).failed.add(1, time.perf_counter() - start + request.decode_s)
             raise
 
-    def _sequence_version(self, name: str, asked: str | None, control: SequenceControl) -> str | None:
+    def _sequence_version(
+        self, name: str, asked: str | None, control: SequenceControl, headers: Mapping[str, str]
+    ) -> str | None:
         """The version a continuing sequence started on (None: a starting one); a call naming
         another version is refused, as its state belongs to the first, and so is a sequence of a
-        model without state."""
+        model without state, or one that does not carry the header replicas are chosen by."""
         if not self.registry.get(name, asked).signature.state:
             raise BadRequest(
                 f"model '{name}' keeps no state between calls, so it has no sequences",
                 "leave sequence_id, sequence_start and sequence_end out",
             )
+        self.sequences.check_routed(control, headers)
         kept = self.sequences.version_of(name, control)
         if kept is not None and asked and asked != kept:
             raise BadRequest(

@@ -16,15 +16,16 @@ The model folders must be readable wherever replicas run (one machine, or a shar
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from unideploy.errors import InputError, MissingDependencyError
+from unideploy.errors import InputError, MissingDependencyError, UnideployError
 from unideploy.server.config import ModelSettings, ServerConfig, is_remote
-from unideploy.server.repository import scan
+from unideploy.server.repository import ModelSource, scan
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -35,6 +36,10 @@ log = logging.getLogger("unideploy.server")
 FRONT_APP = "unideploy"
 MODEL_DEPLOYMENT = "model"
 DEFAULT_TARGET_ONGOING = 2  # Ray Serve's own default when autoscaling
+# a streaming model's sequences: the same session header, the same replica (Ray Serve 2.60's router)
+SEQUENCE_ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"
+SESSION_HEADER_VARIABLE = "RAY_SERVE_SESSION_ID_HEADER_KEY"  # where Ray Serve's proxy reads its name
+DEFAULT_SESSION_HEADER = "x-session-id"
 RAY_INSTALL = "pip install 'unideploy[ray]'"
 SHUTDOWN_TIMEOUT_S = 30.0  # Serve drains each replica for up to 20 s (graceful_shutdown_timeout_s)
 
@@ -43,9 +48,16 @@ def app_name(model: str) -> str:
     return f"model-{model}"
 
 
-def deployment_options(settings: ModelSettings) -> dict[str, Any]:
-    """Ray Serve deployment options from a model's ``model.yaml``."""
+def deployment_options(settings: ModelSettings, streaming: bool = False) -> dict[str, Any]:
+    """Ray Serve deployment options from a model's ``model.yaml``; a streaming model's requests are
+    routed by consistent hashing over Ray Serve's session header, strictly (no other replica when
+    the one chosen is busy: only it holds the sequence's state)."""
     options: dict[str, Any] = {"name": MODEL_DEPLOYMENT, "ray_actor_options": {"num_cpus": settings.threads or 1}}
+    if streaming:
+        options["request_router_config"] = {
+            "request_router_class": SEQUENCE_ROUTER,
+            "request_router_kwargs": {"num_fallback_replicas": 0},
+        }
     if settings.target_concurrency is None and settings.min_replicas == settings.max_replicas:
         options["num_replicas"] = settings.min_replicas
     else:
@@ -136,6 +148,12 @@ def serve_on_ray(config: ServerConfig, address: str | None = None) -> None:
             "deploy serve --ray takes a local repository folder",
             "mount the bucket where the replicas run, or serve it without --ray",
         )
+    if config.sequence_header is not None:
+        raise InputError(
+            "--sequence-header does not apply with --ray: Ray Serve's proxy routes a sequence's calls by its "
+            f"own session header ({SESSION_HEADER_VARIABLE}, default {DEFAULT_SESSION_HEADER})",
+            f"leave --sequence-header out, and set {SESSION_HEADER_VARIABLE} where the cluster runs to rename it",
+        )
     models = scan(Path(config.repository), config.model_name)
     if not models:
         raise InputError(
@@ -151,9 +169,12 @@ def serve_on_ray(config: ServerConfig, address: str | None = None) -> None:
     try:
         serve.start(http_options={"host": config.host, "port": config.http_port})
         replica = serve.ingress()(ModelReplica)
+        header = os.environ.get(SESSION_HEADER_VARIABLE, DEFAULT_SESSION_HEADER)
         for name, source in models.items():
-            one_model = config.model_copy(update={"repository": source.directory, "model_name": name})
-            deployment = serve.deployment(**deployment_options(source.settings))(replica)
+            one_model = config.model_copy(
+                update={"repository": source.directory, "model_name": name, "sequence_header": header}
+            )
+            deployment = serve.deployment(**deployment_options(source.settings, _streams(source)))(replica)
             serve.run(deployment.bind(one_model), name=app_name(name), route_prefix=f"/v2/models/{name}")
         front = serve.deployment(name="front", ray_actor_options={"num_cpus": 0})(serve.ingress()(Front))
         serve.run(front.bind(list(models)), name=FRONT_APP, route_prefix="/")
@@ -173,6 +194,21 @@ def serve_on_ray(config: ServerConfig, address: str | None = None) -> None:
         drain.start()
         drain.join(SHUTDOWN_TIMEOUT_S)
         ray.shutdown()
+
+
+def _streams(source: ModelSource) -> bool:
+    """Whether any version of the model keeps state between calls (its sequences then need every
+    call on one replica)."""
+    from unideploy.package import Package
+
+    for version in source.versions.values():
+        try:
+            with Package.open(version.path) as package:
+                if package.manifest.signature.state:
+                    return True
+        except UnideployError:  # a version that does not open is refused by the replicas, saying why
+            continue
+    return False
 
 
 def _wait_for_signal() -> None:

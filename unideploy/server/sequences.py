@@ -84,14 +84,34 @@ class Sequence:
 class SequenceStates:
     """Every live sequence of every model, keyed by model name and sequence id."""
 
-    def __init__(self, max_sequences: int, idle_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_sequences: int,
+        idle_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        header: str | None = None,
+    ) -> None:
         self.max_sequences = max_sequences
         self.idle_s = idle_s
+        # the header a load balancer in front routes a sequence's calls by (``check_routed``)
+        self.header = header.lower() if header else None
         self._clock = clock
         self._live: dict[tuple[str, SequenceId], Sequence] = {}
 
     def __len__(self) -> int:
         return len(self._live)
+
+    def check_routed(self, control: SequenceControl, headers: Mapping[str, str]) -> None:
+        """Behind a load balancer that routes by a header (Ray Serve's session header, an Istio
+        consistent hash), a sequence's calls reach the replica that holds its state only if each
+        carries its id there; one that does not may land anywhere, and is refused here at once
+        rather than on whichever later call lands on another replica."""
+        if self.header is not None and headers.get(self.header) != str(control.id):
+            raise BadRequest(
+                f"a call of sequence {control.id!r} without its id in the '{self.header}' header",
+                f"send '{self.header}: {control.id}' with every call of the sequence: the replicas are chosen by it, "
+                "so that each call reaches the one holding the sequence's state",
+            )
 
     def version_of(self, model: str, control: SequenceControl) -> str | None:
         """The version a continuing sequence runs on (None: a starting one, which routing picks)."""

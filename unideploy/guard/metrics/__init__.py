@@ -17,6 +17,7 @@ METRICS: Registry[Metric] = Registry(
         "detection": "unideploy.guard.metrics.builtin:DetectionAP",
         "regions": "unideploy.guard.metrics.builtin:RegionHmean",
         "mask": "unideploy.guard.metrics.builtin:MaskIoU",
+        "decision": "unideploy.guard.metrics.builtin:DecisionAgreement",
         "coords": "unideploy.guard.metrics.builtin:CoordinateError",
         "relerr": "unideploy.guard.metrics.builtin:RelativeError",
     },

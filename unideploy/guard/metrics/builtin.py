@@ -123,6 +123,25 @@ class DetectionAP(Metric):
         )
 
 
+class DecisionAgreement(Metric):
+    name = "decision"
+    measures = (
+        "a probability per row (a detector's yes or no: voice activity, a wake word): share of rows decided "
+        "as fp32 decides them at every threshold, the worst counting"
+    )
+
+    def score(self, output: Output) -> tuple[float, dict[str, Any]]:
+        by_threshold = maps.decision_agreement(output.reference, output.candidate)
+        agreement = min(by_threshold.values())
+        return 1.0 - agreement, {"decision_agreement_by_threshold": by_threshold, "decision_agreement": agreement}
+
+    def detail(self, record: Mapping[str, Any]) -> str:
+        return (
+            f"decisions agree on {record['decision_agreement']:.2%} of rows (worst of thresholds "
+            f"{', '.join(record['decision_agreement_by_threshold'])})"
+        )
+
+
 class MaskIoU(Metric):
     name = "mask"
     measures = "probability maps of one segment each: IoU of the foreground at every threshold, the worst counting"

@@ -25,13 +25,27 @@ def is_probability_map(ref: np.ndarray) -> bool:
     """One channel of values in [0, 1] over spatial positions, nearly all of them decided (a
     sigmoid's map is near 0 or 1 almost everywhere: PP-OCRv4's text map has 0.2 % of its pixels
     between 0.1 and 0.9; an image or a depth map in [0, 1] has most), with some foreground."""
-    values = ref.astype(np.float64)
     return (
         (ref.ndim == 3 or (ref.ndim == 4 and 1 in (ref.shape[1], ref.shape[-1])))
-        and bool((values >= -1e-6).all() and (values <= 1 + 1e-6).all())
-        and bool((values >= max(THRESHOLDS)).any())
+        and decided(ref)
+        and bool((ref >= max(THRESHOLDS)).any())
+    )
+
+
+def decided(ref: np.ndarray) -> bool:
+    """Probabilities of a yes or a no, nearly all of them decided: values in [0, 1], at most
+    ``MAX_UNDECIDED`` of them between 0.1 and 0.9 (a sigmoid's, where an image's or a regressed
+    value's in [0, 1] spread over the range)."""
+    values = ref.astype(np.float64)
+    return (
+        bool((values >= -1e-6).all() and (values <= 1 + 1e-6).all())
         and float(((values > 0.1) & (values < 0.9)).mean()) <= MAX_UNDECIDED
     )
+
+
+def decision_agreement(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """The share of values both models decide alike (>= threshold or not), per threshold."""
+    return {str(t): float(((a >= t) == (b >= t)).mean()) for t in THRESHOLDS}
 
 
 def mean_regions(ref: np.ndarray) -> float:
