@@ -6,8 +6,9 @@ budgets. It judges a candidate once (``judge``: each output by its metric, cache
 candidate's key, so a search's candidates and the final check never run a model twice) and
 admits it or raises the stage's own refusal with the numbers (``admit``). A streaming model's
 evaluation rows may be whole streams (``stream``): each model then runs over them carrying its own
-state, as it will when served. Optimize, edge and ascend use the same one; what differs between them is only what the candidate is (an ONNX
-session, a TFLite interpreter, a MindSpore network) and how a refusal is worded.
+state, as it will when served. Optimize, edge and ascend use the same one; what differs between
+them is only what the candidate is (an ONNX session, a TFLite interpreter, a MindSpore network)
+and how a refusal is worded.
 """
 
 from __future__ import annotations
