@@ -93,3 +93,33 @@ def test_a_streaming_model_given_none_of_its_state_runs_the_rows_as_one_stream()
     ).with_state((StateSpec("h", "h_next"), StateSpec("c", "c_next")))
     with pytest.raises(InputError, match="state input\\(s\\) 'h' given without 'c'"):
         run_in_batches(run, {"x": x, "h": np.zeros((2, 4, 3), np.float32)}, two)
+
+
+def test_a_fixed_size_artifact_s_rows_lie_where_its_package_s_do():
+    """A batch-1 edge artifact of a recurrent model ([1, 3] and its state [2, 1, 3]) cannot say from
+    its sizes that the state's rows are on axis 1; its package's signature can (``rows_like``, which
+    ``Manifest.signature_of`` sets). So a file of rows with their state runs a row a call, the state
+    cut and the answers joined along axis 1, as on the package's dynamic ONNX artifact (before, the
+    state's axis 0 was read as its rows, the batch as not fixed, and the file refused at 5 rows)."""
+    package = Signature(
+        (TensorSpec("x", "float32", ("batch", 3)), TensorSpec("h", "float32", (2, "batch", 3))),
+        (TensorSpec("y", "float32", ("batch", 3)), TensorSpec("h_next", "float32", (2, "batch", 3))),
+    )
+    fixed = Signature(
+        (TensorSpec("x", "float32", (1, 3)), TensorSpec("h", "float32", (2, 1, 3))),
+        (TensorSpec("y", "float32", (1, 3)), TensorSpec("h_next", "float32", (2, 1, 3))),
+        rows_like=package,
+    )
+    assert fixed_rows(fixed) == 1 and fixed.batch_axes == {"x": 0, "h": 1}
+    calls = []
+
+    def run(inputs):
+        calls.append((inputs["x"].shape, inputs["h"].shape))
+        h_next = 0.5 * inputs["h"] + inputs["x"][None]
+        return {"y": h_next.sum(axis=0), "h_next": h_next}
+
+    rng = np.random.default_rng(0)
+    rows = {"x": rng.standard_normal((5, 3)).astype(np.float32), "h": rng.standard_normal((2, 5, 3)).astype(np.float32)}
+    got = run_in_batches(run, rows, fixed)
+    assert calls == [((1, 3), (2, 1, 3))] * 5 and got["h_next"].shape == (2, 5, 3)
+    np.testing.assert_allclose(got["h_next"], 0.5 * rows["h"] + rows["x"][None], rtol=1e-6)

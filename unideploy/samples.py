@@ -186,11 +186,13 @@ MAX_EXAMPLE_BATCHES = 16  # of a model that fixes its batch size: a batch-1 mode
 
 
 def fixed_rows(signature: Signature) -> int | None:
-    """The batch size a model fixes (a batch-1 TFLite model's 1): the size every input's first axis
-    has where no dimension is dynamic along the rows; None where the batch is dynamic."""
+    """The batch size a model fixes (a batch-1 TFLite model's 1): the size every input has along its
+    rows' axis (its package's, for a recurrent state's axis 1: ``Signature.rows_like``) where no
+    dimension is dynamic along the rows; None where the batch is dynamic."""
     if signature.batch_dim is not None:
         return None
-    sizes = {spec.shape[0] for spec in signature.inputs if spec.shape}
+    axes = signature.batch_axes
+    sizes = {spec.shape[axis] for spec in signature.inputs if (axis := axes[spec.name]) is not None and spec.shape}
     size = sizes.pop() if len(sizes) == 1 else None
     return size if isinstance(size, int) else None
 
@@ -219,8 +221,9 @@ def fixed_batches(inputs: Mapping[str, Any], signature: Signature) -> list[dict[
     if not fixed or set(inputs) != set(signature.input_names):
         return None
     given = {name: np.asarray(value) for name, value in inputs.items()}
-    rows = batch_size_of(given, dict.fromkeys(given, 0))
-    return row_batches(given, "the inputs", fixed) if rows > fixed and rows % fixed == 0 else None
+    axes = signature.batch_axes
+    rows = batch_size_of(given, axes)
+    return row_batches(given, "the inputs", fixed, axes) if rows > fixed and rows % fixed == 0 else None
 
 
 def run_in_batches(

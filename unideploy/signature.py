@@ -176,6 +176,9 @@ class Signature:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...] = field(default_factory=tuple)
     state: tuple[StateSpec, ...] = ()  # inputs fed back from outputs (a streaming model's state)
+    # a fixed-size artifact's rows lie where its package's do, which its fixed sizes cannot say (a
+    # batch-1 TFLite's recurrent state [2, 1, 128] has them on axis 1): ``Manifest.signature_of``
+    rows_like: Signature | None = field(default=None, compare=False, repr=False)
 
     def with_state(self, state: tuple[StateSpec, ...]) -> Signature:
         """This signature with ``state`` recorded, each pair checked: an input and an output of this
@@ -271,12 +274,13 @@ class Signature:
         ``[layers, batch, hidden]`` has it at axis 1); None for an input without one (a scalar, or a
         table every row shares). A model without a dynamic dim has its rows on axis 0."""
         dim = self.batch_dim
+        like = self.rows_like.batch_axes if dim is None and self.rows_like is not None else {}
 
         def axis(spec: TensorSpec) -> int | None:
             if not spec.shape:
                 return None
             if dim is None:
-                return 0
+                return like.get(spec.name, 0)
             return spec.shape.index(dim) if dim in spec.shape else None
 
         return {t.name: axis(t) for t in self.inputs}
@@ -287,8 +291,11 @@ class Signature:
         model's state ``[layers, batch, hidden]``: axis 1); axis 0 where the output does not name
         it (exporters name output dims their own way), None for a scalar."""
         dim = self.batch_dim
+        like = self.rows_like.output_batch_axes if dim is None and self.rows_like is not None else {}
         return {
-            t.name: (t.shape.index(dim) if dim is not None and dim in t.shape else 0) if t.shape else None
+            t.name: (t.shape.index(dim) if dim is not None and dim in t.shape else like.get(t.name) or 0)
+            if t.shape
+            else None
             for t in self.outputs
         }
 

@@ -345,10 +345,11 @@ class Manifest:
 
     def signature_of(self, artifact: Artifact) -> Signature:
         """The artifact's own signature (an edge artifact's channels-last inputs), else the package's;
-        the state is the package's either way."""
+        the state is the package's either way, and a fixed-size artifact's rows lie where the
+        package's do (``Signature.rows_like``)."""
         if artifact.signature is None:
             return self.signature
-        return replace(artifact.signature, state=self.signature.state)
+        return replace(artifact.signature, state=self.signature.state, rows_like=self.signature)
 
     def to_dict(self) -> dict[str, Any]:
         model: dict[str, Any] = {"name": self.name, "version": self.version}
