@@ -45,7 +45,7 @@ from unideploy.errors import (
 )
 from unideploy.exporters.tflite_state import unrolled
 from unideploy.guard.accuracy import describe
-from unideploy.guard.data import carrying_state, load_dataset, split, validation_rows
+from unideploy.guard.data import Dataset, carrying_state, load_dataset, split, validation_rows
 from unideploy.guard.guard import Guard, reference_rows, settings_of
 from unideploy.guard.search import search_record, trial
 from unideploy.onnx.dequantize import float_onnx, rounds_activations
@@ -99,19 +99,19 @@ def _to_ort(onnx_path: Path, workdir: Path) -> tuple[Path, Path]:
     return models[0], configs[0]
 
 
-def _calibration_rows(
-    path: str | Path, package: Package, base: Artifact | None, model: Signature
-) -> list[dict[str, np.ndarray]]:
-    """The half of the user's data that calibrates (``split``: the guard judges on the other), one
-    row at a time as TensorFlow's calibrator takes it (by the SavedModel's names), cut along each
-    input's batch axis (axis 1 of recurrent state: cut along axis 0, its layers were resized and the
-    conversion failed), in the TFLite model's own layout; a streaming model's stream with the state
-    the fp32 model carries to each row."""
-    source = package.manifest.signature
-    data = split(load_dataset(path, source))[0]
-    if data.stream_starts is not None:
-        with _fp32(package, base) as fp32:
-            data = carrying_state(data, fp32.run, source)
+def _calibration_set(data: Dataset, package: Package, base: Artifact | None) -> Dataset:
+    """The half of the user's data that calibrates (``split``: the guard judges on the other); a
+    streaming model's stream with the state the fp32 model carries to each row."""
+    if data.stream_starts is None:
+        return data
+    with _fp32(package, base) as fp32:
+        return carrying_state(data, fp32.run, package.manifest.signature)
+
+
+def _calibration_rows(data: Dataset, source: Signature, model: Signature) -> list[dict[str, np.ndarray]]:
+    """The calibration rows one at a time as TensorFlow's calibrator takes them (by the SavedModel's
+    names), cut along each input's batch axis (axis 1 of recurrent state: cut along axis 0, its
+    layers were resized and the conversion failed), in the TFLite model's own layout."""
     layouts = {t.name: t.layout for t in model.inputs}
     axes = source.batch_axes
     return [
@@ -135,7 +135,7 @@ def _fp32(package: Package, base: Artifact | None) -> Runtime:
 def _guard(
     package: Package,
     base: Artifact | None,
-    calibration: str | Path | None,
+    validation: Dataset | None,
     references: list,
     accuracy: Mapping[str, Any] | None,
 ) -> Guard:
@@ -145,16 +145,15 @@ def _guard(
     source's; with the budget and metric the user asked for."""
     manifest = package.manifest
     settings = {**settings_of(accuracy), "output_axes": manifest.signature.output_batch_axes}
-    if calibration is None or base is None:
+    if validation is None or base is None:
         return Guard(
             [inputs for inputs, _ in references],
             [dict(outputs) for _, outputs in references],
             rows_are=reference_rows(manifest.samples_origin()),
             **settings,
         )
-    data = split(load_dataset(calibration, manifest.signature))[1]
     with _fp32(package, base) as fp32:
-        return Guard.of(fp32.run, **validation_rows(data, manifest.fixed_batch, manifest.signature), **settings)
+        return Guard.of(fp32.run, **validation_rows(validation, manifest.fixed_batch, manifest.signature), **settings)
 
 
 def _fewest_float_layers(
@@ -431,9 +430,18 @@ def _tflite_artifacts(
     )  # what they're called by
     rows_on = (manifest.signature.batch_axes, manifest.signature.output_batch_axes)  # a fixed size cannot say
 
+    @functools.cache
+    def halves() -> tuple[Dataset, Dataset]:  # the user's data, loaded and split once for every stage
+        assert calibration is not None  # asked for only where there is calibration data
+        return split(load_dataset(calibration, manifest.signature))
+
+    @functools.cache
+    def calibration_set() -> Dataset:  # for every precision that calibrates
+        return _calibration_set(halves()[0], package, base)
+
     def accuracy_of(path: Path, run: Callable, fitting: list) -> tuple[Guard, AccuracyRecord]:
         nonlocal guard
-        guard = guard or _guard(package, base, calibration, fitting, accuracy)
+        guard = guard or _guard(package, base, halves()[1] if calibration else None, fitting, accuracy)
         return guard, guard.judge(path, lambda: run)
 
     def judge(path: Path) -> AccuracyRecord:
@@ -452,7 +460,7 @@ def _tflite_artifacts(
             in_fp32: dict[str, str] = {}  # fp16: constants it keeps in fp32, and why
             if mode in ("int8", "int8-selective", "fp16") and calibration is not None:
                 # int8 is planned only with calibration; fp16 measures where fp16 weights would not do
-                data = _calibration_rows(calibration, package, base, signature or manifest.signature)
+                data = _calibration_rows(calibration_set(), manifest.signature, signature or manifest.signature)
             if mode == "int8-selective":  # planned only after full integer, calibrated, was over budget
                 path, searched = _fewest_float_layers(saved_model, work, data or [], judge, say, names)
             else:

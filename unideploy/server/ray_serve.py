@@ -9,8 +9,9 @@ front deployment that answers the server-wide routes (health, server metadata). 
 ``replicas`` become the deployment's replica count or Ray Serve's autoscaling on requests in
 flight; a replica reserves ``threads`` CPUs (default 1). A streaming model's replica is chosen by
 consistent hashing over Ray Serve's session header, which its clients send with each call of a
-sequence, so every call reaches the replica holding the sequence's state. gRPC is not proxied: Ray Serve's gRPC
-proxy needs servicers compiled into the cluster's config, so use ``deploy serve`` or KServe for it.
+sequence, so every call reaches the replica holding the sequence's state. gRPC is not proxied:
+Ray Serve's gRPC proxy needs servicers compiled into the cluster's config, so use ``deploy serve``
+or KServe for it.
 
 The model folders must be readable wherever replicas run (one machine, or a shared volume).
 """
