@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import importlib.util
 import shutil
 
 import numpy as np
@@ -428,3 +429,19 @@ def test_a_start_that_waited_behind_the_end_of_the_same_id_starts_afresh():
 
     asyncio.run(scenario())
     assert seen == [("2", {})] and len(states) == 1 and states.version_of("m", SequenceControl(9)) == "2"
+
+
+def test_a_sequence_header_that_is_no_header_name_or_beside_ray_is_refused(tmp_path):
+    """`--sequence-header` must be an HTTP header name, and does not apply under `--ray`, whose proxy
+    hashes its own session header: both refused in one line before anything starts."""
+    from console import assert_one_line_error, deploy
+
+    (tmp_path / "repo").mkdir()
+    assert_one_line_error(
+        deploy("serve", tmp_path / "repo", "--sequence-header", "bad header"), 2, "sequence_header: String should match"
+    )
+    if importlib.util.find_spec("ray") is not None:
+        refused = deploy("serve", tmp_path / "repo", "--ray", "--sequence-header", "x-id")
+        assert_one_line_error(
+            refused, 2, "--sequence-header does not apply with --ray: .*RAY_SERVE_SESSION_ID_HEADER_KEY"
+        )
