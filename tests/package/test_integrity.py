@@ -13,6 +13,7 @@ import pytest
 
 from unideploy.errors import InputError, PackageError
 from unideploy.package import Package
+from unideploy.package.package import read_manifest
 
 
 def _manifest(pkg: Path) -> dict:
@@ -124,6 +125,26 @@ def test_zipped_package_opens_with_or_without_a_top_folder(cnn_package, tmp_path
             assert pkg.manifest.name == "cnn_scripted"
             extracted = pkg.root
         assert not extracted.exists()  # the temporary extraction is removed on close
+
+
+def test_the_manifest_alone_reads_from_a_directory_or_a_zip_without_checking_the_files(cnn_package, tmp_path):
+    # what `deploy serve --ray` reads to learn whether a model keeps state before its replicas open it
+    # (and check) the package: opening is the check, reading the manifest is not
+    (cnn_package / "samples" / "batch1.npz").write_bytes(b"x" * 10)
+    for prefix in ("", "cnn.udp/"):
+        archive = _zip_dir(cnn_package, tmp_path / f"m{len(prefix)}.zip", prefix)
+        assert read_manifest(archive).to_dict() == read_manifest(cnn_package).to_dict()
+    assert read_manifest(cnn_package).name == "cnn_scripted"
+    with pytest.raises(PackageError, match="has no manifest.json"):
+        read_manifest(tmp_path)
+    with pytest.raises(PackageError, match="neither a package directory nor a zip"):
+        read_manifest(tmp_path / "nope")
+    bare = _zip_dir(cnn_package / "artifacts", tmp_path / "bare.zip")
+    with pytest.raises(PackageError, match="has no manifest.json"):
+        read_manifest(bare)
+    (cnn_package / "manifest.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(PackageError, match="not UTF-8"):
+        read_manifest(cnn_package)
 
 
 def test_zip_slip_member_is_refused(cnn_package, tmp_path):

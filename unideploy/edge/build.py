@@ -55,7 +55,8 @@ from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import AccuracyRecord, OmittedRecord, Precision, SearchTrial
 from unideploy.package.writer import AddedArtifact, extend_package
-from unideploy.runtimes import RUNTIMES, Runtime, RuntimeOptions
+from unideploy.runtimes import RUNTIMES, Runtime
+from unideploy.runtimes.selection import cpu_reference
 from unideploy.samples import batch_size_of, take_rows, widest
 from unideploy.signature import CHANNELS_LAST, Signature, to_channels_last
 from unideploy.validation import (
@@ -129,7 +130,7 @@ def _fp32(package: Package, base: Artifact | None) -> Runtime:
             "the package has no ONNX artifact to run the calibration data on",
             "export the model with its ONNX artifact (the edge target converts from it)",
         )
-    return RUNTIMES.get("onnxruntime")(package.path_of(base), package.manifest.signature, RuntimeOptions(device="cpu"))
+    return cpu_reference(package.path_of(base), package.manifest.signature)
 
 
 def _guard(
@@ -586,7 +587,7 @@ def build_edge(
         if base is not None:
             say("converting to ONNX Runtime's mobile format (.ort)")
             ort_model, ort_config = _to_ort(package.path_of(base), work)
-            with RUNTIMES.get("onnxruntime")(ort_model, manifest.signature, RuntimeOptions(device="cpu")) as runtime:
+            with cpu_reference(ort_model, manifest.signature) as runtime:
                 record = validate_like(manifest, base.id, runtime.run, references, framework)
             require_passed(record, "the ORT-format artifact")
             added.append(

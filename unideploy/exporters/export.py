@@ -23,7 +23,7 @@ from unideploy.guard.guard import Guard, reference_rows, settings_of
 from unideploy.package import Artifact, Manifest, PackageWriter, PlannedArtifact
 from unideploy.package.files import digest_path, scratch_dir
 from unideploy.package.manifest import HALF_PRECISIONS, OmittedRecord, SourceRecord, ValidationRecord
-from unideploy.runtimes import RUNTIMES, RuntimeOptions
+from unideploy.runtimes.selection import cpu_reference
 from unideploy.samples import batch_size_of
 from unideploy.signature import Signature
 from unideploy.targets import require_target
@@ -132,7 +132,7 @@ def export(
         validation: dict[str, ValidationRecord] = {}
         if converted.onnx_path is not None:
             say("validating the ONNX artifact on ONNX Runtime")
-            with RUNTIMES.get("onnxruntime")(converted.onnx_path, signature, RuntimeOptions(device="cpu")) as runtime:
+            with cpu_reference(converted.onnx_path, signature) as runtime:
                 if converted.inexact is None:
                     held_atol, held_rtol, output_atol = _held_to(converted, references, atol, rtol)
                     record = validate(

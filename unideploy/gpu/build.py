@@ -27,6 +27,7 @@ from unideploy.package.files import digest_path, scratch_dir
 from unideploy.package.manifest import Tolerance, ValidationRecord
 from unideploy.package.writer import AddedArtifact, extend_package
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
+from unideploy.runtimes.selection import cpu_reference
 from unideploy.runtimes.tensorrt.profiles import build_profiles
 from unideploy.runtimes.tensorrt.spec import SPEC_SUFFIX, EngineSpec
 from unideploy.validation import (
@@ -90,7 +91,7 @@ def _calibration_file(path: str | Path, package: Package, artifact: Artifact, wo
     signature = package.manifest.signature
     dataset = load_dataset(path, signature).take(0, MAX_CALIBRATION_ROWS)
     if dataset.stream_starts is not None:
-        with RUNTIMES.get("onnxruntime")(package.path_of(artifact), signature, RuntimeOptions(device="cpu")) as fp32:
+        with cpu_reference(package.path_of(artifact), signature) as fp32:
             dataset = carrying_state(dataset, fp32.run, signature)
     out = work / CALIBRATION_FILE
     with open(out, "wb") as fh:

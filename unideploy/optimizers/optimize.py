@@ -33,7 +33,7 @@ from unideploy.package import Artifact, Package, PlannedArtifact
 from unideploy.package.files import scratch_dir
 from unideploy.package.manifest import AccuracyRecord, OptimizationRecord, ValidationRecord
 from unideploy.package.writer import extend_package
-from unideploy.runtimes import RUNTIMES, RuntimeOptions
+from unideploy.runtimes.selection import cpu_reference
 from unideploy.validation import measured_tolerance_record
 
 Progress = Callable[[str], None]
@@ -256,5 +256,5 @@ def _source_tolerance(package: Package, model: Path, signature: Any) -> Validati
     """Errors of the optimized model against the source framework's reference outputs, with the
     tolerance ``deploy verify`` will hold it to from now on."""
     references = package.reference_pairs()
-    with RUNTIMES.get("onnxruntime")(model, signature, RuntimeOptions(device="cpu")) as runtime:
+    with cpu_reference(model, signature) as runtime:
         return measured_tolerance_record(runtime.run, references, package.manifest.source["framework"])

@@ -52,24 +52,14 @@ class Package:
             except BaseException:
                 shutil.rmtree(tempdir, ignore_errors=True)
                 raise
-        raise PackageError(
-            f"'{origin}' is neither a package directory nor a zip archive",
-            "pass the directory or .zip that 'deploy export' wrote",
-        )
+        raise _neither(origin)
 
     @classmethod
     def _open_root(cls, root: Path, origin: Path, tempdir: Path | None) -> Package:
         manifest_path = root / MANIFEST_NAME
         if not manifest_path.is_file():
-            raise PackageError(
-                f"'{origin}' has no {MANIFEST_NAME}, so it is not a unideploy package",
-                "create one with 'deploy export SRC -o PKG'",
-            )
-        try:
-            text = manifest_path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise PackageError(f"{MANIFEST_NAME} in '{origin}' is not UTF-8 text") from exc
-        package = cls(root, Manifest.from_json(text), origin, tempdir)
+            raise _not_a_package(origin)
+        package = cls(root, _parsed(manifest_path.read_bytes(), origin), origin, tempdir)
         package.verify_integrity()
         return package
 
@@ -158,12 +148,64 @@ def samples_to_npz_dict(inputs: dict[str, np.ndarray], outputs: dict[str, np.nda
     return {**{f"inputs/{k}": v for k, v in inputs.items()}, **{f"outputs/{k}": v for k, v in outputs.items()}}
 
 
+def read_manifest(path: str | Path) -> Manifest:
+    """The manifest of the package at ``path`` (a directory or a .zip), its files neither checked
+    nor unpacked: for deciding how to deploy a package (whether its model keeps state between
+    calls) before the processes that will serve it open it. Whatever runs or trusts the package
+    opens it with ``Package.open``, which checks every file."""
+    origin = Path(path)
+    if origin.is_dir():
+        if not (origin / MANIFEST_NAME).is_file():
+            raise _not_a_package(origin)
+        return _parsed((origin / MANIFEST_NAME).read_bytes(), origin)
+    if not zipfile.is_zipfile(origin):
+        raise _neither(origin)
+    try:
+        with zipfile.ZipFile(origin) as zf:
+            root = _zip_root(zf.namelist())
+            if root is None:
+                raise _not_a_package(origin)
+            data = zf.read(f"{root}{MANIFEST_NAME}")
+    except zipfile.BadZipFile as exc:
+        raise PackageError(f"zip '{origin}' is broken: {exc}", "export the package again") from exc
+    return _parsed(data, origin)
+
+
+def _zip_root(names: list[str]) -> str | None:
+    """Where a zipped package's root lies among the archive's member names: its top level ("") or
+    its single folder ("folder/", zipped with its folder); None without a manifest in either."""
+    if MANIFEST_NAME in names:
+        return ""
+    tops = {name.split("/", 1)[0] for name in names}
+    if len(tops) == 1 and f"{next(iter(tops))}/{MANIFEST_NAME}" in names:
+        return f"{next(iter(tops))}/"
+    return None
+
+
 def _extract_zip(archive: Path, dest: Path) -> Path:
     """Extract safely; the package root is the archive's top level or its single folder."""
     extract_zip(archive, dest, "export the package again")
-    if (dest / MANIFEST_NAME).is_file():
-        return dest
-    entries = list(dest.iterdir())
-    if len(entries) == 1 and (entries[0] / MANIFEST_NAME).is_file():  # zipped with its folder
-        return entries[0]
-    return dest
+    with zipfile.ZipFile(archive) as zf:
+        root = _zip_root(zf.namelist())
+    return dest / root if root else dest
+
+
+def _parsed(data: bytes, origin: Path) -> Manifest:
+    try:
+        return Manifest.from_json(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise PackageError(f"{MANIFEST_NAME} in '{origin}' is not UTF-8 text") from exc
+
+
+def _neither(origin: Path) -> PackageError:
+    return PackageError(
+        f"'{origin}' is neither a package directory nor a zip archive",
+        "pass the directory or .zip that 'deploy export' wrote",
+    )
+
+
+def _not_a_package(origin: Path) -> PackageError:
+    return PackageError(
+        f"'{origin}' has no {MANIFEST_NAME}, so it is not a unideploy package",
+        "create one with 'deploy export SRC -o PKG'",
+    )

@@ -8,11 +8,13 @@ message should nothing at all be runnable.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from unideploy.errors import MissingDependencyError
 from unideploy.package import Artifact, Package
 from unideploy.runtimes import RUNTIMES, Runtime, RuntimeOptions
+from unideploy.signature import Signature
 
 
 def runtime_for(
@@ -40,6 +42,14 @@ def runtime_for(
         f"no usable runtime for artifact '{artifact.id}' ({artifact.format}): " + "; ".join(reasons or ["none listed"]),
         "run 'deploy doctor' to see what is missing",
     )
+
+
+def cpu_reference(model: Path, signature: Signature) -> Runtime:
+    """An ONNX model on ONNX Runtime's CPU provider, whatever this machine has: the one place every
+    stage's own reference runs (what converted and optimized artifacts are judged against, what
+    carries a stream's state to its calibration rows), so the same model gives the same numbers in
+    export, optimize, the edge and GPU targets alike."""
+    return RUNTIMES.get("onnxruntime")(model, signature, RuntimeOptions(device="cpu"))
 
 
 def open_artifact(

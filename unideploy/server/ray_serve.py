@@ -202,13 +202,12 @@ def serve_on_ray(config: ServerConfig, address: str | None = None) -> None:
 def _streams(source: ModelSource) -> bool:
     """Whether any version of the model keeps state between calls (its sequences then need every
     call on one replica)."""
-    from unideploy.package import Package
+    from unideploy.package.package import read_manifest
 
     for version in source.versions.values():
         try:
-            with Package.open(version.path) as package:
-                if package.manifest.signature.state:
-                    return True
+            if read_manifest(version.path).signature.state:
+                return True
         except UnideployError:  # a version that does not open is refused by the replicas, saying why
             continue
     return False
