@@ -116,6 +116,36 @@ def ray_streams(tmp_path_factory):
     yield from _on_ray(root, "average")
 
 
+def test_a_streaming_model_that_autoscales_is_warned_about_at_start_up(tmp_path, caplog):
+    """Read from each version's manifest (a zip's in place), before any replica opens the packages:
+    a streaming model is routed by its session header, and one that autoscales is said to lose live
+    sequences whenever a replica comes or goes; a fixed count says nothing."""
+    from onnx_models import running_average_model
+
+    import unideploy
+    from unideploy.package.files import write_zip
+    from unideploy.server.ray_serve import _model_deployment
+    from unideploy.server.repository import scan
+
+    source = running_average_model(tmp_path / "average.onnx")
+    unideploy.export(source, tmp_path / "pkg", state=["h=h_next:0.25"]).close()
+    (tmp_path / "repo" / "average").mkdir(parents=True)
+    write_zip(tmp_path / "pkg", tmp_path / "repo" / "average" / "1.zip")
+    model_yaml = tmp_path / "repo" / "average" / "model.yaml"
+    model_yaml.write_text("replicas: {min: 1, max: 3}\n")
+    with caplog.at_level("WARNING", logger="unideploy"):
+        options = _model_deployment("average", scan(tmp_path / "repo")["average"])
+    assert options["request_router_config"]["request_router_class"].endswith("ConsistentHashRouter")
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "model average keeps state between calls and autoscales (1 to 3 replicas)" in warning, warning
+    assert "'replicas: N'" in warning
+    caplog.clear()
+    model_yaml.write_text("replicas: 2\n")
+    with caplog.at_level("WARNING", logger="unideploy"):
+        assert _model_deployment("average", scan(tmp_path / "repo")["average"])["num_replicas"] == 2
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_a_sequence_s_calls_reach_the_replica_that_holds_its_state(ray_streams):
     """A streaming model on two replicas: each sequence's calls, carrying its id in Ray Serve's
     session header, are routed by consistent hashing to one replica, which holds its state, so

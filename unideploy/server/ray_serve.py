@@ -177,7 +177,7 @@ def serve_on_ray(config: ServerConfig, address: str | None = None) -> None:
             one_model = config.model_copy(
                 update={"repository": source.directory, "model_name": name, "sequence_header": header}
             )
-            deployment = serve.deployment(**deployment_options(source.settings, _streams(source)))(replica)
+            deployment = serve.deployment(**_model_deployment(name, source))(replica)
             serve.run(deployment.bind(one_model), name=app_name(name), route_prefix=f"/v2/models/{name}")
         front = serve.deployment(name="front", ray_actor_options={"num_cpus": 0})(serve.ingress()(Front))
         serve.run(front.bind(list(models)), name=FRONT_APP, route_prefix="/")
@@ -197,6 +197,25 @@ def serve_on_ray(config: ServerConfig, address: str | None = None) -> None:
         drain.start()
         drain.join(SHUTDOWN_TIMEOUT_S)
         ray.shutdown()
+
+
+def _model_deployment(name: str, source: ModelSource) -> dict[str, Any]:
+    """The deployment options of one model, saying at start-up what autoscaling a streaming model
+    costs: when Ray Serve adds or removes a replica, part of the hash ring moves to another, and the
+    sequences whose ids hash there lose their state (their next call is told to start again)."""
+    streaming = _streams(source)
+    options = deployment_options(source.settings, streaming)
+    if streaming and "autoscaling_config" in options:
+        scaling = options["autoscaling_config"]
+        log.warning(
+            "model %s keeps state between calls and autoscales (%d to %d replicas): each time a replica is "
+            "added or removed, some live sequences lose their state and are told to start again; give "
+            "model.yaml a fixed 'replicas: N' to keep every sequence",
+            name,
+            scaling["min_replicas"],
+            scaling["max_replicas"],
+        )
+    return options
 
 
 def _streams(source: ModelSource) -> bool:
