@@ -697,6 +697,29 @@ def test_silero_vad_on_real_speech_serves_and_says_why_for_what_it_cannot_take(t
     assert sorted(v.shape for v in out.values()) == [(1, 1), (2, 1, 128)]  # the speech probability, the state
 
 
+def test_silero_vad_is_judged_at_the_thresholds_its_application_decides_at(tmp_path):
+    """`--decision-threshold` names where the application cuts the speech probability: the guard
+    judges Silero VAD's fp16 on real speech at those (and says so in the record and the terminal),
+    not at the defaults; a value that is no probability is refused before any work."""
+    import shutil
+
+    if not shutil.which("espeak-ng"):
+        pytest.skip("speech for the VAD comes from espeak-ng (apt-get install espeak-ng; make speech-tools)")
+    model = MODELS["silero-vad"]
+    cells = zoo.run_model(model, ("export",), tmp_path)
+    assert cells["export"].status == "pass", cells["export"].reason
+    data = model.data(tmp_path)
+    args = ("optimize", tmp_path / "pkg", "-o", tmp_path / "fp16", "--quantize", "fp16", "--calibration", data)
+    made = deploy(*args, "--decision-threshold", "0.9", "--decision-threshold", "0.15")
+    assert made.returncode == 0, made.stderr
+    assert "at 0.9 and 0.15" in " ".join(made.stdout.split()), made.stdout
+    judged = zoo._manifest(tmp_path / "fp16")["optimizations"][-1]["accuracy"]["outputs"]["output"]
+    assert judged["metric"] == "decision" and set(judged["decision_agreement_by_threshold"]) == {"0.9", "0.15"}
+    refused = deploy(*args, "--force", "--decision-threshold", "50")
+    assert refused.returncode == 2 and "--decision-threshold 50 is not a probability" in refused.stderr, refused.stderr
+    assert "judging" not in refused.stdout
+
+
 def test_basic_pitch_s_savedmodel_gets_an_fp16_tflite_that_keeps_its_log_s_epsilon_and_transform(tmp_path):
     """Basic Pitch's SavedModel takes log(|X|^2 + 1e-10) of its constant-Q transform. TensorFlow's
     fp16 conversion stored the 1e-10 as 0, and every silent bin of real speech made the three

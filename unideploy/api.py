@@ -43,7 +43,7 @@ def export(
     target, atol, rtol, overwrite), and ``target_options``: the target stage's options by name
     (``calibration``; ``trt_precision``, ``trt_profile``, ``trt_workspace``; targets.py) and
     ``accuracy``, the budget and metric its accuracy guard judges with
-    (``{"max_accuracy_drop": 5, "metric": ("auto",), "min_cosine": None}``).
+    (``{"max_accuracy_drop": 5, "metric": ("auto",), "min_cosine": None, "decision_thresholds": (0.97,)}``).
     """
     from unideploy.exporters import ExportOptions
     from unideploy.pipeline import export_package

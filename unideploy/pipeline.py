@@ -33,7 +33,8 @@ def export_package(
     """``target_options``: the options of ``target``'s stage by name, checked against the target's
     own model (``trt_precision``, ``trt_profile``, ``trt_workspace`` for ``gpu``; targets.py),
     ``calibration`` (the int8 TFLite of ``edge``, TensorRT's calibrator) and ``accuracy`` (the budget
-    and metric a stage's accuracy guard judges with: ``max_accuracy_drop``, ``metric``, ``min_cosine``)."""
+    and metric a stage's accuracy guard judges with: ``max_accuracy_drop``, ``metric``, ``min_cosine``,
+    ``decision_thresholds``)."""
     stages: list[Stage] = []
     if optimization is not None:
         stages.append(lambda pkg, dest, force: optimize(pkg, optimization, dest, overwrite=force, progress=progress))

@@ -13,6 +13,7 @@ from console import assert_one_line_error, deploy
 
 from unideploy.errors import ExportError, InputError
 from unideploy.guard.accuracy import choose_metrics, compare, describe, output_metric
+from unideploy.guard.guard import Guard, settings_of
 
 rng = np.random.default_rng(0)
 
@@ -417,3 +418,29 @@ def test_a_probability_per_row_is_judged_by_the_decisions_it_makes():
     agreement = record["outputs"]["output"]["decision_agreement_by_threshold"]
     assert agreement == {"0.3": 0.99, "0.5": 0.98} and record["drop_points"] == pytest.approx(2.0)
     assert "decisions agree on 98.00% of rows (worst of thresholds 0.3, 0.5)" in describe(record)
+
+
+def test_decisions_are_judged_where_the_application_cuts():
+    """A wake word cut at 0.97: a candidate that moves confident rows across 0.97 keeps every
+    decision at the defaults (0.3, 0.5) and loses them at the application's own threshold."""
+    scores = np.r_[np.full(50, 0.01), np.full(50, 0.975)].reshape(-1, 1).astype(np.float32)
+    lowered = scores.copy()
+    lowered[50:55, 0] = 0.965  # five detections fall below 0.97, far above 0.5
+    by_default = compare([{"output": scores}], [{"output": lowered}], None, "auto", 1.0)
+    assert by_default["within_budget"] and by_default["outputs"]["output"]["decision_agreement"] == 1.0
+    cut = compare([{"output": scores}], [{"output": lowered}], None, "auto", 1.0, decision_thresholds=(0.97,))
+    assert cut["outputs"]["output"]["decision_agreement_by_threshold"] == {"0.97": 0.95}
+    assert not cut["within_budget"] and "worst of thresholds 0.97" in describe(cut)
+    assert "decided alike at 0.97" in output_metric("output", scores, (0.97,))[1]
+    with pytest.raises(InputError, match=r"--decision-threshold 1\.5 is not a probability"):
+        settings_of({"decision_thresholds": (0.5, 1.5)})
+    assert settings_of(None)["decision_thresholds"] == ()  # the defaults, 0.3 and 0.5
+    spread = {"output": np.random.default_rng(1).random((20, 1)).astype(np.float32)}  # a regressed score
+    guard = Guard([spread], [spread], decision_thresholds=(0.97,))
+    with pytest.raises(
+        InputError, match=r"applies to outputs judged by 'decision', and none is here \(output: relerr\)"
+    ):
+        _ = guard.metrics
+    assert Guard([spread], [spread], metric="output=decision", decision_thresholds=(0.97,)).metrics["output"][0] == (
+        "decision"
+    )

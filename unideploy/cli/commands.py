@@ -39,6 +39,7 @@ def _optimize_request(args: argparse.Namespace) -> OptimizeRequest:
         max_accuracy_drop=args.max_accuracy_drop,
         metric=tuple(args.metric or ("auto",)),
         min_cosine=args.min_cosine,
+        decision_thresholds=tuple(args.decision_threshold or ()),
         artifact=getattr(args, "artifact", None),
         passes=tuple(args.passes or ()),
         options=given(args, args.pass_options),

@@ -449,6 +449,15 @@ def _add_optimize_options(p: argparse.ArgumentParser, required: bool, plugins: b
         metavar="C",
         help="budget of cosine-judged outputs: mean cosine to fp32 at least C (default 1 - budget/100)",
     )
+    g.add_argument(
+        "--decision-threshold",
+        type=float,
+        action="append",
+        metavar="P",
+        help="a probability your application decides a yes or a no at, for outputs judged by 'decision' (a "
+        "voice-activity or wake-word detector's), repeatable: rows must be decided as fp32 decides them at "
+        "each (default: 0.3 and 0.5)",
+    )
 
 
 def _add_tf32_option(p: argparse.ArgumentParser) -> None:

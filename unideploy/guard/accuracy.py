@@ -26,9 +26,10 @@ Each output is judged by the metric that fits what it holds, chosen here from it
   (one segment per image) by the IoU of the foreground each model marks at every threshold in
   ``maps.THRESHOLDS``, the worst one counting (``maps.py``);
 - ``decision``: one probability per row, nearly all of them near 0 or 1 (a voice-activity
-  detector's speech, a wake word's): share of rows both models decide alike at every threshold in
-  ``maps.THRESHOLDS``, the worst counting (a row a few hundredths off stays decided as it was;
-  its relative error, over probabilities near 0, would not);
+  detector's speech, a wake word's): share of rows both models decide alike at every threshold the
+  application decides at (``--decision-threshold``; by default 0.3 and 0.5), the worst counting (a
+  row a few hundredths off stays decided as it was; its relative error, over probabilities near 0,
+  would not);
 - ``coords``: coordinates per candidate window beside class probabilities whose class 0 is the
   background (MTCNN's box offsets and landmarks, in units of the window): mean absolute error in %
   of the window at the windows fp32 classes as objects (``coords.py``);
@@ -56,6 +57,7 @@ from unideploy.package.manifest import AccuracyRecord, OutputAccuracy
 from unideploy.samples import join_rows
 
 DEFAULT_BUDGET_POINTS = 1.0  # what a non-exact artifact may lose, in percentage points of its metric
+DEFAULT_DECISION_THRESHOLDS = maps.THRESHOLDS  # a yes or a no: at its midpoint, and at a cautious 0.3
 _EMBEDDING_NAME = re.compile(r"(?i)embed|pool|sentence|feature|vector|hidden|encod")
 _CLASS_NAME = re.compile(r"(?i)logit|prob|score|class|label|softmax")
 _REGRESSION_NAME = re.compile(r"(?i)box|coord|landmark|offset|delta|regress|depth|flow|point")
@@ -65,7 +67,9 @@ WINNER_MIN_CLASSES = 32
 WINNER_MARGIN = 1.0  # standard deviations above where the largest of as many random values lies
 
 
-def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
+def output_metric(
+    name: str, ref: np.ndarray, decision_thresholds: Sequence[float] = DEFAULT_DECISION_THRESHOLDS
+) -> tuple[str, str]:
     """The metric for one output, from its shape and its fp32 values, and why."""
     if ref.dtype.kind in "OSU":
         return "top1", "text values (class names): share of equal values"
@@ -102,7 +106,7 @@ def output_metric(name: str, ref: np.ndarray) -> tuple[str, str]:
                 )
         return "top1", f"rows are scores over {ref.shape[-1]} classes: top-1 agreement"
     if ref.ndim and ref.size == ref.shape[0] and maps.decided(ref) and not _REGRESSION_NAME.search(name):
-        thresholds = " and ".join(map(str, maps.THRESHOLDS))
+        thresholds = " and ".join(f"{t:g}" for t in decision_thresholds)
         return (
             "decision",
             f"one probability per row, nearly all near 0 or 1 (a yes or a no: voice activity, a wake word): "
@@ -210,6 +214,7 @@ def choose_metrics(
     has_labels: bool,
     rows: int | None = None,
     output_axes: Mapping[str, int | None] | None = None,
+    decision_thresholds: Sequence[float] = DEFAULT_DECISION_THRESHOLDS,
 ) -> dict[str, tuple[str, str]]:
     """(metric, why) per output: ``auto`` chooses; ``NAME`` applies to every output, ``OUTPUT=NAME``
     to one. ``accuracy`` (chosen by auto when there are labels) goes to the first class-score output.
@@ -261,7 +266,11 @@ def choose_metrics(
                 "recurrent state): relative error",
             )
         else:
-            chosen[name] = output_metric(name, ref) if name in auto else (per_output.get(name, default), "as requested")
+            chosen[name] = (
+                output_metric(name, ref, decision_thresholds)
+                if name in auto
+                else (per_output.get(name, default), "as requested")
+            )
     # A detector head gives class probabilities and, beside them, raw boxes or landmarks: those
     # are coordinates or regressions, whatever their width (MTCNN: probabilities, 4 box offsets,
     # 10 landmarks, per window).
@@ -309,6 +318,7 @@ def compare(
     min_cosine: float | None = None,
     chosen: Mapping[str, tuple[str, str]] | None = None,
     output_axes: Mapping[str, int | None] | None = None,
+    decision_thresholds: Sequence[float] = DEFAULT_DECISION_THRESHOLDS,
 ) -> AccuracyRecord:
     """Every output of ``candidate`` against ``reference``, by its metric, and the verdict.
     ``chosen``: the (metric, why) per output ``choose_metrics`` gave for this reference, where the
@@ -316,7 +326,9 @@ def compare(
     ``output_axes``: where each output's rows lie (the batches are joined along them)."""
     names = list(reference[0])
     ref = join_rows(reference, output_axes)
-    chosen = chosen or choose_metrics(metric, ref, labels is not None, output_axes=output_axes)
+    chosen = chosen or choose_metrics(
+        metric, ref, labels is not None, output_axes=output_axes, decision_thresholds=decision_thresholds
+    )
     first = channels_first(ref)
     ref = channels_last(ref, first)
     cand = channels_last(join_rows(candidate, output_axes), first)
@@ -351,7 +363,8 @@ def compare(
                 relative_error=relative_error(r, c),
             )
         entry["top1_agreement"] = float((classes(r) == classes(c)).mean())
-        drop, found = judge.score(Output(n, r, c, [b[n] for b in reference], [b[n] for b in candidate], ref, labels))
+        seen = Output(n, r, c, [b[n] for b in reference], [b[n] for b in candidate], ref, labels, decision_thresholds)
+        drop, found = judge.score(seen)
         entry.update(found)
         if "accuracy" in found:  # labelled accuracy is the whole model's too
             labelled = (found["accuracy_fp32"], found["accuracy"])

@@ -20,8 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from unideploy.errors import UnideployError
-from unideploy.guard.accuracy import DEFAULT_BUDGET_POINTS, choose_metrics, compare, describe
+from unideploy.errors import InputError, UnideployError
+from unideploy.guard.accuracy import (
+    DEFAULT_BUDGET_POINTS,
+    DEFAULT_DECISION_THRESHOLDS,
+    choose_metrics,
+    compare,
+    describe,
+)
 from unideploy.package.manifest import AccuracyRecord
 from unideploy.samples import join_rows, run_as_stream
 from unideploy.signature import Signature
@@ -32,13 +38,21 @@ Runner = Callable[[Batch], Mapping[str, np.ndarray]]
 
 def settings_of(accuracy: Mapping[str, Any] | None) -> dict[str, Any]:
     """A guard's budget and metric from what the user asked for (``max_accuracy_drop``, ``metric``,
-    ``min_cosine``, as ``deploy export`` and ``optimize`` take them), the defaults where not given:
+    ``min_cosine``, ``decision_thresholds``, as ``deploy export`` and ``optimize`` take them), the defaults where not given:
     a target's stage (edge's TFLite, ascend's MindIR) judges with the same request an optimization does."""
     given = {k: v for k, v in (accuracy or {}).items() if v is not None}
+    thresholds = tuple(given.get("decision_thresholds") or ())
+    for threshold in thresholds:
+        if not 0.0 < threshold < 1.0:
+            raise InputError(
+                f"--decision-threshold {threshold:g} is not a probability a yes or a no is decided at",
+                "give a value between 0 and 1, such as 0.5, or the one your application uses",
+            )
     return {
         "budget_points": given.get("max_accuracy_drop", DEFAULT_BUDGET_POINTS),
         "metric": given.get("metric", "auto"),
         "min_cosine": given.get("min_cosine"),
+        "decision_thresholds": thresholds,
     }
 
 
@@ -68,6 +82,8 @@ class Guard:
     metric: str | Sequence[str] = "auto"  # one for every output, and/or OUTPUT=NAME items
     budget_points: float = DEFAULT_BUDGET_POINTS  # percentage points of each output's metric
     min_cosine: float | None = None  # the budget of cosine-judged outputs (default: 1 - budget/100)
+    # the probabilities a yes or a no is decided at, as asked for (none: DEFAULT_DECISION_THRESHOLDS)
+    decision_thresholds: Sequence[float] = ()
     rows_are: str = "rows"  # how a refusal names the rows ("validation rows", "reference rows")
     rows: int | None = None  # how many rows ``batches`` hold (along each input's batch axis), where known
     output_axes: Mapping[str, int | None] | None = None  # where each output's rows lie (the signature's)
@@ -86,7 +102,22 @@ class Guard:
         """(metric, why) per output, chosen once for every candidate; asked for first, it refuses a
         bad ``--metric`` before any candidate is made."""
         reference = join_rows(self.reference, self.output_axes)
-        return choose_metrics(self.metric, reference, self.labels is not None, self.rows, self.output_axes)
+        chosen = choose_metrics(
+            self.metric, reference, self.labels is not None, self.rows, self.output_axes, self.thresholds
+        )
+        if self.decision_thresholds and all(metric != "decision" for metric, _ in chosen.values()):
+            raise InputError(
+                "--decision-threshold applies to outputs judged by 'decision', and none is here ("
+                + ", ".join(f"{name}: {metric}" for name, (metric, _) in chosen.items())
+                + ")",
+                "add --metric OUTPUT=decision for an output of one probability per row, or leave the threshold out",
+            )
+        return chosen
+
+    @property
+    def thresholds(self) -> Sequence[float]:
+        """Where the ``decision`` metric cuts: as asked for, or the defaults."""
+        return self.decision_thresholds or DEFAULT_DECISION_THRESHOLDS
 
     def judge(self, key: Hashable, open_runner: Callable[[], Runner]) -> AccuracyRecord:
         """The candidate's accuracy record (every output by its metric, and the verdict); the
@@ -102,6 +133,7 @@ class Guard:
                 self.min_cosine,
                 self.metrics,
                 self.output_axes,
+                self.thresholds,
             )
             record["rows_are"] = self.rows_are
             self._judged[key] = record

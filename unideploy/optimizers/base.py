@@ -92,6 +92,7 @@ class OptimizeRequest:
     max_accuracy_drop: float = DEFAULT_BUDGET_POINTS  # percentage points
     metric: str | tuple[str, ...] = "auto"  # one for every output, and/or OUTPUT=NAME items
     min_cosine: float | None = None  # the budget of cosine-judged outputs (default: 1 - budget/100)
+    decision_thresholds: tuple[float, ...] = ()  # where a yes or a no is decided (default: 0.3 and 0.5)
     artifact: str | None = None  # the artifact to start from (default: the fp32 ONNX one)
     passes: tuple[str, ...] = ()  # passes asked for by name (--pass), e.g. one added through an entry point
     options: Mapping[str, Any] = field(default_factory=dict)  # the passes' own options, by field name
@@ -113,7 +114,12 @@ class OptimizeRequest:
     @property
     def accuracy(self) -> dict[str, Any]:
         """The budget and metric asked for, as every stage's guard takes them (``guard.settings_of``)."""
-        return {"max_accuracy_drop": self.max_accuracy_drop, "metric": self.metric, "min_cosine": self.min_cosine}
+        return {
+            "max_accuracy_drop": self.max_accuracy_drop,
+            "metric": self.metric,
+            "min_cosine": self.min_cosine,
+            "decision_thresholds": self.decision_thresholds,
+        }
 
 
 STAGES = ("prune", "quantize")  # the order passes run in: quantizing a pruned model keeps its zeros

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from unideploy.guard.metrics.maps import THRESHOLDS
 from unideploy.registry import Availability
 
 Budget = Literal["max_accuracy_drop", "min_cosine"]  # the options that bound a drop
@@ -36,6 +37,8 @@ class Output:
     candidate_batches: Sequence[np.ndarray]
     all_references: Mapping[str, np.ndarray]
     labels: np.ndarray | None
+    # the probabilities the application decides at (``--decision-threshold``), for metrics of a yes or a no
+    decision_thresholds: Sequence[float] = THRESHOLDS
 
 
 class Metric(ABC):

@@ -131,7 +131,7 @@ class DecisionAgreement(Metric):
     )
 
     def score(self, output: Output) -> tuple[float, dict[str, Any]]:
-        by_threshold = maps.decision_agreement(output.reference, output.candidate)
+        by_threshold = maps.decision_agreement(output.reference, output.candidate, output.decision_thresholds)
         agreement = min(by_threshold.values())
         return 1.0 - agreement, {"decision_agreement_by_threshold": by_threshold, "decision_agreement": agreement}
 

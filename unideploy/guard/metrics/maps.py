@@ -9,6 +9,7 @@ harmonic mean of precision and recall, as ICDAR's text-detection evaluation does
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -43,9 +44,9 @@ def decided(ref: np.ndarray) -> bool:
     )
 
 
-def decision_agreement(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+def decision_agreement(a: np.ndarray, b: np.ndarray, thresholds: Sequence[float] = THRESHOLDS) -> dict[str, float]:
     """The share of values both models decide alike (>= threshold or not), per threshold."""
-    return {str(t): float(((a >= t) == (b >= t)).mean()) for t in THRESHOLDS}
+    return {f"{t:g}": float(((a >= t) == (b >= t)).mean()) for t in thresholds}
 
 
 def mean_regions(ref: np.ndarray) -> float:
