@@ -38,8 +38,9 @@ Runner = Callable[[Batch], Mapping[str, np.ndarray]]
 
 def settings_of(accuracy: Mapping[str, Any] | None) -> dict[str, Any]:
     """A guard's budget and metric from what the user asked for (``max_accuracy_drop``, ``metric``,
-    ``min_cosine``, ``decision_thresholds``, as ``deploy export`` and ``optimize`` take them), the defaults where not given:
-    a target's stage (edge's TFLite, ascend's MindIR) judges with the same request an optimization does."""
+    ``min_cosine``, ``decision_thresholds``, as ``deploy export`` and ``optimize`` take them), the
+    defaults where not given: a target's stage (edge's TFLite, ascend's MindIR) judges with the same
+    request an optimization does. Thresholds that are no probability are refused here, before any work."""
     given = {k: v for k, v in (accuracy or {}).items() if v is not None}
     thresholds = tuple(given.get("decision_thresholds") or ())
     for threshold in thresholds:
