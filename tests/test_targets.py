@@ -73,7 +73,8 @@ def test_a_target_from_an_entry_point_is_offered_with_its_options_listed_and_run
     assert json.loads((tmp_path / "given.json").read_text()) == {
         "npu_cores": 4,
         "calibration": None,
-        "accuracy": {"max_accuracy_drop": 1.0, "metric": ["auto"], "min_cosine": None},  # what its guard judges with
+        # what its guard judges with
+        "accuracy": {"max_accuracy_drop": 1.0, "metric": ["auto"], "min_cosine": None, "decision_thresholds": []},
     }
     with Package.open(tmp_path / "pkg") as package:
         assert package.manifest.validation["onnx-fp32"]["passed"]
