@@ -70,8 +70,9 @@ class Dataset:
 
     def streams(self) -> list[dict[str, np.ndarray]]:
         """Each stream's rows (every row, as one stream, where the rows carry their state)."""
-        ends = (*(self.stream_starts or (0,))[1:], self.rows)
-        return [take_rows(self.inputs, a, b, self.axes) for a, b in zip(self.stream_starts or (0,), ends, strict=True)]
+        starts = self.stream_starts or (0,)
+        ends = (*starts[1:], self.rows)
+        return [take_rows(self.inputs, a, b, self.axes) for a, b in zip(starts, ends, strict=True)]
 
     def batches(self, fixed: int | None = None) -> list[dict[str, np.ndarray]]:
         """Batches of ``samples.BATCH_ROWS`` rows, or exactly ``fixed`` rows for a model with a fixed

@@ -197,8 +197,9 @@ def write_zip(directory: Path, dest: Path) -> None:
         raise
 
 
-def extract_zip(archive: Path, dest: Path, remedy: str) -> None:
-    """Extract after checking every member: no absolute or ``..`` paths, no links, bounded size."""
+def extract_zip(archive: Path, dest: Path, remedy: str) -> list[str]:
+    """Extract after checking every member: no absolute or ``..`` paths, no links, bounded size; the
+    members' names, in the archive's order."""
     try:
         with zipfile.ZipFile(archive) as zf:
             members = zf.infolist()
@@ -236,6 +237,7 @@ def extract_zip(archive: Path, dest: Path, remedy: str) -> None:
             if bad is not None:
                 raise PackageError(f"zip member '{bad}' is corrupt (CRC mismatch)", f"the archive is damaged; {remedy}")
             zf.extractall(dest)
+            return [info.filename for info in members]
     except zipfile.BadZipFile as exc:
         raise PackageError(f"'{archive}' is a damaged zip archive: {exc}", remedy) from exc
     except (EOFError, OSError) as exc:

@@ -56,10 +56,7 @@ class Package:
 
     @classmethod
     def _open_root(cls, root: Path, origin: Path, tempdir: Path | None) -> Package:
-        manifest_path = root / MANIFEST_NAME
-        if not manifest_path.is_file():
-            raise _not_a_package(origin)
-        package = cls(root, _parsed(manifest_path.read_bytes(), origin), origin, tempdir)
+        package = cls(root, _manifest_in(root, origin), origin, tempdir)
         package.verify_integrity()
         return package
 
@@ -155,9 +152,7 @@ def read_manifest(path: str | Path) -> Manifest:
     opens it with ``Package.open``, which checks every file."""
     origin = Path(path)
     if origin.is_dir():
-        if not (origin / MANIFEST_NAME).is_file():
-            raise _not_a_package(origin)
-        return _parsed((origin / MANIFEST_NAME).read_bytes(), origin)
+        return _manifest_in(origin, origin)
     if not zipfile.is_zipfile(origin):
         raise _neither(origin)
     try:
@@ -184,10 +179,15 @@ def _zip_root(names: list[str]) -> str | None:
 
 def _extract_zip(archive: Path, dest: Path) -> Path:
     """Extract safely; the package root is the archive's top level or its single folder."""
-    extract_zip(archive, dest, "export the package again")
-    with zipfile.ZipFile(archive) as zf:
-        root = _zip_root(zf.namelist())
+    root = _zip_root(extract_zip(archive, dest, "export the package again"))
     return dest / root if root else dest
+
+
+def _manifest_in(root: Path, origin: Path) -> Manifest:
+    """The manifest at a package's root (a directory, or where ``origin``, a zip, was unpacked)."""
+    if not (root / MANIFEST_NAME).is_file():
+        raise _not_a_package(origin)
+    return _parsed((root / MANIFEST_NAME).read_bytes(), origin)
 
 
 def _parsed(data: bytes, origin: Path) -> Manifest:

@@ -44,7 +44,7 @@ def decided(ref: np.ndarray) -> bool:
     )
 
 
-def decision_agreement(a: np.ndarray, b: np.ndarray, thresholds: Sequence[float] = THRESHOLDS) -> dict[str, float]:
+def decision_agreement(a: np.ndarray, b: np.ndarray, thresholds: Sequence[float]) -> dict[str, float]:
     """The share of values both models decide alike (>= threshold or not), per threshold."""
     return {f"{t:g}": float(((a >= t) == (b >= t)).mean()) for t in thresholds}
 
