@@ -134,7 +134,7 @@ def branching_model(path: Path) -> Path:
 
 def conv1d_model(path: Path) -> Path:
     """An audio front end: two 1-D convolutions over [batch, 1, samples] (Silero VAD's layers are
-    such), which magnitude pruning, made for 2-D convolutions and matrix products, does not edit."""
+    such)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 

@@ -659,20 +659,26 @@ def test_silero_vad_on_real_speech_serves_and_says_why_for_what_it_cannot_take(t
     the branches before, and ONNX Runtime's folding of the declared-size graph once segfaulted and
     took `deploy` down) but gives the state [1, 2, 128] for [2, 1, 128]: converted again with those
     axes put back, TFLite fp32 is exact and answers the state in the source's layout, as a phone
-    app calling LiteRT reads it; int8 is left out with the reason."""
+    app calling LiteRT reads it; int8 is left out with the reason. Pruning edits its six 1-D
+    convolutions (it refused them before) and re-fits them within the budget."""
     import shutil
 
     if not shutil.which("espeak-ng"):
         pytest.skip("speech for the VAD comes from espeak-ng (apt-get install espeak-ng; make speech-tools)")
-    cells = zoo.run_model(MODELS["silero-vad"], ("export", "verify", "int8", "edge", "serve"), tmp_path)
+    cells = zoo.run_model(MODELS["silero-vad"], ("export", "verify", "int8", "prune", "edge", "serve"), tmp_path)
     statuses = {s: c.status for s, c in cells.items()}
     assert statuses == {
         "export": "pass",
         "verify": "pass",
         "int8": statuses["int8"],
+        "prune": "pass",
         "edge": "refused",
         "serve": "pass",
     }, {s: c.reason for s, c in cells.items()}
+    pruned = zoo._manifest(tmp_path / "0.3")["optimizations"][-1]  # the zoo's --prune 0.3
+    params = pruned["passes"][0]["params"]
+    assert params["layers"] == 6 and params["refit"] and not params.get("dense_layers"), params
+    assert pruned["accuracy"]["outputs"]["output"]["metric"] == "decision", pruned["accuracy"]
     # all of it in INT8 is far over the budget; within it only with 8 layers in fp32, which is worth
     # adding only if the timing then finds it faster than fp32 beyond the noise (0.96-1.00x so far)
     if statuses["int8"] == "refused":

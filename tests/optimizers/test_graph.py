@@ -11,11 +11,61 @@ from unideploy.optimizers.graph import (
     _solve,
     _strongest_within_noise,
     computing,
+    conv_pads,
     get_array,
     linear_layers,
     name_nodes,
     refit_all,
 )
+
+
+@pytest.mark.parametrize(
+    "kernel, attrs",
+    [
+        ((3,), {"pads": [1, 1]}),  # an audio front end's 1-D convolution
+        ((256,), {"strides": [128]}),  # a learned STFT (Silero VAD's first layer)
+        ((3,), {"dilations": [4], "pads": [4, 4]}),  # a WaveNet / TCN layer
+        ((3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 1]}),
+        ((3, 3), {"dilations": [2, 3], "pads": [2, 3, 2, 3]}),  # DeepLab's atrous convolution
+        ((3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+        ((2, 4), {"strides": [2, 3], "auto_pad": "SAME_LOWER"}),
+        ((3, 1), {"auto_pad": "VALID"}),
+        ((2, 3, 3), {"pads": [0, 1, 1, 1, 1, 1]}),  # a video model's 3-D convolution
+    ],
+)
+def test_a_convolutions_input_windows_times_its_weights_are_what_it_computes(kernel, attrs):
+    """The re-fit reads a convolution as windows of its input times its weight matrix: for any
+    dimension, stride, dilation and padding (explicit or ``auto_pad``), that product is the
+    convolution ONNX Runtime computes, so the least squares fit what the layer does."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    sizes = {1: (600,), 2: (11, 9), 3: (5, 7, 6)}[len(kernel)]
+    x = rng.standard_normal((2, 3, *sizes)).astype(np.float32)
+    w = rng.standard_normal((4, 3, *kernel)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], name="conv", **attrs)],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[
+        0
+    ]
+    (layer,) = linear_layers(model)
+    product = layer.columns(x.astype(np.float64), model) @ layer.matrix(model).T.astype(np.float64)
+    positions = expected.shape[2:]
+    assert product.shape == (2 * int(np.prod(positions)), 4)
+    np.testing.assert_allclose(np.moveaxis(product.reshape(2, *positions, 4), -1, 1), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_same_padding_puts_the_odd_pad_where_the_mode_says():
+    attrs = {"auto_pad": "SAME_LOWER"}
+    assert conv_pads(attrs, (10,), [4], [3]) == [2, 1]  # 4 output positions need 13 inputs: 3 padded
+    assert conv_pads({"auto_pad": b"SAME_UPPER"}, (10,), [4], [3]) == [1, 2]
+    assert conv_pads({"pads": [1, 2]}, (10,), [4], [3]) == [1, 2]
 
 
 def _one_row_at_a_time(gram, target, prior, keep, damping, rows):

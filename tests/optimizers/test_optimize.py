@@ -7,6 +7,7 @@ import hashlib
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import unideploy
 from unideploy.errors import AccuracyBudgetError, InputError
@@ -92,7 +93,6 @@ def test_int8_holds_where_tensor_names_meet_the_quantizers_own(tmp_path):
     -> 'b0'); tf2onnx's names end in counters too, and where a Conv's output was already called so
     (Basic Pitch's graph) the quantized model read the bias copy in its place and did not load. The
     graph's inner tensors are renamed first: the int8 artifact loads, runs and is judged."""
-    from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
     weights = [numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), f"w{i}") for i in range(3)]
@@ -238,7 +238,6 @@ def test_an_int8_model_slower_than_fp32_is_refused_with_the_numbers_unless_kept(
     the symmetric variant, made for TensorRT, is not judged by this CPU's speed.
     A ratio far below the 0.95 the rule allows for noise, measured as optimize always measures."""
     from console import assert_one_line_error, deploy
-    from onnx import TensorProto, helper, numpy_helper
 
     from unideploy.errors import NotFasterError
 
@@ -289,7 +288,6 @@ def test_int8_of_a_tree_ensemble_is_refused_as_nothing_to_quantize(tmp_path):
     measurements that ship with scikit-learn: INT8 has no weight to quantize, and says so with exit
     2 (ONNX Runtime's quantizer failed inside with "Failed to find proper ai.onnx domain", exit 1)."""
     from console import assert_one_line_error, deploy
-    from onnx import TensorProto, helper
 
     sklearn_datasets = pytest.importorskip("sklearn.datasets", reason="scikit-learn is in the dev extra")
     iris = sklearn_datasets.load_iris().data.astype(np.float32)
@@ -354,18 +352,30 @@ def test_layers_inside_control_flow_are_named_when_nothing_else_can_be_optimized
 
 
 def test_pruning_names_the_weighted_layers_it_does_not_edit(tmp_path):
-    """Two 1-D convolutions (an audio front end): pruning edits 2-D convolutions and matrix
-    products, and says which layers it found instead (it said the model had no Conv weights)."""
+    """Two depthwise convolutions (each channel filtered on its own): pruning edits convolutions
+    without groups and matrix products, and says which layers it found instead (it said the model
+    had no Conv weights)."""
     from console import assert_one_line_error, deploy
-    from onnx_models import conv1d_model
 
-    audio = np.random.default_rng(0).standard_normal((16, 1, 64)).astype(np.float32)
-    np.savez(tmp_path / "audio.npz", audio=audio)
-    unideploy.export(
-        conv1d_model(tmp_path / "conv1d.onnx"), tmp_path / "pkg", example_inputs=str(tmp_path / "audio.npz")
-    ).close()
-    refused = deploy("optimize", tmp_path / "pkg", "--prune", "0.3", "--calibration", tmp_path / "audio.npz")
-    assert_one_line_error(refused, 2, r"none of the model's weighted layers is one pruning edits \(2 1-D convolution;")
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["h"], group=4, pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["h"], ["a"]),
+            helper.make_node("Conv", ["a", "w2"], ["y"], group=4, pads=[1, 1, 1, 1]),
+        ],
+        "depthwise",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 8, 8])],
+        [numpy_helper.from_array(rng.standard_normal((4, 1, 3, 3)).astype(np.float32), w) for w in ("w1", "w2")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "dw.onnx")
+    np.savez(tmp_path / "x.npz", x=rng.standard_normal((16, 4, 8, 8)).astype(np.float32))
+    unideploy.export(tmp_path / "dw.onnx", tmp_path / "pkg", example_inputs=str(tmp_path / "x.npz")).close()
+    refused = deploy("optimize", tmp_path / "pkg", "--prune", "0.3", "--calibration", tmp_path / "x.npz")
+    assert_one_line_error(
+        refused, 2, r"none of the model's weighted layers is one pruning edits \(2 grouped convolution; it edits"
+    )
 
 
 @pytest.mark.parametrize(

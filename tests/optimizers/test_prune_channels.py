@@ -214,3 +214,41 @@ def test_a_reader_too_wide_to_refit_keeps_its_weights_and_says_so(tmp_path):
     ) as pkg:
         params = pkg.manifest.optimizations[-1]["passes"][0]["params"]
         assert params["refit"] and params["not_refitted"]["layers"] == ["wide"], params
+
+
+def test_a_dilated_1d_convolutions_channels_are_cut_and_its_reader_refitted(tmp_path):
+    """A temporal convolution stack (1-D, dilated, then strided with ``auto_pad``): channel pruning
+    cuts the first layer's filters and the second's inputs with them, re-fits the reader over its
+    windows, and the slimmer model computes what fp32 does within the budget."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["audio", "w1", "b1"], ["h"], name="dilated", dilations=[2], pads=[2, 2]),
+            helper.make_node("Relu", ["h"], ["a"]),
+            helper.make_node("Conv", ["a", "w2"], ["y"], name="strided", strides=[2], auto_pad="SAME_LOWER"),
+        ],
+        "tcn",
+        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", 4, 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 48])],
+        [
+            # half the filters nearly silent: the channels a cut should take first
+            numpy_helper.from_array(
+                (rng.normal(0, 0.3, (32, 4, 3)) * np.repeat([1.0, 0.01], 16)[:, None, None]).astype(np.float32), "w1"
+            ),
+            numpy_helper.from_array(rng.normal(0, 0.1, 32).astype(np.float32), "b1"),
+            numpy_helper.from_array(rng.normal(0, 0.15, (8, 32, 5)).astype(np.float32), "w2"),
+        ],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "tcn.onnx"))
+    audio = rng.standard_normal((128, 4, 96)).astype(np.float32)
+    np.savez(tmp_path / "audio.npz", audio=audio)
+    unideploy.export(tmp_path / "tcn.onnx", tmp_path / "tcn.udp", example_inputs={"audio": audio[:4]}).close()
+    with unideploy.optimize(
+        tmp_path / "tcn.udp", prune=0.25, prune_method="channels", calibration=tmp_path / "audio.npz"
+    ) as pkg:
+        record = pkg.manifest.optimizations[-1]
+        assert record["accuracy"]["within_budget"], record["accuracy"]
+        assert [(g["channels"], g["kept"]) for g in record["passes"][0]["params"]["groups"]] == [(32, 24)]
+        shapes = _initializer_shapes(onnx.load(str(pkg.path_of("onnx-slim25"))))
+        assert shapes["w1"] == (24, 4, 3) and shapes["w2"] == (8, 24, 5)
+        assert unideploy.run(pkg, {"audio": audio[:3]}, artifact="onnx-slim25")["y"].shape == (3, 8, 48)

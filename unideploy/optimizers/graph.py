@@ -157,24 +157,48 @@ class Layer:
             set_array(model, self.bias, bias.astype(np.float32))
 
     def columns(self, x: np.ndarray, model: onnx.ModelProto) -> np.ndarray:
-        """The layer's input as rows of K features (im2col for convolutions)."""
+        """The layer's input as rows of K features: for a convolution of any dimension, each output
+        position's window of taps (im2col), dilated and padded as the node computes it."""
         if self.kind != "conv":
             return x.reshape(-1, x.shape[-1])
-        kh, kw = get_array(model, self.weight).shape[2:]
-        a = attributes(self.node)
-        top, left, bottom, right = a.get("pads", [0, 0, 0, 0])
-        sh, sw = a.get("strides", [1, 1])
-        padded = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
-        windows = np.lib.stride_tricks.sliding_window_view(padded, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
-        n, c, ho, wo = windows.shape[:4]
-        return windows.transpose(0, 2, 3, 1, 4, 5).reshape(n * ho * wo, c * kh * kw)
+        kernel = get_array(model, self.weight).shape[2:]
+        dims, a = len(kernel), attributes(self.node)
+        strides, dilations = a.get("strides", [1] * dims), a.get("dilations", [1] * dims)
+        spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]  # the input a dilated window covers
+        pads = conv_pads(a, x.shape[2:], spans, strides)
+        padded = np.pad(x, ((0, 0), (0, 0), *zip(pads[:dims], pads[dims:])))
+        windows = np.lib.stride_tricks.sliding_window_view(padded, spans, axis=tuple(range(2, 2 + dims)))
+        steps: tuple[Any, ...] = (..., *(slice(None, None, s) for s in [*strides, *dilations]))
+        windows = windows[steps]  # positions a stride apart, taps a dilation apart
+        positions = windows.shape[2 : 2 + dims]
+        # rows: image, then position; columns: channel, then tap (the weight's own order)
+        order = (0, *range(2, 2 + dims), 1, *range(2 + dims, 2 + 2 * dims))
+        return windows.transpose(order).reshape(x.shape[0] * int(np.prod(positions)), -1)
+
+
+def conv_pads(a: dict, sizes: tuple[int, ...], spans: list[int], strides: list[int]) -> list[int]:
+    """A convolution's padding, beginnings then ends (ONNX's ``pads``), from ``auto_pad`` where it
+    is set: SAME_* pads so that the output has ceil(size / stride) positions, the odd one at the end
+    (UPPER) or the beginning (LOWER), as ONNX Runtime does."""
+    mode = a.get("auto_pad", b"NOTSET")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    if mode == "NOTSET":
+        return list(a.get("pads", [0] * 2 * len(sizes)))
+    if mode == "VALID":
+        return [0] * 2 * len(sizes)
+    totals = [max((-(-n // s) - 1) * s + span - n, 0) for n, s, span in zip(sizes, strides, spans)]
+    small = [t // 2 for t in totals]
+    begins = small if mode == "SAME_UPPER" else [t - h for t, h in zip(totals, small)]
+    return begins + [t - b for t, b in zip(totals, begins)]
 
 
 def linear_layers(model: onnx.ModelProto) -> list[Layer]:
     """Layers the pruning passes can edit and re-fit, in graph order.
 
-    Skipped, left dense: grouped or dilated convolutions, 1-D/3-D convolutions, auto_pad, Gemm with
-    transA/alpha/beta, MatMul whose weight is not a 2-D initializer.
+    Taken: convolutions of any dimension (1-D audio, 2-D images, 3-D video), dilated or padded in any
+    way. Skipped, left dense: grouped convolutions (a depthwise one's taps are not a matrix product
+    across channels; channel pruning carries its channels through), Gemm with transA/alpha/beta,
+    MatMul whose weight is not a 2-D initializer.
     """
     inits = initializers(model)
     layers = []
@@ -184,13 +208,7 @@ def linear_layers(model: onnx.ModelProto) -> list[Layer]:
         a = attributes(node)
         bias = node.input[2] if len(node.input) > 2 and node.input[2] in inits else None
         dims = len(inits[node.input[1]].dims)
-        if (
-            node.op_type == "Conv"
-            and dims == 4
-            and a.get("group", 1) == 1
-            and set(a.get("dilations", [1, 1])) == {1}
-            and a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET")
-        ):
+        if node.op_type == "Conv" and dims >= 3 and a.get("group", 1) == 1:
             layers.append(Layer(node, "conv", node.input[1], bias))
         elif (
             node.op_type == "Gemm"
@@ -207,7 +225,7 @@ def linear_layers(model: onnx.ModelProto) -> list[Layer]:
 
 def left_dense(model: onnx.ModelProto) -> list[str]:
     """Why each weighted Conv, Gemm or MatMul that ``linear_layers`` does not take is left out, as a
-    short kind ("1-D convolution"), one per layer: what a refusal counts where none is left."""
+    short kind ("grouped convolution"), one per layer: what a refusal counts where none is left."""
     inits, taken = initializers(model), {tuple(layer.node.output) for layer in linear_layers(model)}
     kinds = []
     for node in model.graph.node:
@@ -215,15 +233,12 @@ def left_dense(model: onnx.ModelProto) -> list[str]:
             continue
         if tuple(node.output) in taken:
             continue
-        a, dims = attributes(node), len(inits[node.input[1]].dims)
-        if node.op_type == "Conv" and dims != 4:
-            kinds.append(f"{dims - 2}-D convolution")
-        elif node.op_type == "Conv":
-            kinds.append("grouped convolution" if a.get("group", 1) != 1 else "dilated or auto-padded convolution")
+        if node.op_type == "Conv":
+            kinds.append("grouped convolution")
         elif node.op_type == "Gemm":
             kinds.append("Gemm with transA, alpha or beta")
         else:
-            kinds.append(f"MatMul with a {dims}-D weight")
+            kinds.append(f"MatMul with a {len(inits[node.input[1]].dims)}-D weight")
     return kinds
 
 

@@ -85,8 +85,8 @@ class MagnitudePruning(OptimizerPass):
             skipped = left_dense(original)
             raise InputError(
                 (
-                    f"none of the model's weighted layers is one pruning edits ({counted(skipped)}; it edits 2-D "
-                    "convolutions without groups or dilation, Gemm and MatMul with 2-D weights)"
+                    f"none of the model's weighted layers is one pruning edits ({counted(skipped)}; it edits "
+                    "convolutions without groups, of any dimension, Gemm and MatMul with 2-D weights)"
                     if skipped
                     else "the model has no Conv/Gemm/MatMul weights to prune"
                 )
