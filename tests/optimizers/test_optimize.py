@@ -352,9 +352,9 @@ def test_layers_inside_control_flow_are_named_when_nothing_else_can_be_optimized
 
 
 def test_pruning_names_the_weighted_layers_it_does_not_edit(tmp_path):
-    """Two depthwise convolutions (each channel filtered on its own): pruning edits convolutions
-    without groups and matrix products, and says which layers it found instead (it said the model
-    had no Conv weights)."""
+    """Two depthwise convolutions (each channel filtered on its own) and a transposed convolution
+    sized by its ``output_shape``: pruning edits convolutions without groups and matrix products,
+    and says which layers it found instead (it said the model had no Conv weights)."""
     from console import assert_one_line_error, deploy
 
     rng = np.random.default_rng(0)
@@ -362,19 +362,26 @@ def test_pruning_names_the_weighted_layers_it_does_not_edit(tmp_path):
         [
             helper.make_node("Conv", ["x", "w1"], ["h"], group=4, pads=[1, 1, 1, 1]),
             helper.make_node("Relu", ["h"], ["a"]),
-            helper.make_node("Conv", ["a", "w2"], ["y"], group=4, pads=[1, 1, 1, 1]),
+            helper.make_node("Conv", ["a", "w2"], ["d"], group=4, pads=[1, 1, 1, 1]),
+            helper.make_node("ConvTranspose", ["d", "w3"], ["y"], strides=[2, 2], output_shape=[16, 16]),
         ],
         "depthwise",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4, 8, 8])],
-        [numpy_helper.from_array(rng.standard_normal((4, 1, 3, 3)).astype(np.float32), w) for w in ("w1", "w2")],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, 16, 16])],
+        [
+            *(numpy_helper.from_array(rng.standard_normal((4, 1, 3, 3)).astype(np.float32), w) for w in ("w1", "w2")),
+            numpy_helper.from_array(rng.standard_normal((4, 2, 2, 2)).astype(np.float32), "w3"),
+        ],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "dw.onnx")
     np.savez(tmp_path / "x.npz", x=rng.standard_normal((16, 4, 8, 8)).astype(np.float32))
     unideploy.export(tmp_path / "dw.onnx", tmp_path / "pkg", example_inputs=str(tmp_path / "x.npz")).close()
     refused = deploy("optimize", tmp_path / "pkg", "--prune", "0.3", "--calibration", tmp_path / "x.npz")
     assert_one_line_error(
-        refused, 2, r"none of the model's weighted layers is one pruning edits \(2 grouped convolution; it edits"
+        refused,
+        2,
+        r"none of the model's weighted layers is one pruning edits \(2 grouped convolution, 1 transposed "
+        r"convolution sized by output_shape or SAME; it edits convolutions and transposed convolutions without groups",
     )
 
 
@@ -383,7 +390,7 @@ def test_pruning_names_the_weighted_layers_it_does_not_edit(tmp_path):
     [
         (("--quantize", "int8"), r"INT8 has nothing to quantize .*ai\.onnx\.ml\.LinearClassifier"),
         (("--quantize", "fp16"), r"FP16 has nothing to convert .*ai\.onnx\.ml\.LinearClassifier.* stay in fp32"),
-        (("--prune", "0.3"), r"the model has no Conv/Gemm/MatMul weights to prune"),
+        (("--prune", "0.3"), r"the model has no Conv/ConvTranspose/Gemm/MatMul weights to prune"),
     ],
 )
 def test_a_classifier_answering_class_names_is_refused_what_it_cannot_take(

@@ -76,7 +76,7 @@ def operator_list(graph: onnx.GraphProto, leaving: AbstractSet[str] = frozenset(
 
 
 def counted(kinds: list[str]) -> str:
-    """``["1-D convolution", "1-D convolution"]`` as "2 1-D convolution": each kind with its count."""
+    """``["grouped convolution", "grouped convolution"]`` as "2 grouped convolution": each kind with its count."""
     return ", ".join(f"{kinds.count(kind)} {kind}" for kind in sorted(set(kinds)))
 
 

@@ -32,6 +32,13 @@ TIE_RELATIVE = 1e-3  # a weaker pull is chosen only if its held-out error is low
 TIE_OF_SIGNAL = 1e-9  # ... and by more than this share of the held-out outputs' energy (rounding, input noise)
 CHOICE_ROWS = 32  # output rows the damping is chosen on (each distinct mask costs a solve)
 REFIT_ROWS = 512  # calibration rows used for re-fitting (more costs time, rarely accuracy)
+# A layer's re-fit reads at most this many rows of its input per input it has (and at least
+# REFIT_MIN_POSITIONS): a convolution gives a row per output position, and a full-resolution layer
+# of a 640x640 text detector gave 3.3 million rows over 8 images for 97 inputs, where 65,536 rows
+# sampled over the stream determine the same least squares (docs/optimizers.md).
+REFIT_ROWS_PER_INPUT = 64
+REFIT_MIN_POSITIONS = 65536
+_SPREAD = 2654435761  # Knuth's multiplicative hash: which rows are sampled, whatever the batching
 SHARED_MASKS = 4  # rows per distinct mask from which rows are solved per mask, not each on its own
 # The widest layer re-fitted, in inputs (a convolution's channels x kernel taps, and its bias): its
 # least-squares systems are inputs x inputs float64, about six alive at once (8,193: 0.5 GB each,
@@ -135,53 +142,105 @@ def load_for_pruning(path: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
 
 @dataclass
 class Layer:
-    """A Conv, Gemm or MatMul whose weight is an initializer, seen as a [out, K] matrix."""
+    """A Conv, ConvTranspose, Gemm or MatMul whose weight is an initializer, seen as a [out, K]
+    matrix: a convolution's K is its input channels x kernel taps, a transposed convolution's the
+    same taps of the convolution it equals (below)."""
 
     node: onnx.NodeProto
-    kind: str  # "conv", "gemm" or "matmul"
+    kind: str  # "conv", "conv_transpose", "gemm" or "matmul"
     weight: str
     bias: str | None
     trans_b: bool = False
 
+    @property
+    def convolution(self) -> bool:
+        """Whether the layer slides a kernel over positions (its input features are channels on axis 1)."""
+        return self.kind in ("conv", "conv_transpose")
+
     def matrix(self, model: onnx.ModelProto) -> np.ndarray:
         w = get_array(model, self.weight)
-        if self.kind == "conv":
+        if self.kind == "conv_transpose":  # [in, out, taps...] -> the equal convolution's [out, in, taps reversed]
+            w = np.flip(w, axis=tuple(range(2, w.ndim))).swapaxes(0, 1)
+        if self.convolution:
             return w.reshape(w.shape[0], -1)
         return w if self.trans_b else w.T
 
     def store(self, model: onnx.ModelProto, matrix: np.ndarray, bias: np.ndarray | None) -> None:
         shape = get_array(model, self.weight).shape
-        w = matrix.reshape(shape) if self.kind == "conv" else (matrix if self.trans_b else matrix.T)
-        set_array(model, self.weight, w.astype(np.float32))
+        if self.kind == "conv_transpose":
+            w = matrix.reshape(shape[1], shape[0], *shape[2:]).swapaxes(0, 1)
+            w = np.flip(w, axis=tuple(range(2, w.ndim)))
+        elif self.kind == "conv":
+            w = matrix.reshape(shape)
+        else:
+            w = matrix if self.trans_b else matrix.T
+        set_array(model, self.weight, np.ascontiguousarray(w, dtype=np.float32))
         if bias is not None and self.bias:
             set_array(model, self.bias, bias.astype(np.float32))
 
-    def columns(self, x: np.ndarray, model: onnx.ModelProto) -> np.ndarray:
-        """The layer's input as rows of K features: for a convolution of any dimension, each output
-        position's window of taps (im2col), dilated and padded as the node computes it."""
-        if self.kind != "conv":
-            return x.reshape(-1, x.shape[-1])
+    def columns(self, x: np.ndarray, model: onnx.ModelProto, picked: np.ndarray | None = None) -> np.ndarray:
+        """The layer's input as rows of K features (``picked``: only those rows, by index): for a
+        convolution of any dimension, each output position's window of taps (im2col), dilated and
+        padded as the node computes it.
+
+        A transposed convolution is the convolution, stride 1, of its input spread out by its
+        stride (stride - 1 zeros between values) and padded by the dilated kernel's reach less its
+        own pads (``output_padding`` at the end), with the kernel reversed and its channel axes
+        swapped (``matrix``)."""
+        grid, lead = self._grid(x, model)
+        if picked is None:
+            return grid.reshape(int(np.prod(grid.shape[:lead])), -1)
+        return grid[np.unravel_index(picked, grid.shape[:lead])].reshape(len(picked), -1)
+
+    def row_count(self, x: np.ndarray, model: onnx.ModelProto) -> int:
+        """How many rows ``columns`` gives for ``x``."""
+        grid, lead = self._grid(x, model)
+        return int(np.prod(grid.shape[:lead]))
+
+    def _grid(self, x: np.ndarray, model: onnx.ModelProto) -> tuple[np.ndarray, int]:
+        """A view of ``x`` whose first axes (their count, the second value) index ``columns``' rows
+        and whose others its features, in order."""
+        if not self.convolution:
+            return x, x.ndim - 1
         kernel = get_array(model, self.weight).shape[2:]
         dims, a = len(kernel), attributes(self.node)
         strides, dilations = a.get("strides", [1] * dims), a.get("dilations", [1] * dims)
         spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]  # the input a dilated window covers
-        pads = conv_pads(a, x.shape[2:], spans, strides)
-        padded = np.pad(x, ((0, 0), (0, 0), *zip(pads[:dims], pads[dims:])))
+        if self.kind == "conv_transpose":
+            spread = np.zeros((*x.shape[:2], *((n - 1) * s + 1 for n, s in zip(x.shape[2:], strides))), x.dtype)
+            spread[_every(strides)] = x
+            own = a.get("pads", [0] * 2 * dims)
+            extra = a.get("output_padding", [0] * dims)
+            pads = [span - 1 - p for span, p in zip(spans, own[:dims])]
+            pads += [span - 1 - p + e for span, p, e in zip(spans, own[dims:], extra)]
+            x, strides = spread, [1] * dims
+        else:
+            pads = conv_pads(a, x.shape[2:], spans, strides)
+        padded = _padded(x, pads[:dims], pads[dims:])
         windows = np.lib.stride_tricks.sliding_window_view(padded, spans, axis=tuple(range(2, 2 + dims)))
-        steps: tuple[Any, ...] = (..., *(slice(None, None, s) for s in [*strides, *dilations]))
-        windows = windows[steps]  # positions a stride apart, taps a dilation apart
-        positions = windows.shape[2 : 2 + dims]
+        windows = windows[_every([*strides, *dilations])]  # positions a stride apart, taps a dilation apart
         # rows: image, then position; columns: channel, then tap (the weight's own order)
-        order = (0, *range(2, 2 + dims), 1, *range(2 + dims, 2 + 2 * dims))
-        return windows.transpose(order).reshape(x.shape[0] * int(np.prod(positions)), -1)
+        return windows.transpose(0, *range(2, 2 + dims), 1, *range(2 + dims, 2 + 2 * dims)), 1 + dims
+
+
+def _every(steps: list[int]) -> tuple[Any, ...]:
+    """An index taking every ``steps[i]``-th value along each of the last ``len(steps)`` axes."""
+    return (..., *(slice(None, None, step) for step in steps))
+
+
+def _padded(x: np.ndarray, begins: list[int], ends: list[int]) -> np.ndarray:
+    """``x`` padded with zeros along its spatial axes (after the first two); a negative pad crops
+    (a transposed convolution's own pads beyond its kernel's reach)."""
+    x = np.pad(x, ((0, 0), (0, 0), *((max(b, 0), max(e, 0)) for b, e in zip(begins, ends))))
+    crop = (slice(max(-b, 0), n - max(-e, 0)) for b, e, n in zip(begins, ends, x.shape[2:]))
+    return x[(slice(None), slice(None), *crop)]
 
 
 def conv_pads(a: dict, sizes: tuple[int, ...], spans: list[int], strides: list[int]) -> list[int]:
     """A convolution's padding, beginnings then ends (ONNX's ``pads``), from ``auto_pad`` where it
     is set: SAME_* pads so that the output has ceil(size / stride) positions, the odd one at the end
     (UPPER) or the beginning (LOWER), as ONNX Runtime does."""
-    mode = a.get("auto_pad", b"NOTSET")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = _auto_pad(a)
     if mode == "NOTSET":
         return list(a.get("pads", [0] * 2 * len(sizes)))
     if mode == "VALID":
@@ -192,13 +251,20 @@ def conv_pads(a: dict, sizes: tuple[int, ...], spans: list[int], strides: list[i
     return begins + [t - b for t, b in zip(totals, begins)]
 
 
+def _auto_pad(a: dict) -> str:
+    mode = a.get("auto_pad", b"NOTSET")
+    return mode.decode() if isinstance(mode, bytes) else mode
+
+
 def linear_layers(model: onnx.ModelProto) -> list[Layer]:
     """Layers the pruning passes can edit and re-fit, in graph order.
 
     Taken: convolutions of any dimension (1-D audio, 2-D images, 3-D video), dilated or padded in any
-    way. Skipped, left dense: grouped convolutions (a depthwise one's taps are not a matrix product
-    across channels; channel pruning carries its channels through), Gemm with transA/alpha/beta,
-    MatMul whose weight is not a 2-D initializer.
+    way, and transposed ones (a decoder's upsampling) padded explicitly. Skipped, left dense
+    (``left_dense`` says why): grouped convolutions (a depthwise one's taps are not a matrix product
+    across channels; channel pruning carries its channels through), transposed convolutions sized
+    by ``output_shape`` or SAME padding, Gemm with transA/alpha/beta, MatMul whose weight is not a
+    2-D initializer.
     """
     inits = initializers(model)
     layers = []
@@ -210,6 +276,8 @@ def linear_layers(model: onnx.ModelProto) -> list[Layer]:
         dims = len(inits[node.input[1]].dims)
         if node.op_type == "Conv" and dims >= 3 and a.get("group", 1) == 1:
             layers.append(Layer(node, "conv", node.input[1], bias))
+        elif node.op_type == "ConvTranspose" and dims >= 3 and a.get("group", 1) == 1 and _sized_by_pads(a):
+            layers.append(Layer(node, "conv_transpose", node.input[1], bias))
         elif (
             node.op_type == "Gemm"
             and dims == 2
@@ -223,18 +291,31 @@ def linear_layers(model: onnx.ModelProto) -> list[Layer]:
     return layers
 
 
+def _sized_by_pads(a: dict) -> bool:
+    """Whether a transposed convolution's output size follows from its pads alone."""
+    return "output_shape" not in a and _auto_pad(a) in ("NOTSET", "VALID")
+
+
+WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # the operators whose weights pruning edits
+
+
 def left_dense(model: onnx.ModelProto) -> list[str]:
-    """Why each weighted Conv, Gemm or MatMul that ``linear_layers`` does not take is left out, as a
+    """Why each weighted layer (``WEIGHTED``) that ``linear_layers`` does not take is left out, as a
     short kind ("grouped convolution"), one per layer: what a refusal counts where none is left."""
     inits, taken = initializers(model), {tuple(layer.node.output) for layer in linear_layers(model)}
     kinds = []
     for node in model.graph.node:
-        if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2 or node.input[1] not in inits:
+        if node.op_type not in WEIGHTED or len(node.input) < 2 or node.input[1] not in inits:
             continue
         if tuple(node.output) in taken:
             continue
+        grouped = attributes(node).get("group", 1) != 1
         if node.op_type == "Conv":
             kinds.append("grouped convolution")
+        elif node.op_type == "ConvTranspose":
+            kinds.append(
+                "grouped transposed convolution" if grouped else "transposed convolution sized by output_shape or SAME"
+            )
         elif node.op_type == "Gemm":
             kinds.append("Gemm with transA, alpha or beta")
         else:
@@ -256,15 +337,13 @@ def input_statistics(
     convolution, over the batch and positions; per last-axis feature for Gemm/MatMul): layer
     name -> (mean, variance)."""
     tensors = [layer.node.input[0] for layer in layers]
-    kinds = {layer.node.input[0]: layer.kind for layer in layers}
+    spatial = {layer.node.input[0]: layer.convolution for layer in layers}
     session = computing(model, tensors)
     sums: dict[str, list] = {t: [0.0, 0.0, 0] for t in tensors}
     for batch in batches:
         for tensor, x in zip(tensors, session.run(tensors, batch)):
             x = x.astype(np.float64)
-            features = (
-                np.moveaxis(x, 1, -1).reshape(-1, x.shape[1]) if kinds[tensor] == "conv" else x.reshape(-1, x.shape[-1])
-            )
+            features = np.moveaxis(x, 1, -1).reshape(-1, x.shape[1]) if spatial[tensor] else x.reshape(-1, x.shape[-1])
             total = sums[tensor]
             total[0], total[1], total[2] = (
                 total[0] + features.sum(0),
@@ -313,9 +392,14 @@ def refit(
     sample = np.unique(np.linspace(0, len(keep) - 1, min(CHOICE_ROWS, len(keep))).astype(int))
     sums: dict[str, list[Any]] = {"fit": [0.0, 0.0], "held": [0.0, 0.0]}  # A_p^T A_p and A_p^T A_o of each part
     signal, seen = 0.0, 0  # ||Y_held||^2 on the sample's output rows; rows streamed so far
+    every, offered = 0, 0  # sample one row in ``every`` (0: not known yet); rows offered so far
     for x_o, x_p in zip(original_inputs(layer_o.node.input[0]), pruned_inputs(layer_p.node.input[0])):
-        a_o = layer_o.columns(x_o.astype(np.float64), original)
-        a_p = layer_p.columns(x_p.astype(np.float64), pruned)
+        count = layer_o.row_count(x_o, original)
+        every = every or _sampling(count, pruned_inputs.batches, w_orig.shape[1])
+        picked = _sampled(offered, count, every)
+        offered += count
+        a_o = layer_o.columns(x_o.astype(np.float64), original, picked)
+        a_p = layer_p.columns(x_p.astype(np.float64), pruned, picked)
         if with_bias:
             a_o, a_p = (np.hstack([a, np.ones((a.shape[0], 1))]) for a in (a_o, a_p))
         # counted over the whole stream: a batch-1 model's pooled or final layer gets one row a batch,
@@ -342,6 +426,25 @@ def refit(
     solved = _solve(gram_fit + gram_held, target_fit + target_held, prior, keep, best, np.arange(len(keep)))
     layer_p.store(pruned, solved[:, :-1] if with_bias else solved, solved[:, -1] if with_bias else None)
     return True
+
+
+def _sampling(first_rows: int, batches: list[Batch], inputs: int) -> int:
+    """One row in how many the re-fit reads (1: all), from the first batch's rows scaled to the
+    whole stream's calibration rows (so that any batching of the same rows samples alike) and the
+    rows the layer's ``inputs`` need (``REFIT_ROWS_PER_INPUT``, ``REFIT_MIN_POSITIONS``)."""
+    samples = [len(next(iter(batch.values()))) for batch in batches]
+    total = first_rows * sum(samples) // max(samples[0], 1)
+    return max(1, total // max(REFIT_ROWS_PER_INPUT * inputs, REFIT_MIN_POSITIONS))
+
+
+def _sampled(offered: int, count: int, every: int) -> np.ndarray | None:
+    """Which of the next ``count`` rows of the stream (``offered`` before them) the re-fit reads:
+    one in ``every``, spread by a hash of their place in the stream (a stride would pick the same
+    columns of every image row where it divides the width); None: all of them."""
+    if every == 1:
+        return None
+    places = (np.arange(offered, offered + count, dtype=np.uint64) * np.uint64(_SPREAD)) % np.uint64(2**32)
+    return np.flatnonzero(places < np.uint64(2**32 // every))
 
 
 def _strongest_within_noise(errors: dict[float | None, float], signal: float) -> float | None:

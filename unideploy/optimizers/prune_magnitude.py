@@ -31,6 +31,7 @@ from unideploy.onnx.precision import quantized_ops
 from unideploy.optimizers.base import OptimizeRequest, OptimizerPass, PassContext, PassResult
 from unideploy.optimizers.graph import (
     REFIT_ROWS,
+    WEIGHTED,
     Refits,
     input_statistics,
     left_dense,
@@ -78,17 +79,17 @@ class MagnitudePruning(OptimizerPass):
             if quantized:
                 raise InputError(
                     f"the model is already quantized ({', '.join(quantized)}): its weights are integers, and "
-                    "pruning works on float Conv/Gemm/MatMul weights",
+                    "pruning works on float Conv/ConvTranspose/Gemm/MatMul weights",
                     "prune the float model, then quantize it (deploy optimize --prune ... --quantize int8)",
                 )
-            nested = branch_layers(original.graph, {"Conv", "Gemm", "MatMul"})
+            nested = branch_layers(original.graph, set(WEIGHTED))
             skipped = left_dense(original)
             raise InputError(
                 (
                     f"none of the model's weighted layers is one pruning edits ({counted(skipped)}; it edits "
-                    "convolutions without groups, of any dimension, Gemm and MatMul with 2-D weights)"
+                    "convolutions and transposed convolutions without groups, Gemm and MatMul with 2-D weights)"
                     if skipped
-                    else "the model has no Conv/Gemm/MatMul weights to prune"
+                    else "the model has no Conv/ConvTranspose/Gemm/MatMul weights to prune"
                 )
                 + control_flow_note(nested, "pruning"),
                 "export a graph without the control flow (the branch your settings take)"
