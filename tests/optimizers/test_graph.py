@@ -23,7 +23,7 @@ from unideploy.optimizers.graph import (
     "op, kernel, attrs",
     [
         ("Conv", (3,), {"pads": [1, 1]}),  # an audio front end's 1-D convolution
-        ("Conv", (256,), {"strides": [128]}),  # a learned STFT (Silero VAD's first layer)
+        ("Conv", (256,), {"strides": [128]}),  # an STFT as a convolution (Silero VAD's first layer)
         ("Conv", (3,), {"dilations": [4], "pads": [4, 4]}),  # a WaveNet / TCN layer
         ("Conv", (3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 1]}),
         ("Conv", (3, 3), {"dilations": [2, 3], "pads": [2, 3, 2, 3]}),  # DeepLab's atrous convolution
