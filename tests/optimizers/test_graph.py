@@ -61,7 +61,7 @@ def test_a_convolutions_input_windows_times_its_weights_are_what_it_computes(op,
         0
     ]
     (layer,) = linear_layers(model)
-    product = layer.columns(x.astype(np.float64), model) @ layer.matrix(model).T.astype(np.float64)
+    product = layer.columns(x, model).rows() @ layer.matrix(model).T.astype(np.float64)
     positions = expected.shape[2:]
     assert product.shape == (2 * int(np.prod(positions)), 4)
     np.testing.assert_allclose(np.moveaxis(product.reshape(2, *positions, 4), -1, 1), expected, rtol=1e-4, atol=1e-4)

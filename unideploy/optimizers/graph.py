@@ -178,30 +178,17 @@ class Layer:
         if bias is not None and self.bias:
             set_array(model, self.bias, bias.astype(np.float32))
 
-    def columns(self, x: np.ndarray, model: onnx.ModelProto, picked: np.ndarray | None = None) -> np.ndarray:
-        """The layer's input as rows of K features (``picked``: only those rows, by index): for a
-        convolution of any dimension, each output position's window of taps (im2col), dilated and
-        padded as the node computes it.
+    def columns(self, x: np.ndarray, model: onnx.ModelProto) -> Columns:
+        """The layer's input as rows of K features, not yet copied: for a convolution of any
+        dimension, each output position's window of taps (im2col), dilated and padded as the node
+        computes it.
 
         A transposed convolution is the convolution, stride 1, of its input spread out by its
         stride (stride - 1 zeros between values) and padded by the dilated kernel's reach less its
         own pads (``output_padding`` at the end), with the kernel reversed and its channel axes
         swapped (``matrix``)."""
-        grid, lead = self._grid(x, model)
-        if picked is None:
-            return grid.reshape(int(np.prod(grid.shape[:lead])), -1)
-        return grid[np.unravel_index(picked, grid.shape[:lead])].reshape(len(picked), -1)
-
-    def row_count(self, x: np.ndarray, model: onnx.ModelProto) -> int:
-        """How many rows ``columns`` gives for ``x``."""
-        grid, lead = self._grid(x, model)
-        return int(np.prod(grid.shape[:lead]))
-
-    def _grid(self, x: np.ndarray, model: onnx.ModelProto) -> tuple[np.ndarray, int]:
-        """A view of ``x`` whose first axes (their count, the second value) index ``columns``' rows
-        and whose others its features, in order."""
         if not self.convolution:
-            return x, x.ndim - 1
+            return Columns(x, x.ndim - 1)
         kernel = get_array(model, self.weight).shape[2:]
         dims, a = len(kernel), attributes(self.node)
         strides, dilations = a.get("strides", [1] * dims), a.get("dilations", [1] * dims)
@@ -220,7 +207,29 @@ class Layer:
         windows = np.lib.stride_tricks.sliding_window_view(padded, spans, axis=tuple(range(2, 2 + dims)))
         windows = windows[_every([*strides, *dilations])]  # positions a stride apart, taps a dilation apart
         # rows: image, then position; columns: channel, then tap (the weight's own order)
-        return windows.transpose(0, *range(2, 2 + dims), 1, *range(2 + dims, 2 + 2 * dims)), 1 + dims
+        return Columns(windows.transpose(0, *range(2, 2 + dims), 1, *range(2 + dims, 2 + 2 * dims)), 1 + dims)
+
+
+@dataclass(frozen=True)
+class Columns:
+    """A layer's input as rows of K features, a view: ``grid``'s first ``lead`` axes index the rows,
+    its others the features, in order. Rows are copied (in float64, for the least squares) only
+    when taken, and only those taken: a re-fit samples a full-resolution layer's rows."""
+
+    grid: np.ndarray
+    lead: int
+
+    @property
+    def count(self) -> int:
+        return int(np.prod(self.grid.shape[: self.lead]))
+
+    def rows(self, picked: np.ndarray | None = None) -> np.ndarray:
+        """Every row, or those at the indices ``picked``, as a [rows, K] float64 matrix."""
+        if picked is None:
+            taken = self.grid.reshape(self.count, -1)
+        else:
+            taken = self.grid[np.unravel_index(picked, self.grid.shape[: self.lead])].reshape(len(picked), -1)
+        return taken.astype(np.float64)
 
 
 def _every(steps: list[int]) -> tuple[Any, ...]:
@@ -309,10 +318,10 @@ def left_dense(model: onnx.ModelProto) -> list[str]:
             continue
         if tuple(node.output) in taken:
             continue
-        grouped = attributes(node).get("group", 1) != 1
         if node.op_type == "Conv":
             kinds.append("grouped convolution")
         elif node.op_type == "ConvTranspose":
+            grouped = attributes(node).get("group", 1) != 1
             kinds.append(
                 "grouped transposed convolution" if grouped else "transposed convolution sized by output_shape or SAME"
             )
@@ -394,12 +403,11 @@ def refit(
     signal, seen = 0.0, 0  # ||Y_held||^2 on the sample's output rows; rows streamed so far
     every, offered = 0, 0  # sample one row in ``every`` (0: not known yet); rows offered so far
     for x_o, x_p in zip(original_inputs(layer_o.node.input[0]), pruned_inputs(layer_p.node.input[0])):
-        count = layer_o.row_count(x_o, original)
-        every = every or _sampling(count, pruned_inputs.batches, w_orig.shape[1])
-        picked = _sampled(offered, count, every)
-        offered += count
-        a_o = layer_o.columns(x_o.astype(np.float64), original, picked)
-        a_p = layer_p.columns(x_p.astype(np.float64), pruned, picked)
+        columns_o, columns_p = layer_o.columns(x_o, original), layer_p.columns(x_p, pruned)
+        every = every or _sampling(columns_o.count, pruned_inputs.batches, w_orig.shape[1])
+        picked = _sampled(offered, columns_o.count, every)
+        offered += columns_o.count
+        a_o, a_p = columns_o.rows(picked), columns_p.rows(picked)
         if with_bias:
             a_o, a_p = (np.hstack([a, np.ones((a.shape[0], 1))]) for a in (a_o, a_p))
         # counted over the whole stream: a batch-1 model's pooled or final layer gets one row a batch,
