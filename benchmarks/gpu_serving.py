@@ -175,9 +175,10 @@ POLICIES: dict[str, Policy] = {
     ),
     # with CUDA graphs a bucket is one session replayed by one thread (ONNX Runtime allows no concurrent run of
     # a session capturing graphs), so at c32 the two batches in flight, both cut at 8 rows, take bucket 8's
-    # replays in turn: 8 rows per ~2-2.5 ms whatever the front ends do (docs/gpu.md, "For the next GPU run").
-    # A 16-row bucket runs twice the rows in about 1.6x the time where 16 wait; c64 says whether more
-    # requests waiting (larger batches) raise the rate, or the replays' lane holds it
+    # replays in turn: 8 rows per ~2-2.5 ms whatever the front ends do. A 16-row bucket runs twice the rows in
+    # about 1.6x the time where 16 wait; c64 says whether more requests waiting (larger batches) raise the
+    # rate. On the H200 (2026-11-30) neither did beyond the runs' spread: 0.56x and 0.68x against the
+    # default's 0.62-0.67x (docs/gpu.md, "The H200 runs of 2026-11-30")
     "buckets 1, 8, 16, 32, 4 front ends, shm": Policy(
         {"batch_buckets": [1, 8, 16, 32]}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
     ),
@@ -214,9 +215,10 @@ POLICIES: dict[str, Policy] = {
     # its batches held 15.6 rows at c32 as the default's did, and it served 7 % less (not adopted)
     # concurrency 1 on the CPU was in process + 1.7-2.4 ms on the H200's host (2026-11-26; target + 0.5), the
     # engine alone 0.5-0.8 ms slower idling 2 ms between calls: ONNX Runtime's workers spinning between runs
-    # (its own default, and the in-process baseline's) against the server's spin within a run only. Only a
-    # host with cores to spare measures it: on 2 cores the server's one core runs no worker to spin
-    # (2026-11-28, night: c1 p50 8.43-8.74 ms against 8.84-9.12, one intra-op thread either way: noise)
+    # (its own default, and the in-process baseline's) against the server's spin within a run only. On
+    # 2026-11-30 two H200 hosts disagreed on c1's p50 (4.78 against 6.80 ms on one, 3.74-3.83 against
+    # 4.05-4.07 on the other, two rounds) and the second doubled p99 spinning (11.7-11.8 against 5.3 ms),
+    # c32 within the noise: the default stays (docs/server.md, "Threads and spinning")
     "cpu, 4 front ends, shm, spin: always": Policy(
         {**ON_CPU, "spin": "always"}, (1, 32), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
     ),

@@ -792,6 +792,39 @@ def test_model_yaml_device_pins_a_model_to_the_cpu_or_refuses_without_a_gpu(digi
     assert "no GPU execution provider" in reason and "device: cpu in model.yaml" in reason, reason
 
 
+def test_served_version_names_its_spin_policy(tmp_path, digits):
+    """The spin policy a version runs with is in its metadata's parameters, as its providers and
+    precision are: model.yaml's where it names one, else the server's default (spinning within a
+    run only: on the H200 host's 8 cores, spinning between runs too doubled p99 at concurrency 1,
+    docs/server.md, "Threads and spinning")."""
+    import shutil
+
+    import yaml
+
+    from unideploy.server.dataplane import DataPlane
+    from unideploy.server.metrics import ServerMetrics
+    from unideploy.server.models import ModelRegistry
+
+    for name, settings in (("named", {"spin": "never"}), ("default", {})):
+        shutil.copytree(digits["package"], tmp_path / name / "1")
+        (tmp_path / name / "model.yaml").write_text(yaml.safe_dump(settings))
+
+    async def scenario():
+        with ThreadPoolExecutor(2) as pool:
+            metrics = ServerMetrics()
+            registry = ModelRegistry(tmp_path, pool, metrics)
+            await registry.sync()
+            dataplane = DataPlane(registry, metrics, max_request_rows=64)
+            found = {
+                name: (await dataplane.model_metadata(name, None))["parameters"]["spin"]
+                for name in ("named", "default")
+            }
+            await registry.close()
+            return found
+
+    assert asyncio.run(scenario()) == {"named": "never", "default": "run"}
+
+
 def test_requests_merge_along_each_tensors_own_batch_axis(tmp_path):
     """Recurrent state laid out [2, batch, 3]: requests are merged along axis 1 of the state (and
     axis 0 of 'x'), and each answer's state split back along axis 1, the axes of the outputs

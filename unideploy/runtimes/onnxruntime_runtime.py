@@ -219,6 +219,7 @@ class OnnxRuntime(Runtime):
             "providers": self.ran_on,
             "precision": self.precision,
             "threads": self.options.threads or "auto",
+            "spin": self.options.spin,
         }
         if cpu_nodes := nodes_left_to_cpu(self.placement):
             found["cpu_nodes"] = cpu_nodes

@@ -46,6 +46,7 @@ def _ran_parameters(ran: Mapping[str, Any]) -> dict[str, str]:
         "device",
         "providers",
         "precision",
+        "spin",
         "batch_buckets",
         "cuda_graphs",
         "pinned_memory",
