@@ -133,6 +133,31 @@ def test_text_labels_are_judged_by_equal_values():
     assert "label: top1 drop 12.50 points (budget 1), top-1 agreement 0.8750" in describe(result)
 
 
+def test_a_refusal_says_when_one_row_is_worth_more_than_the_budget():
+    """Top-1 agreement moves by a row's share: on 24 validation rows one changed prediction is 4.17
+    points, and a 1-point budget can only refuse it (fp16 of MobileNetV2, 2026-11-30). The refusal
+    says so and how many rows would judge within the budget; where rows resolve it, where more
+    changed than any number of rows would allow, or the candidate is within budget, nothing is
+    added."""
+    rng = np.random.default_rng(3)
+
+    def judged(rows: int, changed: int, budget: float = 1.0) -> str:
+        scores = rng.random((rows, 10)).astype(np.float32)
+        moved = scores.copy()
+        moved[:changed, :] = scores[:changed, ::-1]  # reversed scores: another argmax
+        assert (scores[:changed].argmax(1) != moved[:changed].argmax(1)).all()
+        return describe(compare([{"logits": scores}], [{"logits": moved}], None, "top1", budget))
+
+    assert judged(24, 1).endswith(
+        "top-1 agreement 0.9583; one of the 24 compared is 4.17 points, more than the budget, so a single change "
+        "refuses: validate on 100 or more (--validation) to judge within it"
+    )
+    assert "validate on 50 or more" in judged(24, 1, budget=2.0)
+    assert judged(50, 5).endswith("top-1 agreement 0.9000")  # 10 points: not one row's doing
+    assert judged(200, 3).endswith("top-1 agreement 0.9850")  # over budget, but a row is 0.5 points
+    assert judged(24, 0).endswith("top-1 agreement 1.0000")
+
+
 def test_recurrent_state_is_joined_along_its_rows_and_judged_by_relative_error():
     """An LSTM's state [2, batch, 128] beside a speech probability per row, over two batches of 3
     and 5 rows: where the signature says its rows lie on axis 1, the batches are joined there (8

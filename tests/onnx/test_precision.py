@@ -96,3 +96,34 @@ def test_a_graph_without_float_weights_is_fp32():
         [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2])],
     )
     assert graph_precision(helper.make_model(graph)) == "fp32"
+
+
+def test_a_weights_unused_mantissa_bits_name_the_precision_it_was_made_in():
+    """fp16 values held in fp32 leave 13 low mantissa bits zero, bfloat16's 16, fp32's none; too few
+    values with any bit set (zeros, powers of two) say nothing, and are read as fp32."""
+    from unideploy.onnx.precision import MANTISSA_EVIDENCE, unused_mantissa_bits
+
+    weights = np.random.default_rng(1).standard_normal(4096).astype(np.float32)
+    bfloat16 = (weights.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+    assert unused_mantissa_bits(weights.astype(np.float16).astype(np.float32)) == 13
+    assert unused_mantissa_bits(bfloat16) == 16
+    assert unused_mantissa_bits(weights) == 0
+    assert unused_mantissa_bits(np.zeros(4096, np.float32)) == 0
+    assert unused_mantissa_bits(np.float32([1.5] * (MANTISSA_EVIDENCE - 1) + [0.25] * 100)) == 0
+
+
+def test_values_are_rounded_to_the_precision_of_those_they_replace():
+    """Rounded to fp16's mantissa where the weights replaced are fp16 values: the same values numpy's
+    float16 rounding (to nearest, ties to even) gives, negatives and carries into the exponent
+    included; never coarser (weights of small integers, bfloat16's, hold new values to fp16's
+    precision too); against fp32 weights unchanged."""
+    from unideploy.onnx.precision import rounded_like
+
+    rng = np.random.default_rng(2)
+    fp16_weights = rng.standard_normal(1000).astype(np.float16).astype(np.float32)
+    values = np.concatenate([rng.standard_normal(10000) * 4, [1.99951171875, -1.99951171875, 1 + 2**-11]])
+    values = values.astype(np.float32)
+    assert np.array_equal(rounded_like(values, fp16_weights), values.astype(np.float16).astype(np.float32))
+    assert np.array_equal(rounded_like(values, rng.standard_normal(1000).astype(np.float32)), values)
+    small_integers = rng.integers(-8, 8, 1000).astype(np.float32)  # a fixed filter: 20 or more bits unused
+    assert np.array_equal(rounded_like(values, small_integers), values.astype(np.float16).astype(np.float32))

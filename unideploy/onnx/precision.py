@@ -89,3 +89,43 @@ def graph_precision(model: onnx.ModelProto) -> Precision:
         return "int8"
     counts = _float_weights(model.graph, {})
     return max(counts, key=lambda p: counts[p]) if counts else "fp32"
+
+
+# Values with a mantissa bit set below which a float32 weight's low bits are read as unused: fewer
+# (a bias of a few values, powers of two) say nothing about the precision it was trained or shipped in
+MANTISSA_EVIDENCE = 64
+
+
+def unused_mantissa_bits(weights: np.ndarray) -> int:
+    """How many low mantissa bits every value of a float32 tensor leaves zero: 13 for fp16 values
+    held in fp32 (a MediaPipe model shipped as a TFLite fp16 file), 16 for bfloat16's, 0 for a
+    weight trained in fp32. 0 where fewer than ``MANTISSA_EVIDENCE`` values have any bit set."""
+    bits = np.ascontiguousarray(weights, np.float32).view(np.uint32) & np.uint32(0x7FFFFF)
+    bits = bits[bits != 0]
+    if bits.size < MANTISSA_EVIDENCE:
+        return 0
+    lowest = bits & (~bits + np.uint32(1))  # each value's lowest set bit
+    return int(lowest.min()).bit_length() - 1
+
+
+# fp16's: the coarsest rounding ``rounded_like`` makes (at most 2**-11 of a value). Weights whose
+# values are coarser still (a fixed filter of small integers, bfloat16's) are not a precision that
+# new values can be held to: 2 and 3 are exact in two bits, 2.6 is not near either.
+FP16_UNUSED_BITS = 13
+
+
+def rounded_like(values: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """``values`` as float32 rounded (to nearest, ties to even) to the mantissa ``like`` uses
+    (``unused_mantissa_bits``), at most to fp16's (``FP16_UNUSED_BITS``): weights computed anew for
+    a layer (a re-fit after pruning) keep the precision of those they replace, so a file that
+    compressed well before still does (zeroed weights among full-precision ones compressed worse
+    than the fp16-precise original: a pruned MediaPipe selfie segmentation gzipped to 112 % of its
+    fp32 file, 85 % rounded)."""
+    out = np.ascontiguousarray(values, np.float32)
+    unused = min(unused_mantissa_bits(like), FP16_UNUSED_BITS)
+    if not unused:
+        return out
+    bits = out.view(np.uint32)
+    tie_to_even = (bits >> np.uint32(unused)) & np.uint32(1)
+    bits = (bits + np.uint32((1 << (unused - 1)) - 1) + tie_to_even) & ~np.uint32((1 << unused) - 1)
+    return bits.view(np.float32)

@@ -23,6 +23,7 @@ from onnx import helper, numpy_helper
 from unideploy.guard.measure import timing_session
 from unideploy.onnx.graph import cut, upstream
 from unideploy.onnx.interface import rename_values
+from unideploy.onnx.precision import rounded_like
 from unideploy.optimizers.base import Batch
 from unideploy.optimizers.layer_inputs import LayerInputs
 
@@ -174,9 +175,10 @@ class Layer:
             w = matrix.reshape(shape)
         else:
             w = matrix if self.trans_b else matrix.T
-        set_array(model, self.weight, np.ascontiguousarray(w, dtype=np.float32))
+        # in the precision of the weights they replace (rounded_like): an fp16 model's stay fp16-precise
+        set_array(model, self.weight, rounded_like(w, get_array(model, self.weight)))
         if bias is not None and self.bias:
-            set_array(model, self.bias, bias.astype(np.float32))
+            set_array(model, self.bias, rounded_like(bias, get_array(model, self.bias)))
 
     def columns(self, x: np.ndarray, model: onnx.ModelProto) -> Columns:
         """The layer's input as rows of K features, not yet copied: for a convolution of any
