@@ -214,9 +214,14 @@ def _optimize(*options: str) -> Callable[[ZooModel, Path, Path, Path], Cell]:
             params = _manifest(out)["optimizations"][-1]["passes"][0]["params"]
             dense = len(params.get("dense_layers", []))
             cell.reason = (
-                f"{params['achieved_sparsity']:.1%} of the weights pruned ({float(options[1]):.0%} asked), "
+                f"{params['achieved_sparsity']:.1%} of its layers' weights pruned ({float(options[1]):.0%} asked), "
                 f"{dense} of {params['layers']} layers left dense"
             )
+            if untouched := params.get("not_pruned"):  # recurrent layers, embedding tables, grouped convolutions
+                share = sum(k["share"] for k in untouched.values())
+                most = sorted(untouched.items(), key=lambda item: -item[1]["weights"])
+                kinds = ", ".join(f"{k['layers']} {kind}" for kind, k in most)
+                cell.reason += f"; not pruned: {kinds} ({share:.0%} of the weights)"
         return cell
 
     return stage

@@ -385,6 +385,29 @@ def test_pruning_names_the_weighted_layers_it_does_not_edit(tmp_path):
     )
 
 
+def test_pruning_a_model_of_recurrent_layers_only_names_them(tmp_path):
+    """An LSTM's weights are not layers pruning edits: a model of one is refused naming it (exit 2,
+    nothing written), where the refusal said it had no weights to prune at all."""
+    from console import assert_one_line_error, deploy
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("LSTM", ["x", "w", "r"], ["y"], hidden_size=8)],
+        "lstm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, "batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 1, "batch", 8])],
+        [
+            numpy_helper.from_array(rng.normal(0, 0.5, (1, 32, 4)).astype(np.float32), "w"),
+            numpy_helper.from_array(rng.normal(0, 0.3, (1, 32, 8)).astype(np.float32), "r"),
+        ],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "lstm.onnx")
+    np.savez(tmp_path / "x.npz", x=rng.standard_normal((5, 16, 4)).astype(np.float32))
+    unideploy.export(tmp_path / "lstm.onnx", tmp_path / "pkg", example_inputs=str(tmp_path / "x.npz")).close()
+    refused = deploy("optimize", tmp_path / "pkg", "--prune", "0.3", "--calibration", tmp_path / "x.npz")
+    assert_one_line_error(refused, 2, r"none of the model's weighted layers is one pruning edits \(1 LSTM; it edits")
+
+
 @pytest.mark.parametrize(
     "asked, refusal",
     [

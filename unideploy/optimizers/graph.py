@@ -11,6 +11,7 @@ those before it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,28 +311,68 @@ def _sized_by_pads(a: dict) -> bool:
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")  # the operators whose weights pruning edits
 
 
-def left_dense(model: onnx.ModelProto) -> list[str]:
-    """Why each weighted layer (``WEIGHTED``) that ``linear_layers`` does not take is left out, as a
-    short kind ("grouped convolution"), one per layer: what a refusal counts where none is left."""
+RECURRENT = ("LSTM", "GRU", "RNN")  # their input (W) and recurrence (R) weights pruning does not edit
+
+
+def _not_edited(model: onnx.ModelProto) -> list[tuple[str, int]]:
+    """Each layer whose float weights pruning leaves as they were, as (kind, weights): weighted
+    layers (``WEIGHTED``) that ``linear_layers`` does not take, named by why ("grouped
+    convolution"); recurrent layers (their W and R); embedding tables (a Gather of a float
+    initializer's rows)."""
     inits, taken = initializers(model), {tuple(layer.node.output) for layer in linear_layers(model)}
-    kinds = []
+
+    def size(name: str) -> int:
+        return math.prod(inits[name].dims) if name in inits else 0
+
+    found = []
     for node in model.graph.node:
-        if node.op_type not in WEIGHTED or len(node.input) < 2 or node.input[1] not in inits:
-            continue
-        if tuple(node.output) in taken:
-            continue
-        if node.op_type == "Conv":
-            kinds.append("grouped convolution")
-        elif node.op_type == "ConvTranspose":
-            grouped = attributes(node).get("group", 1) != 1
-            kinds.append(
-                "grouped transposed convolution" if grouped else "transposed convolution sized by output_shape or SAME"
-            )
-        elif node.op_type == "Gemm":
-            kinds.append("Gemm with transA, alpha or beta")
-        else:
-            kinds.append(f"MatMul with a {len(inits[node.input[1]].dims)}-D weight")
-    return kinds
+        if node.op_type in RECURRENT and size(node.input[1]):
+            found.append((node.op_type, size(node.input[1]) + size(node.input[2])))
+        elif (
+            node.op_type == "Gather"
+            and node.input[0] in inits
+            and inits[node.input[0]].data_type == onnx.TensorProto.FLOAT
+        ):
+            found.append(("embedding", size(node.input[0])))
+        elif node.op_type in WEIGHTED and len(node.input) >= 2 and node.input[1] in inits:
+            if tuple(node.output) in taken:
+                continue
+            if node.op_type == "Conv":
+                kind = "grouped convolution"
+            elif node.op_type == "ConvTranspose":
+                grouped = attributes(node).get("group", 1) != 1
+                kind = (
+                    "grouped transposed convolution"
+                    if grouped
+                    else "transposed convolution sized by output_shape or SAME"
+                )
+            elif node.op_type == "Gemm":
+                kind = "Gemm with transA, alpha or beta"
+            else:
+                kind = f"MatMul with a {len(inits[node.input[1]].dims)}-D weight"
+            found.append((kind, size(node.input[1])))
+    return found
+
+
+def left_dense(model: onnx.ModelProto) -> list[str]:
+    """Why each layer with float weights that pruning does not edit is left out, as a short kind
+    ("grouped convolution", "LSTM", "embedding"), one per layer: what a refusal counts where none is left."""
+    return [kind for kind, _ in _not_edited(model)]
+
+
+def not_pruned(model: onnx.ModelProto) -> dict[str, dict[str, float]]:
+    """The float weights pruning leaves as they were, by kind: layers, weights, and their share of
+    all the model's float weights. A model whose weights are mostly in layers it does not edit (an
+    LSTM language model, a transformer's embedding table) is pruned far less than the sparsity asked
+    for suggests, and its record says so."""
+    total = sum(math.prod(t.dims) for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT)
+    by_kind: dict[str, dict[str, float]] = {}
+    for kind, weights in _not_edited(model):
+        entry = by_kind.setdefault(kind, {"layers": 0, "weights": 0, "share": 0.0})
+        entry["layers"] += 1
+        entry["weights"] += weights
+        entry["share"] = round(entry["weights"] / max(total, 1), 4)
+    return by_kind
 
 
 def computing(model: onnx.ModelProto, tensors: list[str]) -> Any:

@@ -37,6 +37,7 @@ from unideploy.optimizers.graph import (
     left_dense,
     linear_layers,
     load_for_pruning,
+    not_pruned,
     not_refitted,
     refit_all,
 )
@@ -114,16 +115,24 @@ class MagnitudePruning(OptimizerPass):
             "achieved_sparsity": _sparsity(masks, set()),
         }
         params.update(not_refitted(wide_layers))
+        notes = ["unstructured sparsity makes the file compress better; ONNX Runtime on CPU does not run it faster"]
+        if untouched := not_pruned(original):
+            # the sparsity asked for is of the layers pruning edits: where most weights are elsewhere
+            # (textgenrnn's LSTMs, MiniLM's embedding tables) the file is far less sparse, and says why
+            params["not_pruned"] = untouched
+            notes.append(
+                "left as they were (pruning edits convolutions, Gemm and MatMul): "
+                + ", ".join(
+                    f"{int(k['layers'])} {kind} ({int(k['weights']):,} weights, {k['share']:.0%} of the model's)"
+                    for kind, k in sorted(untouched.items(), key=lambda item: -item[1]["weights"])
+                )
+            )
         if len(layers) > 1 and not (judged := ctx.judge(out))["within_budget"]:
             out, searched = self._leave_dense(
                 original, layers, masks, refitted, refit_seconds, out, judged["drop_points"], ctx, memo
             )
             params.update(searched)
-        return PassResult(
-            path=out,
-            params=params,
-            notes=["unstructured sparsity makes the file compress better; ONNX Runtime on CPU does not run it faster"],
-        )
+        return PassResult(path=out, params=params, notes=notes)
 
     def _leave_dense(
         self,
