@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -107,7 +108,7 @@ class MagnitudePruning(OptimizerPass):
         refit_seconds = time.perf_counter() - started
         out = ctx.workdir / "pruned-magnitude.onnx"
         onnx.save(model, str(out))
-        params = {
+        params: dict[str, Any] = {
             "sparsity": self.sparsity,
             "scope": self.scope,
             "refit": refitted,
