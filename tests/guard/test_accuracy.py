@@ -156,6 +156,11 @@ def test_a_refusal_says_when_one_row_is_worth_more_than_the_budget():
     assert judged(50, 5).endswith("top-1 agreement 0.9000")  # 10 points: not one row's doing
     assert judged(200, 3).endswith("top-1 agreement 0.9850")  # over budget, but a row is 0.5 points
     assert judged(24, 0).endswith("top-1 agreement 1.0000")
+    # a search that keeps layers as they were for that row (fp16's) says so in its own words
+    from unideploy.guard.metrics.builtin import one_row_decides
+
+    kept = one_row_decides({"compared": 24, "budget_points": 1.0, "drop_points": 4.1667}, "keeps layers in fp32")
+    assert "so a single change keeps layers in fp32: validate on 100 or more" in kept
 
 
 def test_recurrent_state_is_joined_along_its_rows_and_judged_by_relative_error():

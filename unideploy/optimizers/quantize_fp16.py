@@ -26,6 +26,7 @@ import onnx
 from onnx import numpy_helper
 
 from unideploy.errors import ExportError, InputError, first_line
+from unideploy.guard.metrics.builtin import one_row_decides
 from unideploy.guard.search import search, search_record, skipped
 from unideploy.onnx.graph import bodies, consumers, names_read, operator_list
 from unideploy.onnx.precision import FP16_TINY, QUANTIZED_OPS
@@ -304,7 +305,10 @@ def _search(
         return converted, {"fp32_layers": [], "search": skipped("one layer, nothing to search")}
     loss = dict(ranked)
     size = result.path.stat().st_size / source.stat().st_size
-    all_fp16 = ctx.judge(converted)["drop_points"]
+    judged = ctx.judge(converted)
+    all_fp16 = judged["drop_points"]
+    # where one validation row decided it, the search kept layers in fp32 for that row: say so
+    single = one_row_decides(judged["outputs"][judged["deciding_output"]], "keeps layers in fp32")
     return result.path, {
         "fp32_layers": [
             {"node": n, "why": f"loses {loss[n]:.1f} dB of SQNR in fp16", "sqnr_loss_db": round(loss[n], 2)}
@@ -316,6 +320,6 @@ def _search(
             result,
             size_ratio=round(size, 3),
             drop_points_all_fp16=all_fp16,
-            cost=f"all layers in FP16 dropped {all_fp16:.2f} points; with them in fp32, {size:.0%} of the fp32 size",
+            cost=f"all layers in FP16 dropped {all_fp16:.2f} points{single}; with them in fp32, {size:.0%} of the fp32 size",
         ),
     }

@@ -14,18 +14,19 @@ from unideploy.guard.metrics import bins, coords, ctc, detections, maps
 from unideploy.guard.metrics.base import Budget, Metric, Output, classes, cosines, probabilities, relative_error
 
 
-def one_row_decides(record: Mapping[str, Any]) -> str:
+def one_row_decides(record: Mapping[str, Any], outcome: str = "refuses") -> str:
     """Where a metric counting agreeing rows (or positions) refuses for one changed row, worth more
     than the budget alone, the words that say so: fewer rows than the budget can resolve turn any
     single changed prediction into a refusal, which a user reads as the optimization's fault (fp16
     of MobileNetV2 judged on 24 photos: one changed of 24 is 4.17 points against a budget of 1).
-    Where more rows changed than the budget allows however many were compared, nothing is added."""
+    Where more rows changed than the budget allows however many were compared, nothing is added.
+    ``outcome``: what that single change does (a refusal; a search "keeps layers in fp32")."""
     compared, budget, drop = record.get("compared"), record.get("budget_points"), record.get("drop_points", 0)
     if not compared or not budget or drop <= budget or 100 / compared <= budget or drop - 100 / compared > budget:
         return ""
     return (
         f"; one of the {compared} compared is {100 / compared:.2f} points, more than the budget, so a single "
-        f"change refuses: validate on {math.ceil(100 / budget)} or more (--validation) to judge within it"
+        f"change {outcome}: validate on {math.ceil(100 / budget)} or more (--validation) to judge within it"
     )
 
 
