@@ -168,7 +168,8 @@ class Layer:
         return w if self.trans_b else w.T
 
     def store(self, model: onnx.ModelProto, matrix: np.ndarray, bias: np.ndarray | None) -> None:
-        shape = get_array(model, self.weight).shape
+        replaced = get_array(model, self.weight)
+        shape = replaced.shape
         if self.kind == "conv_transpose":
             w = matrix.reshape(shape[1], shape[0], *shape[2:]).swapaxes(0, 1)
             w = np.flip(w, axis=tuple(range(2, w.ndim)))
@@ -177,7 +178,7 @@ class Layer:
         else:
             w = matrix if self.trans_b else matrix.T
         # in the precision of the weights they replace (rounded_like): an fp16 model's stay fp16-precise
-        set_array(model, self.weight, rounded_like(w, get_array(model, self.weight)))
+        set_array(model, self.weight, rounded_like(w, replaced))
         if bias is not None and self.bias:
             set_array(model, self.bias, rounded_like(bias, get_array(model, self.bias)))
 
@@ -368,9 +369,10 @@ def not_pruned(model: onnx.ModelProto) -> dict[str, dict[str, float]]:
     total = sum(math.prod(t.dims) for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT)
     by_kind: dict[str, dict[str, float]] = {}
     for kind, weights in _not_edited(model):
-        entry = by_kind.setdefault(kind, {"layers": 0, "weights": 0, "share": 0.0})
+        entry = by_kind.setdefault(kind, {"layers": 0, "weights": 0})
         entry["layers"] += 1
         entry["weights"] += weights
+    for entry in by_kind.values():
         entry["share"] = round(entry["weights"] / max(total, 1), 4)
     return by_kind
 
