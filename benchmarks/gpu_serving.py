@@ -18,7 +18,8 @@ generator does not take the server's cores. Policies (``model.yaml``):
   ``one batch in flight``, ``three batches in flight``: ``batches_in_flight`` against the GPU's
   default of two; ``threads: 1``:
   the GPU session's CPU threads; ``no pinned memory``: merged batches in new pageable arrays instead
-  of the default's page-locked buffers (runtimes/pinned.py);
+  of the default's page-locked buffers (runtimes/pinned.py); ``no CUDA graphs``, ``graphs on every
+  bucket``, ``two graph sessions``: against the default's graph for the bucket of one row only;
 - ``cpu, ...``: the same server with the model on the CPU (``device: cpu``) on the same cores,
   against the model in process on those cores: the host's CPU row of issue 44.
 
@@ -139,7 +140,7 @@ POLICIES: dict[str, Policy] = {
     ),
     # at c32 half of a request's time was waiting for one of the default two batch slots (2026-11-27)
     "buckets, 4 front ends, shm, three batches in flight": Policy(
-        {"batches_in_flight": 3}, (32,), ("grpc",), ("--frontends", "4"), SHARED_MEMORY
+        {"batches_in_flight": 3}, (32,), ("grpc", "http"), ("--frontends", "4"), SHARED_MEMORY
     ),
     "buckets, shm": Policy({}, (1, 32), ("grpc", "http"), client=SHARED_MEMORY),
     # a batch whose GPU run has ended waits for the GIL until a busy event loop idles, unless the model
@@ -168,10 +169,15 @@ POLICIES: dict[str, Policy] = {
         ("--frontends", "4"),
         SHARED_MEMORY,
     ),
-    # each bucket's session replays a CUDA graph by default since 2026-11-28 (evening; model.yaml
-    # cuda_graphs, runtimes/ort_bound.py): c1 0.45-0.55 ms faster served, c32 within the runs' noise
+    # by default the one-row bucket replays a CUDA graph (model.yaml cuda_graphs, runtimes/ort_bound.py;
+    # every bucket from 2026-11-28, evening: c1 0.45-0.55 ms faster served, c32 within the runs' noise), and
+    # since 2026-11-30 (night) the larger ones run plain sessions, both batch threads at once: with graphs on
+    # every bucket c32 served 0.55-0.60x, with none 0.71x (docs/gpu.md); these two say what each choice costs
     "buckets, 4 front ends, shm, no CUDA graphs": Policy(
         {"cuda_graphs": False}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
+    ),
+    "buckets, 4 front ends, shm, graphs on every bucket": Policy(
+        {"cuda_graphs": True}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
     ),
     # with CUDA graphs a bucket is one session replayed by one thread (ONNX Runtime allows no concurrent run of
     # a session capturing graphs), so at c32 the two batches in flight, both cut at 8 rows, take bucket 8's
@@ -192,7 +198,17 @@ POLICIES: dict[str, Policy] = {
         {}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY, awake=True
     ),
     "buckets, 4 front ends, shm, two graph sessions": Policy(
-        {"graph_sessions": 2}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
+        {"cuda_graphs": True, "graph_sessions": 2}, (1, 32), ("http",), ("--frontends", "4"), SHARED_MEMORY
+    ),
+    # a batch thread waited about 1 ms between its calls for the event loop (c32, 2026-11-30: 388 calls/s of
+    # 4.1 ms with two threads): would a third cover that wait? 0.57x against 0.57x with two (the night's
+    # runs); the batcher has started the next batch in the callback that ends the last since
+    "buckets, 4 front ends, shm, two graph sessions, three batches in flight": Policy(
+        {"cuda_graphs": True, "graph_sessions": 2, "batches_in_flight": 3},
+        (32,),
+        ("http",),
+        ("--frontends", "4"),
+        SHARED_MEMORY,
     ),
     # perf_analyzer's tensors in GPU memory it allocated (CUDA shared memory, server/cuda_shared_memory.py),
     # merged in GPU memory (runtimes/device_batches.py), against the same read through the host (before

@@ -24,6 +24,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(WHY is not None, reason=f"need
 
 
 CAPTURED = "captured, one per bucket"
+# the server's default (cuda_graphs None): only the one-row bucket replays a graph (GRAPH_ROWS)
+ONE_ROW = (
+    "captured for batch bucket 1 (one per bucket); buckets 4, 8 run plain sessions, whose batches run "
+    "side by side (cuda_graphs: true captures every bucket)"
+)
 
 
 @pytest.mark.parametrize("graphs", [True, None, False])  # asked for, the server's default (where buckets run), off
@@ -36,7 +41,7 @@ def test_buckets_answer_as_the_cpu_does(digits, graphs):
         with cpu, gpu:
             described = gpu.describe()
             assert described["batch_buckets"] == [1, 4, 8]
-            assert described.get("cuda_graphs") == (None if graphs is False else CAPTURED)
+            assert described.get("cuda_graphs") == {True: CAPTURED, None: ONE_ROW, False: None}[graphs]
             # the smallest bucket's session is the runtime's (none was opened for any batch size)
             assert [i.shape[0] for i in gpu.session.get_inputs()] == [1]
             for rows in (8, 3, 11, 1):  # a full bucket, a padded one, two buckets, the smallest
@@ -54,37 +59,31 @@ def test_bench_times_each_size_on_its_captured_graph(digits):
     assert [r["batch_size"] for r in found["runs"]] == [1, 8]
 
 
-def test_two_batch_threads_replay_the_graphs_captured_at_load(digits):
-    """As the server runs a GPU model (two batches in flight, each on a batch thread): every
-    bucket was captured as the engine opened, each on its own thread, so calls from other threads
-    replay those graphs, side by side, without capturing again (a capture fails the CUDA calls any
-    other thread makes meanwhile)."""
+@pytest.mark.parametrize(
+    ("graphs", "sessions", "buckets", "described", "sizes"),
+    [
+        (True, 1, (1, 4, 8), CAPTURED, [8, 3, 1, 4, 8, 2]),
+        (None, 1, (1, 4, 8), ONE_ROW, [8, 8, 1, 3, 8, 1]),
+        (True, 2, (1, 8), "captured, 2 sessions per bucket", [8, 8, 5, 8, 1, 8]),
+    ],
+    ids=["every-bucket", "by-default-the-one-row-bucket", "two-graph-sessions"],
+)
+def test_two_batch_threads_answer_as_the_cpu_does(digits, graphs, sessions, buckets, described, sizes):
+    """As the server runs a GPU model (two batches in flight, each on a batch thread). Every bucket
+    captured as the engine opened, each on its own thread, so calls from other threads replay those
+    graphs without capturing again (a capture fails the CUDA calls any other thread makes
+    meanwhile); by default only bucket 1 replays one, and the batch threads run the larger buckets'
+    plain sessions at once; with ``graph_sessions: 2`` (runtimes/ort_bound.GraphSessions) each
+    bucket is captured twice, so the two threads' calls of one bucket replay at once."""
     images = np.load(digits["data"])["x"][:8]
     with Package.open(digits["package"]) as package:
         _, cpu = open_runtime(package, "onnx-fp32", options=RuntimeOptions(device="cpu"))
-        options = RuntimeOptions(device="gpu", batch_buckets=(1, 4, 8), cuda_graphs=True)
+        options = RuntimeOptions(device="gpu", batch_buckets=buckets, cuda_graphs=graphs, graph_sessions=sessions)
         _, gpu = open_runtime(package, "onnx-fp32", options=options)
         with cpu, gpu, ThreadPoolExecutor(2) as batch_threads:
-            assert gpu.describe()["cuda_graphs"] == CAPTURED
-            sizes = [8, 3, 1, 4, 8, 2] * 8
-            answers = list(batch_threads.map(lambda rows: gpu.run({"x": images[:rows]})["output"], sizes))
-            for rows, answer in zip(sizes, answers, strict=True):
-                np.testing.assert_allclose(answer, cpu.run({"x": images[:rows]})["output"], atol=1e-4)
-
-
-def test_two_graph_sessions_per_bucket_replay_side_by_side(digits):
-    """``graph_sessions: 2`` (runtimes/ort_bound.GraphSessions): each bucket captured twice, on two
-    threads, so the two batch threads' calls of one bucket replay at once; answers as the CPU's."""
-    images = np.load(digits["data"])["x"][:8]
-    with Package.open(digits["package"]) as package:
-        _, cpu = open_runtime(package, "onnx-fp32", options=RuntimeOptions(device="cpu"))
-        options = RuntimeOptions(device="gpu", batch_buckets=(1, 8), cuda_graphs=True, graph_sessions=2)
-        _, gpu = open_runtime(package, "onnx-fp32", options=options)
-        with cpu, gpu, ThreadPoolExecutor(2) as batch_threads:
-            assert gpu.describe()["cuda_graphs"] == "captured, 2 sessions per bucket"
-            sizes = [8, 8, 5, 8, 1, 8] * 8
-            answers = list(batch_threads.map(lambda rows: gpu.run({"x": images[:rows]})["output"], sizes))
-            for rows, answer in zip(sizes, answers, strict=True):
+            assert gpu.describe()["cuda_graphs"] == described
+            answers = list(batch_threads.map(lambda rows: gpu.run({"x": images[:rows]})["output"], sizes * 8))
+            for rows, answer in zip(sizes * 8, answers, strict=True):
                 np.testing.assert_allclose(answer, cpu.run({"x": images[:rows]})["output"], atol=1e-4)
 
 

@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from unideploy.doctor import provider_problem
+from unideploy.runtimes.ort_providers import CUDA
 from unideploy.server.batching import (
     LOOP_CALL_LIMIT_S,
     Caller,
@@ -34,6 +36,17 @@ class InMemory(Unread):
 
     def _into(self, out: memoryview) -> None:
         out[:] = self.value.tobytes()
+
+
+async def called(call: Caller, parts: list[dict], size: int):
+    """What ``call`` answered for ``parts`` merged into ``size`` rows (``Caller.start``, awaited), or
+    its error raised."""
+    answered = asyncio.get_running_loop().create_future()
+    call.start(parts, size, answered.set_result)
+    outcome = await answered
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
 
 
 def behind_a_held_call(run, first: dict, queued: list[dict], **settings) -> tuple[list, list]:
@@ -322,7 +335,7 @@ def test_a_batch_that_cannot_be_merged_in_gpu_memory_is_merged_on_the_host_from_
         call = Caller(run, thread, devices=batches.buffers())
         parts = [{"x": InDeviceMemory(np.full((1, 2), float(i), np.float32))} for i in range(2)]
         for _ in range(2):
-            ran = asyncio.run(call(parts, 2))
+            ran = asyncio.run(called(call, parts, 2))
             assert ran.outputs["y"][:, 0].tolist() == [0.0, 10.0] and not ran.failed
     assert seen == [np.ndarray, np.ndarray] and len(told) == 1 and batches.problem == told[0]
     assert "buffer in GPU memory" in told[0]
@@ -570,8 +583,8 @@ def test_a_fast_model_runs_on_the_event_loop_but_never_a_larger_call():
         with ThreadPoolExecutor(1) as pool:
             call = Caller(run, pool, LoopBudget(inline_bytes(run, sample, warm_up_s=0.001)))
             threads.clear()
-            small = (await call([{"x": np.ones((1, 4), np.float32)}], 1)).outputs
-            large = (await call([{"x": np.ones((64, 4), np.float32)}], 64)).outputs
+            small = (await called(call, [{"x": np.ones((1, 4), np.float32)}], 1)).outputs
+            large = (await called(call, [{"x": np.ones((64, 4), np.float32)}], 64)).outputs
             assert small["y"][0, 0] == 2 and large["y"].shape == (64, 4)
             return threading.get_ident()
 
@@ -780,14 +793,18 @@ def test_model_yaml_device_pins_a_model_to_the_cpu_or_refuses_without_a_gpu(digi
             await registry.sync()
             ran = registry.get("on-cpu").ran
             failures = dict(registry.models["on-gpu"].failures)
+            on_gpu = None if failures else registry.get("on-gpu").ran
             default = registry.get("default").ran
             await registry.close()
-            return ran, failures, default
+            return ran, failures, on_gpu, default
 
-    ran, failures, default = asyncio.run(scenario())
+    ran, failures, on_gpu, default = asyncio.run(scenario())
     assert (ran["device"], ran["providers"]) == ("cpu", ["CPUExecutionProvider"])
     # page-locked batches: asked for on the CPU, named off and why; by default, on a GPU only
     assert ran["pinned_memory"] == "off: the model runs on the CPU" and "pinned_memory" not in default
+    if provider_problem(CUDA) is None:  # a GPU host (the GPU check runs this file there): it loads on the GPU
+        assert not failures and on_gpu is not None and on_gpu["device"] == "gpu"
+        return
     ((_, reason),) = failures.values()
     assert "no GPU execution provider" in reason and "device: cpu in model.yaml" in reason, reason
 

@@ -199,7 +199,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "--cuda-graphs",
         action="store_true",
         help="on a GPU (ONNX Runtime's CUDA provider): each batch size on a session of its own that replays a "
-        "captured CUDA graph, as model.yaml's cuda_graphs serves; what ran says whether each was captured",
+        "captured CUDA graph, as model.yaml's cuda_graphs: true serves every bucket (by default only the one-row "
+        "bucket replays one); what ran says whether each was captured",
     )
     _add_runtime_options(p)
     p.add_argument("--json", action="store_true")

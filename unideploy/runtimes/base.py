@@ -47,10 +47,11 @@ class RuntimeOptions:
     # new input shape is costly (ONNX Runtime's CUDA provider: batch_buckets.py); () runs any size
     # as it comes. The server sets them; engines that do not need them ignore them.
     batch_buckets: tuple[int, ...] = ()
-    # Each bucket's session captures its calls as a CUDA graph and replays it on device buffers bound
+    # Buckets' sessions capture their calls as a CUDA graph and replay it on device buffers bound
     # once (ONNX Runtime's CUDA provider; runtimes/ort_bound.py); where capture fails, plain sessions
-    # run and describe() says why. None: wherever batch buckets run (a GPU), said only there; True:
-    # asked for, and describe() says why not where there are no buckets. (One session replaying a
+    # run and describe() says why. None: the bucket of one row wherever batch buckets run (a GPU;
+    # onnxruntime_runtime.GRAPH_ROWS), said only there; True: every bucket, asked for, and describe()
+    # says why not where there are no buckets. (One session replaying a
     # graph per bucket crashed a CNN on the H200: docs/gpu.md, "One session for every bucket's graph".)
     cuda_graphs: bool | None = False
     # Sessions per bucket replaying its graph, each on a thread of its own, so that this many calls of

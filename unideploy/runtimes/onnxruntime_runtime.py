@@ -41,6 +41,13 @@ from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
 from unideploy.runtimes.tensorrt.spec import EngineSpec, check_shapes, is_engine_spec
 from unideploy.samples import batch_size_of
 
+# By default (``cuda_graphs`` None) only buckets of this many rows replay a CUDA graph: a call of one
+# row is mostly kernel launches, which a graph takes off the host (EfficientNet-Lite0 and MobileNetV2
+# 1.41-1.52x faster on an H200), where at 8 and 32 rows it was 0.93-1.03x; and a graph's session runs
+# one call at a time, so the server's two batch threads took turns on bucket 8's (3,936 images/s in
+# process) where a plain session ran their batches side by side (5,180; docs/gpu.md, 2026-11-30 night)
+GRAPH_ROWS = 1
+
 
 @functools.cache
 def register_shared_arena() -> None:
@@ -85,7 +92,7 @@ class OnnxRuntime(Runtime):
         # where rows lie, for padding and cutting: recurrent state [layers, batch, hidden] on axis 1
         self._axes = (self.signature.batch_axes, self.signature.output_batch_axes)
         self._sessions: dict[int, Any] = {}
-        self.graphs_problem: str | None = None  # why CUDA graphs, asked for, are not used
+        self.graphs_problem: str | None = None  # why CUDA graphs, where they would replay, are not used
         self._graph_threads: list[ThreadPoolExecutor] = []  # each captured session's (ort_bound.py)
         # each bucket's session is told its batch size (ort_bound.py) by the names the signature
         # gives it, which the package's ONNX declares (onnx/interface.py)
@@ -96,8 +103,9 @@ class OnnxRuntime(Runtime):
             self._buckets = ()
             opened = self._open()
         elif self.options.cuda_graphs is not False:  # asked for, or by default (None) where buckets run
-            # every bucket captured now, before the engine serves: a capture fails the CUDA calls
-            # other threads make meanwhile (ort_bound.py), as another bucket's calls would be
+            # every bucket opened now, its graph captured where it replays one, before the engine
+            # serves: a capture fails the CUDA calls other threads make meanwhile (ort_bound.py), as
+            # another bucket's calls would be
             try:
                 for size in self._buckets[1:]:
                     self._bucket(size)
@@ -237,13 +245,30 @@ class OnnxRuntime(Runtime):
     def _graphs_used(self) -> str:
         if not self._buckets:
             return "not used: they run on ONNX Runtime's CUDA provider with batch buckets, not here"
-        captured = sorted(size for size, bucket in self._sessions.items() if isinstance(bucket, GraphSessions))
-        if self.graphs_problem is None:
-            sessions = self.options.graph_sessions
-            return "captured, one per bucket" if sessions == 1 else f"captured, {sessions} sessions per bucket"
-        if captured:  # a later bucket failed where the first ones had captured theirs
-            return f"captured for batch buckets {', '.join(map(str, captured))} only: {self.graphs_problem}"
-        return f"not used: {self.graphs_problem}"
+        captured = [size for size in self._buckets if isinstance(self._sessions.get(size), GraphSessions)]
+        plain = [size for size in self._buckets if size not in captured]
+        if self.graphs_problem is not None:
+            if captured:  # a later bucket failed where the first ones had captured theirs
+                return f"captured for batch buckets {_sizes(captured)} only: {self.graphs_problem}"
+            return f"not used: {self.graphs_problem}"
+        sessions = self.options.graph_sessions
+        each = "one per bucket" if sessions == 1 else f"{sessions} sessions per bucket"
+        if not plain:
+            return f"captured, {each}"
+        if not captured:
+            return f"not used: no batch bucket of {GRAPH_ROWS} row (cuda_graphs: true captures every bucket)"
+        return (
+            f"captured for batch bucket {_sizes(captured)} ({each}); buckets {_sizes(plain)} run plain "
+            "sessions, whose batches run side by side (cuda_graphs: true captures every bucket)"
+        )
+
+    def _replays_graph(self, size: int) -> bool:
+        """Whether bucket ``size``'s session captures a CUDA graph: every bucket where asked for
+        (``cuda_graphs`` True), by default (None) those of ``GRAPH_ROWS`` rows, none where turned
+        off or where a capture failed."""
+        if self.options.cuda_graphs is False or self.graphs_problem is not None:
+            return False
+        return self.options.cuda_graphs is True or size <= GRAPH_ROWS
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.spec is not None:
@@ -301,11 +326,12 @@ class OnnxRuntime(Runtime):
         return opened.session
 
     def _fixed_opened(self, size: int) -> Opened:
-        """A session for ``size`` rows: with ``cuda_graphs``, ``graph_sessions`` of them, each having
-        captured its graph behind a ``BoundRun`` whose calls are all made on a thread of its own
-        (where ONNX Runtime keeps the graph), else, or where capture failed, a plain one. A failure
-        is named once (``describe``) and the other buckets do not try again."""
-        if self.options.cuda_graphs is not False and self.graphs_problem is None:
+        """A session for ``size`` rows: where it replays a CUDA graph (``_replays_graph``),
+        ``graph_sessions`` of them, each having captured its graph behind a ``BoundRun`` whose calls
+        are all made on a thread of its own (where ONNX Runtime keeps the graph), else, or where
+        capture failed, a plain one. A failure is named once (``describe``) and the other buckets do
+        not try again."""
+        if self._replays_graph(size):
             threads: list[ThreadPoolExecutor] = []
             try:
                 runs = []
@@ -371,3 +397,7 @@ class OnnxRuntime(Runtime):
             self.__dict__.pop("_sessions", None)
         for thread in self.__dict__.pop("_graph_threads", ()):
             thread.shutdown()
+
+
+def _sizes(sizes: list[int]) -> str:
+    return ", ".join(map(str, sizes))

@@ -346,10 +346,12 @@ class ModelFile(StrictModel):
     )
     cuda_graphs: bool | None = Field(
         None,
-        description="on a GPU (ONNX Runtime's CUDA provider): each batch bucket's session captures its calls as a "
-        "CUDA graph at load and replays it, its inputs and outputs in GPU buffers bound once; where a graph "
+        description="on a GPU (ONNX Runtime's CUDA provider): batch buckets' sessions capture their calls as a "
+        "CUDA graph at load and replay it, inputs and outputs in GPU buffers bound once; where a graph "
         "cannot be captured (a node left to the CPU), plain sessions run and the model's metadata says why "
-        "(default: on wherever batch buckets run; false: plain sessions)",
+        "(default: the bucket of one row only, where a call is mostly kernel launches; larger buckets run "
+        "plain sessions, which the batches in flight run side by side, where a graph's runs take turns; "
+        "true: every bucket; false: none)",
     )
     graph_sessions: int = Field(
         1,
