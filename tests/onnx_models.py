@@ -10,7 +10,6 @@ import numpy as np
 def stateful_model(path: Path) -> Path:
     """An ONNX graph with recurrent state laid out as ONNX's LSTM lays it out, [2, batch, 3]: the
     batch is axis 0 of 'x' and axis 1 of 'state' (and of the output 'stateN')."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -36,10 +35,7 @@ def stateful_model(path: Path) -> Path:
             numpy_helper.from_array(np.array(0.5, np.float32), "half"),
         ],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+    return _saved(graph, path)
 
 
 def running_average_model(path: Path) -> Path:
@@ -75,7 +71,6 @@ def rows_of_state(count: int, seed: int) -> dict[str, np.ndarray]:
 def batch_statistic_model(path: Path) -> Path:
     """A graph answering each row's sum ('rows', [batch]) and the sum over the whole call ('total',
     a scalar): an output that does not grow by rows, which no split of a merged call could answer."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     graph = helper.make_graph(
@@ -91,16 +86,12 @@ def batch_statistic_model(path: Path) -> Path:
         ],
         [numpy_helper.from_array(np.array([1], np.int64), "last")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
-    return path
+    return _saved(graph, path)
 
 
 def branching_model(path: Path) -> Path:
     """An ONNX graph whose only weighted layer, a 3x3 Conv, sits in an If branch (as Silero VAD
     keeps its layers, one branch per sample rate): the condition is a graph constant."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -125,17 +116,12 @@ def branching_model(path: Path) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, image)],
         [numpy_helper.from_array(np.array(True), "convolve")],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return _saved(graph, path)
 
 
 def conv1d_model(path: Path) -> Path:
     """An audio front end: two 1-D convolutions over [batch, 1, samples] (Silero VAD's layers are
     such)."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -153,18 +139,13 @@ def conv1d_model(path: Path) -> Path:
             numpy_helper.from_array(rng.standard_normal((4, 8, 3)).astype(np.float32), "W2"),
         ],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return _saved(graph, path)
 
 
 def value_sized_model(path: Path) -> Path:
     """A graph whose work is set by an input's value, not its shape: 'total' counts the ones of a
     tensor 'n' elements long (ConstantOfShape, then ReduceSum), as a loop's trip count or the boxes a
     detector keeps set a real model's work. Eight bytes of input take microseconds or seconds."""
-    import onnx
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
@@ -178,6 +159,50 @@ def value_sized_model(path: Path) -> Path:
         [helper.make_tensor_value_info("n", TensorProto.INT64, [1])],
         [helper.make_tensor_value_info("total", TensorProto.FLOAT, [1])],
     )
+    return _saved(graph, path)
+
+
+def embedding_model(path: Path, vocabulary: int = 10) -> Path:
+    """Token ids [batch, 4] looked up in a table of ``vocabulary`` rows (Gather) and averaged: the
+    smallest model whose inputs can be wrong in value only, an id past the table, as a text model's
+    can. Row ``i`` of the table is ``i`` in each of its 3 columns, so an answer says which ids it read."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = np.repeat(np.arange(vocabulary, dtype=np.float32)[:, None], 3, axis=1)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "ids"], ["vectors"]),
+            helper.make_node("ReduceMean", ["vectors"], ["y"], axes=[1], keepdims=0),
+        ],
+        "embedding",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(table, "table")],
+    )
+    return _saved(graph, path)
+
+
+def fixed_width_model(path: Path) -> Path:
+    """``y = x @ W`` for ``x`` [batch, width] with ``width`` left open in the graph but ``W`` 4 rows
+    tall: a signature that takes any width, a model that computes only 4, as a detector whose image
+    sides must be multiples of 32 declares them open."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "fixed_width",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "width"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+        [numpy_helper.from_array(np.ones((4, 2), np.float32), "W")],
+    )
+    return _saved(graph, path)
+
+
+def _saved(graph, path: Path) -> Path:
+    """``graph`` as a checked ONNX model of opset 17 (IR 8, which every onnxruntime here reads), at ``path``."""
+    import onnx
+    from onnx import helper
+
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)

@@ -73,6 +73,14 @@ class RuntimeFailure(UnideployError):
     exit_code = 1
 
 
+class RefusedValues(RuntimeFailure, InputError):
+    """The runtime refused values the signature cannot check: a token id past an embedding table,
+    an index out of range. A runtime failure whose cause is the request, so the client's to fix
+    (400 / INVALID_ARGUMENT when served), and in a merged batch its own request's alone."""
+
+    exit_code = InputError.exit_code
+
+
 def first_line(exc: BaseException, limit: int = 300) -> str:
     """The first line of a third-party exception that says something, for one-line messages
     (converters are verbose; MindSpore opens its errors with a rule of dashes)."""

@@ -327,7 +327,8 @@ def load_npz_inputs(path: str, what: str = "--example-input") -> dict[str, np.nd
     if not Path(path).exists():
         raise InputError(f"{what} file '{path}' does not exist")
     if not Path(path).is_file():
-        raise InputError(f"{what} '{path}' is a directory, not an .npz file", how)
+        kind = "a directory" if Path(path).is_dir() else "a device, pipe or socket"
+        raise InputError(f"{what} '{path}' is {kind}, not an .npz file", how)
     if not zipfile.is_zipfile(path):  # np.load would read a .npy as one unnamed array, anything else as a pickle
         with open(path, "rb") as fh:
             npy = fh.read(6) == b"\x93NUMPY"

@@ -144,6 +144,11 @@ def test_verify_fails_when_reference_outputs_no_longer_match(cnn_package):
         (["run", "{pkg}", "--input", "{not_npz}"], 2, r"not an \.npz archive \(a zip of \.npy arrays\)"),
         (["run", "{pkg}", "--input", "{npy}"], 2, r"is a single \.npy array, not an \.npz of named arrays"),
         (["run", "{pkg}", "--input", "{pkg}"], 2, r"--input '.*' is a directory, not an \.npz file"),
+        (
+            ["run", "{pkg}", "--input", "/dev/null"],
+            2,
+            r"--input '/dev/null' is a device, pipe or socket, not an \.npz file",
+        ),
         (["run", "{pkg}", "--input", "{huge}"], 2, r"declares an array larger than this machine's memory"),
         (["run", "{pkg}", "--input", "{bad_dtype}", "--runtime", "tvm"], 2, "unknown runtime 'tvm'"),
         (["run", "{pkg}", "--input", "{bad_dtype}", "--artifact", "nope"], 2, "no artifact 'nope'"),

@@ -89,6 +89,32 @@ def test_operator_onnxruntime_lacks_is_named(tmp_path):
         unideploy.export(tmp_path / "custom.onnx", tmp_path / "pkg")
 
 
+def test_a_size_declared_open_that_the_graph_fixes_is_named_with_how_to_pin_it(tmp_path):
+    """An ONNX file whose input width is open in its signature but fixed by a weight (as an
+    exporter's dynamic axes can make one): the example runs and its crop to a second width fails.
+    The export says which size it cannot vary and how to pin it, as one line, writes nothing, and
+    pinned as it says, exports."""
+    from onnx_models import fixed_width_model
+
+    model = fixed_width_model(tmp_path / "fixed.onnx")
+    np.savez(tmp_path / "example.npz", x=np.ones((2, 4), np.float32))
+    refused = deploy("export", model, "-o", tmp_path / "pkg", "--example-input", tmp_path / "example.npz")
+    assert_one_line_error(
+        refused,
+        1,
+        r"the model declares sizes open that it cannot vary: 'x' axis 1 \('width'\) runs at 4 but not at 3 "
+        r"\(ONNX Runtime failed on inputs of shape x \[\d, 3\]: .*MatMul.*\) "
+        r"\(where those are the only sizes it takes, fix them: --input-shape x:2x4\)",
+    )
+    assert not (tmp_path / "pkg").exists()
+    pinned = deploy(
+        "export", model, "-o", tmp_path / "pkg", "--example-input", tmp_path / "example.npz", "--input-shape", "x:2x4"
+    )
+    assert pinned.returncode == 0, pinned.stderr
+    with unideploy.open_package(tmp_path / "pkg") as package:
+        assert package.manifest.signature.inputs[0].shape == ("batch", 4)
+
+
 def test_input_shape_for_an_unknown_input_is_refused(tmp_path):
     _mlp(tmp_path / "mlp.onnx")
     with pytest.raises(InputError, match="does not take"):

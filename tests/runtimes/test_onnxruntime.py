@@ -96,6 +96,33 @@ def test_shared_dynamic_dim_must_agree(torch_models, tmp_path):
         unideploy.run(pkg, {"input_ids": np.ones((1, 6), np.int64), "mask": np.ones((1, 4), np.float32)})
 
 
+def test_a_token_id_past_the_vocabulary_is_the_inputs_fault_in_onnx_runtimes_words(torch_models, tmp_path, capfd):
+    """Ids of the right dtype and shape can still be wrong in value: one past the embedding table
+    fails the run in ONNX Runtime's Gather. That is the request's to fix (``RefusedValues``: an
+    input error, 400 served, exit 2 from the CLI), worded with ONNX Runtime's own message, which it
+    no longer also prints as a log line of its own."""
+    import unideploy
+    from unideploy.errors import RefusedValues, RuntimeFailure
+    from unideploy.server.errors import grpc_code, http_status
+
+    path, shapes = torch_models["tokens_traced"]
+    ids = np.ones((2, 6), np.int64)
+    mask = np.ones((2, 6), np.float32)
+    with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes) as pkg:
+        good = unideploy.run(pkg, {"input_ids": ids, "mask": mask})
+        capfd.readouterr()
+        ids[1, 2] = 50  # the vocabulary is 50 ids
+        with pytest.raises(RefusedValues) as refused:
+            unideploy.run(pkg, {"input_ids": ids, "mask": mask})
+    error = refused.value
+    assert isinstance(error, InputError) and isinstance(error, RuntimeFailure)
+    assert (http_status(error), grpc_code(error), error.exit_code) == (400, "INVALID_ARGUMENT", 2)
+    assert error.message.startswith("the model refused the input values: ") and "Gather" in error.message
+    assert "idx=50 must be within the inclusive range [-50,49]" in error.message
+    assert "onnxruntime" not in capfd.readouterr().err  # its "[E:onnxruntime:...] ExecuteKernel" line
+    assert good["output_0"].shape == (2, 3)
+
+
 def test_provider_choice():
     every = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     assert onnx_providers("cpu", every, "fp32", False) == ["CPUExecutionProvider"]

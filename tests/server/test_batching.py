@@ -187,6 +187,95 @@ def test_a_request_whose_shared_memory_cannot_be_read_fails_alone_in_its_batch(r
             shm.destroy_shared_memory_region(handle)
 
 
+def test_a_merged_call_that_fails_runs_its_requests_again_in_halves_until_each_has_its_own_outcome():
+    """A merged batch's call that fails may be one request's doing (values the model refuses): its
+    requests run again as two halves, first in line, and a half that fails again is halved again,
+    so only that request gets the error and the others their answers; a lone request's failure is
+    its own at once. Halving finds one bad request of 16 in 8 calls where running each alone took 16."""
+    from unideploy.errors import RefusedValues
+
+    attempts: list[list[float]] = []
+
+    def refusing(inputs):
+        attempts.append(inputs["x"][:, 0].tolist())
+        if (inputs["x"] < 0).any():
+            raise RefusedValues("the model refused the input values: x below 0")
+        return len(attempts)
+
+    def rows(value: float, count: int = 1) -> dict:
+        return {"x": np.full((count, 1), value, np.float32)}
+
+    results, _ = behind_a_held_call(refusing, rows(0.0), [rows(1.0), rows(-1.0), rows(2.0, 2)])
+    assert attempts[1:-1] == [
+        [1.0, -1.0, 2.0, 2.0],  # the three queued requests, merged: refused
+        [1.0],  # its first half, answered
+        [-1.0, 2.0, 2.0],  # its second half, refused: halved again
+        [-1.0],
+        [2.0, 2.0],
+    ]
+    np.testing.assert_array_equal(results[1].outputs["y"], [[10.0]])
+    assert isinstance(results[2], RefusedValues) and "x below 0" in str(results[2])
+    np.testing.assert_array_equal(results[3].outputs["y"], [[20.0], [20.0]])
+    assert results[1].batch_rows == 1 and results[3].batch_rows == 2
+    assert attempts[-1] == [0.0]  # and the version serves on
+
+    attempts.clear()
+    queued = [rows(float(i + 1)) for i in range(16)]
+    queued[11] = rows(-1.0)
+    results, _ = behind_a_held_call(refusing, rows(0.0), queued, max_batch_size=16)
+    assert len(attempts) - 2 == 1 + 8  # the merged call, then two calls at each of four halvings
+    assert [type(r).__name__ for r in results[1:-1]].count("RefusedValues") == 1
+    assert all(results[i + 1].outputs["y"][0, 0] == 10.0 * (i + 1) for i in range(16) if i != 11)
+
+
+def test_a_token_id_past_a_real_models_table_fails_only_its_own_request(tmp_path):
+    """An embedding model served (ONNX Runtime's Gather over a table of 10 rows): three requests that
+    arrive together, one with an id past the table, are merged, refused as a batch, and run again in
+    halves: the two good ones are answered with exactly what the model gives them alone, the bad one
+    is refused as the request's fault (400), and only the answered calls count as batches."""
+    from onnx_models import embedding_model
+
+    import unideploy
+    from unideploy.errors import RefusedValues
+    from unideploy.server.errors import http_status
+    from unideploy.server.metrics import ServerMetrics
+    from unideploy.server.models import ModelRegistry
+
+    (tmp_path / "src").mkdir()
+    np.savez(tmp_path / "src" / "example.npz", ids=np.array([[1, 2, 3, 4]], np.int64))
+    package = tmp_path / "repo" / "words" / "1"
+    unideploy.export(
+        embedding_model(tmp_path / "src" / "words.onnx"), package, example_inputs=str(tmp_path / "src" / "example.npz")
+    ).close()
+    good = [np.array([[0, 1, 2, 3]], np.int64), np.array([[9, 9, 8, 8], [4, 4, 4, 4]], np.int64)]
+    bad = np.array([[1, 2, 10, 3]], np.int64)
+    alone = [unideploy.run(package, {"ids": ids})["y"] for ids in good]
+
+    async def scenario():
+        with ThreadPoolExecutor(2) as pool:
+            metrics = ServerMetrics()
+            registry = ModelRegistry(tmp_path / "repo", pool, metrics)
+            await registry.sync()
+            batcher = registry.get("words").batcher
+            results = await asyncio.gather(
+                *(batcher.submit({"ids": ids}) for ids in (good[0], bad, good[1])), return_exceptions=True
+            )
+            labels = {"model": "words", "version": "1"}
+            calls = tuple(
+                metrics.registry.get_sample_value(f"unideploy_batch_rows_{s}", labels) for s in ("sum", "count")
+            )
+            await registry.close()
+            return results, calls
+
+    (first, refused, second), calls = asyncio.run(scenario())
+    np.testing.assert_array_equal(first.outputs["y"], alone[0])
+    np.testing.assert_array_equal(second.outputs["y"], alone[1])
+    np.testing.assert_array_equal(alone[0], [[1.5, 1.5, 1.5]])  # the ids' mean: the rows it read
+    assert isinstance(refused, RefusedValues) and http_status(refused) == 400
+    assert "idx=10 must be within the inclusive range [-10,9]" in str(refused)
+    assert calls[0] == 3.0 and calls[1] <= 2  # the good rows, answered in the calls of the good half
+
+
 def test_a_batchs_shared_memory_inputs_are_read_side_by_side():
     """With reader threads, each input of a merged batch is read on a thread of its own, the batch
     thread reading the first: each read here waits until all three have started (one after the
@@ -452,6 +541,73 @@ def test_the_batch_size_metric_is_told_each_runtime_calls_rows_once():
 
     asyncio.run(lone())
     assert observed == [1, 6, 1, 3] and answered == [1, 3, 1, 1]
+
+
+def test_a_request_of_more_rows_than_a_call_takes_runs_in_calls_of_at_most_max_batch_size():
+    """``max_batch_size`` bounds every runtime call's rows, a lone request's too: one of 10 rows runs
+    as calls of 4, 4 and 2 rows on the batch thread, its answer joined in order, each call told to
+    the metrics as a call of its own (the request once); with lanes too. A version whose answers do
+    not split by rows (no output axes) runs it whole."""
+    calls: list[int] = []
+    observed: list[tuple[int, int]] = []
+
+    def run(inputs):
+        calls.append(inputs["x"].shape[0])
+        return {"y": inputs["x"] * 10}
+
+    async def submitted(**settings):
+        batcher = DynamicBatcher(run, max_batch_size=4, max_delay_s=0.0, **settings)
+        try:
+            return await batcher.submit({"x": np.arange(10, dtype=np.float32).reshape(10, 1)})
+        finally:
+            batcher.close()
+
+    result = asyncio.run(submitted(output_axes={"y": 0}, on_call=lambda rows, n, parts: observed.append((rows, n))))
+    assert calls == [4, 4, 2] and observed == [(4, 1), (4, 0), (2, 0)]
+    np.testing.assert_array_equal(result.outputs["y"], np.arange(10).reshape(10, 1) * 10.0)
+    calls.clear()
+    asyncio.run(submitted())  # output axes unknown: whole
+    assert calls == [10]
+    calls.clear()
+    asyncio.run(submitted(output_axes={"y": 0}, lanes=[run]))
+    assert calls == [4, 4, 2]
+
+
+def test_a_real_models_request_past_max_batch_size_runs_in_calls_of_that_size(tmp_path):
+    """The embedding model served with ``max_batch_size: 4`` and a request of 10 rows: answered
+    exactly as the model answers the 10 rows in one run, in three runtime calls (4, 4, 2 rows, as
+    the server's batch-size metric counts them)."""
+    import yaml
+    from onnx_models import embedding_model
+
+    import unideploy
+    from unideploy.server.metrics import ServerMetrics
+    from unideploy.server.models import ModelRegistry
+
+    (tmp_path / "src").mkdir()
+    np.savez(tmp_path / "src" / "example.npz", ids=np.array([[1, 2, 3, 4]], np.int64))
+    package = tmp_path / "repo" / "words" / "1"
+    example = str(tmp_path / "src" / "example.npz")
+    unideploy.export(embedding_model(tmp_path / "src" / "words.onnx"), package, example_inputs=example).close()
+    (tmp_path / "repo" / "words" / "model.yaml").write_text(yaml.safe_dump({"max_batch_size": 4}))
+    ids = np.random.default_rng(0).integers(0, 10, (10, 4))
+    whole = unideploy.run(package, {"ids": ids})["y"]
+
+    async def scenario():
+        with ThreadPoolExecutor(2) as pool:
+            metrics = ServerMetrics()
+            registry = ModelRegistry(tmp_path / "repo", pool, metrics)
+            await registry.sync()
+            result = await registry.get("words").batcher.submit({"ids": ids})
+            labels = {"model": "words", "version": "1"}
+            rows = [metrics.registry.get_sample_value(f"unideploy_batch_rows_{s}", labels) for s in ("sum", "count")]
+            fours = metrics.registry.get_sample_value("unideploy_batch_rows_bucket", {**labels, "le": "4.0"})
+            await registry.close()
+            return result, rows, fours
+
+    result, rows, fours = asyncio.run(scenario())
+    np.testing.assert_array_equal(result.outputs["y"], whole)
+    assert rows == [10.0, 3.0] and fours == 3.0  # three calls, none of more than 4 rows
 
 
 def test_each_call_says_where_its_time_went():

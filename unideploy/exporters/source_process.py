@@ -19,12 +19,20 @@ from pathlib import Path
 import numpy as np
 
 from unideploy import child_process
+from unideploy.errors import ExportError, RuntimeFailure
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, SourceRunner
 from unideploy.exporters.shapes import resolve_signature, settle_outputs
 from unideploy.onnx.interface import declare_signature
 from unideploy.package.manifest import ValidationRecord
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
-from unideploy.samples import batch_size_of, example_batches, streams, synthetic_batches, with_carried_state
+from unideploy.samples import (
+    batch_size_of,
+    dynamic_dims,
+    example_batches,
+    streams,
+    synthetic_batches,
+    with_carried_state,
+)
 from unideploy.signature import BATCH_DIM, Signature
 from unideploy.validation import require_passed, row_by_row, validate
 
@@ -101,7 +109,7 @@ def _here(
             batches = [
                 with_carried_state(converted.run_source, _without_state(b, signature), signature) for b in batches
             ]
-    references = [(batch, converted.run_source(batch)) for batch in batches]
+    references = _references(converted.run_source, batches, signature)
     signature = settle_outputs(signature, references)
     if converted.onnx_path is not None:
         declare_signature(converted.onnx_path, signature)
@@ -165,6 +173,44 @@ def _rows_alone(converted: ConvertedModel, signature: Signature) -> tuple[str, S
 
 def _ran_elsewhere(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     raise RuntimeError("the source model ran in the export's source process; its outputs are the references")
+
+
+def _references(
+    run: SourceRunner, batches: list[dict[str, np.ndarray]], signature: Signature
+) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """The source's outputs for each batch. The batches after the example crop the sizes its
+    signature leaves open (``example_batches``), to prove a second size; an ONNX file may declare a
+    size open that its graph fixes (an exporter's dynamic axes on a dimension a weight pins), and
+    then the example runs and its crop fails. That is said as such, with the sizes and how to pin
+    them, not as the runtime's failure on shapes the user never gave."""
+    references, failed = [], None
+    for batch in batches:
+        try:
+            references.append((batch, run(batch)))
+        except RuntimeFailure as exc:
+            failed = failed or (batch, exc)
+    if failed is None:
+        return references
+    batch, error = failed
+    ran = references[0][0] if references else None
+    differ = [
+        (spec.name, axis, name)
+        for spec, axis, name in dynamic_dims(signature)
+        if ran is not None and ran[spec.name].shape[axis] != batch[spec.name].shape[axis]
+    ]
+    if ran is None or not differ:
+        raise error
+    sizes = "; ".join(
+        f"'{tensor}' axis {axis} ('{name}') runs at {ran[tensor].shape[axis]} but not at {batch[tensor].shape[axis]}"
+        for tensor, axis, name in differ
+    )
+    pins = " ".join(
+        f"--input-shape {t}:{'x'.join(map(str, ran[t].shape))}" for t in dict.fromkeys(t for t, _, _ in differ)
+    )
+    raise ExportError(
+        f"the model declares sizes open that it cannot vary: {sizes} ({error.message})",
+        f"where those are the only sizes it takes, fix them: {pins}",
+    ) from error
 
 
 def _in_process(exporter: str, src: Path, workdir: Path, options: ExportOptions, atol: float, rtol: float) -> SourceRun:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from unideploy.errors import MissingDependencyError, PackageError, RuntimeFailure
+from unideploy.errors import MissingDependencyError, PackageError, RefusedValues, RuntimeFailure
 from unideploy.registry import Availability
 from unideploy.runtimes.base import Runtime, usable_cores
 from unideploy.runtimes.batch_buckets import run_in_buckets
@@ -36,6 +36,7 @@ from unideploy.runtimes.ort_providers import (
     ort_message,
     provider_names,
     recipe_providers,
+    run_failure,
 )
 from unideploy.runtimes.tensorrt.engine_cache import default_cache_dir
 from unideploy.runtimes.tensorrt.spec import EngineSpec, check_shapes, is_engine_spec
@@ -181,7 +182,10 @@ class OnnxRuntime(Runtime):
             session_options.add_session_config_entry("session.use_env_allocators", "1")
             # a memory plan per input shape keeps a block for each batch size seen
             session_options.enable_mem_pattern = False
-        session_options.log_severity_level = 3  # errors only; our own messages say what went wrong
+        # fatal only: a run's error reaches us as an exception, with ONNX Runtime's words, and is
+        # answered or raised with them; its own log line repeated it outside the server's JSON log,
+        # once per request whose values a kernel refused
+        session_options.log_severity_level = 4
         model = self.spec.onnx_path if self.spec else self.path
         providers = [
             (p[0], {**p[1], "enable_cuda_graph": "1"}) if graph and isinstance(p, tuple) and p[0] == CUDA else p
@@ -284,13 +288,16 @@ class OnnxRuntime(Runtime):
         """A batch merged in GPU memory (``device_batches.py``), run where it lies: by its bucket's
         session, or the one session where there are no buckets; a batch of a size no bucket has is
         copied to the host and run as any other. A failure raises ``DeviceBatchFailure``, with ONNX
-        Runtime's words: the server merges on the host from then on."""
+        Runtime's words: the server merges on the host from then on; values a kernel refused
+        (``RefusedValues``) are the requests' own failure, raised as they are."""
         rows = batch_size_of(inputs, self._axes[0])
         if self._buckets and rows not in self._buckets:
             host = {k: v.value.numpy() if isinstance(v, DeviceArray) else v for k, v in inputs.items()}
             return run_in_buckets(self._run_bucket, host, self._buckets, *self._axes)
         try:
             return self._run_bucket(rows, inputs) if self._buckets else self._call(self.session, inputs)
+        except RefusedValues:  # the requests' values, not where the batch lies
+            raise
         except RuntimeFailure as exc:
             raise DeviceBatchFailure(f"ONNX Runtime's run on a batch in GPU memory: {exc}") from exc
 
@@ -309,7 +316,7 @@ class OnnxRuntime(Runtime):
             except DeviceBatchFailure:
                 raise
             except Exception as exc:
-                raise RuntimeFailure(f"ONNX Runtime failed: {ort_message(exc)}") from exc
+                raise run_failure(exc, inputs) from exc
         return self._call(bucket, inputs, run_options)
 
     def _bucket(self, size: int) -> Any:
@@ -369,7 +376,7 @@ class OnnxRuntime(Runtime):
             else:
                 outputs = session.run(self._output_names, inputs, run_options)
         except Exception as exc:
-            raise RuntimeFailure(f"ONNX Runtime failed: {ort_message(exc)}") from exc
+            raise run_failure(exc, inputs) from exc
         # string outputs come back as arrays of Python str objects: numpy unicode, as every stage keeps text
         return {n: o.astype(str) if o.dtype == object else o for n, o in zip(self._output_names, outputs)}
 

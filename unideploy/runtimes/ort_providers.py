@@ -16,11 +16,12 @@ import contextlib
 import io
 import re
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unideploy.errors import MissingDependencyError, first_line
+from unideploy.errors import MissingDependencyError, RefusedValues, RuntimeFailure, first_line
 from unideploy.runtimes.tensorrt.profiles import shape_text
 from unideploy.runtimes.tensorrt.spec import EngineSpec
 
@@ -126,6 +127,24 @@ _ORT_NOISE = (
 def ort_message(exc: BaseException) -> str:
     """ORT's error text without its status prefix, model path and C++ source location."""
     return _without_noise(first_line(exc, limit=2000))[:400]
+
+
+def run_failure(exc: BaseException, inputs: Mapping[str, Any]) -> RuntimeFailure:
+    """A session run's error on ``inputs`` as ours. Their names, dtypes and shapes have passed the
+    signature's checks, so ONNX Runtime's INVALID_ARGUMENT from a run is a kernel's check on their
+    values (a Gather's index past its table: a token id past the vocabulary): ``RefusedValues``,
+    the request's to fix. Anything else is the runtime's failure, named with the shapes it ran on:
+    a signature that leaves a size open may still be given one the model cannot compute (a
+    detector's Concat of feature maps from an image whose sides are no multiple of 32)."""
+    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+
+    if isinstance(exc, InvalidArgument):
+        return RefusedValues(
+            f"the model refused the input values: {ort_message(exc)}",
+            "send values the model takes: token ids within its vocabulary, indices within their range",
+        )
+    shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in inputs.items())
+    return RuntimeFailure(f"ONNX Runtime failed on inputs of shape {shapes}: {ort_message(exc)}")
 
 
 def _without_noise(text: str) -> str:

@@ -7,8 +7,11 @@ Requests that queued while the previous batch ran are merged at once; with ``max
 0 (the default is 0) a batch also waits that long for more, but only when there is concurrent
 traffic (others were already queued), so a lone request never pays the delay. Up to
 ``max_batch_size`` rows are merged along the batch axis (only requests whose other dimensions
-agree) and the outputs are split back by rows. The runtime call runs in a worker thread, except
-for models measured at warm-up to answer faster than that hand-off (``LoopBudget``).
+agree) and the outputs are split back by rows; where a merged call fails, its requests run again
+in halves until each has its own outcome, so a request whose values the model refuses fails only
+itself. A request of more rows runs in calls of ``max_batch_size`` rows. The runtime call runs in
+a worker thread, except for models measured at warm-up to answer faster than that hand-off
+(``LoopBudget``).
 
 Merging is one copy, made in the worker thread: each request's rows are written straight into the
 batch, at the size of the engine's batch bucket where it pads to buckets (a GPU session that
@@ -53,11 +56,12 @@ from typing import NamedTuple, TypeGuard, TypeVar
 import numpy as np
 
 from unideploy.errors import InputError
-from unideploy.runtimes.batch_buckets import bucket_for, cut_at_bucket
+from unideploy.runtimes.batch_buckets import bucket_for, cut_at_bucket, pieces
 from unideploy.runtimes.device_batches import DeviceArray, DeviceBatches, DeviceBatchFailure, DeviceBuffers
 from unideploy.runtimes.pinned import BatchBuffers, KeptBuffers
-from unideploy.samples import Axes, batch_size_of, resize_batch, row_axis, rows_along
+from unideploy.samples import Axes, batch_size_of, join_rows, resize_batch, row_axis, rows_along, take_rows
 from unideploy.server.unread import Unread, read_all, read_into
+from unideploy.signature import contiguous
 
 Tensors = dict[str, np.ndarray]
 Inputs = Mapping[str, "np.ndarray | Unread"]  # a request's: some may still be in a client's shared memory
@@ -72,6 +76,7 @@ class _Pending:
     future: asyncio.Future
     axes: Axes | None = None  # each input's batch axis (axis 0 where None)
     enqueued: float = field(default_factory=time.perf_counter)
+    retry: object | None = None  # its merged batch failed: the half it runs again with (``_split``)
 
     @property
     def key(self) -> tuple:
@@ -314,6 +319,9 @@ class CallParts(NamedTuple):
     from_thread: float = 0.0
 
 
+Pieces = tuple[tuple[int, float], ...]  # the calls one batch ran as: each one's rows and seconds
+
+
 @dataclass(frozen=True)
 class Caller:
     """How the event loop calls one version's runtime: in a worker thread, or on the loop itself
@@ -330,20 +338,47 @@ class Caller:
     buffers: BatchBuffers | None = None  # where merged batches are written: this caller's own
     readers: Executor | None = None  # threads reading a batch's shared-memory inputs side by side
     devices: DeviceBuffers | None = None  # where inputs in GPU memory are merged: this caller's own
+    rows_per_call: int = 0  # the most rows one runtime call is given (``max_batch_size``; 0: any)
+    output_axes: Mapping[str, int] | None = None  # each output's batch axis, where they split by rows
+
+    def splits(self, rows: int) -> bool:
+        """Whether a batch of ``rows`` runs as more than one call (``_in_calls``)."""
+        return bool(self.rows_per_call) and rows > self.rows_per_call and self.output_axes is not None
+
+    def _in_calls(self, run: Callable[[Tensors], Tensors], batch: Tensors) -> tuple[Tensors, Pieces]:
+        """``run``'s outputs for ``batch``, and, where it ran as more than one call, each call's rows
+        and seconds. A batch of more than ``rows_per_call`` rows (one request of more rows than the
+        version merges, up to ``--max-request-rows``) runs as consecutive calls of at most that many,
+        their outputs joined: ``max_batch_size`` bounds what one call asks of the runtime's memory,
+        whoever sends the request (one MiniLM request of 2,048 rows of 128 tokens, 25 MB, took the
+        server from 237 MB to 6.7 GB in one call; in calls of 32 rows, to 361 MB). A batch in GPU
+        memory runs as it is: that runtime runs sizes past its buckets in pieces."""
+        rows = batch_size_of(batch, self.axes)
+        if not self.splits(rows) or any(isinstance(value, DeviceArray) for value in batch.values()):
+            return run(batch), ()
+        answers, calls = [], []
+        for piece in pieces(rows, self.rows_per_call):
+            part = {k: contiguous(v) for k, v in take_rows(batch, piece.start, piece.stop, self.axes).items()}
+            start = time.perf_counter()
+            answers.append(run(part))
+            calls.append((piece.stop - piece.start, time.perf_counter() - start))
+        return join_rows(answers, self.output_axes), tuple(calls)
 
     def _merge_and_run(
         self, parts: Sequence[Inputs], size: int, failed: dict[int, Exception], run: Callable[[Tensors], Tensors]
-    ) -> tuple[Tensors, float, float, float]:
-        """``run``'s outputs, and when the merge started, when the run started and when it ended.
-        A batch that could not be assembled or run in GPU memory is merged on the host instead, as
-        every later one (``DeviceBatches``)."""
+    ) -> tuple[Tensors, Pieces, float, float, float]:
+        """``run``'s outputs (``_in_calls``: and the calls it made, where more than one), and when
+        the merge started, when the run started and when it ended. A batch that could not be
+        assembled or run in GPU memory is merged on the host instead, as every later one
+        (``DeviceBatches``)."""
         start = time.perf_counter()
         devices = self.devices
         while True:
             try:
                 batch = merged(parts, size, self.axes, self.buffers, failed, self.readers, devices)
                 running = time.perf_counter()
-                return run(batch), start, running, time.perf_counter()
+                outputs, calls = self._in_calls(run, batch)
+                return outputs, calls, start, running, time.perf_counter()
             except DeviceBatchFailure as exc:
                 if devices is None:
                     raise
@@ -366,11 +401,11 @@ class Caller:
         failed: dict[int, Exception] = {}
         if self.on_loop.takes(parts):
             try:
-                outputs, start, running, ended = self._merge_and_run(parts, size, failed, self._budgeted)
-            except Exception as exc:  # the runtime's failure belongs to every request in the batch
+                outputs, calls, start, running, ended = self._merge_and_run(parts, size, failed, self._budgeted)
+            except Exception as exc:  # the call's failure: the batcher answers it (``DynamicBatcher._answer``)
                 done(exc)
                 return
-            done(Ran(outputs, CallParts(input=running - start, infer=ended - running), failed))
+            done(Ran(outputs, CallParts(input=running - start, infer=ended - running), failed, calls))
             return
         loop = asyncio.get_running_loop()
         handed = time.perf_counter()
@@ -378,11 +413,12 @@ class Caller:
         def back(call: Future) -> None:  # on the event loop
             back = time.perf_counter()
             try:
-                outputs, start, running, ended = call.result()
+                outputs, calls, start, running, ended = call.result()
             except Exception as exc:
                 done(exc)
                 return
-            done(Ran(outputs, CallParts(start - handed, running - start, ended - running, back - ended), failed))
+            parts = CallParts(start - handed, running - start, ended - running, back - ended)
+            done(Ran(outputs, parts, failed, calls))
 
         def tell(call: Future) -> None:  # on the caller's thread
             with suppress(RuntimeError):  # the loop closed meanwhile (the server stopped): nobody waits
@@ -392,11 +428,13 @@ class Caller:
 
 
 class Ran(NamedTuple):
-    """A runtime call's outputs, where its time went, and the parts it could not read (by index)."""
+    """A runtime call's outputs, where its time went, the parts it could not read (by index), and
+    the calls it ran as, where more than one (``Caller._in_calls``)."""
 
     outputs: Tensors
     parts: CallParts
     failed: dict[int, Exception]
+    calls: Pieces = ()
 
 
 def _fastest(call: Callable[[], object], first_s: float) -> float:
@@ -489,14 +527,18 @@ class DynamicBatcher:
         self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"unideploy-batch-{i}") for i in range(in_flight)]
         self.on_loop = LoopBudget(inline_bytes, served_as)  # one for every caller of the version's runtime
         self._on_call = on_call or (lambda rows, requests, parts: None)
-        self._call = Caller(run, self._threads[0], self.on_loop, axes)
+        # a call's rows are bounded where its answers split by rows (a request of more runs in pieces)
+        per_call = max_batch_size if max_batch_size > 1 else 0
+        self._call = Caller(run, self._threads[0], self.on_loop, axes, rows_per_call=per_call, output_axes=output_axes)
         self._idle: deque[Caller] = deque()  # the callers not running a batch
         self._buffers = [buffers() for _ in self._threads] if buffers else []  # each batch thread its own
         self._devices = [device_batches.buffers() for _ in self._threads] if device_batches else []
         # shared by the batch threads; its threads start only when a merge reads shared memory
         self._readers = ThreadPoolExecutor(readers, thread_name_prefix="unideploy-read") if readers > 1 else None
         for thread, own, devices in zip_longest(self._threads, self._buffers, self._devices):
-            self._idle.append(Caller(run, thread, self.on_loop, axes, own, self._readers, devices))
+            self._idle.append(
+                Caller(run, thread, self.on_loop, axes, own, self._readers, devices, per_call, output_axes)
+            )
         self.axes, self.output_axes = axes, output_axes  # where the rows are (axis 0 where None)
         self._deciding = 0  # requests waiting a turn to see whether they are alone (``submit``)
         self.max_batch_size = max_batch_size
@@ -516,7 +558,9 @@ class DynamicBatcher:
         ]
         self._idle_lanes: asyncio.Queue[Caller] = asyncio.Queue()
         for lane, thread in zip(lanes, self._lane_threads, strict=True):
-            self._idle_lanes.put_nowait(Caller(lane, thread))
+            self._idle_lanes.put_nowait(
+                Caller(lane, thread, axes=axes, rows_per_call=per_call, output_axes=output_axes)
+            )
         self._lane_runs: set[asyncio.Task] = set()
 
     @property
@@ -531,7 +575,7 @@ class DynamicBatcher:
 
     async def submit(self, inputs: Inputs) -> BatchResult:
         rows = batch_size_of(inputs, self.axes)
-        if self._alone(inputs):
+        if self._alone(inputs) and not self._call.splits(rows):
             enqueued = time.perf_counter()
             self._deciding += 1
             try:  # one turn of the loop: requests that arrived with this one reach submit meanwhile
@@ -622,11 +666,15 @@ class DynamicBatcher:
         request's delay is up (a lone request never waits); where buckets' call times are known, a
         batch that would mostly be padding is cut at the bucket below (``cut_at_bucket``)."""
         first = self._carried.popleft() if self._carried else self._waiting.popleft()
+        if first.retry is not None:  # half of a failed batch: with the rest of its half, nothing else
+            group = [first, *(p for p in self._carried if p.retry is first.retry)]
+            self._carried = deque(p for p in self._carried if p.retry is not first.retry)
+            return group, sum(p.rows for p in group)
         group, rows, key = [first], first.rows, first.key
         leftovers: list[_Pending] = []
         while rows < self.max_batch_size and (self._carried or self._waiting):
             item = self._carried.popleft() if self._carried else self._waiting.popleft()
-            if item.key == key and rows + item.rows <= self.max_batch_size:
+            if item.key == key and rows + item.rows <= self.max_batch_size and item.retry is None:
                 group.append(item)
                 rows += item.rows
             else:
@@ -701,16 +749,26 @@ class DynamicBatcher:
 
     def _answer(self, group: list[_Pending], rows: int, size: int, start: float, outcome: Ran | Exception) -> None:
         """Each request of ``group``, whose call started at ``start``, its rows of the outputs, or its
-        error: the call's, or its own where its inputs could not be read."""
-        if isinstance(outcome, Exception):  # the runtime's failure belongs to every request in the batch
+        error: the call's (where it ran alone; a merged batch's requests run again, in halves:
+        ``_split``), or its own where its inputs could not be read."""
+        if isinstance(outcome, Exception):
+            if len(group) > 1 and not isinstance(outcome, UnreadInputs):
+                self._split(group)
+                return
             each = outcome.failed if isinstance(outcome, UnreadInputs) else {}
             for i, p in enumerate(group):
                 if not p.future.done():
                     p.future.set_exception(each.get(i, outcome))
             return
-        outputs, parts, failed = outcome
+        outputs, parts, failed, calls = outcome
         compute = time.perf_counter() - start
-        self._on_call(rows, len(group) - len(failed), parts)
+        if calls:  # one request run in pieces: each a call of its own, the hand-offs the first's
+            for i, (count, seconds) in enumerate(calls):
+                self._on_call(
+                    count, 0 if i else 1, parts._replace(infer=seconds) if i == 0 else CallParts(infer=seconds)
+                )
+        else:
+            self._on_call(rows, len(group) - len(failed), parts)
         offset = 0
         for i, p in enumerate(group):
             if i in failed:  # its inputs could not be read: its rows held another's
@@ -729,6 +787,23 @@ class DynamicBatcher:
             offset += p.rows
             if not p.future.done():
                 p.future.set_result(BatchResult(part, start - p.enqueued, compute, rows))
+
+    def _split(self, group: list[_Pending]) -> None:
+        """A merged batch's call failed: its requests run again as two batches, its halves, first in
+        line; a half that fails again is split again, so each request ends with its own answer or
+        error. A failure may be one request's doing (values a kernel refused: a token id past the
+        vocabulary), and merged with it, every other client's request failed too (MiniLM served, 8
+        good requests and one bad sent together: 140 of 160 good ones answered its error). Halving
+        finds one such request among n in about 2 log2(n) calls (10 for 32), where running each
+        alone takes n, so a client sending them costs the others little; on failures only."""
+        waiting = [p for p in group if not p.future.done()]  # a client that left is not run again
+        half = len(waiting) // 2
+        for part in (waiting[:half], waiting[half:]):
+            together = object()
+            for p in part:
+                p.retry = together
+        self._carry(waiting)
+        self._dispatch_soon()
 
     def close(self) -> None:
         self._closed = True

@@ -312,7 +312,11 @@ class ModelFile(StrictModel):
         default_factory=lambda: VersionPolicy(latest=1),
         description="which versions serve: {latest: N}, {all: true} or {specific: [...]}",
     )
-    max_batch_size: int = Field(32, ge=1, description="dynamic batching: rows merged into one runtime call")
+    max_batch_size: int = Field(
+        32,
+        ge=1,
+        description="the most rows of one runtime call: requests merged up to it, a larger one run in calls of it",
+    )
     max_queue_delay_ms: float = Field(
         0.0,
         ge=0,
