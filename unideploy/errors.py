@@ -80,6 +80,11 @@ class RefusedValues(RuntimeFailure, InputError):
 
     exit_code = InputError.exit_code
 
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(
+            message, hint or "send values the model takes: token ids within its vocabulary, indices within their range"
+        )
+
 
 def first_line(exc: BaseException, limit: int = 300) -> str:
     """The first line of a third-party exception that says something, for one-line messages

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -44,3 +46,35 @@ def test_a_kernel_that_stops_is_named_with_its_node_and_the_check_that_failed(tm
         "where its check tflite/kernels/div.cc" in failed.value.message
         and "zero_point did not hold" in failed.value.message
     )
+
+
+def test_an_index_past_a_table_is_the_requests_values_as_onnx_runtime_says(tmp_path):
+    """A lookup in a table of 10 rows (TFLite's GATHER, as a text model's embedding): an id past it
+    stops the kernel on its bounds check, which is the request's values (``RefusedValues``: 400
+    served, exit 2), as ONNX Runtime's INVALID_ARGUMENT is; ids within it answer the rows they name."""
+    from unideploy.errors import InputError, RefusedValues
+
+    class Lookup(tf.Module):
+        table = tf.constant(np.repeat(np.arange(10, dtype=np.float32)[:, None], 3, axis=1))
+
+        @tf.function(input_signature=[tf.TensorSpec([2, 4], tf.int32)])
+        def __call__(self, ids):
+            return {"y": tf.reduce_mean(tf.gather(self.table, ids), axis=1)}
+
+    tf.saved_model.save(Lookup(), str(tmp_path / "saved"))
+    (tmp_path / "lookup.tflite").write_bytes(
+        tf.lite.TFLiteConverter.from_saved_model(str(tmp_path / "saved")).convert()
+    )
+    signature = Signature((TensorSpec("ids", "int32", (2, 4)),), (TensorSpec("y", "float32", (2, 3)),))
+    ids = np.array([[0, 1, 2, 3], [9, 9, 8, 8]], np.int32)
+    with RUNTIMES.get("tflite")(tmp_path / "lookup.tflite", signature) as runtime:
+        np.testing.assert_allclose(runtime.run({"ids": ids})["y"], [[1.5] * 3, [8.5] * 3])
+        ids[1, 2] = 10
+        with pytest.raises(RefusedValues) as refused:
+            runtime.run({"ids": ids})
+    assert isinstance(refused.value, InputError) and refused.value.exit_code == 2
+    assert re.fullmatch(
+        r"the model refused the input values: LiteRT's GATHER kernel stopped at node \d+ of the model, "
+        r"where its check gather index out of bounds did not hold",
+        refused.value.message,
+    ), refused.value.message

@@ -139,10 +139,7 @@ def run_failure(exc: BaseException, inputs: Mapping[str, Any]) -> RuntimeFailure
     from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
     if isinstance(exc, InvalidArgument):
-        return RefusedValues(
-            f"the model refused the input values: {ort_message(exc)}",
-            "send values the model takes: token ids within its vocabulary, indices within their range",
-        )
+        return RefusedValues(f"the model refused the input values: {ort_message(exc)}")
     shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in inputs.items())
     return RuntimeFailure(f"ONNX Runtime failed on inputs of shape {shapes}: {ort_message(exc)}")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from unideploy.errors import InputError, PackageError, RuntimeFailure, first_line
+from unideploy.errors import InputError, PackageError, RefusedValues, RuntimeFailure, first_line
 from unideploy.quiet import quiet
 from unideploy.runtimes.base import Runtime
 from unideploy.signature import CHANNELS_LAST, Signature, TensorSpec, to_channels_last
@@ -92,7 +92,7 @@ class TFLiteRuntime(Runtime):
                 outputs = {self._outputs[k]: np.array(v) for k, v in self.runner(**inputs).items()}
             return {k: np.moveaxis(v, -1, 1) if k in self._channels_first_outputs else v for k, v in outputs.items()}
         except (ValueError, RuntimeError) as exc:
-            raise RuntimeFailure(_failure(first_line(exc))) from exc
+            raise _failure(first_line(exc)) from exc
 
     def close(self) -> None:
         self.__dict__.pop("runner", None)
@@ -150,11 +150,20 @@ _FAILED_NODE = re.compile(
 )
 
 
-def _failure(said: str) -> str:
+# a kernel's check on an index the request gave (GATHER's "gather index out of bounds")
+_OUT_OF_BOUNDS = re.compile(r"out of (bounds|range)", re.IGNORECASE)
+
+
+def _failure(said: str) -> RuntimeFailure:
     """What LiteRT said when a run failed, with the operator first: which kernel stopped, at which
-    node, on which of its checks (an int8 DIV refuses a divisor quantized to its zero point)."""
+    node, on which of its checks (an int8 DIV refuses a divisor quantized to its zero point). A
+    check on an index being in range is the request's values (``RefusedValues``), as ONNX Runtime's
+    INVALID_ARGUMENT is."""
     found = _FAILED_NODE.search(said)
     if found is None:
-        return f"LiteRT failed: {said}"
+        return RuntimeFailure(f"LiteRT failed: {said}")
     check = f", where its check {found['check']} did not hold" if found["check"] else ""
-    return f"LiteRT's {found['op']} kernel stopped at node {found['node']} of the model{check}"
+    stopped = f"LiteRT's {found['op']} kernel stopped at node {found['node']} of the model{check}"
+    if _OUT_OF_BOUNDS.search(found["check"]):
+        return RefusedValues(f"the model refused the input values: {stopped}")
+    return RuntimeFailure(stopped)
