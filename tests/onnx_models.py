@@ -162,16 +162,20 @@ def value_sized_model(path: Path) -> Path:
     return _saved(graph, path)
 
 
-def embedding_model(path: Path, vocabulary: int = 10) -> Path:
+def embedding_model(path: Path, vocabulary: int = 10, through: str | None = None) -> Path:
     """Token ids [batch, 4] looked up in a table of ``vocabulary`` rows (Gather) and averaged: the
     smallest model whose inputs can be wrong in value only, an id past the table, as a text model's
-    can. Row ``i`` of the table is ``i`` in each of its 3 columns, so an answer says which ids it read."""
+    can. Row ``i`` of the table is ``i`` in each of its 3 columns, so an answer says which ids it read.
+    ``through``: an operator the ids pass before the lookup ("Identity", as a converter may leave
+    one), which hides the table from the export's reading of the graph (``table_rows``)."""
     from onnx import TensorProto, helper, numpy_helper
 
     table = np.repeat(np.arange(vocabulary, dtype=np.float32)[:, None], 3, axis=1)
+    ids = "ids" if through is None else "passed"
     graph = helper.make_graph(
         [
-            helper.make_node("Gather", ["table", "ids"], ["vectors"]),
+            *([helper.make_node(through, ["ids"], [ids])] if through else []),
+            helper.make_node("Gather", ["table", ids], ["vectors"]),
             helper.make_node("ReduceMean", ["vectors"], ["y"], axes=[1], keepdims=0),
         ],
         "embedding",

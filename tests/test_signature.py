@@ -56,3 +56,22 @@ def test_a_state_whose_size_only_the_caller_knows_is_refused_a_start():
     ).with_state((StateSpec("h", "hn"),))
     with pytest.raises(InputError, match="dynamic dimension 'time'"):
         signature.initial_state(signature.state[0], 1)
+
+
+def test_values_past_a_table_are_refused_naming_the_input_but_not_where_still_unread():
+    """An input whose values index a table of the model's (``table_rows``) is checked on its values:
+    ONNX's -rows to rows - 1; any other integer is refused naming the input and the value. An input
+    still in a client's shared memory (``unread``, checked on a stand-in whose bytes are not its
+    own) is checked on its shape and dtype only; a float input carries no table."""
+    from unideploy.errors import RefusedValues
+
+    sig = Signature(
+        (TensorSpec("ids", "int64", ("batch", 4)), TensorSpec("x", "float32", ("batch", 4)))
+    ).with_table_rows({"ids": 10, "x": 10})
+    assert [t.table_rows for t in sig.inputs] == [10, None]
+    assert TensorSpec.from_dict(sig.inputs[0].to_dict()) == sig.inputs[0]
+    x = np.zeros((1, 4), np.float32)
+    sig.validate_inputs({"ids": np.array([[0, 9, -10, -1]]), "x": x})
+    with pytest.raises(RefusedValues, match=r"input 'ids' holds -11, past the 10 rows of the table"):
+        sig.validate_inputs({"ids": np.array([[0, 9, -11, 10]]), "x": x})
+    sig.validate_inputs({"ids": np.full((1, 4), 99), "x": x}, unread=["ids"])

@@ -646,8 +646,8 @@ def test_textgenrnn_predicts_the_next_character_of_english_after_export(tmp_path
     predicts the next character of real English prose as the weights do (46 % top-1; read as
     plain matrices, CuDNN's kernels gave 0.5 %). Pruned, its record says that its two LSTMs and its
     embedding, which pruning does not edit, hold 64 % of its weights, so 30 % of its layers' weights
-    is 11 % of the file's (the zoo's cell said "30.1% of the weights pruned"). A character id past its
-    465 is the request's fault, in ONNX Runtime's words (a 500 when served, before)."""
+    is 11 % of the file's (the zoo's cell said "30.1% of the weights pruned"). Its export records that
+    its ids index 465 rows, and an id past them is refused naming the input (a 500 when served, before)."""
     import unideploy
     from unideploy.errors import RefusedValues
 
@@ -665,7 +665,7 @@ def test_textgenrnn_predicts_the_next_character_of_english_after_export(tmp_path
     assert (probabilities.argmax(axis=1) == labels).mean() >= 0.4
     past = ids[:2].copy()
     past[1, 0] = 465
-    with pytest.raises(RefusedValues, match=r"Gather.*idx=465 must be within the inclusive range \[-465,464\]"):
+    with pytest.raises(RefusedValues, match=r"input 'ids' holds 465, past the 465 rows of the table"):
         unideploy.run(tmp_path / "pkg", {"ids": past})
 
 

@@ -8,14 +8,14 @@ each request with it, the server (later) answers metadata from it. Dtypes are nu
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from unideploy.errors import InputError
+from unideploy.errors import InputError, RefusedValues
 
 Dim = int | str  # a fixed size, or the name of a dynamic dimension
 BATCH_DIM = "batch"  # what exporters call a dynamic first dimension
@@ -96,6 +96,9 @@ class TensorSpec:
     dtype: str
     shape: tuple[Dim, ...]
     layout: str | None = None
+    # the rows of a table the model looks this input's values up in (token ids into an embedding:
+    # ``onnx.interface.table_rows``); values past them are refused before any engine runs
+    table_rows: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", normalize_dtype(self.dtype))
@@ -112,11 +115,27 @@ class TensorSpec:
         out: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
         if self.layout:
             out["layout"] = self.layout
+        if self.table_rows:
+            out["table_rows"] = self.table_rows
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorSpec:
-        return cls(data["name"], data["dtype"], tuple(data["shape"]), data.get("layout"))
+        return cls(data["name"], data["dtype"], tuple(data["shape"]), data.get("layout"), data.get("table_rows"))
+
+    def check_values(self, array: np.ndarray) -> None:
+        """Refuse values past ``table_rows`` (ONNX's -rows to rows - 1), naming the input and the first
+        such value: ONNX Runtime's CPU kernel refuses them in its own words, its CUDA kernel answers
+        zeros for them without a word, TFLite's stops on its bounds check."""
+        rows = self.table_rows
+        if not rows or array.dtype.kind not in "iu":
+            return
+        if int(array.min()) < -rows or int(array.max()) >= rows:
+            bad = array[(array < -rows) | (array >= rows)].flat[0]
+            raise RefusedValues(
+                f"input '{self.name}' holds {bad}, past the {rows} rows of the table the model looks it up in "
+                f"(it takes 0 to {rows - 1}; ONNX counts -{rows} to -1 from the end)"
+            )
 
 
 @dataclass(frozen=True)
@@ -179,6 +198,15 @@ class Signature:
     # a fixed-size artifact's rows lie where its package's do, which its fixed sizes cannot say (a
     # batch-1 TFLite's recurrent state [2, 1, 128] has them on axis 1): ``Manifest.signature_of``
     rows_like: Signature | None = field(default=None, compare=False, repr=False)
+
+    def with_table_rows(self, rows: Mapping[str, int]) -> Signature:
+        """This signature with each integer input of ``rows`` checked against its table's rows
+        (``TensorSpec.table_rows``)."""
+        inputs = tuple(
+            replace(t, table_rows=rows[t.name]) if t.name in rows and t.np_dtype.kind in "iu" else t
+            for t in self.inputs
+        )
+        return replace(self, inputs=inputs)
 
     def with_state(self, state: tuple[StateSpec, ...]) -> Signature:
         """This signature with ``state`` recorded, each pair checked: an input and an output of this
@@ -342,12 +370,14 @@ class Signature:
                 wrong.append(f"'{spec.name}' has shape {tuple(value.shape)}, expected {expected}")
         return wrong
 
-    def validate_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def validate_inputs(self, inputs: Mapping[str, Any], unread: Collection[str] = ()) -> dict[str, np.ndarray]:
         """Check named inputs against the signature and return them as numpy arrays.
 
         Runtimes call this before touching their engine, so a bad request fails with a message
         naming the tensor instead of crashing inside native code. A dynamic dimension named in
-        several inputs must have one size across them (e.g. ``batch``).
+        several inputs must have one size across them (e.g. ``batch``). Values are checked where
+        the signature knows their range (``TensorSpec.table_rows``), but for ``unread`` inputs,
+        stand-ins whose bytes are still in a client's shared memory.
         """
         expected = self._inputs_by_name
         if len(inputs) != len(expected) or any(n not in expected for n in inputs):
@@ -390,6 +420,8 @@ class Signature:
                     bound.setdefault(dim, (size, name))
             if array.size == 0:
                 raise InputError(f"input '{name}' is empty (shape {list(array.shape)})")
+            if name not in unread:
+                spec.check_values(array)
             arrays[name] = contiguous(array)
         return arrays
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from console import deploy
 
 from unideploy.errors import InputError, MissingDependencyError, PackageError
 from unideploy.package import Package
@@ -96,11 +97,12 @@ def test_shared_dynamic_dim_must_agree(torch_models, tmp_path):
         unideploy.run(pkg, {"input_ids": np.ones((1, 6), np.int64), "mask": np.ones((1, 4), np.float32)})
 
 
-def test_a_token_id_past_the_vocabulary_is_the_inputs_fault_in_onnx_runtimes_words(torch_models, tmp_path, capfd):
-    """Ids of the right dtype and shape can still be wrong in value: one past the embedding table
-    fails the run in ONNX Runtime's Gather. That is the request's to fix (``RefusedValues``: an
-    input error, 400 served, exit 2 from the CLI), worded with ONNX Runtime's own message, which it
-    no longer also prints as a log line of its own."""
+def test_a_token_id_past_the_vocabulary_is_refused_naming_the_input_before_any_engine(torch_models, tmp_path):
+    """Ids of the right dtype and shape can still be wrong in value. The export reads which inputs a
+    Gather looks up straight in a table of the model's (the token classifier's ids, 50 rows; not its
+    float mask) and records the rows in the signature, which refuses ids past them naming the input
+    (``RefusedValues``: an input error, 400 served, exit 2 from the CLI), on every engine: ONNX
+    Runtime's CUDA kernel answers zeros for them without a word. ONNX's negative ids count from the end."""
     import unideploy
     from unideploy.errors import RefusedValues, RuntimeFailure
     from unideploy.server.errors import grpc_code, http_status
@@ -109,18 +111,44 @@ def test_a_token_id_past_the_vocabulary_is_the_inputs_fault_in_onnx_runtimes_wor
     ids = np.ones((2, 6), np.int64)
     mask = np.ones((2, 6), np.float32)
     with unideploy.export(path, tmp_path / "pkg", input_shapes=shapes) as pkg:
-        good = unideploy.run(pkg, {"input_ids": ids, "mask": mask})
-        capfd.readouterr()
-        ids[1, 2] = 50  # the vocabulary is 50 ids
+        assert [t.table_rows for t in pkg.manifest.signature.inputs] == [50, None]
+        ids[1, 2] = -50
+        assert unideploy.run(pkg, {"input_ids": ids, "mask": mask})["output_0"].shape == (2, 3)
+        ids[1, 2] = 50
         with pytest.raises(RefusedValues) as refused:
             unideploy.run(pkg, {"input_ids": ids, "mask": mask})
     error = refused.value
     assert isinstance(error, InputError) and isinstance(error, RuntimeFailure)
     assert (http_status(error), grpc_code(error), error.exit_code) == (400, "INVALID_ARGUMENT", 2)
-    assert error.message.startswith("the model refused the input values: ") and "Gather" in error.message
-    assert "idx=50 must be within the inclusive range [-50,49]" in error.message
+    assert error.message == (
+        "input 'input_ids' holds 50, past the 50 rows of the table the model looks it up in "
+        "(it takes 0 to 49; ONNX counts -50 to -1 from the end)"
+    )
+    shown = deploy("inspect", tmp_path / "pkg")
+    assert shown.returncode == 0 and "values: input_ids from 0 to 49" in shown.stdout, shown.stdout
+
+
+def test_values_onnx_runtime_refuses_are_the_inputs_fault_in_its_words(tmp_path, capfd):
+    """Where the export cannot see the table (the ids pass an Identity first), ONNX Runtime's Gather
+    refuses an id past it with INVALID_ARGUMENT: that is the request's to fix too (``RefusedValues``),
+    worded with ONNX Runtime's own message, which it no longer also prints as a log line of its own."""
+    from onnx_models import embedding_model
+
+    import unideploy
+    from unideploy.errors import RefusedValues
+
+    np.savez(tmp_path / "example.npz", ids=np.array([[1, 2, 3, 4]], np.int64))
+    model = embedding_model(tmp_path / "words.onnx", through="Identity")
+    with unideploy.export(model, tmp_path / "pkg", example_inputs=str(tmp_path / "example.npz")) as pkg:
+        assert pkg.manifest.signature.inputs[0].table_rows is None
+        capfd.readouterr()
+        with pytest.raises(RefusedValues) as refused:
+            unideploy.run(pkg, {"ids": np.array([[1, 2, 10, 3]], np.int64)})
+    assert refused.value.message.startswith("the model refused the input values: ")
+    assert "Gather" in refused.value.message and "idx=10 must be within the inclusive range [-10,9]" in str(
+        refused.value
+    )
     assert "onnxruntime" not in capfd.readouterr().err  # its "[E:onnxruntime:...] ExecuteKernel" line
-    assert good["output_0"].shape == (2, 3)
 
 
 def test_provider_choice():

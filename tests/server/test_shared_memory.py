@@ -350,3 +350,46 @@ def test_a_segment_locked_for_the_gpu_is_copied_at_its_window_and_refused_once_s
     assert batch.value.numpy()[:2].tolist() == [(rows[1] * 10).tolist()] * 2 and len(locked) == 2
     held.close()
     assert locked == []  # both unlocked, their mappings closed
+
+
+def test_token_ids_past_the_table_are_refused_over_json_and_through_shared_memory(regions, tmp_path):
+    """A served embedding model whose export recorded its ids' table (10 rows): ids past it sent as
+    tensors are refused on arrival naming the input; sent through shared memory (read only when
+    their batch is merged, so checked there on shape and dtype alone) ONNX Runtime's kernel refuses
+    them, in its words; both 400, and good ids through shared memory answer as sent inline."""
+    from onnx_models import embedding_model
+    from serving import start_server, stop_server
+
+    import unideploy
+
+    np.savez(tmp_path / "example.npz", ids=np.array([[1, 2, 3, 4]], np.int64))
+    model = embedding_model(tmp_path / "words.onnx")
+    unideploy.export(model, tmp_path / "repo" / "words" / "1", example_inputs=str(tmp_path / "example.npz")).close()
+    server = start_server(tmp_path / "repo", tmp_path)
+    try:
+        client = httpclient.InferenceServerClient(server.http.removeprefix("http://"))
+
+        def sent(ids: np.ndarray, through_shm: bool) -> np.ndarray:
+            given = httpclient.InferInput("ids", list(ids.shape), "INT64")
+            if not through_shm:
+                given.set_data_from_numpy(ids)
+                return client.infer("words", [given]).as_numpy("y")
+            handle, name, key = regions(ids.nbytes)
+            shm.set_shared_memory_region(handle, [ids])
+            client.register_system_shared_memory(name, key, ids.nbytes)
+            try:
+                given.set_shared_memory(name, ids.nbytes)
+                return client.infer("words", [given]).as_numpy("y")
+            finally:
+                client.unregister_system_shared_memory(name)
+
+        good = np.array([[0, 1, 2, 3], [9, 9, 8, 8]], np.int64)
+        np.testing.assert_array_equal(sent(good, through_shm=True), sent(good, through_shm=False))
+        bad = np.array([[0, 1, 10, 3]], np.int64)
+        with pytest.raises(InferenceServerException, match=r"\[400\] input 'ids' holds 10, past the 10 rows"):
+            sent(bad, through_shm=False)
+        with pytest.raises(InferenceServerException, match=r"\[400\] the model refused the input values: .*idx=10"):
+            sent(bad, through_shm=True)
+        np.testing.assert_array_equal(sent(good, through_shm=True), [[1.5] * 3, [8.5] * 3])
+    finally:
+        stop_server(server)

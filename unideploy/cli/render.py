@@ -71,9 +71,14 @@ def _signature_table(package: Package) -> Table:
         for spec in specs:
             role = f"state {kind}" if spec.name in state else kind
             table.add_row(role, escape(spec.name), spec.dtype, escape(spec.shape_text()), spec.layout or "")
+    notes = []
     if sig.state:
         pairs = "; ".join(f"{p.input} <- {p.output}, from {p.initial:g}" for p in sig.state)
-        table.caption = escape(f"state: {pairs} (deploy run carries it over a file's rows, the server per sequence)")
+        notes.append(f"state: {pairs} (deploy run carries it over a file's rows, the server per sequence)")
+    if tables := [f"{t.name} from 0 to {t.table_rows - 1}" for t in sig.inputs if t.table_rows]:
+        notes.append(f"values: {'; '.join(tables)} (rows of a table the model looks them up in; others are refused)")
+    if notes:
+        table.caption = escape("\n".join(notes))
         table.caption_justify = "left"
     return table
 

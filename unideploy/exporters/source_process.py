@@ -22,7 +22,7 @@ from unideploy import child_process
 from unideploy.errors import ExportError, RuntimeFailure
 from unideploy.exporters.base import ConvertedModel, Exporter, ExportOptions, SourceRunner
 from unideploy.exporters.shapes import resolve_signature, settle_outputs
-from unideploy.onnx.interface import declare_signature
+from unideploy.onnx.interface import declare_signature, table_rows
 from unideploy.package.manifest import ValidationRecord
 from unideploy.runtimes import RUNTIMES, RuntimeOptions
 from unideploy.samples import (
@@ -113,6 +113,7 @@ def _here(
     signature = settle_outputs(signature, references)
     if converted.onnx_path is not None:
         declare_signature(converted.onnx_path, signature)
+        signature = signature.with_table_rows(table_rows(converted.onnx_path))
     native_validation = None
     if exporter_cls.native_format:
         runtime_name = exporter_cls.framework

@@ -86,3 +86,24 @@ def declare_signature(path: Path, signature: Signature) -> None:
         del model.graph.value_info[:]
         model = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     onnx.save(model, str(path))
+
+
+def table_rows(path: Path) -> dict[str, int]:
+    """Each graph input that a Gather reads as its indices straight into a table the model holds
+    (a text model's token ids into its embedding), and that table's rows: its values are rows of
+    the table, from -rows to rows - 1 as ONNX counts them. ONNX Runtime's CPU kernel refuses any
+    other value; its CUDA kernel answers zeros for it without a word, so the signature checks them
+    before any engine runs (``TensorSpec.table_rows``). Read without the weights."""
+    model = onnx.load(str(path), load_external_data=False)
+    tables = {t.name: list(t.dims) for t in model.graph.initializer}
+    inputs = {value.name for value in model.graph.input} - set(tables)
+    rows: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        data, indices = node.input[0], node.input[1]
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        dims = tables.get(data)
+        if indices in inputs and dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
+            rows[indices] = min(rows.get(indices, dims[axis]), dims[axis])
+    return rows

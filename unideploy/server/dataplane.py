@@ -420,7 +420,8 @@ class DataPlane:
         """``inputs`` checked against the version's signature; those still in shared memory stay
         there (read when their batch is merged)."""
         checked = served.signature.validate_inputs(
-            {k: v.stand_in() if isinstance(v, Unread) else v for k, v in inputs.items()}
+            {k: v.stand_in() if isinstance(v, Unread) else v for k, v in inputs.items()},
+            unread=[k for k, v in inputs.items() if isinstance(v, Unread)],
         )
         return {k: v if isinstance(v := inputs[k], Unread) else a for k, a in checked.items()}
 
