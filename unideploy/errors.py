@@ -74,9 +74,11 @@ class RuntimeFailure(UnideployError):
 
 
 class RefusedValues(RuntimeFailure, InputError):
-    """The runtime refused values the signature cannot check: a token id past an embedding table,
-    an index out of range. A runtime failure whose cause is the request, so the client's to fix
-    (400 / INVALID_ARGUMENT when served), and in a merged batch its own request's alone."""
+    """Values of the right dtype and shape that the model cannot take: a token id past its
+    embedding table, an index out of range. Refused by the signature where it knows the table
+    (``TensorSpec.table_rows``), else by the runtime's kernel: a failure whose cause is the request,
+    so the client's to fix (400 / INVALID_ARGUMENT when served), and in a merged batch its own
+    request's alone."""
 
     exit_code = InputError.exit_code
 
