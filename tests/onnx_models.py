@@ -186,6 +186,18 @@ def embedding_model(path: Path, vocabulary: int = 10, through: str | None = None
     return _saved(graph, path)
 
 
+def embedding_package(work: Path, package: Path, through: str | None = None) -> Path:
+    """``embedding_model`` (10 rows; ``through`` as there) exported to ``package``, with the ids
+    ``[[1, 2, 3, 4]]`` as its example; the model and the example are written into ``work``."""
+    import unideploy
+
+    work.mkdir(parents=True, exist_ok=True)
+    np.savez(work / "example.npz", ids=np.array([[1, 2, 3, 4]], np.int64))
+    model = embedding_model(work / "words.onnx", through=through)
+    unideploy.export(model, package, example_inputs=str(work / "example.npz")).close()
+    return package
+
+
 def fixed_width_model(path: Path) -> Path:
     """``y = x @ W`` for ``x`` [batch, width] with ``width`` left open in the graph but ``W`` 4 rows
     tall: a signature that takes any width, a model that computes only 4, as a detector whose image

@@ -132,14 +132,12 @@ def test_values_onnx_runtime_refuses_are_the_inputs_fault_in_its_words(tmp_path,
     """Where the export cannot see the table (the ids pass an Identity first), ONNX Runtime's Gather
     refuses an id past it with INVALID_ARGUMENT: that is the request's to fix too (``RefusedValues``),
     worded with ONNX Runtime's own message, which it no longer also prints as a log line of its own."""
-    from onnx_models import embedding_model
+    from onnx_models import embedding_package
 
     import unideploy
     from unideploy.errors import RefusedValues
 
-    np.savez(tmp_path / "example.npz", ids=np.array([[1, 2, 3, 4]], np.int64))
-    model = embedding_model(tmp_path / "words.onnx", through="Identity")
-    with unideploy.export(model, tmp_path / "pkg", example_inputs=str(tmp_path / "example.npz")) as pkg:
+    with unideploy.open_package(embedding_package(tmp_path / "src", tmp_path / "pkg", through="Identity")) as pkg:
         assert pkg.manifest.signature.inputs[0].table_rows is None
         capfd.readouterr()
         with pytest.raises(RefusedValues) as refused:

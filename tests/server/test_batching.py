@@ -233,7 +233,7 @@ def test_a_token_id_past_a_real_models_table_fails_only_its_own_request(tmp_path
     arrive together, one with an id past the table, are merged, refused as a batch, and run again in
     halves: the two good ones are answered with exactly what the model gives them alone, the bad one
     is refused as the request's fault (400), and only the answered calls count as batches."""
-    from onnx_models import embedding_model
+    from onnx_models import embedding_package
 
     import unideploy
     from unideploy.errors import RefusedValues
@@ -241,12 +241,7 @@ def test_a_token_id_past_a_real_models_table_fails_only_its_own_request(tmp_path
     from unideploy.server.metrics import ServerMetrics
     from unideploy.server.models import ModelRegistry
 
-    (tmp_path / "src").mkdir()
-    np.savez(tmp_path / "src" / "example.npz", ids=np.array([[1, 2, 3, 4]], np.int64))
-    package = tmp_path / "repo" / "words" / "1"
-    unideploy.export(
-        embedding_model(tmp_path / "src" / "words.onnx"), package, example_inputs=str(tmp_path / "src" / "example.npz")
-    ).close()
+    package = embedding_package(tmp_path / "src", tmp_path / "repo" / "words" / "1")
     good = [np.array([[0, 1, 2, 3]], np.int64), np.array([[9, 9, 8, 8], [4, 4, 4, 4]], np.int64)]
     bad = np.array([[1, 2, 10, 3]], np.int64)
     alone = [unideploy.run(package, {"ids": ids})["y"] for ids in good]
@@ -578,17 +573,13 @@ def test_a_real_models_request_past_max_batch_size_runs_in_calls_of_that_size(tm
     exactly as the model answers the 10 rows in one run, in three runtime calls (4, 4, 2 rows, as
     the server's batch-size metric counts them)."""
     import yaml
-    from onnx_models import embedding_model
+    from onnx_models import embedding_package
 
     import unideploy
     from unideploy.server.metrics import ServerMetrics
     from unideploy.server.models import ModelRegistry
 
-    (tmp_path / "src").mkdir()
-    np.savez(tmp_path / "src" / "example.npz", ids=np.array([[1, 2, 3, 4]], np.int64))
-    package = tmp_path / "repo" / "words" / "1"
-    example = str(tmp_path / "src" / "example.npz")
-    unideploy.export(embedding_model(tmp_path / "src" / "words.onnx"), package, example_inputs=example).close()
+    package = embedding_package(tmp_path / "src", tmp_path / "repo" / "words" / "1")
     (tmp_path / "repo" / "words" / "model.yaml").write_text(yaml.safe_dump({"max_batch_size": 4}))
     ids = np.random.default_rng(0).integers(0, 10, (10, 4))
     whole = unideploy.run(package, {"ids": ids})["y"]

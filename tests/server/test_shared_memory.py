@@ -357,14 +357,10 @@ def test_token_ids_past_the_table_are_refused_over_json_and_through_shared_memor
     tensors are refused on arrival naming the input; sent through shared memory (read only when
     their batch is merged, so checked there on shape and dtype alone) ONNX Runtime's kernel refuses
     them, in its words; both 400, and good ids through shared memory answer as sent inline."""
-    from onnx_models import embedding_model
+    from onnx_models import embedding_package
     from serving import start_server, stop_server
 
-    import unideploy
-
-    np.savez(tmp_path / "example.npz", ids=np.array([[1, 2, 3, 4]], np.int64))
-    model = embedding_model(tmp_path / "words.onnx")
-    unideploy.export(model, tmp_path / "repo" / "words" / "1", example_inputs=str(tmp_path / "example.npz")).close()
+    embedding_package(tmp_path / "src", tmp_path / "repo" / "words" / "1")
     server = start_server(tmp_path / "repo", tmp_path)
     try:
         client = httpclient.InferenceServerClient(server.http.removeprefix("http://"))

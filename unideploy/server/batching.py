@@ -31,8 +31,9 @@ batch merged and copied while the first runs keeps the device busy. On the CPU o
 a run's threads take every core. Batches are gathered on the event loop: a turn after requests
 arrive (those of one turn merge), and, where batches run side by side, in the callback that hands
 a finished batch back, so a batch thread's next batch starts before the loop answers the last
-one's requests (on the CPU a few turns later, merging what arrived meanwhile: ``_start``). They share one runtime: a runtime each (Triton's instances) measured
-no faster on an H200, in process or served (docs/gpu.md).
+one's requests (on the CPU a few turns later, merging what arrived meanwhile: ``_start``). They
+share one runtime: a runtime each (Triton's instances) measured no faster on an H200, in process
+or served (docs/gpu.md).
 
 With lanes (``model.yaml``'s ``lanes``), requests that queue are not merged but run side by side,
 one per lane, each lane a session with a share of the cores; a lone request still runs on the
