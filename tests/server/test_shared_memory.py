@@ -352,11 +352,54 @@ def test_a_segment_locked_for_the_gpu_is_copied_at_its_window_and_refused_once_s
     assert locked == []  # both unlocked, their mappings closed
 
 
+def test_ids_checked_against_their_table_fail_their_own_request_and_merge_on_the_host(regions, monkeypatch):
+    """Ids in shared memory whose input has a table (``table_rows``) are checked as a batch reads
+    them: a request holding an id past the table fails alone (its rows then hold another's), and on a
+    GPU they are merged on the host, never copied by the GPU as they lie, whose Gather would answer
+    zeros for them. CUDA's page-locking is stood in for as above (no GPU on CI)."""
+    from device_memory import HostDeviceBuffers
+
+    from unideploy.errors import RefusedValues
+    from unideploy.server import shared_memory
+    from unideploy.server.batching import merged
+    from unideploy.server.shared_memory import Placement, SharedMemoryRegions
+    from unideploy.signature import TensorSpec
+
+    monkeypatch.setattr(shared_memory, "lock_pages", lambda address, nbytes: None)
+    monkeypatch.setattr(shared_memory, "unlock_pages", lambda address: None)
+    sent = [np.array([[1, 2, 3]], np.int64), np.array([[4, 10, 5]], np.int64), np.array([[-10, 9, 0]], np.int64)]
+    held = SharedMemoryRegions("system")
+    for i, ids in enumerate(sent):
+        handle, _, key = regions(ids.nbytes)
+        shm.set_shared_memory_region(handle, [ids])
+        held.register(f"ids{i}", key, 0, ids.nbytes)
+    spec = TensorSpec("ids", "int64", ("batch", 3), table_rows=10)
+
+    def parts() -> list[dict]:
+        made = [{"ids": held.input(Placement(f"ids{i}", 24), "INT64", (1, 3), "ids")} for i in range(3)]
+        for part in made:
+            part["ids"].check_values_with(spec)
+        return made
+
+    for devices in (None, HostDeviceBuffers()):
+        failed: dict = {}
+        batch = merged(parts(), 3, None, None, failed, None, devices)["ids"]
+        assert isinstance(batch, np.ndarray)  # read on the host, where its values were checked
+        assert list(failed) == [1] and isinstance(failed[1], RefusedValues)
+        assert "input 'ids' holds 10, past the 10 rows" in str(failed[1])
+        np.testing.assert_array_equal(batch, [[1, 2, 3], [1, 2, 3], [-10, 9, 0]])
+    unchecked = [{"ids": held.input(Placement(f"ids{i}", 24), "INT64", (1, 3), "ids")} for i in (0, 2)]
+    assert not isinstance(merged(unchecked, 2, None, None, {}, None, HostDeviceBuffers())["ids"], np.ndarray)
+    with pytest.raises(RefusedValues, match="holds 10"):
+        merged(parts()[1:2], 1)
+    held.close()
+
+
 def test_token_ids_past_the_table_are_refused_over_json_and_through_shared_memory(regions, tmp_path):
-    """A served embedding model whose export recorded its ids' table (10 rows): ids past it sent as
-    tensors are refused on arrival naming the input; sent through shared memory (read only when
-    their batch is merged, so checked there on shape and dtype alone) ONNX Runtime's kernel refuses
-    them, in its words; both 400, and good ids through shared memory answer as sent inline."""
+    """A served embedding model whose export recorded its ids' table (10 rows): ids past it are
+    refused naming the input, sent as tensors on arrival, through shared memory as their batch is
+    merged (where they are first read); both 400, and good ids through shared memory answer as
+    sent inline."""
     from onnx_models import embedding_package
     from serving import start_server, stop_server
 
@@ -384,7 +427,7 @@ def test_token_ids_past_the_table_are_refused_over_json_and_through_shared_memor
         bad = np.array([[0, 1, 10, 3]], np.int64)
         with pytest.raises(InferenceServerException, match=r"\[400\] input 'ids' holds 10, past the 10 rows"):
             sent(bad, through_shm=False)
-        with pytest.raises(InferenceServerException, match=r"\[400\] the model refused the input values: .*idx=10"):
+        with pytest.raises(InferenceServerException, match=r"\[400\] input 'ids' holds 10, past the 10 rows"):
             sent(bad, through_shm=True)
         np.testing.assert_array_equal(sent(good, through_shm=True), [[1.5] * 3, [8.5] * 3])
     finally:

@@ -267,8 +267,9 @@ def merged(
 
 
 def _on(devices: DeviceBuffers, value: np.ndarray | Unread) -> bool:
-    """Whether the GPU ``devices`` merges on can copy ``value`` where it lies."""
-    return isinstance(value, Unread) and value.reaches_gpu(devices.device)
+    """Whether the GPU ``devices`` merges on can copy ``value`` where it lies, and need not: values
+    to be checked are read on the host (``Unread.checked_by``)."""
+    return isinstance(value, Unread) and value.checked_by is None and value.reaches_gpu(devices.device)
 
 
 def _copy_on_device(

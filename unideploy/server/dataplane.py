@@ -418,12 +418,15 @@ class DataPlane:
     @staticmethod
     def _checked(served: ServedVersion, inputs: dict[str, Any]) -> Inputs:
         """``inputs`` checked against the version's signature; those still in shared memory stay
-        there (read when their batch is merged)."""
+        there, their values checked when their batch is merged and reads them."""
+        unread = {k: v for k, v in inputs.items() if isinstance(v, Unread)}
         checked = served.signature.validate_inputs(
-            {k: v.stand_in() if isinstance(v, Unread) else v for k, v in inputs.items()},
-            unread=[k for k, v in inputs.items() if isinstance(v, Unread)],
+            {k: v.stand_in() if k in unread else v for k, v in inputs.items()}, unread=unread
         )
-        return {k: v if isinstance(v := inputs[k], Unread) else a for k, a in checked.items()}
+        for spec in served.signature.inputs:
+            if spec.name in unread:
+                unread[spec.name].check_values_with(spec)
+        return {k: unread.get(k, a) for k, a in checked.items()}
 
     def encoded(self, result: InferResult, encode_s: float) -> None:
         """Record the encoding of a response, and the request's total time in the server."""

@@ -12,6 +12,11 @@ so this keeps that copy off the loop and in place of the merge's. Where the runt
 in GPU memory, an input the GPU can copy where it lies (``reaches_gpu``: a CUDA region, or a
 system segment page-locked for it) is merged there instead (``runtimes.device_batches``), and the
 model process's CPU copies nothing.
+
+An input whose values the model looks up in a table (``TensorSpec.table_rows``: token ids) is
+checked as it is read (``checked_by``), each request's own rows, so an id past the table fails its
+own request only (400), and such an input is always merged on the host: the GPU's Gather would
+answer zeros for it without a word, and ids are a few bytes a row.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from unideploy.errors import InputError
+from unideploy.signature import TensorSpec
 
 
 class Unread(ABC):
@@ -34,6 +40,13 @@ class Unread(ABC):
 
     def __init__(self, shape: Sequence[int], dtype: np.dtype) -> None:
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.checked_by: TensorSpec | None = None  # whose values' range each read is checked against
+
+    def check_values_with(self, spec: TensorSpec) -> None:
+        """Check the values against ``spec``'s range (``TensorSpec.check_values``) wherever they are
+        read, where it has one."""
+        if spec.table_rows:
+            self.checked_by = spec
 
     @property
     def ndim(self) -> int:
@@ -65,11 +78,16 @@ class Unread(ABC):
         raise TypeError(f"GPU {device} cannot copy {type(self).__name__}'s bytes")
 
     def into(self, out: np.ndarray) -> None:
-        """Copy the input into ``out`` (its shape and dtype): straight in where ``out`` is contiguous."""
+        """Copy the input into ``out`` (its shape and dtype): straight in where ``out`` is contiguous;
+        raises ``InputError`` where the bytes are gone, ``RefusedValues`` where ``checked_by`` refuses
+        the values (then in ``out``, for the caller to overwrite)."""
         if out.flags.c_contiguous:
             self._into(out.reshape(-1).view(np.uint8).data)
         else:
             out[...] = self.read()
+            return  # read() checked them
+        if self.checked_by is not None:
+            self.checked_by.check_values(out)
 
     def read(self) -> np.ndarray:
         """The input, in an array of its own."""
