@@ -232,7 +232,8 @@ def test_a_token_id_past_a_real_models_table_fails_only_its_own_request(tmp_path
     """An embedding model served (ONNX Runtime's Gather over a table of 10 rows): three requests that
     arrive together, one with an id past the table, are merged, refused as a batch, and run again in
     halves: the two good ones are answered with exactly what the model gives them alone, the bad one
-    is refused as the request's fault (400), and only the answered calls count as batches."""
+    is refused as the request's fault (400), only the answered calls count as batches, and the
+    failed ones are counted apart, by what followed them."""
     from onnx_models import embedding_package
 
     import unideploy
@@ -259,16 +260,23 @@ def test_a_token_id_past_a_real_models_table_fails_only_its_own_request(tmp_path
             calls = tuple(
                 metrics.registry.get_sample_value(f"unideploy_batch_rows_{s}", labels) for s in ("sum", "count")
             )
+            failures = {
+                then: metrics.registry.get_sample_value(
+                    "unideploy_runtime_call_failures_total", {**labels, "then": then}
+                )
+                for then in ("halved", "failed")
+            }
             await registry.close()
-            return results, calls
+            return results, calls, failures
 
-    (first, refused, second), calls = asyncio.run(scenario())
+    (first, refused, second), calls, failures = asyncio.run(scenario())
     np.testing.assert_array_equal(first.outputs["y"], alone[0])
     np.testing.assert_array_equal(second.outputs["y"], alone[1])
     np.testing.assert_array_equal(alone[0], [[1.5, 1.5, 1.5]])  # the ids' mean: the rows it read
     assert isinstance(refused, RefusedValues) and http_status(refused) == 400
     assert "idx=10 must be within the inclusive range [-10,9]" in str(refused)
     assert calls[0] == 3.0 and calls[1] <= 2  # the good rows, answered in the calls of the good half
+    assert failures["failed"] == 1 and failures["halved"] >= 1  # the bad one alone; the batches it was in
 
 
 def test_a_batchs_shared_memory_inputs_are_read_side_by_side():

@@ -30,11 +30,15 @@ class RequestSeries:
 class CallSeries:
     """The series one runtime call of a version updates (``DynamicBatcher``'s ``on_call``): its rows,
     each part of its time where not zero (a call on the event loop has no hand-offs), and the
-    version's Triton statistics."""
+    version's Triton statistics; and each call that failed (``on_failed``)."""
 
     rows: Any  # Histogram child
     parts: tuple[Any, ...]  # Counter children, in CallParts' order
     statistics: VersionStatistics
+    failures: tuple[Any, Any]  # Counter children: answered its error, run again in halves
+
+    def failed(self, halved: bool) -> None:
+        self.failures[halved].inc()
 
     def observe(self, rows: int, requests: int, parts: CallParts) -> None:
         self.rows.observe(rows)
@@ -77,6 +81,14 @@ class ServerMetrics:
             "to_thread (waiting for the batch thread), input (merging requests into the batch), infer (the "
             "runtime's run), from_thread (until the event loop takes the answers back)",
             ("model", "version", "part"),
+            registry=self.registry,
+        )
+        self.call_failures = Counter(
+            "unideploy_runtime_call_failures",
+            "Runtime calls that failed, by what followed: failed (its requests were answered its error), "
+            "halved (a merged batch: its requests ran again in halves, each ending with its own answer or error); "
+            "a client sending values the model refuses shows here",
+            ("model", "version", "then"),
             registry=self.registry,
         )
         self.shadow = Histogram(
@@ -165,6 +177,10 @@ class ServerMetrics:
                 self.batch_rows.labels(model, version),
                 tuple(self.call_seconds.labels(model, version, part) for part in CallParts._fields),
                 VersionStatistics(),
+                (
+                    self.call_failures.labels(model, version, "failed"),
+                    self.call_failures.labels(model, version, "halved"),
+                ),
             )
         return found
 

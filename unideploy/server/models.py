@@ -346,6 +346,7 @@ class ModelRegistry:
             device_batches=device_batches(settings.device_batches, runtime, ran, served_as),
             served_as=served_as,
             on_call=self.metrics.calls(src.model, src.version).observe,
+            on_failed=self.metrics.calls(src.model, src.version).failed,
         )
         for line in ran.get("passed_over", ()):
             log.warning("model %s version %s: passed over %s", src.model, src.version, line)
