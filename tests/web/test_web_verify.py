@@ -183,6 +183,38 @@ def test_a_package_zip_is_not_taken_for_a_site(digits_variants, tmp_path):
     assert "web.json" not in result.stdout
 
 
+def test_ids_past_the_models_table_are_refused_in_the_page(tmp_path):
+    """An embedding model whose export recorded its ids' table (10 rows), bundled for the web and
+    called in Chromium: ids within it answer what ONNX Runtime gives in Python, ids past it (and
+    past ONNX's negative range) are refused naming the input, as ``deploy run`` refuses them."""
+    from onnx_models import embedding_package
+
+    import unideploy
+
+    package = embedding_package(tmp_path / "src", tmp_path / "words.udp")
+    bundled = deploy("bundle", package, "--platform", "web", "-o", tmp_path / "site")
+    assert bundled.returncode == 0, bundled.stderr
+    calls = {"good": [0, 9, -10, 3], "past": [0, 1, 10, 3], "below": [-11, 1, 2, 3]}
+    script = (
+        "async (calls) => { const m = await import('./model.js'); const model = await m.Model.load();"
+        " const said = {}; for (const [k, v] of Object.entries(calls)) {"
+        " try { const out = await model.run({ids: {data: BigInt64Array.from(v.map(BigInt)), shape: [1, 4]}});"
+        " said[k] = Array.from(out.y.data); } catch (e) { said[k] = e.name + ': ' + e.message; } } return said; }"
+    )
+    with served(tmp_path / "site", HEADERS, CONTENT_TYPES) as url, chromium() as browser:
+        page = browser.new_page()
+        page.goto(url + "index.html?auto=0")
+        page.wait_for_function("document.body.dataset.state === 'ready'")
+        said = page.evaluate(script, calls)
+    expected = unideploy.run(package, {"ids": np.array([calls["good"]], np.int64)})["y"]
+    np.testing.assert_allclose(said["good"], expected.ravel(), atol=1e-6)
+    assert said["past"] == (
+        "ModelInputError: input 'ids' holds 10, past the 10 rows of the table the model looks it up in "
+        "(it takes 0 to 9; ONNX counts -10 to -1 from the end)"
+    )
+    assert said["below"].startswith("ModelInputError: input 'ids' holds -11, past the 10 rows")
+
+
 def test_a_streaming_model_carries_its_state_in_the_page(zoo_models, tmp_path):
     """Silero VAD exported with ``--state state=stateN``, its site's module called in Chromium
     with speech chunks alone: the probabilities ONNX Runtime gives the model run in order with the

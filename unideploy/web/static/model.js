@@ -1,7 +1,7 @@
 // The body of the generated model.js: the site's module.py prepends the imports and the constants
 // (SIGNATURE, VARIANTS, DEFAULT_VARIANT, BACKENDS) that it reads from the package.
 
-/** A call with inputs the model cannot take: wrong names, array types or shapes. */
+/** A call with inputs the model cannot take: wrong names, array types, shapes or values. */
 export class ModelInputError extends Error {
   constructor(message) {
     super(message);
@@ -75,6 +75,24 @@ function checkedShape(spec, data, given) {
     );
   }
   return given;
+}
+
+/** Values past the table an integer input is looked up in (the signature's table_rows: token ids),
+ * refused naming the input, as deploy run and the server refuse them: ONNX Runtime's WebAssembly
+ * Gather fails the run in its own words, and a GPU's Gather may answer zeros for them. */
+function checkValues(spec, data) {
+  const rows = spec.table_rows;
+  if (!rows) return;
+  const big = data instanceof BigInt64Array || data instanceof BigUint64Array;
+  const [low, high] = big ? [BigInt(-rows), BigInt(rows)] : [-rows, rows];
+  for (const value of data) {
+    if (value < low || value >= high) {
+      throw new ModelInputError(
+        `input '${spec.name}' holds ${value}, past the ${rows} rows of the table the model looks it up in ` +
+          `(it takes 0 to ${rows - 1}; ONNX counts -${rows} to -1 from the end)`,
+      );
+    }
+  }
 }
 
 /** A streaming model's state at its start: each state input filled with its initial value, its
@@ -210,6 +228,7 @@ export class Model {
         );
       }
       const shape = checkedShape(spec, data, ArrayBuffer.isView(given) ? undefined : given.shape);
+      checkValues(spec, data);
       feeds[spec.name] = new ort.Tensor(ORT_TYPES[spec.dtype] || spec.dtype, data, shape);
     }
     const results = await this.session.run(feeds);
