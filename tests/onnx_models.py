@@ -186,6 +186,40 @@ def embedding_model(path: Path, vocabulary: int = 10, through: str | None = None
     return _saved(graph, path)
 
 
+def token_vectors_model(path: Path, width: int, vocabulary: int = 10) -> Path:
+    """Token ids [batch, seq] looked up in a table of ``width`` columns (Gather), each id's row
+    answered: ``width`` * 4 bytes out for 8 in, as a language model's logits are (GPT-2's 50,257 a
+    token), so a small request asks for a large answer whose size the signature says."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = np.repeat(np.arange(vocabulary, dtype=np.float32)[:, None], width, axis=1)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["vectors"])],
+        "token_vectors",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("vectors", TensorProto.FLOAT, ["batch", "seq", width])],
+        [numpy_helper.from_array(table, "table")],
+    )
+    return _saved(graph, path)
+
+
+def ones_model(path: Path) -> Path:
+    """'n' ones (ConstantOfShape): an answer whose size is an input's value, which no signature says."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "ConstantOfShape", ["n"], ["ones"], value=helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
+            )
+        ],
+        "ones",
+        [helper.make_tensor_value_info("n", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("ones", TensorProto.FLOAT, ["count"])],
+    )
+    return _saved(graph, path)
+
+
 def embedding_package(work: Path, package: Path, through: str | None = None) -> Path:
     """``embedding_model`` (10 rows; ``through`` as there) exported to ``package``, with the ids
     ``[[1, 2, 3, 4]]`` as its example; the model and the example are written into ``work``."""

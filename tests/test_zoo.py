@@ -647,7 +647,13 @@ def test_textgenrnn_predicts_the_next_character_of_english_after_export(tmp_path
     plain matrices, CuDNN's kernels gave 0.5 %). Pruned, its record says that its two LSTMs and its
     embedding, which pruning does not edit, hold 64 % of its weights, so 30 % of its layers' weights
     is 11 % of the file's (the zoo's cell said "30.1% of the weights pruned"). Its export records that
-    its ids index 465 rows, and an id past them is refused naming the input (a 500 when served, before)."""
+    its ids index 465 rows, and an id past them is refused naming the input (a 500 when served, before).
+    Served with --max-response-bytes, a request whose 465 probabilities a row would pass it is refused
+    before the model runs (320 bytes of ids ask for 1,860 of answer a row), one within it answered."""
+    import tritonclient.http as httpclient
+    from serving import start_server, stop_server
+    from tritonclient.utils import InferenceServerException
+
     import unideploy
     from unideploy.errors import RefusedValues
 
@@ -667,6 +673,22 @@ def test_textgenrnn_predicts_the_next_character_of_english_after_export(tmp_path
     past[1, 0] = 465
     with pytest.raises(RefusedValues, match=r"input 'ids' holds 465, past the 465 rows of the table"):
         unideploy.run(tmp_path / "pkg", {"ids": past})
+    signature = zoo._manifest(tmp_path / "pkg")["signature"]
+    (given_as,), (name,) = [t["dtype"] for t in signature["inputs"]], [t["name"] for t in signature["outputs"]]
+    server = start_server(tmp_path / "pkg", tmp_path, "--model-name", "chars", "--max-response-bytes", "60000")
+    try:
+        client = httpclient.InferenceServerClient(server.http.removeprefix("http://"))
+
+        def answer(rows: np.ndarray) -> np.ndarray:
+            given = httpclient.InferInput("ids", list(rows.shape), given_as.upper().replace("FLOAT", "FP"))
+            given.set_data_from_numpy(rows.astype(given_as))
+            return client.infer("chars", [given]).as_numpy(name)
+
+        np.testing.assert_allclose(answer(ids[:32]), probabilities[:32], atol=1e-5)  # 59,520 bytes
+        with pytest.raises(InferenceServerException, match=r"\[400\] the answer would hold 61380 bytes, over"):
+            answer(ids[:33])
+    finally:
+        stop_server(server)
 
 
 def test_mtcnn_pnet_from_mindir_is_judged_per_face_like_its_keras_twin(tmp_path):

@@ -349,17 +349,32 @@ class Signature:
             tuple(StateSpec.from_dict(s) for s in data.get("state", ())),
         )
 
+    def dim_sizes(self, inputs: Mapping[str, Any]) -> dict[str, int]:
+        """The size ``inputs`` (arrays, or anything with a ``shape``) give each named dim, as the
+        first input naming it has it."""
+        sizes: dict[str, int] = {}
+        for spec in self.inputs:
+            if spec.name in inputs:
+                for dim, size in zip(spec.shape, np.shape(inputs[spec.name])):
+                    if isinstance(dim, str):
+                        sizes.setdefault(dim, int(size))
+        return sizes
+
+    def output_shapes(self, inputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+        """The shape each output will have for ``inputs``, where its dims are fixed or follow the
+        inputs' (not where one is the model's own, such as a detector's count)."""
+        sizes = self.dim_sizes(inputs)
+        return {
+            spec.name: tuple(d if isinstance(d, int) else sizes[d] for d in spec.shape)
+            for spec in self.outputs
+            if all(isinstance(d, int) or d in sizes for d in spec.shape)
+        }
+
     def output_mismatches(self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray]) -> list[str]:
         """Output dims that contradict the signature: a fixed size that differs, or a named dim
         (``batch``) of another size than the inputs gave it. For engines whose results can come
         back with a stale shape."""
-        sizes = {
-            dim: value.shape[axis]
-            for spec in self.inputs
-            if spec.name in inputs
-            for axis, (dim, value) in enumerate(zip(spec.shape, [inputs[spec.name]] * len(spec.shape)))
-            if isinstance(dim, str) and axis < value.ndim
-        }
+        sizes = self.dim_sizes(inputs)
         wrong = []
         for spec in self.outputs:
             value = outputs.get(spec.name)

@@ -642,3 +642,61 @@ def test_running_out_of_descriptors_closes_the_excess_quietly_and_recovers(repo,
         for sock in idle:
             sock.close()
         stop_server(server)
+
+
+def test_an_answer_over_max_response_bytes_is_refused_before_the_model_runs_or_before_it_is_encoded(tmp_path):
+    """Token ids looked up in a table 1,000 wide (8 bytes in, 4,000 out, as a language model's
+    logits): a request whose answer the signature says would pass --max-response-bytes is refused
+    before any runtime call, naming the output and the option (400 / RESOURCE_EXHAUSTED); one under
+    it is answered. An answer whose size is the model's own (n ones) is refused once computed,
+    before it is encoded; the server serves on."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from onnx_models import ones_model, token_vectors_model
+    from serving import start_server, stop_server
+    from tritonclient.utils import InferenceServerException
+
+    import unideploy
+
+    np.savez(tmp_path / "ids.npz", ids=np.array([[1, 2, 3, 4]], np.int64))
+    np.savez(tmp_path / "n.npz", n=np.array([5], np.int64))
+    repo = tmp_path / "repo"
+    made = [
+        (token_vectors_model(tmp_path / "vectors.onnx", 1000), repo / "vectors" / "1", "ids.npz"),
+        (ones_model(tmp_path / "ones.onnx"), repo / "ones" / "1", "n.npz"),
+    ]
+    for model, package, example in made:
+        unideploy.export(model, package, example_inputs=str(tmp_path / example)).close()
+    server = start_server(repo, tmp_path, "--max-response-bytes", "1000000")
+    try:
+        http = httpclient.InferenceServerClient(server.http.removeprefix("http://"))
+        grpc_client = grpcclient.InferenceServerClient(server.grpc)
+
+        def infer(module, client, model: str, name: str, value: np.ndarray) -> np.ndarray:
+            given = module.InferInput(name, list(value.shape), "INT64")
+            given.set_data_from_numpy(value)
+            return client.infer(model, [given]).as_numpy("vectors" if model == "vectors" else "ones")
+
+        ids = np.full((1, 250), 7, np.int64)  # 1,000,000 bytes of answer: at the limit
+        np.testing.assert_array_equal(infer(httpclient, http, "vectors", "ids", ids), np.full((1, 250, 1000), 7.0))
+        long = np.full((2, 200), 7, np.int64)  # 1,600,000 bytes
+        said = (
+            "the answer would hold 1600000 bytes, over the limit of 1000000 bytes (the server's --max-response-bytes)"
+        )
+        with pytest.raises(InferenceServerException) as refused:
+            infer(httpclient, http, "vectors", "ids", long)
+        assert "[400]" in str(refused.value) and said in str(refused.value)
+        assert "its largest output, 'vectors', is [2, 200, 1000] float32, 1600000 bytes" in str(refused.value)
+        with pytest.raises(InferenceServerException) as refused:
+            infer(grpcclient, grpc_client, "vectors", "ids", long)
+        assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and said in refused.value.message()
+        with server.client() as client:
+            metrics = client.get("/metrics").text
+        ran = [line for line in metrics.splitlines() if line.startswith('unideploy_batch_rows_count{model="vectors"')]
+        assert ran == ['unideploy_batch_rows_count{model="vectors",version="1"} 1.0']  # the good request only
+        assert len(infer(httpclient, http, "ones", "n", np.array([250_000], np.int64))) == 250_000
+        with pytest.raises(InferenceServerException, match=r"\[400\] the answer holds 1000004 bytes, over the limit"):
+            infer(httpclient, http, "ones", "n", np.array([250_001], np.int64))
+        assert http.is_server_ready()
+    finally:
+        stop_server(server)

@@ -241,6 +241,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         help="most rows (batch dimension) one request may hold (default: 4096)",
     )
     p.add_argument(
+        "--max-response-bytes",
+        type=_positive_int,
+        default=None,
+        help="largest answer, its outputs' bytes; a request asking for more is refused, before the model runs "
+        "where the signature says their sizes (default: 256 MiB)",
+    )
+    p.add_argument(
         "--max-sequences",
         type=_positive_int,
         default=None,

@@ -17,7 +17,7 @@ to validate each dynamic one at, before any conversion work starts:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -203,7 +203,7 @@ def settle_outputs(
     say every dim.
     """
     varied = _input_dims_that_varied(signature, [inputs for inputs, _ in references])
-    input_sizes = [_bound_sizes(signature.inputs, inputs) for inputs, _ in references]
+    input_sizes = [signature.dim_sizes(inputs) for inputs, _ in references]
     axes_of: dict[int, set[str]] = {}
     for t in signature.inputs:
         for axis, d in enumerate(t.shape):
@@ -235,18 +235,8 @@ def settle_outputs(
     return Signature(signature.inputs, tuple(outputs), signature.state)
 
 
-def _bound_sizes(specs: Iterable[TensorSpec], inputs: Mapping[str, np.ndarray]) -> dict[str, int]:
-    bound: dict[str, int] = {}
-    for spec in specs:
-        shape = np.shape(inputs[spec.name])
-        for d, size in zip(spec.shape, shape):
-            if isinstance(d, str):
-                bound.setdefault(d, int(size))
-    return bound
-
-
 def _input_dims_that_varied(signature: Signature, batches: Sequence[Mapping[str, np.ndarray]]) -> list[str]:
-    bound = [_bound_sizes(signature.inputs, b) for b in batches]
+    bound = [signature.dim_sizes(b) for b in batches]
     names = list(dict.fromkeys(d for b in bound for d in b))
     return [d for d in names if len({b.get(d) for b in bound}) > 1]
 

@@ -51,6 +51,7 @@ class Server:
             config.shared_memory,
             config.max_request_bytes,
             SequenceStates(config.max_sequences, config.sequence_idle_s, header=config.sequence_header),
+            config.max_response_bytes,
         )
         self._stop = asyncio.Event()
 

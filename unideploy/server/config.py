@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_REQUEST_ROWS = 4096
+# a request of a few bytes a row can ask for far more: a language model's logits are 200 KB a token
+DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_SEQUENCES = 1024  # live sequences of streaming models, all models together
 DEFAULT_SEQUENCE_IDLE_S = 60.0  # a sequence idle this long may be reclaimed for a new one
 ENV_PREFIX = "UNIDEPLOY_"
@@ -92,6 +94,12 @@ class ServerConfig(BaseSettings):
         description="largest request, both protocols: its body, and its inputs in shared memory",
     )
     max_request_rows: int = Field(DEFAULT_MAX_REQUEST_ROWS, ge=1, description="most rows (batch dimension) per request")
+    max_response_bytes: int = Field(
+        DEFAULT_MAX_RESPONSE_BYTES,
+        ge=1,
+        description="largest answer, its outputs' bytes: refused before the model runs where the signature says "
+        "their sizes, else before it is encoded",
+    )
     max_sequences: int = Field(
         DEFAULT_MAX_SEQUENCES,
         ge=1,

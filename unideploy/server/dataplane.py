@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,7 +21,12 @@ from unideploy.errors import InputError, UnideployError
 from unideploy.samples import batch_size_of
 from unideploy.server.batching import Inputs
 from unideploy.server.codec import NUMPY_TO_V2
-from unideploy.server.config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_SEQUENCES, DEFAULT_SEQUENCE_IDLE_S
+from unideploy.server.config import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_MAX_SEQUENCES,
+    DEFAULT_SEQUENCE_IDLE_S,
+)
 from unideploy.server.errors import BadRequest, TooLarge, Unavailable
 from unideploy.server.metrics import RequestSeries, ServerMetrics
 from unideploy.server.models import ModelRegistry, ServedModel, ServedVersion
@@ -28,7 +34,7 @@ from unideploy.server.repository_api import RepositoryAPI
 from unideploy.server.sequences import Sequence, SequenceControl, SequenceStates
 from unideploy.server.shared_memory import Placed, Placement, SharedMemoryRegions, Written
 from unideploy.server.unread import Unread
-from unideploy.signature import Signature
+from unideploy.signature import STRING, Signature
 
 log = logging.getLogger("unideploy.server")
 EXTENSIONS = ["binary_tensor_data", "model_repository", "statistics_metrics", "ab_routing"]
@@ -131,6 +137,7 @@ class DataPlane:
         shared_memory: str = "system",
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         sequences: SequenceStates | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         self.registry = registry
         self.shared_memory = SharedMemoryRegions(shared_memory)  # the system and CUDA shared memory extensions
@@ -138,6 +145,7 @@ class DataPlane:
         self.metrics = metrics
         self.max_request_rows = max_request_rows
         self.max_request_bytes = max_request_bytes  # a request's tensors, in its body or in shared memory
+        self.max_response_bytes = max_response_bytes  # the outputs computed for it
         # the live sequences of streaming models, with their state (Triton's implicit state)
         self.sequences = (
             sequences if sequences is not None else SequenceStates(DEFAULT_MAX_SEQUENCES, DEFAULT_SEQUENCE_IDLE_S)
@@ -415,9 +423,9 @@ class DataPlane:
             self._shadow(name, model.routing.shadow_version, arrays)
         return InferResult(name, served.version, variant, outputs, start - request.decode_s, series)
 
-    @staticmethod
-    def _checked(served: ServedVersion, inputs: dict[str, Any]) -> Inputs:
-        """``inputs`` checked against the version's signature; those still in shared memory stay
+    def _checked(self, served: ServedVersion, inputs: dict[str, Any]) -> Inputs:
+        """``inputs`` checked against the version's signature, and the answer they ask for against
+        ``max_response_bytes`` where the signature says its size; those still in shared memory stay
         there, their values checked when their batch is merged and reads them."""
         unread = {k: v for k, v in inputs.items() if isinstance(v, Unread)}
         checked = served.signature.validate_inputs(
@@ -426,6 +434,16 @@ class DataPlane:
         for spec in served.signature.inputs:
             if spec.name in unread:
                 unread[spec.name].check_values_with(spec)
+        shapes = served.signature.output_shapes(checked)
+        _refuse_large_answer(
+            {
+                spec.name: (shape, spec.np_dtype)
+                for spec in served.signature.outputs
+                if (shape := shapes.get(spec.name)) is not None and spec.dtype != STRING  # text: its length unknown
+            },
+            self.max_response_bytes,
+            "would hold",
+        )
         return {k: unread.get(k, a) for k, a in checked.items()}
 
     def encoded(self, result: InferResult, encode_s: float) -> None:
@@ -445,6 +463,11 @@ class DataPlane:
         served.drained.clear()
         try:
             result = await served.batcher.submit(arrays)  # which counts its runtime calls' rows
+            _refuse_large_answer(  # sizes the signature could not say: refused before they are encoded
+                {k: (v.shape, v.dtype) for k, v in result.outputs.items()},
+                self.max_response_bytes,
+                "holds",
+            )
             return result.outputs, result.queue_s, result.compute_s
         finally:
             served.in_flight -= 1
@@ -530,3 +553,21 @@ def _with_state(name: str, served: ServedVersion, inputs: dict[str, Any], sequen
 def _config_type(dtype: str) -> str:
     """A dtype in Triton's model configuration, where text is TYPE_STRING (BYTES on the wire)."""
     return "TYPE_STRING" if dtype == "string" else f"TYPE_{NUMPY_TO_V2[dtype]}"
+
+
+def _refuse_large_answer(outputs: Mapping[str, tuple[tuple[int, ...], np.dtype]], limit: int, holds: str) -> None:
+    """Refuse an answer whose ``outputs`` ((shape, dtype) by name) come to more than ``limit``
+    bytes (``--max-response-bytes``), naming the largest: a request of a few bytes a row may ask
+    for gigabytes (a language model's logits, 200 KB a token), which the server would compute, hold
+    and encode (JSON about three times the bytes) before any client limit applied."""
+    sizes = {name: math.prod(shape) * dtype.itemsize for name, (shape, dtype) in outputs.items()}
+    total = sum(sizes.values())
+    if total <= limit:
+        return
+    name = max(sizes, key=sizes.__getitem__)
+    shape, dtype = outputs[name]
+    raise TooLarge(
+        f"the answer {holds} {total} bytes, over the limit of {limit} bytes (the server's --max-response-bytes); "
+        f"its largest output, '{name}', is {list(shape)} {dtype}, {sizes[name]} bytes",
+        "send fewer rows (or shorter inputs) per request, or start the server with a larger --max-response-bytes",
+    )
