@@ -548,15 +548,18 @@ def test_the_batch_size_metric_is_told_each_runtime_calls_rows_once():
 
 def test_a_request_of_more_rows_than_a_call_takes_runs_in_calls_of_at_most_max_batch_size():
     """``max_batch_size`` bounds every runtime call's rows, a lone request's too: one of 10 rows runs
-    as calls of 4, 4 and 2 rows on the batch thread, its answer joined in order, each call told to
-    the metrics as a call of its own (the request once); with lanes too. A version whose answers do
-    not split by rows (no output axes) runs it whole."""
+    as calls of 4, 4 and 2 rows on the batch thread, its answer joined in order (each output on its
+    own rows' axis, text as wide as its widest piece, a scalar once, in the model's order), each
+    call told to the metrics as a call of its own (the request once); with lanes too. A version
+    whose answers do not split by rows (no output axes) runs it whole."""
     calls: list[int] = []
     observed: list[tuple[int, int]] = []
 
     def run(inputs):
-        calls.append(inputs["x"].shape[0])
-        return {"y": inputs["x"] * 10}
+        x = inputs["x"]
+        calls.append(x.shape[0])
+        words = np.array(["a" * int(v) for v in x[:, 0]])
+        return {"label": words, "y": x * 10, "rate": np.array(16000), "t": np.ascontiguousarray(x.T)}
 
     async def submitted(**settings):
         batcher = DynamicBatcher(run, max_batch_size=4, max_delay_s=0.0, **settings)
@@ -565,14 +568,18 @@ def test_a_request_of_more_rows_than_a_call_takes_runs_in_calls_of_at_most_max_b
         finally:
             batcher.close()
 
-    result = asyncio.run(submitted(output_axes={"y": 0}, on_call=lambda rows, n, parts: observed.append((rows, n))))
+    axes = {"label": 0, "y": 0, "rate": None, "t": 1}
+    result = asyncio.run(submitted(output_axes=axes, on_call=lambda rows, n, parts: observed.append((rows, n))))
     assert calls == [4, 4, 2] and observed == [(4, 1), (4, 0), (2, 0)]
+    assert list(result.outputs) == ["label", "y", "rate", "t"]
     np.testing.assert_array_equal(result.outputs["y"], np.arange(10).reshape(10, 1) * 10.0)
+    np.testing.assert_array_equal(result.outputs["t"], np.arange(10, dtype=np.float32).reshape(1, 10))
+    assert result.outputs["label"].tolist() == ["a" * i for i in range(10)] and result.outputs["rate"] == 16000
     calls.clear()
     asyncio.run(submitted())  # output axes unknown: whole
     assert calls == [10]
     calls.clear()
-    asyncio.run(submitted(output_axes={"y": 0}, lanes=[run]))
+    asyncio.run(submitted(output_axes=axes, lanes=[run]))
     assert calls == [4, 4, 2]
 
 

@@ -22,6 +22,23 @@ def test_big_endian_and_strided_arrays_go_out_little_endian_and_row_major():
     assert codec.to_bytes(array) == np.ascontiguousarray(array, dtype="<f4").tobytes()
 
 
+def test_an_answer_laid_out_as_the_wire_is_given_as_its_own_memory_and_any_other_as_its_bytes():
+    """REST's binary outputs: an array already little-endian and row-major is handed over as its
+    memory, copied once, into the body; others (big-endian, strided, text, empty) as ``to_bytes``."""
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    given = codec.to_buffer(array)
+    array[0, 0] = 7  # the same memory: nothing was copied
+    assert isinstance(given, memoryview) and bytes(given) == codec.to_bytes(array)
+    others = [
+        np.arange(6, dtype=">f4").reshape(3, 2),
+        np.arange(6, dtype=np.float32).reshape(3, 2).T,
+        np.array(["ab", "c"]),
+        np.zeros((0, 3), np.float32),
+    ]
+    for other in others:
+        assert isinstance(codec.to_buffer(other), bytes) and codec.to_buffer(other) == codec.to_bytes(other)
+
+
 def test_a_memoryview_of_the_body_is_read_in_place():
     """REST's binary tensors are slices of the request body: decoding them copies nothing."""
     body = bytearray(np.arange(4, dtype="<f4").tobytes() * 2)

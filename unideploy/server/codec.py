@@ -198,6 +198,20 @@ def to_bytes(array: np.ndarray) -> bytes:
     return array.tobytes()  # row-major whatever the array's strides
 
 
+def to_buffer(array: np.ndarray) -> bytes | memoryview:
+    """``to_bytes``, but an array already laid out as the protocol's bytes (numeric, little-endian,
+    row-major) is given as its own memory, for the caller to copy once, into the response: a
+    binary answer of 1 GB held 4 GB at its peak with a copy here and another joining the body."""
+    if (
+        array.dtype.kind in "biuf"
+        and array.flags.c_contiguous
+        and array.size
+        and array.dtype.byteorder not in _BIG_ENDIAN_ORDERS
+    ):
+        return array.data.cast("B")
+    return to_bytes(array)
+
+
 def v2_datatype(array: np.ndarray) -> str:
     found = _V2_OF_DTYPE.get(array.dtype)
     if found is None and array.dtype.kind == "U":
