@@ -88,6 +88,17 @@ class RefusedValues(RuntimeFailure, InputError):
         )
 
 
+class RunOutOfMemory(RuntimeFailure, InputError):
+    """A run that needs more memory than its engine may hold (the server's --max-run-memory, which
+    caps what every model's runs hold at once): too large for this server now, so the request's
+    to make smaller (400 / RESOURCE_EXHAUSTED when served), and in a merged batch run again in
+    halves, which may fit. Without the cap a request whose work grows with its sizes or values (a
+    transformer's attention over a long sequence, an output an input's value sizes) could take the
+    machine's memory and the server with it."""
+
+    exit_code = InputError.exit_code
+
+
 def first_line(exc: BaseException, limit: int = 300) -> str:
     """The first line of a third-party exception that says something, for one-line messages
     (converters are verbose; MindSpore opens its errors with a rule of dashes)."""

@@ -644,30 +644,40 @@ def test_running_out_of_descriptors_closes_the_excess_quietly_and_recovers(repo,
         stop_server(server)
 
 
-def test_an_answer_over_max_response_bytes_is_refused_before_the_model_runs_or_before_it_is_encoded(tmp_path):
-    """Token ids looked up in a table 1,000 wide (8 bytes in, 4,000 out, as a language model's
-    logits): a request whose answer the signature says would pass --max-response-bytes is refused
-    before any runtime call, naming the output and the option (400 / RESOURCE_EXHAUSTED); one under
-    it is answered. An answer whose size is the model's own (n ones) is refused once computed,
-    before it is encoded; the server serves on."""
-    import tritonclient.grpc as grpcclient
-    import tritonclient.http as httpclient
+@pytest.fixture(scope="module")
+def large_answers(tmp_path_factory):
+    """A repository of two models whose answers outgrow their requests: token ids looked up in a
+    table 1,000 wide (8 bytes in, 4,000 out, as a language model's logits), and 'n' ones (an answer
+    an input's value sizes)."""
     from onnx_models import ones_model, token_vectors_model
-    from serving import start_server, stop_server
-    from tritonclient.utils import InferenceServerException
 
     import unideploy
 
-    np.savez(tmp_path / "ids.npz", ids=np.array([[1, 2, 3, 4]], np.int64))
-    np.savez(tmp_path / "n.npz", n=np.array([5], np.int64))
-    repo = tmp_path / "repo"
+    work = tmp_path_factory.mktemp("large-answers")
+    np.savez(work / "ids.npz", ids=np.array([[1, 2, 3, 4]], np.int64))
+    np.savez(work / "n.npz", n=np.array([5], np.int64))
     made = [
-        (token_vectors_model(tmp_path / "vectors.onnx", 1000), repo / "vectors" / "1", "ids.npz"),
-        (ones_model(tmp_path / "ones.onnx"), repo / "ones" / "1", "n.npz"),
+        (token_vectors_model(work / "vectors.onnx", 1000), "vectors", "ids.npz"),
+        (ones_model(work / "ones.onnx"), "ones", "n.npz"),
     ]
-    for model, package, example in made:
-        unideploy.export(model, package, example_inputs=str(tmp_path / example)).close()
-    server = start_server(repo, tmp_path, "--max-response-bytes", "1000000")
+    for model, name, example in made:
+        unideploy.export(model, work / "repo" / name / "1", example_inputs=str(work / example)).close()
+    return work / "repo"
+
+
+def test_an_answer_over_max_response_bytes_is_refused_before_the_model_runs_or_before_it_is_encoded(
+    large_answers, tmp_path
+):
+    """A request whose answer the signature says would pass --max-response-bytes is refused before
+    any runtime call, naming the output and the option (400 / RESOURCE_EXHAUSTED); one under it is
+    answered. An answer whose size is the model's own (n ones) is refused once computed, before it
+    is encoded; the server serves on."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from serving import start_server, stop_server
+    from tritonclient.utils import InferenceServerException
+
+    server = start_server(large_answers, tmp_path, "--max-response-bytes", "1000000")
     try:
         http = httpclient.InferenceServerClient(server.http.removeprefix("http://"))
         grpc_client = grpcclient.InferenceServerClient(server.grpc)
@@ -698,5 +708,44 @@ def test_an_answer_over_max_response_bytes_is_refused_before_the_model_runs_or_b
         with pytest.raises(InferenceServerException, match=r"\[400\] the answer holds 1000004 bytes, over the limit"):
             infer(httpclient, http, "ones", "n", np.array([250_001], np.int64))
         assert http.is_server_ready()
+    finally:
+        stop_server(server)
+
+
+def test_a_run_over_max_run_memory_is_refused_and_the_server_keeps_its_memory(large_answers, tmp_path):
+    """Eight bytes asking the model for 200 MB (n ones) against --max-run-memory 100 MB: the run's
+    arena refuses the block, answered 400 / RESOURCE_EXHAUSTED naming the size and the option
+    (ONNX Runtime's allocation failure was a 500 before; without the cap, 12 GB asked the same way
+    would be allocated and filled), the server's memory never near it; smaller runs answer."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from serving import start_server, stop_server
+    from tritonclient.utils import InferenceServerException
+
+    def rss_mb(pid: int) -> float:
+        return int(open(f"/proc/{pid}/status").read().split("VmHWM:")[1].split()[0]) / 1024
+
+    server = start_server(large_answers, tmp_path, "--max-run-memory", str(100 * 1000 * 1000))
+    try:
+        http = httpclient.InferenceServerClient(server.http.removeprefix("http://"))
+        grpc_client = grpcclient.InferenceServerClient(server.grpc)
+
+        def ones(module, client, n: int) -> np.ndarray:
+            given = module.InferInput("n", [1], "INT64")
+            given.set_data_from_numpy(np.array([n], np.int64))
+            return client.infer("ones", [given]).as_numpy("ones")
+
+        assert len(ones(httpclient, http, 1_000_000)) == 1_000_000
+        said = "needs a block of 200000000 bytes, where its runs may hold"
+        with pytest.raises(InferenceServerException) as refused:
+            ones(httpclient, http, 50_000_000)
+        assert "[400]" in str(refused.value) and said in str(refused.value)
+        assert "(at most 100000000 at once: the server's --max-run-memory)" in str(refused.value)
+        with pytest.raises(InferenceServerException) as refused:
+            ones(grpcclient, grpc_client, 3_000_000_000)  # 12 GB
+        assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert "needs a block of 12000000000 bytes" in refused.value.message()
+        assert len(ones(grpcclient, grpc_client, 10_000_000)) == 10_000_000
+        assert rss_mb(server.process.pid) < 400  # the peak: never the 200 MB or 12 GB asked for
     finally:
         stop_server(server)

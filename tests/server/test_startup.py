@@ -261,3 +261,17 @@ def test_one_package_as_the_whole_repository_serves_as_kserve_mounts_it(digits, 
     finally:
         stop_server(server)
     assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in mnt.rglob("*") if p.is_file()} == before
+
+
+def test_the_runs_memory_cap_defaults_to_three_quarters_of_what_the_server_may_use(tmp_path):
+    """--max-run-memory's default: three quarters of the memory this process may use, which is the
+    machine's or less (a container's cgroup limit), so a run asking for more than the machine has
+    is refused before the kernel's OOM killer picks the server."""
+    from unideploy.runtimes.base import usable_memory
+    from unideploy.server.config import ServerConfig
+
+    with open("/proc/meminfo") as meminfo:
+        total = int(next(line for line in meminfo if line.startswith("MemTotal:")).split()[1]) * 1024
+    assert 0 < usable_memory() <= total
+    assert ServerConfig(repository=tmp_path).run_memory() == usable_memory() * 3 // 4
+    assert ServerConfig(repository=tmp_path, max_run_memory=10**8).run_memory() == 10**8

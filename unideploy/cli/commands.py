@@ -392,6 +392,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes,
         max_request_rows=args.max_request_rows,
         max_response_bytes=args.max_response_bytes,
+        max_run_memory=args.max_run_memory,
         max_sequences=args.max_sequences,
         sequence_idle_s=args.sequence_idle,
         sequence_header=args.sequence_header,

@@ -241,6 +241,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         help="most rows (batch dimension) one request may hold (default: 4096)",
     )
     p.add_argument(
+        "--max-run-memory",
+        type=_positive_int,
+        default=None,
+        help="most bytes the models' runs may hold at once on the CPU (activations and answers, not weights); "
+        "a run needing more is refused (default: three quarters of the memory the server may use)",
+    )
+    p.add_argument(
         "--max-response-bytes",
         type=_positive_int,
         default=None,

@@ -34,6 +34,9 @@ class RuntimeOptions:
     # run asks and planned per run rather than per input shape: a server holding several models
     # whose merged batches vary in size keeps less memory this way (docs/server.md, "Memory").
     shared_arena: bool = False
+    # The most bytes that arena may hold (its runs' activations and answers, not the weights): a run
+    # that would need more fails (``RunOutOfMemory``) instead of the machine running out; None: no cap.
+    arena_limit: int | None = None
     # Where engines built for this GPU are kept (TensorRT, and ONNX Runtime's TensorRT provider);
     # None: $UNIDEPLOY_ENGINE_CACHE, else ~/.cache/unideploy/engines.
     engine_cache: Path | None = None
@@ -63,6 +66,34 @@ SPIN_POLICIES = ("always", "run", "never")
 
 
 @functools.cache
+def usable_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or less where its control group
+    (cgroup v2's ``memory.max``, v1's ``memory.limit_in_bytes``: a container's limit) says so."""
+    with open("/proc/meminfo") as meminfo:
+        total = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemTotal:"))
+    limits = []
+    try:
+        groups = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        groups = []
+    for line in groups:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # cgroup v2
+            limits += [Path(f"/sys/fs/cgroup{path}/memory.max"), Path("/sys/fs/cgroup/memory.max")]
+        elif "memory" in controllers.split(","):
+            root = Path("/sys/fs/cgroup/memory")
+            limits += [root / path.lstrip("/") / "memory.limit_in_bytes", root / "memory.limit_in_bytes"]
+    for limit in limits:
+        try:
+            text = limit.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max": none
+            total = min(total, int(text))
+        break  # the process's own group where it is visible, else the root's
+    return total
+
+
 def usable_cores() -> int:
     """Physical cores among the CPUs this process may run on: ONNX Runtime's own default thread
     count. Set explicitly, because left to itself ONNX Runtime also pins each worker thread to one

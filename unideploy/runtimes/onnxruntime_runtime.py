@@ -9,7 +9,7 @@ package's next artifact runs: what ran is what ``describe()`` reports (ort_provi
 
 from __future__ import annotations
 
-import functools
+import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
@@ -50,15 +50,27 @@ from unideploy.samples import batch_size_of
 GRAPH_ROWS = 1
 
 
-@functools.cache
-def register_shared_arena() -> None:
+_ARENA_LOCK = threading.Lock()
+_ARENA_LIMIT: list[int | None] = []  # the shared arena's limit, once registered
+
+
+def register_shared_arena(limit: int | None) -> None:
     """Register, once per process, the CPU arena that sessions with ``session.use_env_allocators``
-    share. It extends by what is requested, not by doubling: after merged batches of sizes 1-8 on
-    EfficientNet-Lite0 the server held 299 MB instead of 333 (medians of four alternating starts)."""
+    share, holding at most ``limit`` bytes (``RuntimeOptions.arena_limit``; the first call's stands:
+    a process registers it once). It extends by what is requested, not by doubling: after merged
+    batches of sizes 1-8 on EfficientNet-Lite0 the server held 299 MB instead of 333 (medians of
+    four alternating starts)."""
     import onnxruntime as ort
 
-    cpu = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-    ort.create_and_register_allocator(cpu, ort.OrtArenaCfg({"arena_extend_strategy": 1}))  # kSameAsRequested
+    with _ARENA_LOCK:  # versions load on several threads
+        if _ARENA_LIMIT:
+            return
+        config: dict[str, int] = {"arena_extend_strategy": 1}  # kSameAsRequested
+        if limit is not None:
+            config["max_mem"] = limit
+        cpu = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+        ort.create_and_register_allocator(cpu, ort.OrtArenaCfg(config))
+        _ARENA_LIMIT.append(limit)
 
 
 class OnnxRuntime(Runtime):
@@ -178,7 +190,7 @@ class OnnxRuntime(Runtime):
         elif self.options.spin == "run":
             session_options.add_session_config_entry("session.force_spinning_stop", "1")
         if self.options.shared_arena:
-            register_shared_arena()
+            register_shared_arena(self.options.arena_limit)
             session_options.add_session_config_entry("session.use_env_allocators", "1")
             # a memory plan per input shape keeps a block for each batch size seen
             session_options.enable_mem_pattern = False
@@ -316,7 +328,7 @@ class OnnxRuntime(Runtime):
             except DeviceBatchFailure:
                 raise
             except Exception as exc:
-                raise run_failure(exc, inputs) from exc
+                raise run_failure(exc, inputs, self.options.arena_limit) from exc
         return self._call(bucket, inputs, run_options)
 
     def _bucket(self, size: int) -> Any:
@@ -376,7 +388,7 @@ class OnnxRuntime(Runtime):
             else:
                 outputs = session.run(self._output_names, inputs, run_options)
         except Exception as exc:
-            raise run_failure(exc, inputs) from exc
+            raise run_failure(exc, inputs, self.options.arena_limit) from exc
         # string outputs come back as arrays of Python str objects: numpy unicode, as every stage keeps text
         return {n: o.astype(str) if o.dtype == object else o for n, o in zip(self._output_names, outputs)}
 

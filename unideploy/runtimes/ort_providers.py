@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unideploy.errors import MissingDependencyError, RefusedValues, RuntimeFailure, first_line
+from unideploy.errors import MissingDependencyError, RefusedValues, RunOutOfMemory, RuntimeFailure, first_line
 from unideploy.runtimes.tensorrt.profiles import shape_text
 from unideploy.runtimes.tensorrt.spec import EngineSpec
 
@@ -129,19 +129,32 @@ def ort_message(exc: BaseException) -> str:
     return _without_noise(first_line(exc, limit=2000))[:400]
 
 
-def run_failure(exc: BaseException, inputs: Mapping[str, Any]) -> RuntimeFailure:
+def run_failure(exc: BaseException, inputs: Mapping[str, Any], arena_limit: int | None = None) -> RuntimeFailure:
     """A session run's error on ``inputs`` as ours. Their names, dtypes and shapes have passed the
     signature's checks, so ONNX Runtime's INVALID_ARGUMENT from a run is a kernel's check on their
     values (a Gather's index past its table: a token id past the vocabulary): ``RefusedValues``,
-    the request's to fix. Anything else is the runtime's failure, named with the shapes it ran on:
-    a signature that leaves a size open may still be given one the model cannot compute (a
-    detector's Concat of feature maps from an image whose sides are no multiple of 32)."""
+    the request's to fix. A block its arena could not give within ``arena_limit`` (the server's
+    --max-run-memory) is ``RunOutOfMemory``. Anything else is the runtime's failure, named with the
+    shapes it ran on: a signature that leaves a size open may still be given one the model cannot
+    compute (a detector's Concat of feature maps from an image whose sides are no multiple of 32)."""
     from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
     if isinstance(exc, InvalidArgument):
         return RefusedValues(f"the model refused the input values: {ort_message(exc)}")
     shapes = ", ".join(f"{name} {list(value.shape)}" for name, value in inputs.items())
+    if arena_limit is not None and (short := _ARENA_SHORT.search(str(exc))):
+        left, asked = (int(n) for n in short.groups())
+        return RunOutOfMemory(
+            f"the model's run on inputs of shape {shapes} needs a block of {asked} bytes, where its runs may "
+            f"hold {left} bytes more (at most {arena_limit} at once: the server's --max-run-memory)",
+            "send fewer rows or smaller inputs per request, or start the server with a larger --max-run-memory",
+        )
     return RuntimeFailure(f"ONNX Runtime failed on inputs of shape {shapes}: {ort_message(exc)}")
+
+
+_ARENA_SHORT = re.compile(
+    r"BFCArena::AllocateRawInternal.*?Available memory of (\d+) is smaller than requested bytes of (\d+)", re.S
+)
 
 
 def _without_noise(text: str) -> str:

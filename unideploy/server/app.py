@@ -43,7 +43,9 @@ class Server:
         self.config = config
         self.metrics = ServerMetrics()
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="unideploy-model")
-        self.registry = ModelRegistry(repository, self.executor, self.metrics, config.trusted_signers(), model_name)
+        self.registry = ModelRegistry(
+            repository, self.executor, self.metrics, config.trusted_signers(), model_name, config.run_memory()
+        )
         self.dataplane = DataPlane(
             self.registry,
             self.metrics,

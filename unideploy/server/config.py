@@ -100,6 +100,13 @@ class ServerConfig(BaseSettings):
         description="largest answer, its outputs' bytes: refused before the model runs where the signature says "
         "their sizes, else before it is encoded",
     )
+    max_run_memory: int | None = Field(
+        None,
+        ge=1,
+        description="most bytes the models' runs may hold at once on the CPU (their activations and answers in "
+        "ONNX Runtime's shared arena, not their weights): a run needing more fails, 400 / RESOURCE_EXHAUSTED, "
+        "instead of the machine running out; default: three quarters of the memory the server may use",
+    )
     max_sequences: int = Field(
         DEFAULT_MAX_SEQUENCES,
         ge=1,
@@ -224,6 +231,15 @@ class ServerConfig(BaseSettings):
         from unideploy.runtimes.base import usable_cores
 
         return default_frontends(usable_cores())
+
+    def run_memory(self) -> int:
+        """``max_run_memory``, or three quarters of the memory this process may use (its cgroup's
+        limit, else the machine's): the rest is the weights', the interpreter's and the requests'."""
+        if self.max_run_memory is not None:
+            return self.max_run_memory
+        from unideploy.runtimes.base import usable_memory
+
+        return usable_memory() * 3 // 4
 
     def trusted_signers(self) -> TrustedSigners | None:
         """Who versions must be signed by, or None when signatures are not required."""

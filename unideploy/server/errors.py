@@ -7,7 +7,7 @@ from __future__ import annotations
 import hmac
 from typing import ClassVar
 
-from unideploy.errors import InputError, UnideployError
+from unideploy.errors import InputError, RunOutOfMemory, UnideployError
 
 
 class ServerError(InputError):
@@ -64,6 +64,8 @@ def http_status(exc: UnideployError) -> int:
 def grpc_code(exc: UnideployError) -> str:
     if isinstance(exc, ServerError):
         return exc.grpc_code
+    if isinstance(exc, RunOutOfMemory):  # a resource of the server's, as --max-request-bytes is
+        return "RESOURCE_EXHAUSTED"
     return "INVALID_ARGUMENT" if isinstance(exc, InputError) else "INTERNAL"
 
 

@@ -146,8 +146,10 @@ class ModelRegistry:
         metrics: ServerMetrics,
         trusted: TrustedSigners | None = None,
         model_name: str | None = None,
+        run_memory: int | None = None,
     ) -> None:
         self.repository = repository
+        self.run_memory = run_memory  # the most the CPU runs of every model may hold at once (None: no cap)
         self.model_name = model_name  # REPO is this one model (server/repository.py)
         self.trusted = trusted  # when set, only versions signed by these are loaded
         self.executor = executor
@@ -309,6 +311,7 @@ class ModelRegistry:
                 spin=settings.spin,
                 threads=settings.threads,
                 shared_arena=True,
+                arena_limit=self.run_memory,
                 tf32=settings.tf32,
                 batch_buckets=buckets,
                 cuda_graphs=settings.cuda_graphs,
