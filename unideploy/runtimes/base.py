@@ -94,6 +94,7 @@ def usable_memory() -> int:
     return total
 
 
+@functools.cache
 def usable_cores() -> int:
     """Physical cores among the CPUs this process may run on: ONNX Runtime's own default thread
     count. Set explicitly, because left to itself ONNX Runtime also pins each worker thread to one

@@ -351,11 +351,12 @@ class Caller:
         """``run``'s outputs for ``batch``, and, where it ran as more than one call, each call's rows
         and seconds. A batch of more than ``rows_per_call`` rows (one request of more rows than the
         version merges, up to ``--max-request-rows``) runs as consecutive calls of at most that many,
-        each call's outputs written into the whole answer's as it comes (its pieces and their join held
-        at once took twice the answer's memory): ``max_batch_size`` bounds what one call asks of the runtime's memory,
-        whoever sends the request (one MiniLM request of 2,048 rows of 128 tokens, 25 MB, took the
-        server from 237 MB to 6.7 GB in one call; in calls of 32 rows, to 361 MB). A batch in GPU
-        memory runs as it is: that runtime runs sizes past its buckets in pieces."""
+        each call's outputs written into the whole answer's as they come (its pieces and their join,
+        held at once, took twice the answer's memory): ``max_batch_size`` bounds what one call asks
+        of the runtime's memory, whoever sends the request (one MiniLM request of 2,048 rows of 128
+        tokens, 25 MB, took the server from 237 MB to 6.7 GB in one call; in calls of 32 rows, to
+        361 MB). A batch in GPU memory runs as it is: that runtime runs sizes past its buckets in
+        pieces."""
         rows = batch_size_of(batch, self.axes)
         if not self.splits(rows) or any(isinstance(value, DeviceArray) for value in batch.values()):
             return run(batch), ()
@@ -512,13 +513,14 @@ class DynamicBatcher:
     the version in its warning); ``on_call`` is told the rows of each runtime call that answered,
     how many requests it answered and where its time went (the batch-size metric: one observation
     per call, as Triton counts executions; the call's parts, ``CallParts``; and Triton's statistics,
-    which count compute once per request); ``on_failed`` of each call that failed, and
-    whether its requests then run again in halves (``_split``) or are answered its error (an
-    operator's sign of a client sending values the model refuses). The thread is the
-    batcher's, not the server's pool: with a pool each call woke a second idle worker besides the
-    one that took it, which then competed with ONNX Runtime's threads for the GIL and the cores. With its own thread EfficientNet-Lite0 at concurrency 1 answered with a p99
-    of 6.6-8.0 ms instead of 12.5-17.2 ms, and its runtime call took 4.1-4.3 ms instead of
-    4.5-5.2 ms on average (perf_analyzer, three alternating rounds, docs/server.md).
+    which count compute once per request); ``on_failed`` of each call that failed, and whether its
+    requests then run again in halves (``_split``) or are answered its error (an operator's sign of
+    a client sending values the model refuses). The thread is the batcher's, not the server's pool:
+    with a pool each call woke a second idle worker besides the one that took it, which then
+    competed with ONNX Runtime's threads for the GIL and the cores. With its own thread
+    EfficientNet-Lite0 at concurrency 1 answered with a p99 of 6.6-8.0 ms instead of 12.5-17.2 ms,
+    and its runtime call took 4.1-4.3 ms instead of 4.5-5.2 ms on average (perf_analyzer, three
+    alternating rounds, docs/server.md).
 
     ``lanes``: callers of more sessions, each given a thread of its own too. A session whose
     threads share the cores waits at every parallel section for a thread the network took; a
