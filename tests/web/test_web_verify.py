@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 import zipfile
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -114,6 +116,16 @@ def test_malformed_web_json_is_refused(digits_site, tmp_path, change, pattern):
     assert_one_line_error(deploy("verify", copy), 2, pattern)
 
 
+def _in_page(site: Path, *scripts: tuple[str, Any]) -> list[Any]:
+    """Each (script, argument) evaluated in the site's page, served and opened in Chromium, once the
+    page is ready (``?auto=0``: it runs nothing itself)."""
+    with served(site, HEADERS, CONTENT_TYPES) as url, chromium() as browser:
+        page = browser.new_page()
+        page.goto(url + "index.html?auto=0")
+        page.wait_for_function("document.body.dataset.state === 'ready'")
+        return [page.evaluate(script, argument) for script, argument in scripts]
+
+
 def test_generated_module_refuses_wrong_dtype_shape_and_names(digits_site):
     """The module a web developer imports, called in the page with what a developer gets wrong."""
     calls = {
@@ -131,16 +143,12 @@ def test_generated_module_refuses_wrong_dtype_shape_and_names(digits_site):
         " try { const out = await model.run(eval('(' + v + ')')); said[k] = out.output.shape; }"
         " catch (e) { said[k] = e.name + ': ' + e.message; } } return said; }"
     )
-    with served(digits_site, HEADERS, CONTENT_TYPES) as url, chromium() as browser:
-        page = browser.new_page()
-        page.goto(url + "index.html?auto=0")
-        page.wait_for_function("document.body.dataset.state === 'ready'")
-        said = page.evaluate(script, calls)
-        wrong_variant = page.evaluate(
-            "async () => { const m = await import('./model.js');"
-            " try { await m.Model.load({variant: 'onnx-int8', backend: 'webgpu'}); return 'loaded'; }"
-            " catch (e) { return e.message; } }"
-        )
+    wrong = (
+        "async () => { const m = await import('./model.js');"
+        " try { await m.Model.load({variant: 'onnx-int8', backend: 'webgpu'}); return 'loaded'; }"
+        " catch (e) { return e.message; } }"
+    )
+    said, wrong_variant = _in_page(digits_site, (script, calls), (wrong, None))
     assert said["dtype"] == "ModelInputError: input 'x' must be a Float32Array (float32); got Int32Array"
     assert said["shape"].endswith("has shape [1, 1, 8, 9]; the model takes [batch, 1, 8, 8] (dim 3 must be 8)")
     assert "has rank 2 ([1, 64]); the model takes rank 4" in said["rank"]
@@ -201,11 +209,7 @@ def test_ids_past_the_models_table_are_refused_in_the_page(tmp_path):
         " try { const out = await model.run({ids: {data: BigInt64Array.from(v.map(BigInt)), shape: [1, 4]}});"
         " said[k] = Array.from(out.y.data); } catch (e) { said[k] = e.name + ': ' + e.message; } } return said; }"
     )
-    with served(tmp_path / "site", HEADERS, CONTENT_TYPES) as url, chromium() as browser:
-        page = browser.new_page()
-        page.goto(url + "index.html?auto=0")
-        page.wait_for_function("document.body.dataset.state === 'ready'")
-        said = page.evaluate(script, calls)
+    (said,) = _in_page(tmp_path / "site", (script, calls))
     expected = unideploy.run(package, {"ids": np.array([calls["good"]], np.int64)})["y"]
     np.testing.assert_allclose(said["good"], expected.ravel(), atol=1e-6)
     assert said["past"] == (
@@ -246,11 +250,7 @@ def test_a_streaming_model_carries_its_state_in_the_page(zoo_models, tmp_path):
         " const given = await model.run({input: new Float32Array(chunks[0]), state: {data: new Float32Array(256),"
         " shape: [2, 1, 128]}}); return {first, again, given: given.output.data[0]}; }"
     )
-    with served(tmp_path / "site", HEADERS, CONTENT_TYPES) as url, chromium() as browser:
-        page = browser.new_page()
-        page.goto(url + "index.html?auto=0")
-        page.wait_for_function("document.body.dataset.state === 'ready'")
-        said = page.evaluate(script, [chunk.tolist() for chunk in chunks])
+    (said,) = _in_page(tmp_path / "site", (script, [chunk.tolist() for chunk in chunks]))
     assert max(expected) > 0.5  # the speech is heard
     np.testing.assert_allclose(said["first"], expected, atol=1e-5)
     np.testing.assert_allclose(said["again"], expected, atol=1e-5)
