@@ -69,6 +69,15 @@ def test_tokens_guard_inference_and_repository_separately(token_server):
         with pytest.raises(grpc.RpcError) as caught:
             stub.ModelStatistics(service_pb2.ModelStatisticsRequest(name="digits"), timeout=30)
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # a stream is authorized once, as it opens: without the token it is closed unanswered
+        request = service_pb2.ModelInferRequest(model_name="digits", id="a")
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stub.ModelStreamInfer(iter([request]), timeout=30))
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        streamed = list(
+            stub.ModelStreamInfer(iter([request]), timeout=30, metadata=[("authorization", "Bearer infer-secret")])
+        )
+        assert [s.infer_response.id for s in streamed] == ["a"] and streamed[0].error_message == "request has no inputs"
 
 
 @FRONTENDS

@@ -128,6 +128,51 @@ def test_the_server_carries_a_sequences_state_over_rest_and_grpc(server):
     np.testing.assert_allclose(alone.as_numpy("h_next"), 0.5 * 0.25 + rows[1], rtol=1e-6)
 
 
+def test_sequences_ride_one_grpc_stream_and_a_failed_call_is_answered_on_it(server):
+    """Triton's streaming inference (ModelStreamInfer, tritonclient's ``start_stream``): two
+    sequences' calls and a digits image sent on one stream without waiting, each answered on it by
+    its request id, the sequences exactly as the model run in order on their own rows; a call with
+    a wrong input is answered with its error on the stream, which stays open for the calls after it."""
+    import queue
+
+    rng = np.random.default_rng(3)
+    streams = {11: rng.standard_normal((6, 1, 4)).astype(np.float32), 12: rng.standard_normal((6, 1, 4), np.float32)}
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+
+        def send(model: str, inputs: dict[str, np.ndarray], request_id: str, **sequence) -> None:
+            tensors = []
+            for name, value in inputs.items():
+                tensor = grpcclient.InferInput(name, list(value.shape), grpcclient.np_to_triton_dtype(value.dtype))
+                tensor.set_data_from_numpy(value)
+                tensors.append(tensor)
+            client.async_stream_infer(model, tensors, request_id=request_id, **sequence)
+
+        for step in range(6):
+            for key, rows in streams.items():
+                flags = {"sequence_start": step == 0, "sequence_end": step == 5}
+                send("average", {"x": rows[step]}, f"{key}-{step}", sequence_id=key, **flags)
+            if step == 2:
+                send("digits", {"nope": np.zeros((1, 1, 8, 8), np.float32)}, "bad")
+        send("digits", {"x": np.zeros((1, 1, 8, 8), np.float32)}, "digits")
+        got, errors = {}, []
+        for _ in range(2 * 6 + 2):
+            result, error = answers.get(timeout=60)
+            if error is not None:
+                errors.append(str(error))
+            else:
+                got[result.get_response().id] = result
+    finally:
+        client.stop_stream()
+    assert len(errors) == 1 and "unknown input(s) 'nope'" in errors[0], errors
+    assert got["digits"].as_numpy("output").shape == (1, 10)
+    for key, rows in streams.items():
+        answered = np.array([got[f"{key}-{step}"].as_numpy("y") for step in range(6)])
+        np.testing.assert_allclose(answered, _averages(rows), rtol=1e-6)
+
+
 def test_sequences_of_a_batched_model_run_merged_and_each_keeps_its_own_state(server):
     """Four sequences at once from four threads: the batcher may merge their calls (the state's
     batch axis is axis 0 here, axis 1 for Silero's), yet each gets its own stream's answers."""

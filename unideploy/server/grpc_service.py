@@ -7,6 +7,8 @@ outputs always go back as ``raw_output_contents``, which is all ``tritonclient.g
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,12 +34,21 @@ from unideploy.server.shared_memory import Placed, Written, placement
 # 65-92 MiB grew the server from 133 to 984 MB, and it stayed there)
 TRANSPORT_SLACK_BYTES = 1 << 20
 
+log = logging.getLogger("unideploy.server")
+
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, dataplane: DataPlaneAPI, inference_token: str | None, repository_token: str | None) -> None:
+    def __init__(
+        self,
+        dataplane: DataPlaneAPI,
+        inference_token: str | None,
+        repository_token: str | None,
+        max_request_bytes: int,
+    ) -> None:
         self.dataplane = dataplane
         self.inference_token = inference_token
         self.repository_token = repository_token
+        self.max_request_bytes = max_request_bytes  # a streamed request's bytes are checked here
 
     async def _call(
         self, context: grpc.aio.ServicerContext, token: str | None, work: Callable[[], Awaitable[Any]]
@@ -99,54 +110,99 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ---------------------------------------------------------------------------
     async def ModelInfer(self, request, context):
-        async def work():
-            decoding = time.perf_counter()
-            inputs = _decode_inputs(request)
-            requested = [o.name for o in request.outputs]
-            placed = {
-                o.name: place
-                for o in request.outputs
-                if (place := placement(o.parameters, _grpc_parameter, f"output '{o.name}'")) is not None
-            }
-            headers = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
-            sequence = (
-                sequence_control({key: _grpc_parameter(request.parameters, key) for key in CONTROLS})
-                if request.parameters
-                else None
-            )
-            result = await self.dataplane.infer(
-                InferRequest(
-                    request.model_name,
-                    request.model_version or None,
-                    inputs,
-                    requested or None,
-                    placed,
-                    headers,
-                    "grpc",
-                    time.perf_counter() - decoding,
-                    sequence,
-                )
-            )
-            encoding = time.perf_counter()
-            response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request.id)
-            if result.variant:
-                response.parameters["variant"].string_param = result.variant
-            for name, array in result.outputs.items():
-                if isinstance(array, Written):  # in the client's shared memory; an empty blob keeps positions
-                    entry = response.outputs.add(name=name, datatype=array.datatype, shape=list(array.shape))
-                    for key, value in array.parameters().items():
-                        if isinstance(value, str):
-                            entry.parameters[key].string_param = value
-                        else:
-                            entry.parameters[key].int64_param = value
-                    response.raw_output_contents.append(b"")
-                else:
-                    entry = response.outputs.add(name=name, datatype=codec.v2_datatype(array), shape=list(array.shape))
-                    response.raw_output_contents.append(codec.to_bytes(array))
-            self.dataplane.encoded(result, time.perf_counter() - encoding)
-            return response
+        return await self._call(context, self.inference_token, lambda: self._infer(request, context))
 
-        return await self._call(context, self.inference_token, work)
+    async def ModelStreamInfer(self, requests, context):
+        """Triton's streaming inference: each request on the stream answered on it, as it completes
+        (a client matches answers by their ``id``), several at once as unary calls are, so one
+        stream carries a client's concurrency (perf_analyzer's ``--streaming``); a sequence's calls
+        still run in the order they arrive (``sequences.py``). A request that fails is answered with
+        ``error_message`` and the stream stays open, as Triton does; a wrong token closes it."""
+        try:
+            check_token(self.inference_token, dict(context.invocation_metadata()).get("authorization", ""))
+        except UnideployError as exc:
+            await context.abort(getattr(grpc.StatusCode, grpc_code(exc)), str(exc))
+        answers = asyncio.Queue()  # each request's ModelStreamInferResponse; None: the end
+        running = set()  # the requests being answered
+
+        async def answer(request):  # the generated messages are untyped: as the other methods, unchecked
+            try:
+                if (unread := _unread(request, "ModelInferRequest", self.max_request_bytes)) is not None:
+                    raise unread
+                streamed = pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
+            except Exception as exc:
+                if not isinstance(exc, UnideployError):  # a unary call's would be UNKNOWN, logged
+                    log.exception("a streamed inference request failed")
+                streamed = pb.ModelStreamInferResponse(error_message=str(exc) or type(exc).__name__)
+                if isinstance(request, pb.ModelInferRequest):
+                    streamed.infer_response.id, streamed.infer_response.model_name = request.id, request.model_name
+            await answers.put(streamed)
+
+        async def read():
+            async for request in requests:
+                task = asyncio.get_running_loop().create_task(answer(request))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            while running:
+                await asyncio.wait(set(running))
+            await answers.put(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (streamed := await answers.get()) is not None:
+                yield streamed
+            await reader  # its error, if reading the stream failed
+        finally:
+            for task in (reader, *running):
+                task.cancel()
+
+    async def _infer(self, request, context):
+        """``request`` run, its ``ModelInferResponse``; raises ``UnideployError``."""
+        decoding = time.perf_counter()
+        inputs = _decode_inputs(request)
+        requested = [o.name for o in request.outputs]
+        placed = {
+            o.name: place
+            for o in request.outputs
+            if (place := placement(o.parameters, _grpc_parameter, f"output '{o.name}'")) is not None
+        }
+        headers = {k.lower(): v for k, v in context.invocation_metadata() if isinstance(v, str)}
+        sequence = (
+            sequence_control({key: _grpc_parameter(request.parameters, key) for key in CONTROLS})
+            if request.parameters
+            else None
+        )
+        result = await self.dataplane.infer(
+            InferRequest(
+                request.model_name,
+                request.model_version or None,
+                inputs,
+                requested or None,
+                placed,
+                headers,
+                "grpc",
+                time.perf_counter() - decoding,
+                sequence,
+            )
+        )
+        encoding = time.perf_counter()
+        response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request.id)
+        if result.variant:
+            response.parameters["variant"].string_param = result.variant
+        for name, array in result.outputs.items():
+            if isinstance(array, Written):  # in the client's shared memory; an empty blob keeps positions
+                entry = response.outputs.add(name=name, datatype=array.datatype, shape=list(array.shape))
+                for key, value in array.parameters().items():
+                    if isinstance(value, str):
+                        entry.parameters[key].string_param = value
+                    else:
+                        entry.parameters[key].int64_param = value
+                response.raw_output_contents.append(b"")
+            else:
+                entry = response.outputs.add(name=name, datatype=codec.v2_datatype(array), shape=list(array.shape))
+                response.raw_output_contents.append(codec.to_bytes(array))
+        self.dataplane.encoded(result, time.perf_counter() - encoding)
+        return response
 
     # -- the system and CUDA shared memory extensions (authorized like inference) --------------
     async def _shm_status(self, request, context, kind: str, response):
@@ -281,22 +337,27 @@ def _tolerant(parse: Callable[[bytes], Any], max_request_bytes: int) -> Callable
     return deserialize
 
 
+def _unread(request: Any, message: str, max_request_bytes: int) -> BadRequest | None:
+    """Why a request the deserializer did not parse is refused (``_tolerant``); None where it was."""
+    if isinstance(request, _Oversized):
+        return TooLarge(
+            f"request of {request.size} bytes exceeds the limit of {max_request_bytes} bytes "
+            "(the server's --max-request-bytes)"
+        )
+    if isinstance(request, _Undecodable):
+        return BadRequest(
+            f"the request is not a valid inference.{message} ({request.why}); send one built from "
+            "the protocol's .proto (docs/server.md, Protocol)"
+        )
+    return None
+
+
 def _refusing_undecodable(
     method: Callable[[Any, Any], Awaitable[Any]], message: str, max_request_bytes: int
 ) -> Callable[[Any, Any], Awaitable[Any]]:
     async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if isinstance(request, _Oversized):
-            await context.abort(
-                getattr(grpc.StatusCode, TooLarge.grpc_code),
-                f"request of {request.size} bytes exceeds the limit of {max_request_bytes} bytes "
-                "(the server's --max-request-bytes)",
-            )
-        if isinstance(request, _Undecodable):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"the request is not a valid inference.{message} ({request.why}); send one built from "
-                "the protocol's .proto (docs/server.md, Protocol)",
-            )
+        if (unread := _unread(request, message, max_request_bytes)) is not None:
+            await context.abort(getattr(grpc.StatusCode, unread.grpc_code), str(unread))
         return await method(request, context)
 
     return behavior
@@ -311,14 +372,21 @@ def add_servicer(
 ) -> None:
     """Every method of the service, from the proto's descriptor, each with a deserializer that
     turns undecodable bytes into an INVALID_ARGUMENT answer instead of an UNKNOWN and a traceback."""
-    servicer = InferenceServicer(dataplane, inference_token, repository_token)
+    servicer = InferenceServicer(dataplane, inference_token, repository_token, max_request_bytes)
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    handlers = {
-        method.name: grpc.unary_unary_rpc_method_handler(
+
+    def handler(method: Any) -> grpc.RpcMethodHandler:
+        parse = _tolerant(getattr(pb, method.input_type.name).FromString, max_request_bytes)
+        serialize = getattr(pb, method.output_type.name).SerializeToString
+        if method.client_streaming:  # ModelStreamInfer: each unread request answered on the stream
+            return grpc.stream_stream_rpc_method_handler(
+                getattr(servicer, method.name), request_deserializer=parse, response_serializer=serialize
+            )
+        return grpc.unary_unary_rpc_method_handler(
             _refusing_undecodable(getattr(servicer, method.name), method.input_type.name, max_request_bytes),
-            request_deserializer=_tolerant(getattr(pb, method.input_type.name).FromString, max_request_bytes),
-            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+            request_deserializer=parse,
+            response_serializer=serialize,
         )
-        for method in service.methods
-    }
+
+    handlers = {method.name: handler(method) for method in service.methods}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
