@@ -749,3 +749,25 @@ def test_a_run_over_max_run_memory_is_refused_and_the_server_keeps_its_memory(la
         assert rss_mb(server.process.pid) < 400  # the peak: never the 200 MB or 12 GB asked for
     finally:
         stop_server(server)
+
+
+def test_an_answer_past_what_one_grpc_message_carries_is_refused_naming_the_ways_that_can(large_answers, tmp_path):
+    """With --max-response-bytes raised past 2 GiB, an answer of 2.16 GB (n ones) cannot be one gRPC
+    message (protobuf's limit; serializing it failed with UNKNOWN and a traceback): refused with
+    RESOURCE_EXHAUSTED naming REST and shared memory, the server serving on."""
+    import tritonclient.grpc as grpcclient
+    from serving import start_server, stop_server
+    from tritonclient.utils import InferenceServerException
+
+    server = start_server(large_answers, tmp_path, "--max-response-bytes", str(3 << 30))
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc)
+        given = grpcclient.InferInput("n", [1], "INT64")
+        given.set_data_from_numpy(np.array([540_000_000], np.int64))
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("ones", [given])
+        assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert "the answer holds 2160000000 bytes, more than one gRPC message can carry" in refused.value.message()
+        assert client.is_server_ready() and "Traceback" not in server.log.read_text()
+    finally:
+        stop_server(server)

@@ -33,6 +33,8 @@ from unideploy.server.shared_memory import Placed, Written, placement
 # over it is refused by gRPC before it is buffered (at twice the limit, 10 refused messages of
 # 65-92 MiB grew the server from 133 to 984 MB, and it stayed there)
 TRANSPORT_SLACK_BYTES = 1 << 20
+# a protobuf message is at most 2 GiB; an answer --max-response-bytes admits beyond it cannot travel
+MAX_GRPC_ANSWER_BYTES = (2 << 30) - (1 << 20)
 
 log = logging.getLogger("unideploy.server")
 
@@ -186,6 +188,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             )
         )
         encoding = time.perf_counter()
+        carried = sum(a.nbytes for a in result.outputs.values() if not isinstance(a, Written))
+        if carried > MAX_GRPC_ANSWER_BYTES:  # protobuf's own limit: it could not be serialized
+            raise TooLarge(
+                f"the answer holds {carried} bytes, more than one gRPC message can carry (2 GiB)",
+                "ask for it over REST, or write its outputs into shared memory, or send fewer rows per request",
+            )
         response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request.id)
         if result.variant:
             response.parameters["variant"].string_param = result.variant
