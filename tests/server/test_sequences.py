@@ -130,7 +130,7 @@ def test_the_server_carries_a_sequences_state_over_rest_and_grpc(server):
 
 def test_sequences_ride_one_grpc_stream_and_a_failed_call_is_answered_on_it(server):
     """Triton's streaming inference (ModelStreamInfer, tritonclient's ``start_stream``): two
-    sequences' calls and a digits image sent on one stream without waiting, each answered on it by
+    sequences' calls and 150 digits images sent on one stream without waiting, each answered on it by
     its request id, the sequences exactly as the model run in order on their own rows; a call with
     a wrong input is answered with its error on the stream, which stays open for the calls after it."""
     import queue
@@ -156,9 +156,10 @@ def test_sequences_ride_one_grpc_stream_and_a_failed_call_is_answered_on_it(serv
                 send("average", {"x": rows[step]}, f"{key}-{step}", sequence_id=key, **flags)
             if step == 2:
                 send("digits", {"nope": np.zeros((1, 1, 8, 8), np.float32)}, "bad")
-        send("digits", {"x": np.zeros((1, 1, 8, 8), np.float32)}, "digits")
+        for i in range(150):  # more than a stream holds at once (STREAM_WINDOW): read as answers go
+            send("digits", {"x": np.zeros((1, 1, 8, 8), np.float32)}, f"digits-{i}")
         got, errors = {}, []
-        for _ in range(2 * 6 + 2):
+        for _ in range(2 * 6 + 1 + 150):
             result, error = answers.get(timeout=60)
             if error is not None:
                 errors.append(str(error))
@@ -167,7 +168,7 @@ def test_sequences_ride_one_grpc_stream_and_a_failed_call_is_answered_on_it(serv
     finally:
         client.stop_stream()
     assert len(errors) == 1 and "unknown input(s) 'nope'" in errors[0], errors
-    assert got["digits"].as_numpy("output").shape == (1, 10)
+    assert all(got[f"digits-{i}"].as_numpy("output").shape == (1, 10) for i in range(150))
     for key, rows in streams.items():
         answered = np.array([got[f"{key}-{step}"].as_numpy("y") for step in range(6)])
         np.testing.assert_allclose(answered, _averages(rows), rtol=1e-6)

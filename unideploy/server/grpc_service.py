@@ -35,6 +35,8 @@ from unideploy.server.shared_memory import Placed, Written, placement
 TRANSPORT_SLACK_BYTES = 1 << 20
 # a protobuf message is at most 2 GiB; an answer --max-response-bytes admits beyond it cannot travel
 MAX_GRPC_ANSWER_BYTES = (2 << 30) - (1 << 20)
+# requests of one ModelStreamInfer stream in the server at once (read, not yet answered on it)
+STREAM_WINDOW = 64
 
 log = logging.getLogger("unideploy.server")
 
@@ -119,13 +121,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         (a client matches answers by their ``id``), several at once as unary calls are, so one
         stream carries a client's concurrency (perf_analyzer's ``--streaming``); a sequence's calls
         still run in the order they arrive (``sequences.py``). A request that fails is answered with
-        ``error_message`` and the stream stays open, as Triton does; a wrong token closes it."""
+        ``error_message`` and the stream stays open, as Triton does; a wrong token closes it. At most
+        ``STREAM_WINDOW`` requests of a stream are in the server at once, read and not yet answered
+        on it: the stream is read no further meanwhile, so a client that sends without reading the
+        answers is held back by the transport's flow control, not by the server's memory."""
         try:
             check_token(self.inference_token, dict(context.invocation_metadata()).get("authorization", ""))
         except UnideployError as exc:
             await context.abort(getattr(grpc.StatusCode, grpc_code(exc)), str(exc))
         answers = asyncio.Queue()  # each request's ModelStreamInferResponse; None: the end
         running = set()  # the requests being answered
+        window = asyncio.Semaphore(STREAM_WINDOW)  # a request's place, from being read until answered
 
         async def answer(request):  # the generated messages are untyped: as the other methods, unchecked
             try:
@@ -141,7 +147,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await answers.put(streamed)
 
         async def read():
-            async for request in requests:
+            while True:
+                await window.acquire()
+                try:
+                    request = await anext(requests)
+                except StopAsyncIteration:
+                    break
                 task = asyncio.get_running_loop().create_task(answer(request))
                 running.add(task)
                 task.add_done_callback(running.discard)
@@ -153,6 +164,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             while (streamed := await answers.get()) is not None:
                 yield streamed
+                window.release()
             await reader  # its error, if reading the stream failed
         finally:
             for task in (reader, *running):
