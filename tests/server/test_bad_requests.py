@@ -771,3 +771,40 @@ def test_an_answer_past_what_one_grpc_message_carries_is_refused_naming_the_ways
         assert client.is_server_ready() and "Traceback" not in server.log.read_text()
     finally:
         stop_server(server)
+
+
+def test_grpc_calls_beyond_max_connections_are_refused_at_once(large_answers, tmp_path):
+    """--max-connections bounds gRPC calls in the server at once as it bounds REST connections: with
+    two streams open (each a call while it lasts) and a limit of 2, a third call is answered
+    RESOURCE_EXHAUSTED at once instead of being read into memory; once they close, calls are served."""
+    import grpc
+    from serving import start_server, stop_server
+
+    server = start_server(large_answers, tmp_path, "--max-connections", "2")
+    try:
+        with grpc.insecure_channel(server.grpc) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            request = service_pb2.ModelInferRequest(model_name="ones", id="x")
+            request.inputs.add(name="n", datatype="INT64", shape=[1])
+            request.raw_input_contents.append(np.array([3], np.int64).tobytes())
+            held = [stub.ModelStreamInfer(iter([request] * 1000 * 1000)) for _ in range(2)]  # never finish
+            for stream in held:
+                assert next(stream).infer_response.id == "x"  # each is running
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.ModelInfer(request, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            for stream in held:
+                stream.cancel()
+            answered: list = []
+
+            def served() -> bool:  # once the server has let go of the cancelled calls (the transport says so)
+                try:
+                    answered.append(stub.ModelInfer(request, timeout=30))
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                return bool(answered)
+
+            server.wait_for(served, what="the cancelled streams' slots")
+            assert np.frombuffer(answered[0].raw_output_contents[0], np.float32).tolist() == [1.0, 1.0, 1.0]
+    finally:
+        stop_server(server)

@@ -278,7 +278,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         "--max-connections",
         type=_positive_int,
         default=None,
-        help="REST connections at once; more are answered 503 (default: 512, shared out among front ends)",
+        help="REST connections at once, more answered 503, and as many gRPC calls, more answered RESOURCE_EXHAUSTED "
+        "(default: 512, shared out among front ends)",
     )
     p.add_argument(
         "--max-header-bytes",

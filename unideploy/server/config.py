@@ -136,7 +136,10 @@ class ServerConfig(BaseSettings):
     )
     body_timeout_s: float = Field(30.0, gt=0, description="a REST body not fully arrived by then is answered 408")
     max_connections: int = Field(
-        512, ge=1, description="REST connections at once (more are answered 503); shared out among front ends"
+        512,
+        ge=1,
+        description="REST connections at once (more are answered 503), and as many gRPC calls (more are answered "
+        "RESOURCE_EXHAUSTED); shared out among front ends",
     )
     max_header_bytes: int = Field(
         65536, ge=1024, description="largest REST request line and headers together (more are answered 431)"

@@ -72,9 +72,13 @@ class Listeners:
         raise_descriptor_limit(cfg.max_connections)
         transport = cfg.max_request_bytes + TRANSPORT_SLACK_BYTES
         self.grpc = grpc.aio.server(
+            # as many calls at once as REST connections, each holding a request of up to
+            # --max-request-bytes (a stream's: up to its window, grpc_service.STREAM_WINDOW); more are
+            # answered RESOURCE_EXHAUSTED at once instead of each being read into memory
+            maximum_concurrent_rpcs=cfg.max_connections,
             options=[
                 ("grpc.max_receive_message_length", transport),
-                # answers are bounded by the served models and --max-request-rows, not by the request limit
+                # answers are bounded by --max-response-bytes, not by the request limit
                 ("grpc.max_send_message_length", -1),
                 # a connection that sends nothing, or stops making calls, does not hold a descriptor for good
                 ("grpc.server_handshake_timeout_ms", int(cfg.header_timeout_s * 1000)),
