@@ -83,7 +83,7 @@ class Listeners:
                 # a connection that sends nothing, or stops making calls, does not hold a descriptor for good
                 ("grpc.server_handshake_timeout_ms", int(cfg.header_timeout_s * 1000)),
                 ("grpc.max_connection_idle_ms", int(cfg.grpc_idle_timeout_s * 1000)),
-            ]
+            ],
         )
         add_servicer(self.grpc, dataplane, cfg.inference_token, cfg.repository_token, cfg.max_request_bytes)
         self.grpc_address = f"{cfg.host}:{cfg.grpc_port}"
