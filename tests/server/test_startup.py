@@ -275,3 +275,42 @@ def test_the_runs_memory_cap_defaults_to_three_quarters_of_what_the_server_may_u
     assert 0 < usable_memory() <= total
     assert ServerConfig(repository=tmp_path).run_memory() == usable_memory() * 3 // 4
     assert ServerConfig(repository=tmp_path, max_run_memory=10**8).run_memory() == 10**8
+
+
+def test_the_memory_a_server_may_use_is_its_cgroups_limit_where_it_has_one():
+    """A process in a memory cgroup of 3 GiB (as a container with a memory limit runs) reads 3 GiB
+    as the memory it may use, whatever the machine has, so --max-run-memory's default follows a
+    pod's limit. The group is made under this process's own (cgroup v1 here; v2 where mounted so)."""
+    import subprocess
+    import sys
+    import uuid
+    from pathlib import Path
+
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    v1 = next((line.split(":", 2)[2] for line in lines if "memory" in line.split(":", 2)[1].split(",")), None)
+    root, name = (
+        (Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes") if v1 else (Path("/sys/fs/cgroup"), "memory.max")
+    )
+    own = v1 if v1 is not None else next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
+    group = root / own.lstrip("/") / f"unideploy-test-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+        (group / name).write_text(str(3 << 30))
+    except OSError as exc:
+        pytest.skip(f"no memory cgroup can be made here ({exc.strerror}: needs root and a writable cgroup mount)")
+    try:
+        read = subprocess.run(
+            [
+                "sh",
+                "-c",
+                f'echo $$ > {group / "cgroup.procs"} && exec "$0" -c "$1"',
+                sys.executable,
+                "from unideploy.runtimes.base import usable_memory; print(usable_memory())",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    finally:
+        group.rmdir()
+    assert int(read.stdout) == 3 << 30

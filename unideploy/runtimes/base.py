@@ -67,11 +67,11 @@ SPIN_POLICIES = ("always", "run", "never")
 
 @functools.cache
 def usable_memory() -> int:
-    """Bytes of memory this process may use: the machine's, or less where its control group
-    (cgroup v2's ``memory.max``, v1's ``memory.limit_in_bytes``: a container's limit) says so."""
+    """Bytes of memory this process may use: the machine's, or less where its control group or
+    one above it (cgroup v2's ``memory.max``, v1's ``memory.limit_in_bytes``: a container's or a
+    service's limit) says so. Inside a container the process's group is the mount's root."""
     with open("/proc/meminfo") as meminfo:
         total = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemTotal:"))
-    limits = []
     try:
         groups = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -79,18 +79,21 @@ def usable_memory() -> int:
     for line in groups:
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # cgroup v2
-            limits += [Path(f"/sys/fs/cgroup{path}/memory.max"), Path("/sys/fs/cgroup/memory.max")]
+            root, name = Path("/sys/fs/cgroup"), "memory.max"
         elif "memory" in controllers.split(","):
-            root = Path("/sys/fs/cgroup/memory")
-            limits += [root / path.lstrip("/") / "memory.limit_in_bytes", root / "memory.limit_in_bytes"]
-    for limit in limits:
-        try:
-            text = limit.read_text().strip()
-        except OSError:
+            root, name = Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"
+        else:
             continue
-        if text.isdigit():  # "max": none
-            total = min(total, int(text))
-        break  # the process's own group where it is visible, else the root's
+        group = root / path.lstrip("/")
+        for folder in (group, *group.parents):  # its own group and those above it, as far as mounted
+            if not folder.is_relative_to(root):
+                break
+            try:
+                text = (folder / name).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit():  # "max": none
+                total = min(total, int(text))
     return total
 
 
