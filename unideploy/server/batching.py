@@ -781,12 +781,12 @@ class DynamicBatcher:
         error: the call's (where it ran alone; a merged batch's requests run again, in halves:
         ``_split``), or its own where its inputs could not be read."""
         if isinstance(outcome, Exception):
-            halved = len(group) > 1 and not isinstance(outcome, UnreadInputs)
             if not isinstance(outcome, UnreadInputs):  # the runtime was called (not so where no input was read)
+                halved = len(group) > 1
                 self._on_failed(halved)
-            if halved:
-                self._split(group)
-                return
+                if halved:
+                    self._split(group)
+                    return
             each = outcome.failed if isinstance(outcome, UnreadInputs) else {}
             for i, p in enumerate(group):
                 if not p.future.done():

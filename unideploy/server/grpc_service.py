@@ -61,7 +61,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             check_token(token, dict(context.invocation_metadata()).get("authorization", ""))
             return await work()
         except UnideployError as exc:
-            await context.abort(getattr(grpc.StatusCode, grpc_code(exc)), str(exc))
+            await _abort(context, exc)
 
     # -- health and metadata -----------------------------------------------------------------
     async def ServerLive(self, request, context):
@@ -128,7 +128,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             check_token(self.inference_token, dict(context.invocation_metadata()).get("authorization", ""))
         except UnideployError as exc:
-            await context.abort(getattr(grpc.StatusCode, grpc_code(exc)), str(exc))
+            await _abort(context, exc)
         answers = asyncio.Queue()  # each request's ModelStreamInferResponse; None: the end
         running = set()  # the requests being answered
         window = asyncio.Semaphore(STREAM_WINDOW)  # a request's place, from being read until answered
@@ -357,6 +357,11 @@ def _tolerant(parse: Callable[[bytes], Any], max_request_bytes: int) -> Callable
     return deserialize
 
 
+async def _abort(context: grpc.aio.ServicerContext, exc: UnideployError) -> None:
+    """End the call with ``exc``'s gRPC code and message (``errors.grpc_code``)."""
+    await context.abort(getattr(grpc.StatusCode, grpc_code(exc)), str(exc))
+
+
 def _unread(request: Any, message: str, max_request_bytes: int) -> BadRequest | None:
     """Why a request the deserializer did not parse is refused (``_tolerant``); None where it was."""
     if isinstance(request, _Oversized):
@@ -377,7 +382,7 @@ def _refusing_undecodable(
 ) -> Callable[[Any, Any], Awaitable[Any]]:
     async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if (unread := _unread(request, message, max_request_bytes)) is not None:
-            await context.abort(getattr(grpc.StatusCode, unread.grpc_code), str(unread))
+            await _abort(context, unread)
         return await method(request, context)
 
     return behavior
