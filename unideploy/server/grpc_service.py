@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from unideploy.errors import UnideployError
-from unideploy.server import codec
+from unideploy.server import codec, grpc_answer
 from unideploy.server.dataplane import DataPlaneAPI, InferRequest
 from unideploy.server.errors import BadRequest, TooLarge, check_token, grpc_code
 from unideploy.server.protocol import grpc_predict_v2_pb2 as pb
@@ -129,7 +129,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             check_token(self.inference_token, dict(context.invocation_metadata()).get("authorization", ""))
         except UnideployError as exc:
             await _abort(context, exc)
-        answers = asyncio.Queue()  # each request's ModelStreamInferResponse; None: the end
+        answers = asyncio.Queue()  # each request's ModelStreamInferResponse (or its bytes); None: the end
         running = set()  # the requests being answered
         window = asyncio.Semaphore(STREAM_WINDOW)  # a request's place, from being read until answered
 
@@ -137,7 +137,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 if (unread := _unread(request, "ModelInferRequest", self.max_request_bytes)) is not None:
                     raise unread
-                streamed = pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
+                streamed = await self._infer(request, context, streamed=True)
             except Exception as exc:
                 if not isinstance(exc, UnideployError):  # a unary call's would be UNKNOWN, logged
                     log.exception("a streamed inference request failed")
@@ -170,8 +170,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for task in (reader, *running):
                 task.cancel()
 
-    async def _infer(self, request, context):
-        """``request`` run, its ``ModelInferResponse``; raises ``UnideployError``."""
+    async def _infer(self, request, context, streamed=False):  # untyped, as the generated messages are
+        """``request`` run, its ``ModelInferResponse``'s wire bytes (``grpc_answer``; ``streamed``: a
+        ``ModelStreamInferResponse``'s); raises ``UnideployError``."""
         decoding = time.perf_counter()
         inputs = _decode_inputs(request)
         requested = [o.name for o in request.outputs]
@@ -209,6 +210,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request.id)
         if result.variant:
             response.parameters["variant"].string_param = result.variant
+        blobs = []  # raw_output_contents, in order
         for name, array in result.outputs.items():
             if isinstance(array, Written):  # in the client's shared memory; an empty blob keeps positions
                 entry = response.outputs.add(name=name, datatype=array.datatype, shape=list(array.shape))
@@ -217,12 +219,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                         entry.parameters[key].string_param = value
                     else:
                         entry.parameters[key].int64_param = value
-                response.raw_output_contents.append(b"")
+                blobs.append(b"")
             else:
-                entry = response.outputs.add(name=name, datatype=codec.v2_datatype(array), shape=list(array.shape))
-                response.raw_output_contents.append(codec.to_bytes(array))
+                response.outputs.add(name=name, datatype=codec.v2_datatype(array), shape=list(array.shape))
+                blobs.append(codec.to_buffer(array))
+        answer = grpc_answer.infer_response(response, blobs, streamed)
         self.dataplane.encoded(result, time.perf_counter() - encoding)
-        return response
+        return answer
 
     # -- the system and CUDA shared memory extensions (authorized like inference) --------------
     async def _shm_status(self, request, context, kind: str, response):
@@ -402,7 +405,7 @@ def add_servicer(
 
     def handler(method: Any) -> grpc.RpcMethodHandler:
         parse = _tolerant(getattr(pb, method.input_type.name).FromString, max_request_bytes)
-        serialize = getattr(pb, method.output_type.name).SerializeToString
+        serialize = grpc_answer.serializer(getattr(pb, method.output_type.name))
         if method.client_streaming:  # ModelStreamInfer: each unread request answered on the stream
             return grpc.stream_stream_rpc_method_handler(
                 getattr(servicer, method.name), request_deserializer=parse, response_serializer=serialize
