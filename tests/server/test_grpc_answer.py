@@ -1,12 +1,14 @@
-"""A ModelInferResponse written with its tensors appended reads, with protobuf's own parser, as the
-message protobuf would have built: every output, in order, whatever its size or layout."""
+"""A ModelInferResponse written with its tensors appended reads, with tritonclient's own messages
+(Triton's proto, protobuf's parser), as the message protobuf would have built: every output, in
+order, whatever its size or layout. (Our proto's module is not imported here: both declare package
+``inference``, which one descriptor pool cannot hold twice; test_protocol checks they agree.)"""
 
 from __future__ import annotations
 
 import numpy as np
+from tritonclient.grpc import service_pb2 as pb
 
 from unideploy.server import codec, grpc_answer
-from unideploy.server.protocol import grpc_predict_v2_pb2 as pb
 
 
 def _outputs() -> list[np.ndarray]:

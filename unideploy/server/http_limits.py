@@ -8,16 +8,20 @@ request head stayed open for as long as their clients wished, each holding a fil
 431 and the connection closed, a head that does not arrive in time (a connection that sends
 nothing included) is answered 408 and closed, and a connection beyond ``--max-connections`` is
 answered 503 with Retry-After as it opens. The body has its own timeout in ``rest.read_body``;
-idle keep-alive connections are closed by uvicorn after ``timeout_keep_alive``.
+idle keep-alive connections are closed by uvicorn after ``timeout_keep_alive``. An inference body
+of a declared length is received into one buffer (``http_body``) instead of uvicorn's.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable, MutableMapping
+from typing import Any, cast
 
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from unideploy.server.http_body import DeclaredBody, attach
 
 REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
 RETRY_AFTER_S = 1  # what a connection over the cap is told to wait
@@ -28,12 +32,19 @@ class _Refused(Exception):
 
 
 def limited_protocol(
-    max_header_bytes: int, max_headers: int, header_timeout_s: float, max_connections: int, max_body_bytes: int
+    max_header_bytes: int,
+    max_headers: int,
+    header_timeout_s: float,
+    max_connections: int,
+    max_body_bytes: int,
+    body_offset: Callable[[MutableMapping[str, Any]], int | None],
 ) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol refusing heads over ``max_header_bytes`` (request line and
     headers) or ``max_headers`` headers, heads not complete ``header_timeout_s`` after the
     connection opened or the request's first byte came, and connections beyond ``max_connections``
-    (503 with Retry-After as soon as they open, so they give their descriptor back at once)."""
+    (503 with Retry-After as soon as they open, so they give their descriptor back at once). A body
+    of a declared length up to ``max_body_bytes`` whose request ``body_offset`` places (where its
+    tensors start; None: a request to leave to uvicorn) is received into one buffer (``http_body``)."""
 
     class LimitedHttpToolsProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -43,6 +54,8 @@ def limited_protocol(
             self._head_timer: asyncio.TimerHandle | None = None
             self._answered = False
             self._body_window = HIGH_WATER_LIMIT  # body bytes buffered before the app is woken
+            self._declared: int | None = None  # the body's length, where declared within the limit
+            self._body: DeclaredBody | None = None  # the buffer the body goes into, where it has one
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -65,6 +78,7 @@ def limited_protocol(
             super().on_message_begin()
             self._head_bytes = self._head_count = 0
             self._body_window = HIGH_WATER_LIMIT
+            self._declared = self._body = None
             if self._head_timer is None:
                 self._arm()
 
@@ -76,6 +90,7 @@ def limited_protocol(
             self._count(len(name) + len(value), 1)
             if name.lower() == b"content-length" and value.isdigit() and len(value) < 16:
                 self._body_window = max(HIGH_WATER_LIMIT, min(int(value), max_body_bytes))
+                self._declared = int(value) if int(value) <= max_body_bytes else None
             super().on_header(name, value)
 
         def on_body(self, body: bytes) -> None:
@@ -85,6 +100,9 @@ def limited_protocol(
             cycle = self.cycle
             if cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
                 return
+            if self._body is not None:  # the app is woken when it is complete (on_message_complete)
+                self._body.write(body)
+                return
             cycle.body += body
             if len(cycle.body) >= self._body_window:
                 self.flow.pause_reading()
@@ -93,6 +111,10 @@ def limited_protocol(
         def on_headers_complete(self) -> None:
             self._disarm()
             super().on_headers_complete()
+            chunked = any(name == b"transfer-encoding" for name, _ in self.headers)  # framed otherwise
+            scope = cast(MutableMapping[str, Any], self.scope)  # uvicorn's TypedDict, as ASGI apps see it
+            if self._declared and not chunked and (offset := body_offset(scope)) is not None:
+                self._body = attach(scope, self._declared, offset)
 
         def send_400_response(self, msg: str) -> None:
             if not self._answered:  # a malformed request, not one refused here

@@ -107,7 +107,7 @@ class Listeners:
         import uvicorn
 
         from unideploy.server.http_limits import limited_protocol
-        from unideploy.server.rest import create_app
+        from unideploy.server.rest import create_app, inference_body_offset
 
         cfg = self.cfg
         await self.grpc.start()
@@ -130,6 +130,7 @@ class Listeners:
                     cfg.header_timeout_s,
                     cfg.max_connections,
                     cfg.max_request_bytes,
+                    inference_body_offset,
                 ),
                 timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
                 log_config=None,  # uvicorn logs through our JSON handler

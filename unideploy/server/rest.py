@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -27,24 +27,33 @@ from unideploy.server import codec
 from unideploy.server.config import ServerConfig
 from unideploy.server.dataplane import DataPlaneAPI, InferRequest
 from unideploy.server.errors import RequestTimeout, TooLarge, check_token, http_status
+from unideploy.server.http_body import aligned_buffer, received_body
 from unideploy.server.rest_decode import JsonDecoder, b64_bytes, json_length, json_object
 from unideploy.server.shared_memory import Written
 
 log = logging.getLogger("unideploy.server")
 
 HEADER_LENGTH = "inference-header-content-length"
-ALIGNMENT = 64  # where a request's binary tensors start in memory: any type's size, and a cache line
+
+
+def inference_body_offset(scope: MutableMapping[str, Any]) -> int | None:
+    """Where an inference request's binary tensors start in its body (the length its
+    ``Inference-Header-Content-Length`` gives; 0 without tensors), for the server to receive the
+    body laid out for them (``http_body``); None for any other request. A header that is no length
+    counts as none here: the route refuses it."""
+    if scope["method"] != "POST" or not scope["path"].endswith("/infer"):
+        return None
+    header = next((value for name, value in scope["headers"] if name == HEADER_LENGTH.encode()), b"")
+    return int(header) if header.isdigit() and len(header) < 16 else 0
 
 
 def _aligned_body(chunks: list[bytes], size: int, aligned_from: int) -> bytes | memoryview:
-    """An inference body from its chunks, laid out so that byte ``aligned_from``, where binary
-    tensors start after the JSON header, sits on a 64-byte boundary: the tensors are then read in
-    place (an unaligned one is copied, ``codec.from_bytes``)."""
+    """An inference body from its chunks (one whose length was not declared), laid out so that
+    byte ``aligned_from``, where binary tensors start after the JSON header, sits on a 64-byte
+    boundary: the tensors are then read in place (an unaligned one is copied, ``codec.from_bytes``)."""
     if not 0 < aligned_from < size:
         return b"".join(chunks)
-    buffer = np.empty(size + ALIGNMENT, np.uint8)
-    start = -(buffer.ctypes.data + aligned_from) % ALIGNMENT
-    body = buffer.data[start : start + size]
+    body = aligned_buffer(size, aligned_from)
     at = 0
     for chunk in chunks:  # the one copy b"".join would make
         body[at : at + len(chunk)] = chunk
@@ -80,11 +89,13 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
         return endpoint
 
     async def read_chunks(request: Request) -> tuple[list[bytes], int]:
-        """The body's chunks and its size, within the limits."""
+        """The body's chunks and its size, within the limits; for a body the server received into
+        one buffer (``http_body``), no chunks and its size once it is complete."""
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > max_request_bytes):
             raise TooLarge(f"request body of {declared} bytes exceeds the limit of {max_request_bytes}")
         chunks, size = [], 0
+        received = received_body(request.scope)
         try:
             async with asyncio.timeout(body_timeout_s):  # a body shorter than its Content-Length waits no longer
                 async for chunk in request.stream():
@@ -93,10 +104,11 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
                         raise TooLarge(f"request body exceeds the limit of {max_request_bytes} bytes")
                     chunks.append(chunk)
         except TimeoutError:
+            came = received.received if received is not None else size
             raise RequestTimeout(
-                f"request body did not arrive within {body_timeout_s:g} s ({size} bytes came)"
+                f"request body did not arrive within {body_timeout_s:g} s ({came} bytes came)"
             ) from None
-        return chunks, size
+        return chunks, size if received is None else received.received
 
     async def read_body(request: Request) -> bytes:
         return b"".join((await read_chunks(request))[0])
@@ -168,7 +180,8 @@ def create_app(dataplane: DataPlaneAPI, cfg: ServerConfig) -> Starlette:
     async def infer(request: Request) -> Response:
         chunks, size = await read_chunks(request)
         cut = json_length(size, request.headers.get(HEADER_LENGTH))
-        body = _aligned_body(chunks, size, cut)
+        received = received_body(request.scope)
+        body = received.view if received is not None else _aligned_body(chunks, size, cut)
         decoding = time.perf_counter()
         # A large JSON part takes milliseconds to decode: in the decoder's process, other requests go
         # on. Binary tensors are read in place at any size, so only the JSON part counts (a 600 KB
