@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from unideploy.errors import UnideployError
-from unideploy.server import codec, grpc_answer
+from unideploy.server import codec, grpc_answer, grpc_request
 from unideploy.server.dataplane import DataPlaneAPI, InferRequest
 from unideploy.server.errors import BadRequest, TooLarge, check_token, grpc_code
 from unideploy.server.protocol import grpc_predict_v2_pb2 as pb
@@ -142,8 +142,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 if not isinstance(exc, UnideployError):  # a unary call's would be UNKNOWN, logged
                     log.exception("a streamed inference request failed")
                 streamed = pb.ModelStreamInferResponse(error_message=str(exc) or type(exc).__name__)
-                if isinstance(request, pb.ModelInferRequest):
-                    streamed.infer_response.id, streamed.infer_response.model_name = request.id, request.model_name
+                if isinstance(request, grpc_request.InferCall):
+                    streamed.infer_response.id = request.message.id
+                    streamed.infer_response.model_name = request.message.model_name
             await answers.put(streamed)
 
         async def read():
@@ -170,11 +171,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for task in (reader, *running):
                 task.cancel()
 
-    async def _infer(self, request, context, streamed=False):  # untyped, as the generated messages are
-        """``request`` run, its ``ModelInferResponse``'s wire bytes (``grpc_answer``; ``streamed``: a
-        ``ModelStreamInferResponse``'s); raises ``UnideployError``."""
+    async def _infer(self, call, context, streamed=False):  # untyped, as the generated messages are
+        """``call`` (a ``grpc_request.InferCall``) run, its ``ModelInferResponse``'s wire bytes
+        (``grpc_answer``; ``streamed``: a ``ModelStreamInferResponse``'s); raises ``UnideployError``."""
         decoding = time.perf_counter()
-        inputs = _decode_inputs(request)
+        request = call.message
+        inputs = _decode_inputs(request, call.raw)
         requested = [o.name for o in request.outputs]
         placed = {
             o.name: place
@@ -301,12 +303,12 @@ def _grpc_parameter(params: Any, key: str) -> Any:
     return getattr(params[key], which) if which else None
 
 
-def _decode_inputs(request: Any) -> dict:
+def _decode_inputs(request: Any, raw: list[memoryview]) -> dict:
+    """``request``'s inputs, ``raw`` its raw_input_contents (``grpc_request``)."""
     if not request.model_name:
         raise BadRequest("model_name is empty")
     if not request.inputs:
         raise BadRequest("request has no inputs")
-    raw = list(request.raw_input_contents)
     # inputs in shared memory carry no bytes: the raw contents belong, in order, to the others
     places = [placement(t.parameters, _grpc_parameter, f"input '{t.name}'") for t in request.inputs]
     in_request = sum(place is None for place in places)
@@ -404,7 +406,13 @@ def add_servicer(
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
     def handler(method: Any) -> grpc.RpcMethodHandler:
-        parse = _tolerant(getattr(pb, method.input_type.name).FromString, max_request_bytes)
+        message = getattr(pb, method.input_type.name)
+        parse = _tolerant(
+            grpc_request.infer_call_parser(message)
+            if method.input_type.name == "ModelInferRequest"
+            else message.FromString,
+            max_request_bytes,
+        )
         serialize = grpc_answer.serializer(getattr(pb, method.output_type.name))
         if method.client_streaming:  # ModelStreamInfer: each unread request answered on the stream
             return grpc.stream_stream_rpc_method_handler(
