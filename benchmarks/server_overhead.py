@@ -4,8 +4,10 @@ Triton documents its own overhead this way (a trivial model, server and queue ti
 benchmarks/server.py measures the server against in-process ONNX Runtime on real models, where a
 14 ms CNN hides the fixed costs this isolates. Two ONNX models that only average their input,
 one taking the ImageNet CNN's 1x3x224x224 float request (600 KB) and one a 1x4 float (16 bytes),
-served as the CNN is (``max_batch_size: 8``), driven by Triton's perf_analyzer at concurrency 1
-over gRPC and HTTP (binary tensors). Per row: p50/p99 and throughput, the server's CPU time per
+and one that answers its 600 KB request back (``echo-600kb``, a ReLU: a segmentation model or an
+encoder's hidden states answer as much as they are sent), served as the CNN is
+(``max_batch_size: 8``), driven by Triton's perf_analyzer at concurrency 1 over gRPC and HTTP
+(binary tensors). Per row: p50/p99 and throughput, the server's CPU time per
 request, and the server's own stage times (means from its ``/metrics``: decode, queue, the runtime
 call including the hand-off to a worker thread and back, encode). Beside each row, the same
 requests against a stand-in that replays the server's answers without doing any work
@@ -46,7 +48,8 @@ import unideploy
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from serving import start_server, stop_server
 
-REQUESTS = {"noop-600kb": [3, 224, 224], "noop-16b": [4]}  # per-row shape after the batch dim
+REQUESTS = {"noop-600kb": [3, 224, 224], "noop-16b": [4], "echo-600kb": [3, 224, 224]}  # per-row shape after the batch
+ECHOES = {"echo-600kb"}  # models answering their request back; the others answer its mean (4 bytes)
 
 
 def averaging_model(dims: list[int], dest: Path) -> None:
@@ -57,16 +60,30 @@ def averaging_model(dims: list[int], dest: Path) -> None:
     graph = helper.make_graph(
         [helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0)], "average", [x], [y], [axes]
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    _package(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), dims, dest)
+
+
+def echo_model(dims: list[int], dest: Path) -> None:
+    """A package whose graph is one ReLU: it answers as many bytes as it is sent."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", *dims])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", *dims])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "echo", [x], [y])
+    _package(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), dims, dest)
+
+
+def _package(model: onnx.ModelProto, dims: list[int], dest: Path) -> None:
     model.ir_version = 8
-    source = dest.parent / "average.onnx"
+    source = dest.parent / f"{dest.name}.onnx"
     onnx.save(model, source)
     unideploy.export(source, dest / "1", example_inputs={"x": np.zeros((1, *dims), np.float32)}).close()
     (dest / "model.yaml").write_text("max_batch_size: 8\n")
 
 
-# perf_analyzer's tensors through system shared memory: the request carries region names, not bytes
-SHARED_MEMORY = ("--shared-memory", "system", "--output-shared-memory-size", "64")
+def shared_memory(model: str) -> tuple[str, ...]:
+    """perf_analyzer's flags passing ``model``'s tensors through system shared memory (the request
+    carries region names, not bytes), each output's region as large as its answer."""
+    answer = 4 * int(np.prod(REQUESTS[model])) if model in ECHOES else 64
+    return ("--shared-memory", "system", "--output-shared-memory-size", str(answer))
 
 
 def measure(
@@ -77,7 +94,7 @@ def measure(
     ceiling of each (requests/s one core of it can answer)."""
     url = server.grpc if protocol == "grpc" else server.http.removeprefix("http://")
     before, cpu_before = stage_sums(server.http, model), server_cpu_seconds(server.process.pid)
-    extra = SHARED_MEMORY if shared else ()
+    extra = shared_memory(model) if shared else ()
     row = perf_analyzer.measure(tool, url, protocol, model, concurrency, seconds, {}, work, extra=extra)
     after, cpu_after = stage_sums(server.http, model), server_cpu_seconds(server.process.pid)
     requests, means = stage_means_ms(before, after)  # every answered request, warm-up windows included
@@ -142,7 +159,7 @@ def main() -> None:
     models = args.models.split(",")
     for model in models:
         (repo / model).mkdir(parents=True)
-        averaging_model(REQUESTS[model], repo / model)
+        (echo_model if model in ECHOES else averaging_model)(REQUESTS[model], repo / model)
     servers = {
         count: start_server(repo, work, "--frontends", count, env={"MALLOC_ARENA_MAX": "2"})  # as docker/Dockerfile
         for count in args.frontends.split(",")
