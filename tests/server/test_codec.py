@@ -47,14 +47,28 @@ def test_a_memoryview_of_the_body_is_read_in_place():
     assert array[0] == 7
 
 
-def test_bytes_not_aligned_to_their_type_are_copied_into_an_aligned_array():
-    """After a JSON header of odd length a tensor's bytes start anywhere; ONNX Runtime reads such an
-    array element by element (several times slower for an image), so it is copied once instead."""
+def test_bytes_not_aligned_to_their_type_are_copied_once_where_the_call_wants_them():
+    """After a JSON header of odd length (or in a gRPC message) a tensor's bytes start anywhere;
+    ONNX Runtime reads such an array element by element (several times slower for an image), so it
+    is copied once: into the merged batch, a front end's slot, or an array of its own, whichever
+    the call needs (``Unaligned``), and when it leaves the process (pickled) as the aligned array.
+    A scalar is copied at once (an input left unread has a dimension)."""
+    import pickle
+
+    from unideploy.server.unread import Unaligned
+
     values = np.arange(12, dtype="<f4")
     body = bytearray(b"{" + values.tobytes())
-    array = codec.from_bytes(memoryview(body)[1:], "FP32", [3, 4], "x")
-    assert array.flags.aligned and array.flags.c_contiguous
-    np.testing.assert_array_equal(array, values.reshape(3, 4))
+    found = codec.from_bytes(memoryview(body)[1:], "FP32", [3, 4], "x")
+    assert isinstance(found, Unaligned) and (found.shape, found.dtype) == ((3, 4), np.float32)
+    rows = np.zeros((5, 4), np.float32)
+    found.into(rows[1:4])  # as a merge reads it into its rows
+    np.testing.assert_array_equal(rows[1:4], values.reshape(3, 4))
+    for array in (found.read(), pickle.loads(pickle.dumps(found))):
+        assert isinstance(array, np.ndarray) and array.flags.aligned and array.flags.c_contiguous
+        np.testing.assert_array_equal(array, values.reshape(3, 4))
+    scalar = codec.from_bytes(memoryview(bytearray(b"{" + values[:1].tobytes()))[1:], "FP32", [], "x")
+    assert isinstance(scalar, np.ndarray) and scalar.flags.aligned and scalar == 0
 
 
 def test_the_json_part_of_a_body_is_all_of_it_or_what_its_header_says():

@@ -69,6 +69,41 @@ def test_grpc_metadata_and_infer_match(server, images, expected):
     assert result.get_response().model_version == "1"
 
 
+def test_grpc_tensors_at_any_alignment_in_the_message_are_answered_alone_and_merged(server, images, expected):
+    """A raw tensor lies wherever the message's other fields put it (here the request id's length
+    moves it through every offset modulo 4: unaligned in three of five requests), and is read where it lies or copied once, into the
+    merged batch, a front end's slot or an array of its own (``server.unread.Unaligned``). Each
+    image sent alone, then 40 sent at once so that they merge: every answer is its own image's."""
+    import functools
+    import threading
+
+    client = grpcclient.InferenceServerClient(server.grpc)
+
+    def request(index: int) -> tuple[str, list]:
+        tensor = grpcclient.InferInput("x", [1, *images.shape[1:]], "FP32")
+        tensor.set_data_from_numpy(images[index % 5 : index % 5 + 1])
+        return "x" * (index % 5), [tensor]  # ids of 0-4 bytes (fields of 0, 3-6): every offset modulo 4
+
+    for index in range(8):
+        request_id, inputs = request(index)
+        answer = client.infer("digits", inputs, request_id=request_id).as_numpy("output")
+        np.testing.assert_array_equal(answer, expected[index % 5 : index % 5 + 1])
+    answers: dict[int, np.ndarray] = {}
+    done = threading.Event()
+
+    def answered(index: int, result, error) -> None:
+        answers[index] = error if error is not None else result.as_numpy("output")
+        if len(answers) == 40:
+            done.set()
+
+    for index in range(40):
+        request_id, inputs = request(index)
+        client.async_infer("digits", inputs, functools.partial(answered, index), request_id=request_id)
+    assert done.wait(60)
+    for index, answer in answers.items():
+        np.testing.assert_array_equal(answer, expected[index % 5 : index % 5 + 1])
+
+
 def test_repository_index_over_both_protocols(server):
     index = httpclient.InferenceServerClient(server.http.removeprefix("http://")).get_model_repository_index()
     assert {"name": "digits", "version": "1", "state": "READY", "reason": ""} in index

@@ -27,6 +27,7 @@ from unideploy.server.protocol import grpc_predict_v2_pb2 as pb
 from unideploy.server.protocol import grpc_predict_v2_pb2_grpc as pb_grpc
 from unideploy.server.sequences import CONTROLS, sequence_control
 from unideploy.server.shared_memory import Placed, Written, placement
+from unideploy.server.unread import Unaligned
 
 # gRPC's own receive limit sits this far above --max-request-bytes: a message just over the limit
 # reaches the request deserializer (``_tolerant``) and gets the same message as REST, and one far
@@ -317,7 +318,7 @@ def _decode_inputs(request: Any, raw: list[memoryview]) -> dict:
             f"{len(raw)} raw_input_contents for {in_request} inputs not in shared memory; give one per such input"
         )
     blobs = iter(raw)
-    inputs: dict[str, np.ndarray | Placed] = {}
+    inputs: dict[str, np.ndarray | Unaligned | Placed] = {}
     for tensor, place in zip(request.inputs, places, strict=True):
         if tensor.name in inputs:
             raise BadRequest(f"input '{tensor.name}' is given twice")

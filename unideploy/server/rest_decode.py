@@ -26,13 +26,14 @@ from unideploy.server import codec
 from unideploy.server.errors import BadRequest
 from unideploy.server.sequences import CONTROLS, SequenceControl, sequence_control
 from unideploy.server.shared_memory import Placed, Placement, placement
+from unideploy.server.unread import Unaligned
 
 DECODE_INLINE_BYTES = 256 * 1024  # JSON parts above this are decoded in the worker process
 
 
 @dataclass
 class DecodedRequest:
-    inputs: dict[str, np.ndarray | Placed]
+    inputs: dict[str, np.ndarray | Unaligned | Placed]
     requested: list[str]  # the outputs named, in order
     binary: dict[str, bool]  # per named output: whether it goes back as binary
     all_binary: bool  # binary_data_output: the default for outputs not named
@@ -124,7 +125,7 @@ def _decode_request(header: dict[str, Any], binary: bytes | memoryview) -> Decod
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise BadRequest("request has no 'inputs' list")
-    inputs: dict[str, np.ndarray | Placed] = {}
+    inputs: dict[str, np.ndarray | Unaligned | Placed] = {}
     offset = 0
     for item in raw_inputs:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):

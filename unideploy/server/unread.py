@@ -1,5 +1,5 @@
-"""Inputs not yet copied into the server: windows of a client's shared memory, read where the model
-wants them.
+"""Inputs not yet copied into the server: windows of a client's shared memory, and tensors of a
+request whose bytes are not aligned to their type, read where the model wants them.
 
 A request whose input lies in a shared-memory region is checked on the event loop (the region, the
 window, the byte count, the shape and dtype against the model's signature) and queued as an
@@ -12,6 +12,13 @@ so this keeps that copy off the loop and in place of the merge's. Where the runt
 in GPU memory, an input the GPU can copy where it lies (``reaches_gpu``: a CUDA region, or a
 system segment page-locked for it) is merged there instead (``runtimes.device_batches``), and the
 model process's CPU copies nothing.
+
+A tensor of a request's body or message whose address is no multiple of its type's size (binary
+tensors after a JSON header of any length, a gRPC message's raw tensor wherever its fields put it)
+cannot be run where it lies: ONNX Runtime reads an unaligned array element by element (a 600 KB
+image: 0.17 ms a call against 0.03). It is ``Unaligned``: its one copy is the merge's, or the slot's
+of a front end, or its own where a call merges nothing, where it was copied on arrival before and
+then again into the batch or the slot.
 
 An input whose values the model looks up in a table (``TensorSpec.table_rows``: token ids) is
 checked as it is read (``checked_by``), each request's own rows, so an id past the table fails its
@@ -94,6 +101,21 @@ class Unread(ABC):
         out = np.empty(self.shape, self.dtype)
         self.into(out)
         return out
+
+
+class Unaligned(Unread):
+    """A request's tensor in bytes whose address is no multiple of its type's size."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        super().__init__(array.shape, array.dtype)
+        self._bytes = array.reshape(-1).view(np.uint8).data  # the request's own memory
+
+    def _into(self, out: memoryview) -> None:
+        out[:] = self._bytes
+
+    def __reduce__(self) -> tuple[Any, tuple[np.ndarray]]:
+        """Pickled (to another process) as the aligned array it is read into."""
+        return np.asarray, (self.read(),)
 
 
 def read_all(inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from unideploy.server.errors import Unavailable
 from unideploy.server.frontends.slots import Inline, Slot, SlotPool, Slotted, aligned, put
 from unideploy.server.frontends.wire import Channel
 from unideploy.server.shared_memory import Written
+from unideploy.server.unread import Unaligned
 
 
 def _gone() -> Unavailable:
@@ -133,7 +134,7 @@ class RemoteDataPlane:
     # -- inference -------------------------------------------------------------------------
     async def infer(self, request: InferRequest) -> InferResult:
         received = time.perf_counter() - request.decode_s
-        arrays = {k: v for k, v in request.inputs.items() if isinstance(v, np.ndarray)}
+        arrays = {k: v for k, v in request.inputs.items() if isinstance(v, (np.ndarray, Unaligned))}
         slot = self.pool.take(sum(aligned(a.nbytes) for a in arrays.values())) if arrays else None
         if slot is not None:
             offset = 0

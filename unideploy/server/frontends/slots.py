@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from unideploy.package.files import temp_prefix
+from unideploy.server.unread import Unaligned
 
 SHM_ROOT = Path("/dev/shm")
 PREFIX = "unideploy-frontend-"
@@ -56,10 +57,13 @@ class Inline:
         return np.frombuffer(self.data, np.dtype(self.dtype)).reshape(self.shape)
 
 
-def put(mapped: mmap.mmap, offset: int, array: np.ndarray) -> Slotted:
+def put(mapped: mmap.mmap, offset: int, array: np.ndarray | Unaligned) -> Slotted:
     """Copy ``array`` into ``mapped`` at ``offset`` (the one copy of its side)."""
     placed = Slotted(offset, array.dtype.str, tuple(array.shape))
-    placed.view(mapped)[...] = array
+    if isinstance(array, Unaligned):
+        array.into(placed.view(mapped))
+    else:
+        placed.view(mapped)[...] = array
     return placed
 
 
