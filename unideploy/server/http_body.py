@@ -2,9 +2,9 @@
 
 uvicorn hands an ASGI app its request body as bytes: each piece httptools parses is appended to a
 bytearray, which is copied out into bytes when the app receives it, and the app then joined the
-pieces and copied them once more so that its binary tensors start on an aligned address. Four
-copies of a 600 KB tensor after the socket's own, a fifth of the server's CPU for such a request
-on the 2-core Intel machine (docs/server.md, Benchmark). A body that declares its length within the
+pieces and copied them once more so that its binary tensors start on an aligned address: four
+copies of a 600 KB tensor after the socket's own, 30 % of the interpreter's time for such a
+request on the 2-core Intel machine (docs/server.md, Benchmark). A body that declares its length within the
 limit, for a request that ``body_offset`` lays out, gets one buffer of that length when its head is
 complete, aligned for where its tensors start; each piece is copied into it as it is parsed. The
 app's receive then carries no bytes and ends when the body is complete; the app reads the buffer

@@ -50,7 +50,8 @@ def inference_body_offset(scope: MutableMapping[str, Any]) -> int | None:
 def _aligned_body(chunks: list[bytes], size: int, aligned_from: int) -> bytes | memoryview:
     """An inference body from its chunks (one whose length was not declared), laid out so that
     byte ``aligned_from``, where binary tensors start after the JSON header, sits on a 64-byte
-    boundary: the tensors are then read in place (an unaligned one is copied, ``codec.from_bytes``)."""
+    boundary: the tensors are then read in place (one still unaligned, after a tensor of another
+    type, is copied once where the call wants it: ``codec.from_bytes``)."""
     if not 0 < aligned_from < size:
         return b"".join(chunks)
     body = aligned_buffer(size, aligned_from)
